@@ -1,0 +1,284 @@
+"""The scheduling policy: priority classes, tenant-fair queues, earliest deadline first. No I/O.
+
+- Across classes: strict priority by `rank`, with aging: a class whose oldest waiting request
+  has waited `starve_after_s` is served ahead of rank, so no class starves. A class never holds
+  more than `max_slot_share` of a worker's slots, so higher classes always find headroom.
+- Within a class: start-time fair queuing across tenants, cost counted in tokens (prompt
+  estimate + max_tokens) divided by the tenant's weight. A tenant that goes idle cannot bank
+  credit: on becoming backlogged again its virtual time is lifted to the class clock.
+- Within a tenant: earliest deadline first.
+- Every admitted item ends in exactly one terminal state: dispatched, expired or cancelled
+  (or `forget`, when a redelivery supersedes it).
+
+The dispatcher calls `admit`, `select`, `cancel` and `expire`; time is passed in, never read.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from broker.classes import ClassPolicy
+
+
+class State(Enum):
+    WAITING = "waiting"
+    DISPATCHED = "dispatched"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    FORGOTTEN = "forgotten"
+
+
+class Admit(Enum):
+    OK = "ok"
+    UNKNOWN_CLASS = "unknown_class"
+    QUEUE_FULL = "queue_full"
+    EXPIRED = "expired"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    request_id: str
+    tenant: str
+    klass: str
+    cost: int                   # tokens: the unit of fair share and KV budget
+    deadline: float
+    enqueued_at: float
+    payload: Any = None         # the dispatcher's handle (JetStream message, request)
+    state: State = State.WAITING
+    order: int = 0              # admission order; ties in EDF
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.request_id)
+
+
+@dataclass(slots=True)
+class _TenantQueue:
+    heap: list[tuple[float, int, Item]] = field(default_factory=list)
+    waiting: int = 0
+    vtime: float = 0.0
+
+
+@dataclass(slots=True)
+class _ClassLane:
+    policy: ClassPolicy
+    tenants: dict[str, _TenantQueue] = field(default_factory=dict)
+    arrivals: deque[Item] = field(default_factory=deque)   # for the age of the oldest waiting
+    waiting: int = 0
+    vclock: float = 0.0
+
+    def oldest(self) -> Item | None:
+        while self.arrivals and self.arrivals[0].state is not State.WAITING:
+            self.arrivals.popleft()
+        return self.arrivals[0] if self.arrivals else None
+
+
+@dataclass(slots=True)
+class Selection:
+    dispatch: list[Item] = field(default_factory=list)
+    expired: list[Item] = field(default_factory=list)
+
+
+class Lanes:
+    def __init__(
+        self,
+        classes: Iterable[ClassPolicy],
+        tenant_weight: Callable[[str], float] = lambda tenant: 1.0,
+    ) -> None:
+        self._lanes: dict[str, _ClassLane] = {}
+        self._items: dict[tuple[str, str], Item] = {}
+        self._order = itertools.count()
+        self._tenant_weight = tenant_weight
+        self.set_classes(classes)
+
+    # -- configuration --------------------------------------------------------------------
+    def set_classes(self, classes: Iterable[ClassPolicy]) -> None:
+        """Apply a new class set live. Waiting items of a removed class stay queued under it
+        until served or expired; a class is only dropped once empty."""
+        new = {c.name: c for c in classes}
+        for name, lane in list(self._lanes.items()):
+            if name in new:
+                lane.policy = new[name]
+            elif lane.waiting == 0:
+                del self._lanes[name]
+        for name, policy in new.items():
+            self._lanes.setdefault(name, _ClassLane(policy))
+        self._known = new
+
+    def set_tenant_weight(self, tenant_weight: Callable[[str], float]) -> None:
+        self._tenant_weight = tenant_weight
+
+    def policy(self, klass: str) -> ClassPolicy | None:
+        return self._known.get(klass)
+
+    # -- introspection --------------------------------------------------------------------
+    def __len__(self) -> int:
+        return sum(lane.waiting for lane in self._lanes.values())
+
+    def depth(self, klass: str, tenant: str | None = None) -> int:
+        lane = self._lanes.get(klass)
+        if lane is None:
+            return 0
+        if tenant is None:
+            return lane.waiting
+        queue = lane.tenants.get(tenant)
+        return queue.waiting if queue else 0
+
+    def depths(self) -> dict[str, int]:
+        return {name: lane.waiting for name, lane in self._lanes.items()}
+
+    def get(self, tenant: str, request_id: str) -> Item | None:
+        return self._items.get((tenant, request_id))
+
+    def waiting_items(self) -> list[Item]:
+        return list(self._items.values())
+
+    # -- transitions ----------------------------------------------------------------------
+    def admit(self, item: Item, now: float) -> Admit:
+        policy = self._known.get(item.klass)
+        if policy is None:
+            return Admit.UNKNOWN_CLASS
+        if item.key in self._items:
+            return Admit.DUPLICATE
+        if self._expired(item, policy, now):
+            return Admit.EXPIRED
+        lane = self._lanes[item.klass]
+        queue = lane.tenants.get(item.tenant)
+        if queue is None:
+            queue = lane.tenants[item.tenant] = _TenantQueue(vtime=lane.vclock)
+        if queue.waiting >= policy.max_tenant_depth:
+            return Admit.QUEUE_FULL
+        if queue.waiting == 0:
+            # Idle tenants cannot bank credit for the time they sent nothing.
+            queue.vtime = max(queue.vtime, lane.vclock)
+        item.order = next(self._order)
+        item.state = State.WAITING
+        heapq.heappush(queue.heap, (item.deadline, item.order, item))
+        queue.waiting += 1
+        lane.waiting += 1
+        lane.arrivals.append(item)
+        self._items[item.key] = item
+        return Admit.OK
+
+    def cancel(self, tenant: str, request_id: str) -> Item | None:
+        return self._remove(tenant, request_id, State.CANCELLED)
+
+    def forget(self, tenant: str, request_id: str) -> Item | None:
+        return self._remove(tenant, request_id, State.FORGOTTEN)
+
+    def expire(self, now: float) -> list[Item]:
+        expired = [
+            item for item in self._items.values()
+            if self._expired(item, self._lanes[item.klass].policy, now)
+        ]
+        for item in expired:
+            self._remove(item.tenant, item.request_id, State.EXPIRED)
+        return expired
+
+    def select(
+        self,
+        *,
+        free_slots: int,
+        token_budget: int,
+        total_slots: int,
+        running: dict[str, int],
+        classes: Iterable[str] = (),
+        now: float,
+    ) -> Selection:
+        """Choose work for one worker's credit. An item whose cost exceeds the remaining token
+        budget is left for a worker with more room, unless this worker is empty (it would
+        otherwise never run anywhere)."""
+        out = Selection()
+        allowed = set(classes) or set(self._lanes)
+        held = dict(running)
+        worker_empty = sum(running.values()) == 0
+        blocked: set[str] = set()
+        while free_slots > 0:
+            lane = self._pick_lane(now, held, total_slots, allowed - blocked)
+            if lane is None:
+                break
+            head = self._head(lane, now, out.expired)
+            if head is None:
+                continue
+            queue, item = head
+            fits = item.cost <= token_budget or (worker_empty and not out.dispatch)
+            if not fits:
+                blocked.add(lane.policy.name)
+                continue
+            heapq.heappop(queue.heap)
+            self._settle(lane, queue, item, State.DISPATCHED)
+            lane.vclock = queue.vtime
+            queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
+            out.dispatch.append(item)
+            free_slots -= 1
+            token_budget -= item.cost
+            held[lane.policy.name] = held.get(lane.policy.name, 0) + 1
+        return out
+
+    # -- internals ------------------------------------------------------------------------
+    @staticmethod
+    def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:
+        return now >= item.deadline or now - item.enqueued_at > policy.max_queue_wait_s
+
+    def _pick_lane(
+        self, now: float, held: dict[str, int], total_slots: int, allowed: set[str]
+    ) -> _ClassLane | None:
+        best: _ClassLane | None = None
+        best_key: tuple[int, float] | None = None
+        for name in allowed:
+            lane = self._lanes.get(name)
+            if lane is None or lane.waiting == 0:
+                continue
+            if held.get(name, 0) >= lane.policy.slot_cap(total_slots):
+                continue
+            oldest = lane.oldest()
+            age = now - oldest.enqueued_at if oldest else 0.0
+            starving = age >= lane.policy.starve_after_s
+            # Starving lanes first (most overdue first), then by rank.
+            key = (0, -age / lane.policy.starve_after_s) if starving else (1, float(lane.policy.rank))
+            if best_key is None or key < best_key:
+                best, best_key = lane, key
+        return best
+
+    def _head(
+        self, lane: _ClassLane, now: float, expired: list[Item]
+    ) -> tuple[_TenantQueue, Item] | None:
+        """The next item of the lane by fair queuing, dropping expired and stale entries."""
+        while lane.waiting:
+            tenant = min(
+                (t for t in lane.tenants.values() if t.waiting), key=lambda t: t.vtime
+            )
+            while tenant.heap:
+                item = tenant.heap[0][2]
+                if item.state is not State.WAITING:
+                    heapq.heappop(tenant.heap)
+                elif self._expired(item, lane.policy, now):
+                    heapq.heappop(tenant.heap)
+                    self._settle(lane, tenant, item, State.EXPIRED)
+                    expired.append(item)
+                else:
+                    return tenant, item
+        return None
+
+    def _remove(self, tenant: str, request_id: str, state: State) -> Item | None:
+        item = self._items.get((tenant, request_id))
+        if item is None:
+            return None
+        lane = self._lanes[item.klass]
+        self._settle(lane, lane.tenants[item.tenant], item, state)
+        return item  # its heap entry is dropped lazily by _head
+
+    def _settle(self, lane: _ClassLane, queue: _TenantQueue, item: Item, state: State) -> None:
+        item.state = state
+        queue.waiting -= 1
+        lane.waiting -= 1
+        del self._items[item.key]
+        if queue.waiting == 0:
+            queue.heap.clear()  # only stale entries remain; the queue (and its vtime) stays

@@ -1,0 +1,20 @@
+"""Error codes that cross process boundaries. The HTTP status for each lives at the edge only."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    invalid_request = "invalid_request"
+    unknown_model = "unknown_model"
+    unknown_class = "unknown_class"
+    payload_too_large = "payload_too_large"
+    queue_full = "queue_full"            # this tenant's backlog in this class is at its cap
+    overloaded = "overloaded"            # the whole system is full
+    no_worker = "no_worker"              # no ready worker serves the pool
+    deadline_exceeded = "deadline_exceeded"
+    cancelled = "cancelled"
+    worker_lost = "worker_lost"          # the worker died after tokens reached the client
+    engine_error = "engine_error"
+    internal_error = "internal_error"

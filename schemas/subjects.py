@@ -1,0 +1,130 @@
+"""Names of every subject, stream and bucket, built from one configurable prefix.
+
+Subject tokens (class, tenant, pool, ids) must be plain NATS tokens: no dots, spaces or
+wildcards. `check_token` is the one place that enforces it, so a tenant called `a.b` can never
+publish onto another tenant's subject.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class BadToken(ValueError):
+    def __init__(self, what: str, value: str) -> None:
+        super().__init__(f"{what} {value!r} is not a valid subject token (letters, digits, '_' or '-', 1-64 chars)")
+        self.what = what
+        self.value = value
+
+
+def check_token(what: str, value: str) -> str:
+    if not _TOKEN.match(value):
+        raise BadToken(what, value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """All names derive from `prefix` (default `lw`); streams and buckets are upper/lower-cased forms."""
+
+    prefix: str = "lw"
+
+    # -- streams and buckets ---------------------------------------------------------------
+    @property
+    def req_stream(self) -> str:
+        return f"{self.prefix.upper()}_REQ"
+
+    @property
+    def usage_stream(self) -> str:
+        return f"{self.prefix.upper()}_USAGE"
+
+    @property
+    def dlq_stream(self) -> str:
+        return f"{self.prefix.upper()}_DLQ"
+
+    @property
+    def audit_stream(self) -> str:
+        return f"{self.prefix.upper()}_AUDIT"
+
+    def bucket(self, name: str) -> str:
+        """KV bucket names: `classes`, `tenants`, `routing`, `cache` → `lw_classes`, ..."""
+        return f"{self.prefix}_{name}"
+
+    @property
+    def broker_durable(self) -> str:
+        return f"{self.prefix}-broker"
+
+    # -- subjects ---------------------------------------------------------------------------
+    def req(self, klass: str, tenant: str) -> str:
+        return f"{self.prefix}.req.{klass}.{tenant}"
+
+    @property
+    def req_all(self) -> str:
+        return f"{self.prefix}.req.*.*"
+
+    def parse_req(self, subject: str) -> tuple[str, str]:
+        """`lw.req.<class>.<tenant>` → (class, tenant)."""
+        parts = subject.rsplit(".", 2)
+        if len(parts) != 3 or parts[0] != f"{self.prefix}.req":
+            raise BadToken("request subject", subject)
+        return parts[1], parts[2]
+
+    def pull(self, pool: str) -> str:
+        return f"{self.prefix}.pull.{pool}"
+
+    @property
+    def pull_all(self) -> str:
+        return f"{self.prefix}.pull.*"
+
+    def tok(self, tenant: str, edge_id: str) -> str:
+        """The reply inbox of one edge for one tenant; an edge subscribes to `tok_edge(edge_id)`."""
+        return f"{self.prefix}.tok.{tenant}.{edge_id}"
+
+    def tok_edge(self, edge_id: str) -> str:
+        return f"{self.prefix}.tok.*.{edge_id}"
+
+    def tok_tenant_prefix(self, tenant: str) -> str:
+        """Workers publish frames only under this prefix of the request's own tenant."""
+        return f"{self.prefix}.tok.{tenant}."
+
+    def cancel(self, tenant: str, request_id: str) -> str:
+        return f"{self.prefix}.cancel.{tenant}.{request_id}"
+
+    @property
+    def cancel_all(self) -> str:
+        return f"{self.prefix}.cancel.*.*"
+
+    def usage(self, tenant: str) -> str:
+        return f"{self.prefix}.usage.{tenant}"
+
+    @property
+    def usage_all(self) -> str:
+        return f"{self.prefix}.usage.*"
+
+    def audit(self, tenant: str) -> str:
+        return f"{self.prefix}.audit.{tenant}"
+
+    def dlq(self, klass: str, tenant: str) -> str:
+        return f"{self.prefix}.dlq.{klass}.{tenant}"
+
+    @property
+    def dlq_all(self) -> str:
+        return f"{self.prefix}.dlq.>"
+
+    def worker_event(self, worker_id: str) -> str:
+        return f"{self.prefix}.evt.worker.{worker_id}"
+
+    @property
+    def worker_events(self) -> str:
+        return f"{self.prefix}.evt.worker.*"
+
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+def msg_id(tenant: str, request_id: str) -> str:
+    """JetStream dedup key: a retried publish of the same request is stored once."""
+    return f"{tenant}:{request_id}"

@@ -1,0 +1,24 @@
+"""One `Usage` record per finished request on `lw.usage.<tenant>` (stream `LW_USAGE`)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Usage(msgspec.Struct, omit_defaults=True, gc=False):
+    request_id: str
+    tenant: str
+    klass: str = msgspec.field(name="class")
+    model: str                      # logical model asked for
+    served_model: str               # real model that answered
+    pool: str
+    worker_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    queued_s: float
+    ttft_s: float | None
+    total_s: float
+    finished_at: float
+    cached: bool = False
+    cost_usd: float = 0.0

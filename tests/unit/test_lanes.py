@@ -1,0 +1,219 @@
+"""The scheduling policy, driven without any server: priority, aging, fairness, EDF, terminal states."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.classes import DEFAULT_CLASSES, ClassPolicy
+from broker.lanes import Admit, Item, Lanes, State
+
+_ids = itertools.count()
+
+
+def item(tenant="t1", klass="interactive", cost=100, deadline=1e9, at=0.0) -> Item:
+    return Item(f"r{next(_ids)}", tenant, klass, cost, deadline, at)
+
+
+def take(lanes: Lanes, now: float = 0.0, slots: int = 1, budget: int = 10**9, total: int = 100,
+         running: dict[str, int] | None = None):
+    return lanes.select(free_slots=slots, token_budget=budget, total_slots=total,
+                        running=running or {}, now=now)
+
+
+def test_higher_rank_class_is_served_first():
+    lanes = Lanes(DEFAULT_CLASSES)
+    batch = [item(klass="batch") for _ in range(5)]
+    chat = item(klass="interactive")
+    for it in batch:
+        assert lanes.admit(it, 0.0) is Admit.OK
+    lanes.admit(chat, 0.0)
+    assert take(lanes).dispatch == [chat]
+
+
+def test_aging_serves_a_starving_class_ahead_of_rank():
+    lanes = Lanes(DEFAULT_CLASSES)
+    old_batch = item(klass="batch", at=0.0)
+    lanes.admit(old_batch, 0.0)
+    chats = [item(klass="interactive", at=40.0) for _ in range(3)]
+    for c in chats:
+        lanes.admit(c, 40.0)
+    # batch starve_after_s = 30: at t=40 its head is overdue and goes first.
+    assert take(lanes, now=40.0).dispatch == [old_batch]
+
+
+def test_slot_share_cap_keeps_headroom_for_higher_classes():
+    lanes = Lanes(DEFAULT_CLASSES)
+    for _ in range(20):
+        lanes.admit(item(klass="batch"), 0.0)
+    got = take(lanes, slots=10, total=10)
+    assert len(got.dispatch) == 9  # batch may hold 90% of 10 slots
+    assert take(lanes, slots=1, total=10, running={"batch": 9}).dispatch == []
+
+
+def test_edf_within_a_tenant():
+    lanes = Lanes(DEFAULT_CLASSES)
+    late, soon = item(deadline=100.0), item(deadline=50.0)
+    lanes.admit(late, 0.0)
+    lanes.admit(soon, 0.0)
+    assert take(lanes, slots=2).dispatch == [soon, late]
+
+
+def test_expired_requests_are_never_dispatched():
+    lanes = Lanes(DEFAULT_CLASSES)
+    doomed, fine = item(deadline=5.0), item(deadline=500.0)
+    lanes.admit(doomed, 0.0)
+    lanes.admit(fine, 0.0)
+    got = take(lanes, now=10.0, slots=2)
+    assert got.dispatch == [fine] and got.expired == [doomed]
+    assert doomed.state is State.EXPIRED
+    assert lanes.admit(item(deadline=5.0), 10.0) is Admit.EXPIRED
+
+
+def test_max_queue_wait_expires_in_the_sweep():
+    lanes = Lanes(DEFAULT_CLASSES)
+    it = item(klass="interactive", at=0.0)
+    lanes.admit(it, 0.0)
+    assert lanes.expire(29.0) == []
+    assert lanes.expire(31.0) == [it] and len(lanes) == 0
+
+
+def test_tenant_depth_cap_and_unknown_class():
+    small = ClassPolicy("x", rank=0, max_queue_wait_s=10, max_tenant_depth=2, max_slot_share=1,
+                        starve_after_s=1)
+    lanes = Lanes([small])
+    assert lanes.admit(item(klass="x"), 0) is Admit.OK
+    assert lanes.admit(item(klass="x"), 0) is Admit.OK
+    assert lanes.admit(item(klass="x"), 0) is Admit.QUEUE_FULL
+    assert lanes.admit(item(klass="x", tenant="t2"), 0) is Admit.OK
+    assert lanes.admit(item(klass="nope"), 0) is Admit.UNKNOWN_CLASS
+
+
+def test_cancel_removes_a_waiting_request():
+    lanes = Lanes(DEFAULT_CLASSES)
+    it = item()
+    lanes.admit(it, 0.0)
+    assert lanes.cancel(it.tenant, it.request_id) is it
+    assert it.state is State.CANCELLED and take(lanes).dispatch == []
+    assert lanes.cancel(it.tenant, it.request_id) is None
+
+
+def test_token_budget_leaves_big_requests_for_roomier_workers():
+    lanes = Lanes(DEFAULT_CLASSES)
+    big = item(cost=5000)
+    lanes.admit(big, 0.0)
+    assert take(lanes, budget=1000, running={"interactive": 1}).dispatch == []
+    # An empty worker takes it anyway: otherwise it could never run.
+    assert take(lanes, budget=1000).dispatch == [big]
+
+
+def served_shares(weights: dict[str, float], offered: dict[str, int], rounds: int) -> dict[str, float]:
+    lanes = Lanes(DEFAULT_CLASSES, tenant_weight=lambda t: weights[t])
+    for tenant, n in offered.items():
+        for _ in range(n):
+            lanes.admit(item(tenant=tenant, klass="standard", cost=100), 0.0)
+    served: dict[str, int] = {t: 0 for t in weights}
+    for _ in range(rounds):
+        for it in take(lanes, now=1.0).dispatch:
+            served[it.tenant] += it.cost
+    total = sum(served.values())
+    return {t: v / total for t, v in served.items()}
+
+
+def test_fair_share_equal_weights_under_10_to_1_offered_load():
+    shares = served_shares({"a": 1, "b": 1}, {"a": 1000, "b": 100}, rounds=200)
+    assert abs(shares["a"] - 0.5) <= 0.05
+
+
+def test_weighted_share_3_to_1():
+    shares = served_shares({"a": 3, "b": 1}, {"a": 1000, "b": 1000}, rounds=400)
+    assert abs(shares["a"] - 0.75) <= 0.05
+
+
+def test_idle_tenant_cannot_bank_credit():
+    lanes = Lanes(DEFAULT_CLASSES)
+    for _ in range(50):
+        lanes.admit(item(tenant="a", klass="standard"), 0.0)
+    for _ in range(40):
+        take(lanes)
+    # b arrives late with a burst: it gets its fair half from now on, not 40 turns in a row.
+    for _ in range(20):
+        lanes.admit(item(tenant="b", klass="standard"), 1.0)
+    got = [take(lanes, now=1.0).dispatch[0].tenant for _ in range(10)]
+    assert got.count("b") <= 6
+
+
+# -- properties -----------------------------------------------------------------------------
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.sampled_from(["a", "b", "c"]),
+                  st.sampled_from(["interactive", "standard", "batch"]),
+                  st.integers(1, 4000), st.floats(0, 200)),
+        st.tuples(st.just("select"), st.integers(0, 8), st.integers(0, 20000)),
+        st.tuples(st.just("cancel"), st.integers(0, 200)),
+        st.tuples(st.just("expire"),),
+        st.tuples(st.just("tick"), st.floats(0, 20)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_every_admitted_request_reaches_exactly_one_terminal_state(script):
+    lanes = Lanes(DEFAULT_CLASSES)
+    now = 0.0
+    admitted: list[Item] = []
+    outcomes: dict[int, list[State]] = {}
+    running: dict[str, int] = {}
+    for op in script:
+        if op[0] == "admit":
+            _, tenant, klass, cost, ttl = op
+            it = item(tenant, klass, cost, deadline=now + ttl, at=now)
+            if lanes.admit(it, now) is Admit.OK:
+                admitted.append(it)
+        elif op[0] == "select":
+            got = lanes.select(free_slots=op[1], token_budget=op[2], total_slots=8,
+                               running=running, now=now)
+            assert len(got.dispatch) <= op[1]
+            for it in got.dispatch:
+                assert now < it.deadline, "an expired request was dispatched"
+                outcomes.setdefault(id(it), []).append(State.DISPATCHED)
+            for it in got.expired:
+                outcomes.setdefault(id(it), []).append(State.EXPIRED)
+        elif op[0] == "cancel" and admitted:
+            it = admitted[op[1] % len(admitted)]
+            if lanes.cancel(it.tenant, it.request_id) is not None:
+                outcomes.setdefault(id(it), []).append(State.CANCELLED)
+        elif op[0] == "expire":
+            for it in lanes.expire(now):
+                outcomes.setdefault(id(it), []).append(State.EXPIRED)
+        elif op[0] == "tick":
+            now += op[1]
+    # Drain: everything still waiting ends by dispatch or expiry.
+    now += 10_000
+    for it in lanes.expire(now):
+        outcomes.setdefault(id(it), []).append(State.EXPIRED)
+    assert len(lanes) == 0
+    for it in admitted:
+        assert outcomes.get(id(it)) == [it.state], (it, outcomes.get(id(it)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 50), st.floats(0.05, 2.0))
+def test_bounded_starvation_under_a_constant_interactive_flood(flood, pull_every):
+    """A batch head is served within starve_after_s (+ one pull) even if chats never stop."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    starve = lanes.policy("batch").starve_after_s
+    victim = item(klass="batch", at=0.0, deadline=1e9)
+    lanes.admit(victim, 0.0)
+    now = 0.0
+    while victim.state is State.WAITING:
+        for _ in range(flood):
+            lanes.admit(item(klass="interactive", at=now, deadline=now + 1e6), now)
+        take(lanes, now=now, slots=2)
+        now += pull_every
+        assert now <= starve + 2 * pull_every + 1e-9
+    assert victim.state is State.DISPATCHED

@@ -1,0 +1,1 @@
+"""Worker processes: one engine each, pulling work from the broker when they have room."""
