@@ -121,6 +121,11 @@ class Subjects:
     def worker_events(self) -> str:
         return f"{self.prefix}.evt.worker.*"
 
+    @property
+    def worker_ping(self) -> str:
+        """Workers answer with an immediate heartbeat: a new edge learns who is ready at once."""
+        return f"{self.prefix}.evt.ping"
+
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 

@@ -1,0 +1,114 @@
+"""One subscription per bridge instance, demultiplexed into per-request streams.
+
+Entries are checked here so the routes only see a clean, ordered stream:
+- an entry from an older delivery attempt than the newest seen is dropped (stale);
+- a newer attempt after tokens already reached the client cannot be spliced into what the
+  client saw, so the stream ends with `worker_lost` (the promise: never a silent truncation);
+- a gap in `seq` (a lost frame) ends the stream with an error rather than skipping text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from nats.aio.msg import Msg
+
+from broker.metrics import BridgeMetrics
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import Delta, Entry, StreamError, Terminal
+
+
+class ResponseStream:
+    __slots__ = ("request_id", "tenant", "attempt", "next_seq", "streamed", "closed", "_buffer",
+                 "_waiter", "source")
+
+    def __init__(self, request_id: str, tenant: str) -> None:
+        self.request_id = request_id
+        self.tenant = tenant
+        self.attempt = 0
+        self.next_seq = 0
+        self.streamed = False        # a delta has been handed to the route
+        self.closed = False          # a terminal entry has been queued
+        self.source = ""             # the worker serving the current attempt
+        self._buffer: deque[Entry] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def feed(self, entry: Entry, source: str) -> bool:
+        """Queue an entry; False if it was dropped as stale or after the end."""
+        if self.closed or entry.attempt < self.attempt:
+            return False
+        if entry.attempt > self.attempt:
+            if self.streamed:
+                entry = StreamError(self.request_id, entry.attempt, 0, ErrorCode.worker_lost.value,
+                                    "the worker serving this request was lost after the stream started")
+            self.attempt = entry.attempt
+            self.next_seq = 0
+        if entry.seq != self.next_seq and not isinstance(entry, StreamError):
+            entry = StreamError(self.request_id, entry.attempt, entry.seq, ErrorCode.internal_error.value,
+                                f"lost part of the stream (expected chunk {self.next_seq}, got {entry.seq})")
+        self.next_seq = entry.seq + 1
+        self.source = source
+        if isinstance(entry, Delta):
+            self.streamed = True
+        elif isinstance(entry, Terminal):
+            self.closed = True
+        self._buffer.append(entry)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        return True
+
+    def fail(self, code: ErrorCode, message: str) -> None:
+        """End the stream from the edge's side (e.g. its worker stopped heartbeating)."""
+        if not self.closed:
+            self.feed(StreamError(self.request_id, self.attempt, self.next_seq, code.value, message),
+                      self.source)
+
+    async def next_entries(self, timeout: float | None) -> list[Entry]:
+        """Everything queued so far (at least one entry); raises TimeoutError."""
+        if not self._buffer:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            finally:
+                self._waiter = None
+        entries = list(self._buffer)
+        self._buffer.clear()
+        return entries
+
+
+class Demux:
+    def __init__(self, metrics: BridgeMetrics) -> None:
+        self._streams: dict[str, ResponseStream] = {}
+        self._metrics = metrics
+
+    def open(self, request_id: str, tenant: str) -> ResponseStream:
+        stream = ResponseStream(request_id, tenant)
+        self._streams[request_id] = stream
+        self._metrics.open_streams.set(len(self._streams))
+        return stream
+
+    def close(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._metrics.open_streams.set(len(self._streams))
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def streams(self) -> list[ResponseStream]:
+        return list(self._streams.values())
+
+    async def on_frame(self, msg: Msg) -> None:
+        try:
+            frame = codec.decode_frame(msg.data)
+        except codec.DecodeError:
+            return
+        self._metrics.frames.inc()
+        # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
+        tenant = msg.subject.split(".")[-2]
+        streams = self._streams
+        for entry in frame.entries:
+            stream = streams.get(entry.request_id)
+            if stream is None or stream.tenant != tenant or not stream.feed(entry, frame.source):
+                self._metrics.stale_entries.inc()

@@ -1,0 +1,67 @@
+"""The one boundary where error codes become HTTP statuses and OpenAI error objects."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from schemas.codec import encode_json
+from schemas.errors import ErrorCode
+from schemas.openai import ErrorBody, ErrorResponse
+
+# code → (HTTP status, OpenAI error type)
+_STATUS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.invalid_request: (400, "invalid_request_error"),
+    ErrorCode.unknown_class: (400, "invalid_request_error"),
+    ErrorCode.unknown_model: (404, "invalid_request_error"),
+    ErrorCode.payload_too_large: (413, "invalid_request_error"),
+    ErrorCode.queue_full: (429, "rate_limit_error"),
+    ErrorCode.overloaded: (503, "server_error"),
+    ErrorCode.no_worker: (503, "server_error"),
+    ErrorCode.deadline_exceeded: (504, "timeout_error"),
+    ErrorCode.cancelled: (499, "invalid_request_error"),
+    ErrorCode.worker_lost: (502, "server_error"),
+    ErrorCode.engine_error: (500, "server_error"),
+    ErrorCode.internal_error: (500, "server_error"),
+}
+
+_CODE_NAMES = {ErrorCode.unknown_model: "model_not_found", ErrorCode.queue_full: "rate_limit_exceeded"}
+
+RETRY_AFTER_S = {ErrorCode.queue_full: 1, ErrorCode.overloaded: 2, ErrorCode.no_worker: 5}
+
+
+class EdgeError(Exception):
+    """An error to answer with; `status`/`type` may override the code's defaults (e.g. 401)."""
+
+    def __init__(self, code: ErrorCode | None, message: str, param: str | None = None, *,
+                 status: int | None = None, type: str | None = None, code_name: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        default_status, default_type = _STATUS.get(code, (500, "server_error")) if code else (500, "server_error")
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status = status or default_status
+        self.type = type or default_type
+        self.code_name = code_name or (_CODE_NAMES.get(code, code.value) if code else None)
+        self.headers = dict(headers or {})
+        if code in RETRY_AFTER_S:
+            self.headers.setdefault("Retry-After", str(RETRY_AFTER_S[code]))
+
+    def body(self) -> bytes:
+        return encode_json(ErrorResponse(ErrorBody(self.message, self.type, self.param, self.code_name)))
+
+    def response(self) -> web.Response:
+        return web.Response(status=self.status, body=self.body(), content_type="application/json",
+                            headers=self.headers)
+
+
+def from_code(code_value: str, message: str) -> EdgeError:
+    try:
+        code = ErrorCode(code_value)
+    except ValueError:
+        code = ErrorCode.internal_error
+    return EdgeError(code, message)
+
+
+def unauthorized(message: str) -> EdgeError:
+    return EdgeError(None, message, status=401, type="authentication_error", code_name="invalid_api_key")

@@ -1,0 +1,52 @@
+"""Which pools have a ready worker, from heartbeats on `lw.evt.worker.*`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+
+from schemas import codec
+from schemas.work import Heartbeat
+
+
+@dataclass(slots=True)
+class _Seen:
+    beat: Heartbeat
+    at: float
+
+
+class Readiness:
+    def __init__(self, stale_after_s: float = 15.0) -> None:
+        self._workers: dict[str, _Seen] = {}
+        self._stale_after_s = stale_after_s
+
+    async def on_heartbeat(self, msg: Msg) -> None:
+        try:
+            beat = codec.decode_heartbeat(msg.data)
+        except codec.DecodeError:
+            return
+        self._workers[beat.worker_id] = _Seen(beat, time.monotonic())
+
+    def alive(self, worker_id: str, now: float | None = None) -> bool:
+        """Heard from within 3 heartbeat intervals (and not announced as stopped)."""
+        seen = self._workers.get(worker_id)
+        if seen is None:
+            return False
+        now = time.monotonic() if now is None else now
+        return now - seen.at <= min(self._stale_after_s, 3 * seen.beat.interval_s + 1)
+
+    def known(self, worker_id: str) -> bool:
+        return worker_id in self._workers
+
+    def ready_pools(self) -> dict[str, int]:
+        now = time.monotonic()
+        pools: dict[str, int] = {}
+        for wid, seen in self._workers.items():
+            if seen.beat.ready and self.alive(wid, now):
+                pools[seen.beat.pool] = pools.get(seen.beat.pool, 0) + 1
+        return pools
+
+    def workers(self) -> list[Heartbeat]:
+        return [seen.beat for seen in self._workers.values()]

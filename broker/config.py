@@ -1,0 +1,89 @@
+"""Typed configuration for the broker and the bridge, and the settings file loader.
+
+Environment variables are read only by the command line (`laneway/cli.py`), which builds these.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from broker.tenants import Tenant
+from schemas.requests import Token
+from laneway.connect import NatsSettings
+
+
+class LogicalModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pool: Token
+    description: str = ""
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The settings file: who may call (tenants) and what they may call (logical models)."""
+
+    tenants: dict[str, Tenant] = {}
+    models: dict[str, LogicalModel] = {}
+    # Requests live at most this long unless the client asks for less (x-laneway-timeout).
+    default_timeout_s: Annotated[float, Meta(gt=0, le=86400)] = 600.0
+
+
+class BadSettings(ValueError):
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def load_settings(path: Path) -> Settings:
+    try:
+        raw = tomllib.loads(path.read_text())
+        for name, doc in raw.get("tenants", {}).items():
+            doc.setdefault("name", name)
+        settings = msgspec.convert(raw, Settings)
+    except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        raise BadSettings(path, str(exc)) from None
+    for name, tenant in settings.tenants.items():
+        if tenant.name != name:
+            raise BadSettings(path, f"tenant table {name!r} names tenant {tenant.name!r}")
+        if tenant.default_class not in tenant.classes:
+            raise BadSettings(path, f"tenant {name!r}: default_class not in classes")
+    return settings
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """LW_REQ limits. The per-subject cap is the per-(class, tenant) backlog: publishes beyond
+    it are refused by JetStream itself (discard-new per subject), which the edge turns into 429."""
+
+    max_age_s: float = 3600.0
+    dedup_window_s: float = 120.0
+    max_msgs_per_subject: int = 2048
+    max_msgs: int = 1_000_000
+    max_bytes: int = 4 * 1024**3
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    max_ack_pending: int = 50_000
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    nats: NatsSettings = field(default_factory=NatsSettings)
+    limits: StreamLimits = field(default_factory=StreamLimits)
+    max_held: int = 20_000             # requests held in the lanes (waiting) at most
+    sweep_interval_s: float = 0.25     # expiry and in-progress acks for waiting requests
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    nats: NatsSettings = field(default_factory=NatsSettings)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    limits: StreamLimits = field(default_factory=StreamLimits)
+    max_body_bytes: int = 4 * 1024 * 1024
+    worker_stale_s: float = 15.0        # a worker silent this long no longer counts as ready

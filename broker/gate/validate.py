@@ -1,0 +1,24 @@
+"""Stage 1: is this a well-formed request that its subject allows?"""
+
+from __future__ import annotations
+
+from broker.gate import Refusal
+from schemas.errors import ErrorCode
+from schemas.requests import GenerateRequest
+from schemas.subjects import Subjects
+
+
+def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, s: Subjects) -> None:
+    """The subject is what NATS permissions guard, so the payload must agree with it, and the
+    reply subject must lie in the tenant's own inbox space: a request can never make a worker
+    stream tokens to another tenant."""
+    if request.tenant != subject_tenant:
+        raise Refusal(ErrorCode.invalid_request, "payload tenant does not match the subject", "tenant")
+    if request.klass != subject_class:
+        raise Refusal(ErrorCode.invalid_request, "payload class does not match the subject", "class")
+    if not request.reply_to.startswith(s.tok_tenant_prefix(subject_tenant)):
+        raise Refusal(ErrorCode.invalid_request, "reply_to is outside the tenant's inbox prefix", "reply_to")
+    try:
+        request.validate_shape()
+    except ValueError as exc:
+        raise Refusal(ErrorCode.invalid_request, str(exc), "messages") from None

@@ -1,0 +1,119 @@
+"""A continuous pull on the broker's durable consumer: messages arrive the moment they are stored.
+
+nats-py's `fetch()` waits for a whole batch (or its timeout) once a long poll has begun, which
+would add up to the timeout to a lone request's latency. Instead we keep ONE pull request open
+with a batch of up to `batch` messages and server idle heartbeats; each message is handed to
+`on_message` as it lands, and a new pull is issued when the current one is used up or expires.
+Room is the caller's: no pull is issued while `room()` is 0 (the lanes are full), which is the
+backpressure that keeps unbounded work in JetStream, not in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+log = logging.getLogger("laneway.intake")
+
+
+class PullIntake:
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        durable: str,
+        on_message: Callable[[Msg], Awaitable[None]],
+        room: Callable[[], int],
+        batch: int = 256,
+        expires_s: float = 10.0,
+        heartbeat_s: float = 1.0,
+    ) -> None:
+        self._nc = nc
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._on_message = on_message
+        self._room = room
+        self._batch = batch
+        self._expires_s = expires_s
+        self._heartbeat_s = heartbeat_s
+        self._inbox = nc.new_inbox()
+        self._sub = None
+        self._remaining = 0           # messages the open pull may still deliver
+        self._last_seen = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._deliver)
+        self._task = asyncio.create_task(self._keep_pulling(), name="laneway-intake")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # connection already closed: nothing to unsubscribe from
+                pass
+            self._sub = None
+
+    def poke(self) -> None:
+        """Room was freed: pull again if the open request is used up."""
+        self._wake.set()
+
+    async def _keep_pulling(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            # A pull with no heartbeat for a while died with a server restart or reconnect.
+            if self._remaining and now - self._last_seen > 3 * self._heartbeat_s + 1:
+                log.info("pull request went silent; issuing a new one")
+                self._remaining = 0
+            room = self._room()
+            if self._remaining == 0 and room > 0 and self._nc.is_connected:
+                n = min(self._batch, room)
+                request = {"batch": n, "expires": int(self._expires_s * 1e9),
+                           "idle_heartbeat": int(self._heartbeat_s * 1e9)}
+                try:
+                    await self._nc.publish(self._next_subject, json.dumps(request).encode(),
+                                           reply=self._inbox)
+                    self._remaining = n
+                    self._last_seen = now
+                except Exception as exc:  # disconnected: the client reconnects by itself
+                    log.warning("pull request failed: %s", exc)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _deliver(self, msg: Msg) -> None:
+        self._last_seen = asyncio.get_running_loop().time()
+        status = msg.headers.get("Status") if msg.headers else None
+        if status:
+            if status == "100":          # idle heartbeat: the pull is alive
+                return
+            # 404/408: the pull expired or had nothing; 409: max waiting, leadership change,
+            # consumer deleted. Either way this pull is over.
+            if status == "409":
+                log.info("pull ended: %s %s", status, msg.headers.get("Description", ""))
+            self._remaining = 0
+            self._wake.set()
+            return
+        self._remaining = max(0, self._remaining - 1)
+        if self._remaining == 0:
+            self._wake.set()
+        try:
+            await self._on_message(msg)
+        except Exception:
+            # The message stays unacked and comes back after ack_wait; never lose the loop.
+            log.exception("handling a request message failed")

@@ -1,0 +1,35 @@
+"""Logical models (what clients name in `model`) → pools, stored under `models` in `lw_routing`."""
+
+from __future__ import annotations
+
+import msgspec
+from nats.js import JetStreamContext
+
+from broker.config import LogicalModel
+from schemas.subjects import Subjects
+
+MODELS_KEY = "models"
+
+_decode = msgspec.json.Decoder(dict[str, LogicalModel]).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def decode_models(document: bytes) -> dict[str, LogicalModel]:
+    try:
+        return _decode(document)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"models document: {exc}") from None
+
+
+async def put_models(js: JetStreamContext, s: Subjects, models: dict[str, LogicalModel]) -> None:
+    kv = await js.key_value(s.bucket("routing"))
+    await kv.put(MODELS_KEY, _encode(models))
+
+
+async def get_models(js: JetStreamContext, s: Subjects) -> dict[str, LogicalModel]:
+    kv = await js.key_value(s.bucket("routing"))
+    try:
+        entry = await kv.get(MODELS_KEY)
+    except Exception:  # KeyNotFoundError: no models configured yet
+        return {}
+    return decode_models(entry.value or b"{}")

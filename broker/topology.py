@@ -1,0 +1,100 @@
+"""Streams, the broker's durable consumer and KV buckets, created idempotently at start.
+
+Every process calls `ensure_topology`; creating what exists is a no-op, and a changed limit is
+applied with an update (JetStream allows raising/lowering limits in place).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from broker import classes as class_docs
+from broker import tenants as tenant_docs
+from broker.classes import DEFAULT_CLASSES
+from broker.config import StreamLimits
+from broker.tenants import Tenant
+from schemas.subjects import Subjects
+
+log = logging.getLogger("laneway.topology")
+
+BUCKETS = ("classes", "tenants", "routing")
+
+
+def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
+    return StreamConfig(
+        name=s.req_stream,
+        subjects=[s.req_all],
+        retention=RetentionPolicy.WORK_QUEUE,   # a message lives until acked or terminated
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,              # a full stream refuses new work: nothing accepted is dropped
+        discard_new_per_subject=True,
+        max_msgs_per_subject=limits.max_msgs_per_subject,
+        max_msgs=limits.max_msgs,
+        max_bytes=limits.max_bytes,
+        max_age=limits.max_age_s,
+        duplicate_window=limits.dedup_window_s,
+        num_replicas=limits.replicas,
+    )
+
+
+def broker_consumer(s: Subjects, limits: StreamLimits) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=s.broker_durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=limits.ack_wait_s,
+        max_deliver=limits.max_deliver,
+        max_ack_pending=limits.max_ack_pending,
+        max_waiting=64,
+        filter_subject=s.req_all,
+    )
+
+
+def _log_stream(s: Subjects, name: str, subject: str, limits: StreamLimits, max_age: float) -> StreamConfig:
+    return StreamConfig(name=name, subjects=[subject], retention=RetentionPolicy.LIMITS,
+                        storage=StorageType.FILE, max_age=max_age, num_replicas=limits.replicas)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError as exc:
+        # "stream name already in use with a different configuration": apply the new limits.
+        if exc.err_code != 10058:
+            raise
+        await js.update_stream(config)
+
+
+async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:
+    await _ensure_stream(js, request_stream(s, limits))
+    await _ensure_stream(js, _log_stream(s, s.usage_stream, s.usage_all, limits, 90 * 86400))
+    await _ensure_stream(js, _log_stream(s, s.dlq_stream, s.dlq_all, limits, 30 * 86400))
+    await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
+    await js.add_consumer(s.req_stream, broker_consumer(s, limits))
+    for name in BUCKETS:
+        await js.create_key_value(KeyValueConfig(
+            bucket=s.bucket(name), history=16 if name == "routing" else 5,
+            storage=StorageType.FILE, replicas=limits.replicas))
+    classes = await js.key_value(s.bucket("classes"))
+    for policy in DEFAULT_CLASSES:
+        try:
+            await classes.create(policy.name, class_docs.encode(policy))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass  # an operator's value wins over the defaults
+
+
+async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) -> None:
+    kv = await js.key_value(s.bucket("tenants"))
+    for tenant in tenants:
+        await kv.put(tenant.name, tenant_docs.encode(tenant))

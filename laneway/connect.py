@@ -1,0 +1,59 @@
+"""One way every Laneway process connects to NATS: reconnect forever, log state changes."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client
+
+from schemas.subjects import Subjects
+
+log = logging.getLogger("laneway.nats")
+
+
+@dataclass(frozen=True)
+class NatsSettings:
+    url: str = "nats://127.0.0.1:4222"
+    prefix: str = "lw"
+    user: str | None = None
+    password: str | None = None
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.prefix)
+
+    @classmethod
+    def from_env(cls) -> "NatsSettings":
+        return cls(url=os.environ.get("LANEWAY_NATS_URL", cls.url), prefix=os.environ.get("LANEWAY_PREFIX", cls.prefix),
+                   user=os.environ.get("LANEWAY_NATS_USER"),
+                   password=os.environ.get("LANEWAY_NATS_PASSWORD"))
+
+
+async def connect(url: str, name: str, user: str | None = None, password: str | None = None) -> Client:
+    """Connect with reconnects forever: Laneway processes outlive nats-server restarts."""
+    async def disconnected() -> None:
+        log.warning("%s: disconnected from NATS", name)
+
+    async def reconnected() -> None:
+        log.info("%s: reconnected to NATS", name)
+
+    async def error(exc: Exception) -> None:
+        log.warning("%s: NATS error: %s", name, exc)
+
+    return await nats.connect(
+        servers=url.split(","),
+        name=name,
+        user=user,
+        password=password,
+        max_reconnect_attempts=-1,      # processes outlive server restarts
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        allow_reconnect=True,
+        pending_size=64 * 1024 * 1024,  # frames are buffered while reconnecting
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        error_cb=error,
+    )

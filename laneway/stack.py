@@ -1,0 +1,62 @@
+"""Broker, workers and bridge in one event loop, against a given NATS: for tests and benchmarks.
+
+`laneway up` runs the same components as separate processes; this is the in-process
+equivalent, so a test can reach into each component (engine state, metrics) directly.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, replace
+
+from broker.bridge.app import Bridge
+from broker.config import BridgeConfig, BrokerConfig, LogicalModel, Settings, StreamLimits
+from broker.dispatch import Broker
+from broker.tenants import Tenant, hash_key
+from laneway.connect import NatsSettings
+from workers.engine import Engine
+from workers.runner import Worker, WorkerConfig
+from workers.sim import PROFILES, SimEngine
+
+
+def demo_settings(api_key: str, model: str = "laneway-sim", pool: str = "sim",
+                  tenant: str = "demo", extra_tenants: dict[str, str] | None = None) -> Settings:
+    tenants = {tenant: Tenant(name=tenant, api_key_sha256=[hash_key(api_key)])}
+    for name, key in (extra_tenants or {}).items():
+        tenants[name] = Tenant(name=name, api_key_sha256=[hash_key(key)])
+    return Settings(tenants=tenants, models={model: LogicalModel(pool=pool)})
+
+
+@dataclass
+class Stack:
+    nats_url: str
+    settings: Settings
+    engines: list[Engine] = field(default_factory=list)
+    pool: str = "sim"
+    limits: StreamLimits = field(default_factory=StreamLimits)
+    worker_config: WorkerConfig = field(default_factory=WorkerConfig)
+    prefix: str = "lw"
+    broker: Broker | None = None
+    bridge: Bridge | None = None
+    workers: list[Worker] = field(default_factory=list)
+
+    async def __aenter__(self) -> "Stack":
+        self._exit = AsyncExitStack()
+        nats = NatsSettings(url=self.nats_url, prefix=self.prefix)
+        self.broker = await self._exit.enter_async_context(
+            Broker(BrokerConfig(nats=nats, limits=self.limits)))
+        engines = self.engines or [SimEngine(PROFILES["zero"])]
+        for engine in engines:
+            config = replace(self.worker_config, nats=nats, pool=self.pool)
+            self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
+        self.bridge = await self._exit.enter_async_context(
+            Bridge(BridgeConfig(nats=nats, port=0, limits=self.limits), self.settings))
+        await self.bridge.wait_ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._exit.aclose()
+
+    @property
+    def url(self) -> str:
+        return self.bridge.url

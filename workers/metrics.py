@@ -1,0 +1,24 @@
+"""The worker's Prometheus metrics, bounded labels (pool, class, finish reason)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.slots_in_use = Gauge("laneway_worker_slots_in_use", "Sequences running in the engine", ["pool"], registry=r)
+        self.slots_total = Gauge("laneway_worker_slots_total", "Engine sequence slots", ["pool"], registry=r)
+        self.tokens = Counter("laneway_worker_tokens_total", "Tokens generated", ["pool", "class"], registry=r)
+        self.finished = Counter("laneway_worker_finished_total", "Requests finished", ["pool", "reason"], registry=r)
+        self.frames = Counter("laneway_worker_frames_total", "Token frames published", ["pool"], registry=r)
+        self.entries_per_frame = Histogram("laneway_worker_entries_per_frame", "Stream entries carried per frame",
+                                           ["pool"], buckets=BATCH_BUCKETS, registry=r)
+        self.pulls = Counter("laneway_worker_pulls_total", "Pulls sent to the broker", ["pool"], registry=r)
+        self.ttft = Histogram("laneway_worker_ttft_seconds", "Dispatch to first token in the engine",
+                              ["pool", "class"], registry=r,
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 5, 10, 30))

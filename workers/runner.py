@@ -1,0 +1,369 @@
+"""The worker loop: pull when there is room, feed the engine, one frame per step per inbox, ack.
+
+- Pull: a `Credit` goes to `lw.pull.<pool>` only while the engine has a free slot; the broker
+  holds it open until there is work (long poll), so an idle worker costs one message per
+  `pull_wait_s`.
+- Frames: each stream's deltas go into an outbox keyed by reply subject; a flusher publishes
+  ONE `TokenFrame` per inbox per event-loop turn. An engine step wakes every stream it produced
+  a token for in the same turn, so a frame carries that whole step (one NATS message per inbox
+  instead of one per token per stream: nats-py costs ~17 µs of CPU per message).
+- Acks: in-progress (`+WPI`) for every running request every `in_progress_s`, the final `+ACK`
+  after the request's last frame (same connection, so the order holds), `+TERM` for requests
+  refused here. A request that fails before any token reached the client is `-NAK`ed so another
+  attempt may succeed; after tokens were streamed it ends with an error entry instead.
+- An `EngineDead` stops the worker without acking: JetStream redelivers its requests elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from laneway.connect import NatsSettings, connect
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import Delta, Entry, Finished, StreamError, TokenFrame, TokenUsage
+from schemas.usage import Usage
+from schemas.work import Credit, Dispatch, Heartbeat
+from workers.engine import Engine, EngineDead, EngineError, EngineRequest, UnsupportedRequest
+from workers.metrics import WorkerMetrics
+
+log = logging.getLogger("laneway.worker")
+
+ACK, WPI, NAK, TERM = b"+ACK", b"+WPI", b"-NAK", b"+TERM"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    nats: NatsSettings = field(default_factory=NatsSettings)
+    pool: str = "default"
+    worker_id: str = ""
+    classes: tuple[str, ...] = ()           # empty: every class
+    pull_wait_s: float = 5.0
+    heartbeat_s: float = 2.0
+    in_progress_s: float = 5.0              # must stay well under the consumer's ack_wait
+    drain_s: float = 30.0                   # on SIGTERM, let running requests finish this long
+
+    def with_id(self) -> "WorkerConfig":
+        if self.worker_id:
+            return self
+        wid = f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}"
+        return WorkerConfig(**{**self.__dict__, "worker_id": wid})
+
+
+@dataclass(slots=True, eq=False)
+class _Active:
+    dispatch: Dispatch
+    started: float
+    seq: int = 0
+    streamed: bool = False
+    cancelled: bool = False
+    first_token_at: float | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, engine: Engine, metrics: WorkerMetrics | None = None) -> None:
+        self.config = config.with_id()
+        self.id = self.config.worker_id
+        self.s = self.config.nats.subjects
+        self.engine = engine
+        self.metrics = metrics or WorkerMetrics()
+        self.ready = False
+        self.dead: BaseException | None = None
+        self._nc: Client | None = None
+        self._active: dict[tuple[str, str], _Active] = {}
+        self._outbox: dict[str, list[Entry]] = {}
+        self._after_frames: list[tuple[str, bytes]] = []
+        self._dirty = asyncio.Event()
+        self._room = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        n = self.config.nats
+        self._nc = await connect(n.url, f"laneway-worker-{self.id}", n.user, n.password)
+        self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeats"))
+        # Load and warm up before taking any work: the first request pays no cold start.
+        await self.engine.start()
+        await self.engine.warmup()
+        self.ready = True
+        await self._heartbeat()
+        await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
+        await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
+        self._tasks += [
+            asyncio.create_task(self._flusher(), name="flusher"),
+            asyncio.create_task(self._in_progress(), name="in-progress"),
+            asyncio.create_task(self._pull_loop(), name="pull-loop"),
+        ]
+        log.info("worker %s ready: pool=%s engine=%s model=%s", self.id, self.config.pool,
+                 self.engine.name, self.engine.model)
+
+    async def wait(self) -> int:
+        """Until stopped or dead; the process exit code."""
+        await self._stopping.wait()
+        return 1 if self.dead is not None else 0
+
+    async def stop(self) -> None:
+        """Stop pulling; let running requests finish for `drain_s`; then hand the rest back."""
+        self._stopping.set()
+        self.ready = False
+        pending = [a.task for a in self._active.values() if a.task is not None]
+        if pending and self.dead is None:
+            await asyncio.wait(pending, timeout=self.config.drain_s)
+        for active in list(self._active.values()):
+            if active.task is not None:
+                active.task.cancel()    # unacked: JetStream redelivers them
+        await self._flush_once()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.engine.cleanup()
+        if self._nc is not None:
+            try:
+                if self._nc.is_connected:
+                    await self._heartbeat()
+                    await self._nc.drain()
+                else:
+                    await self._nc.close()
+            except Exception as exc:  # closing anyway
+                log.debug("close: %s", exc)
+            self._nc = None
+
+    async def __aenter__(self) -> "Worker":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- pulling --------------------------------------------------------------------------
+    def _credit(self) -> Credit | None:
+        cap = self.engine.capacity()
+        self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
+        self.metrics.slots_in_use.labels(self.config.pool).set(cap.total_slots - cap.free_slots)
+        if cap.free_slots <= 0:
+            return None
+        return Credit(worker_id=self.id, pool=self.config.pool, free_slots=cap.free_slots,
+                      token_budget=cap.token_budget, total_slots=cap.total_slots,
+                      classes=list(self.config.classes), running=cap.running,
+                      wait_s=self.config.pull_wait_s)
+
+    async def _pull_loop(self) -> None:
+        subject = self.s.pull(self.config.pool)
+        while not self._stopping.is_set():
+            credit = self._credit()
+            if credit is None:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self.metrics.pulls.labels(self.config.pool).inc()
+            try:
+                reply = await self._nc.request(subject, codec.encode(credit),
+                                               timeout=self.config.pull_wait_s + 2.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except NoRespondersError:
+                await asyncio.sleep(0.5)    # no broker yet, or it is restarting
+                continue
+            except Exception as exc:        # disconnected: the client reconnects
+                log.warning("pull failed: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            if self._stopping.is_set():
+                # Raced with shutdown: leave these unacked, JetStream redelivers them.
+                break
+            for dispatch in codec.decode_batch(reply.data).dispatches:
+                self._start(dispatch)
+
+    def _start(self, dispatch: Dispatch) -> None:
+        request = dispatch.request
+        key = (request.tenant, request.request_id)
+        if not request.reply_to.startswith(self.s.tok_tenant_prefix(request.tenant)):
+            # Defence in depth: never stream one tenant's tokens onto another's subjects.
+            log.error("refused a dispatch whose reply subject is outside its tenant's inbox")
+            self._after_frames.append((dispatch.ack_subject, TERM))
+            self._dirty.set()
+            return
+        if key in self._active:
+            return  # a duplicate delivery of a request already running here
+        active = _Active(dispatch, time.monotonic())
+        self._active[key] = active
+        if time.time() >= request.deadline:
+            self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed before the request started")
+            return
+        active.task = asyncio.create_task(self._serve(active), name=f"serve-{request.request_id}")
+
+    # -- serving one request --------------------------------------------------------------
+    async def _serve(self, active: _Active) -> None:
+        d = active.dispatch
+        r = d.request
+        engine_request = EngineRequest(r.request_id, r.messages, r.prompt, r.sampling,
+                                       priority=d.priority, klass=r.klass)
+        reply_to = r.reply_to
+        finished: Finished | None = None
+        try:
+            async with asyncio.timeout(max(0.0, r.deadline - time.time())):
+                async for out in self.engine.generate(engine_request):
+                    if out.text or out.token_ids:
+                        if active.first_token_at is None:
+                            active.first_token_at = time.monotonic()
+                            self.metrics.ttft.labels(self.config.pool, r.klass).observe(
+                                active.first_token_at - active.started)
+                        self._emit(reply_to, Delta(r.request_id, d.attempt, self._seq(active),
+                                                   out.text, out.token_ids))
+                        active.streamed = True
+                        self.metrics.tokens.labels(self.config.pool, r.klass).inc(len(out.token_ids) or 1)
+                    if out.finish_reason is not None:
+                        reason = "cancelled" if active.cancelled else out.finish_reason
+                        finished = Finished(r.request_id, d.attempt, self._seq(active), reason,
+                                            TokenUsage(out.prompt_tokens, out.completion_tokens),
+                                            self.engine.model)
+        except TimeoutError:
+            await self.engine.abort(r.request_id)
+            self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed during generation")
+            return
+        except UnsupportedRequest as exc:
+            self._fail(active, ErrorCode.invalid_request, f"{exc.param}: {exc.message}")
+            return
+        except EngineError as exc:
+            if active.streamed:
+                self._fail(active, ErrorCode.engine_error, exc.message)
+            else:
+                self._release(active, NAK)   # nothing reached the client: another attempt may work
+            return
+        except EngineDead as exc:
+            log.error("engine died: %s; stopping without acking running requests", exc)
+            self.dead = exc
+            self._stopping.set()
+            self._room.set()
+            return
+        except asyncio.CancelledError:
+            raise   # worker shutdown: left unacked on purpose, JetStream redelivers it
+        except Exception:
+            # A bug, not a request problem: end the stream clearly rather than leave it hanging.
+            log.exception("serving %s failed", r.request_id)
+            self._fail(active, ErrorCode.internal_error, "internal error in the worker")
+            return
+        if finished is None:    # the engine ended the stream without saying why
+            self._fail(active, ErrorCode.engine_error, "the engine ended the stream without finishing")
+            return
+        self._emit(reply_to, finished)
+        self._release(active, ACK)
+        self.metrics.finished.labels(self.config.pool, finished.finish_reason).inc()
+        self._record_usage(active, finished)
+
+    def _fail(self, active: _Active, code: ErrorCode, message: str) -> None:
+        d = active.dispatch
+        self._emit(d.request.reply_to, StreamError(d.request.request_id, d.attempt,
+                                                   self._seq(active), code.value, message))
+        self.metrics.finished.labels(self.config.pool, code.value).inc()
+        self._release(active, TERM)
+
+    def _release(self, active: _Active, ack: bytes) -> None:
+        request = active.dispatch.request
+        self._active.pop((request.tenant, request.request_id), None)
+        self._after_frames.append((active.dispatch.ack_subject, ack))
+        self._dirty.set()
+        self._room.set()
+
+    def _record_usage(self, active: _Active, finished: Finished) -> None:
+        r = active.dispatch.request
+        now = time.monotonic()
+        usage = Usage(
+            request_id=r.request_id, tenant=r.tenant, klass=r.klass, model=r.model,
+            served_model=finished.model, pool=self.config.pool, worker_id=self.id,
+            prompt_tokens=finished.usage.prompt_tokens,
+            completion_tokens=finished.usage.completion_tokens,
+            finish_reason=finished.finish_reason, queued_s=active.dispatch.queued_s,
+            ttft_s=None if active.first_token_at is None else active.first_token_at - active.started,
+            total_s=now - active.started, finished_at=time.time(),
+        )
+        # Core publish into LW_USAGE: stored by JetStream without a round trip per request.
+        self._after_frames.append((self.s.usage(r.tenant), codec.encode(usage)))
+
+    # -- frames ---------------------------------------------------------------------------
+    def _emit(self, reply_to: str, entry: Entry) -> None:
+        entries = self._outbox.get(reply_to)
+        if entries is None:
+            self._outbox[reply_to] = [entry]
+        else:
+            entries.append(entry)
+        self._dirty.set()
+
+    @staticmethod
+    def _seq(active: _Active) -> int:
+        seq = active.seq
+        active.seq += 1
+        return seq
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self._flush_once()
+
+    async def _flush_once(self) -> None:
+        if self._nc is None:
+            return
+        outbox, self._outbox = self._outbox, {}
+        after, self._after_frames = self._after_frames, []
+        pool = self.config.pool
+        for reply_to, entries in outbox.items():
+            await self._nc.publish(reply_to, codec.encode(TokenFrame(self.id, entries)))
+            self.metrics.entries_per_frame.labels(pool).observe(len(entries))
+        if outbox:
+            self.metrics.frames.labels(pool).inc(len(outbox))
+        for subject, payload in after:  # after the frames: a request's ack follows its last entry
+            await self._nc.publish(subject, payload)
+
+    # -- cancels, liveness ----------------------------------------------------------------
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            cancel = codec.decode_cancel(msg.data)
+        except codec.DecodeError:
+            return
+        active = self._active.get((cancel.tenant, cancel.request_id))
+        if active is not None and not active.cancelled:
+            active.cancelled = True
+            await self.engine.abort(cancel.request_id)
+
+    async def _on_ping(self, msg: Msg) -> None:
+        await self._heartbeat()
+
+    async def _in_progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.in_progress_s)
+            for active in list(self._active.values()):
+                self._after_frames.append((active.dispatch.ack_subject, WPI))
+            self._dirty.set()
+
+    async def _heartbeat(self) -> None:
+        cap = self.engine.capacity() if self.ready else None
+        beat = Heartbeat(
+            worker_id=self.id, pool=self.config.pool, engine=self.engine.name,
+            model=self.engine.model, ready=self.ready and not self._stopping.is_set(),
+            total_slots=cap.total_slots if cap else 0, free_slots=cap.free_slots if cap else 0,
+            token_budget=cap.token_budget if cap else 0, interval_s=self.config.heartbeat_s,
+            stopping=self._stopping.is_set(),
+        )
+        await self._nc.publish(self.s.worker_event(self.id), codec.encode(beat))
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self._heartbeat()
+            except Exception as exc:  # disconnected: next beat retries
+                log.debug("heartbeat failed: %s", exc)
+            await asyncio.sleep(self.config.heartbeat_s)
