@@ -1,0 +1,1 @@
+"""Load generator, benchmarks and the capacity planner (`laneway loadtest`, `laneway plan`)."""
