@@ -1,0 +1,581 @@
+"""The `openai` engine: a pool backed by any OpenAI-compatible server (a hosted API as the
+fallback pool, or an existing vLLM server), streamed over aiohttp, behind a circuit breaker.
+
+Rules this module keeps:
+- The upstream key comes from an environment variable named in config, never from a request.
+- Retries happen only before the first token is yielded: released tokens cannot be taken back.
+- 429, 5xx, resets and timeouts count against the breaker; other 4xx are the request's fault.
+- While the breaker is open `generate` fails at once and `capacity()` has no free slots, so the
+  worker stops pulling work it could only fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+import msgspec
+import yarl
+
+from schemas.requests import ChatMessage
+from workers.circuit import BreakerConfig, BreakerState, CircuitBreaker, Permit, StateHook
+from workers.engine import (
+    Capacity,
+    Engine,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    UnsupportedRequest,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEY_ENV = "LANEWAY_UPSTREAM_API_KEY"
+_ERROR_BODY_LIMIT = 4096       # bytes of an error response read for its message
+_T = TypeVar("_T")
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIUpstreamConfig:
+    base_url: str                            # up to the API version, e.g. http://host:8000/v1
+    model: str                               # the upstream's model name, sent as `model`
+    api_key_env: str = DEFAULT_KEY_ENV       # NAME of the env var holding the key (unset: no auth)
+    max_concurrency: int = 64                # streams in flight at once: the slots reported
+    token_budget: int = 1 << 30              # the upstream manages its own KV cache
+    connect_timeout_s: float = 5.0
+    first_token_timeout_s: float = 30.0      # request sent → first token, per attempt
+    idle_timeout_s: float = 30.0             # longest gap between chunks after the first token
+    total_timeout_s: float = 600.0           # whole request, retries included
+    retries: int = 2                         # extra attempts, only before the first token
+    backoff_s: float = 0.2                   # first retry delay; doubles, jittered, capped
+    backoff_max_s: float = 2.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("base_url must be an http:// or https:// URL")
+        if not self.model:
+            raise ValueError("model (the upstream's model name) is required")
+        if self.max_concurrency < 1 or self.retries < 0:
+            raise ValueError("max_concurrency must be >= 1 and retries >= 0")
+        timeouts = (self.connect_timeout_s, self.first_token_timeout_s, self.idle_timeout_s, self.total_timeout_s)
+        if min(timeouts) <= 0:
+            raise ValueError("timeouts must be > 0")
+
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        d = {name: f.default for name, f in OpenAIUpstreamConfig.__dataclass_fields__.items()}
+        b = BreakerConfig()
+        g = parser.add_argument_group("openai engine (--engine openai)")
+        g.add_argument("--upstream-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
+        g.add_argument("--upstream-model", help="model name the upstream serves")
+        g.add_argument("--upstream-key-env", default=DEFAULT_KEY_ENV, metavar="NAME",
+                       help="environment variable holding the upstream API key (default: %(default)s)")
+        flags: list[tuple[str, type, object, str]] = [
+            ("max-concurrency", int, d["max_concurrency"], "streams in flight at once (the slots offered)"),
+            ("connect-timeout", float, d["connect_timeout_s"], "seconds to open a TCP connection"),
+            ("first-token-timeout", float, d["first_token_timeout_s"], "seconds from sending to the first token"),
+            ("idle-timeout", float, d["idle_timeout_s"], "longest gap between tokens, seconds"),
+            ("total-timeout", float, d["total_timeout_s"], "seconds for a whole request, retries included"),
+            ("retries", int, d["retries"], "extra attempts, only before the first token"),
+            ("backoff", float, d["backoff_s"], "first retry delay, seconds (doubles, jittered)"),
+            ("breaker-failures", int, b.failure_threshold, "consecutive failures that open the breaker"),
+            ("breaker-error-rate", float, b.error_rate, "failure share in the window that opens it"),
+            ("breaker-window", float, b.window_s, "error-rate window, seconds"),
+            ("breaker-min-volume", int, b.min_volume, "calls in the window before the rate counts"),
+            ("breaker-cooldown", float, b.cooldown_s, "seconds open before a half-open probe"),
+            ("breaker-probes", int, b.half_open_probes, "probes let through while half-open"),
+        ]
+        for name, kind, default, text in flags:
+            g.add_argument(f"--upstream-{name}", type=kind, default=default, help=f"{text} (default: %(default)s)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> OpenAIUpstreamConfig:
+        if not args.upstream_url or not args.upstream_model:
+            raise ValueError("--engine openai needs --upstream-url and --upstream-model")
+        return cls(
+            base_url=args.upstream_url.rstrip("/"),
+            model=args.upstream_model,
+            api_key_env=args.upstream_key_env,
+            max_concurrency=args.upstream_max_concurrency,
+            connect_timeout_s=args.upstream_connect_timeout,
+            first_token_timeout_s=args.upstream_first_token_timeout,
+            idle_timeout_s=args.upstream_idle_timeout,
+            total_timeout_s=args.upstream_total_timeout,
+            retries=args.upstream_retries,
+            backoff_s=args.upstream_backoff,
+            breaker=BreakerConfig(
+                failure_threshold=args.upstream_breaker_failures,
+                error_rate=args.upstream_breaker_error_rate,
+                window_s=args.upstream_breaker_window,
+                min_volume=args.upstream_breaker_min_volume,
+                cooldown_s=args.upstream_breaker_cooldown,
+                half_open_probes=args.upstream_breaker_probes,
+            ),
+        )
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+class UpstreamError(EngineError):
+    """The upstream failed this request. `status` is its HTTP status when it answered one;
+    `partial` is True when tokens had already been yielded (the stream was cut, not retried)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(request_id, message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.partial = False
+
+    @property
+    def counts_against_breaker(self) -> bool:
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+class UpstreamTimeout(UpstreamError):
+    def __init__(self, request_id: str, phase: str, *, retryable: bool) -> None:
+        super().__init__(request_id, f"upstream {phase} timeout", retryable=retryable)
+        self.phase = phase           # "connect" | "first_token" | "idle" | "total"
+
+
+class CircuitOpen(UpstreamError):
+    def __init__(self, request_id: str, retry_after_s: float) -> None:
+        super().__init__(request_id, "upstream circuit breaker is open", retry_after_s=retry_after_s)
+
+
+class UpstreamRejected(UnsupportedRequest):
+    """The upstream refused the request itself (400/413/422): the client's fault, not the upstream's."""
+
+    def __init__(self, request_id: str, status: int, param: str, message: str) -> None:
+        super().__init__(request_id, param, message)
+        self.status = status
+
+
+class _Aborted(Exception):
+    """`abort()` was called for this request; ends the stream with finish_reason "abort"."""
+
+
+# -- wire shapes (lenient: upstreams differ in the fields they add or omit) -----------------------
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool = True
+
+
+class _Body(msgspec.Struct, omit_defaults=True):
+    model: str
+    stream: bool                             # no defaults here: omit_defaults would drop them
+    stream_options: _StreamOptions
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None              # chat/completions
+    text: str | None = None                  # completions
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str = ""
+    param: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: _ErrorBody | None = None          # in-band error after the stream started (vLLM)
+
+
+class _ErrorEnvelope(msgspec.Struct):
+    error: _ErrorBody | None = None
+    message: str | None = None               # older vLLM puts the error at the top level
+    param: str | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_error = msgspec.json.Decoder(_ErrorEnvelope).decode
+_DONE = object()                             # the `data: [DONE]` event
+
+
+# -- the engine ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    request_id: str
+    klass: str
+    aborted: bool = False
+    streamed: int = 0                                 # text deltas yielded, over all attempts
+    finish: str | None = None
+    usage: _Usage | None = None
+    pending: asyncio.Future[Any] | None = None        # send or backoff in progress
+    response: aiohttp.ClientResponse | None = None    # stream being read
+
+
+class OpenAIUpstreamEngine(Engine):
+    name = "openai"
+
+    def __init__(
+        self,
+        config: OpenAIUpstreamConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_breaker_change: StateHook | None = None,
+    ) -> None:
+        self.config = config
+        self.model = config.model
+        self._hook = on_breaker_change
+        self.breaker = CircuitBreaker(config.breaker, clock=clock, on_change=self._breaker_changed)
+        self._session: aiohttp.ClientSession | None = None
+        self._headers: dict[str, str] = {}
+        self._inflight: dict[str, _Call] = {}
+        self._running: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        key = os.environ.get(self.config.api_key_env)
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
+        else:
+            log.warning("$%s is not set: calling the upstream without an API key", self.config.api_key_env)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.config.max_concurrency)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+
+    async def cleanup(self) -> None:
+        for request_id in list(self._inflight):
+            await self.abort(request_id)
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def capacity(self) -> Capacity:
+        free = max(0, self.config.max_concurrency - len(self._inflight))
+        allowance = self.breaker.allowance()
+        if allowance is not None:
+            free = min(free, allowance)
+        return Capacity(
+            total_slots=self.config.max_concurrency,
+            free_slots=free,
+            token_budget=self.config.token_budget if free else 0,
+            running=dict(self._running),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        call = self._inflight.get(request_id)
+        if call is None or call.aborted:
+            return
+        call.aborted = True
+        if call.pending is not None:
+            call.pending.cancel()
+        if call.response is not None:
+            call.response.close()            # wakes a pending read and drops the connection
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        rid = request.request_id
+        if self._session is None:
+            raise EngineError(rid, "engine not started")
+        if rid in self._inflight:
+            raise EngineError(rid, "request is already running on this engine")
+        url, body = self._build(request)
+        call = self._inflight[rid] = _Call(rid, request.klass)
+        self._running[request.klass] += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.total_timeout_s
+        try:
+            for attempt in itertools.count():
+                permit = self.breaker.acquire()
+                if permit is None:
+                    raise CircuitOpen(rid, self.breaker.retry_after())
+                verdict: bool | None = None          # None: says nothing about the upstream
+                try:
+                    async with contextlib.aclosing(self._attempt(call, url, body, deadline)) as texts:
+                        async for text in texts:
+                            yield EngineOutput(text=text)
+                    verdict = True
+                    break
+                except UpstreamError as err:
+                    verdict = False if err.counts_against_breaker else None
+                    err.partial = call.streamed > 0
+                    if call.streamed or not err.retryable or attempt >= self.config.retries:
+                        raise
+                    delay = self._backoff(attempt, err.retry_after_s)
+                    if delay > self.config.backoff_max_s or loop.time() + delay >= deadline:
+                        raise                        # a long Retry-After: fail now, not hold the slot
+                    log.info("upstream attempt %d for %s failed (%s); retrying in %.2fs",
+                             attempt + 1, rid, err.message, delay)
+                finally:
+                    self._judge(permit, verdict)
+                await self._abortable(call, asyncio.sleep(delay), loop.time() + delay + 1.0)
+            yield self._final(request, call.finish or "stop", call.usage, call.streamed)
+        except _Aborted:
+            yield self._final(request, "abort", None, call.streamed)
+        finally:
+            del self._inflight[rid]
+            self._running[request.klass] -= 1
+            if not self._running[request.klass]:
+                del self._running[request.klass]
+
+    # -- one attempt's I/O -----------------------------------------------------------------------
+
+    async def _attempt(self, call: _Call, url: str, body: bytes, deadline: float) -> AsyncIterator[str]:
+        """One HTTP request: yields the text deltas, records finish and usage on `call`."""
+        loop = asyncio.get_running_loop()
+        call.finish, call.usage = None, None
+        first_deadline = min(deadline, loop.time() + self.config.first_token_timeout_s)
+        first_phase = "total" if first_deadline == deadline else "first_token"
+        resp = await self._open(call, url, body, first_deadline, first_phase)
+        try:
+            while True:
+                if call.streamed:
+                    read_deadline = min(deadline, loop.time() + self.config.idle_timeout_s)
+                    phase = "total" if read_deadline == deadline else "idle"
+                else:
+                    read_deadline, phase = first_deadline, first_phase
+                chunk = await self._next_chunk(call, resp, read_deadline, phase)
+                if chunk is _DONE:
+                    break
+                if chunk is None:                    # EOF: fine after a finish_reason, else cut short
+                    if call.finish is None:
+                        raise UpstreamError(call.request_id, "upstream closed the stream before it finished",
+                                            retryable=not call.streamed)
+                    break
+                assert isinstance(chunk, _Chunk)
+                if chunk.error is not None:
+                    raise UpstreamError(call.request_id, f"upstream error: {chunk.error.message[:300]}",
+                                        retryable=not call.streamed)
+                call.usage = chunk.usage or call.usage
+                for choice in chunk.choices[:1]:     # n=1: only choice 0 exists
+                    text = choice.delta.content if choice.delta is not None else choice.text
+                    if text:
+                        call.streamed += 1
+                        yield text
+                    call.finish = choice.finish_reason or call.finish
+            resp.release()                           # a clean end: the connection may be reused
+        finally:
+            call.response = None
+            resp.close()
+
+    async def _open(self, call: _Call, url: str, body: bytes, deadline: float, phase: str) -> aiohttp.ClientResponse:
+        """Send the request and return a 200 event stream, or raise a classified error."""
+        rid = call.request_id
+        assert self._session is not None
+        session, headers = self._session, {**self._headers, "X-Request-Id": rid}
+
+        async def post() -> aiohttp.ClientResponse:
+            return await session.post(url, data=body, headers=headers, allow_redirects=False)
+
+        try:
+            resp = await self._abortable(call, post(), deadline)
+        except TimeoutError as exc:
+            if isinstance(exc, aiohttp.ServerTimeoutError):
+                phase = "connect"
+            raise UpstreamTimeout(rid, phase, retryable=phase != "total") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(rid, f"upstream connection failed: {type(exc).__name__}", retryable=True) from exc
+        call.response = resp
+        if resp.status == 200 and resp.content_type == "text/event-stream":
+            return resp
+        try:
+            status = resp.status
+            if status == 200:
+                raise UpstreamError(rid, f"upstream answered {resp.content_type}, not an event stream")
+            if status == 429 or status >= 500:
+                raise UpstreamError(rid, f"upstream returned HTTP {status}", status=status,
+                                    retryable=True, retry_after_s=_retry_after(resp))
+            if status in (400, 413, 422):
+                param, message = await self._error_detail(call, resp, deadline)
+                raise UpstreamRejected(rid, status, param, message)
+            # 401/403/404...: our configuration, not the upstream's health. The body is not
+            # echoed: an auth error may quote the key.
+            raise UpstreamError(rid, f"upstream returned HTTP {status}", status=status)
+        finally:
+            call.response = None
+            resp.close()
+
+    async def _next_chunk(
+        self, call: _Call, resp: aiohttp.ClientResponse, deadline: float, phase: str
+    ) -> _Chunk | object | None:
+        """The next SSE event's chunk; `_DONE` for `data: [DONE]`, None at end of stream."""
+        retryable = not call.streamed                # nothing released yet: another attempt may
+        data: list[bytes] = []
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    line = await resp.content.readline()
+            except TimeoutError:
+                raise UpstreamTimeout(call.request_id, phase, retryable=retryable and phase != "total") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                if call.aborted:
+                    raise _Aborted from None
+                raise UpstreamError(call.request_id, f"upstream stream broken: {type(exc).__name__}",
+                                    retryable=retryable) from exc
+            if call.aborted:
+                raise _Aborted
+            if not line:
+                break
+            line = line.rstrip(b"\r\n")
+            if not line:
+                if data:
+                    break
+                continue
+            if line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            # `event:`, `id:`, `retry:` and `:` comments (keep-alives) carry nothing we use.
+        if not data:
+            return None
+        payload = b"\n".join(data)
+        if payload == b"[DONE]":
+            return _DONE
+        try:
+            return _decode_chunk(payload)
+        except msgspec.DecodeError:
+            raise UpstreamError(call.request_id, "upstream sent an undecodable chunk", retryable=retryable) from None
+
+    async def _error_detail(self, call: _Call, resp: aiohttp.ClientResponse, deadline: float) -> tuple[str, str]:
+        async def read_limited() -> bytes:
+            raw = b""
+            while len(raw) < _ERROR_BODY_LIMIT and (part := await resp.content.read(_ERROR_BODY_LIMIT - len(raw))):
+                raw += part
+            return raw
+
+        try:
+            env = _decode_error(await self._abortable(call, read_limited(), deadline))
+        except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError):
+            return "", f"upstream rejected the request (HTTP {resp.status})"
+        body = env.error or _ErrorBody(message=env.message or "", param=env.param)
+        message = body.message[:300] or f"upstream rejected the request (HTTP {resp.status})"
+        return body.param or "", message
+
+    async def _abortable(self, call: _Call, aw: Awaitable[_T], deadline: float) -> _T:
+        """Await `aw` until `deadline` in a task that `abort()` can cancel; TimeoutError when late."""
+        if call.aborted:
+            if asyncio.iscoroutine(aw):
+                aw.close()
+            raise _Aborted
+        task = asyncio.ensure_future(aw)
+        task.add_done_callback(_consume)
+        call.pending = task
+        try:
+            await asyncio.wait((task,), timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+        finally:
+            call.pending = None
+            if not task.done():
+                task.cancel()
+        if call.aborted:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                result = task.result()
+                if isinstance(result, aiohttp.ClientResponse):
+                    result.close()
+            raise _Aborted
+        if not task.done():
+            raise TimeoutError
+        return task.result()
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _build(self, request: EngineRequest) -> tuple[str, bytes]:
+        s = request.sampling
+        body = _Body(
+            model=self.config.model,
+            stream=True,
+            stream_options=_StreamOptions(include_usage=True),
+            messages=None if request.prompt is not None else request.messages,
+            prompt=request.prompt,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            stop=s.stop or None,
+            seed=s.seed,
+        )
+        path = "/completions" if request.prompt is not None else "/chat/completions"
+        return self.config.base_url.rstrip("/") + path, _encode(body)
+
+    def _final(self, request: EngineRequest, finish: str, usage: _Usage | None, streamed: int) -> EngineOutput:
+        if usage is not None:
+            prompt_tokens, completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        else:
+            # No usage chunk (an aborted stream, or an upstream that ignores include_usage):
+            # count streamed chunks (about one token each) and estimate the prompt.
+            chars = len(request.prompt) if request.prompt is not None else sum(len(m.content) for m in request.messages)
+            prompt_tokens, completion_tokens = max(1, chars // 4), streamed
+        finish = finish if finish in ("stop", "length", "abort", "content_filter") else "stop"
+        return EngineOutput(text="", finish_reason=finish, prompt_tokens=prompt_tokens,
+                            completion_tokens=completion_tokens)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Jittered exponential delay, or the upstream's Retry-After when that is longer."""
+        delay = min(self.config.backoff_max_s, self.config.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+        return max(delay, retry_after or 0.0)
+
+    def _judge(self, permit: Permit, verdict: bool | None) -> None:
+        if verdict is True:
+            self.breaker.success(permit)
+        elif verdict is False:
+            self.breaker.failure(permit)
+        else:
+            self.breaker.release(permit)
+
+    def _breaker_changed(self, old: BreakerState, new: BreakerState) -> None:
+        # The origin only: a base URL may carry credentials in its userinfo or query.
+        origin = yarl.URL(self.config.base_url).origin()
+        log.warning("upstream %s circuit breaker: %s -> %s", origin, old.name, new.name)
+        if self._hook is not None:
+            self._hook(old, new)
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+    try:
+        return float(resp.headers.get("Retry-After", ""))
+    except ValueError:
+        return None              # absent, or an HTTP date: fall back to our own backoff
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    # Retrieve the outcome of a task we may have stopped waiting for, so asyncio does not log it.
+    if not task.cancelled():
+        task.exception()
