@@ -150,15 +150,26 @@ class Worker:
 
     # -- pulling --------------------------------------------------------------------------
     def _credit(self) -> Credit | None:
+        """Room from the engine's state, corrected by what this runner has accepted: a request
+        handed to a serving task is not in the engine until that task first runs, and counting
+        it twice is safer than over-committing the engine."""
         cap = self.engine.capacity()
+        running: dict[str, int] = {}
+        unstarted_cost = 0
+        for active in self._active.values():
+            klass = active.dispatch.request.klass
+            running[klass] = running.get(klass, 0) + 1
+            if active.first_token_at is None:
+                unstarted_cost += active.dispatch.request.estimated_cost()
+        free = min(cap.free_slots, cap.total_slots - len(self._active))
         self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
-        self.metrics.slots_in_use.labels(self.config.pool).set(cap.total_slots - cap.free_slots)
-        if cap.free_slots <= 0:
+        self.metrics.slots_in_use.labels(self.config.pool).set(len(self._active))
+        if free <= 0:
             return None
-        return Credit(worker_id=self.id, pool=self.config.pool, free_slots=cap.free_slots,
-                      token_budget=cap.token_budget, total_slots=cap.total_slots,
-                      classes=list(self.config.classes), running=cap.running,
-                      wait_s=self.config.pull_wait_s)
+        return Credit(worker_id=self.id, pool=self.config.pool, free_slots=free,
+                      token_budget=max(0, cap.token_budget - unstarted_cost),
+                      total_slots=cap.total_slots, classes=list(self.config.classes),
+                      running=running, wait_s=self.config.pull_wait_s)
 
     async def _pull_loop(self) -> None:
         subject = self.s.pull(self.config.pool)

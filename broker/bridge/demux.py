@@ -79,9 +79,9 @@ class ResponseStream:
 
 
 class Demux:
-    def __init__(self, metrics: BridgeMetrics) -> None:
+    def __init__(self, metrics: BridgeMetrics | None = None) -> None:
         self._streams: dict[str, ResponseStream] = {}
-        self._metrics = metrics
+        self._metrics = metrics or BridgeMetrics()
 
     def open(self, request_id: str, tenant: str) -> ResponseStream:
         stream = ResponseStream(request_id, tenant)

@@ -1,0 +1,241 @@
+"""The `laneway` command. The one place that reads the environment and the command line.
+
+  laneway up        nats-server + broker + worker + bridge on this machine, one command
+  laneway nats      an embedded nats-server with JetStream
+  laneway broker    the scheduler (joins any NATS via --nats-url)
+  laneway worker    one engine (sim | vllm | openai) in a pool
+  laneway bridge    the OpenAI-compatible HTTP edge
+  laneway plan      the capacity and budget planner
+  laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from laneway.connect import NatsSettings
+
+log = logging.getLogger("laneway")
+
+
+# -- shared flags ---------------------------------------------------------------------------
+def _nats_flags(parser: argparse.ArgumentParser) -> None:
+    env = NatsSettings.from_env()
+    g = parser.add_argument_group("NATS")
+    g.add_argument("--nats-url", default=env.url, help="server URL(s), comma-separated [LANEWAY_NATS_URL]")
+    g.add_argument("--prefix", default=env.prefix, help="subject prefix [LANEWAY_PREFIX]")
+    g.add_argument("--nats-user", default=env.user, help="[LANEWAY_NATS_USER]")
+    g.add_argument("--nats-password", default=env.password, help="[LANEWAY_NATS_PASSWORD]")
+
+
+def _nats(args: argparse.Namespace) -> NatsSettings:
+    return NatsSettings(url=args.nats_url, prefix=args.prefix, user=args.nats_user,
+                        password=args.nats_password)
+
+
+def _limits_flags(parser: argparse.ArgumentParser) -> None:
+    from broker.config import StreamLimits
+
+    d = StreamLimits()
+    g = parser.add_argument_group("request stream (LW_REQ)")
+    g.add_argument("--backlog-per-tenant", type=int, default=d.max_msgs_per_subject,
+                   help="queued + running requests per (class, tenant); beyond it: 429")
+    g.add_argument("--ack-wait", type=float, default=d.ack_wait_s,
+                   help="seconds before an unacknowledged request is redelivered")
+    g.add_argument("--max-deliver", type=int, default=d.max_deliver)
+    g.add_argument("--replicas", type=int, default=d.replicas, help="stream replicas (3 on a cluster)")
+
+
+def _limits(args: argparse.Namespace):
+    from broker.config import StreamLimits
+
+    return StreamLimits(max_msgs_per_subject=args.backlog_per_tenant, ack_wait_s=args.ack_wait,
+                        max_deliver=args.max_deliver, replicas=args.replicas)
+
+
+def _metrics_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics on this port")
+
+
+def _serve_metrics(port: int | None, registry) -> None:
+    if port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, registry=registry)
+
+
+async def _until_signalled(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+# -- processes ------------------------------------------------------------------------------
+async def _run_broker(args: argparse.Namespace) -> int:
+    from broker.config import BrokerConfig
+    from broker.dispatch import Broker
+
+    broker = Broker(BrokerConfig(nats=_nats(args), limits=_limits(args)))
+    _serve_metrics(args.metrics_port, broker.metrics.registry)
+    async with broker:
+        await _until_signalled(asyncio.Event())
+    return 0
+
+
+async def _run_worker(args: argparse.Namespace) -> int:
+    from workers import engines
+    from workers.runner import Worker, WorkerConfig
+
+    engine = engines.build(args)
+    config = WorkerConfig(nats=_nats(args), pool=args.pool, worker_id=args.worker_id or "",
+                          classes=tuple(args.classes or ()))
+    worker = Worker(config, engine)
+    _serve_metrics(args.metrics_port, worker.metrics.registry)
+    stop = asyncio.Event()
+    signals = asyncio.create_task(_until_signalled(stop))
+    await worker.start()
+    done = asyncio.create_task(worker.wait())
+    await asyncio.wait([signals, done], return_when=asyncio.FIRST_COMPLETED)
+    await worker.stop()
+    signals.cancel()
+    return 1 if worker.dead is not None else 0
+
+
+async def _run_bridge(args: argparse.Namespace) -> int:
+    from broker.bridge.app import Bridge
+    from broker.config import BridgeConfig, load_settings
+
+    settings = load_settings(Path(args.settings)) if args.settings else None
+    bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port,
+                                 limits=_limits(args)), settings)
+    async with bridge:
+        print(f"laneway bridge on {bridge.url}", flush=True)
+        await _until_signalled(asyncio.Event())
+    return 0
+
+
+async def _run_nats(args: argparse.Namespace) -> int:
+    from laneway.natsd import NatsServer
+
+    server = NatsServer(Path(args.data_dir) / "nats", host=args.host, port=args.nats_port)
+    async with server:
+        print(f"nats-server with JetStream on {server.url} (store {server.store_dir})", flush=True)
+        await _until_signalled(asyncio.Event())
+    return 0
+
+
+async def _run_up(args: argparse.Namespace, forwarded: list[str]) -> int:
+    from laneway.up import up
+
+    return await up(args, forwarded)
+
+
+# -- parser ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="laneway", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log-level", default=os.environ.get("LANEWAY_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="run nats-server, broker, a worker and the bridge here")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--data-dir", default=os.environ.get("LANEWAY_DATA_DIR", ".laneway"))
+    p.add_argument("--api-key", default=os.environ.get("LANEWAY_API_KEY"),
+                   help="the demo tenant's key (generated and printed if absent)")
+    p.add_argument("--nats-port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--settings", help="settings TOML (tenants, models) instead of the demo tenant")
+    p.add_argument("--engine", choices=("sim", "vllm", "openai"), default="sim")
+    p.add_argument("--model", help="model directory for --engine vllm")
+    p.add_argument("--model-name", help="the logical model clients name (default: by engine)")
+    p.add_argument("--pool", default=None)
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.set_defaults(run=_run_up)
+
+    p = sub.add_parser("nats", help="an embedded nats-server with JetStream")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--nats-port", type=int, default=4222)
+    p.add_argument("--data-dir", default=os.environ.get("LANEWAY_DATA_DIR", ".laneway"))
+    p.set_defaults(run=_run_nats)
+
+    p = sub.add_parser("broker", help="the scheduler")
+    _nats_flags(p)
+    _limits_flags(p)
+    _metrics_flag(p)
+    p.set_defaults(run=_run_broker)
+
+    p = sub.add_parser("worker", help="one engine in a pool")
+    _nats_flags(p)
+    _metrics_flag(p)
+    p.add_argument("--pool", default="default")
+    p.add_argument("--worker-id", default=None)
+    p.add_argument("--classes", nargs="*", help="classes this worker takes (default: all)")
+    from workers import engines
+
+    engines.configure_all(p)
+    p.set_defaults(run=_run_worker)
+
+    p = sub.add_parser("bridge", help="the OpenAI-compatible HTTP edge")
+    _nats_flags(p)
+    _limits_flags(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--settings", default=os.environ.get("LANEWAY_SETTINGS"),
+                   help="settings TOML with tenants and models [LANEWAY_SETTINGS]")
+    p.set_defaults(run=_run_bridge)
+
+    from loadtest import planner
+
+    p = sub.add_parser("plan", help="capacity and budget planner")
+    planner.configure(p)
+    p.set_defaults(run_sync=planner.run)
+
+    p = sub.add_parser("model", help="model preparation")
+    model_sub = p.add_subparsers(dest="model_command", required=True)
+    from workers import model_prepare
+
+    mp = model_sub.add_parser("prepare", help="prepare a real small model for the vLLM engine")
+    model_prepare.configure(mp)
+    mp.set_defaults(run_sync=model_prepare.run)
+    return parser
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # Windows, or a minimal install: asyncio's own loop works too
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, forwarded = parser.parse_known_args(argv)
+    if forwarded and args.command != "up":
+        parser.error(f"unrecognized arguments: {' '.join(forwarded)}")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if hasattr(args, "run_sync"):
+        return args.run_sync(args)
+    _install_uvloop()
+    run: Callable[..., Awaitable[int]] = args.run
+    try:
+        if args.command == "up":
+            return asyncio.run(run(args, forwarded))
+        return asyncio.run(run(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

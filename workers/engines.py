@@ -1,0 +1,48 @@
+"""Engine choice for `laneway worker --engine sim|vllm|openai`: flags and construction.
+
+The vllm and openai modules are imported only when chosen, so a sim worker (and the whole
+broker side) runs without vLLM installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from workers.engine import Engine
+from workers.sim import PROFILES, SimEngine
+
+ENGINES = ("sim", "vllm", "openai")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=ENGINES, default="sim")
+    g = parser.add_argument_group("sim engine (--engine sim; a SIMULATION, labelled as such)")
+    g.add_argument("--sim-profile", choices=sorted(PROFILES), default="llama-8b-h100")
+    g.add_argument("--sim-speed", type=float, default=1.0, help="run the modelled GPU N× faster")
+    g.add_argument("--sim-max-seqs", type=int, default=None)
+    g.add_argument("--sim-kv-tokens", type=int, default=None)
+
+
+def configure_all(parser: argparse.ArgumentParser) -> None:
+    """Flags of every engine (the engine modules import their heavy packages lazily)."""
+    configure(parser)
+    from workers.openai_engine import OpenAIUpstreamConfig
+    OpenAIUpstreamConfig.configure(parser)
+    try:  # TEMP until workers/vllm_engine.py lands
+        from workers.vllm_engine import VllmConfig
+        VllmConfig.configure(parser)
+    except ModuleNotFoundError:
+        pass
+
+
+def build(args: argparse.Namespace) -> Engine:
+    if args.engine == "sim":
+        return SimEngine(PROFILES[args.sim_profile], speed=args.sim_speed,
+                         max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens)
+    if args.engine == "vllm":
+        from workers.vllm_engine import VllmConfig, VllmEngine
+
+        return VllmEngine(VllmConfig.from_args(args))
+    from workers.openai_engine import OpenAIUpstreamConfig, OpenAIUpstreamEngine
+
+    return OpenAIUpstreamEngine(OpenAIUpstreamConfig.from_args(args))
