@@ -1,0 +1,67 @@
+"""`laneway up` as a user runs it: one command, streams tokens, Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to prove nothing is left behind")
+async def test_up_streams_and_stops_cleanly(tmp_path):
+    port = free_port()
+    data_dir = tmp_path / "lw"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "laneway.cli", "up", "--port", str(port), "--data-dir", str(data_dir),
+        "--api-key", "sk-up-test", "--sim-profile", "llama-8b-h100",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    banner = b""
+    try:
+        while b"Ctrl-C stops everything" not in banner:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            assert line, f"laneway up exited early: {banner.decode()}"
+            banner += line
+        assert f"http://127.0.0.1:{port}".encode() in banner and b"curl -N" in banner
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-up-test")
+        stream = await client.chat.completions.create(
+            model="laneway-sim", stream=True, max_tokens=8,
+            messages=[{"role": "user", "content": "Hello!"}])
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert len(text.split()) == 8
+        await client.close()
+        assert len(processes_mentioning(str(data_dir))) >= 1   # nats-server with its store
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(proc.wait(), 60)
+    assert code in (0, 130)
+    await asyncio.sleep(0.2)
+    assert processes_mentioning(str(data_dir)) == []
+    nats_url = next(line for line in banner.decode().splitlines() if "NATS" in line).split()[-1]
+    assert processes_mentioning(nats_url) == []
