@@ -1,0 +1,68 @@
+"""One streamed chat completion over HTTP, timed: TTFT, inter-token gaps, end to end.
+
+Parses SSE itself (no SDK) so the load generator spends as little CPU per token as possible.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+
+@dataclass(slots=True)
+class Result:
+    ttft: float | None = None
+    e2e: float = 0.0
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)    # inter-token latencies
+    status: int = 0
+    error: str | None = None                            # OpenAI error code or exception name
+    started_at: float = 0.0                              # time.time() when sent
+    klass: str = ""
+    tenant: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+
+async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, body: dict,
+                      headers: dict[str, str] | None = None) -> Result:
+    result = Result(started_at=time.time())
+    h = {"Authorization": f"Bearer {api_key}", **(headers or {})}
+    start = time.perf_counter()
+    last = start
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body, headers=h) as resp:
+            result.status = resp.status
+            if resp.status != 200:
+                payload = await resp.json(content_type=None)
+                result.error = (payload.get("error") or {}).get("code") or str(resp.status)
+                return result
+            async for raw in resp.content:
+                if not raw.startswith(b"data: "):
+                    continue
+                data = raw[6:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = orjson.loads(data)
+                if "error" in chunk:
+                    result.error = chunk["error"].get("code") or "error"
+                    continue
+                choices = chunk.get("choices")
+                if choices and choices[0]["delta"].get("content"):
+                    now = time.perf_counter()
+                    if result.ttft is None:
+                        result.ttft = now - start
+                    else:
+                        result.gaps.append(now - last)
+                    last = now
+                    result.tokens += 1
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        result.error = type(exc).__name__
+    finally:
+        result.e2e = time.perf_counter() - start
+    return result

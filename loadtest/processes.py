@@ -1,0 +1,80 @@
+"""Run `laneway up` for a benchmark and account the CPU of every process it started."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def pids_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+class LanewayUp:
+    """`laneway up` in a subprocess; `cpu()` sums the CPU time of everything it runs."""
+
+    def __init__(self, data_dir: Path, api_key: str, extra: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.api_key = api_key
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra = extra or []
+        self.proc: asyncio.subprocess.Process | None = None
+        self.nats_url = ""
+
+    async def __aenter__(self) -> "LanewayUp":
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "up",
+            "--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key", self.api_key,
+            *self.extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        text = b""
+        while b"Ctrl-C stops everything" not in text:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), 600)
+            if not line:
+                raise RuntimeError(f"laneway up failed:\n{text.decode()}")
+            text += line
+            if b"NATS " in line:
+                self.nats_url = line.decode().split()[-1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGINT)
+            await asyncio.wait_for(self.proc.wait(), 60)
+
+    def pids(self) -> list[int]:
+        """nats-server (its store is under data_dir) and broker/worker/bridge (they name the
+        NATS URL on their command line)."""
+        return sorted(set(pids_mentioning(str(self.data_dir)) + pids_mentioning(self.nats_url)))
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(pid) for pid in self.pids())
