@@ -46,5 +46,7 @@ class BridgeMetrics:
         self.rejected = Counter("laneway_edge_rejected_total", "Requests refused at the edge", ["reason"], registry=r)
         self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)
         self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
+        self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",
+                                   buckets=LATENCY_BUCKETS, registry=r)
         self.stale_entries = Counter("laneway_stale_entries_total",
                                      "Frame entries dropped (stale attempt or unknown request)", registry=r)

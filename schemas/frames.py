@@ -48,3 +48,4 @@ Terminal = (Finished, StreamError)
 class TokenFrame(msgspec.Struct, array_like=True, gc=False):
     source: str                     # worker id, or "broker" for refusals
     entries: list[Entry]
+    sent_at: float = 0.0            # unix time at publish: the edge measures delivery lag

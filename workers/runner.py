@@ -331,8 +331,9 @@ class Worker:
         outbox, self._outbox = self._outbox, {}
         after, self._after_frames = self._after_frames, []
         pool = self.config.pool
+        now = time.time()
         for reply_to, entries in outbox.items():
-            await self._nc.publish(reply_to, codec.encode(TokenFrame(self.id, entries)))
+            await self._nc.publish(reply_to, codec.encode(TokenFrame(self.id, entries, now)))
             self.metrics.entries_per_frame.labels(pool).observe(len(entries))
         if outbox:
             self.metrics.frames.labels(pool).inc(len(outbox))

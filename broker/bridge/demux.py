@@ -10,6 +10,7 @@ Entries are checked here so the routes only see a clean, ordered stream:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from nats.aio.msg import Msg
@@ -105,6 +106,8 @@ class Demux:
         except codec.DecodeError:
             return
         self._metrics.frames.inc()
+        if frame.sent_at:
+            self._metrics.frame_lag.observe(max(0.0, time.time() - frame.sent_at))
         # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         streams = self._streams
