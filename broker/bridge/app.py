@@ -158,7 +158,7 @@ class Bridge:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_endpoint)
-        app.router.add_get("/openapi.json", openapi.handler)
+        app.router.add_get("/openapi.json", self.openapi_spec)
         return app
 
     @web.middleware
@@ -190,6 +190,9 @@ class Bridge:
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def openapi_spec(self, request: web.Request) -> web.Response:
+        return web.Response(body=openapi.spec(tuple(sorted(self.models))), content_type="application/json")
 
     async def list_models(self, request: web.Request) -> web.Response:
         self._authenticate(request)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import msgspec
-from aiohttp import web
 
 from schemas.openai import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
 
 
-def _spec() -> dict:
+def _spec(model_names: tuple[str, ...]) -> dict:
     (request, completion, models, error), components = msgspec.json.schema_components(
         [ChatCompletionRequest, ChatCompletion, ModelList, ErrorResponse],
         ref_template="#/components/schemas/{name}",
     )
+    if model_names:  # the live logical models, so generated requests can name a real one
+        components["ChatCompletionRequest"]["properties"]["model"]["enum"] = list(model_names)
     errors = {str(status): {"description": text, "content": {"application/json": {"schema": error}}}
               for status, text in [(400, "invalid request"), (401, "missing or wrong API key"),
                                    (403, "class not allowed"), (404, "unknown model"),
@@ -20,7 +23,7 @@ def _spec() -> dict:
                                    (503, "no worker or overloaded"), (504, "deadline exceeded")]}
     security = [{"bearer": []}]
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "Laneway", "version": "0.1.0",
                  "description": "OpenAI-compatible chat completions served through Laneway."},
         "paths": {
@@ -45,8 +48,6 @@ def _spec() -> dict:
     }
 
 
-SPEC = msgspec.json.encode(_spec())
-
-
-async def handler(request: web.Request) -> web.Response:
-    return web.Response(body=SPEC, content_type="application/json")
+@lru_cache(maxsize=8)
+def spec(models: tuple[str, ...]) -> bytes:
+    return msgspec.json.encode(_spec(models))
