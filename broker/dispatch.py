@@ -10,11 +10,13 @@ either: its lanes are rebuilt from the unacked messages.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -104,6 +106,10 @@ class Broker:
         self._subs = [
             await self._nc.subscribe(self.s.pull_all, queue="laneway-brokers", cb=self._on_pull),
             await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel),
+            # One replica handles each: a request that hit max_deliver goes to the DLQ once.
+            await self._nc.subscribe(
+                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.{self.s.broker_durable}",
+                queue="laneway-brokers", cb=self._on_max_deliveries),
         ]
         self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
                                   self._on_request, room=self._room)
@@ -246,6 +252,39 @@ class Broker:
         await self._nc.jetstream().publish(self.s.dlq(klass, tenant), msg.data, headers=headers)
         await msg.term()
 
+    async def _on_max_deliveries(self, msg: Msg) -> None:
+        """Every attempt died without an answer (e.g. workers crashing on it): dead-letter it,
+        tell the client, and remove it so it stops counting against the tenant's backlog."""
+        try:
+            seq = int(json.loads(msg.data)["stream_seq"])
+        except (ValueError, KeyError, TypeError):
+            return
+        js = self._nc.jetstream()
+        try:
+            stored = await js.get_msg(self.s.req_stream, seq)
+        except nats.js.errors.NotFoundError:
+            return  # already acked or removed
+        self.metrics.dead_lettered.labels("max_deliver").inc()
+        headers = {"Laneway-Reason": "max_deliver", "Laneway-Subject": stored.subject,
+                   "Laneway-Detail": f"no attempt finished in {self.config.limits.max_deliver} deliveries"}
+        try:
+            klass, tenant = self.s.parse_req(stored.subject)
+        except BadToken:
+            klass, tenant = "unknown", "unknown"
+        await js.publish(self.s.dlq(klass, tenant), stored.data or b"", headers=headers)
+        try:
+            request = codec.decode_request(stored.data or b"")
+            validate(request, klass, tenant, self.s)
+        except (codec.DecodeError, Refusal):
+            pass
+        else:
+            error = StreamError(request.request_id, self.config.limits.max_deliver, 0,
+                                ErrorCode.engine_error.value,
+                                "the request failed on every delivery attempt")
+            await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
+        await js.delete_msg(self.s.req_stream, seq)
+        log.warning("dead-lettered stream message %d after max deliveries", seq)
+
     # -- pulls ----------------------------------------------------------------------------
     async def _on_pull(self, msg: Msg) -> None:
         try:
@@ -280,7 +319,8 @@ class Broker:
             policy = pool.lanes.policy(item.klass)
             queued = now - item.enqueued_at
             dispatches.append(Dispatch(held.request, held.msg.reply, held.attempt,
-                                       priority=policy.rank if policy else 0, queued_s=queued))
+                                       priority=policy.rank if policy else 0, queued_s=queued,
+                                       max_deliver=self.config.limits.max_deliver))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             self.metrics.dispatched.labels(credit.pool, item.klass).inc()
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))

@@ -97,7 +97,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
 
     engine = engines.build(args)
     config = WorkerConfig(nats=_nats(args), pool=args.pool, worker_id=args.worker_id or "",
-                          classes=tuple(args.classes or ()))
+                          classes=tuple(args.classes or ()), heartbeat_s=args.heartbeat_interval,
+                          in_progress_s=args.in_progress_interval, drain_s=args.drain_timeout)
     worker = Worker(config, engine)
     _serve_metrics(args.metrics_port, worker.metrics.registry)
     stop = asyncio.Event()
@@ -179,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default="default")
     p.add_argument("--worker-id", default=None)
     p.add_argument("--classes", nargs="*", help="classes this worker takes (default: all)")
+    p.add_argument("--heartbeat-interval", type=float, default=2.0)
+    p.add_argument("--in-progress-interval", type=float, default=5.0,
+                   help="seconds between in-progress acks; keep well under the broker's --ack-wait")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds running requests may take to finish")
     from workers import engines
 
     engines.configure_all(p)

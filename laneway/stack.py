@@ -31,7 +31,7 @@ def demo_settings(api_key: str, model: str = "laneway-sim", pool: str = "sim",
 class Stack:
     nats_url: str
     settings: Settings
-    engines: list[Engine] = field(default_factory=list)
+    engines: list[Engine] | None = None     # None: one zero-delay sim engine; []: no workers
     pool: str = "sim"
     limits: StreamLimits = field(default_factory=StreamLimits)
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
@@ -45,13 +45,14 @@ class Stack:
         nats = NatsSettings(url=self.nats_url, prefix=self.prefix)
         self.broker = await self._exit.enter_async_context(
             Broker(BrokerConfig(nats=nats, limits=self.limits)))
-        engines = self.engines or [SimEngine(PROFILES["zero"])]
+        engines = [SimEngine(PROFILES["zero"])] if self.engines is None else self.engines
         for engine in engines:
             config = replace(self.worker_config, nats=nats, pool=self.pool)
             self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
         self.bridge = await self._exit.enter_async_context(
             Bridge(BridgeConfig(nats=nats, port=0, limits=self.limits), self.settings))
-        await self.bridge.wait_ready()
+        if engines:
+            await self.bridge.wait_ready()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

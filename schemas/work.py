@@ -26,6 +26,11 @@ class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     attempt: int                            # JetStream delivery count
     priority: int = 0                       # class rank, passed to the engine (lower = sooner)
     queued_s: float = 0.0                   # time spent waiting in the broker's lanes
+    max_deliver: int = 0                    # the consumer's limit: attempt == max_deliver is the last
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.max_deliver > 0 and self.attempt >= self.max_deliver
 
 
 class Batch(msgspec.Struct, omit_defaults=True, gc=False):

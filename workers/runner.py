@@ -39,7 +39,12 @@ from workers.metrics import WorkerMetrics
 
 log = logging.getLogger("laneway.worker")
 
-ACK, WPI, NAK, TERM = b"+ACK", b"+WPI", b"-NAK", b"+TERM"
+ACK, WPI, TERM = b"+ACK", b"+WPI", b"+TERM"
+NAK_BACKOFF_S = 1.0     # a failed attempt is retried after this, not in a tight loop
+
+
+def nak_with_delay(delay_s: float) -> bytes:
+    return b'-NAK {"delay": %d}' % int(delay_s * 1e9)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class Worker:
         self._active: dict[tuple[str, str], _Active] = {}
         self._outbox: dict[str, list[Entry]] = {}
         self._after_frames: list[tuple[str, bytes]] = []
+        self._dlq: list[tuple[str, bytes, dict[str, str]]] = []
         self._dirty = asyncio.Event()
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -251,8 +257,11 @@ class Worker:
         except EngineError as exc:
             if active.streamed:
                 self._fail(active, ErrorCode.engine_error, exc.message)
+            elif d.last_attempt:
+                self._dead_letter(active, "engine_error", exc.message)
             else:
-                self._release(active, NAK)   # nothing reached the client: another attempt may work
+                # Nothing reached the client: another attempt (maybe on another worker) may work.
+                self._release(active, nak_with_delay(NAK_BACKOFF_S * d.attempt))
             return
         except EngineDead as exc:
             log.error("engine died: %s; stopping without acking running requests", exc)
@@ -281,6 +290,15 @@ class Worker:
                                                    self._seq(active), code.value, message))
         self.metrics.finished.labels(self.config.pool, code.value).inc()
         self._release(active, TERM)
+
+    def _dead_letter(self, active: _Active, reason: str, detail: str) -> None:
+        """The last attempt failed: park the request on LW_DLQ with its reason, then end it."""
+        r = active.dispatch.request
+        headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
+                   "Laneway-Attempt": str(active.dispatch.attempt), "Laneway-Worker": self.id}
+        self._dlq.append((self.s.dlq(r.klass, r.tenant), codec.encode(r), headers))
+        self._fail(active, ErrorCode.engine_error,
+                   f"the request failed on all {active.dispatch.attempt} attempts: {detail}")
 
     def _release(self, active: _Active, ack: bytes) -> None:
         request = active.dispatch.request
@@ -330,6 +348,9 @@ class Worker:
             return
         outbox, self._outbox = self._outbox, {}
         after, self._after_frames = self._after_frames, []
+        dlq, self._dlq = self._dlq, []
+        for subject, payload, headers in dlq:   # stored before the message is terminated
+            await self._nc.jetstream().publish(subject, payload, headers=headers)
         pool = self.config.pool
         now = time.time()
         for reply_to, entries in outbox.items():
