@@ -43,6 +43,9 @@ from schemas.work import Batch, Credit, Dispatch
 
 log = logging.getLogger("laneway.broker")
 
+# A Dispatch's fields around its request, and the Batch around them, stay well under this.
+DISPATCH_OVERHEAD_BYTES = 256
+
 _ADMIT_ERRORS = {
     Admit.QUEUE_FULL: (ErrorCode.queue_full, "this tenant's queue for the class is full"),
     Admit.UNKNOWN_CLASS: (ErrorCode.unknown_class, "unknown priority class"),
@@ -222,7 +225,8 @@ class Broker:
             return
         mono = time.monotonic()
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline,
-                    now, payload=Held(msg, request, attempt, pool_name, mono))
+                    now, payload=Held(msg, request, attempt, pool_name, mono),
+                    size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES)
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:
             code, text = _ADMIT_ERRORS[verdict]
@@ -307,7 +311,7 @@ class Broker:
         selection = pool.lanes.select(
             free_slots=credit.free_slots, token_budget=credit.token_budget,
             total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
-            now=now,
+            now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
         )
         for item in selection.expired:
             await self._expire(item)

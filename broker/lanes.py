@@ -51,6 +51,7 @@ class Item:
     deadline: float
     enqueued_at: float
     payload: Any = None         # the dispatcher's handle (JetStream message, request)
+    size: int = 0               # bytes it adds to a dispatch message
     state: State = State.WAITING
     order: int = 0              # admission order; ties in EDF
 
@@ -191,10 +192,12 @@ class Lanes:
         running: dict[str, int],
         classes: Iterable[str] = (),
         now: float,
+        max_bytes: int | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would
-        otherwise never run anywhere)."""
+        otherwise never run anywhere). `max_bytes` bounds the batch's message size (NATS
+        max_payload); the first item always goes."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
         held = dict(running)
@@ -212,6 +215,10 @@ class Lanes:
             if not fits:
                 blocked.add(lane.policy.name)
                 continue
+            if max_bytes is not None and out.dispatch and item.size > max_bytes:
+                break   # the message is full; the rest go in the next pull's batch
+            if max_bytes is not None:
+                max_bytes -= item.size
             heapq.heappop(queue.heap)
             self._settle(lane, queue, item, State.DISPATCHED)
             lane.vclock = queue.vtime

@@ -23,6 +23,9 @@ class Result:
     started_at: float = 0.0                              # time.time() when sent
     klass: str = ""
     tenant: str = ""
+    flow: str = ""                                       # the load generator's traffic label
+    completion_tokens: int | None = None                 # from the usage chunk, when asked for
+    cut: bool = False                                    # stopped by the load generator, not an error
 
     @property
     def ok(self) -> bool:
@@ -30,8 +33,12 @@ class Result:
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, body: dict,
-                      headers: dict[str, str] | None = None) -> Result:
-    result = Result(started_at=time.time())
+                      headers: dict[str, str] | None = None, result: Result | None = None) -> Result:
+    """Fills `result` (a new one if None) as the stream goes, so a caller that cancels this
+    coroutine still holds what arrived so far."""
+    if result is None:
+        result = Result()
+    result.started_at = time.time()
     h = {"Authorization": f"Bearer {api_key}", **(headers or {})}
     start = time.perf_counter()
     last = start
@@ -53,7 +60,12 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                     result.error = chunk["error"].get("code") or "error"
                     continue
                 choices = chunk.get("choices")
-                if choices and choices[0]["delta"].get("content"):
+                if not choices:
+                    usage = chunk.get("usage")
+                    if usage:
+                        result.completion_tokens = usage.get("completion_tokens")
+                    continue
+                if choices[0]["delta"].get("content"):
                     now = time.perf_counter()
                     if result.ttft is None:
                         result.ttft = now - start

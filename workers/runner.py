@@ -354,12 +354,21 @@ class Worker:
         pool = self.config.pool
         now = time.time()
         for reply_to, entries in outbox.items():
-            await self._nc.publish(reply_to, codec.encode(TokenFrame(self.id, entries, now)))
+            for payload in self._frames(entries, now):
+                await self._nc.publish(reply_to, payload)
             self.metrics.entries_per_frame.labels(pool).observe(len(entries))
         if outbox:
             self.metrics.frames.labels(pool).inc(len(outbox))
         for subject, payload in after:  # after the frames: a request's ack follows its last entry
             await self._nc.publish(subject, payload)
+
+    def _frames(self, entries: list[Entry], now: float) -> list[bytes]:
+        """One frame, unless it would exceed NATS max_payload: then halves, recursively."""
+        payload = codec.encode(TokenFrame(self.id, entries, now))
+        if len(payload) <= self._nc.max_payload or len(entries) == 1:
+            return [payload]
+        half = len(entries) // 2
+        return self._frames(entries[:half], now) + self._frames(entries[half:], now)
 
     # -- cancels, liveness ----------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:

@@ -270,27 +270,26 @@ class Bridge:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
         stream = self.demux.open(request_id, tenant.name)
-        finished = False
+        published = False
         try:
             await self._publish(generate, payload)
+            published = True
             entries = await self._first_entries(stream, generate)
             first = entries[0]
             if isinstance(first, StreamError):
-                finished = True
                 raise from_code(first.code, first.message)
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 response = await self._stream(request, stream, generate, entries, include_usage, started)
             else:
                 response = await self._collect(stream, generate, entries, started)
-            finished = True
             self.metrics.requests.labels(klass, str(response.status)).inc()
             return response
-        except asyncio.CancelledError:
-            raise   # the client went away; the cancel is published below
         finally:
             self.demux.close(request_id)
-            if not finished and not stream.closed:
+            # The client left, the deadline passed here, or the edge ended the stream: stop the
+            # work. A stream its worker or the broker ended needs nothing more.
+            if published and (not stream.closed or stream.edge_failed):
                 await self._cancel(tenant.name, request_id)
 
     async def _publish(self, generate: GenerateRequest, payload: bytes) -> None:
@@ -329,7 +328,16 @@ class Bridge:
                       entries: list[Entry], include_usage: bool, started: float) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+            await self._write_stream(response, stream, generate, entries, include_usage, started)
+        except ConnectionResetError:
+            log.debug("client left mid-stream: %s", generate.request_id)  # the caller cancels
+        return response
+
+    async def _write_stream(self, response: web.StreamResponse, stream: ResponseStream,
+                            generate: GenerateRequest, entries: list[Entry], include_usage: bool,
+                            started: float) -> None:
         render = ChunkRenderer(f"chatcmpl-{generate.request_id}", int(generate.created_at), generate.model)
         out = [render.role()]
         first_token = True
@@ -350,13 +358,13 @@ class Bridge:
                     await response.write(b"".join(out))
                     self.metrics.e2e.labels(klass).observe(time.monotonic() - started)
                     await response.write_eof()
-                    return response
+                    return
                 else:  # StreamError after the stream started: in-band, then [DONE]
                     err = from_code(entry.code, entry.message)
                     out += [error_event(err.body()), DONE]
                     await response.write(b"".join(out))
                     await response.write_eof()
-                    return response
+                    return
             await response.write(b"".join(out))
             out.clear()
             try:

@@ -23,7 +23,7 @@ from schemas.frames import Delta, Entry, StreamError, Terminal
 
 class ResponseStream:
     __slots__ = ("request_id", "tenant", "attempt", "next_seq", "streamed", "closed", "_buffer",
-                 "_waiter", "source")
+                 "_waiter", "source", "edge_failed")
 
     def __init__(self, request_id: str, tenant: str) -> None:
         self.request_id = request_id
@@ -33,6 +33,7 @@ class ResponseStream:
         self.streamed = False        # a delta has been handed to the route
         self.closed = False          # a terminal entry has been queued
         self.source = ""             # the worker serving the current attempt
+        self.edge_failed = False     # ended here, not by its worker: the request may still run
         self._buffer: deque[Entry] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
@@ -42,11 +43,13 @@ class ResponseStream:
             return False
         if entry.attempt > self.attempt:
             if self.streamed:
+                self.edge_failed = True
                 entry = StreamError(self.request_id, entry.attempt, 0, ErrorCode.worker_lost.value,
                                     "the worker serving this request was lost after the stream started")
             self.attempt = entry.attempt
             self.next_seq = 0
         if entry.seq != self.next_seq and not isinstance(entry, StreamError):
+            self.edge_failed = True
             entry = StreamError(self.request_id, entry.attempt, entry.seq, ErrorCode.internal_error.value,
                                 f"lost part of the stream (expected chunk {self.next_seq}, got {entry.seq})")
         self.next_seq = entry.seq + 1
@@ -63,6 +66,7 @@ class ResponseStream:
     def fail(self, code: ErrorCode, message: str) -> None:
         """End the stream from the edge's side (e.g. its worker stopped heartbeating)."""
         if not self.closed:
+            self.edge_failed = True
             self.feed(StreamError(self.request_id, self.attempt, self.next_seq, code.value, message),
                       self.source)
 

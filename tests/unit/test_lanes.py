@@ -217,3 +217,20 @@ def test_bounded_starvation_under_a_constant_interactive_flood(flood, pull_every
         now += pull_every
         assert now <= starve + 2 * pull_every + 1e-9
     assert victim.state is State.DISPATCHED
+
+
+def test_batch_size_is_bounded_by_message_bytes():
+    lanes = Lanes(DEFAULT_CLASSES)
+    items = [item() for _ in range(10)]
+    for it in items:
+        it.size = 300_000
+        lanes.admit(it, 0.0)
+    first = lanes.select(free_slots=10, token_budget=10**9, total_slots=100, running={}, now=0.0,
+                         max_bytes=1_000_000)
+    assert len(first.dispatch) == 3
+    huge = item()
+    huge.size = 5_000_000
+    lanes2 = Lanes(DEFAULT_CLASSES)
+    lanes2.admit(huge, 0.0)
+    assert lanes2.select(free_slots=1, token_budget=10**9, total_slots=100, running={}, now=0.0,
+                         max_bytes=1_000_000).dispatch == [huge]

@@ -1,0 +1,172 @@
+"""Fault injection: processes die, servers restart; nothing accepted is lost, nothing hangs.
+
+Each test prints its counts (faults injected, accepted, completed, failed clearly, lost, hung),
+which the closing notes quote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import nats
+import pytest
+
+from broker.client import LanewayClient, LanewayError
+from broker.config import StreamLimits
+from laneway.natsd import NatsServer
+from laneway.stack import Stack, demo_settings
+from loadtest.http_client import stream_chat
+from schemas.requests import ChatMessage, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-faults-slow"
+
+
+async def spawn(role: str, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", role, *args,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL)
+
+
+async def kill(proc: asyncio.subprocess.Process, sig: int = signal.SIGKILL) -> None:
+    if proc.returncode is None:
+        proc.send_signal(sig)
+        await proc.wait()
+
+
+def worker_args(url: str, prefix: str, *extra: str) -> list[str]:
+    return ["--nats-url", url, "--prefix", prefix, "--pool", "sim", "--engine", "sim",
+            "--heartbeat-interval", "0.5", "--in-progress-interval", "0.5", *extra]
+
+
+async def stored(nc, stream: str) -> int:
+    return (await nc.jetstream().stream_info(stream)).state.messages
+
+
+def report(name: str, **counts: int) -> None:
+    print(f"\n[{name}] " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+async def test_worker_sigkill_with_200_in_flight(nats_server):
+    """100 streams mid-generation and 100 still in prefill when the worker is SIGKILLed: the
+    first end with a clear `worker_lost`, the second are redelivered and complete elsewhere."""
+    limits = StreamLimits(ack_wait_s=3.0)
+    async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="wk") as s:
+        # A slow modelled GPU (10× slower than an H100) keeps the client side of this test light.
+        a = await spawn("worker", *worker_args(nats_server.url, "wk", "--worker-id", "victim",
+                                               "--sim-profile", "llama-8b-h100", "--sim-speed", "0.1",
+                                               "--sim-kv-tokens", "5000000"))
+        b = None
+        try:
+            await s.bridge.wait_ready(60)
+            streaming = {"model": "laneway-sim", "stream": True, "max_tokens": 3000,
+                         "messages": [{"role": "user", "content": "tell me a long story"}]}
+            # ~6,000-token prompts: 100 of them keep the slowed GPU in prefill for minutes.
+            prefilling = {"model": "laneway-sim", "stream": True, "max_tokens": 20,
+                          "messages": [{"role": "user", "content": "long document " * 1700}]}
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+                first = [asyncio.create_task(stream_chat(http, s.url, KEY, streaming)) for _ in range(100)]
+                await asyncio.sleep(3.0)
+                second = [asyncio.create_task(stream_chat(http, s.url, KEY, prefilling)) for _ in range(100)]
+                in_flight = 0
+                for _ in range(150):
+                    beat = next(w for w in s.bridge.readiness.workers() if w.worker_id == "victim")
+                    in_flight = beat.total_slots - beat.free_slots
+                    if in_flight == 200:
+                        break
+                    await asyncio.sleep(0.1)
+                assert in_flight == 200, [t.result() for t in second if t.done()][:3]
+                await kill(a)
+                b = await spawn("worker", *worker_args(nats_server.url, "wk", "--worker-id", "rescuer",
+                                                       "--sim-profile", "llama-8b-h100", "--sim-speed", "50",
+                                                       "--sim-kv-tokens", "5000000"))
+                done, pending = await asyncio.wait(first + second, timeout=90)
+            assert not pending, f"{len(pending)} requests hung"
+            lost = [t.result() for t in first]
+            moved = [t.result() for t in second]
+            assert all(r.tokens > 0 and r.error == "worker_lost" for r in lost), {r.error for r in lost}
+            assert all(r.ok and r.tokens == 20 for r in moved), {(r.error, r.tokens) for r in moved}
+            for _ in range(100):
+                if await stored(s.broker._nc, "WK_REQ") == 0:
+                    break
+                await asyncio.sleep(0.1)
+            left = await stored(s.broker._nc, "WK_REQ")
+            report("worker SIGKILL", faults=1, accepted=200, completed_elsewhere=len(moved),
+                   ended_worker_lost=len(lost), lost=0, hung=len(pending), left_in_stream=left)
+            assert left == 0
+        finally:
+            await kill(a)
+            if b is not None:
+                await kill(b, signal.SIGTERM)
+
+
+async def test_nats_restart_with_1000_queued(tmp_path):
+    """1,000 requests accepted while no worker runs; nats-server is SIGKILLed and restarted on
+    its file store; a worker then serves every one of them."""
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    worker = None
+    try:
+        async with Stack(server.url, demo_settings(KEY), engines=[], prefix="rs"):
+            async with LanewayClient(nc, "demo", prefix="rs") as client:
+                async def one(i: int) -> int:
+                    text = [t async for t in client.generate(
+                        model="laneway-sim", messages=[ChatMessage("user", f"queued {i}")],
+                        sampling=SamplingParams(max_tokens=4), timeout_s=300)]
+                    return len("".join(text).split())
+                tasks = [asyncio.create_task(one(i)) for i in range(1000)]
+                while (await stored(nc, "RS_REQ")) < 1000:
+                    await asyncio.sleep(0.1)
+                await server.kill()
+                await server.start()          # same port, same store
+                worker = await spawn("worker", *worker_args(server.url, "rs", "--sim-profile", "zero"))
+                done, pending = await asyncio.wait(tasks, timeout=120)
+                completed = sum(1 for t in done if not t.exception() and t.result() == 4)
+                report("nats restart", faults=1, accepted=1000, completed=completed,
+                       lost=1000 - completed - len(pending), hung=len(pending))
+                assert completed == 1000
+                assert await stored(nc, "RS_REQ") == 0
+    finally:
+        if worker is not None:
+            await kill(worker, signal.SIGTERM)
+        await nc.close()
+        await server.stop()
+
+
+async def test_broker_sigkill_rebuilds_lanes_from_unacked_messages(nats_server):
+    limits = ["--ack-wait", "2"]
+    broker = await spawn("broker", "--nats-url", nats_server.url, "--prefix", "bk", *limits)
+    worker = None
+    nc = await nats.connect(nats_server.url)
+    try:
+        async with Stack(nats_server.url, demo_settings(KEY), engines=[], prefix="bk",
+                         limits=StreamLimits(ack_wait_s=2.0)) as s:
+            await s.broker.stop()     # only the killable broker process serves this prefix
+            async with LanewayClient(nc, "demo", prefix="bk") as client:
+                async def one(i: int) -> int:
+                    return len([t async for t in client.generate(
+                        model="laneway-sim", messages=[ChatMessage("user", f"r{i}")],
+                        sampling=SamplingParams(max_tokens=3), timeout_s=120)])
+                tasks = [asyncio.create_task(one(i)) for i in range(50)]
+                await asyncio.sleep(1.0)   # accepted, held unacked in the broker's lanes
+                await kill(broker)
+                broker = await spawn("broker", "--nats-url", nats_server.url, "--prefix", "bk", *limits)
+                worker = await spawn("worker", *worker_args(nats_server.url, "bk", "--sim-profile", "zero"))
+                done, pending = await asyncio.wait(tasks, timeout=60)
+                completed = sum(1 for t in done if not t.exception() and t.result() >= 1)
+                report("broker SIGKILL", faults=1, accepted=50, completed=completed,
+                       lost=50 - completed - len(pending), hung=len(pending))
+                assert completed == 50
+    finally:
+        await kill(broker, signal.SIGTERM)
+        if worker is not None:
+            await kill(worker, signal.SIGTERM)
+        await nc.close()
