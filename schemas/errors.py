@@ -7,6 +7,7 @@ from enum import Enum
 
 class ErrorCode(str, Enum):
     invalid_request = "invalid_request"
+    duplicate_request = "duplicate_request"  # same request id within the dedup window: generated once
     unknown_model = "unknown_model"
     unknown_class = "unknown_class"
     payload_too_large = "payload_too_large"

@@ -296,7 +296,7 @@ class Bridge:
         subject = self.s.req(generate.klass, generate.tenant)
         headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
         try:
-            await self._nc.jetstream().publish(subject, payload, headers=headers, timeout=5.0)
+            ack = await self._nc.jetstream().publish(subject, payload, headers=headers, timeout=5.0)
         except nats.js.errors.APIError as exc:
             description = (exc.description or "").lower()
             if "per subject" in description:
@@ -310,6 +310,11 @@ class Bridge:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                 nats.js.errors.NoStreamResponseError, nats.errors.ConnectionClosedError):
             raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
+        if ack.duplicate:
+            # The same Idempotency-Key was accepted moments ago: it is generated exactly once,
+            # by the request that first sent it.
+            raise EdgeError(ErrorCode.duplicate_request,
+                            "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
 
     async def _first_entries(self, stream: ResponseStream, generate: GenerateRequest) -> list[Entry]:
         # The worker aborts at the deadline; the grace covers its error frame's way back.

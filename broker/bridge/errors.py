@@ -11,6 +11,7 @@ from schemas.openai import ErrorBody, ErrorResponse
 # code → (HTTP status, OpenAI error type)
 _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.invalid_request: (400, "invalid_request_error"),
+    ErrorCode.duplicate_request: (409, "invalid_request_error"),
     ErrorCode.unknown_class: (400, "invalid_request_error"),
     ErrorCode.unknown_model: (404, "invalid_request_error"),
     ErrorCode.payload_too_large: (413, "invalid_request_error"),

@@ -1,0 +1,72 @@
+"""Nats-Msg-Id = <tenant>:<request_id>: a retried publish is stored once and generated once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import nats
+import pytest
+
+from laneway.stack import Stack, demo_settings
+from schemas import codec
+from schemas.frames import Finished
+from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
+from schemas.subjects import MSG_ID_HEADER, msg_id
+
+KEY = "sk-dup"
+
+
+@pytest.fixture(scope="module")
+async def stack(nats_server):
+    async with Stack(nats_server.url, demo_settings(KEY), prefix="dup") as s:
+        yield s
+
+
+def finished_count(stack) -> float:
+    """Requests the worker finished, any reason."""
+    return sum(sample.value for metric in stack.workers[0].metrics.finished.collect()
+               for sample in metric.samples if sample.name.endswith("_total"))
+
+
+async def test_a_republished_request_is_generated_once(stack, nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        inbox = "dup.tok.demo.retrier"
+        frames: list = []
+        async def collect(msg):
+            frames.append(codec.decode_frame(msg.data))
+        await nc.subscribe(inbox, cb=collect)
+        now = time.time()
+        request = GenerateRequest(request_id="retry-me", tenant="demo", klass="interactive",
+                                  model="laneway-sim", reply_to=inbox, created_at=now, deadline=now + 60,
+                                  messages=[ChatMessage("user", "hi")], sampling=SamplingParams(max_tokens=3))
+        before = finished_count(stack)
+        acks = []
+        for _ in range(3):   # a publisher that timed out waiting for its PubAck and retried
+            acks.append(await nc.jetstream().publish(
+                "dup.req.interactive.demo", codec.encode(request),
+                headers={MSG_ID_HEADER: msg_id("demo", "retry-me")}))
+        assert [a.duplicate for a in acks] == [None, True, True]
+        await asyncio.sleep(1.0)
+        finished = [e for f in frames for e in f.entries if isinstance(e, Finished)]
+        assert len(finished) == 1
+        assert finished_count(stack) - before == 1
+    finally:
+        await nc.close()
+
+
+async def test_idempotency_key_retry_gets_409_not_a_second_generation(stack):
+    body = {"model": "laneway-sim", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}
+    headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "order-42"}
+    before = finished_count(stack)
+    async with aiohttp.ClientSession(base_url=stack.url) as http:
+        async with http.post("/v1/chat/completions", json=body, headers=headers) as resp:
+            assert resp.status == 200
+        async with http.post("/v1/chat/completions", json=body, headers=headers) as resp:
+            assert resp.status == 409
+            error = (await resp.json())["error"]
+            assert error["code"] == "duplicate_request" and error["param"] == "Idempotency-Key"
+    await asyncio.sleep(0.3)
+    assert finished_count(stack) - before == 1
