@@ -2,6 +2,7 @@
 
   laneway up        nats-server + broker + worker + bridge on this machine, one command
   laneway nats      an embedded nats-server with JetStream
+  laneway nats-config   users and permissions per tenant and service role
   laneway broker    the scheduler (joins any NATS via --nats-url)
   laneway worker    one engine (sim | vllm | openai) in a pool
   laneway bridge    the OpenAI-compatible HTTP edge
@@ -127,7 +128,8 @@ async def _run_bridge(args: argparse.Namespace) -> int:
 async def _run_nats(args: argparse.Namespace) -> int:
     from laneway.natsd import NatsServer
 
-    server = NatsServer(Path(args.data_dir) / "nats", host=args.host, port=args.nats_port)
+    server = NatsServer(Path(args.data_dir) / "nats", host=args.host, port=args.nats_port,
+                        config_file=Path(args.config) if args.config else None)
     async with server:
         print(f"nats-server with JetStream on {server.url} (store {server.store_dir})", flush=True)
         await _until_signalled(asyncio.Event())
@@ -166,7 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--nats-port", type=int, default=4222)
     p.add_argument("--data-dir", default=os.environ.get("LANEWAY_DATA_DIR", ".laneway"))
+    p.add_argument("--config", help="a nats-server config, e.g. from `laneway nats-config`")
     p.set_defaults(run=_run_nats)
+
+    from laneway import nats_config
+
+    p = sub.add_parser("nats-config", help="nats-server config with a user per tenant and service")
+    nats_config.configure(p)
+    p.set_defaults(run_sync=nats_config.run)
 
     p = sub.add_parser("broker", help="the scheduler")
     _nats_flags(p)

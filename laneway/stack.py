@@ -36,24 +36,28 @@ class Stack:
     limits: StreamLimits = field(default_factory=StreamLimits)
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
     prefix: str = "lw"
+    credentials: dict[str, tuple[str, str]] | None = None   # role → (user, password)
     broker: Broker | None = None
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
 
     async def __aenter__(self) -> "Stack":
         self._exit = AsyncExitStack()
-        nats = NatsSettings(url=self.nats_url, prefix=self.prefix)
         self.broker = await self._exit.enter_async_context(
-            Broker(BrokerConfig(nats=nats, limits=self.limits)))
+            Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits)))
         engines = [SimEngine(PROFILES["zero"])] if self.engines is None else self.engines
         for engine in engines:
-            config = replace(self.worker_config, nats=nats, pool=self.pool)
+            config = replace(self.worker_config, nats=self._nats("worker"), pool=self.pool)
             self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
         self.bridge = await self._exit.enter_async_context(
-            Bridge(BridgeConfig(nats=nats, port=0, limits=self.limits), self.settings))
+            Bridge(BridgeConfig(nats=self._nats("bridge"), port=0, limits=self.limits), self.settings))
         if engines:
             await self.bridge.wait_ready()
         return self
+
+    def _nats(self, role: str) -> NatsSettings:
+        user, password = (self.credentials or {}).get(role, (None, None))
+        return NatsSettings(url=self.nats_url, prefix=self.prefix, user=user, password=password)
 
     async def __aexit__(self, *exc: object) -> None:
         await self._exit.aclose()
