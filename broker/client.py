@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
@@ -77,6 +78,12 @@ class LanewayClient:
             except nats.js.errors.APIError as exc:
                 code = ErrorCode.queue_full if "per subject" in (exc.description or "") else ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.js.errors.NoStreamResponseError) as exc:
+                # Not accepted (no PubAck): e.g. the stream is electing a new leader. Safe to retry
+                # with the same request_id: the dedup window keeps it to one generation.
+                raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",
+                                   request.request_id) from exc
             while True:
                 for entry in await stream.next_entries(max(0.0, request.deadline - time.time()) + 5):
                     if isinstance(entry, Delta):

@@ -111,3 +111,26 @@ class NatsServer:
 
 def default_data_dir() -> Path:
     return Path(os.environ.get("LANEWAY_DATA_DIR", ".laneway"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback_cluster(root: Path, size: int = 3, name: str = "laneway") -> list[NatsServer]:
+    """`size` nats-servers on loopback forming one JetStream cluster (for tests and local trials)."""
+    client_ports = [_free_port() for _ in range(size)]
+    route_ports = [_free_port() for _ in range(size)]
+    servers = []
+    for i in range(size):
+        conf = root / f"n{i}.conf"
+        routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for j, p in enumerate(route_ports) if j != i)
+        conf.write_text(
+            f'server_name: "n{i}"\n'
+            f'cluster {{ name: "{name}", listen: "127.0.0.1:{route_ports[i]}", routes: [{routes}] }}\n')
+        servers.append(NatsServer(root / f"n{i}", port=client_ports[i], config_file=conf))
+    return servers
