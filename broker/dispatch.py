@@ -31,6 +31,10 @@ from broker.lanes import Admit, Item, Lanes
 from broker.livecfg import BucketWatch
 from broker.metrics import BrokerMetrics
 from broker.models import decode_models
+from broker.routing import rules as rule_docs
+from broker.routing.health import HealthBoard
+from broker.routing.rules import PoolHealth, RuleSet
+from broker.routing.store import is_rules_key
 from broker.tenants import TenantDirectory
 from broker.topology import ensure_topology
 from laneway.connect import connect
@@ -84,6 +88,9 @@ class Broker:
         self.metrics = metrics or BrokerMetrics()
         self.tenants = TenantDirectory()
         self.models: dict[str, LogicalModel] = {}
+        self.rules: RuleSet | None = None
+        self.health = HealthBoard()
+        self._health: dict[str, PoolHealth] = {}
         self._classes: dict[str, class_docs.ClassPolicy] = {}
         self._pools: dict[str, _Pool] = {}
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -102,11 +109,12 @@ class Broker:
         self._watches = [
             BucketWatch(js, self.s.bucket("classes"), self._put_class, self._delete_class),
             BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self.tenants.remove),
-            BucketWatch(js, self.s.bucket("routing"), self._put_routing, lambda key: None),
+            BucketWatch(js, self.s.bucket("routing"), self._put_routing, self._delete_routing),
         ]
         for watch in self._watches:
             await watch.start()
         self._subs = [
+            await self._nc.subscribe(self.s.worker_events, cb=self._on_heartbeat),
             await self._nc.subscribe(self.s.pull_all, queue="laneway-brokers", cb=self._on_pull),
             await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel),
             # One replica handles each: a request that hit max_deliver goes to the DLQ once.
@@ -114,6 +122,7 @@ class Broker:
                 f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.{self.s.broker_durable}",
                 queue="laneway-brokers", cb=self._on_max_deliveries),
         ]
+        await self._nc.publish(self.s.worker_ping, b"")
         self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
                                   self._on_request, room=self._room)
         await self._intake.start()
@@ -179,9 +188,25 @@ class Broker:
         if key == "models":
             self.models = decode_models(value)
             log.info("applied models: %s", sorted(self.models))
+        elif is_rules_key(key):
+            self.rules = rule_docs.decode(value)
+            log.info("applied routing rules version %d", self.rules.version)
+
+    def _delete_routing(self, key: str) -> None:
+        if is_rules_key(key):
+            self.rules = None
+            log.info("routing rules removed; models table only")
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            self.health.on_heartbeat(codec.decode_heartbeat(msg.data))
+        except codec.DecodeError:
+            return
+        self._health = self.health.snapshot()
 
     def _pool_names(self) -> set[str]:
-        return {m.pool for m in self.models.values()} | set(self._pools)
+        names = {m.pool for m in self.models.values()} | set(self._pools)
+        return names | set(self.rules.pools) if self.rules else names
 
     def _pool(self, name: str) -> _Pool:
         pool = self._pools.get(name)
@@ -204,7 +229,7 @@ class Broker:
         now = time.time()
         try:
             validate(request, klass, tenant, self.s)
-            pool_name = route(request, self.models)
+            decision = route(request, self.models, self.rules, self._health)
         except Refusal as refusal:
             if refusal.param in ("tenant", "reply_to"):
                 # Never answer on a reply subject the request was not entitled to.
@@ -215,6 +240,10 @@ class Broker:
         if self._recent_cancels.pop((tenant, request.request_id), None) is not None:
             await msg.term()
             return
+        pool_name = decision.pool
+        self.metrics.routing_decisions.labels(pool_name, decision.reason.value).inc()
+        if decision.spilled:
+            self.metrics.routing_fallback.labels(pool_name, decision.reason.value).inc()
         pool = self._pool(pool_name)
         existing = pool.lanes.get(tenant, request.request_id)
         if existing is not None:
@@ -326,6 +355,8 @@ class Broker:
                                        priority=policy.rank if policy else 0, queued_s=queued,
                                        max_deliver=self.config.limits.max_deliver))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
+            # The broker sees no first tokens; queue wait is the part of TTFT that saturation grows.
+            self.health.observe_ttft(credit.pool, queued)
             self.metrics.dispatched.labels(credit.pool, item.klass).inc()
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
@@ -387,6 +418,10 @@ class Broker:
                     await self._serve_parked(name, pool)
                     for klass, depth in pool.lanes.depths().items():
                         self.metrics.queue_depth.labels(name, klass).set(depth)
+                    self.health.set_queue_depth(name, len(pool.lanes))
+                self._health = self.health.snapshot()
+                for name, h in self._health.items():
+                    self.metrics.ready_workers.labels(name).set(h.ready_workers)
                 cutoff = mono - 60
                 while self._recent_cancels and next(iter(self._recent_cancels.values())) < cutoff:
                     self._recent_cancels.popitem(last=False)

@@ -30,6 +30,10 @@ class BrokerMetrics:
         self.dead_lettered = Counter("laneway_dead_lettered_total", "Messages moved to the DLQ", ["reason"], registry=r)
         self.parked_pulls = Gauge("laneway_parked_pulls", "Worker pulls held open", ["pool"], registry=r)
         self.ready_workers = Gauge("laneway_ready_workers", "Workers with a fresh ready heartbeat", ["pool"], registry=r)
+        self.routing_decisions = Counter("laneway_routing_decisions_total", "Requests routed, by pool and why",
+                                         ["pool", "reason"], registry=r)
+        self.routing_fallback = Counter("laneway_routing_fallback_total",
+                                        "Requests spilled to the hosted-API pool", ["pool", "reason"], registry=r)
 
 
 class BridgeMetrics:
@@ -48,5 +52,7 @@ class BridgeMetrics:
         self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
         self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",
                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.eval_quality = Gauge("laneway_eval_quality", "Golden-set quality of the live routing rules (0-100)",
+                                  ["ruleset_version"], registry=r)
         self.stale_entries = Counter("laneway_stale_entries_total",
                                      "Frame entries dropped (stale attempt or unknown request)", registry=r)

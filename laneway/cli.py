@@ -6,6 +6,8 @@
   laneway broker    the scheduler (joins any NATS via --nats-url)
   laneway worker    one engine (sim | vllm | openai) in a pool
   laneway bridge    the OpenAI-compatible HTTP edge
+  laneway routing   show | set | rollback | history of the routing rules
+  laneway eval      the eval gate: candidate vs current rules on the golden set
   laneway plan      the capacity and budget planner
   laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
 """
@@ -115,10 +117,17 @@ async def _run_worker(args: argparse.Namespace) -> int:
 async def _run_bridge(args: argparse.Namespace) -> int:
     from broker.bridge.app import Bridge
     from broker.config import BridgeConfig, load_settings
+    from broker.routing.admin import AdminConfig
 
     settings = load_settings(Path(args.settings)) if args.settings else None
+    evaluator = None
+    if args.eval_scores:
+        from loadtest.eval_gate import load_golden, load_results, results_evaluator
+
+        evaluator = results_evaluator(load_golden(), load_results(Path(args.eval_scores)))
     bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port,
-                                 limits=_limits(args)), settings)
+                                 limits=_limits(args)), settings,
+                    admin=AdminConfig.from_env(), evaluator=evaluator)
     async with bridge:
         print(f"laneway bridge on {bridge.url}", flush=True)
         await _until_signalled(asyncio.Event())
@@ -206,7 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--settings", default=os.environ.get("LANEWAY_SETTINGS"),
                    help="settings TOML with tenants and models [LANEWAY_SETTINGS]")
+    p.add_argument("--eval-scores", help="golden-set answers per pool (from `laneway eval "
+                   "--save-scores`): the admin API's eval gate scores rule changes with them")
     p.set_defaults(run=_run_bridge)
+
+    from laneway import ops_routing
+    from loadtest import eval_run
+
+    p = sub.add_parser("routing", help="show, set, roll back the routing rules (live, versioned)")
+    ops_routing.configure(p)
+    p.set_defaults(run=ops_routing.run)
+
+    p = sub.add_parser("eval", help="golden-set quality and cost of candidate vs current rules")
+    eval_run.configure(p)
+    p.set_defaults(run=eval_run.run)
 
     from loadtest import planner
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from broker.bridge.app import Bridge
 from broker.config import BridgeConfig, BrokerConfig, LogicalModel, Settings, StreamLimits
 from broker.dispatch import Broker
+from broker.routing.admin import AdminConfig
 from broker.tenants import Tenant, hash_key
 from laneway.connect import NatsSettings
 from workers.engine import Engine
@@ -32,11 +33,13 @@ class Stack:
     nats_url: str
     settings: Settings
     engines: list[Engine] | None = None     # None: one zero-delay sim engine; []: no workers
+    pools: list[str] | None = None          # per engine; default: every engine in `pool`
     pool: str = "sim"
     limits: StreamLimits = field(default_factory=StreamLimits)
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
     prefix: str = "lw"
     credentials: dict[str, tuple[str, str]] | None = None   # role → (user, password)
+    admin: AdminConfig | None = None
     broker: Broker | None = None
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
@@ -46,11 +49,13 @@ class Stack:
         self.broker = await self._exit.enter_async_context(
             Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits)))
         engines = [SimEngine(PROFILES["zero"])] if self.engines is None else self.engines
-        for engine in engines:
-            config = replace(self.worker_config, nats=self._nats("worker"), pool=self.pool)
+        for i, engine in enumerate(engines):
+            pool = self.pools[i] if self.pools else self.pool
+            config = replace(self.worker_config, nats=self._nats("worker"), pool=pool)
             self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
         self.bridge = await self._exit.enter_async_context(
-            Bridge(BridgeConfig(nats=self._nats("bridge"), port=0, limits=self.limits), self.settings))
+            Bridge(BridgeConfig(nats=self._nats("bridge"), port=0, limits=self.limits), self.settings,
+                   admin=self.admin))
         if engines:
             await self.bridge.wait_ready()
         return self

@@ -32,6 +32,10 @@ from broker.config import BridgeConfig, LogicalModel, Settings
 from broker.livecfg import BucketWatch
 from broker.metrics import BridgeMetrics
 from broker.models import decode_models, put_models
+from broker.routing import rules as rule_docs
+from broker.routing.admin import AdminConfig, Evaluator, admin_app
+from broker.routing.rules import RuleSet
+from broker.routing.store import RuleStore, is_rules_key
 from broker.tenants import Tenant, TenantDirectory
 from broker.topology import ensure_topology, put_tenants
 from laneway.connect import connect
@@ -59,7 +63,8 @@ WORKER_LOST_CHECK_S = 1.0
 
 class Bridge:
     def __init__(self, config: BridgeConfig, settings: Settings | None = None,
-                 metrics: BridgeMetrics | None = None) -> None:
+                 metrics: BridgeMetrics | None = None, *, admin: AdminConfig | None = None,
+                 evaluator: Evaluator | None = None) -> None:
         self.config = config
         self.settings = settings or Settings()
         self.s = config.nats.subjects
@@ -67,6 +72,10 @@ class Bridge:
         self.edge_id = uuid.uuid4().hex[:12]
         self.tenants = TenantDirectory()
         self.models: dict[str, LogicalModel] = {}
+        self.rules: RuleSet | None = None
+        self.admin = admin or AdminConfig()
+        self.evaluator = evaluator
+        self.rule_store: RuleStore | None = None
         self.classes = {c.name for c in DEFAULT_CLASSES}
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics)
@@ -88,12 +97,13 @@ class Bridge:
             await put_models(js, self.s, dict(self.settings.models))
         self._watches = [
             BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self.tenants.remove),
-            BucketWatch(js, self.s.bucket("routing"), self._put_routing, lambda key: None),
+            BucketWatch(js, self.s.bucket("routing"), self._put_routing, self._delete_routing),
             BucketWatch(js, self.s.bucket("classes"), lambda k, v: self.classes.add(k),
                         self.classes.discard),
         ]
         for watch in self._watches:
             await watch.start()
+        self.rule_store = await RuleStore.open(js, self.s)
         # Subscribe first: frames for a request can never arrive before we listen.
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
@@ -148,6 +158,21 @@ class Bridge:
     def _put_routing(self, key: str, value: bytes) -> None:
         if key == "models":
             self.models = decode_models(value)
+        elif is_rules_key(key):
+            self.rules = rule_docs.decode(value)
+            self.metrics.eval_quality.clear()
+            quality = self.rules.gate.candidate_quality if self.rules.gate else None
+            if quality is not None:
+                self.metrics.eval_quality.labels(str(self.rules.version)).set(quality)
+
+    def _delete_routing(self, key: str) -> None:
+        if is_rules_key(key):
+            self.rules = None
+            self.metrics.eval_quality.clear()
+
+    def model_names(self) -> list[str]:
+        names = set(self.models) | (set(self.rules.models) if self.rules else set())
+        return sorted(names)
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
@@ -159,6 +184,7 @@ class Bridge:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi_spec)
+        app.add_subapp("/v1/admin", admin_app(self.rule_store, self.evaluator, self.admin))
         return app
 
     @web.middleware
@@ -192,11 +218,11 @@ class Bridge:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def openapi_spec(self, request: web.Request) -> web.Response:
-        return web.Response(body=openapi.spec(tuple(sorted(self.models))), content_type="application/json")
+        return web.Response(body=openapi.spec(tuple(self.model_names())), content_type="application/json")
 
     async def list_models(self, request: web.Request) -> web.Response:
         self._authenticate(request)
-        data = [Model(id=name, created=0) for name in sorted(self.models)]
+        data = [Model(id=name, created=0) for name in self.model_names()]
         return web.Response(body=codec.encode_json(ModelList(data)), content_type="application/json")
 
     # -- chat completions -----------------------------------------------------------------
@@ -255,11 +281,7 @@ class Bridge:
         tenant = self._authenticate(request)
         body = await self._parse(request)
         klass = self._class_for(request, tenant)
-        model = self.models.get(body.model)
-        if model is None:
-            raise EdgeError(ErrorCode.unknown_model, f"the model {body.model!r} does not exist", "model")
-        if not self.readiness.ready_pools().get(model.pool):
-            raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {body.model!r}; retry shortly")
+        self._check_model(body.model)
         now = time.time()
         request_id = self._request_id(request, tenant)
         generate = to_generate(body, request_id=request_id, tenant=tenant.name, klass=klass,
@@ -291,6 +313,17 @@ class Bridge:
             # work. A stream its worker or the broker ended needs nothing more.
             if published and (not stream.closed or stream.edge_failed):
                 await self._cancel(tenant.name, request_id)
+
+    def _check_model(self, name: str) -> None:
+        """Refuse early what the broker would refuse: unknown models, and a models-table pool with
+        no ready worker. Rule-routed models are left to the broker, which may spill them."""
+        if self.rules is not None and self.rules.serves(name):
+            return
+        model = self.models.get(name)
+        if model is None:
+            raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
+        if not self.readiness.ready_pools().get(model.pool):
+            raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {name!r}; retry shortly")
 
     async def _publish(self, generate: GenerateRequest, payload: bytes) -> None:
         subject = self.s.req(generate.klass, generate.tenant)

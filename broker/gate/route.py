@@ -1,4 +1,9 @@
-"""Stage 5: which pool serves this logical model."""
+"""Stage 5: which pool serves this request.
+
+A logical model named by the live rule set (`lw_routing/rules`) is routed by its rules against
+live pool health (spilling to the hosted pool when self-hosted ones are down or saturated);
+any other model maps to its pool through the settings' `models` table.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,17 @@ from collections.abc import Mapping
 
 from broker.config import LogicalModel
 from broker.gate import Refusal
+from broker.routing import classifier
+from broker.routing.rules import Decision, PoolHealth, Reason, RuleSet, decide_request
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 
 
-def route(request: GenerateRequest, models: Mapping[str, LogicalModel]) -> str:
+def route(request: GenerateRequest, models: Mapping[str, LogicalModel], rules: RuleSet | None = None,
+          health: Mapping[str, PoolHealth] | None = None) -> Decision:
+    if rules is not None and rules.serves(request.model):
+        return decide_request(request, rules, health or {}, classifier.intent_of)
     model = models.get(request.model)
     if model is None:
         raise Refusal(ErrorCode.unknown_model, f"the model {request.model!r} does not exist", "model")
-    return model.pool
+    return Decision(model.pool, "models", Reason.WEIGHTED)
