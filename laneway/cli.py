@@ -101,7 +101,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
     engine = engines.build(args)
     config = WorkerConfig(nats=_nats(args), pool=args.pool, worker_id=args.worker_id or "",
                           classes=tuple(args.classes or ()), heartbeat_s=args.heartbeat_interval,
-                          in_progress_s=args.in_progress_interval, drain_s=args.drain_timeout)
+                          in_progress_s=args.in_progress_interval, drain_s=args.drain_timeout,
+                          frame_interval_s=args.frame_interval)
     worker = Worker(config, engine)
     _serve_metrics(args.metrics_port, worker.metrics.registry)
     stop = asyncio.Event()
@@ -203,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between in-progress acks; keep well under the broker's --ack-wait")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds running requests may take to finish")
+    p.add_argument("--frame-interval", type=float, default=0.002,
+                   help="seconds between token frames at most (engine steps faster than this coalesce)")
     from workers import engines
 
     engines.configure_all(p)

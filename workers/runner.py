@@ -4,9 +4,10 @@
   holds it open until there is work (long poll), so an idle worker costs one message per
   `pull_wait_s`.
 - Frames: each stream's deltas go into an outbox keyed by reply subject; a flusher publishes
-  ONE `TokenFrame` per inbox per event-loop turn. An engine step wakes every stream it produced
-  a token for in the same turn, so a frame carries that whole step (one NATS message per inbox
-  instead of one per token per stream: nats-py costs ~17 µs of CPU per message).
+  ONE `TokenFrame` per inbox per event-loop turn (and at most one per `frame_interval_s`). An
+  engine step wakes every stream it produced a token for in the same turn, so a frame carries
+  that whole step (one NATS message per inbox instead of one per token per stream: nats-py
+  costs ~17 µs of CPU per message).
 - Acks: in-progress (`+WPI`) for every running request every `in_progress_s`, the final `+ACK`
   after the request's last frame (same connection, so the order holds), `+TERM` for requests
   refused here. A request that fails before any token reached the client is `-NAK`ed so another
@@ -57,6 +58,10 @@ class WorkerConfig:
     heartbeat_s: float = 2.0
     in_progress_s: float = 5.0              # must stay well under the consumer's ack_wait
     drain_s: float = 30.0                   # on SIGTERM, let running requests finish this long
+    # At most one flush per interval: a real engine step (≥ 5 ms on a GPU) is always longer, so
+    # this never delays a token there, but an engine that steps faster (the zero-delay sim, or
+    # tiny models) has its steps coalesced instead of costing one NATS message per step.
+    frame_interval_s: float = 0.002
 
     def with_id(self) -> "WorkerConfig":
         if self.worker_id:
@@ -338,9 +343,15 @@ class Worker:
         return seq
 
     async def _flusher(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = 0.0
         while True:
             await self._dirty.wait()
+            wait = last + self.config.frame_interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             self._dirty.clear()
+            last = loop.time()
             await self._flush_once()
 
     async def _flush_once(self) -> None:
