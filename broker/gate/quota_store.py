@@ -1,0 +1,86 @@
+"""The quota counters' storage: small msgpack documents in the `lw_quota_use` KV bucket, changed
+only by compare-and-set. The only module of the quota stage that talks to NATS."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
+
+from broker.gate.quota_policy import BudgetDoc, RateDoc, SlotsDoc, Take
+from schemas.subjects import Subjects
+
+log = logging.getLogger("laneway.quota")
+
+QUOTA_BUCKET = "quota_use"
+_MONTH_S = 32 * 86400       # a counter untouched this long belongs to a month that is over
+MAX_ATTEMPTS = 64
+
+_encode = msgspec.msgpack.Encoder().encode
+decode_rate = msgspec.msgpack.Decoder(RateDoc).decode
+decode_budget = msgspec.msgpack.Decoder(BudgetDoc).decode
+decode_slots = msgspec.msgpack.Decoder(SlotsDoc).decode
+
+
+class QuotaUnavailable(Exception):
+    """The shared counters could not be read or written (and `fail_open` is off)."""
+
+
+async def ensure_quota_bucket(js: JetStreamContext, s: Subjects, replicas: int = 1) -> KeyValue:
+    """`lw_quota_use`: history 1 (only the current count matters), entries expire after 32 days."""
+    return await js.create_key_value(KeyValueConfig(
+        bucket=s.bucket(QUOTA_BUCKET), history=1, ttl=_MONTH_S, storage=StorageType.FILE,
+        replicas=replicas))
+
+
+class CounterStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self.reads = self.writes = self.conflicts = 0
+        self._known: dict[str, tuple[int, Any]] = {}    # key → (revision, doc) of our last write
+
+    async def cas(self, key: str, decode: Callable[[bytes], Any], step: Callable[[Any], Take]) -> Take:
+        """Apply `step` to the current document until our write lands on the revision it read
+        (`kv.update(key, value, last=revision)`). Starts from the revision of our own last
+        write, usually still current: an uncontended change is ONE round trip."""
+        known = self._known.get(key)
+        for _ in range(MAX_ATTEMPTS):
+            fresh = known is None
+            if fresh:
+                known = await self._read(key, decode)
+            revision, doc = known
+            take = step(doc)
+            if take.doc is None:
+                if take.denied is not None and not fresh:
+                    known = None        # never refuse on a possibly stale copy
+                    continue
+                return take
+            try:
+                self.writes += 1
+                new_revision = await self.kv.update(key, _encode(take.doc), last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                self.conflicts += 1
+                self._known.pop(key, None)
+                known = None
+                continue
+            self._known[key] = (new_revision, take.doc)
+            return take
+        raise QuotaUnavailable(f"{key}: too many conflicting writers")
+
+    async def _read(self, key: str, decode: Callable[[bytes], Any]) -> tuple[int, Any]:
+        self.reads += 1
+        try:
+            entry = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return 0, None
+        try:
+            return entry.revision, decode(entry.value)
+        except msgspec.DecodeError:
+            log.error("quota counter %s is unreadable; starting it afresh", key)
+            return entry.revision, None
