@@ -8,6 +8,7 @@
   laneway bridge    the OpenAI-compatible HTTP edge
   laneway routing   show | set | rollback | history of the routing rules
   laneway eval      the eval gate: candidate vs current rules on the golden set
+  laneway loadtest  the load generator (scenarios from the reference designs)
   laneway plan      the capacity and budget planner
   laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
 """
@@ -232,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="golden-set quality and cost of candidate vs current rules")
     eval_run.configure(p)
     p.set_defaults(run=eval_run.run)
+
+    from loadtest import generator
+
+    p = sub.add_parser("loadtest", help="load generator: named scenarios, open or closed loop")
+    generator.configure(p)
+    p.set_defaults(run_sync=generator.run)
 
     from loadtest import planner
 

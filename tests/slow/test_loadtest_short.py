@@ -1,0 +1,109 @@
+"""Short runs of the load generator and the benchmarks: BEHAVIOUR only, never speed.
+
+Each test starts the real system (`laneway up` plus extra simulated workers, as processes) and
+checks that the tools run, produce JSON with the expected keys, count no errors where none are
+expected, compute shares, and that the report page embeds its images. The figures themselves
+are the benchmarks' job (`python -m loadtest.hol` etc.), not these tests'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from loadtest import fairness, generator, hol, report, scale, scenarios
+from loadtest.results import to_json
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+GROUP_KEYS = {"requests", "completed", "failed", "cut", "errors", "ttft_s", "itl_s", "e2e_s",
+              "tokens_per_s", "requests_per_s", "slo"}
+
+
+def _args(module, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    module.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def _check_run(run: dict) -> None:
+    assert {"label", "window", "overall", "by_class", "by_tenant", "by_flow", "ttft_samples", "timeline"} <= set(run)
+    assert GROUP_KEYS <= set(run["overall"])
+    assert {"ttft_800ms", "latency_1s"} == set(run["overall"]["slo"])
+    for stat in ("ttft_s", "itl_s", "e2e_s"):
+        assert {"p50", "p95", "p99"} <= set(run["overall"][stat])
+    assert {"t", "tokens_per_s", "sample_t", "inflight", "waiting", "open_streams"} <= set(run["timeline"])
+
+
+@pytest.mark.parametrize("name,scale_by,target", [
+    ("b2b-100k-dau", 0.01, "http"),
+    ("cost-stack-120qps", 0.01, "http"),
+    ("batch-flood", 0.02, "http"),
+    ("two-tenant-fairness", 0.005, "nats"),
+])
+async def test_generator_scenario_runs_and_reports(name, scale_by, target, tmp_path):
+    s = scenarios.get(name).scaled(scale_by).with_duration(3.0)
+    doc = await generator.run_scenario(s, target=target, drain_s=4.0, show_progress=False)
+    doc = json.loads(to_json(doc))          # what --json writes: strict JSON
+    assert doc["scenario"] == name and doc["target"] == target
+    assert "SIMULATION" in doc["engine"]["engine"]
+    [run] = doc["runs"]
+    _check_run(run)
+    overall = run["overall"]
+    assert overall["requests"] > 0 and overall["failed"] == 0, overall["errors"]
+    assert overall["tokens"] > 0
+    assert set(run["by_class"]) <= {f.klass for f in s.flows}
+    assert set(run["by_tenant"]) <= {t.name for t in s.tenants}
+    assert "ALL" in generator.render(doc)
+    if name == "batch-flood":
+        pytest.importorskip("matplotlib")
+        paths = report.write(doc, tmp_path / "report.html")
+        page = (tmp_path / "report.html").read_text()
+        assert page.count("data:image/png;base64,") == 3
+        assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths.values())
+
+
+async def test_hol_short():
+    args = _args(hol, "--duration", "4", "--warmup", "1", "--max-seqs", "16", "--flood-users", "20",
+                 "--flood-tokens", "256", "--chat-rate", "3", "--quiet")
+    doc = await hol.run_benchmark(args)
+    f = doc["figures"]
+    assert set(f["phases"]) == {"alone", "flood-alone", "lanes", "fifo"}
+    for label in ("alone", "lanes", "fifo"):
+        assert f["phases"][label]["chat_ttft_s"]["n"] > 0
+        assert f["phases"][label]["chat_errors"] == 0
+    assert f["phases"]["flood-alone"]["flood_tokens_per_s"] > 0
+    for key in ("lanes_ttft_p95_ratio", "fifo_ttft_p95_ratio", "lanes_batch_share_of_capacity"):
+        assert math.isfinite(f[key]) and f[key] > 0
+    assert len(doc["runs"]) == 4
+    assert "Batch throughput with lanes" in hol.render(doc)
+
+
+async def test_fairness_short():
+    args = _args(fairness, "--duration", "5", "--warmup", "1", "--max-seqs", "8", "--quiet")
+    doc = await fairness.run_benchmark(args)
+    for label in ("equal", "weighted"):
+        f = doc["figures"][label]
+        assert f["errors"] == 0
+        assert f["tokens"]["heavy"] > 0 and f["tokens"]["light"] > 0
+        assert abs(sum(f["share"].values()) - 1.0) < 1e-9
+        assert 0 <= f["both_backlogged"] <= 1
+    assert doc["figures"]["weighted"]["weights"]["light"] == 3.0
+    assert "served share" in fairness.render(doc)
+
+
+async def test_scale_short():
+    args = _args(scale, "--clients", "200", "--workers", "2", "--ramp", "2", "--hold", "3",
+                 "--stream-rate", "4", "--quiet")
+    doc = await scale.run_benchmark(args)
+    f = doc["figures"]
+    assert f["error_count"] == 0, f["errors"]
+    assert f["streams_with_tokens"] == 200
+    assert f["open_streams_bridge"] == 200
+    assert f["frame_lag_s"]["n"] > 0 and math.isfinite(f["frame_lag_s"]["p99"])
+    assert set(f["rss_per_stream_bytes"]) == {"nats-server", "bridge", "broker", "worker"}
+    assert f["rss_during"]["bridge"] > 0
+    assert "memory per open stream" in scale.render(doc)
