@@ -328,6 +328,12 @@ class Broker:
         if not msg.reply:
             return
         pool = self._pool(credit.pool)
+        # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
+        superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
+        if superseded:
+            pool.parked = [p for p in pool.parked if p.credit.worker_id != credit.worker_id]
+            for old in superseded:
+                await self._nc.publish(old.reply, codec.encode(Batch()))
         if await self._answer(pool, credit, msg.reply):
             return
         until = time.monotonic() + max(0.0, min(credit.wait_s, 30.0))

@@ -99,6 +99,7 @@ class Worker:
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._late_pulls: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -190,24 +191,41 @@ class Worker:
                 self._room.clear()
                 await self._room.wait()
                 continue
+            self._room.clear()
             self.metrics.pulls.labels(self.config.pool).inc()
-            try:
-                reply = await self._nc.request(subject, codec.encode(credit),
-                                               timeout=self.config.pull_wait_s + 2.0)
-            except (NatsTimeout, asyncio.TimeoutError):
+            pull = asyncio.create_task(self._pull(subject, credit))
+            room = asyncio.create_task(self._room.wait())
+            await asyncio.wait({pull, room}, return_when=asyncio.FIRST_COMPLETED)
+            room.cancel()
+            if not pull.done():
+                # Room grew while the broker holds our pull open: a fresh credit replaces it
+                # (the broker answers the old one at once); the old one's reply is still served.
+                self._late_pulls.add(pull)
+                pull.add_done_callback(self._late_pulls.discard)
                 continue
-            except NoRespondersError:
-                await asyncio.sleep(0.5)    # no broker yet, or it is restarting
-                continue
-            except Exception as exc:        # disconnected: the client reconnects
-                log.warning("pull failed: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            if self._stopping.is_set():
-                # Raced with shutdown: leave these unacked, JetStream redelivers them.
-                break
-            for dispatch in codec.decode_batch(reply.data).dispatches:
-                self._start(dispatch)
+            await pull
+
+    async def _pull(self, subject: str, credit: Credit) -> None:
+        try:
+            reply = await self._nc.request(subject, codec.encode(credit),
+                                           timeout=self.config.pull_wait_s + 2.0)
+        except (NatsTimeout, asyncio.TimeoutError):
+            return
+        except NoRespondersError:
+            await asyncio.sleep(0.5)    # no broker yet, or it is restarting
+            return
+        except Exception as exc:        # disconnected: the client reconnects
+            log.warning("pull failed: %s", exc)
+            await asyncio.sleep(0.5)
+            return
+        dispatches = codec.decode_batch(reply.data).dispatches
+        if self._stopping.is_set():
+            # Raced with shutdown: hand them straight back for another worker.
+            self._after_frames += [(d.ack_subject, nak_with_delay(0)) for d in dispatches]
+            self._dirty.set()
+            return
+        for dispatch in dispatches:
+            self._start(dispatch)
 
     def _start(self, dispatch: Dispatch) -> None:
         request = dispatch.request

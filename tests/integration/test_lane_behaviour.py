@@ -155,3 +155,23 @@ async def test_nats_client_streams_and_reports_errors(nats_server):
         finally:
             await nc.close()
         assert s.url
+
+
+async def test_a_capped_class_is_served_when_room_frees_not_when_the_pull_times_out(nats_server):
+    """4 slots; `standard` may hold 3. A 4th standard request waits for a slot. When one frees,
+    the worker's fresh credit replaces its parked pull: the request starts then, not after the
+    30 s the stale pull would have been held."""
+    engine = SimEngine(PROFILES["llama-8b-h100"], max_seqs=4)
+    config = WorkerConfig(pull_wait_s=30.0)
+    async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix="repull",
+                     worker_config=config) as s:
+        async with aiohttp.ClientSession(base_url=s.url) as http:
+            async def one():
+                async with http.post(CHAT, json=body(100, stream=False),
+                                     headers=headers(**{"x-laneway-class": "standard"})) as resp:
+                    return resp.status
+            started = time.monotonic()
+            statuses = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(4))), 60)
+            elapsed = time.monotonic() - started
+        assert statuses == [200] * 4
+        assert elapsed < 15, f"the 4th request waited for the parked pull to time out ({elapsed:.1f} s)"
