@@ -14,6 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from broker.tenants import Tenant
+from broker.usage.meter import PriceBook
 from schemas.requests import Token
 from laneway.connect import NatsSettings
 
@@ -28,6 +29,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     tenants: dict[str, Tenant] = {}
     models: dict[str, LogicalModel] = {}
+    prices: PriceBook = PriceBook()      # $/1M tokens or GPU-hour prices per pool, for Usage.cost_usd
     # Requests live at most this long unless the client asks for less (x-laneway-timeout).
     default_timeout_s: Annotated[float, Meta(gt=0, le=86400)] = 600.0
 
@@ -77,6 +79,10 @@ class BrokerConfig:
     limits: StreamLimits = field(default_factory=StreamLimits)
     max_held: int = 20_000             # requests held in the lanes (waiting) at most
     sweep_interval_s: float = 0.25     # expiry and in-progress acks for waiting requests
+    quotas: bool = True                # enforce tenants' quota policies (shared counters in KV)
+    cache_ttl_s: float = 3600.0        # response cache TTL; 0 turns the cache off
+    pii: str = "auto"                  # off | auto | regex | ner (see broker/gate/pii_service.py)
+    pii_workers: int | None = None     # PII process pool size; None: one per core
 
 
 @dataclass(frozen=True)

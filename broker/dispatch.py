@@ -10,25 +10,25 @@ either: its lanes are rebuilt from the unacked messages.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import classes as class_docs
 from broker import tenants as tenant_docs
 from broker.config import BrokerConfig, LogicalModel
+from broker.deadletter import DeadLetters
 from broker.gate import Refusal
-from broker.gate.route import route
-from broker.gate.validate import validate
+from broker.gate.cache import CacheScope, ResponseCache, replay_entries
+from broker.gate.pipeline import Admission, Gate, Routing
+from broker.gate.quota import Quota
 from broker.intake import PullIntake
 from broker.lanes import Admit, Item, Lanes
-from broker.livecfg import BucketWatch
+from laneway.livecfg import BucketWatch
 from broker.metrics import BrokerMetrics
 from broker.models import decode_models
 from broker.routing import rules as rule_docs
@@ -37,10 +37,13 @@ from broker.routing.rules import PoolHealth, RuleSet
 from broker.routing.store import is_rules_key
 from broker.tenants import TenantDirectory
 from broker.topology import ensure_topology
+from broker.gate.pii_service import start_pii
+from broker.usage.metrics import UsageMetrics
 from laneway.connect import connect
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame
+from schemas.usage import Usage
 from schemas.requests import GenerateRequest
 from schemas.subjects import BadToken
 from schemas.work import Batch, Credit, Dispatch
@@ -66,6 +69,8 @@ class Held:
     attempt: int
     pool: str
     last_touch: float       # monotonic time of the last in-progress ack
+    cache_key: str = ""
+    cache_model: str = ""
 
 
 @dataclass(slots=True)
@@ -91,6 +96,10 @@ class Broker:
         self.rules: RuleSet | None = None
         self.health = HealthBoard()
         self._health: dict[str, PoolHealth] = {}
+        self._pool_models: dict[str, str] = {}
+        self.gate = Gate(self.s)
+        self.usage_metrics = UsageMetrics(self.metrics.registry)
+        self._dead: DeadLetters | None = None
         self._classes: dict[str, class_docs.ClassPolicy] = {}
         self._pools: dict[str, _Pool] = {}
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -106,9 +115,12 @@ class Broker:
         self._nc = await connect(n.url, "laneway-broker", n.user, n.password)
         js = self._nc.jetstream()
         await ensure_topology(js, self.s, self.config.limits)
+        await self._start_gate(js)
+        self._dead = DeadLetters(self._nc, self.s, self.metrics, self.config.limits.max_deliver,
+                                 self._release)
         self._watches = [
             BucketWatch(js, self.s.bucket("classes"), self._put_class, self._delete_class),
-            BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self.tenants.remove),
+            BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self._remove_tenant),
             BucketWatch(js, self.s.bucket("routing"), self._put_routing, self._delete_routing),
         ]
         for watch in self._watches:
@@ -118,9 +130,12 @@ class Broker:
             await self._nc.subscribe(self.s.pull_all, queue="laneway-brokers", cb=self._on_pull),
             await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel),
             # One replica handles each: a request that hit max_deliver goes to the DLQ once.
-            await self._nc.subscribe(
-                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.{self.s.broker_durable}",
-                queue="laneway-brokers", cb=self._on_max_deliveries),
+            await self._nc.subscribe(self._dead.advisory_subject, queue="laneway-brokers",
+                                     cb=self._dead.on_max_deliveries),
+            # Every replica releases the quota grants it holds; metrics count each record once.
+            await self._nc.subscribe(self.s.usage_all, cb=self._on_usage),
+            await self._nc.subscribe(self.s.usage_all, queue="laneway-usage-metrics",
+                                     cb=self._count_usage),
         ]
         await self._nc.publish(self.s.worker_ping, b"")
         self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
@@ -128,6 +143,23 @@ class Broker:
         await self._intake.start()
         self._tasks = [asyncio.create_task(self._sweep(), name="laneway-sweep")]
         log.info("broker ready: classes=%s pools=%s", sorted(self._classes), sorted(self._pool_names()))
+
+    async def _start_gate(self, js) -> None:
+        cfg = self.config
+        if cfg.quotas:
+            self.gate.quota = await Quota.open(js, self.s, cfg.limits.replicas)
+            await self.gate.quota.start()
+        if cfg.cache_ttl_s > 0:
+            self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
+                                                      replicas=cfg.limits.replicas)
+        if cfg.pii != "off":
+            self.gate.pii = await start_pii(cfg.pii, cfg.pii_workers)
+            self.gate._publish_audit = self._publish_audit
+
+    async def _publish_audit(self, tenant: str, audit) -> None:
+        from broker.gate.pii import encode_audit
+
+        await self._nc.publish(self.s.audit(tenant), encode_audit(audit))
 
     async def stop(self) -> None:
         """Stop taking work; answer parked pulls; hand waiting requests back to JetStream (nak)
@@ -143,6 +175,10 @@ class Broker:
                 pass
         for watch in self._watches:
             await watch.stop()
+        if self.gate.quota is not None:
+            await self.gate.quota.close()     # unused leases go back to the other replicas
+        if self.gate.pii is not None:
+            await self.gate.pii.close()
         if self._nc is None:
             return
         if self._nc.is_connected:
@@ -182,14 +218,27 @@ class Broker:
 
     def _put_tenant(self, name: str, value: bytes) -> None:
         self.tenants.put(tenant_docs.decode(name, value))
+        self._tenants_changed()
         log.info("applied tenant %s", name)
+
+    def _remove_tenant(self, name: str) -> None:
+        self.tenants.remove(name)
+        self._tenants_changed()
+
+    def _tenants_changed(self) -> None:
+        if self.gate.cache is not None:
+            self.gate.cache.scopes = CacheScope({t.name: t.cache_group for t in self.tenants if t.cache_group})
+        models = set(self.models) | (set(self.rules.models) if self.rules else set())
+        self.usage_metrics.set_known(tenants=[t.name for t in self.tenants], models=models)
 
     def _put_routing(self, key: str, value: bytes) -> None:
         if key == "models":
             self.models = decode_models(value)
+            self._tenants_changed()
             log.info("applied models: %s", sorted(self.models))
         elif is_rules_key(key):
             self.rules = rule_docs.decode(value)
+            self._tenants_changed()
             log.info("applied routing rules version %d", self.rules.version)
 
     def _delete_routing(self, key: str) -> None:
@@ -199,9 +248,12 @@ class Broker:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            self.health.on_heartbeat(codec.decode_heartbeat(msg.data))
+            beat = codec.decode_heartbeat(msg.data)
         except codec.DecodeError:
             return
+        self.health.on_heartbeat(beat)
+        if beat.ready and beat.model:
+            self._pool_models[beat.pool] = beat.model
         self._health = self.health.snapshot()
 
     def _pool_names(self) -> set[str]:
@@ -224,26 +276,35 @@ class Broker:
             klass, tenant = self.s.parse_req(msg.subject)
             request = codec.decode_request(msg.data)
         except (BadToken, codec.DecodeError) as exc:
-            await self._dead_letter(msg, "malformed", str(exc))
-            return
-        now = time.time()
-        try:
-            validate(request, klass, tenant, self.s)
-            decision = route(request, self.models, self.rules, self._health)
-        except Refusal as refusal:
-            if refusal.param in ("tenant", "reply_to"):
-                # Never answer on a reply subject the request was not entitled to.
-                await self._dead_letter(msg, "invalid", refusal.message)
-            else:
-                await self._refuse(msg, request, attempt, refusal.code, refusal.message)
+            await self._dead.unreadable(msg, "malformed", str(exc))
             return
         if self._recent_cancels.pop((tenant, request.request_id), None) is not None:
             await msg.term()
             return
-        pool_name = decision.pool
-        self.metrics.routing_decisions.labels(pool_name, decision.reason.value).inc()
+        routing = Routing(self.models, self.rules, self._health, self._pool_models)
+        try:
+            admission = await self.gate.admit(request, klass, tenant, attempt,
+                                              self.tenants.get(tenant), routing)
+        except Refusal as refusal:
+            if refusal.param in ("tenant", "reply_to"):
+                # Never answer on a reply subject the request was not entitled to.
+                await self._dead.unreadable(msg, "invalid", refusal.message)
+            else:
+                await self._refuse(msg, request, attempt, refusal.code, refusal.message,
+                                   refusal.param, refusal.headers)
+            return
+        decision = admission.decision
+        self.metrics.routing_decisions.labels(decision.pool, decision.reason.value).inc()
         if decision.spilled:
-            self.metrics.routing_fallback.labels(pool_name, decision.reason.value).inc()
+            self.metrics.routing_fallback.labels(decision.pool, decision.reason.value).inc()
+        if admission.hit is not None:
+            await self._replay(msg, admission, attempt)
+            return
+        await self._enqueue(msg, admission, klass, tenant, attempt)
+
+    async def _enqueue(self, msg: Msg, admission: Admission, klass: str, tenant: str,
+                       attempt: int) -> None:
+        request, pool_name = admission.request, admission.decision.pool
         pool = self._pool(pool_name)
         existing = pool.lanes.get(tenant, request.request_id)
         if existing is not None:
@@ -252,10 +313,11 @@ class Broker:
             existing.payload.msg = msg
             existing.payload.attempt = attempt
             return
-        mono = time.monotonic()
+        now = time.time()
+        held = Held(msg, request, attempt, pool_name, time.monotonic(),
+                    admission.cache_key or "", admission.served_model)
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline,
-                    now, payload=Held(msg, request, attempt, pool_name, mono),
-                    size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES)
+                    now, payload=held, size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES)
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:
             code, text = _ADMIT_ERRORS[verdict]
@@ -265,58 +327,42 @@ class Broker:
             return
         await self._serve_parked(pool_name, pool)
 
-    async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int,
-                      code: ErrorCode, message: str) -> None:
+    async def _replay(self, msg: Msg, admission: Admission, attempt: int) -> None:
+        """A cache hit streams back as a normal stream, and is metered as cached."""
+        request, hit = admission.request, admission.hit
+        entries = replay_entries(hit, request.request_id, attempt)
+        await self._nc.publish(request.reply_to, codec.encode(TokenFrame("cache", entries, time.time())))
+        usage = Usage(request_id=request.request_id, tenant=request.tenant, klass=request.klass,
+                      model=request.model, served_model=hit.served_model, pool=admission.decision.pool,
+                      worker_id="cache", prompt_tokens=hit.prompt_tokens,
+                      completion_tokens=hit.completion_tokens, finish_reason=hit.finish_reason,
+                      queued_s=0.0, ttft_s=0.0, total_s=0.0, finished_at=time.time(), cached=True)
+        await self._nc.publish(self.s.usage(request.tenant), codec.encode(usage))
+        await msg.ack()
+
+    async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int, code: ErrorCode,
+                      message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
         self.metrics.rejected.labels(code.value).inc()
-        error = StreamError(request.request_id, attempt, 0, code.value, message)
+        error = StreamError(request.request_id, attempt, 0, code.value, message, param, headers or {})
         await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
         await msg.term()
+        await self._release(request.tenant, request.request_id)
 
-    async def _dead_letter(self, msg: Msg, reason: str, detail: str) -> None:
-        self.metrics.dead_lettered.labels(reason).inc()
-        try:
-            klass, tenant = self.s.parse_req(msg.subject)
-        except BadToken:
-            klass, tenant = "unknown", "unknown"
-        log.warning("dead-lettered a request on %s: %s", msg.subject, reason)
-        headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
-                   "Laneway-Subject": msg.subject,
-                   "Laneway-Attempt": str(msg.metadata.num_delivered)}
-        await self._nc.jetstream().publish(self.s.dlq(klass, tenant), msg.data, headers=headers)
-        await msg.term()
+    async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:
+        await self.gate.release(tenant, request_id, tokens)
 
-    async def _on_max_deliveries(self, msg: Msg) -> None:
-        """Every attempt died without an answer (e.g. workers crashing on it): dead-letter it,
-        tell the client, and remove it so it stops counting against the tenant's backlog."""
+    async def _on_usage(self, msg: Msg) -> None:
         try:
-            seq = int(json.loads(msg.data)["stream_seq"])
-        except (ValueError, KeyError, TypeError):
+            usage = codec.decode_usage(msg.data)
+        except codec.DecodeError:
             return
-        js = self._nc.jetstream()
+        await self._release(usage.tenant, usage.request_id, usage.prompt_tokens + usage.completion_tokens)
+
+    async def _count_usage(self, msg: Msg) -> None:
         try:
-            stored = await js.get_msg(self.s.req_stream, seq)
-        except nats.js.errors.NotFoundError:
-            return  # already acked or removed
-        self.metrics.dead_lettered.labels("max_deliver").inc()
-        headers = {"Laneway-Reason": "max_deliver", "Laneway-Subject": stored.subject,
-                   "Laneway-Detail": f"no attempt finished in {self.config.limits.max_deliver} deliveries"}
-        try:
-            klass, tenant = self.s.parse_req(stored.subject)
-        except BadToken:
-            klass, tenant = "unknown", "unknown"
-        await js.publish(self.s.dlq(klass, tenant), stored.data or b"", headers=headers)
-        try:
-            request = codec.decode_request(stored.data or b"")
-            validate(request, klass, tenant, self.s)
-        except (codec.DecodeError, Refusal):
+            self.usage_metrics.observe(codec.decode_usage(msg.data))
+        except codec.DecodeError:
             pass
-        else:
-            error = StreamError(request.request_id, self.config.limits.max_deliver, 0,
-                                ErrorCode.engine_error.value,
-                                "the request failed on every delivery attempt")
-            await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
-        await js.delete_msg(self.s.req_stream, seq)
-        log.warning("dead-lettered stream message %d after max deliveries", seq)
 
     # -- pulls ----------------------------------------------------------------------------
     async def _on_pull(self, msg: Msg) -> None:
@@ -359,7 +405,8 @@ class Broker:
             queued = now - item.enqueued_at
             dispatches.append(Dispatch(held.request, held.msg.reply, held.attempt,
                                        priority=policy.rank if policy else 0, queued_s=queued,
-                                       max_deliver=self.config.limits.max_deliver))
+                                       max_deliver=self.config.limits.max_deliver,
+                                       cache_key=held.cache_key, cache_model=held.cache_model))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             # The broker sees no first tokens; queue wait is the part of TTFT that saturation grows.
             self.health.observe_ttft(credit.pool, queued)
@@ -387,6 +434,7 @@ class Broker:
             if item is not None:
                 self.metrics.cancelled.labels(item.klass).inc()
                 await item.payload.msg.term()
+                await self._release(cancel.tenant, cancel.request_id)
                 return
         # Not here (yet): remember it briefly in case its message is still on the way.
         self._recent_cancels[(cancel.tenant, cancel.request_id)] = time.monotonic()
@@ -428,6 +476,7 @@ class Broker:
                 self._health = self.health.snapshot()
                 for name, h in self._health.items():
                     self.metrics.ready_workers.labels(name).set(h.ready_workers)
+                await self.gate.release_expired(now)
                 cutoff = mono - 60
                 while self._recent_cancels and next(iter(self._recent_cancels.values())) < cutoff:
                     self._recent_cancels.popitem(last=False)

@@ -14,6 +14,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from broker.gate.pii.policy import TenantPiiPolicy
+from broker.gate.quota_policy import QuotaPolicy
 from schemas.requests import Token
 
 KeyHash = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
@@ -29,6 +31,9 @@ class Tenant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     default_class: Token = "interactive"
     classes: list[Token] = msgspec.field(default_factory=lambda: ["interactive", "standard", "batch"])
     weight: Annotated[float, Meta(gt=0, le=1000)] = 1.0
+    quota: QuotaPolicy = QuotaPolicy()           # unlimited unless set
+    pii: TenantPiiPolicy = TenantPiiPolicy()     # sensible B2B defaults; custom recognizers live here
+    cache_group: Token | None = None             # tenants in one group share cached answers
 
     def may_use(self, klass: str) -> bool:
         return klass in self.classes

@@ -8,6 +8,7 @@
   laneway bridge    the OpenAI-compatible HTTP edge
   laneway routing   show | set | rollback | history of the routing rules
   laneway eval      the eval gate: candidate vs current rules on the golden set
+  laneway usage     a tenant's metered usage (tokens, cost)
   laneway loadtest  the load generator (scenarios from the reference designs)
   laneway plan      the capacity and budget planner
   laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
@@ -64,6 +65,17 @@ def _limits(args: argparse.Namespace):
                         max_deliver=args.max_deliver, replicas=args.replicas)
 
 
+def _gate_flags(parser: argparse.ArgumentParser) -> None:
+    from broker.gate.pii_service import MODES
+
+    g = parser.add_argument_group("admission gate")
+    g.add_argument("--pii", choices=MODES, default=os.environ.get("LANEWAY_PII", "auto"),
+                   help="PII stage: auto = Presidio if installed (NER if its model is) [LANEWAY_PII]")
+    g.add_argument("--pii-workers", type=int, default=None, help="PII process pool size")
+    g.add_argument("--no-quotas", action="store_true", help="do not enforce tenant quotas")
+    g.add_argument("--cache-ttl", type=float, default=3600.0, help="response cache TTL; 0: off")
+
+
 def _metrics_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics on this port")
@@ -88,7 +100,8 @@ async def _run_broker(args: argparse.Namespace) -> int:
     from broker.config import BrokerConfig
     from broker.dispatch import Broker
 
-    broker = Broker(BrokerConfig(nats=_nats(args), limits=_limits(args)))
+    broker = Broker(BrokerConfig(nats=_nats(args), limits=_limits(args), quotas=not args.no_quotas,
+                                 cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers))
     _serve_metrics(args.metrics_port, broker.metrics.registry)
     async with broker:
         await _until_signalled(asyncio.Event())
@@ -192,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     _nats_flags(p)
     _limits_flags(p)
     _metrics_flag(p)
+    _gate_flags(p)
     p.set_defaults(run=_run_broker)
 
     p = sub.add_parser("worker", help="one engine in a pool")
@@ -233,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="golden-set quality and cost of candidate vs current rules")
     eval_run.configure(p)
     p.set_defaults(run=eval_run.run)
+
+    from broker.usage import report as usage_report
+
+    p = sub.add_parser("usage", help="a tenant's metered usage from LW_USAGE (table or CSV)")
+    _nats_flags(p)
+    usage_report.configure(p)
+    p.set_defaults(run_sync=usage_report.run)
 
     from loadtest import generator
 

@@ -40,6 +40,8 @@ class Stack:
     prefix: str = "lw"
     credentials: dict[str, tuple[str, str]] | None = None   # role → (user, password)
     admin: AdminConfig | None = None
+    pii: str = "off"                        # the broker's PII stage: off | auto | regex | ner
+    cache_ttl_s: float = 3600.0
     broker: Broker | None = None
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
@@ -47,7 +49,8 @@ class Stack:
     async def __aenter__(self) -> "Stack":
         self._exit = AsyncExitStack()
         self.broker = await self._exit.enter_async_context(
-            Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits)))
+            Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits, pii=self.pii,
+                                cache_ttl_s=self.cache_ttl_s)))
         engines = [SimEngine(PROFILES["zero"])] if self.engines is None else self.engines
         for i, engine in enumerate(engines):
             pool = self.pools[i] if self.pools else self.pool

@@ -12,6 +12,10 @@ class ErrorCode(str, Enum):
     unknown_class = "unknown_class"
     payload_too_large = "payload_too_large"
     queue_full = "queue_full"            # this tenant's backlog in this class is at its cap
+    rate_limited = "rate_limited"        # over the tenant's requests/tokens per minute or concurrency
+    insufficient_quota = "insufficient_quota"   # the tenant's monthly token budget is spent
+    pii_blocked = "pii_blocked"          # the tenant's policy blocks an entity type found in the input
+    pii_unavailable = "pii_unavailable"  # PII analysis failed and the policy fails closed
     overloaded = "overloaded"            # the whole system is full
     no_worker = "no_worker"              # no ready worker serves the pool
     deadline_exceeded = "deadline_exceeded"

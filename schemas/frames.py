@@ -39,6 +39,8 @@ class StreamError(msgspec.Struct, tag=2, array_like=True, gc=False):
     seq: int
     code: str                       # an `ErrorCode` value
     message: str
+    param: str | None = None        # the request field at fault, when there is one
+    headers: dict[str, str] = {}    # for the edge's answer, e.g. Retry-After, x-ratelimit-*
 
 
 Entry = Delta | Finished | StreamError

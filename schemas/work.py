@@ -27,6 +27,8 @@ class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     priority: int = 0                       # class rank, passed to the engine (lower = sooner)
     queued_s: float = 0.0                   # time spent waiting in the broker's lanes
     max_deliver: int = 0                    # the consumer's limit: attempt == max_deliver is the last
+    cache_key: str = ""                     # store the answer under this key (deterministic requests)
+    cache_model: str = ""                   # ... only if the engine serving it is this model
 
     @property
     def last_attempt(self) -> bool:

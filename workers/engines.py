@@ -27,12 +27,10 @@ def configure_all(parser: argparse.ArgumentParser) -> None:
     """Flags of every engine (the engine modules import their heavy packages lazily)."""
     configure(parser)
     from workers.openai_engine import OpenAIUpstreamConfig
+    from workers.vllm_engine import VllmConfig
+
+    VllmConfig.configure(parser)
     OpenAIUpstreamConfig.configure(parser)
-    try:  # TEMP until workers/vllm_engine.py lands
-        from workers.vllm_engine import VllmConfig
-        VllmConfig.configure(parser)
-    except ModuleNotFoundError:
-        pass
 
 
 def build(args: argparse.Namespace) -> Engine:

@@ -29,7 +29,10 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from broker.gate.cache import CachedResponse, ResponseCache
+from broker.usage.meter import PRICES_KEY, Meter, parse_price_book
 from laneway.connect import NatsSettings, connect
+from laneway.livecfg import BucketWatch
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError, TokenFrame, TokenUsage
@@ -79,6 +82,8 @@ class _Active:
     cancelled: bool = False
     first_token_at: float | None = None
     task: asyncio.Task[None] | None = None
+    tokens: int = 0
+    parts: list[str] | None = None          # the answer's text, kept only when it will be cached
 
 
 class Worker:
@@ -100,12 +105,19 @@ class Worker:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._late_pulls: set[asyncio.Task[None]] = set()
+        self._cache: ResponseCache | None = None
+        self._stores: set[asyncio.Task[bool]] = set()
+        self.meter = Meter()
+        self._prices: BucketWatch | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n = self.config.nats
         self._nc = await connect(n.url, f"laneway-worker-{self.id}", n.user, n.password)
         self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeats"))
+        js = self._nc.jetstream()
+        self._prices = BucketWatch(js, self.s.bucket("routing"), self._put_routing, lambda key: None)
+        await self._prices.start()
         # Load and warm up before taking any work: the first request pays no cold start.
         await self.engine.start()
         await self.engine.warmup()
@@ -142,6 +154,10 @@ class Worker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.engine.cleanup()
+        if self._stores:
+            await asyncio.wait(self._stores, timeout=5)
+        if self._prices is not None:
+            await self._prices.stop()
         if self._nc is not None:
             try:
                 if self._nc.is_connected:
@@ -238,7 +254,7 @@ class Worker:
             return
         if key in self._active:
             return  # a duplicate delivery of a request already running here
-        active = _Active(dispatch, time.monotonic())
+        active = _Active(dispatch, time.monotonic(), parts=[] if dispatch.cache_key else None)
         self._active[key] = active
         if time.time() >= request.deadline:
             self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed before the request started")
@@ -264,6 +280,9 @@ class Worker:
                         self._emit(reply_to, Delta(r.request_id, d.attempt, self._seq(active),
                                                    out.text, out.token_ids))
                         active.streamed = True
+                        active.tokens += len(out.token_ids) or 1
+                        if active.parts is not None:
+                            active.parts.append(out.text)
                         self.metrics.tokens.labels(self.config.pool, r.klass).inc(len(out.token_ids) or 1)
                     if out.finish_reason is not None:
                         reason = "cancelled" if active.cancelled else out.finish_reason
@@ -305,7 +324,9 @@ class Worker:
         self._emit(reply_to, finished)
         self._release(active, ACK)
         self.metrics.finished.labels(self.config.pool, finished.finish_reason).inc()
-        self._record_usage(active, finished)
+        self._record_usage(active, finished.finish_reason, finished.usage.prompt_tokens,
+                           finished.usage.completion_tokens, finished.model)
+        self._store_answer(active, finished)
 
     def _fail(self, active: _Active, code: ErrorCode, message: str) -> None:
         d = active.dispatch
@@ -313,6 +334,9 @@ class Worker:
                                                    self._seq(active), code.value, message))
         self.metrics.finished.labels(self.config.pool, code.value).inc()
         self._release(active, TERM)
+        # Metered too: tokens already generated cost money, and the brokers free its quota slot.
+        self._record_usage(active, code.value, d.request.estimated_prompt_tokens(), active.tokens,
+                           self.engine.model)
 
     def _dead_letter(self, active: _Active, reason: str, detail: str) -> None:
         """The last attempt failed: park the request on LW_DLQ with its reason, then end it."""
@@ -330,20 +354,41 @@ class Worker:
         self._dirty.set()
         self._room.set()
 
-    def _record_usage(self, active: _Active, finished: Finished) -> None:
+    def _record_usage(self, active: _Active, finish_reason: str, prompt_tokens: int,
+                      completion_tokens: int, served_model: str) -> None:
         r = active.dispatch.request
         now = time.monotonic()
         usage = Usage(
             request_id=r.request_id, tenant=r.tenant, klass=r.klass, model=r.model,
-            served_model=finished.model, pool=self.config.pool, worker_id=self.id,
-            prompt_tokens=finished.usage.prompt_tokens,
-            completion_tokens=finished.usage.completion_tokens,
-            finish_reason=finished.finish_reason, queued_s=active.dispatch.queued_s,
+            served_model=served_model, pool=self.config.pool, worker_id=self.id,
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            finish_reason=finish_reason, queued_s=active.dispatch.queued_s,
             ttft_s=None if active.first_token_at is None else active.first_token_at - active.started,
             total_s=now - active.started, finished_at=time.time(),
+            cost_usd=self.meter.cost(self.config.pool, prompt_tokens, completion_tokens),
         )
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.
         self._after_frames.append((self.s.usage(r.tenant), codec.encode(usage)))
+
+    def _store_answer(self, active: _Active, finished: Finished) -> None:
+        """Cache a complete deterministic answer, in the background (never on the frame path)."""
+        d = active.dispatch
+        if active.parts is None or active.cancelled or finished.model != d.cache_model:
+            return
+        answer = CachedResponse("".join(active.parts), finished.usage.prompt_tokens,
+                                finished.usage.completion_tokens, finished.finish_reason, finished.model)
+        task = asyncio.create_task(self._cache_store(d.cache_key, answer))
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+
+    async def _cache_store(self, key: str, answer: CachedResponse) -> bool:
+        if self._cache is None:   # the broker that set cache_key created the bucket
+            self._cache = ResponseCache(await self._nc.jetstream().key_value(self.s.bucket("cache")))
+        return await self._cache.store(key, answer)
+
+    def _put_routing(self, key: str, value: bytes) -> None:
+        if key == PRICES_KEY:
+            self.meter = Meter(parse_price_book(value))
 
     # -- frames ---------------------------------------------------------------------------
     def _emit(self, reply_to: str, entry: Entry) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 
+import msgspec
 import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client
@@ -29,10 +30,11 @@ from broker.bridge.sse import DONE, FINISH_REASONS, ChunkRenderer, error_event
 from broker.bridge.translate import param_of, to_generate
 from broker.classes import DEFAULT_CLASSES
 from broker.config import BridgeConfig, LogicalModel, Settings
-from broker.livecfg import BucketWatch
+from laneway.livecfg import BucketWatch
 from broker.metrics import BridgeMetrics
 from broker.models import decode_models, put_models
 from broker.routing import rules as rule_docs
+from broker.usage.meter import PRICES_KEY
 from broker.routing.admin import AdminConfig, Evaluator, admin_app
 from broker.routing.rules import RuleSet
 from broker.routing.store import RuleStore, is_rules_key
@@ -95,6 +97,9 @@ class Bridge:
             await put_tenants(js, self.s, list(self.settings.tenants.values()))
         if self.settings.models:
             await put_models(js, self.s, dict(self.settings.models))
+        if self.settings.prices.pools:
+            routing = await js.key_value(self.s.bucket("routing"))
+            await routing.put(PRICES_KEY, msgspec.json.encode(self.settings.prices))
         self._watches = [
             BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self.tenants.remove),
             BucketWatch(js, self.s.bucket("routing"), self._put_routing, self._delete_routing),
@@ -299,7 +304,7 @@ class Bridge:
             entries = await self._first_entries(stream, generate)
             first = entries[0]
             if isinstance(first, StreamError):
-                raise from_code(first.code, first.message)
+                raise from_code(first.code, first.message, first.param, first.headers)
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 response = await self._stream(request, stream, generate, entries, include_usage, started)

@@ -16,6 +16,10 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.unknown_model: (404, "invalid_request_error"),
     ErrorCode.payload_too_large: (413, "invalid_request_error"),
     ErrorCode.queue_full: (429, "rate_limit_error"),
+    ErrorCode.rate_limited: (429, "rate_limit_error"),
+    ErrorCode.insufficient_quota: (429, "insufficient_quota"),
+    ErrorCode.pii_blocked: (400, "invalid_request_error"),
+    ErrorCode.pii_unavailable: (503, "server_error"),
     ErrorCode.overloaded: (503, "server_error"),
     ErrorCode.no_worker: (503, "server_error"),
     ErrorCode.deadline_exceeded: (504, "timeout_error"),
@@ -25,7 +29,8 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.internal_error: (500, "server_error"),
 }
 
-_CODE_NAMES = {ErrorCode.unknown_model: "model_not_found", ErrorCode.queue_full: "rate_limit_exceeded"}
+_CODE_NAMES = {ErrorCode.unknown_model: "model_not_found", ErrorCode.queue_full: "rate_limit_exceeded",
+               ErrorCode.rate_limited: "rate_limit_exceeded"}
 
 RETRY_AFTER_S = {ErrorCode.queue_full: 1, ErrorCode.overloaded: 2, ErrorCode.no_worker: 5}
 
@@ -56,12 +61,13 @@ class EdgeError(Exception):
                             headers=self.headers)
 
 
-def from_code(code_value: str, message: str) -> EdgeError:
+def from_code(code_value: str, message: str, param: str | None = None,
+              headers: dict[str, str] | None = None) -> EdgeError:
     try:
         code = ErrorCode(code_value)
     except ValueError:
         code = ErrorCode.internal_error
-    return EdgeError(code, message)
+    return EdgeError(code, message, param, headers=headers)
 
 
 def unauthorized(message: str) -> EdgeError:

@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from broker.config import StreamLimits
-from broker.livecfg import BucketWatch
+from laneway.livecfg import BucketWatch
 from broker.routing import rules as rule_docs
 from broker.routing.rules import RuleSet, decode
 from broker.routing.store import (

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
 log = logging.getLogger("laneway.config")
@@ -31,8 +32,18 @@ class BucketWatch:
         self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()   # set once the current values have all been applied
 
-    async def start(self) -> None:
-        kv = await self._js.key_value(self._bucket)
+    async def start(self, wait_s: float = 60.0) -> None:
+        """`wait_s`: how long to wait for the bucket to exist (the broker creates the topology;
+        a worker or bridge may start first)."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                kv = await self._js.key_value(self._bucket)
+                break
+            except BucketNotFoundError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
         watcher = await kv.watchall()
         self._task = asyncio.create_task(self._run(watcher), name=f"watch-{self._bucket}")
         await asyncio.wait_for(self.loaded.wait(), 10)

@@ -1,0 +1,87 @@
+"""Dead letters: requests that cannot be served go to `LW_DLQ` with their reason, once.
+
+Two ways in: a message the broker cannot even read (malformed, or a subject/payload mismatch),
+and JetStream's MAX_DELIVERIES advisory for a request whose every delivery died without an
+answer (workers crashing on it). Records carry the original bytes and headers naming the
+reason; the client, where it can be told safely, gets an `engine_error`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker.gate import Refusal
+from broker.gate.validate import validate
+from broker.metrics import BrokerMetrics
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import StreamError, TokenFrame
+from schemas.subjects import BadToken, Subjects
+
+log = logging.getLogger("laneway.dlq")
+
+
+class DeadLetters:
+    def __init__(self, nc: Client, s: Subjects, metrics: BrokerMetrics, max_deliver: int,
+                 on_removed: Callable[[str, str], Awaitable[None]]) -> None:
+        self._nc = nc
+        self.s = s
+        self._metrics = metrics
+        self._max_deliver = max_deliver
+        self._on_removed = on_removed      # (tenant, request_id): give back what it held
+
+    @property
+    def advisory_subject(self) -> str:
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.{self.s.broker_durable}"
+
+    def _origin(self, subject: str) -> tuple[str, str]:
+        try:
+            return self.s.parse_req(subject)
+        except BadToken:
+            return "unknown", "unknown"
+
+    async def unreadable(self, msg: Msg, reason: str, detail: str) -> None:
+        """Park a message the broker cannot serve, then terminate it."""
+        self._metrics.dead_lettered.labels(reason).inc()
+        klass, tenant = self._origin(msg.subject)
+        log.warning("dead-lettered a request on %s: %s", msg.subject, reason)
+        headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
+                   "Laneway-Subject": msg.subject, "Laneway-Attempt": str(msg.metadata.num_delivered)}
+        await self._nc.jetstream().publish(self.s.dlq(klass, tenant), msg.data, headers=headers)
+        await msg.term()
+
+    async def on_max_deliveries(self, msg: Msg) -> None:
+        """Every attempt died without an answer: dead-letter it, tell the client, and remove it
+        so it stops counting against the tenant's backlog."""
+        try:
+            seq = int(json.loads(msg.data)["stream_seq"])
+        except (ValueError, KeyError, TypeError):
+            return
+        js = self._nc.jetstream()
+        try:
+            stored = await js.get_msg(self.s.req_stream, seq)
+        except nats.js.errors.NotFoundError:
+            return  # already acked or removed
+        self._metrics.dead_lettered.labels("max_deliver").inc()
+        klass, tenant = self._origin(stored.subject)
+        headers = {"Laneway-Reason": "max_deliver", "Laneway-Subject": stored.subject,
+                   "Laneway-Detail": f"no attempt finished in {self._max_deliver} deliveries"}
+        await js.publish(self.s.dlq(klass, tenant), stored.data or b"", headers=headers)
+        try:
+            request = codec.decode_request(stored.data or b"")
+            validate(request, klass, tenant, self.s)
+        except (codec.DecodeError, Refusal):
+            pass    # never answer on a reply subject the request was not entitled to
+        else:
+            error = StreamError(request.request_id, self._max_deliver, 0, ErrorCode.engine_error.value,
+                                "the request failed on every delivery attempt")
+            await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
+            await self._on_removed(tenant, request.request_id)
+        await js.delete_msg(self.s.req_stream, seq)
+        log.warning("dead-lettered stream message %d after max deliveries", seq)

@@ -1,0 +1,32 @@
+"""PII detection and redaction for the gate (Presidio in a process pool) and for streamed output.
+
+    gate = PiiGate()                      # spawns and warms the analyzer pool
+    await gate.start()
+    decision = await gate.inspect(tenant, policy, request.messages)
+    publish(decision.audit(request.request_id))   # when decision.findings
+    decision.raise_if_blocked()           # PiiBlocked(entity_types)
+    request.messages = decision.messages
+"""
+
+from broker.gate.pii.audit import AuditSpan, PiiAudit, decode_audit, encode_audit
+from broker.gate.pii.errors import PiiBlocked, PiiError, PiiUnavailable, PolicyError
+from broker.gate.pii.gate import Finding, PiiDecision, PiiGate
+from broker.gate.pii.policy import (
+    DEFAULT_ACTIONS,
+    DEFAULT_POLICY,
+    KNOWN_ENTITIES,
+    Action,
+    CustomPattern,
+    CustomRecognizer,
+    TenantPiiPolicy,
+    decode,
+    fingerprint,
+)
+from broker.gate.pii.stream_redactor import StreamRedactor
+
+__all__ = [
+    "Action", "AuditSpan", "CustomPattern", "CustomRecognizer", "DEFAULT_ACTIONS", "DEFAULT_POLICY",
+    "Finding", "KNOWN_ENTITIES", "PiiAudit", "PiiBlocked", "PiiDecision", "PiiError", "PiiGate",
+    "PiiUnavailable", "PolicyError", "StreamRedactor", "TenantPiiPolicy", "decode", "decode_audit",
+    "encode_audit", "fingerprint",
+]

