@@ -25,24 +25,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from laneway.connect import NatsSettings
+from laneway.connect import add_nats_flags, nats_from_args
 
 log = logging.getLogger("laneway")
 
 
 # -- shared flags ---------------------------------------------------------------------------
-def _nats_flags(parser: argparse.ArgumentParser) -> None:
-    env = NatsSettings.from_env()
-    g = parser.add_argument_group("NATS")
-    g.add_argument("--nats-url", default=env.url, help="server URL(s), comma-separated [LANEWAY_NATS_URL]")
-    g.add_argument("--prefix", default=env.prefix, help="subject prefix [LANEWAY_PREFIX]")
-    g.add_argument("--nats-user", default=env.user, help="[LANEWAY_NATS_USER]")
-    g.add_argument("--nats-password", default=env.password, help="[LANEWAY_NATS_PASSWORD]")
-
-
-def _nats(args: argparse.Namespace) -> NatsSettings:
-    return NatsSettings(url=args.nats_url, prefix=args.prefix, user=args.nats_user,
-                        password=args.nats_password)
+_nats_flags = add_nats_flags
+_nats = nats_from_args
 
 
 def _limits_flags(parser: argparse.ArgumentParser) -> None:
@@ -185,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model directory for --engine vllm")
     p.add_argument("--model-name", help="the logical model clients name (default: by engine)")
     p.add_argument("--pool", default=None)
+    p.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="auto",
+                   help="the broker's PII stage (auto: Presidio if installed)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.set_defaults(run=_run_up)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from dataclasses import dataclass
@@ -30,6 +31,21 @@ class NatsSettings:
         return cls(url=os.environ.get("LANEWAY_NATS_URL", cls.url), prefix=os.environ.get("LANEWAY_PREFIX", cls.prefix),
                    user=os.environ.get("LANEWAY_NATS_USER"),
                    password=os.environ.get("LANEWAY_NATS_PASSWORD"))
+
+
+def add_nats_flags(parser: "argparse.ArgumentParser") -> None:
+    """--nats-url, --prefix, --nats-user, --nats-password; defaults from the environment."""
+    env = NatsSettings.from_env()
+    g = parser.add_argument_group("NATS")
+    g.add_argument("--nats-url", default=env.url, help="server URL(s), comma-separated [LANEWAY_NATS_URL]")
+    g.add_argument("--prefix", default=env.prefix, help="subject prefix [LANEWAY_PREFIX]")
+    g.add_argument("--nats-user", default=env.user, help="[LANEWAY_NATS_USER]")
+    g.add_argument("--nats-password", default=env.password, help="[LANEWAY_NATS_PASSWORD]")
+
+
+def nats_from_args(args: "argparse.Namespace") -> NatsSettings:
+    return NatsSettings(url=args.nats_url, prefix=args.prefix, user=args.nats_user,
+                        password=args.nats_password)
 
 
 async def connect(url: str, name: str, user: str | None = None, password: str | None = None) -> Client:

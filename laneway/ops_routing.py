@@ -22,16 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from laneway.connect import NatsSettings
-
-
-def add_nats_flags(parser: argparse.ArgumentParser) -> None:
-    env = NatsSettings.from_env()
-    g = parser.add_argument_group("NATS")
-    g.add_argument("--nats-url", default=env.url, help="server URL(s), comma-separated [LANEWAY_NATS_URL]")
-    g.add_argument("--prefix", default=env.prefix, help="subject prefix [LANEWAY_PREFIX]")
-    g.add_argument("--nats-user", default=env.user, help="[LANEWAY_NATS_USER]")
-    g.add_argument("--nats-password", default=env.password, help="[LANEWAY_NATS_PASSWORD]")
+from laneway.connect import add_nats_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

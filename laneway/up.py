@@ -132,7 +132,7 @@ async def up(args: argparse.Namespace, forwarded: list[str]) -> int:
     procs: dict[str, asyncio.subprocess.Process] = {}
     code = 0
     try:
-        procs["broker"] = await _spawn("broker", common, log_dir)
+        procs["broker"] = await _spawn("broker", common + ["--pii", args.pii], log_dir)
         worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded
         if args.model:
             worker_argv += ["--model", args.model]

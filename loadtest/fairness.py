@@ -14,14 +14,13 @@ which each had requests still waiting for their first token. Engine: SIMULATION.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 import tempfile
 from pathlib import Path
 
+from loadtest.benchcli import main, run_and_report
 from loadtest.fleet import Fleet
 from loadtest.phases import Phase, run_phase
-from loadtest.results import to_json, tokens_in
+from loadtest.results import tokens_in
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from workers.sim import PROFILES
 
@@ -116,14 +115,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = asyncio.run(run_benchmark(args))
-    print(render(doc))
-    if args.json:
-        args.json.write_text(to_json(doc))
-    return 0
+    return run_and_report(args, run_benchmark, render)
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    configure(p)
-    sys.exit(run(p.parse_args()))
+    main(__doc__, configure, run)

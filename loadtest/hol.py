@@ -18,17 +18,15 @@ same worker) and also modelled from the sim profile. Engine: SIMULATION (llama-8
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 import tempfile
 from pathlib import Path
 
 import msgspec
 
 from broker.classes import DEFAULT_CLASSES, ClassPolicy
+from loadtest.benchcli import main, run_and_report
 from loadtest.fleet import Fleet
 from loadtest.phases import run_phase
-from loadtest.results import to_json
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
 from loadtest.traffic import HttpTarget, Recorder
@@ -168,14 +166,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = asyncio.run(run_benchmark(args))
-    print(render(doc))
-    if args.json:
-        args.json.write_text(to_json(doc))
-    return 0
+    return run_and_report(args, run_benchmark, render)
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    configure(p)
-    sys.exit(run(p.parse_args()))
+    main(__doc__, configure, run)

@@ -297,7 +297,7 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
 
 
 def render_text(rep: Report) -> str:
-    inp, gpu, eff = rep.input, rep.input.gpu, rep.input.efficiency
+    gpu, eff = rep.input.gpu, rep.input.efficiency
     out = [f"laneway plan: {rep.scenario}",
            f"GPU {gpu.name}: {gpu.memory_gb:g} GB, {gpu.bandwidth_tbs:g} TB/s, dense TFLOPS "
            f"BF16 {gpu.tflops_bf16:g} / FP8 {gpu.tflops_fp8:g} / FP4 {gpu.tflops_fp4:g}, "

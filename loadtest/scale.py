@@ -23,17 +23,17 @@ import argparse
 import asyncio
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from loadtest.benchcli import main, run_and_report
 from loadtest.fleet import ROLES, Fleet, rss_bytes
 from loadtest.generator import raise_fd_limit
 from loadtest.phases import settle
 from loadtest.progress import Progress
 from loadtest.promtext import bucket_delta, fraction_at_most, histogram_quantile
-from loadtest.results import error_kind, to_json, token_times, run_document
+from loadtest.results import error_kind, run_document, token_times
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
 from loadtest.traffic import HttpTarget, Recorder, run_flows, sampler
@@ -188,14 +188,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = asyncio.run(run_benchmark(args))
-    print(render(doc))
-    if args.json:
-        args.json.write_text(to_json(doc))
-    return 0
+    return run_and_report(args, run_benchmark, render)
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    configure(p)
-    sys.exit(run(p.parse_args()))
+    main(__doc__, configure, run)

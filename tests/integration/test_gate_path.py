@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
-import msgspec
 import nats
 import pytest
 

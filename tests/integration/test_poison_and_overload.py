@@ -15,7 +15,7 @@ from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
 from laneway.stack import Stack, demo_settings
 from schemas import codec
-from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
+from schemas.requests import ChatMessage, SamplingParams
 from schemas.work import Credit
 from workers.engine import EngineError, EngineOutput, EngineRequest
 from workers.sim import PROFILES, SimEngine

@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
-from pathlib import Path
 
 import aiohttp
 import nats
 import pytest
 
-from broker.client import LanewayClient, LanewayError
+from broker.client import LanewayClient
 from broker.config import StreamLimits
 from laneway.natsd import NatsServer
 from laneway.stack import Stack, demo_settings

@@ -3,14 +3,11 @@ own OpenAPI document (valid and invalid) against `laneway up`: no 5xx, every 4xx
 
 from __future__ import annotations
 
-import asyncio
-import json
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import requests

