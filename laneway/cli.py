@@ -6,6 +6,8 @@
   laneway broker    the scheduler (joins any NATS via --nats-url)
   laneway worker    one engine (sim | vllm | openai) in a pool
   laneway bridge    the OpenAI-compatible HTTP edge
+  laneway classes   list | set: priority classes, live
+  laneway tenants   list | set: tenants, live
   laneway routing   show | set | rollback | history of the routing rules
   laneway eval      the eval gate: candidate vs current rules on the golden set
   laneway usage     a tenant's metered usage (tokens, cost)
@@ -239,6 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="golden-set quality and cost of candidate vs current rules")
     eval_run.configure(p)
     p.set_defaults(run=eval_run.run)
+
+    from laneway import ops_config
+
+    p = sub.add_parser("classes", help="list or change priority classes, live")
+    ops_config.configure_classes(p)
+    p.set_defaults(run_sync=ops_config.run)
+
+    p = sub.add_parser("tenants", help="list or change tenants, live")
+    ops_config.configure_tenants(p)
+    p.set_defaults(run_sync=ops_config.run)
 
     from broker.usage import report as usage_report
 

@@ -18,6 +18,9 @@ class WorkerMetrics:
         self.frames = Counter("laneway_worker_frames_total", "Token frames published", ["pool"], registry=r)
         self.entries_per_frame = Histogram("laneway_worker_entries_per_frame", "Stream entries carried per frame",
                                            ["pool"], buckets=BATCH_BUCKETS, registry=r)
+        self.breaker_state = Gauge("laneway_worker_upstream_breaker_state",
+                                   "Hosted-upstream circuit breaker: 0 closed, 1 open, 2 half-open",
+                                   ["pool"], registry=r)
         self.pulls = Counter("laneway_worker_pulls_total", "Pulls sent to the broker", ["pool"], registry=r)
         self.ttft = Histogram("laneway_worker_ttft_seconds", "Dispatch to first token in the engine",
                               ["pool", "class"], registry=r,

@@ -466,6 +466,9 @@ class Worker:
             self._dirty.set()
 
     async def _heartbeat(self) -> None:
+        breaker = getattr(self.engine, "breaker", None)   # the openai engine's circuit breaker
+        if breaker is not None:
+            self.metrics.breaker_state.labels(self.config.pool).set(int(breaker.state))
         cap = self.engine.capacity() if self.ready else None
         beat = Heartbeat(
             worker_id=self.id, pool=self.config.pool, engine=self.engine.name,

@@ -1,0 +1,58 @@
+"""`laneway classes|tenants list|set` change the running system through KV: validated, applied
+live by the broker (no restart), clear errors for bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from laneway.stack import Stack, demo_settings
+
+
+def laneway(nats_url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "laneway.cli", *args[:1], "--nats-url", nats_url,
+                           "--prefix", "ops", *args[1:]], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+async def stack(nats_server):
+    async with Stack(nats_server.url, demo_settings("sk-ops"), prefix="ops") as s:
+        yield s
+
+
+async def test_class_change_applies_live(stack, nats_server):
+    result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "batch",
+                                     "--max-slot-share", "0.5", "--starve-after", "12")
+    assert result.returncode == 0, result.stderr
+    for _ in range(100):
+        policy = stack.broker._classes.get("batch")
+        if policy and policy.max_slot_share == 0.5:
+            break
+        await asyncio.sleep(0.05)
+    assert policy.max_slot_share == 0.5 and policy.starve_after_s == 12
+    listed = await asyncio.to_thread(laneway, nats_server.url, "classes", "list")
+    assert '"max_slot_share":0.5' in listed.stdout.replace(" ", "")
+
+
+async def test_bad_class_is_refused_and_nothing_changes(stack, nats_server):
+    before = stack.broker._classes["interactive"]
+    result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "interactive",
+                                     "--max-slot-share", "1.7")
+    assert result.returncode == 2 and "max_slot_share" in result.stderr
+    assert stack.broker._classes["interactive"] == before
+
+
+async def test_tenant_weight_change_applies_live(stack, nats_server):
+    result = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo", "--weight", "4")
+    assert result.returncode == 0, result.stderr
+    for _ in range(100):
+        if stack.broker.tenants.weight("demo") == 4:
+            break
+        await asyncio.sleep(0.05)
+    assert stack.broker.tenants.weight("demo") == 4
+    bad = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo",
+                                  "--default-class", "vip")
+    assert bad.returncode == 2 and "default_class" in bad.stderr
