@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def configure_all(parser: argparse.ArgumentParser) -> None:
     """Flags of every engine (the engine modules import their heavy packages lazily)."""
     configure(parser)
-    from workers.openai_engine import OpenAIUpstreamConfig
+    from workers.openai_config import OpenAIUpstreamConfig
     from workers.vllm_engine import VllmConfig
 
     VllmConfig.configure(parser)
@@ -41,6 +41,7 @@ def build(args: argparse.Namespace) -> Engine:
         from workers.vllm_engine import VllmConfig, VllmEngine
 
         return VllmEngine(VllmConfig.from_args(args))
-    from workers.openai_engine import OpenAIUpstreamConfig, OpenAIUpstreamEngine
+    from workers.openai_config import OpenAIUpstreamConfig
+    from workers.openai_engine import OpenAIUpstreamEngine
 
     return OpenAIUpstreamEngine(OpenAIUpstreamConfig.from_args(args))

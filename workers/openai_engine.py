@@ -11,7 +11,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -21,15 +20,21 @@ import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
 import yarl
 
-from schemas.requests import ChatMessage
-from workers.circuit import BreakerConfig, BreakerState, CircuitBreaker, Permit, StateHook
+from workers import openai_wire as wire
+from workers.openai_config import OpenAIUpstreamConfig
+from workers.circuit import (
+    BreakerState,
+    CircuitBreaker,
+    Permit,
+    StateHook,
+)
 from workers.engine import (
     Capacity,
     Engine,
@@ -41,92 +46,8 @@ from workers.engine import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEY_ENV = "LANEWAY_UPSTREAM_API_KEY"
 _ERROR_BODY_LIMIT = 4096       # bytes of an error response read for its message
 _T = TypeVar("_T")
-
-
-# -- config --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OpenAIUpstreamConfig:
-    base_url: str                            # up to the API version, e.g. http://host:8000/v1
-    model: str                               # the upstream's model name, sent as `model`
-    api_key_env: str = DEFAULT_KEY_ENV       # NAME of the env var holding the key (unset: no auth)
-    max_concurrency: int = 64                # streams in flight at once: the slots reported
-    token_budget: int = 1 << 30              # the upstream manages its own KV cache
-    connect_timeout_s: float = 5.0
-    first_token_timeout_s: float = 30.0      # request sent → first token, per attempt
-    idle_timeout_s: float = 30.0             # longest gap between chunks after the first token
-    total_timeout_s: float = 600.0           # whole request, retries included
-    retries: int = 2                         # extra attempts, only before the first token
-    backoff_s: float = 0.2                   # first retry delay; doubles, jittered, capped
-    backoff_max_s: float = 2.0
-    breaker: BreakerConfig = field(default_factory=BreakerConfig)
-
-    def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError("base_url must be an http:// or https:// URL")
-        if not self.model:
-            raise ValueError("model (the upstream's model name) is required")
-        if self.max_concurrency < 1 or self.retries < 0:
-            raise ValueError("max_concurrency must be >= 1 and retries >= 0")
-        timeouts = (self.connect_timeout_s, self.first_token_timeout_s, self.idle_timeout_s, self.total_timeout_s)
-        if min(timeouts) <= 0:
-            raise ValueError("timeouts must be > 0")
-
-    @staticmethod
-    def configure(parser: argparse.ArgumentParser) -> None:
-        d = {name: f.default for name, f in OpenAIUpstreamConfig.__dataclass_fields__.items()}
-        b = BreakerConfig()
-        g = parser.add_argument_group("openai engine (--engine openai)")
-        g.add_argument("--upstream-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
-        g.add_argument("--upstream-model", help="model name the upstream serves")
-        g.add_argument("--upstream-key-env", default=DEFAULT_KEY_ENV, metavar="NAME",
-                       help="environment variable holding the upstream API key (default: %(default)s)")
-        flags: list[tuple[str, type, object, str]] = [
-            ("max-concurrency", int, d["max_concurrency"], "streams in flight at once (the slots offered)"),
-            ("connect-timeout", float, d["connect_timeout_s"], "seconds to open a TCP connection"),
-            ("first-token-timeout", float, d["first_token_timeout_s"], "seconds from sending to the first token"),
-            ("idle-timeout", float, d["idle_timeout_s"], "longest gap between tokens, seconds"),
-            ("total-timeout", float, d["total_timeout_s"], "seconds for a whole request, retries included"),
-            ("retries", int, d["retries"], "extra attempts, only before the first token"),
-            ("backoff", float, d["backoff_s"], "first retry delay, seconds (doubles, jittered)"),
-            ("breaker-failures", int, b.failure_threshold, "consecutive failures that open the breaker"),
-            ("breaker-error-rate", float, b.error_rate, "failure share in the window that opens it"),
-            ("breaker-window", float, b.window_s, "error-rate window, seconds"),
-            ("breaker-min-volume", int, b.min_volume, "calls in the window before the rate counts"),
-            ("breaker-cooldown", float, b.cooldown_s, "seconds open before a half-open probe"),
-            ("breaker-probes", int, b.half_open_probes, "probes let through while half-open"),
-        ]
-        for name, kind, default, text in flags:
-            g.add_argument(f"--upstream-{name}", type=kind, default=default, help=f"{text} (default: %(default)s)")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> OpenAIUpstreamConfig:
-        if not args.upstream_url or not args.upstream_model:
-            raise ValueError("--engine openai needs --upstream-url and --upstream-model")
-        return cls(
-            base_url=args.upstream_url.rstrip("/"),
-            model=args.upstream_model,
-            api_key_env=args.upstream_key_env,
-            max_concurrency=args.upstream_max_concurrency,
-            connect_timeout_s=args.upstream_connect_timeout,
-            first_token_timeout_s=args.upstream_first_token_timeout,
-            idle_timeout_s=args.upstream_idle_timeout,
-            total_timeout_s=args.upstream_total_timeout,
-            retries=args.upstream_retries,
-            backoff_s=args.upstream_backoff,
-            breaker=BreakerConfig(
-                failure_threshold=args.upstream_breaker_failures,
-                error_rate=args.upstream_breaker_error_rate,
-                window_s=args.upstream_breaker_window,
-                min_volume=args.upstream_breaker_min_volume,
-                cooldown_s=args.upstream_breaker_cooldown,
-                half_open_probes=args.upstream_breaker_probes,
-            ),
-        )
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -179,65 +100,6 @@ class _Aborted(Exception):
     """`abort()` was called for this request; ends the stream with finish_reason "abort"."""
 
 
-# -- wire shapes (lenient: upstreams differ in the fields they add or omit) -----------------------
-
-
-class _StreamOptions(msgspec.Struct):
-    include_usage: bool = True
-
-
-class _Body(msgspec.Struct, omit_defaults=True):
-    model: str
-    stream: bool                             # no defaults here: omit_defaults would drop them
-    stream_options: _StreamOptions
-    messages: list[ChatMessage] | None = None
-    prompt: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: list[str] | None = None
-    seed: int | None = None
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    index: int = 0
-    delta: _Delta | None = None              # chat/completions
-    text: str | None = None                  # completions
-    finish_reason: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _ErrorBody(msgspec.Struct):
-    message: str = ""
-    param: str | None = None
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: _Usage | None = None
-    error: _ErrorBody | None = None          # in-band error after the stream started (vLLM)
-
-
-class _ErrorEnvelope(msgspec.Struct):
-    error: _ErrorBody | None = None
-    message: str | None = None               # older vLLM puts the error at the top level
-    param: str | None = None
-
-
-_encode = msgspec.json.Encoder().encode
-_decode_chunk = msgspec.json.Decoder(_Chunk).decode
-_decode_error = msgspec.json.Decoder(_ErrorEnvelope).decode
-_DONE = object()                             # the `data: [DONE]` event
-
-
 # -- the engine ----------------------------------------------------------------------------------
 
 
@@ -248,7 +110,7 @@ class _Call:
     aborted: bool = False
     streamed: int = 0                                 # text deltas yielded, over all attempts
     finish: str | None = None
-    usage: _Usage | None = None
+    usage: wire.Usage | None = None
     pending: asyncio.Future[Any] | None = None        # send or backoff in progress
     response: aiohttp.ClientResponse | None = None    # stream being read
 
@@ -376,14 +238,14 @@ class OpenAIUpstreamEngine(Engine):
                 else:
                     read_deadline, phase = first_deadline, first_phase
                 chunk = await self._next_chunk(call, resp, read_deadline, phase)
-                if chunk is _DONE:
+                if chunk is wire.DONE:
                     break
                 if chunk is None:                    # EOF: fine after a finish_reason, else cut short
                     if call.finish is None:
                         raise UpstreamError(call.request_id, "upstream closed the stream before it finished",
                                             retryable=not call.streamed)
                     break
-                assert isinstance(chunk, _Chunk)
+                assert isinstance(chunk, wire.Chunk)
                 if chunk.error is not None:
                     raise UpstreamError(call.request_id, f"upstream error: {chunk.error.message[:300]}",
                                         retryable=not call.streamed)
@@ -438,8 +300,8 @@ class OpenAIUpstreamEngine(Engine):
 
     async def _next_chunk(
         self, call: _Call, resp: aiohttp.ClientResponse, deadline: float, phase: str
-    ) -> _Chunk | object | None:
-        """The next SSE event's chunk; `_DONE` for `data: [DONE]`, None at end of stream."""
+    ) -> wire.Chunk | object | None:
+        """The next SSE event's chunk; `wire.DONE` for `data: [DONE]`, None at end of stream."""
         retryable = not call.streamed                # nothing released yet: another attempt may
         data: list[bytes] = []
         while True:
@@ -470,9 +332,9 @@ class OpenAIUpstreamEngine(Engine):
             return None
         payload = b"\n".join(data)
         if payload == b"[DONE]":
-            return _DONE
+            return wire.DONE
         try:
-            return _decode_chunk(payload)
+            return wire.decode_chunk(payload)
         except msgspec.DecodeError:
             raise UpstreamError(call.request_id, "upstream sent an undecodable chunk", retryable=retryable) from None
 
@@ -484,10 +346,10 @@ class OpenAIUpstreamEngine(Engine):
             return raw
 
         try:
-            env = _decode_error(await self._abortable(call, read_limited(), deadline))
+            env = wire.decode_error(await self._abortable(call, read_limited(), deadline))
         except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError):
             return "", f"upstream rejected the request (HTTP {resp.status})"
-        body = env.error or _ErrorBody(message=env.message or "", param=env.param)
+        body = env.error or wire.ErrorBody(message=env.message or "", param=env.param)
         message = body.message[:300] or f"upstream rejected the request (HTTP {resp.status})"
         return body.param or "", message
 
@@ -520,10 +382,10 @@ class OpenAIUpstreamEngine(Engine):
 
     def _build(self, request: EngineRequest) -> tuple[str, bytes]:
         s = request.sampling
-        body = _Body(
+        body = wire.Body(
             model=self.config.model,
             stream=True,
-            stream_options=_StreamOptions(include_usage=True),
+            stream_options=wire.StreamOptions(include_usage=True),
             messages=None if request.prompt is not None else request.messages,
             prompt=request.prompt,
             max_tokens=s.max_tokens,
@@ -533,9 +395,9 @@ class OpenAIUpstreamEngine(Engine):
             seed=s.seed,
         )
         path = "/completions" if request.prompt is not None else "/chat/completions"
-        return self.config.base_url.rstrip("/") + path, _encode(body)
+        return self.config.base_url.rstrip("/") + path, wire.encode(body)
 
-    def _final(self, request: EngineRequest, finish: str, usage: _Usage | None, streamed: int) -> EngineOutput:
+    def _final(self, request: EngineRequest, finish: str, usage: wire.Usage | None, streamed: int) -> EngineOutput:
         if usage is not None:
             prompt_tokens, completion_tokens = usage.prompt_tokens, usage.completion_tokens
         else:
