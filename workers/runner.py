@@ -35,11 +35,12 @@ from laneway.connect import NatsSettings, connect
 from laneway.livecfg import BucketWatch
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.frames import Delta, Entry, Finished, StreamError, TokenFrame, TokenUsage
+from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.usage import Usage
 from schemas.work import Credit, Dispatch, Heartbeat
 from workers.engine import Engine, EngineDead, EngineError, EngineRequest, UnsupportedRequest
 from workers.metrics import WorkerMetrics
+from workers.outbox import Outbox
 
 log = logging.getLogger("laneway.worker")
 
@@ -97,10 +98,7 @@ class Worker:
         self.dead: BaseException | None = None
         self._nc: Client | None = None
         self._active: dict[tuple[str, str], _Active] = {}
-        self._outbox: dict[str, list[Entry]] = {}
-        self._after_frames: list[tuple[str, bytes]] = []
-        self._dlq: list[tuple[str, bytes, dict[str, str]]] = []
-        self._dirty = asyncio.Event()
+        self._outbox = Outbox(self.id, self.config.pool, self.metrics, self.config.frame_interval_s)
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -126,7 +124,7 @@ class Worker:
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
         self._tasks += [
-            asyncio.create_task(self._flusher(), name="flusher"),
+            asyncio.create_task(self._outbox.run(self._nc), name="flusher"),
             asyncio.create_task(self._in_progress(), name="in-progress"),
             asyncio.create_task(self._pull_loop(), name="pull-loop"),
         ]
@@ -148,7 +146,8 @@ class Worker:
         for active in list(self._active.values()):
             if active.task is not None:
                 active.task.cancel()    # unacked: JetStream redelivers them
-        await self._flush_once()
+        if self._nc is not None:
+            await self._outbox.flush(self._nc)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -237,8 +236,8 @@ class Worker:
         dispatches = codec.decode_batch(reply.data).dispatches
         if self._stopping.is_set():
             # Raced with shutdown: hand them straight back for another worker.
-            self._after_frames += [(d.ack_subject, nak_with_delay(0)) for d in dispatches]
-            self._dirty.set()
+            for d in dispatches:
+                self._outbox.after(d.ack_subject, nak_with_delay(0))
             return
         for dispatch in dispatches:
             self._start(dispatch)
@@ -249,8 +248,7 @@ class Worker:
         if not request.reply_to.startswith(self.s.tok_tenant_prefix(request.tenant)):
             # Defence in depth: never stream one tenant's tokens onto another's subjects.
             log.error("refused a dispatch whose reply subject is outside its tenant's inbox")
-            self._after_frames.append((dispatch.ack_subject, TERM))
-            self._dirty.set()
+            self._outbox.after(dispatch.ack_subject, TERM)
             return
         if key in self._active:
             return  # a duplicate delivery of a request already running here
@@ -277,7 +275,7 @@ class Worker:
                             active.first_token_at = time.monotonic()
                             self.metrics.ttft.labels(self.config.pool, r.klass).observe(
                                 active.first_token_at - active.started)
-                        self._emit(reply_to, Delta(r.request_id, d.attempt, self._seq(active),
+                        self._outbox.emit(reply_to, Delta(r.request_id, d.attempt, self._seq(active),
                                                    out.text, out.token_ids))
                         active.streamed = True
                         active.tokens += len(out.token_ids) or 1
@@ -321,7 +319,7 @@ class Worker:
         if finished is None:    # the engine ended the stream without saying why
             self._fail(active, ErrorCode.engine_error, "the engine ended the stream without finishing")
             return
-        self._emit(reply_to, finished)
+        self._outbox.emit(reply_to, finished)
         self._release(active, ACK)
         self.metrics.finished.labels(self.config.pool, finished.finish_reason).inc()
         self._record_usage(active, finished.finish_reason, finished.usage.prompt_tokens,
@@ -330,7 +328,7 @@ class Worker:
 
     def _fail(self, active: _Active, code: ErrorCode, message: str) -> None:
         d = active.dispatch
-        self._emit(d.request.reply_to, StreamError(d.request.request_id, d.attempt,
+        self._outbox.emit(d.request.reply_to, StreamError(d.request.request_id, d.attempt,
                                                    self._seq(active), code.value, message))
         self.metrics.finished.labels(self.config.pool, code.value).inc()
         self._release(active, TERM)
@@ -343,15 +341,14 @@ class Worker:
         r = active.dispatch.request
         headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
                    "Laneway-Attempt": str(active.dispatch.attempt), "Laneway-Worker": self.id}
-        self._dlq.append((self.s.dlq(r.klass, r.tenant), codec.encode(r), headers))
+        self._outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers)
         self._fail(active, ErrorCode.engine_error,
                    f"the request failed on all {active.dispatch.attempt} attempts: {detail}")
 
     def _release(self, active: _Active, ack: bytes) -> None:
         request = active.dispatch.request
         self._active.pop((request.tenant, request.request_id), None)
-        self._after_frames.append((active.dispatch.ack_subject, ack))
-        self._dirty.set()
+        self._outbox.after(active.dispatch.ack_subject, ack)
         self._room.set()
 
     def _record_usage(self, active: _Active, finish_reason: str, prompt_tokens: int,
@@ -368,7 +365,7 @@ class Worker:
             cost_usd=self.meter.cost(self.config.pool, prompt_tokens, completion_tokens),
         )
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.
-        self._after_frames.append((self.s.usage(r.tenant), codec.encode(usage)))
+        self._outbox.after(self.s.usage(r.tenant), codec.encode(usage))
 
     def _store_answer(self, active: _Active, finished: Finished) -> None:
         """Cache a complete deterministic answer, in the background (never on the frame path)."""
@@ -391,58 +388,11 @@ class Worker:
             self.meter = Meter(parse_price_book(value))
 
     # -- frames ---------------------------------------------------------------------------
-    def _emit(self, reply_to: str, entry: Entry) -> None:
-        entries = self._outbox.get(reply_to)
-        if entries is None:
-            self._outbox[reply_to] = [entry]
-        else:
-            entries.append(entry)
-        self._dirty.set()
-
     @staticmethod
     def _seq(active: _Active) -> int:
         seq = active.seq
         active.seq += 1
         return seq
-
-    async def _flusher(self) -> None:
-        loop = asyncio.get_running_loop()
-        last = 0.0
-        while True:
-            await self._dirty.wait()
-            wait = last + self.config.frame_interval_s - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            self._dirty.clear()
-            last = loop.time()
-            await self._flush_once()
-
-    async def _flush_once(self) -> None:
-        if self._nc is None:
-            return
-        outbox, self._outbox = self._outbox, {}
-        after, self._after_frames = self._after_frames, []
-        dlq, self._dlq = self._dlq, []
-        for subject, payload, headers in dlq:   # stored before the message is terminated
-            await self._nc.jetstream().publish(subject, payload, headers=headers)
-        pool = self.config.pool
-        now = time.time()
-        for reply_to, entries in outbox.items():
-            for payload in self._frames(entries, now):
-                await self._nc.publish(reply_to, payload)
-            self.metrics.entries_per_frame.labels(pool).observe(len(entries))
-        if outbox:
-            self.metrics.frames.labels(pool).inc(len(outbox))
-        for subject, payload in after:  # after the frames: a request's ack follows its last entry
-            await self._nc.publish(subject, payload)
-
-    def _frames(self, entries: list[Entry], now: float) -> list[bytes]:
-        """One frame, unless it would exceed NATS max_payload: then halves, recursively."""
-        payload = codec.encode(TokenFrame(self.id, entries, now))
-        if len(payload) <= self._nc.max_payload or len(entries) == 1:
-            return [payload]
-        half = len(entries) // 2
-        return self._frames(entries[:half], now) + self._frames(entries[half:], now)
 
     # -- cancels, liveness ----------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
@@ -462,8 +412,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.config.in_progress_s)
             for active in list(self._active.values()):
-                self._after_frames.append((active.dispatch.ack_subject, WPI))
-            self._dirty.set()
+                self._outbox.after(active.dispatch.ack_subject, WPI)
 
     async def _heartbeat(self) -> None:
         breaker = getattr(self.engine, "breaker", None)   # the openai engine's circuit breaker
