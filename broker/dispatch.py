@@ -71,6 +71,7 @@ class Held:
     last_touch: float       # monotonic time of the last in-progress ack
     cache_key: str = ""
     cache_model: str = ""
+    escalate_to: str = ""
 
 
 @dataclass(slots=True)
@@ -315,7 +316,8 @@ class Broker:
             return
         now = time.time()
         held = Held(msg, request, attempt, pool_name, time.monotonic(),
-                    admission.cache_key or "", admission.served_model)
+                    admission.cache_key or "", admission.served_model,
+                    admission.decision.escalate_to or "")
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline,
                     now, payload=held, size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES)
         verdict = pool.lanes.admit(item, now)
@@ -406,7 +408,8 @@ class Broker:
             dispatches.append(Dispatch(held.request, held.msg.reply, held.attempt,
                                        priority=policy.rank if policy else 0, queued_s=queued,
                                        max_deliver=self.config.limits.max_deliver,
-                                       cache_key=held.cache_key, cache_model=held.cache_model))
+                                       cache_key=held.cache_key, cache_model=held.cache_model,
+                                       **self._cascade(held)))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             # The broker sees no first tokens; queue wait is the part of TTFT that saturation grows.
             self.health.observe_ttft(credit.pool, queued)
@@ -414,6 +417,14 @@ class Broker:
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
         return True
+
+    def _cascade(self, held: Held) -> dict:
+        """Dispatch fields for a request its rule may escalate: the verdict settings."""
+        if not held.escalate_to or self.rules is None:
+            return {}
+        c = self.rules.cascade
+        return {"escalate_to": held.escalate_to, "cascade_window": c.window,
+                "cascade_min_logprob": c.min_mean_logprob}
 
     async def _serve_parked(self, name: str, pool: _Pool) -> None:
         while pool.parked and len(pool.lanes):

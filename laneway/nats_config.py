@@ -38,7 +38,8 @@ def service_permissions(s: Subjects) -> dict[str, dict[str, list[str]]]:
                           "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>", *kv],
         },
         "worker": {
-            "publish": [f"{p}.tok.>", f"{p}.pull.*", f"{p}.usage.>", f"{p}.dlq.>", f"{p}.evt.>",
+            # req: the cascade re-sends a low-confidence request for the large pool.
+            "publish": [f"{p}.req.>", f"{p}.tok.>", f"{p}.pull.*", f"{p}.usage.>", f"{p}.dlq.>", f"{p}.evt.>",
                         f"{p}.audit.>", JS_API, JS_ACK, "_INBOX.>"],
             "subscribe": [f"{p}.cancel.>", f"{p}.evt.ping", "_INBOX.>"],
         },

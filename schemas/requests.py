@@ -54,6 +54,7 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     prompt: str | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     stream: bool = True
+    escalated: bool = False                # re-sent by the small pool's worker for the large pool (cascade)
 
     def validate_shape(self) -> None:
         """Cross-field rules msgspec types cannot express; raises ValueError naming the field."""

@@ -29,6 +29,9 @@ class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     max_deliver: int = 0                    # the consumer's limit: attempt == max_deliver is the last
     cache_key: str = ""                     # store the answer under this key (deterministic requests)
     cache_model: str = ""                   # ... only if the engine serving it is this model
+    escalate_to: str = ""                   # cascade: low confidence on the first tokens → that pool
+    cascade_window: int = 0                 # tokens the verdict waits for
+    cascade_min_logprob: float = 0.0        # mean logprob below this escalates
 
     @property
     def last_attempt(self) -> bool:

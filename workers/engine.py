@@ -47,6 +47,7 @@ class EngineRequest:
     sampling: SamplingParams
     priority: int = 0               # lower runs sooner (vLLM's convention)
     klass: str = ""
+    logprobs: bool = False          # report each generated token's log-probability (cascade)
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class EngineOutput:
     finish_reason: str | None = None   # set on the last output: "stop" | "length" | "abort"
     prompt_tokens: int = 0             # exact counts, reported with the last output
     completion_tokens: int = 0
+    logprobs: list[float] = field(default_factory=list)   # per token, when asked for
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class Capacity:
 class Engine(abc.ABC):
     name: str = "engine"
     model: str = ""                    # the real model served, reported in Usage
+    supports_logprobs: bool = False    # can feed the cascade's confidence signal
 
     @abc.abstractmethod
     async def start(self) -> None: ...

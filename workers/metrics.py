@@ -21,6 +21,9 @@ class WorkerMetrics:
         self.breaker_state = Gauge("laneway_worker_upstream_breaker_state",
                                    "Hosted-upstream circuit breaker: 0 closed, 1 open, 2 half-open",
                                    ["pool"], registry=r)
+        self.escalations = Counter("laneway_worker_escalations_total",
+                                   "Requests handed to a larger pool on low first-token confidence",
+                                   ["pool"], registry=r)
         self.pulls = Counter("laneway_worker_pulls_total", "Pulls sent to the broker", ["pool"], registry=r)
         self.ttft = Histogram("laneway_worker_ttft_seconds", "Dispatch to first token in the engine",
                               ["pool", "class"], registry=r,

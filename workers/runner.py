@@ -24,21 +24,31 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from broker.gate.cache import CachedResponse, ResponseCache
+from broker.routing.cascade import CascadeSettings, StreamGate, Verdict
 from broker.usage.meter import PRICES_KEY, Meter, parse_price_book
 from laneway.connect import NatsSettings, connect
 from laneway.livecfg import BucketWatch
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
+from schemas.subjects import MSG_ID_HEADER, msg_id
 from schemas.usage import Usage
 from schemas.work import Credit, Dispatch, Heartbeat
-from workers.engine import Engine, EngineDead, EngineError, EngineRequest, UnsupportedRequest
+from workers.engine import (
+    Engine,
+    EngineDead,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    UnsupportedRequest,
+)
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
 
@@ -263,30 +273,31 @@ class Worker:
     async def _serve(self, active: _Active) -> None:
         d = active.dispatch
         r = d.request
+        # Cascade: hold the first tokens until their confidence says keep or escalate.
+        gate = (StreamGate(CascadeSettings(min_mean_logprob=d.cascade_min_logprob, window=d.cascade_window))
+                if d.escalate_to and self.engine.supports_logprobs else None)
         engine_request = EngineRequest(r.request_id, r.messages, r.prompt, r.sampling,
-                                       priority=d.priority, klass=r.klass)
-        reply_to = r.reply_to
+                                       priority=d.priority, klass=r.klass, logprobs=gate is not None)
         finished: Finished | None = None
         try:
             async with asyncio.timeout(max(0.0, r.deadline - time.time())):
                 async for out in self.engine.generate(engine_request):
                     if out.text or out.token_ids:
-                        if active.first_token_at is None:
-                            active.first_token_at = time.monotonic()
-                            self.metrics.ttft.labels(self.config.pool, r.klass).observe(
-                                active.first_token_at - active.started)
-                        self._outbox.emit(reply_to, Delta(r.request_id, d.attempt, self._seq(active),
-                                                   out.text, out.token_ids))
-                        active.streamed = True
-                        active.tokens += len(out.token_ids) or 1
-                        if active.parts is not None:
-                            active.parts.append(out.text)
-                        self.metrics.tokens.labels(self.config.pool, r.klass).inc(len(out.token_ids) or 1)
+                        for released in (gate.push(out, out.logprobs) if gate else [out]):
+                            self._release_delta(active, released)
                     if out.finish_reason is not None:
+                        if gate is not None:
+                            for released in gate.finish():
+                                self._release_delta(active, released)
                         reason = "cancelled" if active.cancelled else out.finish_reason
                         finished = Finished(r.request_id, d.attempt, self._seq(active), reason,
                                             TokenUsage(out.prompt_tokens, out.completion_tokens),
                                             self.engine.model)
+                    if gate is not None and gate.verdict is Verdict.ESCALATE:
+                        break   # leaving the iterator aborts the small request in the engine
+            if gate is not None and gate.verdict is Verdict.ESCALATE:
+                await self._escalate(active, gate.score)
+                return
         except TimeoutError:
             await self.engine.abort(r.request_id)
             self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed during generation")
@@ -319,12 +330,44 @@ class Worker:
         if finished is None:    # the engine ended the stream without saying why
             self._fail(active, ErrorCode.engine_error, "the engine ended the stream without finishing")
             return
-        self._outbox.emit(reply_to, finished)
+        self._outbox.emit(r.reply_to, finished)
         self._release(active, ACK)
         self.metrics.finished.labels(self.config.pool, finished.finish_reason).inc()
         self._record_usage(active, finished.finish_reason, finished.usage.prompt_tokens,
                            finished.usage.completion_tokens, finished.model)
         self._store_answer(active, finished)
+
+    def _release_delta(self, active: _Active, out: EngineOutput) -> None:
+        """Send one engine delta to the client (after the cascade let it through)."""
+        d, r = active.dispatch, active.dispatch.request
+        if active.first_token_at is None:
+            active.first_token_at = time.monotonic()
+            self.metrics.ttft.labels(self.config.pool, r.klass).observe(active.first_token_at - active.started)
+        self._outbox.emit(r.reply_to, Delta(r.request_id, d.attempt, self._seq(active), out.text, out.token_ids))
+        active.streamed = True
+        active.tokens += len(out.token_ids) or 1
+        if active.parts is not None:
+            active.parts.append(out.text)
+        self.metrics.tokens.labels(self.config.pool, r.klass).inc(len(out.token_ids) or 1)
+
+    async def _escalate(self, active: _Active, score: float) -> None:
+        """Low confidence and nothing released: re-send the request for the larger pool (a new
+        JetStream message, stored before this one is acked), then ack this one. The client sees
+        one uninterrupted answer, from the large pool."""
+        d, r = active.dispatch, active.dispatch.request
+        escalated = msgspec.structs.replace(r, escalated=True)
+        try:
+            await self._nc.jetstream().publish(
+                self.s.req(r.klass, r.tenant), codec.encode(escalated),
+                headers={MSG_ID_HEADER: f"{msg_id(r.tenant, r.request_id)}:esc"})
+        except Exception as exc:   # not stored: serve it here after all, on the next attempt
+            log.warning("escalating %s failed (%s); retrying it", r.request_id, exc)
+            self._release(active, nak_with_delay(NAK_BACKOFF_S))
+            return
+        self.metrics.escalations.labels(self.config.pool).inc()
+        log.info("escalated %s to %s (mean logprob %.2f)", r.request_id, d.escalate_to, score)
+        self._record_usage(active, "escalated", r.estimated_prompt_tokens(), 0, self.engine.model)
+        self._release(active, ACK)
 
     def _fail(self, active: _Active, code: ErrorCode, message: str) -> None:
         d = active.dispatch

@@ -18,6 +18,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class _Seq:
     order: int
     produced: int = 0
     text: str = ""
+    logprob: float = 0.0
     done: bool = False
     buffer: deque[EngineOutput] = field(default_factory=deque)
     waiter: asyncio.Future[None] | None = None
@@ -89,6 +91,7 @@ class _Seq:
             last = self.buffer[-1]          # the consumer lags: merge deltas, as vLLM DELTA does
             last.text += out.text
             last.token_ids.extend(out.token_ids)
+            last.logprobs.extend(out.logprobs)
         else:
             self.buffer.append(out)
         if self.waiter is not None and not self.waiter.done():
@@ -97,6 +100,7 @@ class _Seq:
 
 class SimEngine(Engine):
     name = "sim"
+    supports_logprobs = True
 
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
                  max_seqs: int | None = None, kv_tokens: int | None = None) -> None:
@@ -153,7 +157,7 @@ class SimEngine(Engine):
             len(m.content) for m in request.messages)
         prompt_tokens = max(1, math.ceil(chars / 4))
         seq = _Seq(request, prompt_tokens, prompt_tokens + request.sampling.max_tokens,
-                   next(self._order))
+                   next(self._order), logprob=self.confidence(request) if request.logprobs else 0.0)
         self._seqs[request.request_id] = seq
         self._reserved += seq.reserve
         heapq.heappush(self._waiting, (request.priority, seq.order, seq))
@@ -196,20 +200,27 @@ class SimEngine(Engine):
             for seq in list(self._running.values()):
                 self._decode_one(seq)
 
+    def confidence(self, request: EngineRequest) -> float:
+        """The SIMULATED model's mean token logprob for a request: a stable number per prompt in
+        [-2, 0] (a hash, not a model), so the cascade has a signal to act on."""
+        text = request.prompt if request.prompt is not None else "".join(m.content for m in request.messages)
+        return -(zlib.crc32(text.encode()) % 2000) / 1000
+
     def _decode_one(self, seq: _Seq) -> None:
         word = _WORDS[(seq.order + seq.produced) % len(_WORDS)]
         seq.produced += 1
         seq.text += word
         token_id = 1000 + (seq.order + seq.produced) % len(_WORDS)
+        logprobs = [seq.logprob] if seq.request.logprobs else []
         stop = next((s for s in seq.request.sampling.stop if s and s in seq.text), None)
         if stop is not None:
-            seq.push(EngineOutput(word[: max(0, len(word) - len(stop))], [token_id]))
+            seq.push(EngineOutput(word[: max(0, len(word) - len(stop))], [token_id], logprobs=logprobs))
             self._finish(seq, "stop")
         elif seq.produced >= seq.request.sampling.max_tokens:
-            seq.push(EngineOutput(word, [token_id]))
+            seq.push(EngineOutput(word, [token_id], logprobs=logprobs))
             self._finish(seq, "length")
         else:
-            seq.push(EngineOutput(word, [token_id]))
+            seq.push(EngineOutput(word, [token_id], logprobs=logprobs))
 
     def _finish(self, seq: _Seq, reason: str) -> None:
         if seq.done:

@@ -187,8 +187,18 @@ _PARAM = {"max_tokens": "max_tokens", "max_output_tokens": "max_tokens",
           "temperature": "temperature", "top_p": "top_p", "stop": "stop", "seed": "seed"}
 
 
+def _sampled_logprobs(completion: Any) -> list[float]:
+    """The log-probability of each token generated in this delta (vLLM reports a dict per token,
+    keyed by token id, that holds the sampled token)."""
+    if not completion.logprobs:
+        return []
+    return [float(step[tid].logprob) for tid, step in zip(completion.token_ids, completion.logprobs)
+            if tid in step]
+
+
 class VllmEngine(Engine):
     name = "vllm"
+    supports_logprobs = True
 
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
@@ -310,6 +320,7 @@ class VllmEngine(Engine):
                                      f"{self._max_model_len} tokens")
         return SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p,
                               max_tokens=s.max_tokens, stop=list(s.stop) or None, seed=s.seed,
+                              logprobs=0 if request.logprobs else None,   # 0: the sampled token's only
                               output_kind=RequestOutputKind.DELTA)
 
     async def _generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
@@ -329,13 +340,14 @@ class VllmEngine(Engine):
                 async for out in stream:
                     c = out.outputs[0]
                     completion += len(c.token_ids)
+                    logprobs = _sampled_logprobs(c) if request.logprobs else []
                     if not out.finished:
-                        yield EngineOutput(text=c.text, token_ids=list(c.token_ids))
+                        yield EngineOutput(text=c.text, token_ids=list(c.token_ids), logprobs=logprobs)
                         continue
                     reason = c.finish_reason
                     if reason not in ("stop", "length", "abort"):
                         raise EngineError(rid, f"vllm finished the request with {reason!r}")
-                    yield EngineOutput(text=c.text, token_ids=list(c.token_ids),
+                    yield EngineOutput(text=c.text, token_ids=list(c.token_ids), logprobs=logprobs,
                                        finish_reason=reason,
                                        prompt_tokens=len(out.prompt_token_ids or ()),
                                        completion_tokens=completion)

@@ -89,8 +89,10 @@ class Gate:
             return   # no quotas here, or already charged (a redelivery to this replica)
         policy = tenant_doc.quota if tenant_doc else QuotaPolicy()
         try:
-            # A redelivered request was accepted long ago: charge it, never refuse it now.
-            grant = await self.quota.admit(tenant, policy, request.estimated_cost(), force=attempt > 1)
+            # A redelivered request was accepted long ago, and an escalated one was accepted by
+            # its small pool: charge them, never refuse them now.
+            grant = await self.quota.admit(tenant, policy, request.estimated_cost(),
+                                           force=attempt > 1 or request.escalated)
         except QuotaExceeded as exc:
             raise Refusal(ErrorCode(exc.code), exc.message, None, rate_limit_headers(exc)) from None
         self.ledger.hold(tenant, request.request_id, grant, request.deadline)

@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from broker.config import LogicalModel
 from broker.gate import Refusal
 from broker.routing import classifier
-from broker.routing.rules import Decision, PoolHealth, Reason, RuleSet, decide_request
+from broker.routing.rules import (
+    Decision,
+    PoolHealth,
+    Reason,
+    RuleSet,
+    decide_request,
+    escalated_decision,
+)
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 
@@ -20,7 +27,8 @@ from schemas.requests import GenerateRequest
 def route(request: GenerateRequest, models: Mapping[str, LogicalModel], rules: RuleSet | None = None,
           health: Mapping[str, PoolHealth] | None = None) -> Decision:
     if rules is not None and rules.serves(request.model):
-        return decide_request(request, rules, health or {}, classifier.intent_of)
+        decide = escalated_decision if request.escalated else decide_request
+        return decide(request, rules, health or {}, classifier.intent_of)
     model = models.get(request.model)
     if model is None:
         raise Refusal(ErrorCode.unknown_model, f"the model {request.model!r} does not exist", "model")
