@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from schemas.subjects import BadToken
 from schemas.work import Batch, Credit, Dispatch
 
 log = logging.getLogger("laneway.broker")
+
+BROKER_HEARTBEAT_S = 2.0
 
 # A Dispatch's fields around its request, and the Batch around them, stay well under this.
 DISPATCH_OVERHEAD_BYTES = 256
@@ -99,6 +102,7 @@ class Broker:
         self._health: dict[str, PoolHealth] = {}
         self._pool_models: dict[str, str] = {}
         self.gate = Gate(self.s)
+        self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self._dead: DeadLetters | None = None
         self._classes: dict[str, class_docs.ClassPolicy] = {}
@@ -139,10 +143,12 @@ class Broker:
                                      cb=self._count_usage),
         ]
         await self._nc.publish(self.s.worker_ping, b"")
+        await self._nc.subscribe(self.s.worker_ping, cb=self._announce)
         self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
                                   self._on_request, room=self._room)
         await self._intake.start()
-        self._tasks = [asyncio.create_task(self._sweep(), name="laneway-sweep")]
+        self._tasks = [asyncio.create_task(self._sweep(), name="laneway-sweep"),
+                       asyncio.create_task(self._heartbeats(), name="broker-heartbeats")]
         log.info("broker ready: classes=%s pools=%s", sorted(self._classes), sorted(self._pool_names()))
 
     async def _start_gate(self, js) -> None:
@@ -246,6 +252,18 @@ class Broker:
         if is_rules_key(key):
             self.rules = None
             log.info("routing rules removed; models table only")
+
+    async def _announce(self, msg: Msg | None = None) -> None:
+        """`lw.evt.broker.<id>`: edges count a broker consuming requests as part of readiness."""
+        await self._nc.publish(self.s.broker_event(self.id), b"")
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self._announce()
+            except Exception as exc:  # disconnected: the next beat retries
+                log.debug("broker heartbeat failed: %s", exc)
+            await asyncio.sleep(BROKER_HEARTBEAT_S)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:

@@ -33,8 +33,8 @@ def service_permissions(s: Subjects) -> dict[str, dict[str, list[str]]]:
     kv = _kv(s)
     return {
         "broker": {
-            "publish": [f"{p}.tok.>", f"{p}.dlq.>", f"{p}.audit.>", JS_API, JS_ACK, "_INBOX.>", *kv],
-            "subscribe": [f"{p}.pull.*", f"{p}.cancel.>", f"{p}.evt.>", "_INBOX.>",
+            "publish": [f"{p}.tok.>", f"{p}.dlq.>", f"{p}.evt.>", f"{p}.audit.>", JS_API, JS_ACK, "_INBOX.>", *kv],
+            "subscribe": [f"{p}.pull.*", f"{p}.cancel.>", f"{p}.evt.>", "_INBOX.>",  # evt.ping too
                           "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>", *kv],
         },
         "worker": {

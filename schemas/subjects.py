@@ -121,6 +121,13 @@ class Subjects:
     def worker_events(self) -> str:
         return f"{self.prefix}.evt.worker.*"
 
+    def broker_event(self, broker_id: str) -> str:
+        return f"{self.prefix}.evt.broker.{broker_id}"
+
+    @property
+    def broker_events(self) -> str:
+        return f"{self.prefix}.evt.broker.*"
+
     @property
     def worker_ping(self) -> str:
         """Workers answer with an immediate heartbeat: a new edge learns who is ready at once."""

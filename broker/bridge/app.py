@@ -113,6 +113,7 @@ class Bridge:
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
+        await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
         self._tasks.append(asyncio.create_task(self._watch_workers(), name="worker-lost"))
         app = self.build_app()
@@ -150,7 +151,8 @@ class Bridge:
         deadline = loop.time() + timeout
         while True:
             pools = self.readiness.ready_pools()
-            if self.models and all(pools.get(m.pool) for m in self.models.values()):
+            if (self.models and all(pools.get(m.pool) for m in self.models.values())
+                    and self.readiness.brokers()):
                 return
             if loop.time() > deadline:
                 raise TimeoutError(f"no ready worker for some pool after {timeout}s: {pools}")
@@ -214,9 +216,11 @@ class Bridge:
         pools = self.readiness.ready_pools()
         wanted = sorted({m.pool for m in self.models.values()})
         status = {pool: pools.get(pool, 0) for pool in wanted}
-        ready = bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status)
+        brokers = self.readiness.brokers()
+        ready = (bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status)
+                 and brokers > 0)
         return web.json_response({"ready": ready, "nats": bool(self._nc and self._nc.is_connected),
-                                  "pools": status}, status=200 if ready else 503)
+                                  "brokers": brokers, "pools": status}, status=200 if ready else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),

@@ -20,7 +20,16 @@ class _Seen:
 class Readiness:
     def __init__(self, stale_after_s: float = 15.0) -> None:
         self._workers: dict[str, _Seen] = {}
+        self._brokers: dict[str, float] = {}
         self._stale_after_s = stale_after_s
+
+    async def on_broker(self, msg: Msg) -> None:
+        self._brokers[msg.subject.rsplit(".", 1)[-1]] = time.monotonic()
+
+    def brokers(self) -> int:
+        """Brokers heard from in the last few heartbeats (they beat every 2 s)."""
+        now = time.monotonic()
+        return sum(1 for seen in self._brokers.values() if now - seen <= 7.0)
 
     async def on_heartbeat(self, msg: Msg) -> None:
         try:
