@@ -9,14 +9,19 @@ import json
 import os
 import sys
 
+import aiohttp
+import nats
 import pytest
 import pytest_asyncio
 
+from broker.config import LogicalModel
+from broker.models import put_models
 from broker.tenants import hash_key
 from laneway.cli import build_parser
 from loadtest import eval_run
 from loadtest.eval_gate import load_results
 from loadtest.processes import LanewayUp
+from schemas.subjects import Subjects
 from tests.slow.conftest import vllm_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
@@ -38,7 +43,7 @@ async def up(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
     settings = root / "settings.toml"
     settings.write_text(f'[tenants.eval]\napi_key_sha256 = ["{hash_key(KEY)}"]\n\n'
-                        '[models.smollm2]\npool = "vllm"\n\n[models."laneway-sim"]\npool = "sim"\n')
+                        '[models.smollm2]\npool = "vllm"\n')
     extra = ["--settings", str(settings), "--engine", "vllm", "--model", str(model), "--pool", "vllm",
              "--kv-cache-bytes", "256MiB", "--max-model-len", "2048", "--max-num-seqs", "16", "--pii", "off"]
     async with LanewayUp(root / "lw", KEY, extra) as running:
@@ -46,7 +51,17 @@ async def up(tmp_path_factory):
             sys.executable, "-m", "laneway.cli", "worker", "--nats-url", running.nats_url, "--pool", "sim",
             "--engine", "sim", "--sim-profile", "zero", stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL)
-        await asyncio.sleep(3)
+        # The simulated pool joins live: its model is added to the routing bucket once it runs.
+        nc = await nats.connect(running.nats_url)
+        await put_models(nc.jetstream(), Subjects("lw"), {"smollm2": LogicalModel(pool="vllm"),
+                                                          "laneway-sim": LogicalModel(pool="sim")})
+        await nc.close()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(120):
+                async with http.get(f"{running.url}/readyz") as resp:
+                    if resp.status == 200 and (await resp.json())["pools"].get("sim"):
+                        break
+                await asyncio.sleep(0.5)
         yield running, root
         sim.terminate()
         await sim.wait()
