@@ -26,30 +26,26 @@ from broker.bridge import openapi
 from broker.bridge.demux import Demux, ResponseStream
 from broker.bridge.errors import EdgeError, from_code, unauthorized
 from broker.bridge.readiness import Readiness
-from broker.bridge.sse import DONE, FINISH_REASONS, ChunkRenderer, error_event
+from broker.bridge.respond import collect_json, stream_sse
 from broker.bridge.translate import param_of, to_generate
 from broker.classes import DEFAULT_CLASSES
 from broker.config import BridgeConfig, LogicalModel, Settings
-from laneway.livecfg import BucketWatch
 from broker.metrics import BridgeMetrics
 from broker.models import decode_models, put_models
 from broker.routing import rules as rule_docs
-from broker.usage.meter import PRICES_KEY
 from broker.routing.admin import AdminConfig, Evaluator, admin_app
 from broker.routing.rules import RuleSet
 from broker.routing.store import RuleStore, is_rules_key
 from broker.tenants import Tenant, TenantDirectory
 from broker.topology import ensure_topology, put_tenants
+from broker.usage.meter import PRICES_KEY
 from laneway.connect import connect
+from laneway.livecfg import BucketWatch
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.frames import Delta, Entry, Finished, StreamError
+from schemas.frames import Entry, StreamError
 from schemas.openai import (
-    ChatCompletion,
     ChatCompletionRequest,
-    Choice,
-    ChoiceMessage,
-    CompletionUsage,
     Model,
     ModelList,
 )
@@ -311,9 +307,10 @@ class Bridge:
                 raise from_code(first.code, first.message, first.param, first.headers)
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                response = await self._stream(request, stream, generate, entries, include_usage, started)
+                response = await stream_sse(request, stream, generate, entries, include_usage, started,
+                                            self.metrics)
             else:
-                response = await self._collect(stream, generate, entries, started)
+                response = await collect_json(stream, generate, entries, started, self.metrics)
             self.metrics.requests.labels(klass, str(response.status)).inc()
             return response
         finally:
@@ -370,84 +367,6 @@ class Bridge:
         if self._nc is not None and self._nc.is_connected:
             await self._nc.publish(self.s.cancel(tenant, request_id),
                                    codec.encode(Cancel(request_id=request_id, tenant=tenant)))
-
-    async def _stream(self, request: web.Request, stream: ResponseStream, generate: GenerateRequest,
-                      entries: list[Entry], include_usage: bool, started: float) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            await response.prepare(request)
-            await self._write_stream(response, stream, generate, entries, include_usage, started)
-        except ConnectionResetError:
-            log.debug("client left mid-stream: %s", generate.request_id)  # the caller cancels
-        return response
-
-    async def _write_stream(self, response: web.StreamResponse, stream: ResponseStream,
-                            generate: GenerateRequest, entries: list[Entry], include_usage: bool,
-                            started: float) -> None:
-        render = ChunkRenderer(f"chatcmpl-{generate.request_id}", int(generate.created_at), generate.model)
-        out = [render.role()]
-        first_token = True
-        klass = generate.klass
-        while True:
-            for entry in entries:
-                if isinstance(entry, Delta):
-                    if first_token:
-                        self.metrics.ttft.labels(klass).observe(time.monotonic() - started)
-                        first_token = False
-                    out.append(render.content(entry.text))
-                    self.metrics.tokens.labels(klass).inc(len(entry.token_ids) or 1)
-                elif isinstance(entry, Finished):
-                    out.append(render.finish(entry.finish_reason))
-                    if include_usage:
-                        out.append(render.usage(entry.usage.prompt_tokens, entry.usage.completion_tokens))
-                    out.append(DONE)
-                    await response.write(b"".join(out))
-                    self.metrics.e2e.labels(klass).observe(time.monotonic() - started)
-                    await response.write_eof()
-                    return
-                else:  # StreamError after the stream started: in-band, then [DONE]
-                    err = from_code(entry.code, entry.message)
-                    out += [error_event(err.body()), DONE]
-                    await response.write(b"".join(out))
-                    await response.write_eof()
-                    return
-            await response.write(b"".join(out))
-            out.clear()
-            try:
-                entries = await stream.next_entries(max(0.0, generate.deadline - time.time()) + 5.0)
-            except TimeoutError:
-                entries = [StreamError(generate.request_id, stream.attempt, stream.next_seq,
-                                       ErrorCode.deadline_exceeded.value, "no response before the deadline")]
-
-    async def _collect(self, stream: ResponseStream, generate: GenerateRequest, entries: list[Entry],
-                       started: float) -> web.Response:
-        parts: list[str] = []
-        klass = generate.klass
-        while True:
-            for entry in entries:
-                if isinstance(entry, Delta):
-                    if not parts:
-                        self.metrics.ttft.labels(klass).observe(time.monotonic() - started)
-                    parts.append(entry.text)
-                    self.metrics.tokens.labels(klass).inc(len(entry.token_ids) or 1)
-                elif isinstance(entry, Finished):
-                    usage = CompletionUsage(entry.usage.prompt_tokens, entry.usage.completion_tokens,
-                                            entry.usage.prompt_tokens + entry.usage.completion_tokens)
-                    completion = ChatCompletion(
-                        id=f"chatcmpl-{generate.request_id}", created=int(generate.created_at),
-                        model=generate.model,
-                        choices=[Choice(0, ChoiceMessage("assistant", "".join(parts)),
-                                        FINISH_REASONS.get(entry.finish_reason, "stop"))],
-                        usage=usage)
-                    self.metrics.e2e.labels(klass).observe(time.monotonic() - started)
-                    return web.Response(body=codec.encode_json(completion), content_type="application/json")
-                else:
-                    raise from_code(entry.code, entry.message)
-            try:
-                entries = await stream.next_entries(max(0.0, generate.deadline - time.time()) + 5.0)
-            except TimeoutError:
-                raise EdgeError(ErrorCode.deadline_exceeded, "no response before the deadline") from None
 
     # -- worker loss ----------------------------------------------------------------------
     async def _watch_workers(self) -> None:
