@@ -363,9 +363,9 @@ class Broker:
     async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int, code: ErrorCode,
                       message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
         self.metrics.rejected.labels(code.value).inc()
+        await msg.term()    # removed first, then the client is told
         error = StreamError(request.request_id, attempt, 0, code.value, message, param, headers or {})
         await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
-        await msg.term()
         await self._release(request.tenant, request.request_id)
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 
@@ -114,6 +116,12 @@ async def test_expired_deadline_is_504_and_nothing_left(stack, http):
     status, payload, _ = await call(http, good(), headers={"x-laneway-timeout": "0.000001"})
     assert status == 504
     assert assert_openai_error(payload)["code"] == "deadline_exceeded"
+    # The broker terminates the message and tells the client on one connection, but JetStream
+    # applies the +TERM asynchronously: give it a moment rather than race it.
+    for _ in range(40):
+        if await queued(stack) == before:
+            break
+        await asyncio.sleep(0.05)
     assert await queued(stack) == before
 
 
