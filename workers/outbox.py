@@ -3,7 +3,8 @@
 Entries for every stream bound to one inbox since the last flush travel as ONE `TokenFrame`
 (nats-py costs ~17 µs of CPU per message, so a message per token per stream could not carry
 thousands of streams). A flush runs at most once per `interval_s`: a GPU step is longer, so no
-token waits on a GPU, while faster steps (the zero-delay sim, tiny models) coalesce.
+token waits on a GPU, while faster steps (the zero-delay sim, tiny models) coalesce, and a
+stream's deltas that wait for the same flush merge into one entry (one SSE chunk at the edge).
 Order matters and holds on one connection: dead letters are stored first, then the frames,
 then what must follow them (a request's ack after its last entry, usage records, +WPI).
 """
@@ -16,7 +17,7 @@ import time
 from nats.aio.client import Client
 
 from schemas import codec
-from schemas.frames import Entry, TokenFrame
+from schemas.frames import Delta, Entry, TokenFrame
 from workers.metrics import WorkerMetrics
 
 
@@ -27,17 +28,33 @@ class Outbox:
         self._metrics = metrics
         self._interval_s = interval_s
         self._frames: dict[str, list[Entry]] = {}
+        self._open: dict[tuple[str, int], Delta] = {}     # (request, attempt) → its unsent delta
         self._after: list[tuple[str, bytes]] = []
         self._dead: list[tuple[str, bytes, dict[str, str]]] = []
         self._dirty = asyncio.Event()
 
     def emit(self, reply_to: str, entry: Entry) -> None:
+        key = (entry.request_id, entry.attempt)
+        if isinstance(entry, Delta):
+            self._open[key] = entry
+        else:
+            self._open.pop(key, None)
         entries = self._frames.get(reply_to)
         if entries is None:
             self._frames[reply_to] = [entry]
         else:
             entries.append(entry)
         self._dirty.set()
+
+    def extend(self, request_id: str, attempt: int, text: str, token_ids: list[int]) -> bool:
+        """Append to this stream's delta that still waits for the flush; False when there is
+        none (the caller emits a new `Delta` with the next seq)."""
+        delta = self._open.get((request_id, attempt))
+        if delta is None:
+            return False
+        delta.text += text
+        delta.token_ids.extend(token_ids)
+        return True
 
     def after(self, subject: str, payload: bytes) -> None:
         """Published after the frames of the same flush (acks, usage, in-progress)."""
@@ -63,6 +80,7 @@ class Outbox:
 
     async def flush(self, nc: Client) -> None:
         frames, self._frames = self._frames, {}
+        self._open.clear()
         after, self._after = self._after, []
         dead, self._dead = self._dead, []
         for subject, payload, headers in dead:

@@ -343,12 +343,13 @@ class Worker:
         if active.first_token_at is None:
             active.first_token_at = time.monotonic()
             self.metrics.ttft.labels(self.config.pool, r.klass).observe(active.first_token_at - active.started)
-        self._outbox.emit(r.reply_to, Delta(r.request_id, d.attempt, self._seq(active), out.text, out.token_ids))
+        if not self._outbox.extend(r.request_id, d.attempt, out.text, out.token_ids):
+            self._outbox.emit(r.reply_to, Delta(r.request_id, d.attempt, self._seq(active), out.text,
+                                                list(out.token_ids)))
         active.streamed = True
         active.tokens += len(out.token_ids) or 1
         if active.parts is not None:
             active.parts.append(out.text)
-        self.metrics.tokens.labels(self.config.pool, r.klass).inc(len(out.token_ids) or 1)
 
     async def _escalate(self, active: _Active, score: float) -> None:
         """Low confidence and nothing released: re-send the request for the larger pool (a new
@@ -390,6 +391,8 @@ class Worker:
 
     def _release(self, active: _Active, ack: bytes) -> None:
         request = active.dispatch.request
+        if active.tokens:   # counted once per request: a labelled inc per token costs real CPU
+            self.metrics.tokens.labels(self.config.pool, request.klass).inc(active.tokens)
         self._active.pop((request.tenant, request.request_id), None)
         self._outbox.after(active.dispatch.ack_subject, ack)
         self._room.set()
