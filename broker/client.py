@@ -21,7 +21,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from broker.bridge.demux import Demux
+from broker.bridge.demux import REPLY_GRACE_S, Demux
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
@@ -68,7 +68,7 @@ class LanewayClient:
             request_id=request_id or uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=model,
             reply_to=self.s.tok(self.tenant, self.edge_id), created_at=now, deadline=now + timeout_s,
             messages=messages or [], prompt=prompt, sampling=sampling or SamplingParams())
-        stream = self._demux.open(request.request_id, self.tenant)
+        stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S)
         done = False
         try:
             try:
@@ -85,7 +85,7 @@ class LanewayClient:
                 raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",
                                    request.request_id) from exc
             while True:
-                for entry in await stream.next_entries(max(0.0, request.deadline - time.time()) + 5):
+                for entry in await stream.next_entries():
                     if isinstance(entry, Delta):
                         yield entry.text
                     elif isinstance(entry, Finished):

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import tenants as tenant_docs
 from broker.bridge import openapi
-from broker.bridge.demux import Demux, ResponseStream
+from broker.bridge.demux import REPLY_GRACE_S, Demux, ResponseStream
 from broker.bridge.errors import EdgeError, from_code, unauthorized
 from broker.bridge.readiness import Readiness
 from broker.bridge.respond import collect_json, stream_sse
@@ -296,7 +296,7 @@ class Bridge:
         if len(payload) > self._nc.max_payload:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
-        stream = self.demux.open(request_id, tenant.name)
+        stream = self.demux.open(request_id, tenant.name, generate.deadline + REPLY_GRACE_S)
         published = False
         try:
             await self._publish(generate, payload)
@@ -356,10 +356,8 @@ class Bridge:
                             "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
 
     async def _first_entries(self, stream: ResponseStream, generate: GenerateRequest) -> list[Entry]:
-        # The worker aborts at the deadline; the grace covers its error frame's way back.
-        timeout = max(0.0, generate.deadline - time.time()) + 5.0
         try:
-            return await stream.next_entries(timeout)
+            return await stream.next_entries()
         except TimeoutError:
             raise EdgeError(ErrorCode.deadline_exceeded, "no response before the deadline") from None
 

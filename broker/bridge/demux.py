@@ -20,12 +20,15 @@ from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, StreamError, Terminal
 
+# Past its deadline a worker aborts the request; this grace covers its error frame's way back.
+REPLY_GRACE_S = 5.0
+
 
 class ResponseStream:
     __slots__ = ("request_id", "tenant", "attempt", "next_seq", "streamed", "closed", "_buffer",
-                 "_waiter", "source", "edge_failed")
+                 "_waiter", "source", "edge_failed", "expired", "_timer")
 
-    def __init__(self, request_id: str, tenant: str) -> None:
+    def __init__(self, request_id: str, tenant: str, expires_at: float) -> None:
         self.request_id = request_id
         self.tenant = tenant
         self.attempt = 0
@@ -36,6 +39,11 @@ class ResponseStream:
         self.edge_failed = False     # ended here, not by its worker: the request may still run
         self._buffer: deque[Entry] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        # One timer per stream for its whole life, not a `wait_for` per wait: at thousands of
+        # open streams a timer handle per token is a measurable share of the bridge's CPU.
+        self.expired = False
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + max(0.0, expires_at - time.time()), self._expire)
 
     def feed(self, entry: Entry, source: str) -> bool:
         """Queue an entry; False if it was dropped as stale or after the end."""
@@ -59,9 +67,19 @@ class ResponseStream:
         elif isinstance(entry, Terminal):
             self.closed = True
         self._buffer.append(entry)
+        self._wake()
+        return True
+
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-        return True
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._wake()
+
+    def cancel_timer(self) -> None:
+        self._timer.cancel()
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """End the stream from the edge's side (e.g. its worker stopped heartbeating)."""
@@ -70,14 +88,18 @@ class ResponseStream:
             self.feed(StreamError(self.request_id, self.attempt, self.next_seq, code.value, message),
                       self.source)
 
-    async def next_entries(self, timeout: float | None) -> list[Entry]:
-        """Everything queued so far (at least one entry); raises TimeoutError."""
+    async def next_entries(self) -> list[Entry]:
+        """Everything queued so far (at least one entry); TimeoutError once `expires_at` passed."""
         if not self._buffer:
+            if self.expired:
+                raise TimeoutError
             self._waiter = asyncio.get_running_loop().create_future()
             try:
-                await asyncio.wait_for(self._waiter, timeout)
+                await self._waiter
             finally:
                 self._waiter = None
+            if not self._buffer:
+                raise TimeoutError
         entries = list(self._buffer)
         self._buffer.clear()
         return entries
@@ -88,14 +110,17 @@ class Demux:
         self._streams: dict[str, ResponseStream] = {}
         self._metrics = metrics or BridgeMetrics()
 
-    def open(self, request_id: str, tenant: str) -> ResponseStream:
-        stream = ResponseStream(request_id, tenant)
+    def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
+        """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
+        stream = ResponseStream(request_id, tenant, expires_at)
         self._streams[request_id] = stream
         self._metrics.open_streams.set(len(self._streams))
         return stream
 
     def close(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.cancel_timer()
         self._metrics.open_streams.set(len(self._streams))
 
     def __len__(self) -> int:

@@ -40,34 +40,36 @@ async def _write_stream(response: web.StreamResponse, stream: ResponseStream, ge
     render = ChunkRenderer(f"chatcmpl-{generate.request_id}", int(generate.created_at), generate.model)
     out = [render.role()]
     first_token = True
-    klass = generate.klass
+    tokens = metrics.tokens.labels(generate.klass)
     while True:
+        count = 0
         for entry in entries:
             if isinstance(entry, Delta):
                 if first_token:
-                    metrics.ttft.labels(klass).observe(time.monotonic() - started)
+                    metrics.ttft.labels(generate.klass).observe(time.monotonic() - started)
                     first_token = False
                 out.append(render.content(entry.text))
-                metrics.tokens.labels(klass).inc(len(entry.token_ids) or 1)
+                count += len(entry.token_ids) or 1
             elif isinstance(entry, Finished):
                 out.append(render.finish(entry.finish_reason))
                 if include_usage:
                     out.append(render.usage(entry.usage.prompt_tokens, entry.usage.completion_tokens))
                 out.append(DONE)
-                await response.write(b"".join(out))
-                metrics.e2e.labels(klass).observe(time.monotonic() - started)
-                await response.write_eof()
+                tokens.inc(count)
+                metrics.e2e.labels(generate.klass).observe(time.monotonic() - started)
+                await response.write_eof(b"".join(out))   # the last chunk and the terminator: one write
                 return
             else:  # StreamError after the stream started: in-band, then [DONE]
                 err = from_code(entry.code, entry.message)
                 out += [error_event(err.body()), DONE]
-                await response.write(b"".join(out))
-                await response.write_eof()
+                tokens.inc(count)
+                await response.write_eof(b"".join(out))
                 return
+        tokens.inc(count)
         await response.write(b"".join(out))
         out.clear()
         try:
-            entries = await stream.next_entries(max(0.0, generate.deadline - time.time()) + 5.0)
+            entries = await stream.next_entries()
         except TimeoutError:
             entries = [StreamError(generate.request_id, stream.attempt, stream.next_seq,
                                    ErrorCode.deadline_exceeded.value, "no response before the deadline")]
@@ -77,6 +79,7 @@ async def collect_json(stream: ResponseStream, generate: GenerateRequest, entrie
                        started: float, metrics: BridgeMetrics) -> web.Response:
     """One `chat.completion` object once the stream has finished."""
     parts: list[str] = []
+    tokens = 0
     klass = generate.klass
     while True:
         for entry in entries:
@@ -84,7 +87,7 @@ async def collect_json(stream: ResponseStream, generate: GenerateRequest, entrie
                 if not parts:
                     metrics.ttft.labels(klass).observe(time.monotonic() - started)
                 parts.append(entry.text)
-                metrics.tokens.labels(klass).inc(len(entry.token_ids) or 1)
+                tokens += len(entry.token_ids) or 1
             elif isinstance(entry, Finished):
                 usage = CompletionUsage(entry.usage.prompt_tokens, entry.usage.completion_tokens,
                                         entry.usage.prompt_tokens + entry.usage.completion_tokens)
@@ -94,11 +97,12 @@ async def collect_json(stream: ResponseStream, generate: GenerateRequest, entrie
                     choices=[Choice(0, ChoiceMessage("assistant", "".join(parts)),
                                     FINISH_REASONS.get(entry.finish_reason, "stop"))],
                     usage=usage)
+                metrics.tokens.labels(klass).inc(tokens)
                 metrics.e2e.labels(klass).observe(time.monotonic() - started)
                 return web.Response(body=codec.encode_json(completion), content_type="application/json")
             else:
                 raise from_code(entry.code, entry.message)
         try:
-            entries = await stream.next_entries(max(0.0, generate.deadline - time.time()) + 5.0)
+            entries = await stream.next_entries()
         except TimeoutError:
             raise EdgeError(ErrorCode.deadline_exceeded, "no response before the deadline") from None
