@@ -27,6 +27,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from laneway import heap
 from laneway.connect import add_nats_flags, nats_from_args
 
 log = logging.getLogger("laneway")
@@ -96,6 +97,7 @@ async def _run_broker(args: argparse.Namespace) -> int:
                                  cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers))
     _serve_metrics(args.metrics_port, broker.metrics.registry)
     async with broker:
+        heap.settle()
         await _until_signalled(asyncio.Event())
     return 0
 
@@ -114,6 +116,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     signals = asyncio.create_task(_until_signalled(stop))
     await worker.start()
+    heap.settle()
     done = asyncio.create_task(worker.wait())
     await asyncio.wait([signals, done], return_when=asyncio.FIRST_COMPLETED)
     await worker.stop()
@@ -137,6 +140,7 @@ async def _run_bridge(args: argparse.Namespace) -> int:
                     admin=AdminConfig.from_env(), evaluator=evaluator)
     async with bridge:
         print(f"laneway bridge on {bridge.url}", flush=True)
+        heap.settle()
         await _until_signalled(asyncio.Event())
     return 0
 
