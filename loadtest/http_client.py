@@ -16,7 +16,7 @@ import orjson
 class Result:
     ttft: float | None = None
     e2e: float = 0.0
-    tokens: int = 0
+    tokens: int = 0                 # content chunks, then the usage chunk's count when asked for
     gaps: list[float] = field(default_factory=list)    # inter-token latencies
     status: int = 0
     error: str | None = None                            # OpenAI error code or exception name
@@ -73,6 +73,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                         result.gaps.append(now - last)
                     last = now
                     result.tokens += 1
+        if result.completion_tokens is not None:
+            result.tokens = result.completion_tokens   # a chunk may carry several tokens
     except (aiohttp.ClientError, TimeoutError) as exc:
         result.error = type(exc).__name__
     finally:

@@ -63,7 +63,7 @@ async def direct(concurrency: int, total: int, max_tokens: int) -> list[float]:
 
 async def through(up: LanewayUp, concurrency: int, total: int, max_tokens: int) -> tuple[list, float, float]:
     body = {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": PROMPT}]}
+            "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": PROMPT}]}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _bounded(min(concurrency, 8), 16, lambda i: stream_chat(session, up.url, KEY, body))  # warm
