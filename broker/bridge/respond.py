@@ -20,11 +20,17 @@ from schemas.requests import GenerateRequest
 log = logging.getLogger("laneway.bridge")
 
 
+class _EventStream(web.StreamResponse):
+    # The headers wait for the first chunk and leave in the same write (aiohttp's own
+    # `web.Response` does this): one syscall fewer per streamed answer.
+    _send_headers_immediately = False
+
+
 async def stream_sse(request: web.Request, stream: ResponseStream, generate: GenerateRequest,
                      entries: list[Entry], include_usage: bool, started: float,
                      metrics: BridgeMetrics) -> web.StreamResponse:
     """Server-sent events; errors after the first byte go in-band, then [DONE]."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+    response = _EventStream(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         await response.prepare(request)
