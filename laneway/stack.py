@@ -73,3 +73,9 @@ class Stack:
     @property
     def url(self) -> str:
         return self.bridge.url
+
+    def finished(self, pool: str | None = None) -> float:
+        """Requests the workers (of one pool, or all) have ended, whatever the reason: how a
+        test tells that a request did, or did not, reach an engine."""
+        return sum(s.value for w in self.workers if pool is None or w.config.pool == pool
+                   for m in w.metrics.finished.collect() for s in m.samples if s.name.endswith("_total"))

@@ -34,12 +34,6 @@ class UnsureOnHardPrompts(SimEngine):
         return -1.8 if any("HARD" in m.content for m in request.messages) else -0.2
 
 
-def finished(stack, pool: str) -> float:
-    worker = next(w for w in stack.workers if w.config.pool == pool)
-    return sum(s.value for m in worker.metrics.finished.collect() for s in m.samples
-               if s.name.endswith("_total"))
-
-
 @pytest.fixture(scope="module")
 async def stack(nats_server):
     engines = [UnsureOnHardPrompts(PROFILES["zero"]), SimEngine(PROFILES["zero"])]
@@ -66,20 +60,20 @@ async def stream(stack, content: str) -> tuple[str, list[str]]:
 
 
 async def test_confident_answers_stay_on_the_small_pool(stack):
-    small, large = finished(stack, "small"), finished(stack, "large")
+    small, large = stack.finished("small"), stack.finished("large")
     text, events = await stream(stack, "What is 2 + 2?")
     assert len(text.split()) == 8 and events[-1] == "data: [DONE]"
-    assert finished(stack, "small") == small + 1 and finished(stack, "large") == large
+    assert stack.finished("small") == small + 1 and stack.finished("large") == large
 
 
 async def test_unsure_answers_escalate_to_the_large_pool_in_one_stream(stack):
     small_worker = next(w for w in stack.workers if w.config.pool == "small")
     escalations = small_worker.metrics.escalations.labels("small")
-    before, large = escalations._value.get(), finished(stack, "large")
+    before, large = escalations._value.get(), stack.finished("large")
     text, events = await stream(stack, "HARD: prove the Riemann hypothesis")
     assert len(text.split()) == 8, text            # the large pool's whole answer, nothing twice
     assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
     assert escalations._value.get() == before + 1
-    assert finished(stack, "large") == large + 1
+    assert stack.finished("large") == large + 1
     decisions = stack.broker.metrics.routing_decisions.labels("large", "escalated")._value.get()
     assert decisions >= 1

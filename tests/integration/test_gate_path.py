@@ -66,11 +66,6 @@ async def chat(stack, tenant: str, content: str, **extra) -> tuple[int, dict, di
             return resp.status, await resp.json(), dict(resp.headers)
 
 
-def finished(stack) -> float:
-    return sum(s.value for m in stack.workers[0].metrics.finished.collect() for s in m.samples
-               if s.name.endswith("_total"))
-
-
 async def test_quota_over_the_rate_is_429_with_rate_limit_headers(stack):
     statuses = []
     for _ in range(5):
@@ -87,14 +82,14 @@ async def test_deterministic_answer_is_replayed_from_the_cache_for_that_tenant_o
     status, first, _ = await chat(stack, "acme", prompt, temperature=0)
     assert status == 200
     await asyncio.sleep(0.3)   # the worker stores the answer in the background
-    before = finished(stack)
+    before = stack.finished()
     status, again, _ = await chat(stack, "acme", prompt, temperature=0)
     assert status == 200 and again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-    assert finished(stack) == before, "a cache hit must not reach the engine"
+    assert stack.finished() == before, "a cache hit must not reach the engine"
     status, other, _ = await chat(stack, "globex", prompt, temperature=0)
-    assert status == 200 and finished(stack) == before + 1, "another tenant must not hit acme's entry"
+    assert status == 200 and stack.finished() == before + 1, "another tenant must not hit acme's entry"
     await chat(stack, "acme", prompt, temperature=0.7)          # not deterministic: never cached
-    assert finished(stack) == before + 2
+    assert stack.finished() == before + 2
 
 
 async def test_pii_is_redacted_before_the_engine_and_blocked_by_policy(stack):
