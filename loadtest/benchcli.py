@@ -1,4 +1,4 @@
-"""The shared command-line tail of every benchmark: run, print, optionally save the JSON."""
+"""The shared command line of every benchmark: common flags, then run, print, optionally save the JSON."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from laneway import heap
@@ -30,3 +31,22 @@ def main(description: str | None, configure: Callable[[argparse.ArgumentParser],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     sys.exit(run(parser.parse_args()))
+
+
+def add_fleet_flags(parser: argparse.ArgumentParser, *, duration: float, warmup: float,
+                    max_seqs: int) -> None:
+    """The simulated fleet and phase timing every phase-based benchmark takes."""
+    from workers.sim import PROFILES
+
+    parser.add_argument("--duration", type=float, default=duration, help="seconds per phase")
+    parser.add_argument("--warmup", type=float, default=warmup, help="seconds before measuring, per phase")
+    parser.add_argument("--profile", default="llama-8b-h100", choices=sorted(PROFILES))
+    parser.add_argument("--max-seqs", type=int, default=max_seqs, help="the worker's slots (--sim-max-seqs)")
+    parser.add_argument("--sim-speed", type=float, default=1.0)
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """--seed, --quiet (no progress bar) and --json (also write the figures there)."""
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--json", type=Path)

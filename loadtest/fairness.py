@@ -17,12 +17,11 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from loadtest.benchcli import main, run_and_report
+from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
 from loadtest.fleet import Fleet
 from loadtest.phases import Phase, run_phase
 from loadtest.results import tokens_in
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
-from workers.sim import PROFILES
 
 HEAVY, LIGHT = "heavy", "light"
 TOLERANCE = 0.05
@@ -94,11 +93,7 @@ def render(doc: dict) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=25.0, help="seconds per phase")
-    parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--profile", default="llama-8b-h100", choices=sorted(PROFILES))
-    parser.add_argument("--max-seqs", type=int, default=16)
-    parser.add_argument("--sim-speed", type=float, default=1.0)
+    add_fleet_flags(parser, duration=25.0, warmup=5.0, max_seqs=16)
     parser.add_argument("--klass", default="interactive", help="the one class both tenants use")
     parser.add_argument("--light-users", type=int, default=None,
                         help="the light tenant's concurrent users (default 2 × slots: it must stay "
@@ -109,9 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight", type=float, default=3.0)
     parser.add_argument("--weighted", choices=(HEAVY, LIGHT), default=LIGHT,
                         help="which tenant gets --weight in the second phase")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--json", type=Path)
+    add_output_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from broker.classes import DEFAULT_CLASSES, ClassPolicy
-from loadtest.benchcli import main, run_and_report
+from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
 from loadtest.fleet import Fleet
 from loadtest.phases import run_phase
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
@@ -145,11 +145,7 @@ def render(doc: dict) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds per phase")
-    parser.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring, per phase")
-    parser.add_argument("--profile", default="llama-8b-h100", choices=sorted(PROFILES))
-    parser.add_argument("--max-seqs", type=int, default=32, help="the worker's slots (--sim-max-seqs)")
-    parser.add_argument("--sim-speed", type=float, default=1.0)
+    add_fleet_flags(parser, duration=30.0, warmup=8.0, max_seqs=32)
     parser.add_argument("--chat-rate", type=float, default=2.0, help="chats per second (Poisson)")
     parser.add_argument("--chat-prompt", type=int, default=200)
     parser.add_argument("--chat-tokens", type=int, default=32)
@@ -160,9 +156,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="set the batch class's max_slot_share live first (default: leave it)")
     parser.add_argument("--fifo-class", default="interactive",
                         help="the one class of the FIFO configuration (interactive: no slot cap)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--json", type=Path)
+    add_output_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest.benchcli import main, run_and_report
+from loadtest.benchcli import add_output_flags, main, run_and_report
 from loadtest.fleet import ROLES, Fleet, rss_bytes
 from loadtest.generator import raise_fd_limit
 from loadtest.phases import settle
@@ -182,9 +182,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle-timeout", type=float, default=60.0,
                         help="after the ramp, wait this long at most for every stream's first token")
     parser.add_argument("--hold", type=float, default=30.0, help="the measurement window, seconds")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--json", type=Path)
+    add_output_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
