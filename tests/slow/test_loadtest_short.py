@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from loadtest import fairness, generator, hol, report, scale, scenarios
+from loadtest import fairness, generator, hol, overhead, report, scale, scenarios
 from loadtest.results import to_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -64,6 +64,20 @@ async def test_generator_scenario_runs_and_reports(name, scale_by, target, tmp_p
         page = (tmp_path / "report.html").read_text()
         assert page.count("data:image/png;base64,") == 3
         assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths.values())
+
+
+async def test_overhead_short():
+    report_ = await overhead.run_benchmark([1, 4], requests=12, max_tokens=16)
+    assert [lv["concurrency"] for lv in report_["levels"]] == [1, 4]
+    for lv in report_["levels"]:
+        assert lv["errors"] == 0 and lv["requests"] == 12
+        assert lv["laneway_ttft"]["n"] == 12 and lv["direct_ttft"]["n"] == 12
+        # Every token of every answer arrived (counted from the usage chunk, not from chunks).
+        assert lv["tokens_per_s"] * 12 / lv["requests_per_s"] == pytest.approx(12 * 16)
+        assert lv["cpu_ms_per_request"] > 0 and lv["engine_cpu_ms_per_request"] > 0
+        assert lv["net_cpu_ms_per_request"] == pytest.approx(
+            lv["cpu_ms_per_request"] - lv["engine_cpu_ms_per_request"])
+    assert "added p50" in overhead.render(report_)
 
 
 async def test_hol_short():
