@@ -11,42 +11,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker import classes as class_docs
-from broker import tenants as tenant_docs
-from broker.config import BrokerConfig, LogicalModel
+from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
 from broker.gate import Refusal
 from broker.gate.cache import CacheScope, ResponseCache, replay_entries
-from broker.gate.pipeline import Admission, Gate, Routing
+from broker.gate.pii_service import start_pii
+from broker.gate.pipeline import Admission, Gate
 from broker.gate.quota import Quota
 from broker.intake import PullIntake
 from broker.lanes import Admit, Item, Lanes
-from laneway.livecfg import BucketWatch
+from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
-from broker.models import decode_models
-from broker.routing import rules as rule_docs
-from broker.routing.health import HealthBoard
-from broker.routing.rules import PoolHealth, RuleSet
-from broker.routing.store import is_rules_key
-from broker.tenants import TenantDirectory
 from broker.topology import ensure_topology
-from broker.gate.pii_service import start_pii
 from broker.usage.metrics import UsageMetrics
 from laneway.connect import connect
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame
-from schemas.usage import Usage
 from schemas.requests import GenerateRequest
 from schemas.subjects import BadToken
+from schemas.usage import Usage
 from schemas.work import Batch, Credit, Dispatch
 
 log = logging.getLogger("laneway.broker")
@@ -95,22 +87,15 @@ class Broker:
         self.config = config
         self.s = config.nats.subjects
         self.metrics = metrics or BrokerMetrics()
-        self.tenants = TenantDirectory()
-        self.models: dict[str, LogicalModel] = {}
-        self.rules: RuleSet | None = None
-        self.health = HealthBoard()
-        self._health: dict[str, PoolHealth] = {}
-        self._pool_models: dict[str, str] = {}
+        self.live = LiveConfig(on_classes=self._apply_classes, on_catalogue=self._catalogue_changed)
         self.gate = Gate(self.s)
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self._dead: DeadLetters | None = None
-        self._classes: dict[str, class_docs.ClassPolicy] = {}
         self._pools: dict[str, _Pool] = {}
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._nc: Client | None = None
         self._intake: PullIntake | None = None
-        self._watches: list[BucketWatch] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list = []
 
@@ -123,15 +108,9 @@ class Broker:
         await self._start_gate(js)
         self._dead = DeadLetters(self._nc, self.s, self.metrics, self.config.limits.max_deliver,
                                  self._release)
-        self._watches = [
-            BucketWatch(js, self.s.bucket("classes"), self._put_class, self._delete_class),
-            BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self._remove_tenant),
-            BucketWatch(js, self.s.bucket("routing"), self._put_routing, self._delete_routing),
-        ]
-        for watch in self._watches:
-            await watch.start()
+        await self.live.start(js, self.s)
         self._subs = [
-            await self._nc.subscribe(self.s.worker_events, cb=self._on_heartbeat),
+            await self._nc.subscribe(self.s.worker_events, cb=self.live.on_heartbeat),
             await self._nc.subscribe(self.s.pull_all, queue="laneway-brokers", cb=self._on_pull),
             await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel),
             # One replica handles each: a request that hit max_deliver goes to the DLQ once.
@@ -149,7 +128,7 @@ class Broker:
         await self._intake.start()
         self._tasks = [asyncio.create_task(self._sweep(), name="laneway-sweep"),
                        asyncio.create_task(self._heartbeats(), name="broker-heartbeats")]
-        log.info("broker ready: classes=%s pools=%s", sorted(self._classes), sorted(self._pool_names()))
+        log.info("broker ready: classes=%s pools=%s", sorted(self.live.classes), sorted(self._pool_names()))
 
     async def _start_gate(self, js) -> None:
         cfg = self.config
@@ -180,8 +159,7 @@ class Broker:
                 await task
             except asyncio.CancelledError:
                 pass
-        for watch in self._watches:
-            await watch.stop()
+        await self.live.stop()
         if self.gate.quota is not None:
             await self.gate.quota.close()     # unused leases go back to the other replicas
         if self.gate.pii is not None:
@@ -208,50 +186,16 @@ class Broker:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # -- live config ----------------------------------------------------------------------
-    def _put_class(self, name: str, value: bytes) -> None:
-        self._classes[name] = class_docs.decode(name, value)
-        self._apply_classes()
-        log.info("applied class %s", name)
-
-    def _delete_class(self, name: str) -> None:
-        self._classes.pop(name, None)
-        self._apply_classes()
-        log.info("removed class %s", name)
-
+    # -- what live config changes ----------------------------------------------------------
     def _apply_classes(self) -> None:
         for pool in self._pools.values():
-            pool.lanes.set_classes(self._classes.values())
+            pool.lanes.set_classes(self.live.classes.values())
 
-    def _put_tenant(self, name: str, value: bytes) -> None:
-        self.tenants.put(tenant_docs.decode(name, value))
-        self._tenants_changed()
-        log.info("applied tenant %s", name)
-
-    def _remove_tenant(self, name: str) -> None:
-        self.tenants.remove(name)
-        self._tenants_changed()
-
-    def _tenants_changed(self) -> None:
+    def _catalogue_changed(self) -> None:
+        tenants = self.live.tenants
         if self.gate.cache is not None:
-            self.gate.cache.scopes = CacheScope({t.name: t.cache_group for t in self.tenants if t.cache_group})
-        models = set(self.models) | (set(self.rules.models) if self.rules else set())
-        self.usage_metrics.set_known(tenants=[t.name for t in self.tenants], models=models)
-
-    def _put_routing(self, key: str, value: bytes) -> None:
-        if key == "models":
-            self.models = decode_models(value)
-            self._tenants_changed()
-            log.info("applied models: %s", sorted(self.models))
-        elif is_rules_key(key):
-            self.rules = rule_docs.decode(value)
-            self._tenants_changed()
-            log.info("applied routing rules version %d", self.rules.version)
-
-    def _delete_routing(self, key: str) -> None:
-        if is_rules_key(key):
-            self.rules = None
-            log.info("routing rules removed; models table only")
+            self.gate.cache.scopes = CacheScope({t.name: t.cache_group for t in tenants if t.cache_group})
+        self.usage_metrics.set_known(tenants=[t.name for t in tenants], models=self.live.model_names())
 
     async def _announce(self, msg: Msg | None = None) -> None:
         """`lw.evt.broker.<id>`: edges count a broker consuming requests as part of readiness."""
@@ -265,24 +209,13 @@ class Broker:
                 log.debug("broker heartbeat failed: %s", exc)
             await asyncio.sleep(BROKER_HEARTBEAT_S)
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            beat = codec.decode_heartbeat(msg.data)
-        except codec.DecodeError:
-            return
-        self.health.on_heartbeat(beat)
-        if beat.ready and beat.model:
-            self._pool_models[beat.pool] = beat.model
-        self._health = self.health.snapshot()
-
     def _pool_names(self) -> set[str]:
-        names = {m.pool for m in self.models.values()} | set(self._pools)
-        return names | set(self.rules.pools) if self.rules else names
+        return self.live.pool_names() | set(self._pools)
 
     def _pool(self, name: str) -> _Pool:
         pool = self._pools.get(name)
         if pool is None:
-            pool = self._pools[name] = _Pool(Lanes(self._classes.values(), self.tenants.weight))
+            pool = self._pools[name] = _Pool(Lanes(self.live.classes.values(), self.live.tenants.weight))
         return pool
 
     # -- intake ---------------------------------------------------------------------------
@@ -300,10 +233,9 @@ class Broker:
         if self._recent_cancels.pop((tenant, request.request_id), None) is not None:
             await msg.term()
             return
-        routing = Routing(self.models, self.rules, self._health, self._pool_models)
         try:
             admission = await self.gate.admit(request, klass, tenant, attempt,
-                                              self.tenants.get(tenant), routing)
+                                              self.live.tenants.get(tenant), self.live.routing())
         except Refusal as refusal:
             if refusal.param in ("tenant", "reply_to"):
                 # Never answer on a reply subject the request was not entitled to.
@@ -430,7 +362,7 @@ class Broker:
                                        **self._cascade(held)))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             # The broker sees no first tokens; queue wait is the part of TTFT that saturation grows.
-            self.health.observe_ttft(credit.pool, queued)
+            self.live.health.observe_ttft(credit.pool, queued)
             self.metrics.dispatched.labels(credit.pool, item.klass).inc()
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
@@ -438,9 +370,10 @@ class Broker:
 
     def _cascade(self, held: Held) -> dict:
         """Dispatch fields for a request its rule may escalate: the verdict settings."""
-        if not held.escalate_to or self.rules is None:
+        rules = self.live.rules
+        if not held.escalate_to or rules is None:
             return {}
-        c = self.rules.cascade
+        c = rules.cascade
         return {"escalate_to": held.escalate_to, "cascade_window": c.window,
                 "cascade_min_logprob": c.min_mean_logprob}
 
@@ -501,9 +434,8 @@ class Broker:
                     await self._serve_parked(name, pool)
                     for klass, depth in pool.lanes.depths().items():
                         self.metrics.queue_depth.labels(name, klass).set(depth)
-                    self.health.set_queue_depth(name, len(pool.lanes))
-                self._health = self.health.snapshot()
-                for name, h in self._health.items():
+                    self.live.health.set_queue_depth(name, len(pool.lanes))
+                for name, h in self.live.refresh_health().items():
                     self.metrics.ready_workers.labels(name).set(h.ready_workers)
                 await self.gate.release_expired(now)
                 cutoff = mono - 60

@@ -42,7 +42,7 @@ async def stack(nats_server):
         store = await RuleStore.open(s.broker._nc.jetstream(), s.broker.s)
         await store.put(decode(json.dumps(RULES).encode()), expected_version=0)
         for _ in range(100):
-            if s.broker.rules is not None and s.bridge.rules is not None:
+            if s.broker.live.rules is not None and s.bridge.rules is not None:
                 break
             await asyncio.sleep(0.05)
         yield s

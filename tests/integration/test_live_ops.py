@@ -28,7 +28,7 @@ async def test_class_change_applies_live(stack, nats_server):
                                      "--max-slot-share", "0.5", "--starve-after", "12")
     assert result.returncode == 0, result.stderr
     for _ in range(100):
-        policy = stack.broker._classes.get("batch")
+        policy = stack.broker.live.classes.get("batch")
         if policy and policy.max_slot_share == 0.5:
             break
         await asyncio.sleep(0.05)
@@ -38,21 +38,21 @@ async def test_class_change_applies_live(stack, nats_server):
 
 
 async def test_bad_class_is_refused_and_nothing_changes(stack, nats_server):
-    before = stack.broker._classes["interactive"]
+    before = stack.broker.live.classes["interactive"]
     result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "interactive",
                                      "--max-slot-share", "1.7")
     assert result.returncode == 2 and "max_slot_share" in result.stderr
-    assert stack.broker._classes["interactive"] == before
+    assert stack.broker.live.classes["interactive"] == before
 
 
 async def test_tenant_weight_change_applies_live(stack, nats_server):
     result = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo", "--weight", "4")
     assert result.returncode == 0, result.stderr
     for _ in range(100):
-        if stack.broker.tenants.weight("demo") == 4:
+        if stack.broker.live.tenants.weight("demo") == 4:
             break
         await asyncio.sleep(0.05)
-    assert stack.broker.tenants.weight("demo") == 4
+    assert stack.broker.live.tenants.weight("demo") == 4
     bad = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo",
                                   "--default-class", "vip")
     assert bad.returncode == 2 and "default_class" in bad.stderr

@@ -52,7 +52,7 @@ async def stack(nats_server):
         store = await RuleStore.open(s.broker._nc.jetstream(), s.broker.s)
         await store.put(decode(json.dumps(RULES).encode()), expected_version=0)
         for _ in range(100):
-            if s.broker.rules is not None and s.bridge.rules is not None:
+            if s.broker.live.rules is not None and s.bridge.rules is not None:
                 break
             await asyncio.sleep(0.05)
         yield s
@@ -89,7 +89,7 @@ async def test_a_pool_that_goes_down_spills_to_the_hosted_pool(stack):
     fallback = stack.broker.metrics.routing_fallback
     await small_worker.stop()     # its last heartbeat says `stopping`
     for _ in range(100):
-        if not stack.broker._health.get("small") or not stack.broker._health["small"].ready_workers:
+        if not stack.broker.live.pool_health.get("small") or not stack.broker.live.pool_health["small"].ready_workers:
             break
         await asyncio.sleep(0.05)
     result = await chat(stack, "fast")
