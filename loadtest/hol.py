@@ -119,7 +119,7 @@ def render(doc: dict) -> str:
     f, c = doc["figures"], doc["config"]
     lines = [f"Head-of-line blocking: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots "
              f"(batch may hold {doc['engine']['batch_slot_cap']}), speed {c['sim_speed']}, "
-             f"chats {c['chat_rate']}/s × {c['chat_tokens']} tokens, flood {c['flood_users']} users × "
+             f"chats {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out tokens, flood {c['flood_users']} users × "
              f"~{c['flood_tokens']} tokens, {c['duration']:.0f} s phases ({c['warmup']:.0f} s warm-up)",
              f"  {'phase':<12} {'chats':>5} {'err':>4} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
              f"{'step':>8} | {'batch tok/s':>11} {'err':>4}"]

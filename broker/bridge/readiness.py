@@ -1,4 +1,5 @@
-"""Which pools have a ready worker, from heartbeats on `lw.evt.worker.*`."""
+"""Which pools have a ready worker, from heartbeats on `lw.evt.worker.*` (judged by the same
+rules as the broker's `HealthBoard`), and which brokers are consuming requests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
+from broker.routing.health import serving, stale_after
 from schemas import codec
 from schemas.work import Heartbeat
 
@@ -39,12 +41,12 @@ class Readiness:
         self._workers[beat.worker_id] = _Seen(beat, time.monotonic())
 
     def alive(self, worker_id: str, now: float | None = None) -> bool:
-        """Heard from within 3 heartbeat intervals (and not announced as stopped)."""
+        """Heard from recently; a draining worker is still alive (it finishes its streams)."""
         seen = self._workers.get(worker_id)
         if seen is None:
             return False
         now = time.monotonic() if now is None else now
-        return now - seen.at <= min(self._stale_after_s, 3 * seen.beat.interval_s + 1)
+        return now - seen.at <= stale_after(seen.beat, self._stale_after_s)
 
     def known(self, worker_id: str) -> bool:
         return worker_id in self._workers
@@ -53,7 +55,7 @@ class Readiness:
         now = time.monotonic()
         pools: dict[str, int] = {}
         for wid, seen in self._workers.items():
-            if seen.beat.ready and self.alive(wid, now):
+            if serving(seen.beat) and self.alive(wid, now):
                 pools[seen.beat.pool] = pools.get(seen.beat.pool, 0) + 1
         return pools
 

@@ -13,6 +13,17 @@ from broker.routing.rules import PoolHealth
 from schemas.work import Heartbeat
 
 
+def stale_after(beat: Heartbeat, cap_s: float) -> float:
+    """Seconds of silence after which a worker counts as gone: 3 missed beats, at most `cap_s`.
+    The one rule for the broker's routing and the bridge's readiness and worker-loss checks."""
+    return min(cap_s, 3 * beat.interval_s + 1)
+
+
+def serving(beat: Heartbeat) -> bool:
+    """Takes new work: warmed up and not draining."""
+    return beat.ready and not beat.stopping
+
+
 @dataclass(slots=True)
 class _Worker:
     pool: str
@@ -38,10 +49,8 @@ class HealthBoard:
         self._ttft: dict[str, _Ttft] = {}
 
     def on_heartbeat(self, beat: Heartbeat) -> None:
-        # A worker is gone after 3 missed beats (as the bridge's Readiness judges it).
-        stale = min(self._stale_after_s, 3 * beat.interval_s + 1)
-        self._workers[beat.worker_id] = _Worker(beat.pool, beat.ready and not beat.stopping,
-                                                beat.free_slots, self._clock(), stale)
+        self._workers[beat.worker_id] = _Worker(beat.pool, serving(beat), beat.free_slots, self._clock(),
+                                                stale_after(beat, self._stale_after_s))
 
     def set_queue_depth(self, pool: str, depth: int) -> None:
         self._depths[pool] = depth
