@@ -156,7 +156,7 @@ async def _run_nats(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_up(args: argparse.Namespace, forwarded: list[str]) -> int:
+async def _run_up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     from laneway.up import up
 
     return await up(args, forwarded)
@@ -168,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-level", default=os.environ.get("LANEWAY_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(subcommands=sub.choices)
 
     p = sub.add_parser("up", help="run nats-server, broker, a worker and the bridge here")
     p.add_argument("--host", default="127.0.0.1")
@@ -299,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     args, forwarded = parser.parse_known_args(argv)
     if forwarded and args.command != "up":
         parser.error(f"unrecognized arguments: {' '.join(forwarded)}")
+    if args.command == "up":
+        from laneway.up import ROLES, FlagError, route_flags
+
+        try:
+            forwarded = route_flags(forwarded, {role: args.subcommands[role] for role in ROLES})
+        except FlagError as exc:
+            parser.error(f"up: {exc}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if hasattr(args, "run_sync"):

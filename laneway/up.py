@@ -106,7 +106,43 @@ Ctrl-C stops everything.
 """
 
 
-async def up(args: argparse.Namespace, forwarded: list[str]) -> int:
+ROLES = ("broker", "worker", "bridge")
+# Flags that cannot be shared by processes on one host, or that `up` owns (its own nats-server).
+_NOT_FORWARDED = {"--metrics-port": "each process needs its own port: run the roles separately "
+                                    "(`laneway broker|worker|bridge --metrics-port N`)",
+                  "--nats-url": "laneway up runs its own nats-server",
+                  "--nats-user": "laneway up runs its own nats-server",
+                  "--nats-password": "laneway up runs its own nats-server"}
+
+
+class FlagError(ValueError):
+    pass
+
+
+def route_flags(tokens: list[str], role_parsers: dict[str, argparse.ArgumentParser]) -> dict[str, list[str]]:
+    """Flags `up` does not take itself go to every role whose own command takes them:
+    `--ack-wait 10` to the broker and the bridge, `--sim-profile X` to the worker."""
+    routed: dict[str, list[str]] = {role: [] for role in role_parsers}
+    groups: list[list[str]] = []
+    for token in tokens:
+        if token.startswith("--") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)      # a value of the flag before it
+    for group in groups:
+        flag = group[0].split("=", 1)[0]
+        if flag in _NOT_FORWARDED:
+            raise FlagError(f"{flag}: {_NOT_FORWARDED[flag]}")
+        roles = [role for role, parser in role_parsers.items()
+                 if flag in parser._option_string_actions]  # argparse has no public lookup
+        if not flag.startswith("--") or not roles:
+            raise FlagError(f"unrecognized arguments: {' '.join(group)}")
+        for role in roles:
+            routed[role] += group
+    return routed
+
+
+async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     data_dir = Path(args.data_dir).resolve()
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -132,14 +168,14 @@ async def up(args: argparse.Namespace, forwarded: list[str]) -> int:
     procs: dict[str, asyncio.subprocess.Process] = {}
     code = 0
     try:
-        procs["broker"] = await _spawn("broker", common + ["--pii", args.pii], log_dir)
-        worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded
+        procs["broker"] = await _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir)
+        worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
         if args.model:
             worker_argv += ["--model", args.model]
         procs["worker"] = await _spawn("worker", worker_argv, log_dir)
         procs["bridge"] = await _spawn(
             "bridge", common + ["--host", args.host, "--port", str(args.port),
-                                "--settings", str(settings_path)], log_dir)
+                                "--settings", str(settings_path)] + forwarded["bridge"], log_dir)
         url = f"http://{args.host}:{args.port}"
         ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout))
         stopped = asyncio.create_task(stop.wait())
