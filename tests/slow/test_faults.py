@@ -68,6 +68,7 @@ async def test_worker_sigkill_with_200_in_flight(nats_server):
                          "messages": [{"role": "user", "content": "tell me a long story"}]}
             # ~6,000-token prompts: 100 of them keep the slowed GPU in prefill for minutes.
             prefilling = {"model": "laneway-sim", "stream": True, "max_tokens": 20,
+                          "stream_options": {"include_usage": True},   # tokens, not chunks
                           "messages": [{"role": "user", "content": "long document " * 1700}]}
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
                 first = [asyncio.create_task(stream_chat(http, s.url, KEY, streaming)) for _ in range(100)]
