@@ -194,12 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a nats-server config, e.g. from `laneway nats-config`")
     p.set_defaults(run=_run_nats)
 
-    from laneway import nats_config
-
-    p = sub.add_parser("nats-config", help="nats-server config with a user per tenant and service")
-    nats_config.configure(p)
-    p.set_defaults(run_sync=nats_config.run)
-
     p = sub.add_parser("broker", help="the scheduler")
     _nats_flags(p)
     _limits_flags(p)
@@ -236,45 +230,34 @@ def build_parser() -> argparse.ArgumentParser:
                    "--save-scores`): the admin API's eval gate scores rule changes with them")
     p.set_defaults(run=_run_bridge)
 
-    from laneway import ops_routing
-    from loadtest import eval_run
-
-    p = sub.add_parser("routing", help="show, set, roll back the routing rules (live, versioned)")
-    ops_routing.configure(p)
-    p.set_defaults(run=ops_routing.run)
-
-    p = sub.add_parser("eval", help="golden-set quality and cost of candidate vs current rules")
-    eval_run.configure(p)
-    p.set_defaults(run=eval_run.run)
-
-    from laneway import ops_config
-
-    p = sub.add_parser("classes", help="list or change priority classes, live")
-    ops_config.configure_classes(p)
-    p.set_defaults(run_sync=ops_config.run)
-
-    p = sub.add_parser("tenants", help="list or change tenants, live")
-    ops_config.configure_tenants(p)
-    p.set_defaults(run_sync=ops_config.run)
-
+    # Tools: a module's configure(parser) and run(args), run_sync when it needs no event loop.
     from broker.usage import report as usage_report
+    from laneway import nats_config, ops_config, ops_routing
+    from loadtest import eval_run, generator, planner
 
-    p = sub.add_parser("usage", help="a tenant's metered usage from LW_USAGE (table or CSV)")
-    _nats_flags(p)
-    usage_report.configure(p)
-    p.set_defaults(run_sync=usage_report.run)
+    def tool(name: str, help: str, configure, run, *, sync: bool) -> None:
+        p = sub.add_parser(name, help=help)
+        configure(p)
+        p.set_defaults(**{"run_sync" if sync else "run": run})
 
-    from loadtest import generator
+    tool("nats-config", "nats-server config with a user per tenant and service",
+         nats_config.configure, nats_config.run, sync=True)
+    tool("routing", "show, set, roll back the routing rules (live, versioned)",
+         ops_routing.configure, ops_routing.run, sync=False)
+    tool("eval", "golden-set quality and cost of candidate vs current rules",
+         eval_run.configure, eval_run.run, sync=False)
+    tool("classes", "list or change priority classes, live",
+         ops_config.configure_classes, ops_config.run, sync=True)
+    tool("tenants", "list or change tenants, live", ops_config.configure_tenants, ops_config.run, sync=True)
+    def usage_flags(p: argparse.ArgumentParser) -> None:
+        _nats_flags(p)
+        usage_report.configure(p)
 
-    p = sub.add_parser("loadtest", help="load generator: named scenarios, open or closed loop")
-    generator.configure(p)
-    p.set_defaults(run_sync=generator.run)
-
-    from loadtest import planner
-
-    p = sub.add_parser("plan", help="capacity and budget planner")
-    planner.configure(p)
-    p.set_defaults(run_sync=planner.run)
+    tool("usage", "a tenant's metered usage from LW_USAGE (table or CSV)", usage_flags, usage_report.run,
+         sync=True)
+    tool("loadtest", "load generator: named scenarios, open or closed loop",
+         generator.configure, generator.run, sync=True)
+    tool("plan", "capacity and budget planner", planner.configure, planner.run, sync=True)
 
     p = sub.add_parser("model", help="model preparation")
     model_sub = p.add_subparsers(dest="model_command", required=True)
