@@ -26,10 +26,21 @@ class Result:
     flow: str = ""                                       # the load generator's traffic label
     completion_tokens: int | None = None                 # from the usage chunk, when asked for
     cut: bool = False                                    # stopped by the load generator, not an error
+    last_at: float = 0.0                                 # perf_counter of the latest content chunk
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.status == 200
+
+    def content_arrived(self, sent_at: float) -> None:
+        """A chunk with text arrived now; `sent_at` is the request's perf_counter start."""
+        now = time.perf_counter()
+        if self.ttft is None:
+            self.ttft = now - sent_at
+        else:
+            self.gaps.append(now - self.last_at)
+        self.last_at = now
+        self.tokens += 1
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, body: dict,
@@ -41,7 +52,6 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
     result.started_at = time.time()
     h = {"Authorization": f"Bearer {api_key}", **(headers or {})}
     start = time.perf_counter()
-    last = start
     try:
         async with session.post(f"{url}/v1/chat/completions", json=body, headers=h) as resp:
             result.status = resp.status
@@ -66,13 +76,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                         result.completion_tokens = usage.get("completion_tokens")
                     continue
                 if choices[0]["delta"].get("content"):
-                    now = time.perf_counter()
-                    if result.ttft is None:
-                        result.ttft = now - start
-                    else:
-                        result.gaps.append(now - last)
-                    last = now
-                    result.tokens += 1
+                    result.content_arrived(start)
         if result.completion_tokens is not None:
             result.tokens = result.completion_tokens   # a chunk may carry several tokens
     except (aiohttp.ClientError, TimeoutError) as exc:

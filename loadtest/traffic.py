@@ -109,20 +109,13 @@ class NatsTarget:
 
         client = await self._client(call.tenant)
         result.started_at = time.time()
-        start = last = time.perf_counter()
+        start = time.perf_counter()
         try:
             async for text in client.generate(model=call.model, messages=[ChatMessage("user", call.prompt)],
                                               klass=call.klass,
                                               sampling=SamplingParams(max_tokens=call.max_tokens)):
-                if not text:
-                    continue
-                now = time.perf_counter()
-                if result.ttft is None:
-                    result.ttft = now - start
-                else:
-                    result.gaps.append(now - last)
-                last = now
-                result.tokens += 1
+                if text:
+                    result.content_arrived(start)
             result.status = 200
         except LanewayError as exc:
             result.error = exc.code
