@@ -64,6 +64,13 @@ def test_custom_recognizer_declares_a_new_entity_type() -> None:
     assert [c.entity_type for c in plan_for(p).custom] == ["EMPLOYEE_ID", "CODENAME"]
 
 
+def test_custom_patterns_are_checked_by_the_engine_that_runs_them() -> None:
+    # `\p{Lu}` is valid for `regex` (what the recognizers run) and refused by `re`.
+    p = decode(_doc(custom=[{"name": "code", "entity_type": "CODE",
+                             "patterns": [{"regex": r"\bX-\p{Lu}{3}\b"}]}]))
+    assert [c.name for c in p.custom] == ["code"]
+
+
 @pytest.mark.parametrize(("doc", "field"), [
     (_doc(entities={"FOO_BAR": "block"}), "entities.FOO_BAR"),            # unknown entity type
     (_doc(entities={"US_SSN": "shred"}), "entities.US_SSN"),              # unknown action

@@ -23,9 +23,14 @@ from enum import Enum
 from typing import Annotated
 
 import msgspec
+import regex
 from msgspec import Meta
 
 from broker.gate.pii.errors import PolicyError
+
+# How custom patterns run (Presidio's own flags, with the `regex` engine): they are checked the
+# same way, so a pattern that validates is a pattern that runs.
+PATTERN_FLAGS = regex.DOTALL | regex.MULTILINE | regex.IGNORECASE
 
 
 class Action(str, Enum):
@@ -163,8 +168,8 @@ def validate(policy: TenantPiiPolicy) -> None:
             raise PolicyError(where, "a custom recognizer needs patterns or a deny_list")
         for j, pat in enumerate(rec.patterns):
             try:
-                compiled = re.compile(pat.regex)
-            except re.error as exc:
+                compiled = regex.compile(pat.regex, PATTERN_FLAGS)
+            except regex.error as exc:
                 raise PolicyError(f"{where}.patterns[{j}].regex", f"invalid regex: {exc}") from None
             if compiled.match(""):
                 raise PolicyError(f"{where}.patterns[{j}].regex", "regex matches the empty string")

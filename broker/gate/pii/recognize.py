@@ -26,13 +26,12 @@ from presidio_analyzer.predefined_recognizers import PhoneRecognizer
 from presidio_analyzer.recognizer_registry import RecognizerRegistryProvider
 from spacy.lang.en.stop_words import STOP_WORDS
 
-from broker.gate.pii.policy import CustomRecognizer
+from broker.gate.pii.policy import PATTERN_FLAGS, CustomRecognizer
 
 CONTEXT_FACTOR = 0.35          # LemmaContextAwareEnhancer defaults
 CONTEXT_MIN_SCORE = 0.4
 CONTEXT_PREFIX_WORDS = 5
 CUSTOM_REGEX_TIMEOUT_S = 2.0   # a tenant regex that backtracks this long fails the job (closed)
-PRESIDIO_FLAGS = regex.DOTALL | regex.MULTILINE | regex.IGNORECASE
 
 _SEP = " \x00 "   # joins projection windows: whitespace around a character no pattern accepts
 _DIGIT = re.compile(r"\S*\d\S*")
@@ -168,10 +167,10 @@ class Custom:
 
     @classmethod
     def build(cls, spec: CustomRecognizer) -> Custom:
-        pats = [(regex.compile(p.regex, PRESIDIO_FLAGS), p.score) for p in spec.patterns]
+        pats = [(regex.compile(p.regex, PATTERN_FLAGS), p.score) for p in spec.patterns]
         if spec.deny_list:   # the regex Presidio builds for a deny-list
             words = "|".join(regex.escape(w) for w in spec.deny_list)
-            pats.append((regex.compile(rf"(?:^|(?<=\W))({words})(?:(?=\W)|$)", PRESIDIO_FLAGS),
+            pats.append((regex.compile(rf"(?:^|(?<=\W))({words})(?:(?=\W)|$)", PATTERN_FLAGS),
                          spec.deny_list_score))
         return cls(spec.entity_type, pats, [w.lower() for w in spec.context])
 
