@@ -22,7 +22,7 @@ from broker import classes as class_docs
 from broker import tenants as tenant_docs
 from broker.config import LogicalModel
 from broker.gate.pipeline import Routing
-from broker.models import decode_models
+from broker.models import decode_models, served_names
 from broker.routing import rules as rule_docs
 from broker.routing.health import HealthBoard
 from broker.routing.rules import PoolHealth, RuleSet
@@ -69,7 +69,7 @@ class LiveConfig:
         return names | set(self.rules.pools) if self.rules else names
 
     def model_names(self) -> set[str]:
-        return set(self.models) | (set(self.rules.models) if self.rules else set())
+        return served_names(self.models, self.rules)
 
     def refresh_health(self) -> dict[str, PoolHealth]:
         self.pool_health = self.health.snapshot()

@@ -33,3 +33,8 @@ async def get_models(js: JetStreamContext, s: Subjects) -> dict[str, LogicalMode
     except Exception:  # KeyNotFoundError: no models configured yet
         return {}
     return decode_models(entry.value or b"{}")
+
+
+def served_names(models: dict[str, LogicalModel], rules) -> set[str]:
+    """The model names clients may ask for: the models table's and the routing rules' (if any)."""
+    return set(models) | (set(rules.models) if rules is not None else set())

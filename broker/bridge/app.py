@@ -31,7 +31,7 @@ from broker.bridge.translate import param_of, to_generate
 from broker.classes import DEFAULT_CLASSES
 from broker.config import BridgeConfig, LogicalModel, Settings
 from broker.metrics import BridgeMetrics
-from broker.models import decode_models, put_models
+from broker.models import decode_models, put_models, served_names
 from broker.routing import rules as rule_docs
 from broker.routing.admin import AdminConfig, Evaluator, admin_app
 from broker.routing.rules import RuleSet
@@ -174,8 +174,7 @@ class Bridge:
             self.metrics.eval_quality.clear()
 
     def model_names(self) -> list[str]:
-        names = set(self.models) | (set(self.rules.models) if self.rules else set())
-        return sorted(names)
+        return sorted(served_names(self.models, self.rules))
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:

@@ -42,8 +42,7 @@ class ResponseStream:
         # One timer per stream for its whole life, not a `wait_for` per wait: at thousands of
         # open streams a timer handle per token is a measurable share of the bridge's CPU.
         self.expired = False
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + max(0.0, expires_at - time.time()), self._expire)
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expire)
 
     def feed(self, entry: Entry, source: str) -> bool:
         """Queue an entry; False if it was dropped as stale or after the end."""

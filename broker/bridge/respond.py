@@ -48,30 +48,26 @@ async def _write_stream(response: web.StreamResponse, stream: ResponseStream, ge
     first_token = True
     tokens = metrics.tokens.labels(generate.klass)
     while True:
-        count = 0
+        tokens.inc(sum(len(e.token_ids) or 1 for e in entries if isinstance(e, Delta)))  # once per batch
         for entry in entries:
             if isinstance(entry, Delta):
                 if first_token:
                     metrics.ttft.labels(generate.klass).observe(time.monotonic() - started)
                     first_token = False
                 out.append(render.content(entry.text))
-                count += len(entry.token_ids) or 1
             elif isinstance(entry, Finished):
                 out.append(render.finish(entry.finish_reason))
                 if include_usage:
                     out.append(render.usage(entry.usage.prompt_tokens, entry.usage.completion_tokens))
                 out.append(DONE)
-                tokens.inc(count)
                 metrics.e2e.labels(generate.klass).observe(time.monotonic() - started)
                 await response.write_eof(b"".join(out))   # the last chunk and the terminator: one write
                 return
             else:  # StreamError after the stream started: in-band, then [DONE]
                 err = from_code(entry.code, entry.message)
                 out += [error_event(err.body()), DONE]
-                tokens.inc(count)
                 await response.write_eof(b"".join(out))
                 return
-        tokens.inc(count)
         await response.write(b"".join(out))
         out.clear()
         try:
