@@ -19,9 +19,18 @@ from schemas.requests import Token
 from laneway.connect import NatsSettings
 
 
-class LogicalModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# A model's context when its settings do not say: the docker-compose pools' --max-model-len.
+DEFAULT_CONTEXT_TOKENS = 16_384
+ContextTokens = Annotated[int, Meta(ge=1, le=10_000_000)]
+
+
+class LogicalModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One row of the models table. Defaults stay out of KV, so a process that predates a field
+    (it forbids unknown ones) still reads the table."""
+
     pool: Token
     description: str = ""
+    max_context_tokens: ContextTokens = DEFAULT_CONTEXT_TOKENS  # a longer prompt is refused at the edge
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -71,6 +80,9 @@ class StreamLimits:
     max_deliver: int = 5
     max_ack_pending: int = 50_000
     replicas: int = 1
+    # LW_DLQ keeps a dead letter this long: long enough to look into a failure, short enough that
+    # what a record holds (redacted when the PII stage is on) does not pile up.
+    dlq_max_age_s: float = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -93,3 +105,8 @@ class BridgeConfig:
     limits: StreamLimits = field(default_factory=StreamLimits)
     max_body_bytes: int = 4 * 1024 * 1024
     worker_stale_s: float = 15.0        # a worker silent this long no longer counts as ready
+    header_timeout_s: float = 30.0      # a connection without a whole request head this long is closed
+    body_timeout_s: float = 60.0        # a body not read whole by then gets 408
+    max_connections: int = 10_000       # open connections at most; past it, 503 and closed
+    max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
+    settings_overwrite: bool = False    # write the settings file over KV instead of only what KV lacks

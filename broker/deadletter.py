@@ -2,8 +2,13 @@
 
 Two ways in: a message the broker cannot even read (malformed, or a subject/payload mismatch),
 and JetStream's MAX_DELIVERIES advisory for a request whose every delivery died without an
-answer (workers crashing on it). Records carry the original bytes and headers naming the
-reason; the client, where it can be told safely, gets an `engine_error`.
+answer (workers crashing on it). Records carry headers naming the reason; the client, where it
+can be told safely, gets an `engine_error`.
+
+A record outlives the request (LW_DLQ keeps it for days), so with the PII stage on it never holds
+the raw text: it holds the request as the gate lets it on, redacted under the tenant's policy
+(the worker's own dead letters carry the admitted request, already redacted). A body that cannot
+be decoded or analysed is withheld: the record keeps its size (`Laneway-Body: withheld`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.gate import Refusal
+from broker.gate.pipeline import Gate
 from broker.gate.validate import validate
 from broker.metrics import BrokerMetrics
+from broker.tenants import TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame
@@ -29,12 +36,15 @@ log = logging.getLogger("laneway.dlq")
 
 class DeadLetters:
     def __init__(self, nc: Client, s: Subjects, metrics: BrokerMetrics, max_deliver: int,
-                 on_removed: Callable[[str, str], Awaitable[None]]) -> None:
+                 on_removed: Callable[[str, str], Awaitable[None]], gate: Gate,
+                 tenants: TenantDirectory) -> None:
         self._nc = nc
         self.s = s
         self._metrics = metrics
         self._max_deliver = max_deliver
         self._on_removed = on_removed      # (tenant, request_id): give back what it held
+        self._gate = gate                  # its PII stage redacts what a record keeps
+        self._tenants = tenants
 
     @property
     def advisory_subject(self) -> str:
@@ -46,6 +56,22 @@ class DeadLetters:
         except BadToken:
             return "unknown", "unknown"
 
+    async def _record(self, data: bytes, tenant: str, headers: dict[str, str]) -> bytes:
+        """The body a record keeps of `data`: the bytes as they came with PII off, the redacted
+        request with it on, nothing (and a header saying so) when that cannot be had."""
+        if self._gate.pii is None:
+            return data
+        try:
+            request = codec.decode_request(data)
+        except codec.DecodeError:
+            request = None
+        if request is not None:
+            redacted = await self._gate.redacted(request, tenant, self._tenants.get(tenant))
+            if redacted is not None:
+                return codec.encode(redacted)
+        headers.update({"Laneway-Body": "withheld", "Laneway-Body-Bytes": str(len(data))})
+        return b""
+
     async def unreadable(self, msg: Msg, reason: str, detail: str) -> None:
         """Park a message the broker cannot serve, then terminate it."""
         self._metrics.dead_lettered.labels(reason).inc()
@@ -53,7 +79,8 @@ class DeadLetters:
         log.warning("dead-lettered a request on %s: %s", msg.subject, reason)
         headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
                    "Laneway-Subject": msg.subject, "Laneway-Attempt": str(msg.metadata.num_delivered)}
-        await self._nc.jetstream().publish(self.s.dlq(klass, tenant), msg.data, headers=headers)
+        body = await self._record(msg.data, tenant, headers)
+        await self._nc.jetstream().publish(self.s.dlq(klass, tenant), body, headers=headers)
         await msg.term()
 
     async def on_max_deliveries(self, msg: Msg) -> None:
@@ -72,7 +99,8 @@ class DeadLetters:
         klass, tenant = self._origin(stored.subject)
         headers = {"Laneway-Reason": "max_deliver", "Laneway-Subject": stored.subject,
                    "Laneway-Detail": f"no attempt finished in {self._max_deliver} deliveries"}
-        await js.publish(self.s.dlq(klass, tenant), stored.data or b"", headers=headers)
+        body = await self._record(stored.data or b"", tenant, headers)
+        await js.publish(self.s.dlq(klass, tenant), body, headers=headers)
         try:
             request = codec.decode_request(stored.data or b"")
             validate(request, klass, tenant, self.s)

@@ -30,6 +30,7 @@ from broker.intake import PullIntake
 from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
+from broker.runtime.tasks import cancel_and_wait
 from broker.topology import ensure_topology
 from broker.usage.metrics import UsageMetrics
 from laneway.connect import connect
@@ -107,7 +108,7 @@ class Broker:
         await ensure_topology(js, self.s, self.config.limits)
         await self._start_gate(js)
         self._dead = DeadLetters(self._nc, self.s, self.metrics, self.config.limits.max_deliver,
-                                 self._release)
+                                 self._release, self.gate, self.live.tenants)
         await self.live.start(js, self.s)
         self._subs = [
             await self._nc.subscribe(self.s.worker_events, cb=self.live.on_heartbeat),
@@ -152,13 +153,7 @@ class Broker:
         so another broker replica takes them at once instead of after ack_wait."""
         if self._intake:
             await self._intake.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(*self._tasks)
         await self.live.stop()
         if self.gate.quota is not None:
             await self.gate.quota.close()     # unused leases go back to the other replicas

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker.runtime.tasks import cancel_and_wait
+
 log = logging.getLogger("laneway.intake")
 
 
@@ -52,13 +54,8 @@ class PullIntake:
         self._task = asyncio.create_task(self._keep_pulling(), name="laneway-intake")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()

@@ -11,7 +11,7 @@ from schemas.subjects import Subjects
 MODELS_KEY = "models"
 
 _decode = msgspec.json.Decoder(dict[str, LogicalModel]).decode
-_encode = msgspec.json.Encoder().encode
+encode_models = msgspec.json.Encoder().encode
 
 
 def decode_models(document: bytes) -> dict[str, LogicalModel]:
@@ -23,7 +23,7 @@ def decode_models(document: bytes) -> dict[str, LogicalModel]:
 
 async def put_models(js: JetStreamContext, s: Subjects, models: dict[str, LogicalModel]) -> None:
     kv = await js.key_value(s.bucket("routing"))
-    await kv.put(MODELS_KEY, _encode(models))
+    await kv.put(MODELS_KEY, encode_models(models))
 
 
 async def get_models(js: JetStreamContext, s: Subjects) -> dict[str, LogicalModel]:

@@ -7,7 +7,9 @@ applied with an update (JetStream allows raising/lowering limits in place).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
+import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -23,8 +25,10 @@ from nats.js.api import (
 from broker import classes as class_docs
 from broker import tenants as tenant_docs
 from broker.classes import DEFAULT_CLASSES
-from broker.config import StreamLimits
+from broker.config import Settings, StreamLimits
+from broker.models import MODELS_KEY, encode_models
 from broker.tenants import Tenant
+from broker.usage.meter import PRICES_KEY
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.topology")
@@ -79,7 +83,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:
     await _ensure_stream(js, request_stream(s, limits))
     await _ensure_stream(js, _log_stream(s, s.usage_stream, s.usage_all, limits, 90 * 86400))
-    await _ensure_stream(js, _log_stream(s, s.dlq_stream, s.dlq_all, limits, 30 * 86400))
+    await _ensure_stream(js, _log_stream(s, s.dlq_stream, s.dlq_all, limits, limits.dlq_max_age_s))
     await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
     await js.add_consumer(s.req_stream, broker_consumer(s, limits))
     for name in BUCKETS:
@@ -98,3 +102,52 @@ async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) 
     kv = await js.key_value(s.bucket("tenants"))
     for tenant in tenants:
         await kv.put(tenant.name, tenant_docs.encode(tenant))
+
+
+# -- the settings file into KV ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Seeded:
+    created: list[str]      # "bucket/key" written from the settings file
+    kept: list[str]         # "bucket/key" KV already had (or an operator deleted): left as they are
+
+
+def _documents(settings: Settings) -> list[tuple[str, str, bytes]]:
+    """(bucket, key, value) for what the settings file provisions: a key per tenant, the models
+    table and the price book as one key each."""
+    docs = [("tenants", t.name, tenant_docs.encode(t)) for t in settings.tenants.values()]
+    if settings.models:
+        docs.append(("routing", MODELS_KEY, encode_models(dict(settings.models))))
+    if settings.prices.pools:
+        docs.append(("routing", PRICES_KEY, msgspec.json.encode(settings.prices)))
+    return docs
+
+
+async def seed_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> Seeded:
+    """Write each settings document only where its key never had a value. Expecting subject
+    sequence 0 (not KV `create`, which re-creates a deleted key) keeps an operator's delete too."""
+    created, kept = [], []
+    for bucket, key, value in _documents(settings):
+        kv = await js.key_value(s.bucket(bucket))
+        try:
+            await kv.update(key, value, last=0)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            kept.append(f"{bucket}/{key}")
+        else:
+            created.append(f"{bucket}/{key}")
+    if created:
+        log.info("settings file: created %s", ", ".join(created))
+    if kept:
+        log.info("settings file: kept KV's own %s (change them live, or apply the file with "
+                 "`laneway bridge --settings-overwrite`)", ", ".join(kept))
+    return Seeded(created, kept)
+
+
+async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> list[str]:
+    """Write every settings document over what KV holds (an operator's explicit choice)."""
+    written = []
+    for bucket, key, value in _documents(settings):
+        await (await js.key_value(s.bucket(bucket))).put(key, value)
+        written.append(f"{bucket}/{key}")
+    if written:
+        log.warning("settings file written over KV: %s", ", ".join(written))
+    return written

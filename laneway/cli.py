@@ -49,13 +49,31 @@ def _limits_flags(parser: argparse.ArgumentParser) -> None:
                    help="seconds before an unacknowledged request is redelivered")
     g.add_argument("--max-deliver", type=int, default=d.max_deliver)
     g.add_argument("--replicas", type=int, default=d.replicas, help="stream replicas (3 on a cluster)")
+    g.add_argument("--dlq-max-age-days", type=float, default=d.dlq_max_age_s / 86400,
+                   help="days LW_DLQ keeps a dead-lettered request")
 
 
 def _limits(args: argparse.Namespace):
     from broker.config import StreamLimits
 
     return StreamLimits(max_msgs_per_subject=args.backlog_per_tenant, ack_wait_s=args.ack_wait,
-                        max_deliver=args.max_deliver, replicas=args.replicas)
+                        max_deliver=args.max_deliver, replicas=args.replicas,
+                        dlq_max_age_s=args.dlq_max_age_days * 86400)
+
+
+def _edge_flags(parser: argparse.ArgumentParser) -> None:
+    from broker.config import BridgeConfig
+
+    d = BridgeConfig()
+    g = parser.add_argument_group("client limits")
+    g.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                   help="seconds a connection may go without a whole request head (idle keep-alive too)")
+    g.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
+                   help="seconds a request body may take to arrive; then 408")
+    g.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections at most; past it a connection gets 503 and is closed")
+    g.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens,
+                   help="the longest prompt for rule-routed models (models-table entries set their own)")
 
 
 def _gate_flags(parser: argparse.ArgumentParser) -> None:
@@ -135,8 +153,11 @@ async def _run_bridge(args: argparse.Namespace) -> int:
         from loadtest.eval_gate import load_golden, load_results, results_evaluator
 
         evaluator = results_evaluator(load_golden(), load_results(Path(args.eval_scores)))
-    bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port,
-                                 limits=_limits(args)), settings,
+    bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port, limits=_limits(args),
+                                 header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                                 max_connections=args.max_connections,
+                                 max_context_tokens=args.max_context_tokens,
+                                 settings_overwrite=args.settings_overwrite), settings,
                     admin=AdminConfig.from_env(), evaluator=evaluator)
     async with bridge:
         print(f"laneway bridge on {bridge.url}", flush=True)
@@ -184,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default=None)
     p.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="auto",
                    help="the broker's PII stage (auto: Presidio if installed)")
+    p.add_argument("--no-encrypt-at-rest", action="store_true",
+                   help="store JetStream in plaintext (default: encrypted, key in DATA_DIR/nats/jetstream.key)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.set_defaults(run=_run_up)
 
@@ -228,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="settings TOML with tenants and models [LANEWAY_SETTINGS]")
     p.add_argument("--eval-scores", help="golden-set answers per pool (from `laneway eval "
                    "--save-scores`): the admin API's eval gate scores rule changes with them")
+    p.add_argument("--settings-overwrite", action="store_true",
+                   help="write the settings file over KV (default: only the keys KV never had)")
+    _edge_flags(p)
     p.set_defaults(run=_run_bridge)
 
     # Tools: a module's configure(parser) and run(args), run_sync when it needs no event loop.

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import nats
 from nats.aio.client import Client
@@ -48,13 +49,20 @@ def nats_from_args(args: "argparse.Namespace") -> NatsSettings:
                         password=args.nats_password)
 
 
-async def connect(url: str, name: str, user: str | None = None, password: str | None = None) -> Client:
-    """Connect with reconnects forever: Laneway processes outlive nats-server restarts."""
+async def connect(url: str, name: str, user: str | None = None, password: str | None = None, *,
+                  on_disconnect: Callable[[], None] | None = None,
+                  on_reconnect: Callable[[], None] | None = None) -> Client:
+    """Connect with reconnects forever: Laneway processes outlive nats-server restarts. The
+    optional callbacks let a process act on the loss (the bridge fails its open streams)."""
     async def disconnected() -> None:
         log.warning("%s: disconnected from NATS", name)
+        if on_disconnect is not None:
+            on_disconnect()
 
     async def reconnected() -> None:
         log.info("%s: reconnected to NATS", name)
+        if on_reconnect is not None:
+            on_reconnect()
 
     async def error(exc: Exception) -> None:
         log.warning("%s: NATS error: %s", name, exc)
@@ -68,7 +76,9 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
         reconnect_time_wait=0.5,
         connect_timeout=5,
         allow_reconnect=True,
-        pending_size=64 * 1024 * 1024,  # frames are buffered while reconnecting
+        # Publishes are buffered while reconnecting; workers drop token frames instead (the
+        # edge has ended those streams already) and buffer only acks and usage records.
+        pending_size=64 * 1024 * 1024,
         disconnected_cb=disconnected,
         reconnected_cb=reconnected,
         error_cb=error,

@@ -14,6 +14,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
+from broker.runtime.tasks import cancel_and_wait
+
 log = logging.getLogger("laneway.config")
 
 
@@ -49,12 +51,8 @@ class BucketWatch:
         await asyncio.wait_for(self.loaded.wait(), 10)
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self, watcher) -> None:
         try:

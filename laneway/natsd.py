@@ -2,6 +2,11 @@
 
 Used by `laneway up`/`laneway nats` and by the tests, which start one per test module on port 0
 with a temporary store and read the chosen port back from the server's ports file.
+
+With `encryption_key_file`, JetStream encrypts everything it stores (message blocks, stream and
+consumer metadata) with the key in that file, generated on first start. The key reaches
+nats-server through its environment (`$LANEWAY_NATS_JS_KEY` in a generated config), so it is in
+neither a config file nor the process's argv.
 """
 
 from __future__ import annotations
@@ -9,17 +14,43 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.runtime.lifetime import die_with_parent
+
 
 class NatsServerError(RuntimeError):
     def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(f"{message}\n{log_tail}" if log_tail else message)
         self.log_tail = log_tail
+
+
+KEY_ENV = "LANEWAY_NATS_JS_KEY"
+CIPHER = "chachapoly"      # constant-time in software on every CPU, unlike AES without AES-NI
+MIN_KEY_CHARS = 32         # nats-server's advice: a key of at least 32 bytes
+
+
+def encryption_key(path: Path) -> str:
+    """The key in `path`, created there (mode 0600, 256 random bits) if the file is absent."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    key = path.read_text().strip()
+    # It is handed to nats-server's config parser as a quoted string: keep it to what that can hold.
+    if len(key) < MIN_KEY_CHARS or not key.isprintable() or '"' in key or "\\" in key:
+        raise NatsServerError(f"{path}: the key must be at least {MIN_KEY_CHARS} printable characters, "
+                              "without quotes or backslashes")
+    return key
 
 
 def server_binary() -> str:
@@ -39,6 +70,7 @@ class NatsServer:
     host: str = "127.0.0.1"
     port: int = 0
     config_file: Path | None = None
+    encryption_key_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     url: str = ""
     process: asyncio.subprocess.Process | None = None
@@ -56,12 +88,18 @@ class NatsServer:
         args = [server_binary(), "-a", self.host, "-p", str(port), "-js",
                 "-sd", str(self.store_dir / "jetstream"), "--ports_file_dir", str(ports_dir),
                 "-l", str(self.log_file)]
-        if self.config_file is not None:
+        env = None
+        if self.encryption_key_file is not None:
+            # Quoted, or nats-server would parse a key such as "12e4..." as a number.
+            env = {**os.environ, KEY_ENV: f'"{encryption_key(self.encryption_key_file)}"'}
+            args += ["-c", str(self._write_encrypted_config())]
+        elif self.config_file is not None:
             args += ["-c", str(self.config_file)]
         args += self.extra_args
         self.process = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=env,
+            preexec_fn=die_with_parent,     # never outlives `up` or the test that started it
         )
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
@@ -80,6 +118,19 @@ class NatsServer:
             await asyncio.sleep(0.05)
         await self.stop()
         raise NatsServerError("nats-server did not report its port in time", self._tail())
+
+    def _write_encrypted_config(self) -> Path:
+        """The jetstream block naming the key's variable, after `config_file` (included, so its
+        jetstream block, if any, is replaced by this one; the store dir stays the `-sd` flag's)."""
+        conf = self.store_dir / "nats-server.conf"
+        lines = ["# Written by laneway at each start. The key is in the environment, never here."]
+        if self.config_file is not None:
+            # nats-server resolves `include` relative to the including file, and refuses absolute paths.
+            rel = os.path.relpath(self.config_file.resolve(), conf.parent.resolve())
+            lines.append(f"include {json.dumps(rel)}")
+        lines.append(f"jetstream {{ cipher: {CIPHER}, key: ${KEY_ENV} }}")
+        conf.write_text("\n".join(lines) + "\n")
+        return conf
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:
         proc, self.process = self.process, None

@@ -3,8 +3,9 @@
 An embedded nats-server (JetStream on disk under --data-dir), then broker, worker and bridge as
 child processes, exactly as they run in production (each `laneway <role> --nats-url ...`).
 Children run in their own sessions so Ctrl-C reaches only this process, which stops them in
-order (bridge, worker, broker, nats-server) and leaves nothing behind. If any child dies, the
-rest are stopped and the exit code says so.
+order (bridge, worker, broker, nats-server) and leaves nothing behind. Once the stack is ready,
+a child that dies is restarted with backoff (laneway/supervise.py) and the others run on; each
+child is tied to this process's life, so a SIGKILL of `up` leaves no orphan either.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from pathlib import Path
 import aiohttp
 
 from broker.config import LogicalModel, Settings
+from broker.runtime.lifetime import die_with_parent
 from broker.tenants import Tenant, hash_key
 from laneway.natsd import NatsServer
+from laneway.supervise import Supervisor
 
 STOP_GRACE_S = 20.0
 
@@ -49,7 +52,8 @@ async def _spawn(role: str, argv: list[str], log_dir: Path) -> asyncio.subproces
     log = open(log_dir / f"{role}.log", "ab")
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "laneway.cli", role, *argv,
-        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        preexec_fn=die_with_parent)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -81,8 +85,43 @@ async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], ti
     raise RuntimeError(f"not ready after {timeout:.0f}s")
 
 
-def _banner(url: str, api_key: str, model: str, generated: bool, nats_url: str, logs: Path) -> str:
-    key_note = "  (generated; pass --api-key to choose one)" if generated else ""
+def _demo_key(data_dir: Path, requested: str | None) -> tuple[str, str, bool]:
+    """(the demo tenant's key, a note, whether it differs from the last run's). A generated key
+    is kept in the data dir (0600), so `up` again on the same data dir keeps the same key."""
+    path = data_dir / "demo-api-key"
+    previous = path.read_text().strip() if path.is_file() else None
+    key = requested or previous or f"lw-{secrets.token_urlsafe(24)}"
+    if key != previous:
+        path.touch(mode=0o600)
+        path.write_text(key + "\n")
+    if requested:
+        note = ""
+    elif previous:
+        note = f"  (the last run's, from {path}; pass --api-key to choose one)"
+    else:
+        note = f"  (generated, kept in {path}; pass --api-key to choose one)"
+    return key, note, previous is not None and key != previous
+
+
+def _settings_key(path: Path, api_key: str | None) -> tuple[str, str]:
+    """(the key the banner shows, a note): with a settings file the tenants' keys are its own,
+    so a key is shown only if --api-key names one of them; never a key that would get 401."""
+    from broker.config import load_settings
+
+    tenants = load_settings(path).tenants
+    if api_key is not None:
+        owner = next((t.name for t in tenants.values() if hash_key(api_key) in t.api_key_sha256), None)
+        if owner is not None:
+            return api_key, f"  (tenant {owner})"
+        print(f"laneway: --api-key is not a key of any tenant in {path}: it would get 401",
+              file=sys.stderr)
+    return "$LANEWAY_API_KEY", f"  (a key of a tenant in {path})"
+
+
+def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path) -> str:
+    # A key from the environment in the shell example is one from the environment in Python's.
+    py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
+              else f"'{api_key}'")
     return f"""
 Laneway is up: {url}
   NATS        {nats_url}
@@ -97,7 +136,7 @@ Stream a reply with curl:
 
 Or with the openai client:
   python -c "from openai import OpenAI
-c = OpenAI(base_url='{url}/v1', api_key='{api_key}')
+c = OpenAI(base_url='{url}/v1', api_key={py_key})
 for ch in c.chat.completions.create(model='{model}', stream=True,
         messages=[{{'role': 'user', 'content': 'Hello!'}}]):
     print(ch.choices[0].delta.content or '', end='', flush=True)"
@@ -147,11 +186,14 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     model, pool = _engine_defaults(args)
-    generated = args.api_key is None
-    api_key = args.api_key or f"lw-{secrets.token_urlsafe(24)}"
+    overwrite: list[str] = []       # for the bridge's first start only, never its restarts
     if args.settings:
         settings_path = Path(args.settings)
+        api_key, key_note = _settings_key(settings_path, args.api_key)
     else:
+        api_key, key_note, changed = _demo_key(data_dir, args.api_key)
+        if changed:     # the bridge seeds KV create-if-absent: a new key must replace the old
+            overwrite = ["--settings-overwrite"]
         settings = Settings(tenants={"demo": Tenant(name="demo", api_key_sha256=[hash_key(api_key)])},
                             models={model: LogicalModel(pool=pool)})
         settings_path = data_dir / "settings.toml"
@@ -162,20 +204,27 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    nats = NatsServer(data_dir / "nats", port=args.nats_port)
+    nats = NatsServer(data_dir / "nats", port=args.nats_port,
+                      encryption_key_file=None if args.no_encrypt_at_rest else data_dir / "nats" / "jetstream.key")
     await nats.start()
     common = ["--nats-url", nats.url]
+    bridge_argv = common + ["--host", args.host, "--port", str(args.port), "--settings", str(settings_path),
+                            *forwarded["bridge"]]
+    starts = {
+        "broker": lambda: _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir),
+        "worker": lambda: _spawn("worker", worker_argv, log_dir),
+        "bridge": lambda: _spawn("bridge", bridge_argv, log_dir),
+    }
+    worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
+    if args.model:
+        worker_argv += ["--model", args.model]
     procs: dict[str, asyncio.subprocess.Process] = {}
+    supervisor = Supervisor()
     code = 0
     try:
-        procs["broker"] = await _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir)
-        worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
-        if args.model:
-            worker_argv += ["--model", args.model]
-        procs["worker"] = await _spawn("worker", worker_argv, log_dir)
-        procs["bridge"] = await _spawn(
-            "bridge", common + ["--host", args.host, "--port", str(args.port),
-                                "--settings", str(settings_path)] + forwarded["bridge"], log_dir)
+        procs["broker"] = await starts["broker"]()
+        procs["worker"] = await starts["worker"]()
+        procs["bridge"] = await _spawn("bridge", bridge_argv + overwrite, log_dir)
         url = f"http://{args.host}:{args.port}"
         ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout))
         stopped = asyncio.create_task(stop.wait())
@@ -183,21 +232,29 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         if stop.is_set():
             ready.cancel()
             return 130
-        ready.result()  # raises if start-up failed
-        print(_banner(url, api_key, model, generated, nats.url, log_dir), flush=True)
-        exits = [asyncio.create_task(p.wait()) for p in procs.values()]
-        await asyncio.wait([stopped, *exits], return_when=asyncio.FIRST_COMPLETED)
+        ready.result()  # raises if start-up failed: a child that dies before it is ready is a
+        # configuration error, which restarting would only repeat
+        supervisor.keep("nats-server", nats.process, _restart_nats(nats))
         for role, proc in procs.items():
-            if proc.returncode is not None and not stop.is_set():
-                print(f"laneway: {role} exited with {proc.returncode}; see {log_dir}/{role}.log",
-                      file=sys.stderr)
-                code = 1
+            supervisor.keep(role, proc, starts[role])
+        print(_banner(url, api_key, model, key_note, nats.url, log_dir), flush=True)
+        await stopped
     except RuntimeError as exc:
         print(f"laneway: {exc}; see the logs in {log_dir}/", file=sys.stderr)
         code = 1
     finally:
+        await supervisor.stop()
+        procs.update(supervisor.procs)
         for role in ("bridge", "worker", "broker"):
             if role in procs:
                 await _stop(procs[role])
         await nats.stop()
     return code
+
+
+def _restart_nats(nats: NatsServer):
+    """nats-server again on the same port and store: clients reconnect to the URL they know."""
+    async def start() -> asyncio.subprocess.Process:
+        await nats.start()
+        return nats.process
+    return start

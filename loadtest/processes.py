@@ -50,6 +50,8 @@ class LanewayUp:
         self.extra = extra or []
         self.proc: asyncio.subprocess.Process | None = None
         self.nats_url = ""
+        self.output: list[str] = []        # what `up` printed after its banner (restarts…)
+        self._drain: asyncio.Task | None = None
 
     async def __aenter__(self) -> "LanewayUp":
         self.proc = await asyncio.create_subprocess_exec(
@@ -64,12 +66,26 @@ class LanewayUp:
             text += line
             if b"NATS " in line:
                 self.nats_url = line.decode().split()[-1]
+        # Keep reading: a full pipe would block `up` the next time it says something.
+        self._drain = asyncio.create_task(self._read_output())
         return self
+
+    async def _read_output(self) -> None:
+        while line := await self.proc.stdout.readline():
+            self.output.append(line.decode(errors="replace").rstrip())
+
+    def role_pids(self, role: str) -> list[int]:
+        """The live pids of one child role ("broker", "worker", "bridge", "nats-server")."""
+        if role == "nats-server":
+            return [pid for pid in pids_mentioning(str(self.data_dir)) if pid in pids_mentioning("nats-server")]
+        return pids_mentioning(f"laneway.cli {role} --nats-url {self.nats_url}")
 
     async def __aexit__(self, *exc: object) -> None:
         if self.proc and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGINT)
             await asyncio.wait_for(self.proc.wait(), 60)
+        if self._drain is not None:
+            await self._drain
 
     def pids(self) -> list[int]:
         """nats-server (its store is under data_dir) and broker/worker/bridge (they name the

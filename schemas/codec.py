@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from schemas.frames import TokenFrame
@@ -25,7 +27,46 @@ decode_usage = msgspec.msgpack.Decoder(Usage).decode
 # HTTP edge.
 _json = msgspec.json.Encoder()
 encode_json = _json.encode
-decode_chat_request = msgspec.json.Decoder(ChatCompletionRequest).decode
+_decode_chat = msgspec.json.Decoder(ChatCompletionRequest).decode
+
+# The deepest JSON nesting the edge decodes. msgspec recurses once per level, so a body nested
+# thousands deep raises RecursionError; a chat request nests about 5 levels, a tool's schema a few more.
+MAX_JSON_DEPTH = 64
+
+_STRINGS = re.compile(rb'"[^"]*"')   # once escaped backslashes and quotes are gone
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_OPEN = ord("[")
+
+
+class TooDeep(ValueError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the JSON body nests deeper than {limit} levels")
+        self.limit = limit
+
+
+def nests_deeper_than(body: bytes, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than `limit`. A body with few brackets (every
+    ordinary request) is answered by counting; others are scanned once, stopping past the limit."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    depth = 0
+    for char in _STRINGS.sub(b"", unescaped).translate(_BRACKETS, _NOT_BRACKETS):
+        if char == _OPEN:
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def decode_chat_request(body: bytes) -> ChatCompletionRequest:
+    """Raises TooDeep before decoding, msgspec's DecodeError or ValidationError while decoding."""
+    if nests_deeper_than(body, MAX_JSON_DEPTH):
+        raise TooDeep(MAX_JSON_DEPTH)
+    return _decode_chat(body)
 
 DecodeError = msgspec.DecodeError
 ValidationError = msgspec.ValidationError

@@ -10,7 +10,9 @@ class ErrorCode(str, Enum):
     duplicate_request = "duplicate_request"  # same request id within the dedup window: generated once
     unknown_model = "unknown_model"
     unknown_class = "unknown_class"
+    class_not_allowed = "class_not_allowed"  # the tenant's document does not list the subject's class
     payload_too_large = "payload_too_large"
+    context_length_exceeded = "context_length_exceeded"   # the prompt cannot fit the model's context
     queue_full = "queue_full"            # this tenant's backlog in this class is at its cap
     rate_limited = "rate_limited"        # over the tenant's requests/tokens per minute or concurrency
     insufficient_quota = "insufficient_quota"   # the tenant's monthly token budget is spent
@@ -18,6 +20,7 @@ class ErrorCode(str, Enum):
     pii_unavailable = "pii_unavailable"  # PII analysis failed and the policy fails closed
     overloaded = "overloaded"            # the whole system is full
     no_worker = "no_worker"              # no ready worker serves the pool
+    unavailable = "unavailable"          # the edge lost NATS: nothing can be accepted or answered now
     deadline_exceeded = "deadline_exceeded"
     cancelled = "cancelled"
     worker_lost = "worker_lost"          # the worker died after tokens reached the client

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from schemas.requests import MAX_OUTPUT_TOKENS, MAX_STOP_SEQUENCES
+from schemas.requests import MAX_OUTPUT_TOKENS, MAX_STOP_SEQUENCES, Seed
 
 
 class EdgeMessage(msgspec.Struct, omit_defaults=True):
@@ -33,7 +33,7 @@ class ChatCompletionRequest(msgspec.Struct, omit_defaults=True):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: Annotated[int, Meta(ge=1, le=1)] | None = None
     user: str | None = None
     # Accepted and ignored at their defaults only; see bridge/translate.py.

@@ -14,6 +14,8 @@ MAX_STOP_SEQUENCES = 4
 MaxTokens = Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+# msgpack carries at most a 64-bit integer, and engines seed a 64-bit generator.
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Role = Annotated[str, Meta(pattern="^(system|user|assistant|tool|developer)$")]
 RequestId = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 Token = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
@@ -29,7 +31,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, gc=False):
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     stop: Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)] = []
-    seed: int | None = None
+    seed: Seed | None = None
 
     @property
     def deterministic(self) -> bool:

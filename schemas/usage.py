@@ -1,4 +1,6 @@
-"""One `Usage` record per finished request on `lw.usage.<tenant>` (stream `LW_USAGE`)."""
+"""One `Usage` record per finished request on `lw.usage.<tenant>` (stream `LW_USAGE`).
+
+Fields evolve by appending ones with defaults: older records decode with those defaults."""
 
 from __future__ import annotations
 
@@ -22,3 +24,7 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     finished_at: float
     cached: bool = False
     cost_usd: float = 0.0
+    # Some of the stream's frames could not be published (e.g. NATS went down mid-stream): the
+    # client never got its end, and `completion_tokens` counts only the tokens it was sent.
+    interrupted: bool = False
+    undelivered_tokens: int = 0     # generated but never published

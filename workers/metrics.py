@@ -1,4 +1,4 @@
-"""The worker's Prometheus metrics, bounded labels (pool, class, finish reason)."""
+"""The worker's Prometheus metrics, bounded labels (pool, class, finish reason, publish kind)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ class WorkerMetrics:
                                    "Requests handed to a larger pool on low first-token confidence",
                                    ["pool"], registry=r)
         self.pulls = Counter("laneway_worker_pulls_total", "Pulls sent to the broker", ["pool"], registry=r)
+        self.malformed_batches = Counter("laneway_worker_malformed_batches_total",
+                                         "Pull replies that could not be decoded (JetStream redelivers "
+                                         "their requests after ack_wait)", ["pool"], registry=r)
+        self.publish_failures = Counter("laneway_worker_publish_failures_total",
+                                        "Publishes that failed; what they carried was dropped",
+                                        ["pool", "kind"], registry=r)
         self.ttft = Histogram("laneway_worker_ttft_seconds", "Dispatch to first token in the engine",
                               ["pool", "class"], registry=r,
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 5, 10, 30))

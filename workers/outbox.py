@@ -6,19 +6,73 @@ thousands of streams). A flush runs at most once per `interval_s`: a GPU step is
 token waits on a GPU, while faster steps (the zero-delay sim, tiny models) coalesce, and a
 stream's deltas that wait for the same flush merge into one entry (one SSE chunk at the edge).
 Order matters and holds on one connection: dead letters are stored first, then the frames,
-then what must follow them (a request's ack after its last entry, usage records, +WPI).
+then what must follow them (a request's ack after its last entry, +WPI), then usage records.
+
+A failed publish never stops the flusher. It is counted (`laneway_worker_publish_failures_total`
+by kind) and logged, and what it carried is dropped on purpose:
+- a token frame: its streams are marked lost. The edge ends such a stream at the seq gap, and its
+  usage meters only the tokens of frames published before (`Delivery`).
+- a dead letter: its request's TERM is withheld, so the message stays unacked and the broker
+  dead-letters it from JetStream's max-deliveries advisory instead.
+- an ack, +WPI or usage record: JetStream redelivers an unacked request after ack_wait.
+Frames go out only on a live connection. nats-py would buffer them through a reconnect, but they
+would land after the edge gave the stream up, and a token counts as delivered only once its
+frame was published. Acks and usage records are still right late: those are buffered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import nats.errors
 from nats.aio.client import Client
 
 from schemas import codec
 from schemas.frames import Delta, Entry, TokenFrame
 from workers.metrics import WorkerMetrics
+
+log = logging.getLogger("laneway.worker.outbox")
+
+StreamKey = tuple[str, int]     # (request_id, attempt)
+
+
+@dataclass(slots=True)
+class Delivery:
+    """What of one stream went out: tokens in its frames published before any of its frames
+    failed, and whether one did (the stream then never reached its end at the edge)."""
+
+    tokens: int = 0
+    lost: bool = False
+
+
+class _Failures:
+    """Publish failures, logged when a run of them starts and when publishing works again: a
+    disconnected worker would otherwise log every flush."""
+
+    def __init__(self, metrics: WorkerMetrics, pool: str) -> None:
+        self._metrics = metrics
+        self._pool = pool
+        self._counts: dict[str, int] = {}
+        self.this_flush = 0
+
+    def record(self, kind: str, subject: str, error: str) -> None:
+        self._metrics.publish_failures.labels(self._pool, kind).inc()
+        if not self._counts:
+            log.warning("publishing a %s to %s failed (%s); dropping what cannot be published "
+                        "until publishing works again", kind, subject, error)
+        self._counts[kind] = self._counts.get(kind, 0) + 1
+        self.this_flush += 1
+
+    def settle(self) -> None:
+        """End of a flush: one without failures ends the run."""
+        if self.this_flush == 0 and self._counts:
+            log.warning("publishing works again; dropped meanwhile: %s", self._counts)
+            self._counts = {}
+        self.this_flush = 0
 
 
 class Outbox:
@@ -28,15 +82,20 @@ class Outbox:
         self._metrics = metrics
         self._interval_s = interval_s
         self._frames: dict[str, list[Entry]] = {}
-        self._open: dict[tuple[str, int], Delta] = {}     # (request, attempt) → its unsent delta
+        self._open: dict[StreamKey, Delta] = {}           # a stream's delta that waits for the flush
+        self._tokens: dict[StreamKey, int] = {}           # ... and the tokens it carries
         self._after: list[tuple[str, bytes]] = []
-        self._dead: list[tuple[str, bytes, dict[str, str]]] = []
+        self._metered: list[tuple[str, StreamKey, Callable[[Delivery], bytes]]] = []
+        self._dead: list[tuple[str, bytes, dict[str, str], str]] = []
+        self._sent: dict[StreamKey, Delivery] = {}        # until the stream's usage is built
+        self._failures = _Failures(metrics, pool)
         self._dirty = asyncio.Event()
 
     def emit(self, reply_to: str, entry: Entry) -> None:
         key = (entry.request_id, entry.attempt)
         if isinstance(entry, Delta):
             self._open[key] = entry
+            self._tokens[key] = self._tokens.get(key, 0) + (len(entry.token_ids) or 1)
         else:
             self._open.pop(key, None)
         entries = self._frames.get(reply_to)
@@ -49,21 +108,31 @@ class Outbox:
     def extend(self, request_id: str, attempt: int, text: str, token_ids: list[int]) -> bool:
         """Append to this stream's delta that still waits for the flush; False when there is
         none (the caller emits a new `Delta` with the next seq)."""
-        delta = self._open.get((request_id, attempt))
+        key = (request_id, attempt)
+        delta = self._open.get(key)
         if delta is None:
             return False
         delta.text += text
         delta.token_ids.extend(token_ids)
+        self._tokens[key] += len(token_ids) or 1    # an engine without token ids: one per delta
         return True
 
     def after(self, subject: str, payload: bytes) -> None:
-        """Published after the frames of the same flush (acks, usage, in-progress)."""
+        """Published after the frames of the same flush (acks, in-progress)."""
         self._after.append((subject, payload))
         self._dirty.set()
 
-    def dead_letter(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
-        """Stored (JetStream publish) before anything else of the flush, so before its TERM."""
-        self._dead.append((subject, payload, headers))
+    def metered(self, subject: str, request_id: str, attempt: int,
+                build: Callable[[Delivery], bytes]) -> None:
+        """A usage record, built at the flush once the stream's last frames went out (or failed
+        to): `build` gets what was delivered. Call it after the stream's last entry."""
+        self._metered.append((subject, (request_id, attempt), build))
+        self._dirty.set()
+
+    def dead_letter(self, subject: str, payload: bytes, headers: dict[str, str], ack_subject: str) -> None:
+        """Stored (JetStream publish) before anything else of the flush, so before its TERM;
+        if it cannot be stored, that TERM (`ack_subject`) is withheld."""
+        self._dead.append((subject, payload, headers, ack_subject))
         self._dirty.set()
 
     async def run(self, nc: Client) -> None:
@@ -80,25 +149,72 @@ class Outbox:
 
     async def flush(self, nc: Client) -> None:
         frames, self._frames = self._frames, {}
+        tokens, self._tokens = self._tokens, {}
         self._open.clear()
         after, self._after = self._after, []
+        metered, self._metered = self._metered, []
         dead, self._dead = self._dead, []
-        for subject, payload, headers in dead:
-            await nc.jetstream().publish(subject, payload, headers=headers)
+        withheld = await self._store_dead(nc, dead) if dead else ()
         now = time.time()
         for reply_to, entries in frames.items():
-            for payload in self._encode(entries, now, nc.max_payload):
-                await nc.publish(reply_to, payload)
+            for part, payload in self._encode(entries, now, nc.max_payload):
+                try:
+                    if not nc.is_connected:
+                        raise nats.errors.ConnectionReconnectingError
+                    await nc.publish(reply_to, payload)
+                except nats.errors.Error as exc:
+                    self._failures.record("frame", reply_to, repr(exc))
+                    self._count(part, tokens, lost=True)
+                else:
+                    self._count(part, tokens, lost=False)
             self._metrics.entries_per_frame.labels(self._pool).observe(len(entries))
         if frames:
             self._metrics.frames.labels(self._pool).inc(len(frames))
         for subject, payload in after:
-            await nc.publish(subject, payload)
+            if subject not in withheld:
+                await self._publish(nc, "control", subject, payload)
+        for subject, key, build in metered:
+            await self._publish(nc, "usage", subject, build(self._sent.pop(key, None) or Delivery()))
+        self._failures.settle()
 
-    def _encode(self, entries: list[Entry], now: float, max_payload: int) -> list[bytes]:
+    def _count(self, entries: list[Entry], tokens: dict[StreamKey, int], lost: bool) -> None:
+        """Credit the deltas of a published frame to their streams, until one of theirs fails."""
+        for entry in entries:
+            key = (entry.request_id, entry.attempt)
+            sent = self._sent.get(key)
+            if sent is None:
+                sent = self._sent[key] = Delivery()
+            if lost:
+                sent.lost = True
+            elif not sent.lost and isinstance(entry, Delta):
+                sent.tokens += tokens.get(key, 0)
+
+    async def _store_dead(self, nc: Client, dead: list[tuple[str, bytes, dict[str, str], str]]) -> set[str]:
+        """Store the dead letters; the ack subjects whose TERM must now be withheld."""
+        withheld = set()
+        for subject, payload, headers, ack_subject in dead:
+            try:
+                if not nc.is_connected:   # a JetStream publish would wait out its timeout
+                    raise nats.errors.ConnectionReconnectingError
+                await nc.jetstream().publish(subject, payload, headers=headers)
+            except nats.errors.Error as exc:
+                withheld.add(ack_subject)
+                self._failures.record("dead_letter", subject, repr(exc))
+                log.error("could not store a dead letter on %s (%r, attempt %s); its TERM is withheld, "
+                          "so the broker dead-letters it after max deliveries", subject, exc,
+                          headers.get("Laneway-Attempt"))
+        return withheld
+
+    async def _publish(self, nc: Client, kind: str, subject: str, payload: bytes) -> None:
+        try:
+            await nc.publish(subject, payload)    # buffered by nats-py while reconnecting
+        except nats.errors.Error as exc:
+            self._failures.record(kind, subject, repr(exc))
+
+    def _encode(self, entries: list[Entry], now: float, max_payload: int) -> list[tuple[list[Entry], bytes]]:
         """One frame, unless it would exceed NATS max_payload: then halves, recursively."""
         payload = codec.encode(TokenFrame(self._source, entries, now))
         if len(payload) <= max_payload or len(entries) == 1:
-            return [payload]
+            return [(entries, payload)]
         half = len(entries) // 2
         return self._encode(entries[:half], now, max_payload) + self._encode(entries[half:], now, max_payload)

@@ -1,8 +1,7 @@
 """The worker loop: pull when there is room, feed the engine, one frame per step per inbox, ack.
 
-- Pull: a `Credit` goes to `lw.pull.<pool>` only while the engine has a free slot; the broker
-  holds it open until there is work (long poll), so an idle worker costs one message per
-  `pull_wait_s`.
+- Pull: a `Credit` goes to `lw.pull.<pool>` only while the engine has a free slot
+  (`workers/pulling.py`); the answer is a `Batch` of dispatches.
 - Frames: each stream's deltas go into an outbox keyed by reply subject; a flusher publishes
   ONE `TokenFrame` per inbox per event-loop turn (and at most one per `frame_interval_s`). An
   engine step wakes every stream it produced a token for in the same turn, so a frame carries
@@ -13,34 +12,30 @@
   refused here. A request that fails before any token reached the client is `-NAK`ed so another
   attempt may succeed; after tokens were streamed it ends with an error entry instead.
 - An `EngineDead` stops the worker without acking: JetStream redelivers its requests elsewhere.
+  So does the death of any of its own loops (the flusher, the pull loop): a worker that can no
+  longer answer must not keep taking work, so it stops pulling and exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
-import uuid
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import dataclass
 
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 
 from broker.gate.cache import CachedResponse, ResponseCache
 from broker.routing.cascade import CascadeSettings, StreamGate, Verdict
-from broker.usage.meter import PRICES_KEY, Meter, parse_price_book
-from laneway.connect import NatsSettings, connect
-from laneway.livecfg import BucketWatch
+from laneway.connect import connect
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.subjects import MSG_ID_HEADER, msg_id
-from schemas.usage import Usage
-from schemas.work import Credit, Dispatch, Heartbeat
+from schemas.work import Dispatch, Heartbeat
 from workers.engine import (
     Engine,
     EngineDead,
@@ -49,8 +44,13 @@ from workers.engine import (
     EngineRequest,
     UnsupportedRequest,
 )
+from workers.config import WorkerConfig
+from workers.metering import UsageRecorder
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
+from workers.pulling import Puller
+
+__all__ = ["Worker", "WorkerConfig"]
 
 log = logging.getLogger("laneway.worker")
 
@@ -60,28 +60,6 @@ NAK_BACKOFF_S = 1.0     # a failed attempt is retried after this, not in a tight
 
 def nak_with_delay(delay_s: float) -> bytes:
     return b'-NAK {"delay": %d}' % int(delay_s * 1e9)
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    nats: NatsSettings = field(default_factory=NatsSettings)
-    pool: str = "default"
-    worker_id: str = ""
-    classes: tuple[str, ...] = ()           # empty: every class
-    pull_wait_s: float = 5.0
-    heartbeat_s: float = 2.0
-    in_progress_s: float = 5.0              # must stay well under the consumer's ack_wait
-    drain_s: float = 30.0                   # on SIGTERM, let running requests finish this long
-    # At most one flush per interval: a real engine step (≥ 5 ms on a GPU) is always longer, so
-    # this never delays a token there, but an engine that steps faster (the zero-delay sim, or
-    # tiny models) has its steps coalesced instead of costing one NATS message per step.
-    frame_interval_s: float = 0.002
-
-    def with_id(self) -> "WorkerConfig":
-        if self.worker_id:
-            return self
-        wid = f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}"
-        return WorkerConfig(**{**self.__dict__, "worker_id": wid})
 
 
 @dataclass(slots=True, eq=False)
@@ -112,20 +90,17 @@ class Worker:
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._late_pulls: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
         self._cache: ResponseCache | None = None
         self._stores: set[asyncio.Task[bool]] = set()
-        self.meter = Meter()
-        self._prices: BucketWatch | None = None
+        self.usage = UsageRecorder(self._outbox, self.s, self.config.pool, self.id)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n = self.config.nats
         self._nc = await connect(n.url, f"laneway-worker-{self.id}", n.user, n.password)
-        self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeats"))
-        js = self._nc.jetstream()
-        self._prices = BucketWatch(js, self.s.bucket("routing"), self._put_routing, lambda key: None)
-        await self._prices.start()
+        self._tasks.append(self._watched(self._heartbeats(), "heartbeats"))
+        await self.usage.start(self._nc.jetstream())
         # Load and warm up before taking any work: the first request pays no cold start.
         await self.engine.start()
         await self.engine.warmup()
@@ -133,11 +108,11 @@ class Worker:
         await self._heartbeat()
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
-        self._tasks += [
-            asyncio.create_task(self._outbox.run(self._nc), name="flusher"),
-            asyncio.create_task(self._in_progress(), name="in-progress"),
-            asyncio.create_task(self._pull_loop(), name="pull-loop"),
-        ]
+        puller = Puller(self._nc, self.s.pull(self.config.pool), self.config, self.engine, self.metrics,
+                        self._active, self._on_batch, self._room, self._stopping)
+        self._flusher = self._watched(self._outbox.run(self._nc), "flusher")
+        self._tasks += [self._flusher, self._watched(self._in_progress(), "in-progress"),
+                        self._watched(puller.run(), "pull-loop")]
         log.info("worker %s ready: pool=%s engine=%s model=%s", self.id, self.config.pool,
                  self.engine.name, self.engine.model)
 
@@ -145,6 +120,24 @@ class Worker:
         """Until stopped or dead; the process exit code."""
         await self._stopping.wait()
         return 1 if self.dead is not None else 0
+
+    def _watched(self, loop: Coroutine[object, object, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(loop, name=name)
+        task.add_done_callback(self._loop_ended)
+        return task
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.error("worker loop %s died: %r; stopping without taking more work", task.get_name(), error,
+                      exc_info=error)
+            self._die(error)
+
+    def _die(self, error: BaseException) -> None:
+        """Stop pulling; `wait()` returns 1 and running requests are left unacked."""
+        self.dead = error
+        self._stopping.set()
+        self._room.set()
 
     async def stop(self) -> None:
         """Stop pulling; let running requests finish for `drain_s`; then hand the rest back."""
@@ -156,8 +149,8 @@ class Worker:
         for active in list(self._active.values()):
             if active.task is not None:
                 active.task.cancel()    # unacked: JetStream redelivers them
-        if self._nc is not None:
-            await self._outbox.flush(self._nc)
+        if self._nc is not None and not (self._flusher is not None and self._flusher.done()):
+            await self._outbox.flush(self._nc)    # not if it already failed: it would again
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -165,8 +158,7 @@ class Worker:
         await self.engine.cleanup()
         if self._stores:
             await asyncio.wait(self._stores, timeout=5)
-        if self._prices is not None:
-            await self._prices.stop()
+        await self.usage.stop()
         if self._nc is not None:
             try:
                 if self._nc.is_connected:
@@ -186,64 +178,7 @@ class Worker:
         await self.stop()
 
     # -- pulling --------------------------------------------------------------------------
-    def _credit(self) -> Credit | None:
-        """Room from the engine's state, corrected by what this runner has accepted: a request
-        handed to a serving task is not in the engine until that task first runs, and counting
-        it twice is safer than over-committing the engine."""
-        cap = self.engine.capacity()
-        running: dict[str, int] = {}
-        unstarted_cost = 0
-        for active in self._active.values():
-            klass = active.dispatch.request.klass
-            running[klass] = running.get(klass, 0) + 1
-            if active.first_token_at is None:
-                unstarted_cost += active.dispatch.request.estimated_cost()
-        free = min(cap.free_slots, cap.total_slots - len(self._active))
-        self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
-        self.metrics.slots_in_use.labels(self.config.pool).set(len(self._active))
-        if free <= 0:
-            return None
-        return Credit(worker_id=self.id, pool=self.config.pool, free_slots=free,
-                      token_budget=max(0, cap.token_budget - unstarted_cost),
-                      total_slots=cap.total_slots, classes=list(self.config.classes),
-                      running=running, wait_s=self.config.pull_wait_s)
-
-    async def _pull_loop(self) -> None:
-        subject = self.s.pull(self.config.pool)
-        while not self._stopping.is_set():
-            credit = self._credit()
-            if credit is None:
-                self._room.clear()
-                await self._room.wait()
-                continue
-            self._room.clear()
-            self.metrics.pulls.labels(self.config.pool).inc()
-            pull = asyncio.create_task(self._pull(subject, credit))
-            room = asyncio.create_task(self._room.wait())
-            await asyncio.wait({pull, room}, return_when=asyncio.FIRST_COMPLETED)
-            room.cancel()
-            if not pull.done():
-                # Room grew while the broker holds our pull open: a fresh credit replaces it
-                # (the broker answers the old one at once); the old one's reply is still served.
-                self._late_pulls.add(pull)
-                pull.add_done_callback(self._late_pulls.discard)
-                continue
-            await pull
-
-    async def _pull(self, subject: str, credit: Credit) -> None:
-        try:
-            reply = await self._nc.request(subject, codec.encode(credit),
-                                           timeout=self.config.pull_wait_s + 2.0)
-        except (NatsTimeout, asyncio.TimeoutError):
-            return
-        except NoRespondersError:
-            await asyncio.sleep(0.5)    # no broker yet, or it is restarting
-            return
-        except Exception as exc:        # disconnected: the client reconnects
-            log.warning("pull failed: %s", exc)
-            await asyncio.sleep(0.5)
-            return
-        dispatches = codec.decode_batch(reply.data).dispatches
+    def _on_batch(self, dispatches: list[Dispatch]) -> None:
         if self._stopping.is_set():
             # Raced with shutdown: hand them straight back for another worker.
             for d in dispatches:
@@ -316,9 +251,7 @@ class Worker:
             return
         except EngineDead as exc:
             log.error("engine died: %s; stopping without acking running requests", exc)
-            self.dead = exc
-            self._stopping.set()
-            self._room.set()
+            self._die(exc)
             return
         except asyncio.CancelledError:
             raise   # worker shutdown: left unacked on purpose, JetStream redelivers it
@@ -385,7 +318,8 @@ class Worker:
         r = active.dispatch.request
         headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
                    "Laneway-Attempt": str(active.dispatch.attempt), "Laneway-Worker": self.id}
-        self._outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers)
+        self._outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers,
+                                 active.dispatch.ack_subject)
         self._fail(active, ErrorCode.engine_error,
                    f"the request failed on all {active.dispatch.attempt} attempts: {detail}")
 
@@ -399,19 +333,8 @@ class Worker:
 
     def _record_usage(self, active: _Active, finish_reason: str, prompt_tokens: int,
                       completion_tokens: int, served_model: str) -> None:
-        r = active.dispatch.request
-        now = time.monotonic()
-        usage = Usage(
-            request_id=r.request_id, tenant=r.tenant, klass=r.klass, model=r.model,
-            served_model=served_model, pool=self.config.pool, worker_id=self.id,
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-            finish_reason=finish_reason, queued_s=active.dispatch.queued_s,
-            ttft_s=None if active.first_token_at is None else active.first_token_at - active.started,
-            total_s=now - active.started, finished_at=time.time(),
-            cost_usd=self.meter.cost(self.config.pool, prompt_tokens, completion_tokens),
-        )
-        # Core publish into LW_USAGE: stored by JetStream without a round trip per request.
-        self._outbox.after(self.s.usage(r.tenant), codec.encode(usage))
+        self.usage.record(active.dispatch, active.started, active.first_token_at, finish_reason,
+                          prompt_tokens, completion_tokens, served_model)
 
     def _store_answer(self, active: _Active, finished: Finished) -> None:
         """Cache a complete deterministic answer, in the background (never on the frame path)."""
@@ -428,10 +351,6 @@ class Worker:
         if self._cache is None:   # the broker that set cache_key created the bucket
             self._cache = ResponseCache(await self._nc.jetstream().key_value(self.s.bucket("cache")))
         return await self._cache.store(key, answer)
-
-    def _put_routing(self, key: str, value: bytes) -> None:
-        if key == PRICES_KEY:
-            self.meter = Meter(parse_price_book(value))
 
     # -- frames ---------------------------------------------------------------------------
     @staticmethod

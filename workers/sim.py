@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from broker.runtime.tasks import cancel_and_wait
 from workers.engine import Capacity, Engine, EngineOutput, EngineRequest
 
 # NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 989 TFLOPS dense BF16, 1,979 TFLOPS dense FP8, 80 GB.
@@ -124,12 +125,7 @@ class SimEngine(Engine):
 
     async def cleanup(self) -> None:
         task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         for seq in list(self._seqs.values()):
             self._finish(seq, "abort")
 

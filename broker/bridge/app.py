@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 
-import msgspec
 import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client
@@ -24,21 +23,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from broker import tenants as tenant_docs
 from broker.bridge import openapi
 from broker.bridge.demux import REPLY_GRACE_S, Demux, ResponseStream
-from broker.bridge.errors import EdgeError, from_code, unauthorized
+from broker.bridge.errors import EdgeError, body_timeout, from_code, unauthorized
 from broker.bridge.readiness import Readiness
 from broker.bridge.respond import collect_json, stream_sse
-from broker.bridge.translate import param_of, to_generate
+from broker.bridge.server import HttpServer
+from broker.bridge.translate import check_context, param_of, to_generate
 from broker.classes import DEFAULT_CLASSES
 from broker.config import BridgeConfig, LogicalModel, Settings
 from broker.metrics import BridgeMetrics
-from broker.models import decode_models, put_models, served_names
+from broker.models import decode_models, served_names
 from broker.routing import rules as rule_docs
 from broker.routing.admin import AdminConfig, Evaluator, admin_app
 from broker.routing.rules import RuleSet
 from broker.routing.store import RuleStore, is_rules_key
 from broker.tenants import Tenant, TenantDirectory
-from broker.topology import ensure_topology, put_tenants
-from broker.usage.meter import PRICES_KEY
+from broker.topology import ensure_topology, put_settings, seed_settings
 from laneway.connect import connect
 from laneway.livecfg import BucketWatch
 from schemas import codec
@@ -79,23 +78,22 @@ class Bridge:
         self.demux = Demux(self.metrics)
         self.url = ""
         self._nc: Client | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self._watches: list[BucketWatch] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._cancel_on_reconnect: list[tuple[str, str]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n = self.config.nats
-        self._nc = await connect(n.url, f"laneway-bridge-{self.edge_id}", n.user, n.password)
+        self._nc = await connect(n.url, f"laneway-bridge-{self.edge_id}", n.user, n.password,
+                                 on_disconnect=self._nats_lost, on_reconnect=self._nats_back)
         js = self._nc.jetstream()
         await ensure_topology(js, self.s, self.config.limits)
-        if self.settings.tenants:
-            await put_tenants(js, self.s, list(self.settings.tenants.values()))
-        if self.settings.models:
-            await put_models(js, self.s, dict(self.settings.models))
-        if self.settings.prices.pools:
-            routing = await js.key_value(self.s.bucket("routing"))
-            await routing.put(PRICES_KEY, msgspec.json.encode(self.settings.prices))
+        # The settings file into KV: by default only what KV never had, so a restart cannot undo
+        # an operator's live edit.
+        provision = put_settings if self.config.settings_overwrite else seed_settings
+        await provision(js, self.s, self.settings)
         self._watches = [
             BucketWatch(js, self.s.bucket("tenants"), self._put_tenant, self.tenants.remove),
             BucketWatch(js, self.s.bucket("routing"), self._put_routing, self._delete_routing),
@@ -112,19 +110,16 @@ class Bridge:
         await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
         self._tasks.append(asyncio.create_task(self._watch_workers(), name="worker-lost"))
-        app = self.build_app()
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # the real port when asked for 0
+        self._server = HttpServer(self.build_app(), self.metrics, max_connections=self.config.max_connections,
+                                  header_timeout_s=self.config.header_timeout_s)
+        port = await self._server.start(self.config.host, self.config.port)
         self.url = f"http://{self.config.host}:{port}"
         log.info("bridge listening on %s (edge %s)", self.url, self.edge_id)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -179,7 +174,7 @@ class Bridge:
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes,
-                              middlewares=[self._errors_middleware])
+                              middlewares=[self._errors_middleware, self._read_body])
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/healthz", self.healthz)
@@ -203,6 +198,18 @@ class Bridge:
             err = EdgeError(code, exc.reason or "request refused", status=exc.status,
                             code_name="not_found" if exc.status == 404 else None)
             return err.response()
+
+    @web.middleware
+    async def _read_body(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every body is read whole within --body-timeout before a handler (admin's too) sees it: a
+        client trickling its body holds a connection no longer than that."""
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(self.config.body_timeout_s):
+                    await request.read()    # kept by aiohttp: the handler's read() returns it
+            except TimeoutError:
+                raise body_timeout(self.config.body_timeout_s) from None
+        return await handler(request)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -248,6 +255,8 @@ class Bridge:
             raise EdgeError(ErrorCode.invalid_request, str(exc), param_of(str(exc))) from None
         except codec.DecodeError as exc:
             raise EdgeError(ErrorCode.invalid_request, f"the body is not valid JSON: {exc}") from None
+        except codec.TooDeep as exc:
+            raise EdgeError(ErrorCode.invalid_request, str(exc)) from None
 
     def _class_for(self, request: web.Request, tenant: Tenant) -> str:
         klass = request.headers.get(CLASS_HEADER, tenant.default_class)
@@ -295,6 +304,7 @@ class Bridge:
         if len(payload) > self._nc.max_payload:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
+        check_context(generate, self._max_context(body.model))
         stream = self.demux.open(request_id, tenant.name, generate.deadline + REPLY_GRACE_S)
         published = False
         try:
@@ -330,7 +340,15 @@ class Bridge:
         if not self.readiness.ready_pools().get(model.pool):
             raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {name!r}; retry shortly")
 
+    def _max_context(self, name: str) -> int:
+        """A models-table entry's own context; a rule-routed model's pool is chosen later, by the
+        broker, so it gets the bridge's --max-context-tokens."""
+        model = self.models.get(name)
+        return model.max_context_tokens if model is not None else self.config.max_context_tokens
+
     async def _publish(self, generate: GenerateRequest, payload: bytes) -> None:
+        if not self._nc.is_connected:    # nats-py would buffer it and leave the client waiting
+            raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
         subject = self.s.req(generate.klass, generate.tenant)
         headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
         try:
@@ -353,6 +371,23 @@ class Bridge:
             # by the request that first sent it.
             raise EdgeError(ErrorCode.duplicate_request,
                             "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
+
+    # -- NATS lost ------------------------------------------------------------------------
+    def _nats_lost(self) -> None:
+        """Without NATS no frame can arrive and no request can be stored: end every open stream
+        now with a clear error instead of letting clients wait out their deadlines. Their work
+        may still run once NATS is back, so cancels for them go out on reconnect."""
+        failed = self.demux.fail_all(ErrorCode.unavailable,
+                                     "Laneway lost its connection to NATS; retry shortly")
+        self._cancel_on_reconnect += [(s.tenant, s.request_id) for s in failed]
+        if failed:
+            log.warning("NATS lost: ended %d open streams with `unavailable`", len(failed))
+
+    def _nats_back(self) -> None:
+        pending, self._cancel_on_reconnect = self._cancel_on_reconnect, []
+        for tenant, request_id in pending:
+            self._tasks.append(asyncio.create_task(self._cancel(tenant, request_id)))
+        self._tasks = [t for t in self._tasks if not t.done()]
 
     async def _first_entries(self, stream: ResponseStream, generate: GenerateRequest) -> list[Entry]:
         try:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
 from schemas.codec import encode_json
 from schemas.errors import ErrorCode
@@ -13,8 +16,10 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.invalid_request: (400, "invalid_request_error"),
     ErrorCode.duplicate_request: (409, "invalid_request_error"),
     ErrorCode.unknown_class: (400, "invalid_request_error"),
+    ErrorCode.class_not_allowed: (403, "permission_error"),
     ErrorCode.unknown_model: (404, "invalid_request_error"),
     ErrorCode.payload_too_large: (413, "invalid_request_error"),
+    ErrorCode.context_length_exceeded: (400, "invalid_request_error"),
     ErrorCode.queue_full: (429, "rate_limit_error"),
     ErrorCode.rate_limited: (429, "rate_limit_error"),
     ErrorCode.insufficient_quota: (429, "insufficient_quota"),
@@ -22,6 +27,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.pii_unavailable: (503, "server_error"),
     ErrorCode.overloaded: (503, "server_error"),
     ErrorCode.no_worker: (503, "server_error"),
+    ErrorCode.unavailable: (503, "server_error"),
     ErrorCode.deadline_exceeded: (504, "timeout_error"),
     ErrorCode.cancelled: (499, "invalid_request_error"),
     ErrorCode.worker_lost: (502, "server_error"),
@@ -32,7 +38,8 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
 _CODE_NAMES = {ErrorCode.unknown_model: "model_not_found", ErrorCode.queue_full: "rate_limit_exceeded",
                ErrorCode.rate_limited: "rate_limit_exceeded"}
 
-RETRY_AFTER_S = {ErrorCode.queue_full: 1, ErrorCode.overloaded: 2, ErrorCode.no_worker: 5}
+RETRY_AFTER_S = {ErrorCode.queue_full: 1, ErrorCode.overloaded: 2, ErrorCode.no_worker: 5,
+                 ErrorCode.unavailable: 2}
 
 
 class EdgeError(Exception):
@@ -60,6 +67,14 @@ class EdgeError(Exception):
         return web.Response(status=self.status, body=self.body(), content_type="application/json",
                             headers=self.headers)
 
+    def http(self) -> bytes:
+        """The whole HTTP/1.1 answer, for a connection refused before aiohttp reads a request."""
+        body = self.body()
+        head = [f"HTTP/1.1 {self.status} {HTTPStatus(self.status).phrase}", "Content-Type: application/json",
+                f"Content-Length: {len(body)}", "Connection: close",
+                *(f"{name}: {value}" for name, value in self.headers.items())]
+        return "\r\n".join([*head, "", ""]).encode() + body
+
 
 def from_code(code_value: str, message: str, param: str | None = None,
               headers: dict[str, str] | None = None) -> EdgeError:
@@ -72,3 +87,21 @@ def from_code(code_value: str, message: str, param: str | None = None,
 
 def unauthorized(message: str) -> EdgeError:
     return EdgeError(None, message, status=401, type="authentication_error", code_name="invalid_api_key")
+
+
+def body_timeout(seconds: float) -> EdgeError:
+    return EdgeError(None, f"the request body did not arrive within {seconds:g} s", status=408,
+                     type="invalid_request_error", code_name="request_timeout")
+
+
+def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
+    """aiohttp's own answers: a request it could not parse (400), a handler that failed (500)."""
+    # aiohttp's messages quote the offending bytes, which may hold a credential: name the kind only.
+    if isinstance(exc, LineTooLong):
+        return EdgeError(ErrorCode.invalid_request, f"a request line or header is over {exc.args[1]} bytes")
+    if isinstance(exc, HttpProcessingError) and status < 500:
+        return EdgeError(ErrorCode.invalid_request, f"not a valid HTTP request ({type(exc).__name__})",
+                         status=status)
+    if status == 504:
+        return EdgeError(ErrorCode.deadline_exceeded, "the request timed out")
+    return EdgeError(ErrorCode.internal_error, "internal error", status=status)

@@ -63,3 +63,13 @@ def to_generate(req: ChatCompletionRequest, *, request_id: str, tenant: str, kla
     return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=req.model,
                            reply_to=reply_to, created_at=now, deadline=deadline,
                            messages=messages, sampling=sampling, stream=req.stream)
+
+
+def check_context(generate: GenerateRequest, max_context_tokens: int) -> None:
+    """Refuse, before anything is stored, a prompt that leaves the model no room to answer. The
+    count is the estimate quotas use (~4 characters a token); engines check the exact count."""
+    prompt = generate.estimated_prompt_tokens()
+    if prompt >= max_context_tokens:
+        raise EdgeError(ErrorCode.context_length_exceeded,
+                        f"this model's context is {max_context_tokens} tokens; the messages are about "
+                        f"{prompt} tokens", "messages")

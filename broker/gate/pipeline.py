@@ -19,20 +19,18 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-import msgspec
-
 from broker.config import LogicalModel
 from broker.gate import Refusal
 from broker.gate.cache import CachedResponse, ResponseCache
-from broker.gate.pii import PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
+from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
 from broker.gate.quota import Quota
 from broker.gate.quota_policy import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
 from broker.gate.route import route
-from broker.gate.validate import validate
+from broker.gate.validate import check_class, validate
 from broker.routing.rules import Decision, PoolHealth, RuleSet
 from broker.tenants import Tenant
 from schemas.errors import ErrorCode
-from schemas.requests import ChatMessage, GenerateRequest
+from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.gate")
@@ -71,6 +69,7 @@ class Gate:
     async def admit(self, request: GenerateRequest, klass: str, tenant: str, attempt: int,
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)
+        check_class(klass, tenant_doc)
         await self._charge(request, tenant, attempt, tenant_doc)
         try:
             request = await self._pii(request, tenant, tenant_doc)
@@ -115,11 +114,8 @@ class Gate:
     async def _pii(self, request: GenerateRequest, tenant: str, tenant_doc: Tenant | None) -> GenerateRequest:
         if self.pii is None or tenant_doc is None or not tenant_doc.pii.enabled:
             return request
-        messages = request.messages
-        if request.prompt is not None:
-            messages = [ChatMessage("user", request.prompt)]
         try:
-            decision = await self.pii.inspect(tenant, tenant_doc.pii, messages)
+            decision, redacted = await self.pii.inspect_request(tenant, tenant_doc.pii, request)
         except PiiUnavailable as exc:
             raise Refusal(ErrorCode.pii_unavailable,
                           f"PII analysis is unavailable and this tenant's policy fails closed ({exc})") from None
@@ -128,12 +124,23 @@ class Gate:
         try:
             decision.raise_if_blocked()
         except PiiBlocked as exc:
-            raise Refusal(ErrorCode.pii_blocked, str(exc), "messages") from None
-        if decision.action != "redacted":
+            raise Refusal(ErrorCode.pii_blocked, str(exc), exc.param) from None
+        return redacted
+
+    async def redacted(self, request: GenerateRequest, tenant: str,
+                       tenant_doc: Tenant | None) -> GenerateRequest | None:
+        """`request` with the tenant's PII policy applied, for a record kept after it failed (the
+        DLQ): not audited again, blocked values redacted too, and an unknown tenant gets the
+        default policy. None when PII is on but analysis is unavailable (even for a policy that
+        fails open: a record is a later copy, nobody waits on it): keep none of it then."""
+        if self.pii is None:
             return request
-        if request.prompt is not None:
-            return msgspec.structs.replace(request, prompt=decision.messages[0].content)
-        return msgspec.structs.replace(request, messages=decision.messages)
+        policy = tenant_doc.pii if tenant_doc is not None else DEFAULT_POLICY
+        try:
+            decision, redacted = await self.pii.inspect_request(tenant, policy, request)
+        except PiiUnavailable:
+            return None
+        return None if decision.unavailable else redacted
 
     # -- cache ------------------------------------------------------------------------------
     async def _lookup(self, admission: Admission, tenant: str, routing: Routing) -> None:

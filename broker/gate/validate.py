@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from broker.gate import Refusal
+from broker.tenants import Tenant
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects
@@ -22,3 +23,13 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
         request.validate_shape()
     except ValueError as exc:
         raise Refusal(ErrorCode.invalid_request, str(exc), "messages") from None
+
+
+def check_class(subject_class: str, tenant_doc: Tenant | None) -> None:
+    """The subject's class must be one the tenant may use: a direct publisher picks the class
+    token itself, so the bridge's own check is not enough. Without a tenant document (none in
+    `lw_tenants`, or not loaded yet) there is no list to enforce, and the request goes on."""
+    if tenant_doc is not None and not tenant_doc.may_use(subject_class):
+        raise Refusal(ErrorCode.class_not_allowed,
+                      f"tenant {tenant_doc.name!r} may not use class {subject_class!r} "
+                      f"(allowed: {', '.join(tenant_doc.classes)})", "class")

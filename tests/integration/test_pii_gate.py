@@ -28,7 +28,7 @@ from broker.gate.pii import (  # noqa: E402
 )
 from broker.gate.pii.engine import merge, split  # noqa: E402
 from broker.gate.pii.worker import model_installed  # noqa: E402
-from schemas.requests import ChatMessage  # noqa: E402
+from schemas.requests import ChatMessage, GenerateRequest, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -137,6 +137,45 @@ async def test_stream_redactor_uses_the_gate_pseudonyms(gate: PiiGate) -> None:
     r = gate.stream_redactor("acme", policy)
     out = "".join(r.feed(c) for c in f"Sent to {EMAIL} today.") + r.flush()
     assert out == f"Sent to {d.messages[0].content} today."
+
+
+def request(stop: list[str], *, content: str | None = None, prompt: str | None = None) -> GenerateRequest:
+    return GenerateRequest(request_id="r1", tenant="acme", klass="interactive", model="m", reply_to="lw.tok.acme.e",
+                           created_at=0.0, deadline=1.0, prompt=prompt,
+                           messages=[] if prompt is not None else [user(content or "Be brief.")],
+                           sampling=SamplingParams(stop=stop))
+
+
+async def test_stop_sequences_are_analysed_under_the_policy(gate: PiiGate) -> None:
+    """A stop sequence reaches the engine like a message does: each action applies to it."""
+    policy = TenantPiiPolicy(entities={"EMAIL_ADDRESS": Action.hash, "CREDIT_CARD": Action.mask})
+    d, out = await gate.inspect_request("acme", policy, request([EMAIL, CARD, SSN, "\n\n"], content=f"cc {EMAIL}"))
+    assert d.action == "redacted"
+    pseudonym = out.messages[0].content.removeprefix("cc ")
+    assert out.sampling.stop == [pseudonym, "**** **** **** 1111", "<US_SSN>", "\n\n"]
+    stops = [(f.entity_type, f.message_index) for f in d.findings if f.part == "stop"]
+    assert stops == [("EMAIL_ADDRESS", 0), ("CREDIT_CARD", 1), ("US_SSN", 2)]
+    audit = encode_audit(d.audit("r1"))
+    assert all(v.encode() not in audit for v in (EMAIL, CARD, SSN))
+    assert [s.part for s in decode_audit(audit).spans] == ["messages", "stop", "stop", "stop"]
+    # A completion request (prompt) too; and a request without PII passes untouched.
+    d, out = await gate.inspect_request("acme", TenantPiiPolicy(), request([PHONE], prompt="Call me"))
+    assert out.prompt == "Call me" and out.sampling.stop == ["<PHONE_NUMBER>"]
+    clean = request(["END"], content="Hello")
+    assert (await gate.inspect_request("acme", TenantPiiPolicy(), clean))[1] is clean
+
+
+async def test_a_blocked_stop_sequence_is_named_as_the_param(gate: PiiGate) -> None:
+    policy = TenantPiiPolicy(entities={"US_SSN": Action.block})
+    d, out = await gate.inspect_request("acme", policy, request([SSN], content="Summarise the file."))
+    with pytest.raises(PiiBlocked) as err:
+        d.raise_if_blocked()
+    assert err.value.param == "stop" and err.value.entity_types == ["US_SSN"]
+    assert out.sampling.stop == ["<US_SSN>"]     # redacted even though refused
+    d, _ = await gate.inspect_request("acme", policy, request([SSN], content=f"ssn {SSN}"))
+    with pytest.raises(PiiBlocked) as err:
+        d.raise_if_blocked()
+    assert err.value.param == "messages"
 
 
 async def test_ner_mode_finds_names_and_places(ner_gate: PiiGate) -> None:

@@ -48,6 +48,10 @@ async def stored(nc, stream: str) -> int:
     return (await nc.jetstream().stream_info(stream)).state.messages
 
 
+async def stored_is(nc, stream: str, count: int) -> bool:
+    return await stored(nc, stream) == count
+
+
 @pytest.fixture(scope="module")
 async def stack(nats_server):
     limits = StreamLimits(max_deliver=3, ack_wait_s=2.0)

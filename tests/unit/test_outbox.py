@@ -11,6 +11,7 @@ from workers.outbox import Outbox
 
 class FakeNats:
     max_payload = 1 << 20
+    is_connected = True
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []

@@ -15,6 +15,7 @@ class AuditSpan(msgspec.Struct, array_like=True, gc=False):
     start: int
     end: int
     action: str
+    part: str = "messages"           # the request field: "messages" (or the prompt) | "stop"; appended
 
 
 class PiiAudit(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):

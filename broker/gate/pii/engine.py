@@ -84,7 +84,7 @@ class PiiEngine:
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),   # fork would copy the event loop's state
             initializer=worker.init,
-            initargs=(self.ner_model,),
+            initargs=(self.ner_model, os.getpid()),
         )
 
     async def _warm(self, pool: ProcessPoolExecutor) -> None:

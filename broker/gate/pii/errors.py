@@ -14,8 +14,9 @@ class PiiBlocked(PiiError):
 
     code = "pii_blocked"
 
-    def __init__(self, entity_types: list[str]) -> None:
+    def __init__(self, entity_types: list[str], param: str = "messages") -> None:
         self.entity_types = sorted(set(entity_types))
+        self.param = param      # the request field holding them: "messages" or "stop"
         super().__init__(
             "request refused by the PII policy: it contains " + ", ".join(self.entity_types)
         )

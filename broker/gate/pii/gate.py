@@ -1,5 +1,5 @@
-"""The PII stage of the broker's gate: analyze the new messages of a chat, apply the tenant's
-policy, and say what was done.
+"""The PII stage of the broker's gate: analyze the new messages of a chat (and the request's
+stop sequences, which reach the engine too), apply the tenant's policy, and say what was done.
 
 Speed comes from not repeating work: a chat resends its whole history every turn, so results are
 cached by (tenant, policy version, message hash) and only messages never seen before go to the
@@ -12,6 +12,7 @@ import hashlib
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,9 +25,10 @@ from broker.gate.pii.plan import Hit, Plan, plan_for
 from broker.gate.pii.policy import Action, TenantPiiPolicy, fingerprint
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.stream_redactor import StreamRedactor
-from schemas.requests import ChatMessage
+from schemas.requests import ChatMessage, GenerateRequest
 
 Verdict = Literal["pass", "redacted", "blocked"]
+Part = Literal["messages", "stop"]   # the request field a finding is in (OpenAI's `param` names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class Finding:
     end: int
     score: float
     action: Action
+    part: Part = "messages"    # "stop": `message_index` is the index of a stop sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +55,23 @@ class PiiDecision:
     unavailable: str | None = None   # set when analysis failed and the policy failed open
     entity_types: list[str] = field(default_factory=list)
     cpu_ms: float = 0.0              # pool CPU on the critical path (slowest job); 0 if all cached
+    stop: list[str] = field(default_factory=list)   # the stop sequences, redacted like `messages`
 
     def raise_if_blocked(self) -> None:
         if self.action == "blocked":
-            raise PiiBlocked([f.entity_type for f in self.findings if f.action is Action.block])
+            blocked = [f for f in self.findings if f.action is Action.block]
+            param = "stop" if all(f.part == "stop" for f in blocked) else "messages"
+            raise PiiBlocked([f.entity_type for f in blocked], param)
+
+    def redacted(self, request: GenerateRequest) -> GenerateRequest:
+        """`request` as it may go on: its prompt or messages and its stop sequences replaced by
+        the redacted ones (a blocked request comes back fully redacted too)."""
+        if self.action == "pass":
+            return request
+        sampling = msgspec.structs.replace(request.sampling, stop=self.stop)
+        if request.prompt is not None:
+            return msgspec.structs.replace(request, prompt=self.messages[0].content, sampling=sampling)
+        return msgspec.structs.replace(request, messages=self.messages, sampling=sampling)
 
     def audit(self, request_id: str, at: float | None = None) -> PiiAudit:
         counts: dict[str, int] = {}
@@ -64,7 +80,7 @@ class PiiDecision:
         return PiiAudit(
             request_id=request_id, tenant=self.tenant, action=self.action,
             entity_types=self.entity_types, counts=counts,
-            spans=[AuditSpan(f.message_index, f.entity_type, f.start, f.end, f.action.value)
+            spans=[AuditSpan(f.message_index, f.entity_type, f.start, f.end, f.action.value, f.part)
                    for f in self.findings],
             policy=self.policy, mode=self.mode, analyzed_messages=self.analyzed,
             cached_messages=self.cached, unavailable=self.unavailable,
@@ -116,33 +132,44 @@ class PiiGate:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[ChatMessage]) -> PiiDecision:
+    async def inspect_request(self, tenant: str, policy: TenantPiiPolicy,
+                              request: GenerateRequest) -> tuple[PiiDecision, GenerateRequest]:
+        """`inspect` over all a request carries to an engine as text: its messages (or prompt) and
+        its stop sequences. Returns the decision and `decision.redacted(request)`."""
+        messages = request.messages if request.prompt is None else [ChatMessage("user", request.prompt)]
+        decision = await self.inspect(tenant, policy, messages, request.sampling.stop)
+        return decision, decision.redacted(request)
+
+    async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[ChatMessage],
+                      stop: Sequence[str] = ()) -> PiiDecision:
         """Raises `PiiUnavailable` when analysis fails and the policy fails closed; a blocked
         request is a decision (audit it, then `raise_if_blocked()`)."""
         key = fingerprint(policy)
         if not policy.enabled:
-            return PiiDecision("pass", messages, [], tenant, key, self.mode)
+            return PiiDecision("pass", messages, [], tenant, key, self.mode, stop=list(stop))
         plan = self._plan(key, policy)
-        hits: list[tuple[Hit, ...] | None] = [None] * len(messages)
+        # Stop sequences are analysed as texts of their own, after the messages.
+        texts = [m.content for m in messages] + list(stop)
+        hits: list[tuple[Hit, ...] | None] = [None] * len(texts)
         todo: list[int] = []
         digests: list[bytes] = []
-        for i, msg in enumerate(messages):
-            digest = hashlib.blake2b(msg.content.encode(), digest_size=16).digest()
+        for i, text in enumerate(texts):
+            digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
             digests.append(digest)
-            if not msg.content or plan.empty:
+            if not text or plan.empty:
                 hits[i] = ()
             elif (cached := self._cache.get((tenant, key, digest))) is not None:
                 self._cache.move_to_end((tenant, key, digest))
                 hits[i] = cached
             else:
                 todo.append(i)
-        self.hits += len(messages) - len(todo)
+        self.hits += len(texts) - len(todo)
         self.misses += len(todo)
         unavailable = None
         cpu_ms = 0.0
         if todo:
             try:
-                found, cpu_ms = await self.engine.analyze(plan, [messages[i].content for i in todo],
+                found, cpu_ms = await self.engine.analyze(plan, [texts[i] for i in todo],
                                                           policy.timeout_ms / 1000)
             except PiiUnavailable as exc:
                 if not policy.fail_open:
@@ -151,7 +178,7 @@ class PiiGate:
             else:
                 for i, h in zip(todo, found):
                     hits[i] = self._remember((tenant, key, digests[i]), tuple(h))
-        return self._decide(tenant, key, policy, messages, hits, len(todo), unavailable, cpu_ms)
+        return self._decide(tenant, key, policy, messages, texts, hits, len(todo), unavailable, cpu_ms)
 
     def stream_redactor(self, tenant: str, policy: TenantPiiPolicy, **kw: int) -> StreamRedactor:
         """A redactor for this tenant's streamed output, with the same pseudonyms as the gate."""
@@ -172,24 +199,28 @@ class PiiGate:
         return hits
 
     def _decide(self, tenant: str, key: str, policy: TenantPiiPolicy, messages: list[ChatMessage],
-                hits: list[tuple[Hit, ...] | None], analyzed: int, unavailable: str | None,
-                cpu_ms: float) -> PiiDecision:
+                texts: list[str], hits: list[tuple[Hit, ...] | None], analyzed: int,
+                unavailable: str | None, cpu_ms: float) -> PiiDecision:
         findings: list[Finding] = []
-        out: list[ChatMessage] = []
+        out: list[str] = []
         replace = Replacer(self._hash_key, tenant)
-        for i, (msg, found) in enumerate(zip(messages, hits)):
+        n = len(messages)
+        for i, (text, found) in enumerate(zip(texts, hits)):
+            part, index = ("messages", i) if i < n else ("stop", i - n)
             spans = []
             for etype, start, end, score in found or ():
                 action = policy.action_for(etype)
                 if action is Action.allow:
                     continue
-                findings.append(Finding(etype, i, start, end, score, action))
+                findings.append(Finding(etype, index, start, end, score, action, part))
                 spans.append((start, end, etype, action))
-            out.append(msgspec.structs.replace(msg, content=apply(msg.content, spans, replace))
-                       if spans else msg)
+            out.append(apply(text, spans, replace) if spans else text)
+        redacted = [m if m.content == text else msgspec.structs.replace(m, content=text)
+                    for m, text in zip(messages, out)]
         actions = {f.action for f in findings}
         verdict: Verdict = "blocked" if Action.block in actions else "redacted" if actions else "pass"
         return PiiDecision(
-            verdict, out, findings, tenant, key, self.mode, analyzed,
-            len(messages) - analyzed, unavailable, sorted({f.entity_type for f in findings}), cpu_ms,
+            verdict, redacted, findings, tenant, key, self.mode, analyzed,
+            len(texts) - analyzed, unavailable, sorted({f.entity_type for f in findings}), cpu_ms,
+            out[n:],
         )

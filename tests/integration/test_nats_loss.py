@@ -1,0 +1,59 @@
+"""While NATS is away the bridge fails fast and clearly, and serves again once it is back.
+
+nats-server is SIGKILLed under open streams: each ends at once with an in-band `unavailable`
+error (not at its deadline), a new request gets a 503 `unavailable` without waiting, /readyz
+says not ready; after a restart on the same port and store the same bridge serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from laneway.natsd import NatsServer
+from laneway.stack import Stack, demo_settings
+from loadtest.http_client import Result, stream_chat
+from tests.wait import eventually
+from workers.sim import PROFILES, SimEngine
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY = "sk-nats-loss"
+HANG_S = 60            # a bound on a hang; the requests' own deadline is 600 s
+
+
+def body(max_tokens: int) -> dict:
+    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "go on"}]}
+
+
+async def test_bridge_fails_fast_while_nats_is_away_and_recovers(tmp_path):
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    slow = SimEngine(PROFILES["llama-8b-h100"], speed=0.05)     # streams that outlive the kill
+    try:
+        async with Stack(server.url, demo_settings(KEY), engines=[slow]) as s:
+            results = [Result() for _ in range(5)]
+            async with aiohttp.ClientSession() as http:
+                load = [asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=r))
+                        for r in results]
+                assert await eventually(lambda: all(r.tokens for r in results), timeout=HANG_S)
+                await server.kill()
+                done, hung = await asyncio.wait(load, timeout=HANG_S)
+                assert not hung
+                assert {t.result().error for t in done} == {"unavailable"}
+
+                refused = await stream_chat(http, s.url, KEY, body(4))
+                assert (refused.status, refused.error) == (503, "unavailable")
+                async with http.get(f"{s.url}/readyz") as resp:
+                    assert resp.status == 503
+
+                await server.start()           # same port, same store
+                async def served() -> bool:
+                    result = await stream_chat(http, s.url, KEY, body(4))
+                    return result.ok and result.tokens == 4
+                assert await eventually(served, timeout=HANG_S)
+    finally:
+        await server.stop()

@@ -1,0 +1,46 @@
+"""The broker holds a direct publisher to its tenant's classes: the subject's class token is the
+publisher's choice, so the gate checks it against the tenant document in `lw_tenants`, not only
+the bridge."""
+
+from __future__ import annotations
+
+import nats
+import pytest
+
+from broker.client import LanewayClient, LanewayError
+from broker.config import LogicalModel, Settings
+from broker.tenants import Tenant, hash_key
+from laneway.stack import Stack
+from schemas.requests import ChatMessage, SamplingParams
+from tests.integration.test_poison_and_overload import stored_is
+from tests.wait import eventually
+
+
+def settings() -> Settings:
+    nightly = Tenant(name="nightly", api_key_sha256=[hash_key("sk-nightly")], default_class="batch",
+                     classes=["batch"])
+    return Settings(tenants={"nightly": nightly}, models={"laneway-sim": LogicalModel(pool="sim")})
+
+
+async def test_a_class_the_tenant_may_not_use_is_refused_and_never_generated(nats_server):
+    async with Stack(nats_server.url, settings(), prefix="cls") as stack:
+        assert await eventually(lambda: stack.broker.live.tenants.get("nightly") is not None)
+        nc = await nats.connect(nats_server.url)
+        try:
+            async with LanewayClient(nc, "nightly", prefix="cls") as client:
+                with pytest.raises(LanewayError) as err:
+                    async for _ in client.generate(model="laneway-sim", klass="interactive", timeout_s=60,
+                                                   messages=[ChatMessage("user", "let me jump the queue")]):
+                        pass
+                assert err.value.code == "class_not_allowed"
+                assert "'interactive'" in err.value.message and "batch" in err.value.message
+                # Terminated, not left to be redelivered.
+                assert await eventually(lambda: stored_is(nc, "CLS_REQ", 0))
+                # Its own class is served; the engine saw that request only.
+                parts = [t async for t in client.generate(
+                    model="laneway-sim", klass="batch", messages=[ChatMessage("user", "overnight job")],
+                    sampling=SamplingParams(max_tokens=2), timeout_s=60)]
+                assert len("".join(parts).split()) == 2
+                assert stack.finished() == 1
+        finally:
+            await nc.close()

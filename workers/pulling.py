@@ -1,0 +1,115 @@
+"""Pulling work: a `Credit` goes to `lw.pull.<pool>` only while the engine has a free slot.
+
+The broker holds a pull open until there is work (a long poll), so an idle worker costs one
+message per `pull_wait_s`. Its answer is a `Batch` of dispatches. A reply that cannot be decoded
+is logged, counted and skipped: no ack subject in it can be read, so its requests stay unacked
+and JetStream redelivers them to the broker after ack_wait; the loop goes on pulling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from schemas import codec
+from schemas.work import Credit, Dispatch
+from workers.config import WorkerConfig
+from workers.engine import Engine
+from workers.metrics import WorkerMetrics
+
+log = logging.getLogger("laneway.worker")
+
+
+class Accepted(Protocol):
+    """A request this worker took, as the credit counts it."""
+
+    dispatch: Dispatch
+    first_token_at: float | None
+
+
+class Puller:
+    def __init__(self, nc: Client, subject: str, config: WorkerConfig, engine: Engine,
+                 metrics: WorkerMetrics, accepted: Mapping[object, Accepted],
+                 on_batch: Callable[[list[Dispatch]], None], room: asyncio.Event,
+                 stopping: asyncio.Event) -> None:
+        self._nc = nc
+        self._subject = subject
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics
+        self._accepted = accepted
+        self._on_batch = on_batch
+        self._room = room                   # set whenever a slot may have been freed
+        self._stopping = stopping
+        self._late: set[asyncio.Task[None]] = set()
+
+    def credit(self) -> Credit | None:
+        """Room from the engine's state, corrected by what this worker has accepted: a request
+        handed to a serving task is not in the engine until that task first runs, and counting
+        it twice is safer than over-committing the engine."""
+        cap = self.engine.capacity()
+        running: dict[str, int] = {}
+        unstarted_cost = 0
+        for active in self._accepted.values():
+            klass = active.dispatch.request.klass
+            running[klass] = running.get(klass, 0) + 1
+            if active.first_token_at is None:
+                unstarted_cost += active.dispatch.request.estimated_cost()
+        free = min(cap.free_slots, cap.total_slots - len(self._accepted))
+        self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
+        self.metrics.slots_in_use.labels(self.config.pool).set(len(self._accepted))
+        if free <= 0:
+            return None
+        return Credit(worker_id=self.config.worker_id, pool=self.config.pool, free_slots=free,
+                      token_budget=max(0, cap.token_budget - unstarted_cost),
+                      total_slots=cap.total_slots, classes=list(self.config.classes),
+                      running=running, wait_s=self.config.pull_wait_s)
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            credit = self.credit()
+            if credit is None:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self._room.clear()
+            self.metrics.pulls.labels(self.config.pool).inc()
+            pull = asyncio.create_task(self._pull(credit))
+            room = asyncio.create_task(self._room.wait())
+            await asyncio.wait({pull, room}, return_when=asyncio.FIRST_COMPLETED)
+            room.cancel()
+            if not pull.done():
+                # Room grew while the broker holds our pull open: a fresh credit replaces it
+                # (the broker answers the old one at once); the old one's reply is still served.
+                self._late.add(pull)
+                pull.add_done_callback(self._late.discard)
+                continue
+            await pull
+
+    async def _pull(self, credit: Credit) -> None:
+        try:
+            reply = await self._nc.request(self._subject, codec.encode(credit),
+                                           timeout=self.config.pull_wait_s + 2.0)
+        except (NatsTimeout, asyncio.TimeoutError):
+            return
+        except NoRespondersError:
+            await asyncio.sleep(0.5)    # no broker yet, or it is restarting
+            return
+        except Exception as exc:        # disconnected: the client reconnects
+            log.warning("pull failed: %s", exc)
+            await asyncio.sleep(0.5)
+            return
+        try:
+            dispatches = codec.decode_batch(reply.data).dispatches
+        except codec.DecodeError as exc:
+            self.metrics.malformed_batches.labels(self.config.pool).inc()
+            log.error("skipped a malformed batch answering a pull on %s (%d bytes): %s; its requests "
+                      "are redelivered after ack_wait", self._subject, len(reply.data), exc)
+            return
+        self._on_batch(dispatches)
