@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default=None)
     p.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="auto",
                    help="the broker's PII stage (auto: Presidio if installed)")
+    p.add_argument("--no-nats-auth", action="store_true",
+                   help="run nats-server without users (default: one user per service and tenant, "
+                        "passwords in DATA_DIR/nats-credentials.json)")
     p.add_argument("--no-encrypt-at-rest", action="store_true",
                    help="store JetStream in plaintext (default: encrypted, key in DATA_DIR/nats/jetstream.key)")
     p.add_argument("--startup-timeout", type=float, default=300.0)

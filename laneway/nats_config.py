@@ -1,12 +1,24 @@
-"""`laneway nats-config`: a nats-server config with one user per tenant and per service role.
+"""NATS users and permissions: one user per service role, one for operator tools, one per tenant.
+
+`laneway nats-config` writes them as a whole nats-server config; `laneway up` calls `up_auth`
+for an `authorization { ... }` block (valid alone as `-c`, or through an `include`) that it
+keeps, with its passwords, in its data directory.
 
 Tenants may only publish requests as themselves (`lw.req.*.<tenant>`) and cancels for their
 own requests, and only receive their own token frames (`lw.tok.<tenant>.>`) and JetStream
 PubAcks on their own inbox prefix (`_INBOX_<tenant>.>`; connect with nats-py's
-`inbox_prefix="_INBOX_<tenant>"`). Services get exactly the subjects their role uses.
+`inbox_prefix="_INBOX_<tenant>"`). Services get the subjects their code uses, found by reading
+it and by running every feature under these roles until the server logged no permission
+violation (tests/integration/test_nats_isolation.py keeps it so). JetStream API rights are
+granted per verb and per stream: no role may delete or purge a stream, and only the broker may
+take the work queue's messages (`CONSUMER.MSG.NEXT`) or remove one (the DLQ move).
 
-Passwords are generated, written to the config (keep it 0600) and to a separate credentials
-file to hand out; nats-server also accepts bcrypt hashes in their place.
+The `ops` user is for the operator commands (`laneway classes|tenants|routing|usage|eval`, via
+LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it writes classes, tenants and routing rules, and
+reads the usage, audit and dead-letter streams. It cannot touch requests or tokens.
+
+Passwords are generated and stored in plain text in the config (keep it 0600; it is written so)
+and in a credentials file to hand out; nats-server also accepts bcrypt hashes in their place.
 """
 
 from __future__ import annotations
@@ -15,77 +27,184 @@ import argparse
 import json
 import os
 import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from broker.gate.cache import CACHE_BUCKET
+from broker.gate.quota_store import QUOTA_BUCKET
+from broker.topology import BUCKETS as LIVE_BUCKETS    # classes, tenants, routing: watched live
 from schemas.subjects import Subjects, check_token
 
-JS_API = "$JS.API.>"
-JS_ACK = "$JS.ACK.>"
+SERVICE_ROLES = ("broker", "worker", "bridge")
+ROLES = (*SERVICE_ROLES, "ops")
 
 
-def _kv(s: Subjects) -> list[str]:
-    # Wildcards are whole tokens only, so each bucket is named.
-    return [f"$KV.{s.bucket(name)}.>" for name in ("classes", "tenants", "routing", "cache", "quotas")]
+def user_name(role: str) -> str:
+    return "ops" if role == "ops" else f"svc-{role}"
 
 
-def service_permissions(s: Subjects) -> dict[str, dict[str, list[str]]]:
+def tenant_user(tenant: str) -> str:
+    return f"tenant-{check_token('tenant', tenant)}"
+
+
+# -- permissions ------------------------------------------------------------------------------
+def _api(verbs: str, *streams: str) -> list[str]:
+    """`$JS.API.<verb>.<stream>` for each verb (space-separated) and stream."""
+    return [f"$JS.API.{verb}.{stream}" for verb in verbs.split() for stream in streams]
+
+
+def _consume(*streams: str) -> list[str]:
+    """Ephemeral ordered consumers (KV watches, `kv.keys()`, stream reads): create them (nats-py
+    asks without a name; `.>` is the same right as clients that name them ask for it), check
+    them when heartbeats stop, and answer flow control (`$JS.FC.<stream>.<consumer>.*`, sent
+    when a reader falls megabytes behind). They end by unsubscribing, never by a delete."""
+    return [*_api("CONSUMER.CREATE", *streams), *(f"{a}.>" for a in _api("CONSUMER.CREATE", *streams)),
+            *(f"{a}.*" for a in _api("CONSUMER.INFO", *streams)),
+            *(f"$JS.FC.{stream}.>" for stream in streams)]
+
+
+def _kv_read(*streams: str) -> list[str]:
+    """Open a bucket (stream info) and get a key (direct get, or message get when not direct)."""
+    return [*_api("STREAM.INFO STREAM.MSG.GET", *streams), *(f"{a}.>" for a in _api("DIRECT.GET", *streams))]
+
+
+def _permissions(publish: list[str], subscribe: list[str], *, responses: bool = False) -> dict:
+    block: dict = {"publish": {"allow": list(dict.fromkeys(publish))}, "subscribe": {"allow": subscribe}}
+    if responses:
+        block["allow_responses"] = True     # one reply to a request it received, within 2 minutes
+    return block
+
+
+def service_permissions(s: Subjects) -> dict[str, dict]:
+    """role → its nats-server `permissions` block."""
     p = s.prefix
-    kv = _kv(s)
+    req, durable = s.req_stream, s.broker_durable
+    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET)}
+    live = [kv[name] for name in LIVE_BUCKETS]
+    logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
+    # broker/topology.ensure_topology runs in the broker AND the bridge (either may start first):
+    # create or (limits changed) update the streams, open the buckets, create the broker's
+    # durable (nats-py's legacy DURABLE.CREATE, or the named form), write the default classes
+    # (`kv.create` reads the key when it exists: found on a restart).
+    topology = [*_api("STREAM.CREATE STREAM.UPDATE", req, *logs, *live), *_kv_read(*live),
+                *_api("CONSUMER.DURABLE.CREATE CONSUMER.CREATE", f"{req}.{durable}"),
+                f"$JS.API.CONSUMER.CREATE.{req}.{durable}.>", f"$KV.{s.bucket('classes')}.>"]
+    acks = f"$JS.ACK.{req}.{durable}.>"     # the dispatched message's ack/nak/+WPI/term
+    frames, usage, dlq = f"{p}.tok.*.*", s.usage_all, f"{p}.dlq.*.*"
     return {
-        "broker": {
-            "publish": [f"{p}.tok.>", f"{p}.dlq.>", f"{p}.evt.>", f"{p}.audit.>", JS_API, JS_ACK, "_INBOX.>", *kv],
-            "subscribe": [f"{p}.pull.*", f"{p}.cancel.>", f"{p}.evt.>", "_INBOX.>",  # evt.ping too
-                          "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>", *kv],
-        },
-        "worker": {
-            # req: the cascade re-sends a low-confidence request for the large pool.
-            "publish": [f"{p}.req.>", f"{p}.tok.>", f"{p}.pull.*", f"{p}.usage.>", f"{p}.dlq.>", f"{p}.evt.>",
-                        f"{p}.audit.>", JS_API, JS_ACK, "_INBOX.>"],
-            "subscribe": [f"{p}.cancel.>", f"{p}.evt.ping", "_INBOX.>"],
-        },
-        "bridge": {
-            "publish": [f"{p}.req.>", f"{p}.cancel.>", f"{p}.evt.ping", JS_API, "_INBOX.>", *kv],
-            "subscribe": [f"{p}.tok.>", f"{p}.evt.>", "_INBOX.>", *kv],
-        },
+        "broker": _permissions(
+            [frames, usage, dlq, f"{p}.audit.*", f"{p}.evt.broker.*", s.worker_ping, acks, *topology,
+             *_api("STREAM.CREATE", kv[CACHE_BUCKET], kv[QUOTA_BUCKET]),
+             *_api("STREAM.UPDATE", kv[CACHE_BUCKET]),         # a changed cache TTL
+             *_kv_read(kv[CACHE_BUCKET], kv[QUOTA_BUCKET]), f"$KV.{s.bucket(QUOTA_BUCKET)}.>",
+             *_consume(*live),
+             f"$JS.API.CONSUMER.MSG.NEXT.{req}.{durable}",         # broker/intake.py
+             *_api("STREAM.MSG.GET STREAM.MSG.DELETE", req)],       # broker/deadletter.py
+            [s.pull_all, s.cancel_all, s.worker_events, s.worker_ping, usage, "_INBOX.>",
+             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{req}.{durable}"],
+            responses=True),   # the Batch answering a worker's pull
+        "worker": _permissions(
+            [frames, s.pull_all, usage, dlq, f"{p}.evt.worker.*", acks,
+             s.req_all,                                     # the cascade re-sends for the large pool
+             *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
+             f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
+             *_consume(kv["routing"])],                     # watches the price book
+            [s.cancel_all, s.worker_ping, "_INBOX.>"]),
+        "bridge": _permissions(
+            [s.req_all, s.cancel_all, s.worker_ping, *topology, *_consume(*live),
+             f"$KV.{s.bucket('tenants')}.>", f"$KV.{s.bucket('routing')}.>"],   # settings, admin API
+            [f"{p}.tok.*.*", s.worker_events, s.broker_events, "_INBOX.>"]),
+        "ops": _permissions(
+            [*_kv_read(*live, *logs), *_consume(*live, *logs),
+             *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS)],
+            ["_INBOX.>"]),
     }
 
 
-def tenant_permissions(s: Subjects, tenant: str) -> dict[str, list[str]]:
+def tenant_permissions(s: Subjects, tenant: str) -> dict:
     check_token("tenant", tenant)
     p = s.prefix
-    return {
-        "publish": [f"{p}.req.*.{tenant}", f"{p}.cancel.{tenant}.*"],
-        "subscribe": [f"{p}.tok.{tenant}.>", f"_INBOX_{tenant}.>"],
-    }
+    return _permissions([f"{p}.req.*.{tenant}", f"{p}.cancel.{tenant}.*"],
+                        [f"{p}.tok.{tenant}.>", f"_INBOX_{tenant}.>"])
 
 
-def _users(s: Subjects, tenants: list[str], passwords: dict[str, str]) -> list[dict]:
-    users = []
-    for role, perms in service_permissions(s).items():
-        users.append({"user": f"svc-{role}", "password": passwords[f"svc-{role}"],
-                      "permissions": {"publish": {"allow": perms["publish"]},
-                                      "subscribe": {"allow": perms["subscribe"]}}})
-    for tenant in tenants:
-        perms = tenant_permissions(s, tenant)
-        users.append({"user": f"tenant-{tenant}", "password": passwords[f"tenant-{tenant}"],
-                      "permissions": {"publish": {"allow": perms["publish"]},
-                                      "subscribe": {"allow": perms["subscribe"]}}})
-    return users
+def _users(s: Subjects, tenants: Iterable[str], passwords: dict[str, str]) -> list[dict]:
+    roles = [(user_name(role), perms) for role, perms in service_permissions(s).items()]
+    roles += [(tenant_user(t), tenant_permissions(s, t)) for t in tenants]
+    return [{"user": user, "password": passwords[user], "permissions": perms} for user, perms in roles]
 
 
-def render(s: Subjects, tenants: list[str], passwords: dict[str, str], *, store_dir: str | None = None,
+def user_names(tenants: Iterable[str]) -> list[str]:
+    return [user_name(role) for role in ROLES] + [tenant_user(t) for t in tenants]
+
+
+def generate_passwords(tenants: Iterable[str]) -> dict[str, str]:
+    return {name: secrets.token_urlsafe(24) for name in user_names(tenants)}
+
+
+def authorization_block(s: Subjects, tenants: Iterable[str], passwords: dict[str, str]) -> str:
+    """`authorization {...}` alone: a whole config, or a file to `include` in one. JSON is valid
+    nats-server config syntax as a map value, so quoting is exact."""
+    return "authorization " + json.dumps({"users": _users(s, tenants, passwords)}, indent=2) + "\n"
+
+
+def render(s: Subjects, tenants: Iterable[str], passwords: dict[str, str], *, store_dir: str | None = None,
            host: str = "0.0.0.0", port: int = 4222) -> str:
-    """The config text. JSON is valid nats-server config syntax, so quoting is exact."""
+    """A whole config, for `laneway nats-config`."""
     config: dict = {"host": host, "port": port, "jetstream": {"store_dir": store_dir} if store_dir else {},
                     "authorization": {"users": _users(s, tenants, passwords)}}
     return json.dumps(config, indent=2)
 
 
-def generate_passwords(tenants: list[str]) -> dict[str, str]:
-    names = [f"svc-{role}" for role in ("broker", "worker", "bridge")] + [f"tenant-{t}" for t in tenants]
-    return {name: secrets.token_urlsafe(24) for name in names}
+def write_private(path: Path, text: str) -> None:
+    """Write a secret file that is never readable by others, not even for a moment."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)    # O_CREAT's mode does not apply to a file that already existed
+        f.write(text)
+    os.replace(tmp, path)
 
 
+# -- laneway up -------------------------------------------------------------------------------
+AUTH_FILE = "nats-auth.conf"
+CREDENTIALS_FILE = "nats-credentials.json"
+
+
+@dataclass(frozen=True, slots=True)
+class UpAuth:
+    authorization_file: Path                    # `authorization {...}`: -c it, or include it
+    credentials_file: Path                      # user → password JSON, as `nats-config` writes it
+    services: dict[str, tuple[str, str]]        # broker|worker|bridge|ops → (user, password)
+    tenants: dict[str, tuple[str, str]]         # tenant → (user, password)
+
+
+def up_auth(s: Subjects, tenants: Iterable[str], data_dir: Path) -> UpAuth:
+    """Users for `laneway up`'s nats-server, in `data_dir`. Passwords already in its credentials
+    file are kept, so a restart on the same data dir works with the same credentials; a new
+    tenant gets a new one and a tenant no longer listed loses its user."""
+    tenants = list(dict.fromkeys(tenants))     # a user listed twice is a config error
+    data_dir.mkdir(parents=True, exist_ok=True)
+    auth_path, creds_path = data_dir / AUTH_FILE, data_dir / CREDENTIALS_FILE
+    known: dict[str, str] = {}
+    if creds_path.exists():
+        try:
+            known = json.loads(creds_path.read_text())
+            if not isinstance(known, dict) or not all(isinstance(v, str) for v in known.values()):
+                raise ValueError("not a JSON object of user → password")
+        except ValueError as exc:
+            raise ValueError(f"{creds_path}: {exc}; delete it to generate new passwords") from None
+    fresh = generate_passwords(tenants)
+    passwords = {name: known.get(name) or fresh[name] for name in fresh}
+    write_private(auth_path, authorization_block(s, tenants, passwords))
+    write_private(creds_path, json.dumps(passwords, indent=2))
+    return UpAuth(auth_path, creds_path,
+                  {role: (user_name(role), passwords[user_name(role)]) for role in ROLES},
+                  {t: (tenant_user(t), passwords[tenant_user(t)]) for t in tenants})
+
+
+# -- laneway nats-config ----------------------------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", action="append", default=[], help="a tenant name (repeat)")
     parser.add_argument("--settings", help="take tenant names from this settings TOML")
@@ -103,11 +222,11 @@ def run(args: argparse.Namespace) -> int:
         from broker.config import load_settings
 
         tenants += list(load_settings(Path(args.settings)).tenants)
+    tenants = list(dict.fromkeys(tenants))
     passwords = generate_passwords(tenants)
-    for path, text in ((args.out, render(Subjects(args.prefix), tenants, passwords,
-                                         store_dir=args.store_dir, port=args.port)),
-                       (args.credentials_out, json.dumps(passwords, indent=2))):
-        path.write_text(text)
-        os.chmod(path, 0o600)
-    print(f"wrote {args.out} ({len(tenants)} tenants, 3 service roles) and {args.credentials_out}")
+    write_private(args.out, render(Subjects(args.prefix), tenants, passwords,
+                                   store_dir=args.store_dir, port=args.port))
+    write_private(args.credentials_out, json.dumps(passwords, indent=2))
+    print(f"wrote {args.out} ({len(tenants)} tenants, {len(ROLES)} roles: {', '.join(ROLES)}) "
+          f"and {args.credentials_out}")
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import signal
 import sys
@@ -19,11 +20,13 @@ from pathlib import Path
 
 import aiohttp
 
-from broker.config import LogicalModel, Settings
+from broker.config import LogicalModel, Settings, load_settings
 from broker.runtime.lifetime import die_with_parent
 from broker.tenants import Tenant, hash_key
+from laneway.nats_config import UpAuth, up_auth
 from laneway.natsd import NatsServer
 from laneway.supervise import Supervisor
+from schemas.subjects import Subjects
 
 STOP_GRACE_S = 20.0
 
@@ -48,12 +51,15 @@ def _engine_defaults(args: argparse.Namespace) -> tuple[str, str]:
     return args.model_name or "laneway-sim", args.pool or "sim"
 
 
-async def _spawn(role: str, argv: list[str], log_dir: Path) -> asyncio.subprocess.Process:
+async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None) -> asyncio.subprocess.Process:
     log = open(log_dir / f"{role}.log", "ab")
+    env = dict(os.environ)
+    if auth is not None:    # in the environment, not argv, where any local user could read it
+        env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = auth.services[role]
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "laneway.cli", role, *argv,
         stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        preexec_fn=die_with_parent)
+        preexec_fn=die_with_parent, env=env)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -118,7 +124,31 @@ def _settings_key(path: Path, api_key: str | None) -> tuple[str, str]:
     return "$LANEWAY_API_KEY", f"  (a key of a tenant in {path})"
 
 
-def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path) -> str:
+def _prefix(forwarded: dict[str, list[str]]) -> str:
+    """The subject prefix the children were given (`--prefix X` or `--prefix=X`), else "lw"."""
+    argv = forwarded["broker"]
+    for i, token in enumerate(argv):
+        if token == "--prefix" and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith("--prefix="):
+            return token.split("=", 1)[1]
+    return os.environ.get("LANEWAY_PREFIX", "lw")
+
+
+def _nats_lines(nats_url: str, auth: UpAuth | None) -> str:
+    if auth is None:
+        return "  NATS auth   off (--no-nats-auth): any local process can read every subject\n"
+    ops_user, ops_password = auth.services["ops"]
+    tenant_users = ", ".join(f"{t} as {user}" for t, (user, _) in auth.tenants.items())
+    return (f"  NATS users  one per service and tenant ({tenant_users}); passwords in\n"
+            f"              {auth.credentials_file} (0600)\n"
+            f"\nOperate it live (laneway classes|tenants|routing|usage) as the ops user:\n"
+            f"  export LANEWAY_NATS_URL={nats_url} LANEWAY_NATS_USER={ops_user} "
+            f"LANEWAY_NATS_PASSWORD={ops_password}\n")
+
+
+def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path,
+            auth: UpAuth | None) -> str:
     # A key from the environment in the shell example is one from the environment in Python's.
     py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
               else f"'{api_key}'")
@@ -128,7 +158,7 @@ Laneway is up: {url}
   API key     {api_key}{key_note}
   model       {model}
   logs        {logs}/
-
+{_nats_lines(nats_url, auth)}
 Stream a reply with curl:
   curl -N {url}/v1/chat/completions \\
     -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
@@ -204,16 +234,19 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
+    tenants = list(load_settings(settings_path).tenants) if args.settings else ["demo"]
+    auth = None if args.no_nats_auth else up_auth(Subjects(_prefix(forwarded)), tenants, data_dir)
     nats = NatsServer(data_dir / "nats", port=args.nats_port,
+                      config_file=auth.authorization_file if auth else None,
                       encryption_key_file=None if args.no_encrypt_at_rest else data_dir / "nats" / "jetstream.key")
     await nats.start()
     common = ["--nats-url", nats.url]
     bridge_argv = common + ["--host", args.host, "--port", str(args.port), "--settings", str(settings_path),
                             *forwarded["bridge"]]
     starts = {
-        "broker": lambda: _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir),
-        "worker": lambda: _spawn("worker", worker_argv, log_dir),
-        "bridge": lambda: _spawn("bridge", bridge_argv, log_dir),
+        "broker": lambda: _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir, auth),
+        "worker": lambda: _spawn("worker", worker_argv, log_dir, auth),
+        "bridge": lambda: _spawn("bridge", bridge_argv, log_dir, auth),
     }
     worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
     if args.model:
@@ -224,7 +257,7 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     try:
         procs["broker"] = await starts["broker"]()
         procs["worker"] = await starts["worker"]()
-        procs["bridge"] = await _spawn("bridge", bridge_argv + overwrite, log_dir)
+        procs["bridge"] = await _spawn("bridge", bridge_argv + overwrite, log_dir, auth)
         url = f"http://{args.host}:{args.port}"
         ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout))
         stopped = asyncio.create_task(stop.wait())
@@ -237,7 +270,7 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         supervisor.keep("nats-server", nats.process, _restart_nats(nats))
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
-        print(_banner(url, api_key, model, key_note, nats.url, log_dir), flush=True)
+        print(_banner(url, api_key, model, key_note, nats.url, log_dir, auth), flush=True)
         await stopped
     except RuntimeError as exc:
         print(f"laneway: {exc}; see the logs in {log_dir}/", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from broker.tenants import Tenant, hash_key
-from loadtest.processes import LanewayUp, free_port
+from loadtest.processes import LanewayUp, free_port, nats_env
 from loadtest.promtext import Scrape, parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 
@@ -147,7 +147,8 @@ class Fleet:
             return await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "worker",
                 "--nats-url", self.nats_url, "--pool", pool.pool, "--engine", "sim", *pool.sim_flags(),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                env=nats_env(self.data_dir, "svc-worker"))     # `up` wrote it before NATS started
         finally:
             log.close()
 
@@ -197,12 +198,10 @@ class Fleet:
 
     async def set_class(self, policy) -> None:
         """Change a priority class live: its document in the `lw_classes` KV bucket."""
-        import nats
-
         from broker import classes
         from schemas.subjects import Subjects
 
-        nc = await nats.connect(self.nats_url)
+        nc = await self.up.connect_nats("ops")
         try:
             kv = await nc.jetstream().key_value(Subjects().bucket("classes"))
             await kv.put(policy.name, classes.encode(policy))
@@ -213,8 +212,6 @@ class Fleet:
     async def set_weights(self, weights: dict[str, float]) -> None:
         """Change tenants' fair-share weights live, as an operator would: rewrite their
         documents in the `lw_tenants` KV bucket, which the broker watches."""
-        import nats
-
         from broker.topology import put_tenants
         from schemas.subjects import Subjects
 
@@ -224,7 +221,7 @@ class Fleet:
                 self.tenants[i] = t = TenantSpec(t.name, weights[t.name], t.classes, t.default_class)
                 docs.append(Tenant(name=t.name, api_key_sha256=[hash_key(self.keys[t.name])],
                                    default_class=t.default_class, classes=list(t.classes), weight=t.weight))
-        nc = await nats.connect(self.nats_url)
+        nc = await self.up.connect_nats("ops")
         try:
             await put_tenants(nc.jetstream(), Subjects(), docs)
         finally:

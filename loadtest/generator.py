@@ -94,7 +94,8 @@ async def run_scenario(s: Scenario, *, target: str = "http", url: str | None = N
         return {**_header(s, target, "external deployment"), "runs": [run]}
     with tempfile.TemporaryDirectory(prefix="laneway-loadtest-") as tmp:
         async with Fleet(data_dir or Path(tmp) / "lw", s.tenants, s.pools) as fleet:
-            t = NatsTarget(fleet.nats_url) if target == "nats" else HttpTarget(fleet.url, fleet.keys)
+            t = (NatsTarget(fleet.nats_url, credentials=fleet.up.credentials("svc-bridge")) if target == "nats"
+                 else HttpTarget(fleet.url, fleet.keys))
             async with t:
                 cpu0 = fleet.cpu()
                 run = await drive(s, t, label=s.name, open_streams=fleet.open_streams, drain_s=drain_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -39,6 +40,22 @@ def pids_mentioning(text: str) -> list[int]:
     return found
 
 
+def nats_credentials(data_dir: Path, user: str) -> tuple[str, str] | None:
+    """A user's password from the credentials file `laneway up` keeps in its data dir."""
+    path = data_dir / "nats-credentials.json"
+    if not path.exists():
+        return None
+    return user, json.loads(path.read_text())[user]
+
+
+def nats_env(data_dir: Path, user: str) -> dict[str, str]:
+    env = dict(os.environ)
+    user_password = nats_credentials(data_dir, user)
+    if user_password is not None:
+        env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = user_password
+    return env
+
+
 class LanewayUp:
     """`laneway up` in a subprocess; `cpu()` sums the CPU time of everything it runs."""
 
@@ -50,6 +67,7 @@ class LanewayUp:
         self.extra = extra or []
         self.proc: asyncio.subprocess.Process | None = None
         self.nats_url = ""
+        self.banner = ""
         self.output: list[str] = []        # what `up` printed after its banner (restarts…)
         self._drain: asyncio.Task | None = None
 
@@ -64,8 +82,9 @@ class LanewayUp:
             if not line:
                 raise RuntimeError(f"laneway up failed:\n{text.decode()}")
             text += line
-            if b"NATS " in line:
+            if b"  NATS  " in line and not self.nats_url:
                 self.nats_url = line.decode().split()[-1]
+        self.banner = text.decode(errors="replace")
         # Keep reading: a full pipe would block `up` the next time it says something.
         self._drain = asyncio.create_task(self._read_output())
         return self
@@ -73,6 +92,23 @@ class LanewayUp:
     async def _read_output(self) -> None:
         while line := await self.proc.stdout.readline():
             self.output.append(line.decode(errors="replace").rstrip())
+
+    def credentials(self, user: str) -> tuple[str, str] | None:
+        """(user, password) of a NATS user `up` made: "svc-broker", "svc-worker", "svc-bridge",
+        "ops" or "tenant-<name>"; None when it runs NATS without auth."""
+        return nats_credentials(self.data_dir, user)
+
+    def nats_env(self, user: str) -> dict[str, str]:
+        """The environment for a `laneway` process joining this stack as `user`."""
+        return nats_env(self.data_dir, user)
+
+    async def connect_nats(self, user: str, **kwargs):
+        import nats
+
+        user_password = self.credentials(user)
+        if user_password is not None:
+            kwargs["user"], kwargs["password"] = user_password
+        return await nats.connect(self.nats_url, **kwargs)
 
     def role_pids(self, role: str) -> list[int]:
         """The live pids of one child role ("broker", "worker", "bridge", "nats-server")."""

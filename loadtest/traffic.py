@@ -72,9 +72,13 @@ class NatsTarget:
 
     name = "nats"
 
-    def __init__(self, nats_url: str, prefix: str = "lw") -> None:
+    def __init__(self, nats_url: str, prefix: str = "lw",
+                 credentials: tuple[str, str] | None = None) -> None:
         self.nats_url = nats_url
         self.prefix = prefix
+        # As one trusted upstream service publishing for every tenant (the bridge's NATS user
+        # on a `laneway up`); a tenant's own user could publish only as that tenant.
+        self.credentials = credentials
         self._nc = None
         self._clients: dict[str, object] = {}
         self._lock = asyncio.Lock()
@@ -82,7 +86,9 @@ class NatsTarget:
     async def __aenter__(self) -> "NatsTarget":
         import nats
 
-        self._nc = await nats.connect(self.nats_url, pending_size=64 * 1024 * 1024)
+        user, password = self.credentials or (None, None)
+        self._nc = await nats.connect(self.nats_url, user=user, password=password,
+                                      pending_size=64 * 1024 * 1024)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -65,3 +65,39 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
     assert processes_mentioning(str(data_dir)) == []
     nats_url = next(line for line in banner.decode().splitlines() if "NATS" in line).split()[-1]
     assert processes_mentioning(nats_url) == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to prove nothing is left behind")
+async def test_up_runs_nats_with_users_and_the_banner_says_how_to_operate_it(tmp_path):
+    """Auth is on by default: an anonymous client is refused, every service runs as its own user
+    with no permission violation, and the ops line the banner prints works for `laneway classes`."""
+    import nats
+
+    from loadtest.processes import LanewayUp
+
+    async with LanewayUp(tmp_path / "lw", "sk-up-auth", ["--pii", "off"]) as up:
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(up.nats_url, allow_reconnect=False, max_reconnect_attempts=0)
+        client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key="sk-up-auth")
+        reply = await client.chat.completions.create(
+            model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "Hello!"}])
+        assert reply.usage.completion_tokens == 4
+        await client.close()
+
+        # Tenants publish only as themselves, straight onto the subjects.
+        demo = await up.connect_nats("tenant-demo", inbox_prefix="_INBOX_demo")
+        await demo.publish("lw.req.interactive.someone-else", b"x")
+        await demo.flush()
+        await demo.close()
+
+        export = next(line for line in up.banner.splitlines() if "LANEWAY_NATS_USER=" in line)
+        env = dict(os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:]))
+        listed = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "laneway.cli", "classes", "list", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await listed.communicate()
+        assert listed.returncode == 0 and b'"interactive"' in out, out
+    log = (tmp_path / "lw" / "nats" / "nats-server.log").read_text()
+    violations = [line for line in log.splitlines() if " Violation - " in line]   # publish/subscribe
+    assert violations and all("tenant-demo" in line and "someone-else" in line for line in violations), \
+        violations

@@ -9,7 +9,6 @@ import asyncio
 import time
 
 import aiohttp
-import nats
 import pytest
 
 from broker.gate.pii.policy import DEFAULT_ACTIONS, Action
@@ -69,11 +68,12 @@ async def chat(http: aiohttp.ClientSession, stop: list[str], headers: dict[str, 
         return resp.status, await resp.text()
 
 
-async def dead_letter_after_max_deliver(http: aiohttp.ClientSession, nats_url: str) -> bytes:
+async def dead_letter_after_max_deliver(http: aiohttp.ClientSession, up: LanewayUp) -> bytes:
     """The 'batch' class has no real worker here (it takes interactive and standard only): a
     doomed one takes each delivery and never answers, until JetStream gives up and the broker
-    dead-letters the request. Returns the LW_DLQ record."""
-    nc = await nats.connect(nats_url)
+    dead-letters the request. Returns the LW_DLQ record, read as the ops user."""
+    nc = await up.connect_nats("svc-worker")
+    ops = await up.connect_nats("ops")
     try:
         answer = asyncio.create_task(chat(http, STOPS[0], headers={"x-laneway-class": "batch"}))
         credit = codec.encode(Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6,
@@ -88,18 +88,19 @@ async def dead_letter_after_max_deliver(http: aiohttp.ClientSession, nats_url: s
         assert await eventually(take, interval=0)
         status, text = await answer
         assert status >= 500 and "engine_error" in text
-        js = nc.jetstream()
+        js = ops.jetstream()
         assert await eventually(lambda: _stored(js, "LW_DLQ"))
         return (await js.get_last_msg("LW_DLQ", "lw.dlq.batch.demo")).data
     finally:
         await nc.close()
+        await ops.close()
 
 
-async def stop_with_one_waiting(nats_url: str) -> None:
+async def stop_with_one_waiting(up: LanewayUp) -> None:
     """One request still waits when `up` stops (published straight to JetStream, in the 'batch'
     class nothing takes, for an inbox nobody reads): JetStream keeps a block while any message
     in it is unacked, with the raw bytes of the acked requests beside it."""
-    nc = await nats.connect(nats_url)
+    nc = await up.connect_nats("svc-bridge")
     try:
         now = time.time()
         request = GenerateRequest(request_id="left-waiting", tenant="demo", klass="batch", model="laneway-sim",
@@ -126,8 +127,8 @@ async def test_no_raw_pii_under_the_data_dir_after_a_run(tmp_path, monkeypatch):
                 assert status == 200, text
             status, text = await chat(http, STOPS[1], temperature=0)   # cached, under a redacted key
             assert status == 200, text
-            record = await dead_letter_after_max_deliver(http, up.nats_url)
-            await stop_with_one_waiting(up.nats_url)
+            record = await dead_letter_after_max_deliver(http, up)
+            await stop_with_one_waiting(up)
     assert b"<US_SSN>" in record and b"<PERSON>" in record       # the DLQ kept the redacted request
 
     files = [p for p in data.rglob("*") if p.is_file()]

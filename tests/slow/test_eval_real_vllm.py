@@ -10,7 +10,6 @@ import os
 import sys
 
 import aiohttp
-import nats
 import pytest
 import pytest_asyncio
 
@@ -50,9 +49,9 @@ async def up(tmp_path_factory):
         sim = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "laneway.cli", "worker", "--nats-url", running.nats_url, "--pool", "sim",
             "--engine", "sim", "--sim-profile", "zero", stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL)
+            stderr=asyncio.subprocess.DEVNULL, env=running.nats_env("svc-worker"))
         # The simulated pool joins live: its model is added to the routing bucket once it runs.
-        nc = await nats.connect(running.nats_url)
+        nc = await running.connect_nats("ops")
         await put_models(nc.jetstream(), Subjects("lw"), {"smollm2": LogicalModel(pool="vllm"),
                                                           "laneway-sim": LogicalModel(pool="sim")})
         await nc.close()
@@ -73,7 +72,9 @@ async def test_gate_refuses_moving_traffic_off_the_real_model(up, capsys):
     good.write_text(json.dumps(rules("vllm", "baseline")))
     bad.write_text(json.dumps(rules("sim", "cheaper")))
     scores = root / "scores.json"
-    argv = ["eval", "--nats-url", running.nats_url, "--rules", str(bad), "--baseline", str(good),
+    ops_user, ops_password = running.credentials("ops")
+    argv = ["eval", "--nats-url", running.nats_url, "--nats-user", ops_user, "--nats-password", ops_password,
+            "--rules", str(bad), "--baseline", str(good),
             "--base-url", running.url, "--api-key", KEY, "--pool-model", "vllm=smollm2",
             "--pool-model", "sim=laneway-sim", "--save-scores", str(scores)]
     code = await eval_run.run(build_parser().parse_args(argv))

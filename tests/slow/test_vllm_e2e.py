@@ -13,7 +13,6 @@ import os
 import time
 
 import aiohttp
-import nats
 import openai
 import pytest
 import pytest_asyncio
@@ -41,7 +40,7 @@ async def up(tmp_path_factory):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine_state(up):
     """The latest heartbeat of the vLLM worker, refreshed on demand with a ping."""
-    nc = await nats.connect(up.nats_url)
+    nc = await up.connect_nats("svc-bridge")      # the bridge's user reads heartbeats and pings
     beats: dict[str, object] = {}
 
     async def on_beat(msg):

@@ -1,0 +1,95 @@
+"""`up_auth` and the roles it writes: private files, passwords kept across restarts, configs the
+real nats-server accepts (`nats-server -t`), and no role with more JetStream rights than it needs.
+Whether the roles are ENOUGH is tests/integration/test_nats_isolation.py's job."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from laneway.nats_config import (
+    ROLES, authorization_block, generate_passwords, render, service_permissions, tenant_permissions, up_auth,
+)
+from laneway.natsd import server_binary
+from schemas.subjects import BadToken, Subjects
+
+S = Subjects("lw")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def nats_server_accepts(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([server_binary(), "-t", "-c", str(config)], capture_output=True, text=True, timeout=30)
+
+
+def test_up_auth_writes_private_files_with_every_user(tmp_path):
+    auth = up_auth(S, ["acme", "globex"], tmp_path / "data")
+    assert mode(auth.authorization_file) == 0o600 and mode(auth.credentials_file) == 0o600
+    passwords = json.loads(auth.credentials_file.read_text())
+    assert set(auth.services) == set(ROLES) and set(auth.tenants) == {"acme", "globex"}
+    assert auth.services["broker"] == ("svc-broker", passwords["svc-broker"])
+    assert auth.services["ops"] == ("ops", passwords["ops"])
+    assert auth.tenants["acme"] == ("tenant-acme", passwords["tenant-acme"])
+    assert len(set(passwords.values())) == len(passwords) == 6
+    text = auth.authorization_file.read_text()
+    assert text.startswith("authorization {") and all(p in text for p in passwords.values())
+
+
+def test_a_restart_keeps_the_passwords_and_follows_the_tenant_list(tmp_path):
+    first = up_auth(S, ["acme", "globex"], tmp_path)
+    again = up_auth(S, ["acme", "globex"], tmp_path)
+    assert again == first
+    changed = up_auth(S, ["acme", "initech", "acme"], tmp_path)
+    assert changed.services == first.services and changed.tenants["acme"] == first.tenants["acme"]
+    text = changed.authorization_file.read_text()
+    assert "globex" not in changed.tenants and "tenant-globex" not in text and text.count('"tenant-acme"') == 1
+    assert changed.tenants["initech"][1] not in [p for _, p in [*first.services.values(), *first.tenants.values()]]
+
+
+def test_files_left_readable_by_others_are_made_private(tmp_path):
+    auth = up_auth(S, [], tmp_path)
+    auth.credentials_file.chmod(0o644)
+    auth.authorization_file.chmod(0o644)
+    up_auth(S, [], tmp_path)
+    assert mode(auth.authorization_file) == 0o600 and mode(auth.credentials_file) == 0o600
+
+
+def test_unreadable_credentials_are_an_error_not_new_passwords(tmp_path):
+    (tmp_path / "nats-credentials.json").write_text("{not json")
+    with pytest.raises(ValueError, match="nats-credentials.json.*delete it"):
+        up_auth(S, [], tmp_path)
+    with pytest.raises(BadToken):
+        up_auth(S, ["a.b"], tmp_path / "other")
+
+
+def test_nats_server_accepts_the_block_alone_included_and_the_whole_config(tmp_path):
+    auth = up_auth(S, ["acme"], tmp_path)
+    (tmp_path / "server.conf").write_text(f'jetstream {{}}\ninclude "{auth.authorization_file.name}"\n')
+    (tmp_path / "whole.conf").write_text(render(S, ["acme"], generate_passwords(["acme"])))
+    for config in (auth.authorization_file, tmp_path / "server.conf", tmp_path / "whole.conf"):
+        result = nats_server_accepts(config)
+        assert result.returncode == 0, result.stderr + result.stdout
+    assert authorization_block(S, [], generate_passwords([])).count('"user"') == len(ROLES)
+
+
+def test_jetstream_rights_are_per_verb_and_stream():
+    roles = service_permissions(S)
+    publish = {role: roles[role]["publish"]["allow"] for role in ROLES}
+    for role, subjects in publish.items():
+        assert not any(s in ("$JS.API.>", ">", "$KV.>", "_INBOX.>") for s in subjects), role
+        assert not any(".STREAM.DELETE." in s or ".STREAM.PURGE." in s or ".CONSUMER.DELETE.LW_REQ" in s
+                       for s in subjects), role
+    # Only the broker takes requests off the work queue, or removes one (the DLQ move).
+    takers = {role for role, subjects in publish.items()
+              if any("MSG.NEXT.LW_REQ" in s or "MSG.DELETE.LW_REQ" in s for s in subjects)}
+    assert takers == {"broker"}
+    assert not any(s.startswith(("lw.", "$JS.ACK")) for s in publish["ops"])
+    assert all(len(subjects) == len(set(subjects)) for subjects in publish.values())
+    tenant = tenant_permissions(S, "acme")
+    assert tenant["subscribe"]["allow"] == ["lw.tok.acme.>", "_INBOX_acme.>"]
