@@ -13,10 +13,10 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from broker.runtime.connect import NatsSettings
 from broker.tenants import Tenant
 from broker.usage.meter import PriceBook
 from schemas.requests import Token
-from laneway.connect import NatsSettings
 
 
 # A model's context when its settings do not say: the docker-compose pools' --max-model-len.

@@ -21,10 +21,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.gate import Refusal
 from broker.gate.pipeline import Gate
 from broker.gate.validate import validate
 from broker.metrics import BrokerMetrics
+from broker.refusal import Refusal
 from broker.tenants import TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode

@@ -21,7 +21,6 @@ from nats.aio.msg import Msg
 
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
-from broker.gate import Refusal
 from broker.gate.cache import CacheScope, ResponseCache, replay_entries
 from broker.gate.pii_service import start_pii
 from broker.gate.pipeline import Admission, Gate
@@ -30,10 +29,11 @@ from broker.intake import PullIntake
 from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
+from broker.refusal import Refusal
+from broker.runtime.connect import connect
 from broker.runtime.tasks import cancel_and_wait
 from broker.topology import ensure_topology
 from broker.usage.metrics import UsageMetrics
-from laneway.connect import connect
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame

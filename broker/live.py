@@ -27,8 +27,8 @@ from broker.routing import rules as rule_docs
 from broker.routing.health import HealthBoard
 from broker.routing.rules import PoolHealth, RuleSet
 from broker.routing.store import is_rules_key
+from broker.runtime.kvwatch import BucketWatch
 from broker.tenants import TenantDirectory
-from laneway.livecfg import BucketWatch
 from schemas import codec
 from schemas.subjects import Subjects
 

@@ -14,8 +14,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from broker.gate.pii.policy import TenantPiiPolicy
-from broker.gate.quota_policy import QuotaPolicy
+from broker.policy.pii import TenantPiiPolicy
+from broker.policy.quota import QuotaPolicy
 from schemas.requests import Token
 
 KeyHash = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]

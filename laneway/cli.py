@@ -27,8 +27,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from laneway import heap
-from laneway.connect import add_nats_flags, nats_from_args
+from broker.runtime import heap
+from broker.runtime.connect import add_nats_flags, nats_from_args
 
 log = logging.getLogger("laneway")
 
@@ -143,14 +143,14 @@ async def _run_worker(args: argparse.Namespace) -> int:
 
 
 async def _run_bridge(args: argparse.Namespace) -> int:
+    from broker.bridge.admin import AdminConfig
     from broker.bridge.app import Bridge
     from broker.config import BridgeConfig, load_settings
-    from broker.routing.admin import AdminConfig
 
     settings = load_settings(Path(args.settings)) if args.settings else None
     evaluator = None
     if args.eval_scores:
-        from loadtest.eval_gate import load_golden, load_results, results_evaluator
+        from broker.routing.eval_gate import load_golden, load_results, results_evaluator
 
         evaluator = results_evaluator(load_golden(), load_results(Path(args.eval_scores)))
     bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port, limits=_limits(args),
@@ -167,7 +167,7 @@ async def _run_bridge(args: argparse.Namespace) -> int:
 
 
 async def _run_nats(args: argparse.Namespace) -> int:
-    from laneway.natsd import NatsServer
+    from broker.runtime.natsd import NatsServer
 
     server = NatsServer(Path(args.data_dir) / "nats", host=args.host, port=args.nats_port,
                         config_file=Path(args.config) if args.config else None)

@@ -21,7 +21,7 @@ import nats.js.errors
 
 from broker import classes as class_docs
 from broker import tenants as tenant_docs
-from laneway.connect import add_nats_flags, nats_from_args
+from broker.runtime.connect import add_nats_flags, nats_from_args
 
 _CLASS_FLAGS = {"rank": int, "max_queue_wait_s": float, "max_tenant_depth": int,
                 "max_slot_share": float, "starve_after_s": float}

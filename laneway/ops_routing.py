@@ -6,7 +6,7 @@
     laneway routing history
 
 Talks to NATS directly (`--nats-url`, `--prefix`), and `set` goes through the same eval gate as
-`POST /v1/admin/routing` (`broker/routing/admin.change_rules`): it scores the candidate from
+`POST /v1/admin/routing` (`broker/bridge/admin.change_rules`): it scores the candidate from
 saved golden-set answers (`--scores`) or a running bridge (`--base-url`); with neither it can
 only apply the change with `--force-reason`, which is recorded with the new version.
 Exit status: 0 done, 2 invalid input, 3 refused by the gate, 4 version conflict, 5 no such version.
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from laneway.connect import add_nats_flags
+from broker.runtime.connect import add_nats_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +94,7 @@ async def _show(store, args: argparse.Namespace) -> int:
 async def _set(store, args: argparse.Namespace) -> int:
     import msgspec
 
-    from broker.routing.admin import GateRefused, change_rules
+    from broker.bridge.admin import GateRefused, change_rules
     from broker.routing.rules import RuleSetError, decode
 
     try:
@@ -116,7 +116,7 @@ async def _set(store, args: argparse.Namespace) -> int:
 
 
 def _evaluator(args: argparse.Namespace):
-    from loadtest.eval_gate import EvalOutcome, assess, load_golden, load_results, pools_needed
+    from broker.routing.eval_gate import EvalOutcome, assess, load_golden, load_results, pools_needed
     from loadtest.eval_run import collect, parse_pool_models
 
     golden = load_golden()

@@ -22,9 +22,9 @@ import aiohttp
 
 from broker.config import LogicalModel, Settings, load_settings
 from broker.runtime.lifetime import die_with_parent
+from broker.runtime.natsd import NatsServer
 from broker.tenants import Tenant, hash_key
 from laneway.nats_config import UpAuth, up_auth
-from laneway.natsd import NatsServer
 from laneway.supervise import Supervisor
 from schemas.subjects import Subjects
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from laneway import heap
+from broker.runtime import heap
 from loadtest.results import to_json
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import nats
 
 from broker.config import StreamLimits
+from broker.runtime.natsd import NatsServer
 from broker.topology import ensure_topology
-from laneway.natsd import NatsServer
 from loadtest.stats import ms, summary
 from schemas.subjects import Subjects
 

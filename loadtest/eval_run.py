@@ -6,7 +6,7 @@
 
 Each pool a rule set can route golden prompts to answers them once, through the logical model
 pinned to it (`--pool-model POOL=MODEL`; default a model named like the pool); the rule sets are
-then scored from those answers (see `loadtest/eval_gate.py`). Exit status: 0 the gate passes,
+then scored from those answers (see `broker/routing/eval_gate.py`). Exit status: 0 the gate passes,
 3 it would block the change, 2 bad input.
 """
 
@@ -21,8 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from broker.routing.cascade import cascade_report, format_report, pick_threshold
-from broker.routing.rules import RuleSet, RuleSetError, decode
-from loadtest.eval_gate import (
+from broker.routing.eval_gate import (
     GOLDEN_PATH,
     MAX_DROP,
     Completer,
@@ -41,6 +40,7 @@ from loadtest.eval_gate import (
     run_pools,
     save_results,
 )
+from broker.routing.rules import RuleSet, RuleSetError, decode
 
 
 def http_completer(session: aiohttp.ClientSession, base_url: str, api_key: str,
@@ -70,7 +70,7 @@ def http_completer(session: aiohttp.ClientSession, base_url: str, api_key: str,
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from laneway.ops_routing import add_nats_flags
+    from broker.runtime.connect import add_nats_flags
 
     add_nats_flags(parser)
     parser.add_argument("--rules", required=True, type=Path, help="candidate rule set (JSON)")

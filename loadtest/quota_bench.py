@@ -26,8 +26,8 @@ import nats
 
 from broker.gate.cache import CachedResponse, ResponseCache, cache_key
 from broker.gate.quota import Quota, QuotaExceeded, ensure_quota_bucket
-from broker.gate.quota_policy import QuotaPolicy
-from laneway.natsd import NatsServer
+from broker.policy.quota import QuotaPolicy
+from broker.runtime.natsd import NatsServer
 from loadtest.stats import ms, summary
 from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects

@@ -12,7 +12,7 @@ os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 
 @pytest.fixture(scope="module")
 async def nats_server(tmp_path_factory: pytest.TempPathFactory):
-    from laneway.natsd import NatsServer
+    from broker.runtime.natsd import NatsServer
 
     server = NatsServer(Path(tmp_path_factory.mktemp("nats")))
     await server.start()

@@ -6,7 +6,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from laneway.connect import NatsSettings
+from broker.runtime.connect import NatsSettings
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 
 from broker.gate.cache import CachedResponse, ResponseCache
 from broker.routing.cascade import CascadeSettings, StreamGate, Verdict
-from laneway.connect import connect
+from broker.runtime.connect import connect
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import tenants as tenant_docs
 from broker.bridge import openapi
-from broker.bridge.demux import REPLY_GRACE_S, Demux, ResponseStream
+from broker.bridge.admin import AdminConfig, Evaluator, admin_app
 from broker.bridge.errors import EdgeError, body_timeout, from_code, unauthorized
 from broker.bridge.readiness import Readiness
 from broker.bridge.respond import collect_json, stream_sse
@@ -30,16 +30,16 @@ from broker.bridge.server import HttpServer
 from broker.bridge.translate import check_context, param_of, to_generate
 from broker.classes import DEFAULT_CLASSES
 from broker.config import BridgeConfig, LogicalModel, Settings
+from broker.demux import REPLY_GRACE_S, Demux, ResponseStream
 from broker.metrics import BridgeMetrics
 from broker.models import decode_models, served_names
 from broker.routing import rules as rule_docs
-from broker.routing.admin import AdminConfig, Evaluator, admin_app
 from broker.routing.rules import RuleSet
 from broker.routing.store import RuleStore, is_rules_key
+from broker.runtime.connect import connect
+from broker.runtime.kvwatch import BucketWatch
 from broker.tenants import Tenant, TenantDirectory
 from broker.topology import ensure_topology, put_settings, seed_settings
-from laneway.connect import connect
-from laneway.livecfg import BucketWatch
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Entry, StreamError

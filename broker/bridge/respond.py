@@ -7,9 +7,9 @@ import time
 
 from aiohttp import web
 
-from broker.bridge.demux import ResponseStream
 from broker.bridge.errors import EdgeError, from_code
 from broker.bridge.sse import DONE, FINISH_REASONS, ChunkRenderer, error_event
+from broker.demux import ResponseStream
 from broker.metrics import BridgeMetrics
 from schemas import codec
 from schemas.errors import ErrorCode

@@ -1,19 +1,10 @@
 """The admission gate: validate → quota → cache → PII → route, each a small stage.
 
-A stage returns its verdict or raises `Refusal` carrying an `ErrorCode`; the dispatcher turns
-a refusal into a `StreamError` on the reply subject and a `term` of the message.
+A stage returns its verdict or raises `Refusal` (`broker/refusal.py`) carrying an `ErrorCode`.
 """
 
 from __future__ import annotations
 
-from schemas.errors import ErrorCode
+from broker.refusal import Refusal   # re-exported for older imports; product code imports the leaf
 
-
-class Refusal(Exception):
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.headers = headers or {}
+__all__ = ["Refusal"]

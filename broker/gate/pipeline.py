@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from broker.config import LogicalModel
-from broker.gate import Refusal
 from broker.gate.cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
 from broker.gate.quota import Quota
-from broker.gate.quota_policy import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
 from broker.gate.route import route
 from broker.gate.validate import check_class, validate
+from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
+from broker.refusal import Refusal
 from broker.routing.rules import Decision, PoolHealth, RuleSet
 from broker.tenants import Tenant
 from schemas.errors import ErrorCode

@@ -39,13 +39,13 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from broker.gate.quota_policy import (
+from broker.gate.quota_store import (
+    CounterStore, QuotaUnavailable, decode_budget, decode_rate, decode_slots, ensure_quota_bucket,
+)
+from broker.policy.quota import (
     BadQuotaPolicy, GrantLedger, LimitName, QuotaExceeded, QuotaGrant, QuotaPolicy, RateState, Take,
     lease_chunk, minute_of, month_of, parse_policy, rate_limit_headers, return_budget, return_rate,
     seconds_to_month_end, set_slots, take_budget, take_rate,
-)
-from broker.gate.quota_store import (
-    CounterStore, QuotaUnavailable, decode_budget, decode_rate, decode_slots, ensure_quota_bucket,
 )
 from schemas.subjects import Subjects
 

@@ -13,7 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from broker.gate.quota_policy import BudgetDoc, RateDoc, SlotsDoc, Take
+from broker.policy.quota import BudgetDoc, RateDoc, SlotsDoc, Take
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.quota")

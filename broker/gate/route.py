@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker.config import LogicalModel
-from broker.gate import Refusal
+from broker.refusal import Refusal
 from broker.routing import classifier
 from broker.routing.rules import (
     Decision,

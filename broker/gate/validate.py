@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.gate import Refusal
+from broker.refusal import Refusal
 from broker.tenants import Tenant
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest

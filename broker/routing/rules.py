@@ -19,7 +19,7 @@ from enum import Enum
 
 import msgspec
 
-from broker.gate import Refusal
+from broker.refusal import Refusal
 from broker.routing.cascade import CascadeSettings
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest

@@ -1,6 +1,6 @@
 """Rule sets, versioned in the `lw_routing` KV bucket.
 
-- `rules` holds the current rule set; every process watches it (laneway/livecfg.BucketWatch) and
+- `rules` holds the current rule set; every process watches it (broker/runtime/kvwatch.BucketWatch) and
   applies a new value live. Writes are compare-and-set on its KV revision, so two admins cannot
   overwrite each other (optimistic concurrency on the version number they last read).
 - `rules.v<N>` holds version N, written once and never changed: rollback to any version keeps

@@ -25,7 +25,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from laneway.connect import NatsSettings
+from broker.runtime.connect import NatsSettings
 from schemas import codec
 from schemas.subjects import Subjects, check_token
 from schemas.usage import Usage

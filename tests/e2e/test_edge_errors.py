@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 
 KEY = "sk-test-edge"
 CHAT = "/v1/chat/completions"

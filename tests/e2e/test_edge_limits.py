@@ -16,8 +16,8 @@ from broker.bridge.app import Bridge
 from broker.bridge.server import HttpServer
 from broker.config import BridgeConfig, LogicalModel, Settings
 from broker.metrics import BridgeMetrics
-from laneway.connect import NatsSettings
-from laneway.stack import Stack, demo_settings
+from broker.runtime.connect import NatsSettings
+from loadtest.stack import Stack, demo_settings
 from schemas.codec import MAX_JSON_DEPTH
 
 KEY = "sk-test-limits"

@@ -7,7 +7,7 @@ import asyncio
 import openai
 import pytest
 
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 
 KEY = "sk-test-demo-key"
 

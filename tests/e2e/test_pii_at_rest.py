@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from broker.gate.pii.policy import DEFAULT_ACTIONS, Action
+from broker.policy.pii import DEFAULT_ACTIONS, Action
 from loadtest.processes import LanewayUp
 from schemas import codec
 from schemas.requests import ChatMessage, GenerateRequest, SamplingParams

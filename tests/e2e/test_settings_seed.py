@@ -10,8 +10,8 @@ import aiohttp
 from broker import tenants as tenant_docs
 from broker.bridge.app import Bridge
 from broker.config import BridgeConfig, LogicalModel, Settings
+from broker.runtime.connect import NatsSettings
 from broker.tenants import Tenant, hash_key
-from laneway.connect import NatsSettings
 
 SETTINGS = Settings(
     tenants={"acme": Tenant(name="acme", api_key_sha256=[hash_key("sk-acme")]),

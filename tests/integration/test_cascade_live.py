@@ -12,7 +12,7 @@ import pytest
 
 from broker.routing.rules import decode
 from broker.routing.store import RuleStore
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from workers.engine import EngineRequest
 from workers.sim import PROFILES, SimEngine
 

@@ -16,7 +16,7 @@ from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
 from broker.gate.pii import TenantPiiPolicy
 from broker.tenants import Tenant, hash_key
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
 from schemas.work import Credit

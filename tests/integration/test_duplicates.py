@@ -9,7 +9,7 @@ import aiohttp
 import nats
 import pytest
 
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.frames import Finished
 from schemas.requests import ChatMessage, GenerateRequest, SamplingParams

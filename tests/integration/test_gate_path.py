@@ -12,11 +12,11 @@ import aiohttp
 import nats
 import pytest
 
-from broker.gate.pii.policy import Action, TenantPiiPolicy
-from broker.gate.quota_policy import QuotaPolicy
-from broker.tenants import Tenant, hash_key
 from broker.config import LogicalModel, Settings
-from laneway.stack import Stack
+from broker.policy.pii import Action, TenantPiiPolicy
+from broker.policy.quota import QuotaPolicy
+from broker.tenants import Tenant, hash_key
+from loadtest.stack import Stack
 from schemas import codec
 from workers.engine import EngineOutput, EngineRequest
 from workers.sim import PROFILES, SimEngine

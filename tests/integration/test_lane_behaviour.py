@@ -12,7 +12,7 @@ import pytest
 
 from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from schemas.requests import ChatMessage, SamplingParams
 from workers.runner import WorkerConfig
 from workers.sim import PROFILES, SimEngine

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 
 
 def laneway(nats_url: str, *args: str) -> subprocess.CompletedProcess:

@@ -19,19 +19,19 @@ import aiohttp
 import nats
 import pytest
 
+from broker.bridge.admin import AdminConfig
 from broker.client import LanewayClient, LanewayError
 from broker.config import LogicalModel, Settings, StreamLimits
-from broker.gate.pii.policy import Action, TenantPiiPolicy
 from broker.gate.pii_service import presidio_installed
-from broker.gate.quota_policy import QuotaPolicy
 from broker.models import put_models
-from broker.routing.admin import AdminConfig
+from broker.policy.pii import Action, TenantPiiPolicy
+from broker.policy.quota import QuotaPolicy
 from broker.routing.store import connect_store
+from broker.runtime.natsd import NatsServer
 from broker.tenants import Tenant, hash_key
 from broker.usage.report import read_usage
 from laneway.nats_config import SERVICE_ROLES, UpAuth, up_auth
-from laneway.natsd import NatsServer
-from laneway.stack import Stack
+from loadtest.stack import Stack
 from schemas import codec
 from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects

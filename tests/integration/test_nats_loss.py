@@ -12,9 +12,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from laneway.natsd import NatsServer
-from laneway.stack import Stack, demo_settings
+from broker.runtime.natsd import NatsServer
 from loadtest.http_client import Result, stream_chat
+from loadtest.stack import Stack, demo_settings
 from tests.wait import eventually
 from workers.sim import PROFILES, SimEngine
 

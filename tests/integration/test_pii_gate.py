@@ -266,8 +266,8 @@ def test_pattern_findings_equal_stock_presidio() -> None:
     from presidio_analyzer import AnalyzerEngine
     from presidio_analyzer.nlp_engine import NlpEngineProvider
 
-    from broker.gate.pii.policy import PATTERN_ENTITIES
     from broker.gate.pii.recognize import Recognizers, finalize
+    from broker.policy.pii import PATTERN_ENTITIES
     from loadtest.pii_dataset import generate
 
     stock = AnalyzerEngine(nlp_engine=NlpEngineProvider(nlp_configuration={

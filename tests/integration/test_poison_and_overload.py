@@ -13,7 +13,7 @@ import pytest
 
 from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.requests import ChatMessage, SamplingParams
 from schemas.work import Credit

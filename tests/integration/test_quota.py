@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from broker.gate.quota import Quota, QuotaExceeded, QuotaUnavailable, ensure_quota_bucket, rate_limit_headers
-from broker.gate.quota_policy import INSUFFICIENT_QUOTA, RATE_LIMITED, LimitName, QuotaPolicy
+from broker.policy.quota import INSUFFICIENT_QUOTA, RATE_LIMITED, LimitName, QuotaPolicy
 from schemas.subjects import Subjects
 
 T0 = datetime(2026, 11, 10, 12, 0, 5, tzinfo=timezone.utc).timestamp()   # 5 s into a minute

@@ -17,11 +17,11 @@ import nats
 import pytest
 from aiohttp import web
 
+from broker.bridge.admin import AdminConfig, admin_app
 from broker.bridge.errors import EdgeError
-from broker.routing.admin import AdminConfig, admin_app
+from broker.routing.eval_gate import Completion, GoldenItem, load_golden, results_evaluator, run_pools
 from broker.routing.store import RuleStore
 from broker.tenants import hash_key
-from loadtest.eval_gate import Completion, GoldenItem, load_golden, results_evaluator, run_pools
 from schemas.subjects import Subjects
 
 ADMIN_KEY = "lw-admin-" + "a" * 24

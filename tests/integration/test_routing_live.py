@@ -11,10 +11,10 @@ import json
 import aiohttp
 import pytest
 
-from broker.routing.admin import AdminConfig
+from broker.bridge.admin import AdminConfig
 from broker.routing.rules import decode
 from broker.routing.store import RuleStore
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from workers.sim import PROFILES, SimEngine
 
 KEY = "sk-routing"

@@ -15,7 +15,6 @@ import nats
 import pytest
 
 from broker.config import StreamLimits
-from laneway.livecfg import BucketWatch
 from broker.routing import rules as rule_docs
 from broker.routing.rules import RuleSet, decode
 from broker.routing.store import (
@@ -27,6 +26,7 @@ from broker.routing.store import (
     is_rules_key,
     version_key,
 )
+from broker.runtime.kvwatch import BucketWatch
 from broker.topology import ensure_topology
 from laneway import ops_routing
 from schemas.subjects import Subjects

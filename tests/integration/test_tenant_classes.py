@@ -10,7 +10,7 @@ import pytest
 from broker.client import LanewayClient, LanewayError
 from broker.config import LogicalModel, Settings
 from broker.tenants import Tenant, hash_key
-from laneway.stack import Stack
+from loadtest.stack import Stack
 from schemas.requests import ChatMessage, SamplingParams
 from tests.integration.test_poison_and_overload import stored_is
 from tests.wait import eventually

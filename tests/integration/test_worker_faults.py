@@ -15,10 +15,10 @@ import pytest
 
 from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
+from broker.runtime.connect import NatsSettings
+from broker.runtime.natsd import NatsServer
 from broker.topology import ensure_topology
-from laneway.connect import NatsSettings
-from laneway.natsd import NatsServer
-from laneway.stack import Stack, demo_settings
+from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects

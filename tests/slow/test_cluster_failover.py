@@ -11,11 +11,11 @@ import pytest
 
 from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
-from laneway.natsd import loopback_cluster
+from broker.runtime.natsd import loopback_cluster
 from broker.topology import ensure_topology
-from laneway.stack import Stack, demo_settings
-from schemas.subjects import Subjects
+from loadtest.stack import Stack, demo_settings
 from schemas.requests import ChatMessage, SamplingParams
+from schemas.subjects import Subjects
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ import pytest_asyncio
 
 from broker.config import LogicalModel
 from broker.models import put_models
+from broker.routing.eval_gate import load_results
 from broker.tenants import hash_key
 from laneway.cli import build_parser
 from loadtest import eval_run
-from loadtest.eval_gate import load_results
 from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
 from tests.slow.conftest import vllm_model_dir

@@ -16,9 +16,9 @@ import pytest
 
 from broker.client import LanewayClient
 from broker.config import StreamLimits
-from laneway.natsd import NatsServer
-from laneway.stack import Stack, demo_settings
+from broker.runtime.natsd import NatsServer
 from loadtest.http_client import stream_chat
+from loadtest.stack import Stack, demo_settings
 from schemas.requests import ChatMessage, SamplingParams
 from tests.wait import eventually
 

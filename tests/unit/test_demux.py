@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from broker.bridge.demux import Demux
+from broker.demux import Demux
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 

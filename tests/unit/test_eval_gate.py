@@ -16,9 +16,7 @@ import pytest
 from aiohttp import web
 
 from broker.routing.cascade import cascade_report
-from broker.routing.rules import RuleSet, decode
-from loadtest import eval_run
-from loadtest.eval_gate import (
+from broker.routing.eval_gate import (
     Completion,
     EvalUnavailable,
     GoldenItem,
@@ -37,6 +35,8 @@ from loadtest.eval_gate import (
     score_answer,
     token_f1,
 )
+from broker.routing.rules import RuleSet, decode
+from loadtest import eval_run
 
 GOLDEN = load_golden()
 HARD = {"reasoning"}

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from broker.runtime.natsd import server_binary
 from laneway.nats_config import (
     ROLES, authorization_block, generate_passwords, render, service_permissions, tenant_permissions, up_auth,
 )
-from laneway.natsd import server_binary
 from schemas.subjects import BadToken, Subjects
 
 S = Subjects("lw")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from broker.gate.pii.errors import PiiBlocked, PolicyError
 from broker.gate.pii.plan import plan_for
-from broker.gate.pii.policy import (
+from broker.gate.pii.redact import Replacer, apply, mask
+from broker.policy.pii import (
     DEFAULT_ACTIONS,
     DEFAULT_POLICY,
     KNOWN_ENTITIES,
@@ -18,7 +18,7 @@ from broker.gate.pii.policy import (
     encode,
     fingerprint,
 )
-from broker.gate.pii.redact import Replacer, apply, mask
+from broker.policy.pii_errors import PiiBlocked, PolicyError
 
 
 def _doc(**fields: object) -> str:

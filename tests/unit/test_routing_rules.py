@@ -8,7 +8,7 @@ from collections import Counter
 import msgspec
 import pytest
 
-from broker.gate import Refusal
+from broker.refusal import Refusal
 from broker.routing.health import HealthBoard
 from broker.routing.rules import (
     Features,

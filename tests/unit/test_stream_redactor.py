@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.gate.pii.policy import Action, CustomPattern, CustomRecognizer, TenantPiiPolicy
 from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.policy.pii import Action, CustomPattern, CustomRecognizer, TenantPiiPolicy
 
 POLICY = TenantPiiPolicy()
 VALUES = {

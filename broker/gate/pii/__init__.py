@@ -9,9 +9,9 @@
 """
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit, decode_audit, encode_audit
-from broker.gate.pii.errors import PiiBlocked, PiiError, PiiUnavailable, PolicyError
 from broker.gate.pii.gate import Finding, PiiDecision, PiiGate
-from broker.gate.pii.policy import (
+from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.policy.pii import (
     DEFAULT_ACTIONS,
     DEFAULT_POLICY,
     KNOWN_ENTITIES,
@@ -22,7 +22,7 @@ from broker.gate.pii.policy import (
     decode,
     fingerprint,
 )
-from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.policy.pii_errors import PiiBlocked, PiiError, PiiUnavailable, PolicyError
 
 __all__ = [
     "Action", "AuditSpan", "CustomPattern", "CustomRecognizer", "DEFAULT_ACTIONS", "DEFAULT_POLICY",

@@ -20,9 +20,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
 from broker.gate.pii import worker
-from broker.gate.pii.errors import PiiUnavailable
 from broker.gate.pii.plan import Hit, Plan, plan_for
-from broker.gate.pii.policy import Action, TenantPiiPolicy
+from broker.policy.pii import Action, TenantPiiPolicy
+from broker.policy.pii_errors import PiiUnavailable
 
 LEAD_CHARS = 120        # context read on each side of a chunk's cuts (>= NER window + context words)
 Job = tuple[list[list[Hit]], float]   # a worker's answer: findings per piece, CPU seconds

@@ -20,11 +20,11 @@ import msgspec
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit
 from broker.gate.pii.engine import PiiEngine
-from broker.gate.pii.errors import PiiBlocked, PiiUnavailable
 from broker.gate.pii.plan import Hit, Plan, plan_for
-from broker.gate.pii.policy import Action, TenantPiiPolicy, fingerprint
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.policy.pii import Action, TenantPiiPolicy, fingerprint
+from broker.policy.pii_errors import PiiBlocked, PiiUnavailable
 from schemas.requests import ChatMessage, GenerateRequest
 
 Verdict = Literal["pass", "redacted", "blocked"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from broker.gate.pii.policy import (
+from broker.policy.pii import (
     NER_ENTITIES,
     PATTERN_ENTITIES,
     CustomRecognizer,

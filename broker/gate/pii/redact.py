@@ -6,7 +6,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from broker.gate.pii.policy import STRENGTH, Action
+from broker.policy.pii import STRENGTH, Action
 
 HASH_HEX = 12   # 48 bits of a keyed hash: stable pseudonyms, no collisions at chat scale
 

@@ -20,8 +20,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from broker.gate.pii.policy import Action, TenantPiiPolicy
 from broker.gate.pii.redact import mask
+from broker.policy.pii import Action, TenantPiiPolicy
 
 Replace = Callable[[str, str], str]   # (entity_type, value) -> replacement
 

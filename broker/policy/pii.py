@@ -26,7 +26,7 @@ import msgspec
 import regex
 from msgspec import Meta
 
-from broker.gate.pii.errors import PolicyError
+from broker.policy.pii_errors import PolicyError
 
 # How custom patterns run (Presidio's own flags, with the `regex` engine): they are checked the
 # same way, so a pattern that validates is a pattern that runs.

@@ -9,12 +9,12 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 
+from broker.bridge.admin import AdminConfig
 from broker.bridge.app import Bridge
 from broker.config import BridgeConfig, BrokerConfig, LogicalModel, Settings, StreamLimits
 from broker.dispatch import Broker
-from broker.routing.admin import AdminConfig
+from broker.runtime.connect import NatsSettings
 from broker.tenants import Tenant, hash_key
-from laneway.connect import NatsSettings
 from workers.engine import Engine
 from workers.runner import Worker, WorkerConfig
 from workers.sim import PROFILES, SimEngine

@@ -1,4 +1,7 @@
-"""Errors of the PII gate. They carry data (entity types, field paths), never raw values."""
+"""Errors of the PII gate. They carry data (entity types, field paths), never raw values.
+
+Beside the policy (which raises `PolicyError`) rather than in the gate, so that validating a
+tenant's policy does not import the gate."""
 
 from __future__ import annotations
 
