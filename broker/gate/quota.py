@@ -282,8 +282,18 @@ class Quota:
                                 f"monthly token budget exhausted: {left} of {budget} tokens left, this "
                                 f"request needs ~{need + lease.budget}", now)
 
+    @staticmethod
+    def _hold_only_in_use(lease: _Lease) -> int:
+        """Before a slots write: hold locally only the slots in use, and return that count. The
+        write records `in_use + spare` for this replica, where the store may grant less spare
+        than asked (other replicas took it); a slot charged on the lock-free hot path while
+        the write is on its way would then be one the store counts for nobody. Admissions wait
+        on the lease's lock instead, and the hold is set from the store's answer."""
+        lease.slots_held = min(lease.slots_held, lease.slots_used)
+        return lease.slots_used
+
     async def _grow_slots(self, tenant: str, lease: _Lease, limit: int, now: float) -> None:
-        in_use = lease.slots_used
+        in_use = self._hold_only_in_use(lease)
         take = await self.store.cas(f"{tenant}.slots", decode_slots, lambda doc: set_slots(
             doc, self.replica_id, now, self._slot_ttl, limit, in_use, lease_chunk(limit, self._fraction), 1))
         if take.denied is not None:
@@ -321,9 +331,8 @@ class Quota:
                     log.warning("could not return %s's slots (they expire): %s", grant.tenant, exc)
 
     async def _resize_slots(self, tenant: str, lease: _Lease, spare: int) -> None:
-        now, in_use = self._clock(), lease.slots_used
+        now, in_use = self._clock(), self._hold_only_in_use(lease)
         limit = lease.policy.max_concurrent or in_use + spare
-        lease.slots_held = min(lease.slots_held, in_use + spare)   # a shrink applies here first
         take = await self.store.cas(f"{tenant}.slots", decode_slots, lambda doc: set_slots(
             doc, self.replica_id, now, self._slot_ttl, limit, in_use, spare, 0))
         lease.slots_held, lease.slots_renewed = in_use + take.got_requests, now
