@@ -47,6 +47,7 @@ from broker.policy.quota import (
     lease_chunk, minute_of, month_of, parse_policy, rate_limit_headers, return_budget, return_rate,
     seconds_to_month_end, set_slots, take_budget, take_rate,
 )
+from broker.runtime.tasks import cancel_and_wait
 from schemas.subjects import Subjects
 
 __all__ = ["BadQuotaPolicy", "GrantLedger", "LimitName", "Quota", "QuotaExceeded", "QuotaGrant",
@@ -112,9 +113,8 @@ class Quota:
     async def close(self) -> None:
         """Give every unused lease back, so the other replicas can use it at once."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+            task, self._task = self._task, None
+            await cancel_and_wait(task)      # logs how the task failed, if it had
         for tenant, lease in list(self._leases.items()):
             async with lease.lock:
                 try:
@@ -150,19 +150,27 @@ class Quota:
         if self._fail_open and now < self._down_until:
             return self._charge(tenant, lease, policy, est, now)   # store down: unmetered, no wait
         async with lease.lock:
-            now = self._clock()
-            need_r, need_t, need_b, need_s = self._needs(lease, policy, est, now)  # a refill may have landed
-            if not force:
-                self._refuse_again(lease, now, need_r, need_t, need_b, need_s)
-            jobs = []
-            if need_r > 0 or need_t > 0:
-                jobs.append(self._refill_rate(tenant, lease, policy, lease.window, need_r, need_t))
-            if need_b > 0:
-                jobs.append(self._refill_budget(tenant, lease, policy.monthly_tokens, lease.month, need_b))
-            if need_s:
-                jobs.append(self._grow_slots(tenant, lease, policy.max_concurrent, now))
-            if jobs:
+            while True:
+                now = self._clock()
+                need_r, need_t, need_b, need_s = self._needs(lease, policy, est, now)  # a refill may have landed
+                if not (need_r or need_t or need_b or need_s):
+                    break
+                if not force:
+                    self._refuse_again(lease, now, need_r, need_t, need_b, need_s)
+                jobs = []
+                if need_r > 0 or need_t > 0:
+                    jobs.append(self._refill_rate(tenant, lease, policy, lease.window, need_r, need_t))
+                if need_b > 0:
+                    jobs.append(self._refill_budget(tenant, lease, policy.monthly_tokens, lease.month, need_b))
+                if need_s:
+                    jobs.append(self._grow_slots(tenant, lease, policy.max_concurrent, now))
                 await self._await_refills(tenant, lease, jobs, now, force)
+                # The refills ran as tasks, which finish a loop turn before this resumes: an
+                # admission on the lock-free hot path may have spent what they brought. Look
+                # again (a refill the store refuses raises), unless this charge is a debt anyway
+                # (forced) or the store is down and the tenant's policy fails open.
+                if force or (self._fail_open and self._clock() < self._down_until):
+                    break
             return self._charge(tenant, lease, policy, est, now)
 
     @staticmethod
@@ -219,8 +227,8 @@ class Quota:
                 raise refusals[name]
         failures = [r for r in results if isinstance(r, BaseException) and not isinstance(r, QuotaExceeded)]
         for failure in failures:
-            if isinstance(failure, asyncio.CancelledError):
-                raise failure
+            if not isinstance(failure, (QuotaUnavailable, nats.errors.Error, TimeoutError)):
+                raise failure   # cancelled, or a bug: not the store being unreachable
         if failures:
             if not self._fail_open:
                 raise QuotaUnavailable(str(failures[0])) from failures[0]
