@@ -17,11 +17,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
 from broker.demux import REPLY_GRACE_S, Demux
+from broker.runtime import publish_errors
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
@@ -76,10 +76,9 @@ class LanewayClient:
                     self.s.req(klass, self.tenant), codec.encode(request),
                     headers={MSG_ID_HEADER: msg_id(self.tenant, request.request_id)})
             except nats.js.errors.APIError as exc:
-                code = ErrorCode.queue_full if "per subject" in (exc.description or "") else ErrorCode.overloaded
+                code = publish_errors.refusal(exc) or ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                    nats.js.errors.NoStreamResponseError) as exc:
+            except publish_errors.NOT_STORED as exc:
                 # Not accepted (no PubAck): e.g. the stream is electing a new leader. Safe to retry
                 # with the same request_id: the dedup window keeps it to one generation.
                 raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",

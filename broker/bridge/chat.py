@@ -1,0 +1,195 @@
+"""`POST /v1/chat/completions`: authenticate (key → tenant) → parse and validate → subscribe-first
+(the edge's one frame subscription exists before any publish) → publish with `Nats-Msg-Id` and
+wait for the PubAck ("accepted") → wait for the first entry → answer. Errors before the first
+token are ordinary HTTP errors; after it they go in-band, then [DONE]. A client that goes away
+turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import nats.js.errors
+from aiohttp import web
+from nats.aio.client import Client
+
+from broker.bridge.errors import EdgeError, from_code, unauthorized
+from broker.bridge.readiness import Readiness
+from broker.bridge.respond import collect_json, stream_sse
+from broker.bridge.translate import check_context, param_of, to_generate
+from broker.catalogue import Catalogue
+from broker.config import BridgeConfig, Settings
+from broker.demux import REPLY_GRACE_S, Demux, ResponseStream
+from broker.metrics import BridgeMetrics
+from broker.runtime import publish_errors
+from broker.tenants import Tenant, TenantDirectory
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import Entry, StreamError
+from schemas.openai import ChatCompletionRequest
+from schemas.requests import GenerateRequest
+from schemas.subjects import MSG_ID_HEADER, msg_id
+
+CLASS_HEADER = "x-laneway-class"
+TIMEOUT_HEADER = "x-laneway-timeout"
+
+
+def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    tenant = tenants.authenticate(key.strip())
+    if tenant is None:
+        raise unauthorized("invalid API key")
+    return tenant
+
+
+class ChatCompletions:
+    def __init__(self, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
+                 catalogue: Catalogue, readiness: Readiness, demux: Demux, metrics: BridgeMetrics,
+                 cancel: Callable[[str, str], Awaitable[None]]) -> None:
+        self._nc = nc
+        self.edge_id = edge_id
+        self.config = config
+        self.settings = settings
+        self.s = config.nats.subjects
+        self.catalogue = catalogue
+        self.readiness = readiness
+        self.demux = demux
+        self.metrics = metrics
+        self._cancel = cancel
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        tenant = authenticate(request, self.catalogue.tenants)
+        body = await self._parse(request)
+        klass = self._class_for(request, tenant)
+        self._check_model(body.model)
+        now = time.time()
+        request_id = self._request_id(request, tenant)
+        generate = to_generate(body, request_id=request_id, tenant=tenant.name, klass=klass,
+                               reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
+                               deadline=self._deadline(request, now))
+        payload = codec.encode(generate)
+        if len(payload) > self._nc.max_payload:
+            raise EdgeError(ErrorCode.payload_too_large,
+                            f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
+        check_context(generate, self._max_context(body.model))
+        stream = self.demux.open(request_id, tenant.name, generate.deadline + REPLY_GRACE_S)
+        published = False
+        try:
+            await self._publish(generate, payload)
+            published = True
+            entries = await self._first_entries(stream)
+            first = entries[0]
+            if isinstance(first, StreamError):
+                raise from_code(first.code, first.message, first.param, first.headers)
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                response = await stream_sse(request, stream, generate, entries, include_usage, started,
+                                            self.metrics)
+            else:
+                response = await collect_json(stream, generate, entries, started, self.metrics)
+            self.metrics.requests.labels(klass, str(response.status)).inc()
+            return response
+        finally:
+            self.demux.close(request_id)
+            # The client left, the deadline passed here, or the edge ended the stream: stop the
+            # work. A stream its worker or the broker ended needs nothing more.
+            if published and (not stream.closed or stream.edge_failed):
+                await self._cancel(tenant.name, request_id)
+
+    async def _parse(self, request: web.Request) -> ChatCompletionRequest:
+        body = await request.read()
+        try:
+            return codec.decode_chat_request(body)
+        except codec.ValidationError as exc:
+            raise EdgeError(ErrorCode.invalid_request, str(exc), param_of(str(exc))) from None
+        except codec.DecodeError as exc:
+            raise EdgeError(ErrorCode.invalid_request, f"the body is not valid JSON: {exc}") from None
+        except codec.TooDeep as exc:
+            raise EdgeError(ErrorCode.invalid_request, str(exc)) from None
+
+    def _class_for(self, request: web.Request, tenant: Tenant) -> str:
+        klass = request.headers.get(CLASS_HEADER, tenant.default_class)
+        if klass not in self.catalogue.classes:
+            raise EdgeError(ErrorCode.unknown_class, f"unknown priority class {klass!r}", CLASS_HEADER)
+        if not tenant.may_use(klass):
+            raise EdgeError(ErrorCode.invalid_request, f"this API key may not use class {klass!r}",
+                            CLASS_HEADER, status=403, type="permission_error", code_name="class_not_allowed")
+        return klass
+
+    def _deadline(self, request: web.Request, now: float) -> float:
+        timeout = self.settings.default_timeout_s
+        raw = request.headers.get(TIMEOUT_HEADER)
+        if raw is not None:
+            try:
+                asked = float(raw)
+            except ValueError:
+                asked = -1.0
+            if not 0 < asked <= 86400:
+                raise EdgeError(ErrorCode.invalid_request, "must be a number of seconds in (0, 86400]",
+                                TIMEOUT_HEADER)
+            timeout = min(timeout, asked)
+        return now + timeout
+
+    def _request_id(self, request: web.Request, tenant: Tenant) -> str:
+        # A client retry that carries the same idempotency key maps to the same request id, so
+        # JetStream's dedup window stores it once: exactly one generation.
+        key = request.headers.get("Idempotency-Key")
+        if key:
+            return hashlib.sha256(f"{tenant.name}\0{key}".encode()).hexdigest()[:32]
+        return uuid.uuid4().hex
+
+    def _check_model(self, name: str) -> None:
+        """Refuse early what the broker would refuse: unknown models, and a models-table pool with
+        no ready worker. Rule-routed models are left to the broker, which may spill them."""
+        rules = self.catalogue.rules
+        if rules is not None and rules.serves(name):
+            return
+        model = self.catalogue.models.get(name)
+        if model is None:
+            raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
+        if not self.readiness.ready_pools().get(model.pool):
+            raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {name!r}; retry shortly")
+
+    def _max_context(self, name: str) -> int:
+        """A models-table entry's own context; a rule-routed model's pool is chosen later, by the
+        broker, so it gets the bridge's --max-context-tokens."""
+        model = self.catalogue.models.get(name)
+        return model.max_context_tokens if model is not None else self.config.max_context_tokens
+
+    async def _publish(self, generate: GenerateRequest, payload: bytes) -> None:
+        if not self._nc.is_connected:    # nats-py would buffer it and leave the client waiting
+            raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
+        subject = self.s.req(generate.klass, generate.tenant)
+        headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
+        try:
+            ack = await self._nc.jetstream().publish(subject, payload, headers=headers, timeout=5.0)
+        except nats.js.errors.APIError as exc:
+            code = publish_errors.refusal(exc)
+            if code is ErrorCode.queue_full:
+                raise EdgeError(ErrorCode.queue_full,
+                                f"too many queued requests for class {generate.klass!r}; retry later",
+                                headers={"x-ratelimit-limit-requests": "backlog",
+                                         "x-ratelimit-remaining-requests": "0"}) from None
+            if code is ErrorCode.overloaded:
+                raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
+            raise
+        except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
+            raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
+        if ack.duplicate:
+            # The same Idempotency-Key was accepted moments ago: it is generated exactly once,
+            # by the request that first sent it.
+            raise EdgeError(ErrorCode.duplicate_request,
+                            "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
+
+    async def _first_entries(self, stream: ResponseStream) -> list[Entry]:
+        try:
+            return await stream.next_entries()
+        except TimeoutError:
+            raise EdgeError(ErrorCode.deadline_exceeded, "no response before the deadline") from None
