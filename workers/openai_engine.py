@@ -7,6 +7,9 @@ Rules this module keeps:
 - 429, 5xx, resets and timeouts count against the breaker; other 4xx are the request's fault.
 - While the breaker is open `generate` fails at once and `capacity()` has no free slots, so the
   worker stops pulling work it could only fail.
+
+The wire structs are in `openai_wire.py`, the errors in `openai_errors.py`, the SSE framing in
+`sse.py`; this module is the engine: HTTP, retries, timeouts, aborts and the breaker.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import yarl
 
 from workers import openai_wire as wire
 from workers.openai_config import OpenAIUpstreamConfig
+from workers.openai_errors import CircuitOpen, UpstreamError, UpstreamRejected, UpstreamTimeout
+from workers.sse import DataEvents
 from workers.circuit import (
     BreakerState,
     CircuitBreaker,
@@ -41,59 +46,12 @@ from workers.engine import (
     EngineError,
     EngineOutput,
     EngineRequest,
-    UnsupportedRequest,
 )
 
 log = logging.getLogger(__name__)
 
 _ERROR_BODY_LIMIT = 4096       # bytes of an error response read for its message
 _T = TypeVar("_T")
-
-
-# -- errors --------------------------------------------------------------------------------------
-
-
-class UpstreamError(EngineError):
-    """The upstream failed this request. `status` is its HTTP status when it answered one;
-    `partial` is True when tokens had already been yielded (the stream was cut, not retried)."""
-
-    def __init__(
-        self,
-        request_id: str,
-        message: str,
-        *,
-        status: int | None = None,
-        retryable: bool = False,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(request_id, message)
-        self.status = status
-        self.retryable = retryable
-        self.retry_after_s = retry_after_s
-        self.partial = False
-
-    @property
-    def counts_against_breaker(self) -> bool:
-        return self.status is None or self.status == 429 or self.status >= 500
-
-
-class UpstreamTimeout(UpstreamError):
-    def __init__(self, request_id: str, phase: str, *, retryable: bool) -> None:
-        super().__init__(request_id, f"upstream {phase} timeout", retryable=retryable)
-        self.phase = phase           # "connect" | "first_token" | "idle" | "total"
-
-
-class CircuitOpen(UpstreamError):
-    def __init__(self, request_id: str, retry_after_s: float) -> None:
-        super().__init__(request_id, "upstream circuit breaker is open", retry_after_s=retry_after_s)
-
-
-class UpstreamRejected(UnsupportedRequest):
-    """The upstream refused the request itself (400/413/422): the client's fault, not the upstream's."""
-
-    def __init__(self, request_id: str, status: int, param: str, message: str) -> None:
-        super().__init__(request_id, param, message)
-        self.status = status
 
 
 class _Aborted(Exception):
@@ -303,8 +261,9 @@ class OpenAIUpstreamEngine(Engine):
     ) -> wire.Chunk | object | None:
         """The next SSE event's chunk; `wire.DONE` for `data: [DONE]`, None at end of stream."""
         retryable = not call.streamed                # nothing released yet: another attempt may
-        data: list[bytes] = []
-        while True:
+        events = DataEvents()
+        payload = None
+        while payload is None:
             try:
                 async with asyncio.timeout_at(deadline):
                     line = await resp.content.readline()
@@ -318,19 +277,11 @@ class OpenAIUpstreamEngine(Engine):
             if call.aborted:
                 raise _Aborted
             if not line:
+                payload = events.end()
                 break
-            line = line.rstrip(b"\r\n")
-            if not line:
-                if data:
-                    break
-                continue
-            if line.startswith(b"data:"):
-                value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
-            # `event:`, `id:`, `retry:` and `:` comments (keep-alives) carry nothing we use.
-        if not data:
+            payload = events.feed(line)
+        if payload is None:
             return None
-        payload = b"\n".join(data)
         if payload == b"[DONE]":
             return wire.DONE
         try:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import Error as NatsError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from schemas import codec
@@ -101,7 +101,7 @@ class Puller:
         except NoRespondersError:
             await asyncio.sleep(0.5)    # no broker yet, or it is restarting
             return
-        except Exception as exc:        # disconnected: the client reconnects
+        except (NatsError, OSError) as exc:     # disconnected: the client reconnects
             log.warning("pull failed: %s", exc)
             await asyncio.sleep(0.5)
             return

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import re
 from collections.abc import AsyncIterator
@@ -35,6 +36,8 @@ from workers.engine import (
     EngineRequest,
     UnsupportedRequest,
 )
+
+log = logging.getLogger(__name__)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
@@ -375,4 +378,7 @@ class VllmEngine(Engine):
             return UnsupportedRequest(rid, ours, str(e))
         if isinstance(e, EngineGenerateError) and e.__cause__ is not None:
             e = e.__cause__   # type: ignore[assignment]
+        # Anything else vLLM (or its engine-core process) raised: logged here, the one place
+        # that sees it whole, then ended as this request's engine error.
+        log.warning("vllm failed %s; ending it as an engine error", rid, exc_info=e)
         return EngineError(rid, f"{type(e).__name__}: {e}")

@@ -1,2 +1,3 @@
-"""Policy documents a tenant carries (quota, PII) and their pure decisions: no I/O, and nothing
-of the gate's imported, so tenants and config can hold them without loading the gate."""
+"""Policy documents a tenant carries (quota, PII) and their pure decisions, and the cascade's
+verdict: no I/O, and nothing of the gate's imported, so tenants, config, routing and workers can
+hold them without loading the gate."""

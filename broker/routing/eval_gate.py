@@ -24,8 +24,9 @@ from pathlib import Path
 
 import msgspec
 
+from broker.policy.cascade import Verdict, decide
 from broker.routing import classifier
-from broker.routing.cascade import CascadeSample, Verdict, decide
+from broker.routing.cascade import CascadeSample
 from broker.routing.rules import Features, GateRecord, RuleSet, route_distribution
 
 GOLDEN_PATH = Path(__file__).with_name("golden") / "golden.jsonl"

@@ -20,7 +20,7 @@ from enum import Enum
 import msgspec
 
 from broker.refusal import Refusal
-from broker.routing.cascade import CascadeSettings
+from broker.policy.cascade import CascadeSettings
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 

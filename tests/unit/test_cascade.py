@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from broker.routing.cascade import (
-    CascadeSample,
+from broker.policy.cascade import (
     CascadeSettings,
     StreamGate,
     Verdict,
-    cascade_report,
     decide,
     decide_self_check,
+)
+from broker.routing.cascade import (
+    CascadeSample,
+    cascade_report,
     format_report,
     pick_threshold,
 )

@@ -1,0 +1,237 @@
+"""One request's life on a worker: start it, feed the engine, release its deltas (through the
+cascade gate when it has one), then end it exactly once: finished, failed, dead-lettered,
+handed back (`-NAK`) or escalated, with its ack, its metrics and its usage record.
+
+- A request that fails before any token reached the client is `-NAK`ed so another attempt may
+  succeed; after tokens were streamed it ends with an error entry instead. The last attempt's
+  failure is parked on `LW_DLQ` with its reason.
+- An `EngineDead` ends nothing: the worker stops without acking (`on_dead`), and JetStream
+  redelivers its requests elsewhere. A `CancelledError` (worker shutdown) likewise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from broker.policy.cascade import StreamGate, Verdict
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import Delta, Finished, StreamError, TokenUsage
+from schemas.subjects import Subjects
+from schemas.work import Dispatch
+from workers.caching import AnswerStore
+from workers.engine import (
+    Engine,
+    EngineDead,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    UnsupportedRequest,
+)
+from workers.escalate import Escalator, stream_gate
+from workers.metering import UsageRecorder
+from workers.metrics import WorkerMetrics
+from workers.outbox import Outbox
+
+log = logging.getLogger("laneway.worker")
+
+ACK, WPI, TERM = b"+ACK", b"+WPI", b"+TERM"
+NAK_BACKOFF_S = 1.0     # a failed attempt is retried after this, not in a tight loop
+
+
+def nak_with_delay(delay_s: float) -> bytes:
+    return b'-NAK {"delay": %d}' % int(delay_s * 1e9)
+
+
+@dataclass(slots=True, eq=False)
+class Active:
+    """A request running on this worker."""
+    dispatch: Dispatch
+    started: float
+    seq: int = 0
+    streamed: bool = False
+    cancelled: bool = False
+    first_token_at: float | None = None
+    task: asyncio.Task[None] | None = None
+    tokens: int = 0
+    parts: list[str] | None = None          # the answer's text, kept only when it will be cached
+
+    def next_seq(self) -> int:
+        seq = self.seq
+        self.seq += 1
+        return seq
+
+
+class Serving:
+    """Serves the dispatches a worker took; `active` holds the ones running, by (tenant, id)."""
+
+    def __init__(self, worker_id: str, pool: str, subjects: Subjects, engine: Engine, metrics: WorkerMetrics,
+                 outbox: Outbox, usage: UsageRecorder, escalator: Escalator, answers: AnswerStore,
+                 active: dict[tuple[str, str], Active], room: asyncio.Event,
+                 on_dead: Callable[[BaseException], None]) -> None:
+        self.id = worker_id
+        self.pool = pool
+        self.s = subjects
+        self.engine = engine
+        self.metrics = metrics
+        self.outbox = outbox
+        self.usage = usage
+        self.escalator = escalator
+        self.answers = answers
+        self.active = active
+        self._room = room
+        self._on_dead = on_dead
+
+    def start(self, dispatch: Dispatch) -> None:
+        request = dispatch.request
+        key = (request.tenant, request.request_id)
+        if not request.reply_to.startswith(self.s.tok_tenant_prefix(request.tenant)):
+            # Defence in depth: never stream one tenant's tokens onto another's subjects.
+            log.error("refused a dispatch whose reply subject is outside its tenant's inbox")
+            self.outbox.after(dispatch.ack_subject, TERM)
+            return
+        if key in self.active:
+            return  # a duplicate delivery of a request already running here
+        active = Active(dispatch, time.monotonic(), parts=[] if dispatch.cache_key else None)
+        self.active[key] = active
+        if time.time() >= request.deadline:
+            self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed before the request started")
+            return
+        active.task = asyncio.create_task(self._serve(active), name=f"serve-{request.request_id}")
+
+    # -- the request's task ----------------------------------------------------------------
+    async def _serve(self, active: Active) -> None:
+        r = active.dispatch.request
+        gate = stream_gate(active.dispatch, self.engine)
+        try:
+            finished = await self._generate(active, gate)
+            if gate is not None and gate.verdict is Verdict.ESCALATE:
+                await self._escalate(active, gate.score)
+                return
+        except TimeoutError:
+            await self.engine.abort(r.request_id)
+            self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed during generation")
+            return
+        except UnsupportedRequest as exc:
+            self._fail(active, ErrorCode.invalid_request, f"{exc.param}: {exc.message}")
+            return
+        except EngineError as exc:
+            self._engine_failed(active, exc)
+            return
+        except EngineDead as exc:
+            log.error("engine died: %s; stopping without acking running requests", exc)
+            self._on_dead(exc)
+            return
+        except asyncio.CancelledError:
+            raise   # worker shutdown: left unacked on purpose, JetStream redelivers it
+        except Exception:
+            # The top of the request's task. A bug, not a request problem: log it with its
+            # traceback and end the stream clearly rather than leave it hanging.
+            log.exception("serving %s failed", r.request_id)
+            self._fail(active, ErrorCode.internal_error, "internal error in the worker")
+            return
+        self._finish(active, finished)
+
+    async def _generate(self, active: Active, gate: StreamGate[EngineOutput] | None) -> Finished | None:
+        """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
+        d, r = active.dispatch, active.dispatch.request
+        request = EngineRequest(r.request_id, r.messages, r.prompt, r.sampling,
+                                priority=d.priority, klass=r.klass, logprobs=gate is not None)
+        finished: Finished | None = None
+        async with asyncio.timeout(max(0.0, r.deadline - time.time())):
+            async for out in self.engine.generate(request):
+                if out.text or out.token_ids:
+                    self._release_deltas(active, gate.push(out, out.logprobs) if gate else [out])
+                if out.finish_reason is not None:
+                    if gate is not None:
+                        self._release_deltas(active, gate.finish())
+                    reason = "cancelled" if active.cancelled else out.finish_reason
+                    finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
+                                        TokenUsage(out.prompt_tokens, out.completion_tokens), self.engine.model)
+                if gate is not None and gate.verdict is Verdict.ESCALATE:
+                    break   # leaving the iterator aborts the small request in the engine
+        return finished
+
+    def _release_deltas(self, active: Active, outs: Iterable[EngineOutput]) -> None:
+        """Send engine deltas to the client (after the cascade let them through)."""
+        d, r = active.dispatch, active.dispatch.request
+        for out in outs:
+            if active.first_token_at is None:
+                active.first_token_at = time.monotonic()
+                self.metrics.ttft.labels(self.pool, r.klass).observe(active.first_token_at - active.started)
+            if not self.outbox.extend(r.request_id, d.attempt, out.text, out.token_ids):
+                self.outbox.emit(r.reply_to, Delta(r.request_id, d.attempt, active.next_seq(), out.text,
+                                                   list(out.token_ids)))
+            active.streamed = True
+            active.tokens += len(out.token_ids) or 1
+            if active.parts is not None:
+                active.parts.append(out.text)
+
+    # -- the ends --------------------------------------------------------------------------
+    def _finish(self, active: Active, finished: Finished | None) -> None:
+        if finished is None:    # the engine ended the stream without saying why
+            self._fail(active, ErrorCode.engine_error, "the engine ended the stream without finishing")
+            return
+        self.outbox.emit(active.dispatch.request.reply_to, finished)
+        self._release(active, ACK)
+        self.metrics.finished.labels(self.pool, finished.finish_reason).inc()
+        self._record_usage(active, finished.finish_reason, finished.usage.prompt_tokens,
+                           finished.usage.completion_tokens, finished.model)
+        self.answers.keep(active.dispatch, active.parts, active.cancelled, finished)
+
+    def _engine_failed(self, active: Active, exc: EngineError) -> None:
+        d = active.dispatch
+        if active.streamed:
+            self._fail(active, ErrorCode.engine_error, exc.message)
+        elif d.last_attempt:
+            self._dead_letter(active, "engine_error", exc.message)
+        else:
+            # Nothing reached the client: another attempt (maybe on another worker) may work.
+            self._release(active, nak_with_delay(NAK_BACKOFF_S * d.attempt))
+
+    async def _escalate(self, active: Active, score: float) -> None:
+        """Low confidence and nothing released: the escalated copy is stored before this one is
+        acked, so the client sees one uninterrupted answer, from the large pool."""
+        r = active.dispatch.request
+        if not await self.escalator.hand_over(active.dispatch, score):
+            self._release(active, nak_with_delay(NAK_BACKOFF_S))   # serve it here after all
+            return
+        self._record_usage(active, "escalated", r.estimated_prompt_tokens(), 0, self.engine.model)
+        self._release(active, ACK)
+
+    def _fail(self, active: Active, code: ErrorCode, message: str) -> None:
+        d = active.dispatch
+        self.outbox.emit(d.request.reply_to, StreamError(d.request.request_id, d.attempt,
+                                                         active.next_seq(), code.value, message))
+        self.metrics.finished.labels(self.pool, code.value).inc()
+        self._release(active, TERM)
+        # Metered too: tokens already generated cost money, and the brokers free its quota slot.
+        self._record_usage(active, code.value, d.request.estimated_prompt_tokens(), active.tokens,
+                           self.engine.model)
+
+    def _dead_letter(self, active: Active, reason: str, detail: str) -> None:
+        """The last attempt failed: park the request on LW_DLQ with its reason, then end it."""
+        r = active.dispatch.request
+        headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
+                   "Laneway-Attempt": str(active.dispatch.attempt), "Laneway-Worker": self.id}
+        self.outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers,
+                                active.dispatch.ack_subject)
+        self._fail(active, ErrorCode.engine_error,
+                   f"the request failed on all {active.dispatch.attempt} attempts: {detail}")
+
+    def _release(self, active: Active, ack: bytes) -> None:
+        request = active.dispatch.request
+        if active.tokens:   # counted once per request: a labelled inc per token costs real CPU
+            self.metrics.tokens.labels(self.pool, request.klass).inc(active.tokens)
+        self.active.pop((request.tenant, request.request_id), None)
+        self.outbox.after(active.dispatch.ack_subject, ack)
+        self._room.set()
+
+    def _record_usage(self, active: Active, finish_reason: str, prompt_tokens: int,
+                      completion_tokens: int, served_model: str) -> None:
+        self.usage.record(active.dispatch, active.started, active.first_token_at, finish_reason,
+                          prompt_tokens, completion_tokens, served_model)
