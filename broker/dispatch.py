@@ -5,6 +5,9 @@ they are not redelivered); a `Dispatch` hands the message's ack subject to the w
 acks when it finishes. If a worker dies, JetStream redelivers after `ack_wait` and the request
 comes back through here with a higher attempt number. Nothing is lost by a broker restart
 either: its lanes are rebuilt from the unacked messages.
+
+What it holds per pool is in `pools.py`; the periodic upkeep (expiry, in-progress acks, pulls
+whose hold is up, gauges) is `sweep.py`.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
 from broker.gate.cache import CacheScope, ResponseCache, replay_entries
+from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii_service import start_pii
 from broker.gate.pipeline import Admission, Gate
 from broker.gate.quota import Quota
@@ -29,9 +33,11 @@ from broker.intake import PullIntake
 from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
+from broker.pools import Held, ParkedPull, Pool
 from broker.refusal import Refusal
 from broker.runtime.connect import connect
 from broker.runtime.tasks import cancel_and_wait
+from broker.sweep import Sweep
 from broker.topology import ensure_topology
 from broker.usage.metrics import UsageMetrics
 from schemas import codec
@@ -56,33 +62,6 @@ _ADMIT_ERRORS = {
 }
 
 
-@dataclass(slots=True)
-class Held:
-    """A waiting request and the JetStream message that stores it."""
-
-    msg: Msg
-    request: GenerateRequest
-    attempt: int
-    pool: str
-    last_touch: float       # monotonic time of the last in-progress ack
-    cache_key: str = ""
-    cache_model: str = ""
-    escalate_to: str = ""
-
-
-@dataclass(slots=True)
-class _ParkedPull:
-    credit: Credit
-    reply: str
-    until: float
-
-
-@dataclass
-class _Pool:
-    lanes: Lanes
-    parked: list[_ParkedPull] = field(default_factory=list)
-
-
 class Broker:
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics | None = None) -> None:
         self.config = config
@@ -93,7 +72,7 @@ class Broker:
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self._dead: DeadLetters | None = None
-        self._pools: dict[str, _Pool] = {}
+        self._pools: dict[str, Pool] = {}
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._nc: Client | None = None
         self._intake: PullIntake | None = None
@@ -127,7 +106,10 @@ class Broker:
         self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
                                   self._on_request, room=self._room)
         await self._intake.start()
-        self._tasks = [asyncio.create_task(self._sweep(), name="laneway-sweep"),
+        sweep = Sweep(self._nc, self._pools, self.live, self.metrics, self.gate, self._recent_cancels,
+                      self._expire, self._serve_parked, self._poke_intake,
+                      self.config.sweep_interval_s, self.config.limits.ack_wait_s / 3)
+        self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
                        asyncio.create_task(self._heartbeats(), name="broker-heartbeats")]
         log.info("broker ready: classes=%s pools=%s", sorted(self.live.classes), sorted(self._pool_names()))
 
@@ -140,12 +122,9 @@ class Broker:
             self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
                                                       replicas=cfg.limits.replicas)
         if cfg.pii != "off":
-            self.gate.pii = await start_pii(cfg.pii, cfg.pii_workers)
-            self.gate._publish_audit = self._publish_audit
+            self.gate.use_pii(await start_pii(cfg.pii, cfg.pii_workers), self._publish_audit)
 
-    async def _publish_audit(self, tenant: str, audit) -> None:
-        from broker.gate.pii import encode_audit
-
+    async def _publish_audit(self, tenant: str, audit: PiiAudit) -> None:
         await self._nc.publish(self.s.audit(tenant), encode_audit(audit))
 
     async def stop(self) -> None:
@@ -200,22 +179,26 @@ class Broker:
         while True:
             try:
                 await self._announce()
-            except Exception as exc:  # disconnected: the next beat retries
+            except nats.errors.Error as exc:  # disconnected: the next beat retries
                 log.debug("broker heartbeat failed: %s", exc)
             await asyncio.sleep(BROKER_HEARTBEAT_S)
 
     def _pool_names(self) -> set[str]:
         return self.live.pool_names() | set(self._pools)
 
-    def _pool(self, name: str) -> _Pool:
+    def _pool(self, name: str) -> Pool:
         pool = self._pools.get(name)
         if pool is None:
-            pool = self._pools[name] = _Pool(Lanes(self.live.classes.values(), self.live.tenants.weight))
+            pool = self._pools[name] = Pool(Lanes(self.live.classes.values(), self.live.tenants.weight))
         return pool
 
     # -- intake ---------------------------------------------------------------------------
     def _room(self) -> int:
         return self.config.max_held - sum(len(p.lanes) for p in self._pools.values())
+
+    def _poke_intake(self) -> None:
+        if self._intake is not None and self._room() > 0:
+            self._intake.poke()
 
     async def _on_request(self, msg: Msg) -> None:
         attempt = msg.metadata.num_delivered
@@ -330,10 +313,10 @@ class Broker:
         if await self._answer(pool, credit, msg.reply):
             return
         until = time.monotonic() + max(0.0, min(credit.wait_s, 30.0))
-        pool.parked.append(_ParkedPull(credit, msg.reply, until))
+        pool.parked.append(ParkedPull(credit, msg.reply, until))
         self.metrics.parked_pulls.labels(credit.pool).set(len(pool.parked))
 
-    async def _answer(self, pool: _Pool, credit: Credit, reply: str) -> bool:
+    async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
         """Reply to a pull if there is work for it; False leaves it for the caller to park."""
         now = time.time()
         selection = pool.lanes.select(
@@ -372,7 +355,7 @@ class Broker:
         return {"escalate_to": held.escalate_to, "cascade_window": c.window,
                 "cascade_min_logprob": c.min_mean_logprob}
 
-    async def _serve_parked(self, name: str, pool: _Pool) -> None:
+    async def _serve_parked(self, name: str, pool: Pool) -> None:
         while pool.parked and len(pool.lanes):
             parked = pool.parked.pop(0)
             if not await self._answer(pool, parked.credit, parked.reply):
@@ -380,7 +363,7 @@ class Broker:
                 break
         self.metrics.parked_pulls.labels(name).set(len(pool.parked))
 
-    # -- cancels, expiry, liveness --------------------------------------------------------
+    # -- cancels, expiry ---------------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
         try:
             cancel = codec.decode_cancel(msg.data)
@@ -403,41 +386,3 @@ class Broker:
         self.metrics.expired.labels(item.klass).inc()
         await self._refuse(held.msg, held.request, held.attempt, ErrorCode.deadline_exceeded,
                            "the request's deadline passed before it could start")
-
-    async def _sweep(self) -> None:
-        touch_every = self.config.limits.ack_wait_s / 3
-        while True:
-            await asyncio.sleep(self.config.sweep_interval_s)
-            now, mono = time.time(), time.monotonic()
-            try:
-                for name, pool in self._pools.items():
-                    for item in pool.lanes.expire(now):
-                        await self._expire(item)
-                    for item in pool.lanes.waiting_items():
-                        held: Held = item.payload
-                        if mono - held.last_touch >= touch_every:
-                            held.last_touch = mono
-                            await held.msg.in_progress()
-                    # Answer pulls whose hold time is up, before the worker's request times out.
-                    keep = []
-                    for parked in pool.parked:
-                        if parked.until <= mono:
-                            await self._nc.publish(parked.reply, codec.encode(Batch()))
-                        else:
-                            keep.append(parked)
-                    pool.parked = keep
-                    await self._serve_parked(name, pool)
-                    for klass, depth in pool.lanes.depths().items():
-                        self.metrics.queue_depth.labels(name, klass).set(depth)
-                    self.live.health.set_queue_depth(name, len(pool.lanes))
-                for name, h in self.live.refresh_health().items():
-                    self.metrics.ready_workers.labels(name).set(h.ready_workers)
-                await self.gate.release_expired(now)
-                cutoff = mono - 60
-                while self._recent_cancels and next(iter(self._recent_cancels.values())) < cutoff:
-                    self._recent_cancels.popitem(last=False)
-            except Exception:
-                # Disconnected mid-sweep: the next sweep retries; the loop must not die.
-                log.exception("sweep failed")
-            if self._intake is not None and self._room() > 0:
-                self._intake.poke()

@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -59,7 +60,7 @@ class PullIntake:
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
-            except Exception:  # connection already closed: nothing to unsubscribe from
+            except nats.errors.Error:  # connection closed or draining: nothing to unsubscribe from
                 pass
             self._sub = None
 
@@ -85,7 +86,7 @@ class PullIntake:
                                            reply=self._inbox)
                     self._remaining = n
                     self._last_seen = now
-                except Exception as exc:  # disconnected: the client reconnects by itself
+                except nats.errors.Error as exc:  # disconnected: the client reconnects by itself
                     log.warning("pull request failed: %s", exc)
             self._wake.clear()
             try:
@@ -112,5 +113,6 @@ class PullIntake:
         try:
             await self._on_message(msg)
         except Exception:
-            # The message stays unacked and comes back after ack_wait; never lose the loop.
-            log.exception("handling a request message failed")
+            # The loop boundary: whatever a message breaks (a dropped connection mid-handling, or
+            # a bug), it stays unacked and comes back after ack_wait; never lose the loop.
+            log.exception("handling a request message failed: %s", msg.subject)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 
 from broker.config import LogicalModel
 from schemas.subjects import Subjects
@@ -30,7 +31,7 @@ async def get_models(js: JetStreamContext, s: Subjects) -> dict[str, LogicalMode
     kv = await js.key_value(s.bucket("routing"))
     try:
         entry = await kv.get(MODELS_KEY)
-    except Exception:  # KeyNotFoundError: no models configured yet
+    except KeyNotFoundError:  # no models configured yet (or deleted)
         return {}
     return decode_models(entry.value or b"{}")
 

@@ -66,6 +66,12 @@ class Gate:
         self.ledger = GrantLedger()
         self._publish_audit = publish_audit
 
+    def use_pii(self, pii: PiiGate | None, publish_audit: Callable[[str, PiiAudit], Awaitable[None]]) -> None:
+        """Turn the PII stage on (None leaves it off); `publish_audit(tenant, audit)` gets an
+        audit for each request with findings, or that could not be analysed."""
+        self.pii = pii
+        self._publish_audit = publish_audit
+
     async def admit(self, request: GenerateRequest, klass: str, tenant: str, attempt: int,
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
@@ -72,5 +73,5 @@ class BucketWatch:
         finally:
             try:
                 await watcher.stop()
-            except Exception:
+            except nats.errors.Error:   # connection closed or draining: the watch is gone anyway
                 pass

@@ -10,6 +10,7 @@ tenant says otherwise); a dead worker or a wedged one gets the whole pool replac
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import multiprocessing
 import os
@@ -19,10 +20,13 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
-from broker.gate.pii import worker
+import broker.gate.pii.worker as worker
 from broker.gate.pii.plan import Hit, Plan, plan_for
+from broker.gate.pii.spacy_model import DEFAULT_MODEL, model_installed
 from broker.policy.pii import Action, TenantPiiPolicy
 from broker.policy.pii_errors import PiiUnavailable
+
+log = logging.getLogger("laneway.gate")
 
 LEAD_CHARS = 120        # context read on each side of a chunk's cuts (>= NER window + context words)
 Job = tuple[list[list[Hit]], float]   # a worker's answer: findings per piece, CPU seconds
@@ -47,8 +51,8 @@ class PiiEngine:
         stuck_after_s: float = 30.0,
     ) -> None:
         if ner_model == "auto":
-            ner_model = worker.DEFAULT_MODEL if worker.model_installed() else None
-        elif ner_model is not None and not worker.model_installed(ner_model):
+            ner_model = DEFAULT_MODEL if model_installed() else None
+        elif ner_model is not None and not model_installed(ner_model):
             raise ValueError(f"spaCy model {ner_model!r} is not installed")
         self.ner_model = ner_model
         self.workers = workers or default_workers()
@@ -129,7 +133,8 @@ class PiiEngine:
         except BrokenProcessPool:
             self._restart(pool)
             raise PiiUnavailable("an analyzer worker died") from None
-        except Exception as exc:  # noqa: BLE001 - any failure inside analysis fails closed, by design
+        except Exception as exc:  # noqa: BLE001 - the process boundary: anything a worker raises fails closed
+            log.warning("PII analysis failed in a worker", exc_info=True)
             raise PiiUnavailable(f"analysis failed ({type(exc).__name__})") from None
         return merge(texts, jobs, [r for r, _ in results]), max(c for _, c in results) * 1000
 

