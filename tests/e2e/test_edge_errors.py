@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import pytest
 
 from loadtest.stack import Stack, demo_settings
+from tests.wait import eventually
 
 KEY = "sk-test-edge"
 CHAT = "/v1/chat/completions"
@@ -117,12 +116,10 @@ async def test_expired_deadline_is_504_and_nothing_left(stack, http):
     assert status == 504
     assert assert_openai_error(payload)["code"] == "deadline_exceeded"
     # The broker terminates the message and tells the client on one connection, but JetStream
-    # applies the +TERM asynchronously: give it a moment rather than race it.
-    for _ in range(40):
-        if await queued(stack) == before:
-            break
-        await asyncio.sleep(0.05)
-    assert await queued(stack) == before
+    # applies the +TERM asynchronously: wait for it rather than race it.
+    async def terminated() -> bool:
+        return await queued(stack) == before
+    assert await eventually(terminated), "the expired request was never terminated"
 
 
 async def test_health_ready_metrics(http):

@@ -12,6 +12,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.wait import eventually
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -61,8 +63,7 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
             proc.send_signal(signal.SIGINT)
         code = await asyncio.wait_for(proc.wait(), 60)
     assert code in (0, 130)
-    await asyncio.sleep(0.2)
-    assert processes_mentioning(str(data_dir)) == []
+    assert await eventually(lambda: processes_mentioning(str(data_dir)) == []), processes_mentioning(str(data_dir))
     nats_url = next(line for line in banner.decode().splitlines() if "NATS" in line).split()[-1]
     assert processes_mentioning(nats_url) == []
 

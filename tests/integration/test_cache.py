@@ -3,7 +3,6 @@ tenants, model versions or sampling settings."""
 
 from __future__ import annotations
 
-import asyncio
 from itertools import count
 
 import nats
@@ -15,6 +14,7 @@ from broker.gate.cache import (
 from schemas.frames import Delta, Finished
 from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects
+from tests.wait import eventually
 
 _prefixes = count()
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
@@ -115,11 +115,9 @@ async def test_entries_expire_with_the_bucket_ttl(nc) -> None:
     key = cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY)
     await cache.store(key, ANSWER)
     assert await cache.lookup(key) is not None
-    for _ in range(50):
-        await asyncio.sleep(0.1)
-        if await cache.lookup(key) is None:
-            break
-    assert await cache.lookup(key) is None
+    async def expired() -> bool:
+        return await cache.lookup(key) is None
+    assert await eventually(expired, interval=0.1), "the entry never expired"
     # a changed TTL is applied to the existing bucket
     await ensure_cache_bucket(nc.jetstream(), s, ttl_s=120.0)
     info = await nc.jetstream().stream_info(f"KV_{s.bucket('cache')}")

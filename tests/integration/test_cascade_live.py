@@ -4,7 +4,6 @@ uninterrupted stream."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -13,6 +12,7 @@ import pytest
 from broker.routing.rules import decode
 from broker.routing.store import RuleStore
 from loadtest.stack import Stack, demo_settings
+from tests.wait import eventually
 from workers.engine import EngineRequest
 from workers.sim import PROFILES, SimEngine
 
@@ -41,10 +41,8 @@ async def stack(nats_server):
                      pools=["small", "large"], prefix="cas") as s:
         store = await RuleStore.open(s.broker._nc.jetstream(), s.broker.s)
         await store.put(decode(json.dumps(RULES).encode()), expected_version=0)
-        for _ in range(100):
-            if s.broker.live.rules is not None and s.bridge.rules is not None:
-                break
-            await asyncio.sleep(0.05)
+        assert await eventually(lambda: s.broker.live.rules is not None and s.bridge.rules is not None), \
+            "the rules never reached the broker and the bridge"
         yield s
 
 

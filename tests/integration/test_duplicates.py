@@ -2,26 +2,47 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
 import nats
 import pytest
 
+from broker.runtime.natsd import NatsServer
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.frames import Finished
 from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
 from schemas.subjects import MSG_ID_HEADER, msg_id
+from tests.wait import eventually
 
 KEY = "sk-dup"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+async def nats_server(tmp_path):
+    """A server of this test's own: the checks below count generations and stored messages,
+    which another test's late request on a shared server would change."""
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
 async def stack(nats_server):
     async with Stack(nats_server.url, demo_settings(KEY), prefix="dup") as s:
         yield s
+
+
+async def stored(stack) -> int:
+    info = await stack.broker._nc.jetstream().stream_info(stack.broker.s.req_stream)
+    return info.state.messages
+
+
+async def settled(stack) -> bool:
+    """Every stored request has been acked: nothing is left that could still be generated."""
+    return await stored(stack) == 0
 
 
 def finished_count(stack) -> float:
@@ -49,8 +70,11 @@ async def test_a_republished_request_is_generated_once(stack, nats_server):
                 "dup.req.interactive.demo", codec.encode(request),
                 headers={MSG_ID_HEADER: msg_id("demo", "retry-me")}))
         assert [a.duplicate for a in acks] == [None, True, True]
-        await asyncio.sleep(1.0)
-        finished = [e for f in frames for e in f.entries if isinstance(e, Finished)]
+        def finished_frames() -> list:
+            return [e for f in frames for e in f.entries if isinstance(e, Finished)]
+        assert await eventually(lambda: finished_frames()), "the request was never answered"
+        assert await eventually(lambda: settled(stack)), "the request was never acked"
+        finished = finished_frames()
         assert len(finished) == 1
         assert finished_count(stack) - before == 1
     finally:
@@ -68,5 +92,5 @@ async def test_idempotency_key_retry_gets_409_not_a_second_generation(stack):
             assert resp.status == 409
             error = (await resp.json())["error"]
             assert error["code"] == "duplicate_request" and error["param"] == "Idempotency-Key"
-    await asyncio.sleep(0.3)
+    assert await eventually(lambda: settled(stack)), "the request was never acked"
     assert finished_count(stack) - before == 1

@@ -5,11 +5,11 @@ metered on LW_USAGE."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
 import nats
+import nats.js.errors
 import pytest
 
 from broker.config import LogicalModel, Settings
@@ -18,6 +18,7 @@ from broker.policy.quota import QuotaPolicy
 from broker.tenants import Tenant, hash_key
 from loadtest.stack import Stack
 from schemas import codec
+from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
 from workers.sim import PROFILES, SimEngine
 
@@ -77,11 +78,20 @@ async def test_quota_over_the_rate_is_429_with_rate_limit_headers(stack):
     assert headers["x-ratelimit-limit-requests"] == "3" and headers["x-ratelimit-remaining-requests"] == "0"
 
 
+async def cache_entries(stack) -> int:
+    info = await stack.broker._nc.jetstream().stream_info(f"KV_{stack.broker.s.bucket('cache')}")
+    return info.state.messages
+
+
 async def test_deterministic_answer_is_replayed_from_the_cache_for_that_tenant_only(stack):
     prompt = "What is the capital of France? (cache test)"
+    entries = await cache_entries(stack)
     status, first, _ = await chat(stack, "acme", prompt, temperature=0)
     assert status == 200
-    await asyncio.sleep(0.3)   # the worker stores the answer in the background
+    # the answer is stored in the background: wait until its entry is in the bucket
+    async def stored() -> bool:
+        return await cache_entries(stack) > entries
+    assert await eventually(stored), "the answer was never cached"
     before = stack.finished()
     status, again, _ = await chat(stack, "acme", prompt, temperature=0)
     assert status == 200 and again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
@@ -110,13 +120,10 @@ async def test_pii_findings_are_audited_without_values(stack, nats_server):
         sub = await js.subscribe("gate.audit.acme", stream="GATE_AUDIT", ordered_consumer=True)
         await chat(stack, "acme", "Call me on 212-555-0134 please")
         records = []
-        for _ in range(20):
-            try:
-                records.append(await sub.next_msg(timeout=0.5))
-            except nats.errors.TimeoutError:
-                break
+        while not any(b"PHONE_NUMBER" in m.data for m in records):   # until this request's record
+            records.append(await sub.next_msg(timeout=30))
         raw = b"".join(m.data for m in records)
-        assert records and b"212-555-0134" not in raw and b"PHONE_NUMBER" in raw
+        assert b"212-555-0134" not in raw
     finally:
         await nc.close()
 
@@ -126,7 +133,13 @@ async def test_every_finished_request_is_metered(stack, nats_server):
     try:
         js = nc.jetstream()
         status, body, _ = await chat(stack, "globex", "meter me")
-        await asyncio.sleep(0.3)
+        async def metered() -> bool:   # the usage record comes after the answer, in the background
+            try:
+                msg = await js.get_last_msg("GATE_USAGE", "gate.usage.globex")
+            except nats.js.errors.NotFoundError:
+                return False
+            return f"chatcmpl-{codec.decode_usage(msg.data).request_id}" == body["id"]
+        assert await eventually(metered), "the request was never metered"
         msg = await js.get_last_msg("GATE_USAGE", "gate.usage.globex")
         usage = codec.decode_usage(msg.data)
         assert usage.tenant == "globex" and usage.completion_tokens == 6 and not usage.cached

@@ -14,6 +14,7 @@ from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
 from loadtest.stack import Stack, demo_settings
 from schemas.requests import ChatMessage, SamplingParams
+from tests.wait import eventually
 from workers.runner import WorkerConfig
 from workers.sim import PROFILES, SimEngine
 
@@ -30,18 +31,13 @@ def headers(**extra: str) -> dict:
     return {"Authorization": f"Bearer {KEY}", **extra}
 
 
-async def eventually(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
-
-
 async def stored(stack) -> int:
     info = await stack.broker._nc.jetstream().stream_info(stack.broker.s.req_stream)
     return info.state.messages
+
+
+async def stored_none(stack) -> bool:
+    return await stored(stack) == 0
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +59,7 @@ async def test_client_disconnect_cancels_and_frees_the_slot(slow_stack):
             assert engine.num_running() == 1
         # The connection is closed here, mid-stream.
     assert await eventually(lambda: engine.num_running() == 0, 2.0), "the engine slot was not freed"
-    assert await eventually(lambda: True)
-    for _ in range(50):
-        if await stored(slow_stack) == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert await stored(slow_stack) == 0, "the cancelled request was not acked"
+    assert await eventually(lambda: stored_none(slow_stack)), "the cancelled request was not acked"
 
 
 async def test_deadline_mid_generation_ends_with_in_band_error(slow_stack):

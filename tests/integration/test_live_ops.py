@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from loadtest.stack import Stack, demo_settings
+from tests.wait import eventually
 
 
 def laneway(nats_url: str, *args: str) -> subprocess.CompletedProcess:
@@ -27,11 +28,11 @@ async def test_class_change_applies_live(stack, nats_server):
     result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "batch",
                                      "--max-slot-share", "0.5", "--starve-after", "12")
     assert result.returncode == 0, result.stderr
-    for _ in range(100):
+    def applied() -> bool:
         policy = stack.broker.live.classes.get("batch")
-        if policy and policy.max_slot_share == 0.5:
-            break
-        await asyncio.sleep(0.05)
+        return policy is not None and policy.max_slot_share == 0.5
+    assert await eventually(applied), "the class change never applied"
+    policy = stack.broker.live.classes["batch"]
     assert policy.max_slot_share == 0.5 and policy.starve_after_s == 12
     listed = await asyncio.to_thread(laneway, nats_server.url, "classes", "list")
     assert '"max_slot_share":0.5' in listed.stdout.replace(" ", "")
@@ -48,11 +49,7 @@ async def test_bad_class_is_refused_and_nothing_changes(stack, nats_server):
 async def test_tenant_weight_change_applies_live(stack, nats_server):
     result = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo", "--weight", "4")
     assert result.returncode == 0, result.stderr
-    for _ in range(100):
-        if stack.broker.live.tenants.weight("demo") == 4:
-            break
-        await asyncio.sleep(0.05)
-    assert stack.broker.live.tenants.weight("demo") == 4
+    assert await eventually(lambda: stack.broker.live.tenants.weight("demo") == 4)
     bad = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo",
                                   "--default-class", "vip")
     assert bad.returncode == 2 and "default_class" in bad.stderr

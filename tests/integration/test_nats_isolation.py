@@ -185,8 +185,16 @@ async def test_tenants_stay_in_their_lane(secured):
     finally:
         await alpha.close()
         await beta.close()
-    refused = secured.log.new()
-    assert refused and all('user:tenant-alpha"' in line for line in refused), refused
+    # Wait for every refusal's log line, so that none lands in the next test's check.
+    refused: list[str] = []
+
+    def logged_all() -> bool:
+        refused.extend(secured.log.new())
+        return (any("lw.tok.beta" in line for line in refused)
+                and sum("lw.req.interactive.beta" in line for line in refused) >= 2)
+    assert await eventually(logged_all, timeout=30), refused
+    print("\n".join(refused))
+    assert all('user:tenant-alpha"' in line for line in refused), refused
 
 
 async def test_cancels_from_a_tenant_and_from_the_edge_reach_the_engine(secured):

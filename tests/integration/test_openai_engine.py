@@ -21,6 +21,7 @@ from aiohttp import web
 
 from schemas.requests import ChatMessage, SamplingParams
 from workers.circuit import BreakerConfig, BreakerState
+from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
 from workers.openai_engine import (
     CircuitOpen,
@@ -115,7 +116,7 @@ class FakeUpstream:
         await self._sleep(request, plan.first_delay)
         for i, token in enumerate(plan.tokens):
             if plan.reset_after == i:
-                await asyncio.sleep(0.05)               # let the tokens so far reach the client:
+                await asyncio.sleep(0.05)               # scenario, kept: the tokens so far must reach the client:
                 assert request.transport is not None    # abort() drops unsent buffered bytes
                 request.transport.abort()
                 return resp
@@ -493,8 +494,7 @@ async def test_abort_while_the_upstream_hangs(upstream: FakeUpstream, make_engin
     upstream.script(Plan(hang=True))
     engine = await make_engine(first_token_timeout_s=10.0)
     task = asyncio.create_task(collect(engine, request("hung")))
-    while not upstream.seen:
-        await asyncio.sleep(0.01)
+    assert await eventually(lambda: upstream.seen)
     await engine.abort("hung")
     outputs = await asyncio.wait_for(task, 2.0)
     assert [o.finish_reason for o in outputs] == ["abort"]
@@ -516,8 +516,7 @@ async def test_cancelling_the_consumer_propagates(upstream: FakeUpstream, make_e
     upstream.script(Plan(hang=True))
     engine = await make_engine(first_token_timeout_s=10.0)
     task = asyncio.create_task(collect(engine, request()))
-    while not upstream.seen:
-        await asyncio.sleep(0.01)
+    assert await eventually(lambda: upstream.seen)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

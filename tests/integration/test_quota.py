@@ -230,12 +230,12 @@ async def test_two_replicas_never_exceed_the_concurrency_limit(replicas) -> None
             try:
                 grant = await quota.admit("conc", policy, 10)
             except QuotaExceeded:
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)   # scenario, kept: a refused client backs off and retries
                 continue
             in_flight += 1
             admitted += 1
             peak = max(peak, in_flight)
-            await asyncio.sleep(random.uniform(0, 0.005))
+            await asyncio.sleep(random.uniform(0, 0.005))   # scenario, kept: holds its grant, so grants overlap
             in_flight -= 1
             await quota.release(grant, 10)
 

@@ -4,7 +4,6 @@ without a restart."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 
@@ -15,6 +14,7 @@ from broker.bridge.admin import AdminConfig
 from broker.routing.rules import decode
 from broker.routing.store import RuleStore
 from loadtest.stack import Stack, demo_settings
+from tests.wait import eventually
 from workers.sim import PROFILES, SimEngine
 
 KEY = "sk-routing"
@@ -51,10 +51,8 @@ async def stack(nats_server):
                      pools=["small", "large", "hosted"], prefix="rt", admin=admin) as s:
         store = await RuleStore.open(s.broker._nc.jetstream(), s.broker.s)
         await store.put(decode(json.dumps(RULES).encode()), expected_version=0)
-        for _ in range(100):
-            if s.broker.live.rules is not None and s.bridge.rules is not None:
-                break
-            await asyncio.sleep(0.05)
+        assert await eventually(lambda: s.broker.live.rules is not None and s.bridge.rules is not None), \
+            "the rules never reached the broker and the bridge"
         yield s
 
 
@@ -88,10 +86,10 @@ async def test_a_pool_that_goes_down_spills_to_the_hosted_pool(stack):
     hosted_before = served_by(stack, "hosted")
     fallback = stack.broker.metrics.routing_fallback
     await small_worker.stop()     # its last heartbeat says `stopping`
-    for _ in range(100):
-        if not stack.broker.live.pool_health.get("small") or not stack.broker.live.pool_health["small"].ready_workers:
-            break
-        await asyncio.sleep(0.05)
+    def small_down() -> bool:
+        health = stack.broker.live.pool_health.get("small")
+        return not health or not health.ready_workers
+    assert await eventually(small_down), "the broker never saw the small pool go down"
     result = await chat(stack, "fast")
     assert result["status"] == 200
     assert served_by(stack, "hosted") == hosted_before + 1

@@ -30,6 +30,7 @@ from broker.runtime.kvwatch import BucketWatch
 from broker.topology import ensure_topology
 from laneway import ops_routing
 from schemas.subjects import Subjects
+from tests.wait import eventually
 
 
 def ruleset(large_weight: float = 1.0, reason: str = "") -> RuleSet:
@@ -110,8 +111,10 @@ async def test_a_lost_archive_write_is_repaired(store: RuleStore) -> None:
 
 async def test_the_broker_watch_applies_rules_live_and_skips_bad_documents(nc, store: RuleStore) -> None:
     applied: list[RuleSet] = []
+    seen: list[str] = []
 
     def on_put(key: str, value: bytes) -> None:           # what the broker's _put_routing does
+        seen.append(key)
         if is_rules_key(key):
             applied.append(rule_docs.decode(value))
 
@@ -120,14 +123,12 @@ async def test_the_broker_watch_applies_rules_live_and_skips_bad_documents(nc, s
     await watch.start()
     try:
         assert [r.version for r in applied] == [1]
+        seen.clear()
         await store.put(ruleset(5), expected_version=1)
         await store._kv.put(RULES_KEY, b'{"pools": {}, "rules": []}')     # hand-edited garbage
         await store._kv.put("models", b"{}")
-        for _ in range(50):
-            if len(applied) >= 2:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
+        # the watch applies puts in order: once the last one ("models") is seen, so was the garbage
+        assert await eventually(lambda: "models" in seen), "the watch never saw the last put"
         assert [r.version for r in applied] == [1, 2]      # the invalid one was logged and skipped
     finally:
         await watch.stop()

@@ -87,9 +87,9 @@ async def test_table_and_csv_sums(nats_server, stream) -> None:
 async def test_since_and_until_filter(nats_server, stream) -> None:
     s, publish = stream
     await publish(usage("acme", "chat", 100, 10, 0.001))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)    # scenario, kept: the clock moves past the first record ...
     cut = datetime.now(timezone.utc)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)    # ... and past the cut before the next two, so the cut lies between them
     await publish(usage("acme", "chat", 200, 20, 0.002), usage("acme", "chat", 300, 30, 0.003))
     rows = list(csv.DictReader(io.StringIO(await run_report(
         nats_server.url, s, "--tenant", "acme", "--since", cut.isoformat(), "--csv"))))

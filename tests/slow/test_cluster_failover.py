@@ -16,6 +16,7 @@ from broker.topology import ensure_topology
 from loadtest.stack import Stack, demo_settings
 from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects
+from tests.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +29,13 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
     try:
         setup = await nats.connect(list(urls.values()))
         js = setup.jetstream()
-        for _ in range(100):   # the JetStream meta leader is elected a moment after start
+        async def meta_leader() -> bool:   # the JetStream meta leader is elected a moment after start
             try:
                 await js.account_info()
-                break
             except Exception:
-                await asyncio.sleep(0.2)
+                return False
+            return True
+        assert await eventually(meta_leader, timeout=60, interval=0.2), "no JetStream meta leader"
         limits = StreamLimits(replicas=3, ack_wait_s=5.0)
         await ensure_topology(js, Subjects("lw"), limits)
         leader = (await js.stream_info("LW_REQ")).cluster.leader
@@ -73,7 +75,7 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
                     task = asyncio.create_task(one(i))
                     accepted.append(task)
                     i += 1
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)   # scenario, kept: the load's pace, 20 requests a second
                 done, pending = await asyncio.wait(accepted, timeout=90)
             failures = [t.exception() for t in done if t.exception() is not None]
             refused = sum(1 for f in failures if isinstance(f, LanewayError)

@@ -22,6 +22,7 @@ from loadtest import eval_run
 from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
 from tests.slow.conftest import vllm_model_dir
+from tests.wait import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(1500)]
@@ -56,11 +57,10 @@ async def up(tmp_path_factory):
                                                           "laneway-sim": LogicalModel(pool="sim")})
         await nc.close()
         async with aiohttp.ClientSession() as http:
-            for _ in range(120):
+            async def sim_ready() -> bool:
                 async with http.get(f"{running.url}/readyz") as resp:
-                    if resp.status == 200 and (await resp.json())["pools"].get("sim"):
-                        break
-                await asyncio.sleep(0.5)
+                    return resp.status == 200 and bool((await resp.json())["pools"].get("sim"))
+            assert await eventually(sim_ready, timeout=60, interval=0.5), "the sim pool never joined"
         yield running, root
         sim.terminate()
         await sim.wait()

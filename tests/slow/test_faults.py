@@ -127,8 +127,9 @@ async def test_nats_restart_with_1000_queued(tmp_path):
                         sampling=SamplingParams(max_tokens=4), timeout_s=300)]
                     return len("".join(text).split())
                 tasks = [asyncio.create_task(one(i)) for i in range(1000)]
-                while (await stored(nc, "RS_REQ")) < 1000:
-                    await asyncio.sleep(0.1)
+                async def all_stored() -> bool:
+                    return await stored(nc, "RS_REQ") >= 1000
+                assert await eventually(all_stored, timeout=300, interval=0.1), "the 1000 requests were never stored"
                 await server.kill()
                 await server.start()          # same port, same store
                 worker = await spawn("worker", *worker_args(server.url, "rs", "--sim-profile", "zero"))

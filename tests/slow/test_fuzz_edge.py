@@ -39,7 +39,7 @@ def bridge_url(tmp_path_factory) -> str:
                 break
         except requests.RequestException:
             pass
-        time.sleep(0.25)
+        time.sleep(0.25)   # kept: a sync fixture polling /readyz, the positive signal itself
     else:
         proc.kill()
         pytest.fail(f"laneway up did not become ready: {proc.stdout.read()}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import aiohttp
 import openai
@@ -20,6 +19,7 @@ import pytest_asyncio
 from loadtest.processes import LanewayUp
 from schemas import codec
 from tests.slow.conftest import vllm_model_dir
+from tests.wait import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(1200)]
@@ -51,10 +51,7 @@ async def engine_state(up):
     async def running() -> int:
         beats.clear()
         await nc.publish("lw.evt.ping", b"")
-        for _ in range(100):
-            if beats:
-                break
-            await asyncio.sleep(0.01)
+        assert await eventually(lambda: beats, timeout=1.0, interval=0.01), "no worker answered the ping"
         beat = next(iter(beats.values()))
         return beat.total_slots - beat.free_slots
     yield running
@@ -107,10 +104,9 @@ async def test_client_disconnect_aborts_the_vllm_request(up, engine_state):
             for _ in range(4):
                 await resp.content.readline()
             assert await engine_state() == 1
-    left = time.monotonic()
-    while await engine_state() != 0:
-        assert time.monotonic() - left < 2.0, "vLLM still runs the request 2 s after the client left"
-        await asyncio.sleep(0.05)
+    async def idle() -> bool:
+        return await engine_state() == 0
+    assert await eventually(idle, timeout=2.0), "vLLM still runs the request 2 s after the client left"
 
 
 async def test_deadline_mid_generation_aborts_with_deadline_exceeded(up, engine_state):
@@ -124,8 +120,6 @@ async def test_deadline_mid_generation_aborts_with_deadline_exceeded(up, engine_
     events = [e for e in text.split("\n\n") if e]
     assert '"content"' in text, "the deadline should pass mid-generation, after tokens streamed"
     assert '"deadline_exceeded"' in events[-2] and events[-1] == "data: [DONE]"
-    for _ in range(40):
-        if await engine_state() == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert await engine_state() == 0
+    async def idle() -> bool:
+        return await engine_state() == 0
+    assert await eventually(idle, timeout=2.0), "vLLM still runs the request after its deadline"

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import pytest
 import pytest_asyncio
 
 from schemas.requests import ChatMessage, SamplingParams
 from tests.slow.conftest import vllm_model_dir
+from tests.wait import eventually
 from workers.engine import EngineDead, EngineOutput, EngineRequest, UnsupportedRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
@@ -52,15 +52,6 @@ def chat(request_id: str, text: str, *, max_tokens: int = 32, temperature: float
 
 async def collect(engine, request: EngineRequest) -> list[EngineOutput]:
     return [out async for out in engine.generate(request)]
-
-
-async def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
 
 
 async def test_greedy_reply_streams_and_repeats_exactly(engine) -> None:
@@ -100,7 +91,7 @@ async def test_eight_concurrent_streams_complete(engine) -> None:
     for outs in results:
         assert outs[-1].finish_reason in ("stop", "length")
         assert outs[-1].completion_tokens > 0
-    assert await wait_until(lambda: engine.num_unfinished() == 0, 2.0)
+    assert await eventually(lambda: engine.num_unfinished() == 0, 2.0)
 
 
 async def test_capacity_reflects_running_requests(engine) -> None:
@@ -131,7 +122,7 @@ async def test_capacity_reflects_running_requests(engine) -> None:
     assert busy.token_budget < idle.token_budget
     assert engine.num_running() == 8, "the engine core's scheduler should report 8 running"
     await asyncio.gather(*tasks)
-    assert await wait_until(lambda: engine.capacity().free_slots == SLOTS, 2.0)
+    assert await eventually(lambda: engine.capacity().free_slots == SLOTS, 2.0)
 
 
 async def test_abort_mid_stream_frees_the_engine_slot(engine) -> None:
@@ -145,7 +136,7 @@ async def test_abort_mid_stream_frees_the_engine_slot(engine) -> None:
             await engine.abort(request.request_id)
     assert outs[-1].finish_reason == "abort"
     assert len(outs) < 50
-    assert await wait_until(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
+    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
                             2.0), "the engine still runs the aborted request after 2 s"
 
 
@@ -156,7 +147,7 @@ async def test_closing_the_stream_early_aborts_it(engine) -> None:
         await anext(stream)
     assert engine.num_running() == 1
     await stream.aclose()
-    assert await wait_until(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
+    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
                             2.0), "closing the iterator did not abort the request"
 
 
@@ -173,7 +164,7 @@ async def test_cancelling_the_consumer_aborts_it(engine) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await wait_until(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
+    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
                             2.0)
 
 
@@ -197,6 +188,6 @@ async def test_engine_death_is_engine_dead(engine) -> None:
     with pytest.raises(EngineDead):
         for attempt in range(50):     # the client notices the death within a moment
             await collect(engine, chat(f"after-death-{attempt}", "Hello", max_tokens=4))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)     # scenario, kept: paces the requests until one sees the death
     with pytest.raises(EngineDead):
         engine.capacity()

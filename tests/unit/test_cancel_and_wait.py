@@ -24,7 +24,7 @@ async def test_a_caller_cancelled_while_stopping_still_sees_cancelled_error():
             await release.wait()     # a cleanup that takes a while (a drain, a last publish)
 
     task = asyncio.create_task(slow_to_stop())
-    await asyncio.sleep(0)           # let it start waiting
+    await asyncio.sleep(0)           # scenario, kept: one loop turn so the task is inside its try
     caller = asyncio.create_task(cancel_and_wait(task))
     await cleaning.wait()            # the caller is now waiting for the task to finish
     caller.cancel()
@@ -40,7 +40,7 @@ async def test_the_sim_engine_cleanup_passes_its_callers_cancellation_on():
     loop_task = engine._loop_task
     caller = asyncio.create_task(engine.cleanup())
     while not loop_task.cancelling():    # the caller has cancelled the step loop and waits for it
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)           # scenario, kept: one loop turn at a time, to cancel the caller mid-wait
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller

@@ -11,6 +11,7 @@ import pytest
 from broker.demux import Demux
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
+from tests.wait import eventually
 
 
 async def test_entries_arrive_in_order_and_stale_attempts_are_dropped():
@@ -48,5 +49,7 @@ async def test_waiting_past_the_expiry_raises_timeout_and_close_cancels_the_time
 
     kept = demux.open("r2", "acme", time.time() + 0.05)
     demux.close("r2")
-    await asyncio.sleep(0.1)
+    # a timer set later for the same expiry fires after r2's would have: once it has, r2's did not
+    later = demux.open("r3", "acme", time.time() + 0.05)
+    assert await eventually(lambda: later.expired)
     assert not kept.expired
