@@ -29,6 +29,7 @@ from broker.tenants import TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame
+from schemas.requests import GenerateRequest
 from schemas.subjects import BadToken, Subjects
 
 log = logging.getLogger("laneway.dlq")
@@ -56,15 +57,27 @@ class DeadLetters:
         except BadToken:
             return "unknown", "unknown"
 
-    async def _record(self, data: bytes, tenant: str, headers: dict[str, str]) -> bytes:
-        """The body a record keeps of `data`: the bytes as they came with PII off, the redacted
-        request with it on, nothing (and a header saying so) when that cannot be had."""
+    @staticmethod
+    def _decode(data: bytes) -> GenerateRequest | None:
+        try:
+            return codec.decode_request(data)
+        except codec.DecodeError:
+            return None
+
+    def _entitled(self, request: GenerateRequest, klass: str, tenant: str) -> bool:
+        try:
+            validate(request, klass, tenant, self.s)
+        except Refusal:
+            return False
+        return True
+
+    async def _record(self, data: bytes, request: GenerateRequest | None, tenant: str,
+                      headers: dict[str, str]) -> bytes:
+        """The body a record keeps of `data` (`request` is its decoding, None if it has none):
+        the bytes as they came with PII off, the redacted request with it on, nothing (and a
+        header saying so) when that cannot be had."""
         if self._gate.pii is None:
             return data
-        try:
-            request = codec.decode_request(data)
-        except codec.DecodeError:
-            request = None
         if request is not None:
             redacted = await self._gate.redacted(request, tenant, self._tenants.get(tenant))
             if redacted is not None:
@@ -79,7 +92,7 @@ class DeadLetters:
         log.warning("dead-lettered a request on %s: %s", msg.subject, reason)
         headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
                    "Laneway-Subject": msg.subject, "Laneway-Attempt": str(msg.metadata.num_delivered)}
-        body = await self._record(msg.data, tenant, headers)
+        body = await self._record(msg.data, self._decode(msg.data), tenant, headers)
         await self._nc.jetstream().publish(self.s.dlq(klass, tenant), body, headers=headers)
         await msg.term()
 
@@ -99,14 +112,11 @@ class DeadLetters:
         klass, tenant = self._origin(stored.subject)
         headers = {"Laneway-Reason": "max_deliver", "Laneway-Subject": stored.subject,
                    "Laneway-Detail": f"no attempt finished in {self._max_deliver} deliveries"}
-        body = await self._record(stored.data or b"", tenant, headers)
+        request = self._decode(stored.data or b"")
+        body = await self._record(stored.data or b"", request, tenant, headers)
         await js.publish(self.s.dlq(klass, tenant), body, headers=headers)
-        try:
-            request = codec.decode_request(stored.data or b"")
-            validate(request, klass, tenant, self.s)
-        except (codec.DecodeError, Refusal):
-            pass    # never answer on a reply subject the request was not entitled to
-        else:
+        # Never answer on a reply subject the request was not entitled to.
+        if request is not None and self._entitled(request, klass, tenant):
             error = StreamError(request.request_id, self._max_deliver, 0, ErrorCode.engine_error.value,
                                 "the request failed on every delivery attempt")
             await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))

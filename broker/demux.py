@@ -128,12 +128,12 @@ class Demux:
     def streams(self) -> list[ResponseStream]:
         return list(self._streams.values())
 
-    def fail_all(self, code: ErrorCode, message: str) -> list[ResponseStream]:
-        """End every open stream from the edge's side; the ones that were still open."""
+    def fail_all(self, code: ErrorCode, message: str) -> int:
+        """End every open stream from the edge's side; how many were still open."""
         failed = [s for s in self._streams.values() if not s.closed]
         for stream in failed:
             stream.fail(code, message)
-        return failed
+        return len(failed)
 
     async def on_frame(self, msg: Msg) -> None:
         try:

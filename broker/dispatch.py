@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import OrderedDict
 
-import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -36,7 +35,7 @@ from broker.metrics import BrokerMetrics
 from broker.pools import Held, ParkedPull, Pool
 from broker.refusal import Refusal
 from broker.runtime.connect import connect
-from broker.runtime.tasks import cancel_and_wait
+from broker.runtime.tasks import beat_forever, cancel_and_wait
 from broker.sweep import Sweep
 from broker.topology import ensure_topology
 from broker.usage.metrics import UsageMetrics
@@ -110,7 +109,8 @@ class Broker:
                       self._expire, self._serve_parked, self._poke_intake,
                       self.config.sweep_interval_s, self.config.limits.ack_wait_s / 3)
         self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
-                       asyncio.create_task(self._heartbeats(), name="broker-heartbeats")]
+                       asyncio.create_task(beat_forever(self._announce, BROKER_HEARTBEAT_S),
+                                           name="broker-heartbeats")]
         log.info("broker ready: classes=%s pools=%s", sorted(self.live.classes), sorted(self._pool_names()))
 
     async def _start_gate(self, js) -> None:
@@ -174,14 +174,6 @@ class Broker:
     async def _announce(self, msg: Msg | None = None) -> None:
         """`lw.evt.broker.<id>`: edges count a broker consuming requests as part of readiness."""
         await self._nc.publish(self.s.broker_event(self.id), b"")
-
-    async def _heartbeats(self) -> None:
-        while True:
-            try:
-                await self._announce()
-            except nats.errors.Error as exc:  # disconnected: the next beat retries
-                log.debug("broker heartbeat failed: %s", exc)
-            await asyncio.sleep(BROKER_HEARTBEAT_S)
 
     def _pool_names(self) -> set[str]:
         return self.live.pool_names() | set(self._pools)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
 
 from broker.config import LogicalModel
 from schemas.subjects import Subjects
@@ -25,15 +24,6 @@ def decode_models(document: bytes) -> dict[str, LogicalModel]:
 async def put_models(js: JetStreamContext, s: Subjects, models: dict[str, LogicalModel]) -> None:
     kv = await js.key_value(s.bucket("routing"))
     await kv.put(MODELS_KEY, encode_models(models))
-
-
-async def get_models(js: JetStreamContext, s: Subjects) -> dict[str, LogicalModel]:
-    kv = await js.key_value(s.bucket("routing"))
-    try:
-        entry = await kv.get(MODELS_KEY)
-    except KeyNotFoundError:  # no models configured yet (or deleted)
-        return {}
-    return decode_models(entry.value or b"{}")
 
 
 def served_names(models: dict[str, LogicalModel], rules) -> set[str]:

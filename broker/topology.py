@@ -7,11 +7,11 @@ applied with an update (JetStream allows raising/lowering limits in place).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -105,49 +105,41 @@ async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) 
 
 
 # -- the settings file into KV ----------------------------------------------------------------
-@dataclass(frozen=True)
-class Seeded:
-    created: list[str]      # "bucket/key" written from the settings file
-    kept: list[str]         # "bucket/key" KV already had (or an operator deleted): left as they are
-
-
-def _documents(settings: Settings) -> list[tuple[str, str, bytes]]:
-    """(bucket, key, value) for what the settings file provisions: a key per tenant, the models
-    table and the price book as one key each."""
-    docs = [("tenants", t.name, tenant_docs.encode(t)) for t in settings.tenants.values()]
+async def _documents(js: JetStreamContext, s: Subjects, settings: Settings) -> list[tuple[str, KeyValue, str, bytes]]:
+    """("bucket/key", bucket, key, value) for what the settings file provisions: a key per
+    tenant, the models table and the price book as one key each. Each bucket is opened once."""
+    tenants, routing = await js.key_value(s.bucket("tenants")), await js.key_value(s.bucket("routing"))
+    docs = [(f"tenants/{t.name}", tenants, t.name, tenant_docs.encode(t)) for t in settings.tenants.values()]
     if settings.models:
-        docs.append(("routing", MODELS_KEY, encode_models(dict(settings.models))))
+        docs.append((f"routing/{MODELS_KEY}", routing, MODELS_KEY, encode_models(dict(settings.models))))
     if settings.prices.pools:
-        docs.append(("routing", PRICES_KEY, msgspec.json.encode(settings.prices)))
+        docs.append((f"routing/{PRICES_KEY}", routing, PRICES_KEY, msgspec.json.encode(settings.prices)))
     return docs
 
 
-async def seed_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> Seeded:
+async def seed_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
     """Write each settings document only where its key never had a value. Expecting subject
     sequence 0 (not KV `create`, which re-creates a deleted key) keeps an operator's delete too."""
     created, kept = [], []
-    for bucket, key, value in _documents(settings):
-        kv = await js.key_value(s.bucket(bucket))
+    for name, kv, key, value in await _documents(js, s, settings):
         try:
             await kv.update(key, value, last=0)
         except nats.js.errors.KeyWrongLastSequenceError:
-            kept.append(f"{bucket}/{key}")
+            kept.append(name)
         else:
-            created.append(f"{bucket}/{key}")
+            created.append(name)
     if created:
         log.info("settings file: created %s", ", ".join(created))
     if kept:
         log.info("settings file: kept KV's own %s (change them live, or apply the file with "
                  "`laneway bridge --settings-overwrite`)", ", ".join(kept))
-    return Seeded(created, kept)
 
 
-async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> list[str]:
+async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
     """Write every settings document over what KV holds (an operator's explicit choice)."""
     written = []
-    for bucket, key, value in _documents(settings):
-        await (await js.key_value(s.bucket(bucket))).put(key, value)
-        written.append(f"{bucket}/{key}")
+    for name, kv, key, value in await _documents(js, s, settings):
+        await kv.put(key, value)
+        written.append(name)
     if written:
         log.warning("settings file written over KV: %s", ", ".join(written))
-    return written

@@ -94,7 +94,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     frames, usage, dlq = f"{p}.tok.*.*", s.usage_all, f"{p}.dlq.*.*"
     return {
         "broker": _permissions(
-            [frames, usage, dlq, f"{p}.audit.*", f"{p}.evt.broker.*", s.worker_ping, acks, *topology,
+            [frames, usage, dlq, f"{p}.audit.*", s.broker_events, s.worker_ping, acks, *topology,
              *_api("STREAM.CREATE", kv[CACHE_BUCKET], kv[QUOTA_BUCKET]),
              *_api("STREAM.UPDATE", kv[CACHE_BUCKET]),         # a changed cache TTL
              *_kv_read(kv[CACHE_BUCKET], kv[QUOTA_BUCKET]), f"$KV.{s.bucket(QUOTA_BUCKET)}.>",
@@ -105,7 +105,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{req}.{durable}"],
             responses=True),   # the Batch answering a worker's pull
         "worker": _permissions(
-            [frames, s.pull_all, usage, dlq, f"{p}.evt.worker.*", acks,
+            [frames, s.pull_all, usage, dlq, s.worker_events, acks,
              s.req_all,                                     # the cascade re-sends for the large pool
              *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
@@ -114,7 +114,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *topology, *_consume(*live),
              f"$KV.{s.bucket('tenants')}.>", f"$KV.{s.bucket('routing')}.>"],   # settings, admin API
-            [f"{p}.tok.*.*", s.worker_events, s.broker_events, "_INBOX.>"]),
+            [frames, s.worker_events, s.broker_events, "_INBOX.>"]),
         "ops": _permissions(
             [*_kv_read(*live, *logs), *_consume(*live, *logs),
              *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS)],

@@ -37,7 +37,7 @@ class Supervisor:
     backoff: Backoff = field(default_factory=Backoff)
     say: Callable[[str], None] = lambda line: print(f"laneway: {line}", file=sys.stderr, flush=True)
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)   # total, for tests and the banner
+    restarts: dict[str, int] = field(default_factory=dict)   # total per role
     _keepers: dict[str, asyncio.Task] = field(default_factory=dict)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -58,23 +58,21 @@ class Supervisor:
             lived = loop.time() - started
             if lived >= self.backoff.reset_after_s:
                 in_a_row = 0
-            delay = self.backoff.delay(in_a_row)
-            in_a_row += 1
             self.restarts[role] += 1
             self.say(f"{role} (pid {proc.pid}) exited with {code} after {lived:.1f}s; "
-                     f"restarting in {delay:.1f}s (restart {self.restarts[role]})")
-            while True:
+                     f"restarting in {self.backoff.delay(in_a_row):.1f}s (restart {self.restarts[role]})")
+            while True:            # until a start succeeds: each try waits its backoff first
+                delay = self.backoff.delay(in_a_row)
+                in_a_row += 1
                 if await self._stopped_within(delay):
                     return
                 started = loop.time()
                 try:
                     proc = await start()
+                    break
                 except (OSError, RuntimeError) as exc:    # e.g. the port is not free yet
-                    delay = self.backoff.delay(in_a_row)
-                    in_a_row += 1
-                    self.say(f"{role} did not start ({exc}); trying again in {delay:.1f}s")
-                    continue
-                break
+                    self.say(f"{role} did not start ({exc}); trying again in "
+                             f"{self.backoff.delay(in_a_row):.1f}s")
             self.procs[role] = proc
             self.say(f"{role} restarted (pid {proc.pid})")
 

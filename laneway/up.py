@@ -21,10 +21,10 @@ from pathlib import Path
 import aiohttp
 
 from broker.config import LogicalModel, Settings, load_settings
-from broker.runtime.lifetime import die_with_parent
+from broker.runtime.lifetime import tied_to_this_process
 from broker.runtime.natsd import NatsServer
 from broker.tenants import Tenant, hash_key
-from laneway.nats_config import UpAuth, up_auth
+from laneway.nats_config import UpAuth, up_auth, write_private
 from laneway.supervise import Supervisor
 from schemas.subjects import Subjects
 
@@ -52,14 +52,14 @@ def _engine_defaults(args: argparse.Namespace) -> tuple[str, str]:
 
 
 async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None) -> asyncio.subprocess.Process:
-    log = open(log_dir / f"{role}.log", "ab")
     env = dict(os.environ)
     if auth is not None:    # in the environment, not argv, where any local user could read it
         env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = auth.services[role]
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "laneway.cli", role, *argv,
-        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        preexec_fn=die_with_parent, env=env)
+    with open(log_dir / f"{role}.log", "ab") as log:    # the child keeps its own copy
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "laneway.cli", role, *argv,
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            preexec_fn=tied_to_this_process(), env=env)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -98,8 +98,7 @@ def _demo_key(data_dir: Path, requested: str | None) -> tuple[str, str, bool]:
     previous = path.read_text().strip() if path.is_file() else None
     key = requested or previous or f"lw-{secrets.token_urlsafe(24)}"
     if key != previous:
-        path.touch(mode=0o600)
-        path.write_text(key + "\n")
+        write_private(path, key + "\n")
     if requested:
         note = ""
     elif previous:
@@ -109,12 +108,9 @@ def _demo_key(data_dir: Path, requested: str | None) -> tuple[str, str, bool]:
     return key, note, previous is not None and key != previous
 
 
-def _settings_key(path: Path, api_key: str | None) -> tuple[str, str]:
+def _settings_key(path: Path, tenants: dict[str, Tenant], api_key: str | None) -> tuple[str, str]:
     """(the key the banner shows, a note): with a settings file the tenants' keys are its own,
     so a key is shown only if --api-key names one of them; never a key that would get 401."""
-    from broker.config import load_settings
-
-    tenants = load_settings(path).tenants
     if api_key is not None:
         owner = next((t.name for t in tenants.values() if hash_key(api_key) in t.api_key_sha256), None)
         if owner is not None:
@@ -219,7 +215,8 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     overwrite: list[str] = []       # for the bridge's first start only, never its restarts
     if args.settings:
         settings_path = Path(args.settings)
-        api_key, key_note = _settings_key(settings_path, args.api_key)
+        settings = load_settings(settings_path)
+        api_key, key_note = _settings_key(settings_path, settings.tenants, args.api_key)
     else:
         api_key, key_note, changed = _demo_key(data_dir, args.api_key)
         if changed:     # the bridge seeds KV create-if-absent: a new key must replace the old
@@ -234,8 +231,7 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    tenants = list(load_settings(settings_path).tenants) if args.settings else ["demo"]
-    auth = None if args.no_nats_auth else up_auth(Subjects(_prefix(forwarded)), tenants, data_dir)
+    auth = None if args.no_nats_auth else up_auth(Subjects(_prefix(forwarded)), settings.tenants, data_dir)
     nats = NatsServer(data_dir / "nats", port=args.nats_port,
                       config_file=auth.authorization_file if auth else None,
                       encryption_key_file=None if args.no_encrypt_at_rest else data_dir / "nats" / "jetstream.key")
@@ -243,14 +239,14 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     common = ["--nats-url", nats.url]
     bridge_argv = common + ["--host", args.host, "--port", str(args.port), "--settings", str(settings_path),
                             *forwarded["bridge"]]
+    worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
+    if args.model:
+        worker_argv += ["--model", args.model]
     starts = {
         "broker": lambda: _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir, auth),
         "worker": lambda: _spawn("worker", worker_argv, log_dir, auth),
         "bridge": lambda: _spawn("bridge", bridge_argv, log_dir, auth),
     }
-    worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
-    if args.model:
-        worker_argv += ["--model", args.model]
     procs: dict[str, asyncio.subprocess.Process] = {}
     supervisor = Supervisor()
     code = 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from broker.tenants import Tenant, hash_key
-from loadtest.processes import LanewayUp, free_port, nats_env
+from loadtest.processes import LanewayUp, free_port
 from loadtest.promtext import Scrape, parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 
@@ -148,7 +148,7 @@ class Fleet:
                 sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "worker",
                 "--nats-url", self.nats_url, "--pool", pool.pool, "--engine", "sim", *pool.sim_flags(),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                env=nats_env(self.data_dir, "svc-worker"))     # `up` wrote it before NATS started
+                env=self.up.nats_env("svc-worker"))     # `up` wrote it before NATS started
         finally:
             log.close()
 

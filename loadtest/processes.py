@@ -40,22 +40,6 @@ def pids_mentioning(text: str) -> list[int]:
     return found
 
 
-def nats_credentials(data_dir: Path, user: str) -> tuple[str, str] | None:
-    """A user's password from the credentials file `laneway up` keeps in its data dir."""
-    path = data_dir / "nats-credentials.json"
-    if not path.exists():
-        return None
-    return user, json.loads(path.read_text())[user]
-
-
-def nats_env(data_dir: Path, user: str) -> dict[str, str]:
-    env = dict(os.environ)
-    user_password = nats_credentials(data_dir, user)
-    if user_password is not None:
-        env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = user_password
-    return env
-
-
 class LanewayUp:
     """`laneway up` in a subprocess; `cpu()` sums the CPU time of everything it runs."""
 
@@ -95,12 +79,20 @@ class LanewayUp:
 
     def credentials(self, user: str) -> tuple[str, str] | None:
         """(user, password) of a NATS user `up` made: "svc-broker", "svc-worker", "svc-bridge",
-        "ops" or "tenant-<name>"; None when it runs NATS without auth."""
-        return nats_credentials(self.data_dir, user)
+        "ops" or "tenant-<name>"; None when it runs NATS without auth. Read from the credentials
+        file `up` writes into its data dir before nats-server starts."""
+        path = self.data_dir / "nats-credentials.json"
+        if not path.exists():
+            return None
+        return user, json.loads(path.read_text())[user]
 
     def nats_env(self, user: str) -> dict[str, str]:
         """The environment for a `laneway` process joining this stack as `user`."""
-        return nats_env(self.data_dir, user)
+        env = dict(os.environ)
+        user_password = self.credentials(user)
+        if user_password is not None:
+            env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = user_password
+        return env
 
     async def connect_nats(self, user: str, **kwargs):
         import nats

@@ -3,18 +3,11 @@ its readiness and free capacity (what the bridge's readiness and the pools' heal
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable
-
-import nats.errors
-
 from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.metrics import WorkerMetrics
 from schemas.work import Heartbeat
 
-log = logging.getLogger("laneway.worker")
 
 
 def heartbeat(worker_id: str, config: WorkerConfig, engine: Engine, metrics: WorkerMetrics, *,
@@ -31,13 +24,3 @@ def heartbeat(worker_id: str, config: WorkerConfig, engine: Engine, metrics: Wor
         token_budget=cap.token_budget if cap else 0, interval_s=config.heartbeat_s,
         stopping=stopping,
     )
-
-
-async def beat_forever(send: Callable[[], Awaitable[None]], interval_s: float) -> None:
-    """Send a beat every `interval_s`; a failed one (disconnected) is retried by the next."""
-    while True:
-        try:
-            await send()
-        except (nats.errors.Error, OSError) as exc:
-            log.debug("heartbeat failed: %s", exc)
-        await asyncio.sleep(interval_s)

@@ -30,13 +30,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.runtime.connect import connect
+from broker.runtime.tasks import beat_forever, cancel_and_wait
 from schemas import codec
 from schemas.work import Dispatch
 from workers.caching import AnswerStore
 from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.escalate import Escalator
-from workers.heartbeat import beat_forever, heartbeat
+from workers.heartbeat import heartbeat
 from workers.metering import UsageRecorder
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
@@ -127,9 +128,7 @@ class Worker:
                 active.task.cancel()    # unacked: JetStream redelivers them
         if self._nc is not None and not (self._flusher is not None and self._flusher.done()):
             await self._outbox.flush(self._nc)    # not if it already failed: it would again
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         await self.engine.cleanup()
         if self._serving is not None:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 
+import nats.errors
 from aiohttp import web
 from nats.aio.client import Client
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -53,7 +54,7 @@ class Bridge:
         self.rule_store: RuleStore | None = None
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics)
-        self.losses = Losses(self.demux, self.readiness, self._cancel)
+        self.losses = Losses(self.demux, self.readiness)
         self.url = ""
         self._nc: Client | None = None
         self._server: HttpServer | None = None
@@ -66,7 +67,7 @@ class Bridge:
     async def start(self) -> None:
         n = self.config.nats
         self._nc = await connect(n.url, f"laneway-bridge-{self.edge_id}", n.user, n.password,
-                                 on_disconnect=self.losses.nats_lost, on_reconnect=self.losses.nats_back)
+                                 on_disconnect=self.losses.nats_lost)
         js = self._nc.jetstream()
         await ensure_topology(js, self.s, self.config.limits)
         # The settings file into KV: by default only what KV never had, so a restart cannot undo
@@ -129,9 +130,14 @@ class Bridge:
         return sorted(self.catalogue.model_names())
 
     async def _cancel(self, tenant: str, request_id: str) -> None:
-        if self._nc is not None and self._nc.is_connected:
+        """While NATS is away nats-py buffers the cancel and sends it on reconnect."""
+        if self._nc is None or self._nc.is_closed:
+            return
+        try:
             await self._nc.publish(self.s.cancel(tenant, request_id),
                                    codec.encode(Cancel(request_id=request_id, tenant=tenant)))
+        except nats.errors.OutboundBufferLimitError:
+            log.warning("cancel for %s dropped: the reconnect buffer is full", request_id)
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:

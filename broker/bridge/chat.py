@@ -100,7 +100,7 @@ class ChatCompletions:
             self.demux.close(request_id)
             # The client left, the deadline passed here, or the edge ended the stream: stop the
             # work. A stream its worker or the broker ended needs nothing more.
-            if published and (not stream.closed or stream.edge_failed):
+            if stream.edge_failed or (published and not stream.closed):
                 await self._cancel(tenant.name, request_id)
 
     async def _parse(self, request: web.Request) -> ChatCompletionRequest:
@@ -119,8 +119,8 @@ class ChatCompletions:
         if klass not in self.catalogue.classes:
             raise EdgeError(ErrorCode.unknown_class, f"unknown priority class {klass!r}", CLASS_HEADER)
         if not tenant.may_use(klass):
-            raise EdgeError(ErrorCode.invalid_request, f"this API key may not use class {klass!r}",
-                            CLASS_HEADER, status=403, type="permission_error", code_name="class_not_allowed")
+            raise EdgeError(ErrorCode.class_not_allowed, f"this API key may not use class {klass!r}",
+                            CLASS_HEADER)
         return klass
 
     def _deadline(self, request: web.Request, now: float) -> float:

@@ -1,12 +1,11 @@
 """What the bridge does when something under an open stream goes away: NATS (every stream ends
-with `unavailable` at once; cancels follow on reconnect) or the stream's worker (`worker_lost`
-once its heartbeats stop)."""
+with `unavailable` at once; the routes' cancels wait in nats-py's reconnect buffer) or the
+stream's worker (`worker_lost` once its heartbeats stop)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from broker.bridge.readiness import Readiness
 from broker.demux import Demux
@@ -18,13 +17,10 @@ WORKER_LOST_CHECK_S = 1.0
 
 
 class Losses:
-    def __init__(self, demux: Demux, readiness: Readiness,
-                 cancel: Callable[[str, str], Awaitable[None]]) -> None:
+    def __init__(self, demux: Demux, readiness: Readiness) -> None:
         self.demux = demux
         self.readiness = readiness
-        self._cancel = cancel
         self._tasks: list[asyncio.Task[None]] = []
-        self._cancel_on_reconnect: list[tuple[str, str]] = []
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._watch_workers(), name="worker-lost"))
@@ -38,18 +34,12 @@ class Losses:
     def nats_lost(self) -> None:
         """Without NATS no frame can arrive and no request can be stored: end every open stream
         now with a clear error instead of letting clients wait out their deadlines. Their work
-        may still run once NATS is back, so cancels for them go out on reconnect."""
+        may still run once NATS is back: each route then publishes its cancel, which nats-py
+        buffers and sends on reconnect."""
         failed = self.demux.fail_all(ErrorCode.unavailable,
                                      "Laneway lost its connection to NATS; retry shortly")
-        self._cancel_on_reconnect += [(s.tenant, s.request_id) for s in failed]
         if failed:
-            log.warning("NATS lost: ended %d open streams with `unavailable`", len(failed))
-
-    def nats_back(self) -> None:
-        pending, self._cancel_on_reconnect = self._cancel_on_reconnect, []
-        for tenant, request_id in pending:
-            self._tasks.append(asyncio.create_task(self._cancel(tenant, request_id)))
-        self._tasks = [t for t in self._tasks if not t.done()]
+            log.warning("NATS lost: ended %d open streams with `unavailable`", failed)
 
     # -- worker loss ----------------------------------------------------------------------
     async def _watch_workers(self) -> None:

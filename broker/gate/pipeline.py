@@ -138,9 +138,8 @@ class Gate:
         """`request` with the tenant's PII policy applied, for a record kept after it failed (the
         DLQ): not audited again, blocked values redacted too, and an unknown tenant gets the
         default policy. None when PII is on but analysis is unavailable (even for a policy that
-        fails open: a record is a later copy, nobody waits on it): keep none of it then."""
-        if self.pii is None:
-            return request
+        fails open: a record is a later copy, nobody waits on it): keep none of it then. Only
+        called with PII on."""
         policy = tenant_doc.pii if tenant_doc is not None else DEFAULT_POLICY
         try:
             decision, redacted = await self.pii.inspect_request(tenant, policy, request)

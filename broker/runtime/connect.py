@@ -50,10 +50,9 @@ def nats_from_args(args: "argparse.Namespace") -> NatsSettings:
 
 
 async def connect(url: str, name: str, user: str | None = None, password: str | None = None, *,
-                  on_disconnect: Callable[[], None] | None = None,
-                  on_reconnect: Callable[[], None] | None = None) -> Client:
-    """Connect with reconnects forever: Laneway processes outlive nats-server restarts. The
-    optional callbacks let a process act on the loss (the bridge fails its open streams)."""
+                  on_disconnect: Callable[[], None] | None = None) -> Client:
+    """Connect with reconnects forever: Laneway processes outlive nats-server restarts.
+    `on_disconnect` lets a process act on the loss (the bridge fails its open streams)."""
     async def disconnected() -> None:
         log.warning("%s: disconnected from NATS", name)
         if on_disconnect is not None:
@@ -61,8 +60,6 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
 
     async def reconnected() -> None:
         log.info("%s: reconnected to NATS", name)
-        if on_reconnect is not None:
-            on_reconnect()
 
     async def error(exc: Exception) -> None:
         log.warning("%s: NATS error: %s", name, exc)

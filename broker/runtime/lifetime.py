@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import sys
@@ -23,22 +24,18 @@ if sys.platform.startswith("linux"):
     _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """In a child (a `preexec_fn` or a pool initializer): be sent `sig` when the parent dies.
-    If the parent already died before the request took effect, go now."""
-    if _prctl is None:
-        return
-    parent = os.getppid()
-    _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if parent == 1 or os.getppid() != parent:
-        os.kill(os.getpid(), sig)
-
-
-def pool_initializer_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
-    """A pool worker's half of `die_with_parent`, for when the worker is itself a fresh process
-    (spawn): ties it to `parent_pid`, the process that made the pool."""
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """In a child (a `preexec_fn` bound to the parent's pid, or a pool initializer): be sent
+    `sig` when `parent_pid` dies; if it already died before the request took effect, go now.
+    The pid is the parent's own, taken in the parent: `getppid() == 1` would misread a parent
+    that runs as PID 1 (a container's entry point) as a dead one."""
     if _prctl is None:
         return
     _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), sig)
+
+
+def tied_to_this_process(sig: int = signal.SIGTERM):
+    """A `preexec_fn` that ties the child to the process that starts it."""
+    return functools.partial(die_with_parent, os.getpid(), sig)

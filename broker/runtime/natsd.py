@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.runtime.lifetime import die_with_parent
+from broker.runtime.lifetime import tied_to_this_process
 
 
 class NatsServerError(RuntimeError):
@@ -100,7 +100,7 @@ class NatsServer:
         self.process = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=env,
-            preexec_fn=die_with_parent,     # never outlives `up` or the test that started it
+            preexec_fn=tied_to_this_process(),     # never outlives `up` or the test that started it
         )
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:

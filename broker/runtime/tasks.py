@@ -7,6 +7,8 @@ caller gets the task's CancelledError). Swallowing it there would let a cancelle
 on as if nothing happened. `asyncio.wait` never raises the task's outcome, so a CancelledError
 that reaches the caller is always the caller's own.
 
+Also the one heartbeat loop the broker and the workers run.
+
 Imports nothing of Laneway's: every process's stop path uses it.
 """
 
@@ -14,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+
+import nats.errors
 
 log = logging.getLogger("laneway.tasks")
 
@@ -32,3 +37,13 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
         if error is not None:
             log.error("task %s had failed before it was stopped: %r", task.get_name(), error,
                       exc_info=error)
+
+
+async def beat_forever(send: Callable[[], Awaitable[None]], interval_s: float) -> None:
+    """Send a beat every `interval_s`; a failed one (disconnected) is retried by the next."""
+    while True:
+        try:
+            await send()
+        except (nats.errors.Error, OSError) as exc:
+            log.debug("heartbeat failed: %s", exc)
+        await asyncio.sleep(interval_s)

@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 
 from broker.gate.pii.plan import Hit, Plan
-from broker.runtime.lifetime import pool_initializer_with_parent
+from broker.runtime.lifetime import die_with_parent
 
 BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
 
@@ -48,7 +48,7 @@ def init(ner_model: str | None, parent_pid: int) -> None:
     broker must not leave 500 MB processes behind), then pay the imports and model load
     before the first job."""
     global _state
-    pool_initializer_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     # Set here, in the pool process, not at import (importing this module must change nothing),
     # and before _State imports Presidio: tldextract would fetch the public-suffix list over the
     # network on the first e-mail match; Presidio would give a stuck regex 60 s.
