@@ -25,7 +25,8 @@ from broker.runtime import publish_errors
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
-from schemas.requests import Cancel, ChatMessage, GenerateRequest, SamplingParams
+from schemas.openai import Body, ChatBody
+from schemas.requests import Cancel, GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
 
 
@@ -58,16 +59,16 @@ class LanewayClient:
         if self._sub is not None:
             await self._sub.unsubscribe()
 
-    async def generate(self, *, model: str, messages: list[ChatMessage] | None = None,
-                       prompt: str | None = None, klass: str = "standard",
-                       sampling: SamplingParams | None = None, timeout_s: float = 600.0,
-                       request_id: str | None = None) -> AsyncIterator[str]:
-        """Yields text deltas; raises `LanewayError` if the request ends with an error."""
+    async def generate(self, body: Body, *, klass: str = "standard", timeout_s: float = 600.0,
+                       request_id: str | None = None, extra: bytes = b"") -> AsyncIterator[str]:
+        """Yields text deltas of an OpenAI chat or completion body (and `extra`, its other
+        fields as a JSON object); raises `LanewayError` if the request ends with an error."""
         now = time.time()
+        chat, completion = (body, None) if isinstance(body, ChatBody) else (None, body)
         request = GenerateRequest(
-            request_id=request_id or uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=model,
+            request_id=request_id or uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=body.model,
             reply_to=self.s.tok(self.tenant, self.edge_id), created_at=now, deadline=now + timeout_s,
-            messages=messages or [], prompt=prompt, sampling=sampling or SamplingParams())
+            chat=chat, completion=completion, extra=extra)
         stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S)
         done = False
         try:

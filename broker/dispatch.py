@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
-from broker.gate.cache import CacheScope, ResponseCache, replay_entries
+from broker.gate.cache import CacheScope, ResponseCache, prefix_salt, replay_entries
 from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii_service import start_pii
 from broker.gate.pipeline import Admission, Gate
@@ -70,6 +70,7 @@ class Broker:
         self.gate = Gate(self.s)
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
+        self._scopes = CacheScope()                 # tenant → cache scope, also the prefix salt's
         self._dead: DeadLetters | None = None
         self._pools: dict[str, Pool] = {}
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -167,8 +168,9 @@ class Broker:
 
     def _catalogue_changed(self) -> None:
         tenants = self.live.tenants
+        self._scopes = CacheScope({t.name: t.cache_group for t in tenants if t.cache_group})
         if self.gate.cache is not None:
-            self.gate.cache.scopes = CacheScope({t.name: t.cache_group for t in tenants if t.cache_group})
+            self.gate.cache.scopes = self._scopes
         self.usage_metrics.set_known(tenants=[t.name for t in tenants], models=self.live.model_names())
 
     async def _announce(self, msg: Msg | None = None) -> None:
@@ -237,9 +239,10 @@ class Broker:
         now = time.time()
         held = Held(msg, request, attempt, pool_name, time.monotonic(),
                     admission.cache_key or "", admission.served_model,
-                    admission.decision.escalate_to or "")
+                    admission.decision.escalate_to or "", admission.headers)
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline,
-                    now, payload=held, size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES)
+                    now, payload=held, size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES,
+                    slots=request.choices)
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:
             code, text = _ADMIT_ERRORS[verdict]
@@ -252,7 +255,7 @@ class Broker:
     async def _replay(self, msg: Msg, admission: Admission, attempt: int) -> None:
         """A cache hit streams back as a normal stream, and is metered as cached."""
         request, hit = admission.request, admission.hit
-        entries = replay_entries(hit, request.request_id, attempt)
+        entries = replay_entries(hit, request.request_id, attempt, admission.headers)
         await self._nc.publish(request.reply_to, codec.encode(TokenFrame("cache", entries, time.time())))
         usage = Usage(request_id=request.request_id, tenant=request.tenant, klass=request.klass,
                       model=request.model, served_model=hit.served_model, pool=admission.decision.pool,
@@ -329,6 +332,8 @@ class Broker:
                                        priority=policy.rank if policy else 0, queued_s=queued,
                                        max_deliver=self.config.limits.max_deliver,
                                        cache_key=held.cache_key, cache_model=held.cache_model,
+                                       cache_salt=prefix_salt(self._scopes.scope(item.tenant)),
+                                       headers=held.headers,
                                        **self._cascade(held)))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             # The broker sees no first tokens; queue wait is the part of TTFT that saturation grows.

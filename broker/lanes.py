@@ -54,6 +54,7 @@ class Item:
     size: int = 0               # bytes it adds to a dispatch message
     state: State = State.WAITING
     order: int = 0              # admission order; ties in EDF
+    slots: int = 1              # sequence slots it takes in an engine (OpenAI's n)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -211,7 +212,8 @@ class Lanes:
             if head is None:
                 continue
             queue, item = head
-            fits = item.cost <= token_budget or (worker_empty and not out.dispatch)
+            first = worker_empty and not out.dispatch
+            fits = (item.cost <= token_budget and item.slots <= free_slots) or first
             if not fits:
                 blocked.add(lane.policy.name)
                 continue
@@ -224,9 +226,9 @@ class Lanes:
             lane.vclock = queue.vtime
             queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
             out.dispatch.append(item)
-            free_slots -= 1
+            free_slots -= item.slots
             token_budget -= item.cost
-            held[lane.policy.name] = held.get(lane.policy.name, 0) + 1
+            held[lane.policy.name] = held.get(lane.policy.name, 0) + item.slots
         return out
 
     # -- internals ------------------------------------------------------------------------

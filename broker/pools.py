@@ -24,6 +24,7 @@ class Held:
     cache_key: str = ""
     cache_model: str = ""
     escalate_to: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

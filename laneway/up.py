@@ -148,6 +148,7 @@ def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, lo
     # A key from the environment in the shell example is one from the environment in Python's.
     py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
               else f"'{api_key}'")
+    python = sys.executable    # the interpreter Laneway (and so openai) is installed in
     return f"""
 Laneway is up: {url}
   NATS        {nats_url}
@@ -160,12 +161,12 @@ Stream a reply with curl:
     -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
     -d '{{"model": "{model}", "stream": true, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-Or with the openai client:
-  python -c "from openai import OpenAI
+Or with the openai client (installed with Laneway):
+  {python} -c "from openai import OpenAI
 c = OpenAI(base_url='{url}/v1', api_key={py_key})
 for ch in c.chat.completions.create(model='{model}', stream=True,
         messages=[{{'role': 'user', 'content': 'Hello!'}}]):
-    print(ch.choices[0].delta.content or '', end='', flush=True)"
+    print(ch.choices[0].delta.content or '' if ch.choices else '', end='', flush=True)"
 
 Ctrl-C stops everything.
 """

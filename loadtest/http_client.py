@@ -75,7 +75,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                     if usage:
                         result.completion_tokens = usage.get("completion_tokens")
                     continue
-                if choices[0]["delta"].get("content"):
+                delta = choices[0]["delta"]
+                if delta.get("content") or delta.get("tool_calls"):
                     result.content_arrived(start)
         if result.completion_tokens is not None:
             result.tokens = result.completion_tokens   # a chunk may carry several tokens

@@ -2,6 +2,7 @@
 bridge + broker + worker (`laneway up`, separate processes, real nats-server), in ONE run.
 
     python -m loadtest.overhead [--concurrency 1 32 256] [--requests 200] [--json out.json]
+                                [--shape plain|tools|json_schema]
 
 Added TTFT = TTFT through Laneway − TTFT of the engine alone, per percentile. CPU per request
 sums user+system time of every Laneway process (nats-server included) over the run; the worker's
@@ -21,16 +22,33 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
 from loadtest.http_client import stream_chat
 from loadtest.processes import LanewayUp
 from loadtest.stats import ms, summary
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.openai import ChatBody
 from workers.engine import EngineRequest
 from workers.sim import PROFILES, SimEngine
 
 KEY = "sk-bench-overhead"
 PROMPT = ("Summarise the following support conversation for the account team. " * 90)[:6144]
+
+# What a customer-service agent sends besides plain chat: a tool call, or a JSON answer.
+_ORDER = {"type": "object", "properties": {"order_id": {"type": "string"}, "include_items": {"type": "boolean"}},
+          "required": ["order_id"]}
+SHAPES: dict[str, dict] = {
+    "plain": {},
+    "tools": {"tools": [{"type": "function", "function": {"name": "lookup_order", "parameters": _ORDER}}],
+              "tool_choice": "required"},
+    "json_schema": {"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "order", "schema": _ORDER, "strict": True}}},
+}
+
+
+def _body(shape: str, max_tokens: int) -> dict:
+    return {"model": "laneway-sim", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": PROMPT}], **SHAPES[shape]}
 
 
 async def _bounded(concurrency: int, total: int, one) -> list:
@@ -44,18 +62,18 @@ async def _bounded(concurrency: int, total: int, one) -> list:
     return results
 
 
-async def direct(concurrency: int, total: int, max_tokens: int) -> tuple[list[float], float]:
+async def direct(concurrency: int, total: int, max_tokens: int, shape: str) -> tuple[list[float], float]:
     """TTFTs of the engine driven in-process, and the CPU seconds it took."""
     engine = SimEngine(PROFILES["zero"])
     await engine.start()
+    body = msgspec.convert(_body(shape, max_tokens), ChatBody)
 
     async def one(i: int) -> float:
-        request = EngineRequest(f"d{i}", [ChatMessage("user", PROMPT)], None,
-                                SamplingParams(max_tokens=max_tokens))
+        request = EngineRequest(f"d{i}", body)
         start = time.perf_counter()
         ttft = None
         async for out in engine.generate(request):
-            if ttft is None and out.text:
+            if ttft is None and (out.text or out.tool_calls):
                 ttft = time.perf_counter() - start
         return ttft
     cpu0 = time.process_time()
@@ -65,9 +83,9 @@ async def direct(concurrency: int, total: int, max_tokens: int) -> tuple[list[fl
         await engine.cleanup()
 
 
-async def through(up: LanewayUp, concurrency: int, total: int, max_tokens: int) -> tuple[list, float, float]:
-    body = {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": PROMPT}]}
+async def through(up: LanewayUp, concurrency: int, total: int, max_tokens: int,
+                  shape: str) -> tuple[list, float, float]:
+    body = {**_body(shape, max_tokens), "stream": True, "stream_options": {"include_usage": True}}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _bounded(min(concurrency, 8), 16, lambda i: stream_chat(session, up.url, KEY, body))  # warm
@@ -78,16 +96,16 @@ async def through(up: LanewayUp, concurrency: int, total: int, max_tokens: int) 
     return results, cpu, elapsed
 
 
-async def run_benchmark(levels: list[int], requests: int, max_tokens: int) -> dict:
+async def run_benchmark(levels: list[int], requests: int, max_tokens: int, shape: str = "plain") -> dict:
     report: dict = {"engine": "sim/zero (SIMULATION: no GPU time)", "prompt_bytes": len(PROMPT),
-                    "max_tokens": max_tokens, "levels": []}
+                    "max_tokens": max_tokens, "shape": shape, "levels": []}
     with tempfile.TemporaryDirectory() as tmp:
         async with LanewayUp(Path(tmp) / "lw", KEY, ["--sim-profile", "zero"]) as up:
             for c in levels:
                 n = max(requests, 2 * c)
-                ttfts, engine_cpu = await direct(c, n, max_tokens)
+                ttfts, engine_cpu = await direct(c, n, max_tokens, shape)
                 base = summary(ttfts)
-                results, cpu, elapsed = await through(up, c, n, max_tokens)
+                results, cpu, elapsed = await through(up, c, n, max_tokens, shape)
                 ok = [r for r in results if r.ok]
                 lw = summary([r.ttft for r in ok if r.ttft is not None])
                 report["levels"].append({
@@ -103,7 +121,7 @@ async def run_benchmark(levels: list[int], requests: int, max_tokens: int) -> di
 
 def render(report: dict) -> str:
     lines = [f"Overhead: {report['engine']}, {report['prompt_bytes']} B prompt, "
-             f"{report['max_tokens']} tokens out",
+             f"{report['max_tokens']} tokens out at most, {report.get('shape', 'plain')} requests",
              f"{'c':>4} {'n':>5} {'err':>4} | {'direct p50':>11} {'direct p99':>11} | "
              f"{'laneway p50':>12} {'laneway p99':>12} | {'added p50':>10} {'added p99':>10} | "
              f"{'CPU/req':>9} {'engine':>9} {'net':>9} {'req/s':>7} {'tok/s':>8}"]
@@ -125,11 +143,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--requests", type=int, default=200, help="per level (at least 2×c)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="plain",
+                        help="plain chat, a required tool call, or a json_schema answer")
     parser.add_argument("--json", type=Path, help="also write the figures here")
 
 
 def run(args: argparse.Namespace) -> int:
-    report = asyncio.run(run_benchmark(args.concurrency, args.requests, args.max_tokens))
+    report = asyncio.run(run_benchmark(args.concurrency, args.requests, args.max_tokens, args.shape))
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -136,17 +136,17 @@ def run_stock(mode: str, convs: list[Conversation], threshold: float) -> Side:
 
 async def run_gate(mode: str, convs: list[Conversation], args: argparse.Namespace) -> tuple[Side, int]:
     from broker.gate.pii import Action, PiiGate, TenantPiiPolicy
-    from schemas.requests import ChatMessage
+    from schemas.openai import Message
 
     policy = TenantPiiPolicy(min_score=args.threshold, entities={e: Action.redact for e in ENTITY_TYPES})
     side = Side("gate")
     async with PiiGate(workers=args.workers, ner_model=NER_MODEL if mode == "ner" else None) as gate:
         for conv in generate(seed=args.seed + 1, conversations=3):   # warm-up, other texts
-            await gate.inspect("bench", policy, [ChatMessage(m.role, m.content) for m in conv.turn(2)])
+            await gate.inspect("bench", policy, [Message(m.role, m.content) for m in conv.turn(2)])
         for ci, conv in enumerate(convs):
             for n in range(1, conv.turns + 1):
                 turn = conv.turn(n)
-                msgs = [ChatMessage(m.role, m.content) for m in turn]
+                msgs = [Message(m.role, m.content) for m in turn]
                 t0, c0 = time.perf_counter(), time.process_time()
                 decision = await gate.inspect("bench", policy, msgs)
                 (side.first if n == 1 else side.follow).append((time.perf_counter() - t0) * 1000)

@@ -29,7 +29,8 @@ from broker.gate.quota import Quota, QuotaExceeded, ensure_quota_bucket
 from broker.policy.quota import QuotaPolicy
 from broker.runtime.natsd import NatsServer
 from loadtest.stats import ms, summary
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.frames import Delta
+from schemas.openai import ChatBody, Message
 from schemas.subjects import Subjects
 
 
@@ -136,21 +137,23 @@ async def accuracy(url: str, prefix: str) -> None:
 async def cache_latency(url: str, prefix: str, n: int) -> None:
     async with await nats.connect(url) as nc:
         cache = await ResponseCache.open(nc.jetstream(), Subjects(prefix), ttl_s=3600)
-        messages = [ChatMessage("system", "You are a support assistant for <ORGANIZATION>."),
-                    ChatMessage("user", ("Summarise this ticket for the account team. " * 140)[:6000])]
-        greedy = SamplingParams(max_tokens=400, temperature=0.0)
-        answer = CachedResponse("The customer reports a billing error. " * 40, 1500, 400, "stop", "sim@1")
+        messages = [Message("system", "You are a support assistant for <ORGANIZATION>."),
+                    Message("user", ("Summarise this ticket for the account team. " * 140)[:6000])]
+        greedy = ChatBody(model="chat", messages=messages, max_tokens=400, temperature=0.0)
+        text = "The customer reports a billing error. " * 40
+        deltas = [Delta("r", 0, i, text[at:at + 32]) for i, at in enumerate(range(0, len(text), 32))]
+        answer = CachedResponse(deltas, 1500, 400, "stop", "sim@1")
         key_times, hits, misses = [], [], []
         for i in range(n):
             start = time.perf_counter()
-            key = cache_key("t:acme", "chat", "r1", messages, None, greedy)
+            key = cache_key("t:acme", "chat", "r1", greedy, b"")
             key_times.append(time.perf_counter() - start)
         await cache.store(key, answer)
         for i in range(n):
             start = time.perf_counter()
             assert await cache.lookup(key) is not None
             hits.append(time.perf_counter() - start)
-            miss = cache_key(f"t:acme{i}", "chat", "r1", messages, None, greedy)
+            miss = cache_key(f"t:acme{i}", "chat", "r1", greedy, b"")
             start = time.perf_counter()
             assert await cache.lookup(miss) is None
             misses.append(time.perf_counter() - start)

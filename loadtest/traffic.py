@@ -111,15 +111,14 @@ class NatsTarget:
 
     async def send(self, call: Call, result: Result) -> None:
         from broker.client import LanewayError
-        from schemas.requests import ChatMessage, SamplingParams
+        from schemas.openai import ChatBody, Message
 
         client = await self._client(call.tenant)
         result.started_at = time.time()
         start = time.perf_counter()
         try:
-            async for text in client.generate(model=call.model, messages=[ChatMessage("user", call.prompt)],
-                                              klass=call.klass,
-                                              sampling=SamplingParams(max_tokens=call.max_tokens)):
+            body = ChatBody(model=call.model, messages=[Message("user", call.prompt)], max_tokens=call.max_tokens)
+            async for text in client.generate(body, klass=call.klass):
                 if text:
                     result.content_arrived(start)
             result.status = 200

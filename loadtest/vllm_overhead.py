@@ -22,7 +22,7 @@ from loadtest.benchcli import main
 from loadtest.http_client import stream_chat
 from loadtest.processes import LanewayUp
 from loadtest.stats import ms, summary
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.openai import ChatBody, Message
 from workers.engine import EngineRequest
 
 KEY = "sk-vllm-bench"
@@ -41,7 +41,8 @@ async def _timed(concurrency: int, one) -> dict:
 
 
 async def direct(args: argparse.Namespace) -> dict:
-    from workers.vllm_engine import VllmConfig, VllmEngine
+    from workers.vllm_config import VllmConfig
+    from workers.vllm_engine import VllmEngine
 
     engine = VllmEngine(VllmConfig(model=args.model, served_model_name="bench", max_model_len=2048,
                                    max_num_seqs=16, kv_cache_bytes=256 * 1024**2))
@@ -50,8 +51,9 @@ async def direct(args: argparse.Namespace) -> dict:
     start_s = time.perf_counter() - t0
 
     async def one(i: int):
-        request = EngineRequest(f"d{i}-{time.monotonic_ns()}", [ChatMessage("user", PROMPTS[i % len(PROMPTS)])],
-                                None, SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
+        body = ChatBody(model="bench", messages=[Message("user", PROMPTS[i % len(PROMPTS)])],
+                        max_tokens=args.max_tokens, temperature=0.0)
+        request = EngineRequest(f"d{i}-{time.monotonic_ns()}", body)
         sent, ttft, tokens = time.perf_counter(), None, 0
         async for out in engine.generate(request):
             if out.token_ids:

@@ -7,7 +7,14 @@ import re
 import msgspec
 
 from schemas.frames import TokenFrame
-from schemas.openai import ChatCompletionRequest
+from schemas.openai import (
+    KNOWN_CHAT_FIELDS,
+    KNOWN_COMPLETION_FIELDS,
+    KNOWN_EMBEDDING_FIELDS,
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+)
 from schemas.requests import Cancel, GenerateRequest
 from schemas.usage import Usage
 from schemas.work import Batch, Credit, Heartbeat
@@ -27,7 +34,11 @@ decode_usage = msgspec.msgpack.Decoder(Usage).decode
 # HTTP edge.
 _json = msgspec.json.Encoder()
 encode_json = _json.encode
-_decode_chat = msgspec.json.Decoder(ChatCompletionRequest).decode
+_decode_chat = msgspec.json.Decoder(ChatBody).decode
+_decode_completion = msgspec.json.Decoder(CompletionBody).decode
+_decode_embedding = msgspec.json.Decoder(EmbeddingBody).decode
+# The top level only: each value stays its raw JSON bytes (msgspec skips over it, building nothing).
+_decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 
 # The deepest JSON nesting the edge decodes. msgspec recurses once per level, so a body nested
 # thousands deep raises RecursionError; a chat request nests about 5 levels, a tool's schema a few more.
@@ -62,11 +73,39 @@ def nests_deeper_than(body: bytes, limit: int) -> bool:
     return False
 
 
-def decode_chat_request(body: bytes) -> ChatCompletionRequest:
-    """Raises TooDeep before decoding, msgspec's DecodeError or ValidationError while decoding."""
+def _other_members(body: bytes, known: frozenset[str]) -> bytes:
+    """The body's top-level members Laneway does not type, re-joined verbatim as a JSON object
+    (b"" when there are none). An explicit null means "not set" in the OpenAI API: dropped."""
+    members = _decode_members(body)
+    if members.keys() <= known:
+        return b""
+    other = {k: v for k, v in members.items() if k not in known and bytes(v).strip() != b"null"}
+    return encode_json(other) if other else b""
+
+
+def decode_chat_request(body: bytes) -> tuple[ChatBody, bytes]:
+    """The typed body and its other members. Raises TooDeep before decoding, msgspec's
+    DecodeError or ValidationError while decoding."""
     if nests_deeper_than(body, MAX_JSON_DEPTH):
         raise TooDeep(MAX_JSON_DEPTH)
-    return _decode_chat(body)
+    return _decode_chat(body), _other_members(body, KNOWN_CHAT_FIELDS)
+
+
+def decode_completion_request(body: bytes) -> tuple[CompletionBody, bytes]:
+    if nests_deeper_than(body, MAX_JSON_DEPTH):
+        raise TooDeep(MAX_JSON_DEPTH)
+    return _decode_completion(body), _other_members(body, KNOWN_COMPLETION_FIELDS)
+
+
+def decode_embedding_request(body: bytes) -> tuple[EmbeddingBody, bytes]:
+    if nests_deeper_than(body, MAX_JSON_DEPTH):
+        raise TooDeep(MAX_JSON_DEPTH)
+    return _decode_embedding(body), _other_members(body, KNOWN_EMBEDDING_FIELDS)
+
+
+def extra_members(extra: bytes) -> dict[str, msgspec.Raw]:
+    """`GenerateRequest.extra` as name → raw JSON value."""
+    return _decode_members(extra) if extra else {}
 
 DecodeError = msgspec.DecodeError
 ValidationError = msgspec.ValidationError

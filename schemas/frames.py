@@ -16,21 +16,60 @@ class TokenUsage(msgspec.Struct, array_like=True, gc=False):
     completion_tokens: int
 
 
+class TopLogprob(msgspec.Struct, array_like=True, gc=False):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
+    """One generated token's log-probability and its most likely alternatives (OpenAI's
+    `ChatCompletionTokenLogprob`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top: list[TopLogprob] = []
+
+
+class ToolCallDelta(msgspec.Struct, array_like=True, gc=False):
+    """A piece of a tool call, as OpenAI streams it: the first piece of call `index` carries its
+    id and function name, later ones more of the arguments' JSON text."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
 class Delta(msgspec.Struct, tag=0, array_like=True, gc=False):
     request_id: str
     attempt: int
     seq: int
     text: str
     token_ids: list[int] = []
+    choice: int = 0                         # which of the request's `n` choices
+    tool_calls: list[ToolCallDelta] = []
+    logprobs: list[TokenLogprob] = []       # only when the client asked for them
+    refusal: str = ""
+    reasoning: str = ""                     # a reasoning model's thinking (vLLM's reasoning parsers)
+    headers: dict[str, str] = {}            # on a stream's first delta: for the edge's answer (x-ratelimit-*)
+
+    @property
+    def plain(self) -> bool:
+        """Text of choice 0 and nothing else: may merge with the next plain delta."""
+        return not (self.choice or self.tool_calls or self.logprobs or self.refusal or self.reasoning)
 
 
 class Finished(msgspec.Struct, tag=1, array_like=True, gc=False):
     request_id: str
     attempt: int
     seq: int
-    finish_reason: str              # "stop" | "length" | "cancelled"
+    finish_reason: str              # "stop" | "length" | "tool_calls" | "cancelled"
     usage: TokenUsage
     model: str = ""                 # the real model that served it
+    finish_reasons: list[str] = []  # per choice, when the request asked for n > 1
+    vectors: list[bytes] = []       # an embedding request's answer: float32 little-endian, per input
 
 
 class StreamError(msgspec.Struct, tag=2, array_like=True, gc=False):

@@ -1,4 +1,10 @@
-"""What a client asks for: `GenerateRequest` on `lw.req.<class>.<tenant>`. Limits live in the types."""
+"""What a client asks for: `GenerateRequest` on `lw.req.<class>.<tenant>`.
+
+The client's OpenAI body travels whole: `chat` or `completion` holds the fields Laneway reads,
+typed; `extra` holds every other top-level field of the body as the client sent it (a JSON
+object's bytes, e.g. vLLM's `top_k`, `min_p`, `repetition_penalty`), for the engine to honour or
+refuse by name. Schema evolution follows msgspec's rules: new fields go last, with defaults.
+"""
 
 from __future__ import annotations
 
@@ -7,42 +13,22 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-# Hard ceilings the wire accepts at all; per-model limits (context length) are checked by engines.
-MAX_OUTPUT_TOKENS = 32_768
-MAX_STOP_SEQUENCES = 4
+from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody
 
-MaxTokens = Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
-Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
-# msgpack carries at most a 64-bit integer, and engines seed a 64-bit generator.
-Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-Role = Annotated[str, Meta(pattern="^(system|user|assistant|tool|developer)$")]
 RequestId = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 Token = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 
-
-class ChatMessage(msgspec.Struct, omit_defaults=True, gc=False):
-    role: Role
-    content: str
-
-
-class SamplingParams(msgspec.Struct, omit_defaults=True, gc=False):
-    max_tokens: MaxTokens = 256
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    stop: Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)] = []
-    seed: Seed | None = None
-
-    @property
-    def deterministic(self) -> bool:
-        return self.temperature == 0.0 or self.seed is not None
+# The output length the broker assumes for cost and KV reservation when the client sets no
+# limit (the engine then generates up to the model's context): the reference shape's 400 out.
+EXPECTED_OUTPUT_TOKENS = 400
 
 
 class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
-    """One generation. Exactly one of `messages` (chat) or `prompt` (completion) is set.
+    """One generation (or embedding). Exactly one of `chat`, `completion`, `embedding` is set.
 
     `tenant` and `klass` repeat the subject's tokens; the broker trusts the subject (which NATS
-    permissions guard) and refuses a payload that disagrees with it.
+    permissions guard) and refuses a payload that disagrees with it. `model` is the model asked
+    for (the body's own, until routing names the one that serves it).
     """
 
     request_id: RequestId
@@ -52,31 +38,56 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     reply_to: Annotated[str, Meta(min_length=1, max_length=256)]
     created_at: float                      # unix seconds, set by the edge
     deadline: float                        # unix seconds; expired requests are never started
-    messages: list[ChatMessage] = []
-    prompt: str | None = None
-    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    stream: bool = True
     escalated: bool = False                # re-sent by the small pool's worker for the large pool (cascade)
+    chat: ChatBody | None = None
+    completion: CompletionBody | None = None
+    extra: bytes = b""                     # the body's other fields: a JSON object, verbatim
+    embedding: EmbeddingBody | None = None
 
     def validate_shape(self) -> None:
         """Cross-field rules msgspec types cannot express; raises ValueError naming the field."""
-        if bool(self.messages) == (self.prompt is not None):
-            raise ValueError("exactly one of 'messages' or 'prompt' must be set")
+        if sum(b is not None for b in (self.chat, self.completion, self.embedding)) != 1:
+            raise ValueError("exactly one of 'chat', 'completion' or 'embedding' must be set")
+        if self.embedding is not None and (problem := self.embedding.check()):
+            raise ValueError(problem)
+
+    @property
+    def body(self) -> Body:
+        body = self.chat or self.completion or self.embedding
+        assert body is not None, "validate_shape() first"
+        return body
+
+    @property
+    def stream(self) -> bool:
+        return self.body.stream
+
+    @property
+    def choices(self) -> int:
+        return self.body.choices
+
+    def texts(self) -> list[str]:
+        """The text the model is given: what PII analysis, routing and estimates read."""
+        return self.body.texts()
 
     @property
     def prompt_chars(self) -> int:
-        if self.prompt is not None:
-            return len(self.prompt)
-        return sum(len(m.content) for m in self.messages)
+        return sum(len(t) for t in self.texts())
 
     def estimated_prompt_tokens(self) -> int:
         # ~4 characters per token for English BPE vocabularies; the broker only needs a cost
         # estimate for fair queuing, engines count exactly.
-        return max(1, self.prompt_chars // 4)
+        given = self.embedding.token_count() if self.embedding is not None else 0
+        return max(1, self.prompt_chars // 4 + given)
+
+    def expected_output_tokens(self) -> int:
+        if self.embedding is not None:
+            return 0
+        return self.body.output_limit or EXPECTED_OUTPUT_TOKENS
 
     def estimated_cost(self) -> int:
-        """Tokens this request may occupy in an engine: the unit of fair share and KV budget."""
-        return self.estimated_prompt_tokens() + self.sampling.max_tokens
+        """Tokens this request may occupy in an engine: the unit of fair share and KV budget.
+        Each of `n` choices is a sequence of its own."""
+        return self.estimated_prompt_tokens() + self.expected_output_tokens() * self.choices
 
 
 class Cancel(msgspec.Struct, omit_defaults=True, gc=False):

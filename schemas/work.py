@@ -32,6 +32,8 @@ class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     escalate_to: str = ""                   # cascade: low confidence on the first tokens → that pool
     cascade_window: int = 0                 # tokens the verdict waits for
     cascade_min_logprob: float = 0.0        # mean logprob below this escalates
+    cache_salt: str = ""                    # the engine's prefix-cache salt: the tenant's scope
+    headers: dict[str, str] = {}            # for the client's answer (x-ratelimit-*): on the first delta
 
     @property
     def last_attempt(self) -> bool:

@@ -8,7 +8,7 @@ import asyncio
 from nats.js import JetStreamContext
 
 from broker.gate.cache import CachedResponse, ResponseCache
-from schemas.frames import Finished
+from schemas.frames import Delta, Finished
 from schemas.subjects import Subjects
 from schemas.work import Dispatch
 
@@ -20,12 +20,13 @@ class AnswerStore:
         self._cache: ResponseCache | None = None
         self._stores: set[asyncio.Task[bool]] = set()
 
-    def keep(self, dispatch: Dispatch, parts: list[str] | None, cancelled: bool, finished: Finished) -> None:
+    def keep(self, dispatch: Dispatch, parts: list[Delta] | None, cancelled: bool, finished: Finished) -> None:
         """Cache the answer made of `parts` (None: the dispatch asked for no caching)."""
         if parts is None or cancelled or finished.model != dispatch.cache_model:
             return
-        answer = CachedResponse("".join(parts), finished.usage.prompt_tokens,
-                                finished.usage.completion_tokens, finished.finish_reason, finished.model)
+        answer = CachedResponse(parts, finished.usage.prompt_tokens, finished.usage.completion_tokens,
+                                finished.finish_reason, finished.model, finish_reasons=finished.finish_reasons,
+                                vectors=finished.vectors)
         task = asyncio.create_task(self._store(dispatch.cache_key, answer))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)

@@ -3,9 +3,17 @@
 Lifecycle: `start()` (load + warm up; raises if the engine cannot serve) → any number of
 concurrent `generate()` streams → `abort()` for cancels and deadlines → `cleanup()` (idempotent).
 
+An embedding request (`EmbeddingBody`) yields one output: `vectors` (one float32 little-endian
+vector per input), `prompt_tokens` and finish_reason "stop".
+
+Engines speak OpenAI: `EngineRequest.body` is the client's chat or completion body (typed) and
+`extra` its other fields verbatim. An engine honours every field it is given or raises
+`UnsupportedRequest` naming it before generating; it never drops one silently.
+
 `generate()` is an async iterator of `EngineOutput` deltas; the last one has `finish_reason`
-set. Closing the iterator early (the consumer is cancelled, or calls `aclose()`) must abort the
-request in the engine and free its slot, as vLLM's `AsyncLLM.generate` does.
+set (with `finish_reasons` per choice when `n` > 1). Closing the iterator early (the consumer
+is cancelled, or calls `aclose()`) must abort the request in the engine and free its slot, as
+vLLM's `AsyncLLM.generate` does.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.frames import TokenLogprob, ToolCallDelta
+from schemas.openai import Body, ChatBody, Message
 
 
 class EngineError(Exception):
@@ -42,22 +51,29 @@ class EngineDead(Exception):
 @dataclass(slots=True)
 class EngineRequest:
     request_id: str
-    messages: list[ChatMessage]
-    prompt: str | None
-    sampling: SamplingParams
+    body: Body                      # the client's OpenAI body, after the gate (redacted, routed)
+    extra: bytes = b""              # its other top-level fields: a JSON object, verbatim
     priority: int = 0               # lower runs sooner (vLLM's convention)
     klass: str = ""
-    logprobs: bool = False          # report each generated token's log-probability (cascade)
+    confidence: bool = False        # report each sampled token's logprob (the cascade's signal)
+    cache_salt: str = ""            # prefix-cache isolation: set by Laneway per tenant scope
 
 
 @dataclass(slots=True)
 class EngineOutput:
     text: str
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None   # set on the last output: "stop" | "length" | "abort"
+    finish_reason: str | None = None   # set on the last output: "stop" | "length" | "tool_calls" | "abort"
     prompt_tokens: int = 0             # exact counts, reported with the last output
     completion_tokens: int = 0
-    logprobs: list[float] = field(default_factory=list)   # per token, when asked for
+    index: int = 0                     # the choice this delta belongs to (n > 1)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # when the client asked for them
+    confidence: list[float] = field(default_factory=list)       # sampled logprobs, for the cascade
+    refusal: str = ""
+    reasoning: str = ""
+    finish_reasons: list[str] = field(default_factory=list)     # per choice, on the last output
+    vectors: list[bytes] = field(default_factory=list)          # embeddings: float32 LE, per input
 
 
 @dataclass(slots=True)
@@ -92,11 +108,8 @@ class Engine(abc.ABC):
 
     async def warmup(self) -> None:
         """One short generation before taking work, so the first real request pays no cold start."""
-        request = EngineRequest(
-            request_id="warmup",
-            messages=[ChatMessage(role="user", content="Hello")],
-            prompt=None,
-            sampling=SamplingParams(max_tokens=4, temperature=0.0),
-        )
+        body = ChatBody(model=self.model or "warmup", messages=[Message(role="user", content="Hello")],
+                        max_tokens=4, temperature=0.0)
+        request = EngineRequest(request_id="warmup", body=body)
         async for _ in self.generate(request):
             pass

@@ -27,7 +27,7 @@ def configure_all(parser: argparse.ArgumentParser) -> None:
     """Flags of every engine (the engine modules import their heavy packages lazily)."""
     configure(parser)
     from workers.openai_config import OpenAIUpstreamConfig
-    from workers.vllm_engine import VllmConfig
+    from workers.vllm_config import VllmConfig
 
     VllmConfig.configure(parser)
     OpenAIUpstreamConfig.configure(parser)
@@ -38,7 +38,8 @@ def build(args: argparse.Namespace) -> Engine:
         return SimEngine(PROFILES[args.sim_profile], speed=args.sim_speed,
                          max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens)
     if args.engine == "vllm":
-        from workers.vllm_engine import VllmConfig, VllmEngine
+        from workers.vllm_config import VllmConfig
+        from workers.vllm_engine import VllmEngine
 
         return VllmEngine(VllmConfig.from_args(args))
     from workers.openai_config import OpenAIUpstreamConfig

@@ -1,34 +1,132 @@
-"""Wire shapes of the OpenAI-compatible streaming API, as the `openai` engine reads them.
+"""Wire shapes of the OpenAI-compatible streaming API, as the `openai` engine writes and reads them.
 
-Lenient on purpose: upstreams differ in the fields they add or omit.
+Requests: the client's typed body, re-encoded, with its other top-level fields (`extra`) spliced
+in verbatim. Responses: chunks decoded leniently (upstreams differ in what they add or omit) and
+mapped onto Laneway's own delta shapes.
+
+Embeddings are not streamed: the body goes to `/embeddings` with `model` replaced and
+`encoding_format: "base64"` asked for, and the answer's vectors are decoded straight to float32
+little-endian bytes (an upstream that answers with float lists anyway is converted).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import sys
+from array import array
+
 import msgspec
 
-from schemas.requests import ChatMessage
+from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
+from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, StreamOptions
+
+# -- the request ---------------------------------------------------------------------------------
+
+# Never forwarded from a client's extra fields: the upstream's prefix-cache salt is not the
+# client's to choose.
+DROPPED_EXTRA = frozenset({"cache_salt"})
+_DROPPED_KEYS = tuple(b'"%s"' % name.encode() for name in DROPPED_EXTRA)   # cheap pre-check
+_STREAM_OPTIONS = StreamOptions(include_usage=True)
+_VERY_UNLIKELY = -9999.0           # OpenAI's (and vLLM's) logprob for "practically impossible"
+
+_encode = msgspec.json.Encoder().encode
+_decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 
 
-class StreamOptions(msgspec.Struct):
-    include_usage: bool = True
+def path_of(body: Body) -> str:
+    if isinstance(body, EmbeddingBody):
+        return "/embeddings"
+    return "/chat/completions" if isinstance(body, ChatBody) else "/completions"
 
 
-class Body(msgspec.Struct, omit_defaults=True):
-    model: str
-    stream: bool                             # no defaults here: omit_defaults would drop them
-    stream_options: StreamOptions
-    messages: list[ChatMessage] | None = None
-    prompt: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: list[str] | None = None
-    seed: int | None = None
+def client_wants_logprobs(body: Body) -> bool:
+    if isinstance(body, ChatBody):
+        return bool(body.logprobs)
+    if isinstance(body, EmbeddingBody):
+        return False
+    return body.logprobs is not None
+
+
+def encode_embedding_body(body: EmbeddingBody, model: str, extra: bytes = b"") -> bytes:
+    """The upstream's `/embeddings` body: `body` with `model` replaced and base64 vectors asked
+    for (the client's own `encoding_format` is honoured at the edge), then `extra`'s members."""
+    typed = _encode(msgspec.structs.replace(body, model=model, encoding_format="base64"))
+    members = _extra_members(extra)
+    return typed[:-1] + b"," + members + b"}" if members else typed
+
+
+def encode_body(body: Body, model: str, extra: bytes = b"", *, sampled_logprobs: bool = False) -> bytes:
+    """The upstream's request body: `body` with `model` replaced and streaming with usage forced,
+    then `extra`'s members spliced in as they are. `sampled_logprobs` asks for each sampled
+    token's logprob (no alternatives) when the client did not ask for logprobs itself."""
+    changes: dict[str, object] = {"model": model, "stream": True, "stream_options": _STREAM_OPTIONS}
+    if sampled_logprobs and not client_wants_logprobs(body):
+        changes["logprobs"] = True if isinstance(body, ChatBody) else 0
+    typed = _encode(msgspec.structs.replace(body, **changes))
+    members = _extra_members(extra)
+    if isinstance(body, CompletionBody) and body.max_tokens == 16:
+        # omit_defaults leaves out the OpenAI default; an upstream with another default must not guess.
+        members = b'"max_tokens":16' + (b"," + members if members else b"")
+    return typed[:-1] + b"," + members + b"}" if members else typed
+
+
+def _extra_members(extra: bytes) -> bytes:
+    """The members of the JSON object `extra`, without its braces: b"" when there are none.
+    Spliced as bytes; parsed (top level only, values left raw) just to drop a field."""
+    extra = extra.strip()
+    if len(extra) < 2:
+        return b""
+    if extra[:1] != b"{" or extra[-1:] != b"}":
+        raise ValueError("extra must be a JSON object")
+    if any(key in extra for key in _DROPPED_KEYS):
+        members = _decode_members(extra)
+        kept = {k: v for k, v in members.items() if k not in DROPPED_EXTRA}
+        extra = _encode(kept) if kept else b"{}"
+    return extra[1:-1].strip()
+
+
+# -- the stream ----------------------------------------------------------------------------------
+
+
+class FunctionDelta(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallChunk(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    function: FunctionDelta | None = None
 
 
 class Delta(msgspec.Struct):
     content: str | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None     # vLLM, DeepSeek
+    reasoning: str | None = None             # newer vLLM, OpenRouter
+    tool_calls: list[ToolCallChunk] | None = None
+    function_call: FunctionDelta | None = None   # the legacy single-function shape
+
+
+class TopLogprobChunk(msgspec.Struct):
+    token: str
+    logprob: float | None = None
+    bytes: list[int] | None = None
+
+
+class TokenLogprobChunk(msgspec.Struct):
+    token: str
+    logprob: float | None = None
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprobChunk] | None = None
+
+
+class Logprobs(msgspec.Struct):
+    content: list[TokenLogprobChunk] | None = None        # chat
+    tokens: list[str] | None = None                       # completions, column-wise
+    token_logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class Choice(msgspec.Struct):
@@ -36,6 +134,7 @@ class Choice(msgspec.Struct):
     delta: Delta | None = None              # chat/completions
     text: str | None = None                  # completions
     finish_reason: str | None = None
+    logprobs: Logprobs | None = None
 
 
 class Usage(msgspec.Struct):
@@ -60,7 +159,88 @@ class ErrorEnvelope(msgspec.Struct):
     param: str | None = None
 
 
-encode = msgspec.json.Encoder().encode
+class EmbeddingData(msgspec.Struct):
+    index: int = 0
+    embedding: str | list[float] = ""       # base64 as asked; some upstreams send floats anyway
+
+
+class EmbeddingUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+
+
+class EmbeddingResponse(msgspec.Struct):
+    data: list[EmbeddingData] = []
+    usage: EmbeddingUsage | None = None
+
+
+class BadEmbeddings(ValueError):
+    """The upstream's embedding answer is not one float32 vector per input."""
+
+
+def embedding_vectors(answer: EmbeddingResponse, count: int) -> list[bytes]:
+    """One float32 little-endian vector per input, in input order (by `index`)."""
+    if sorted(d.index for d in answer.data) != list(range(count)):
+        raise BadEmbeddings(f"{len(answer.data)} embeddings for {count} inputs")
+    vectors: list[bytes] = [b""] * count
+    for d in answer.data:
+        if isinstance(d.embedding, str):
+            try:
+                raw = base64.b64decode(d.embedding, validate=True)
+            except binascii.Error:
+                raise BadEmbeddings(f"embedding {d.index} is not base64") from None
+        else:
+            values = array("f", d.embedding)
+            if sys.byteorder != "little":       # pragma: no cover - the wire is little-endian
+                values.byteswap()
+            raw = values.tobytes()
+        if not raw or len(raw) % 4:
+            raise BadEmbeddings(f"embedding {d.index} is {len(raw)} bytes: not float32 values")
+        vectors[d.index] = raw
+    if len({len(v) for v in vectors}) > 1:
+        raise BadEmbeddings("embeddings of different sizes")
+    return vectors
+
+
+def tool_call_deltas(delta: Delta) -> list[ToolCallDelta]:
+    """The call pieces exactly as received: ids, names and argument fragments are not joined."""
+    out = [ToolCallDelta(c.index, c.id or "", (c.function.name or "") if c.function else "",
+                         (c.function.arguments or "") if c.function else "")
+           for c in delta.tool_calls or ()]
+    if delta.function_call is not None:       # legacy: one call, always index 0
+        out.append(ToolCallDelta(0, "", delta.function_call.name or "", delta.function_call.arguments or ""))
+    return out
+
+
+def token_logprobs(lp: Logprobs) -> list[TokenLogprob]:
+    if lp.content is not None:
+        return [TokenLogprob(t.token, _lp(t.logprob), t.bytes,
+                             [TopLogprob(a.token, _lp(a.logprob), a.bytes) for a in t.top_logprobs or ()])
+                for t in lp.content]
+    tokens, values, tops = lp.tokens or [], lp.token_logprobs or [], lp.top_logprobs or []
+    return [TokenLogprob(token, _lp(values[i] if i < len(values) else None), None,
+                         [TopLogprob(k, v) for k, v in (tops[i] or {}).items()] if i < len(tops) else [])
+            for i, token in enumerate(tokens)]
+
+
+def sampled_logprobs(lp: Logprobs) -> list[float]:
+    """Each sampled token's logprob (the cascade's confidence), skipping unknown ones (an echoed
+    prompt's first token)."""
+    if lp.content is not None:
+        return [t.logprob for t in lp.content if t.logprob is not None]
+    return [v for v in lp.token_logprobs or () if v is not None]
+
+
+def _lp(value: float | None) -> float:
+    return _VERY_UNLIKELY if value is None else value
+
+
+def finish_reason(reason: str | None) -> str:
+    """The upstream's finish reason in Laneway's vocabulary; unknown ones read as "stop"."""
+    if reason == "function_call":
+        return "tool_calls"
+    return reason if reason in ("stop", "length", "tool_calls", "content_filter", "abort") else "stop"
+
+
 decode_chunk = msgspec.json.Decoder(Chunk).decode
 decode_error = msgspec.json.Decoder(ErrorEnvelope).decode
-DONE = object()                             # the `data: [DONE]` event
+decode_embeddings = msgspec.json.Decoder(EmbeddingResponse).decode

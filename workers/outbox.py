@@ -94,10 +94,11 @@ class Outbox:
     def emit(self, reply_to: str, entry: Entry) -> None:
         key = (entry.request_id, entry.attempt)
         if isinstance(entry, Delta):
-            self._open[key] = entry
             self._tokens[key] = self._tokens.get(key, 0) + (len(entry.token_ids) or 1)
+        if isinstance(entry, Delta) and entry.plain:
+            self._open[key] = entry
         else:
-            self._open.pop(key, None)
+            self._open.pop(key, None)     # later text must not merge across it
         entries = self._frames.get(reply_to)
         if entries is None:
             self._frames[reply_to] = [entry]

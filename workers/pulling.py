@@ -56,14 +56,16 @@ class Puller:
         cap = self.engine.capacity()
         running: dict[str, int] = {}
         unstarted_cost = 0
+        taken = 0                           # each of a request's n choices is a sequence slot
         for active in self._accepted.values():
-            klass = active.dispatch.request.klass
-            running[klass] = running.get(klass, 0) + 1
+            request = active.dispatch.request
+            running[request.klass] = running.get(request.klass, 0) + request.choices
+            taken += request.choices
             if active.first_token_at is None:
-                unstarted_cost += active.dispatch.request.estimated_cost()
-        free = min(cap.free_slots, cap.total_slots - len(self._accepted))
+                unstarted_cost += request.estimated_cost()
+        free = min(cap.free_slots, cap.total_slots - taken)
         self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
-        self.metrics.slots_in_use.labels(self.config.pool).set(len(self._accepted))
+        self.metrics.slots_in_use.labels(self.config.pool).set(taken)
         if free <= 0:
             return None
         return Credit(worker_id=self.config.worker_id, pool=self.config.pool, free_slots=free,

@@ -58,12 +58,21 @@ class Active:
     first_token_at: float | None = None
     task: asyncio.Task[None] | None = None
     tokens: int = 0
-    parts: list[str] | None = None          # the answer's text, kept only when it will be cached
+    parts: list[Delta] | None = None        # the answer's deltas, kept only when it will be cached
 
     def next_seq(self) -> int:
         seq = self.seq
         self.seq += 1
         return seq
+
+
+def _carries(out: EngineOutput) -> bool:
+    return bool(out.text or out.token_ids or out.tool_calls or out.refusal or out.reasoning or out.logprobs)
+
+
+def _plain(out: EngineOutput) -> bool:
+    """Text of choice 0 only: merges into the stream's open delta (one SSE chunk at the edge)."""
+    return not (out.index or out.tool_calls or out.logprobs or out.refusal or out.reasoning)
 
 
 class Serving:
@@ -117,7 +126,7 @@ class Serving:
             self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed during generation")
             return
         except UnsupportedRequest as exc:
-            self._fail(active, ErrorCode.invalid_request, f"{exc.param}: {exc.message}")
+            self._fail(active, ErrorCode.invalid_request, exc.message, exc.param)
             return
         except EngineError as exc:
             self._engine_failed(active, exc)
@@ -139,19 +148,22 @@ class Serving:
     async def _generate(self, active: Active, gate: StreamGate[EngineOutput] | None) -> Finished | None:
         """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
         d, r = active.dispatch, active.dispatch.request
-        request = EngineRequest(r.request_id, r.messages, r.prompt, r.sampling,
-                                priority=d.priority, klass=r.klass, logprobs=gate is not None)
+        request = EngineRequest(r.request_id, r.body, r.extra, priority=d.priority, klass=r.klass,
+                                confidence=gate is not None, cache_salt=d.cache_salt)
         finished: Finished | None = None
         async with asyncio.timeout(max(0.0, r.deadline - time.time())):
             async for out in self.engine.generate(request):
-                if out.text or out.token_ids:
-                    self._release_deltas(active, gate.push(out, out.logprobs) if gate else [out])
+                if gate is not None and out.tool_calls:
+                    self._release_deltas(active, gate.commit())
+                if _carries(out):
+                    self._release_deltas(active, gate.push(out, out.confidence) if gate else [out])
                 if out.finish_reason is not None:
                     if gate is not None:
                         self._release_deltas(active, gate.finish())
                     reason = "cancelled" if active.cancelled else out.finish_reason
                     finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
-                                        TokenUsage(out.prompt_tokens, out.completion_tokens), self.engine.model)
+                                        TokenUsage(out.prompt_tokens, out.completion_tokens), self.engine.model,
+                                        out.finish_reasons, out.vectors)
                 if gate is not None and gate.verdict is Verdict.ESCALATE:
                     break   # leaving the iterator aborts the small request in the engine
         return finished
@@ -163,13 +175,19 @@ class Serving:
             if active.first_token_at is None:
                 active.first_token_at = time.monotonic()
                 self.metrics.ttft.labels(self.pool, r.klass).observe(active.first_token_at - active.started)
-            if not self.outbox.extend(r.request_id, d.attempt, out.text, out.token_ids):
-                self.outbox.emit(r.reply_to, Delta(r.request_id, d.attempt, active.next_seq(), out.text,
-                                                   list(out.token_ids)))
+            plain = _plain(out)
+            if not (plain and self.outbox.extend(r.request_id, d.attempt, out.text, out.token_ids)):
+                delta = Delta(r.request_id, d.attempt, active.next_seq(), out.text, list(out.token_ids))
+                if delta.seq == 0 and d.headers:
+                    delta.headers = d.headers
+                if not plain:
+                    delta.choice, delta.tool_calls, delta.logprobs = out.index, out.tool_calls, out.logprobs
+                    delta.refusal, delta.reasoning = out.refusal, out.reasoning
+                self.outbox.emit(r.reply_to, delta)
+                if active.parts is not None:
+                    active.parts.append(delta)     # the outbox extends this same object
             active.streamed = True
             active.tokens += len(out.token_ids) or 1
-            if active.parts is not None:
-                active.parts.append(out.text)
 
     # -- the ends --------------------------------------------------------------------------
     def _finish(self, active: Active, finished: Finished | None) -> None:
@@ -203,10 +221,10 @@ class Serving:
         self._record_usage(active, "escalated", r.estimated_prompt_tokens(), 0, self.engine.model)
         self._release(active, ACK)
 
-    def _fail(self, active: Active, code: ErrorCode, message: str) -> None:
+    def _fail(self, active: Active, code: ErrorCode, message: str, param: str | None = None) -> None:
         d = active.dispatch
         self.outbox.emit(d.request.reply_to, StreamError(d.request.request_id, d.attempt,
-                                                         active.next_seq(), code.value, message))
+                                                         active.next_seq(), code.value, message, param))
         self.metrics.finished.labels(self.pool, code.value).inc()
         self._release(active, TERM)
         # Metered too: tokens already generated cost money, and the brokers free its quota slot.

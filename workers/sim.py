@@ -10,6 +10,18 @@ one token for every running sequence; the step's duration is
 The profiles derive their constants from published hardware figures with a roofline model:
 decode is memory-bound (read the weights once per step, plus each sequence's KV cache), prefill
 is compute-bound (2 × params FLOPs per token).
+
+It speaks OpenAI as engines do: the body's `n` choices are sequences of their own (each holds a
+slot and KV tokens; they share one prefill), and it simulates stop strings (exactly, as vLLM's
+detokenizer), tool calls, JSON outputs and logprobs (`workers/sim_output.py`), refusing what it
+cannot honour (`workers/sim_request.py`). A text answer runs to the client's output
+limit; without one a choice ends at its simulated EOS (a natural length per prompt), or at
+`max_model_len`. JSON and tool calls end where their JSON does.
+
+It also answers embedding requests with SIMULATED vectors (`workers/sim_embed.py`: a hash of each
+input, not a model). An embedding is timed as prefill only: it holds one slot and its prompt's KV
+tokens, joins the next step as `prompt tokens × prefill_s_per_token` of prefill, and finishes
+with that step, decoding nothing.
 """
 
 from __future__ import annotations
@@ -17,14 +29,21 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import math
+import random
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from broker.runtime.tasks import cancel_and_wait
-from workers.engine import Capacity, Engine, EngineOutput, EngineRequest
+from schemas.frames import ToolCallDelta
+from schemas.openai import ChatBody, EmbeddingBody
+from workers.engine import Capacity, Engine, EngineOutput, EngineRequest, UnsupportedRequest
+from workers.sim_embed import accept_embedding
+from workers.sim_output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
+from workers.sim_request import SimRequest, accept
 
 # NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 989 TFLOPS dense BF16, 1,979 TFLOPS dense FP8, 80 GB.
 _H100_BW, _H100_BF16, _H100_FP8, _H100_MEM = 3.35e12, 989e12, 1979e12, 80e9
@@ -70,33 +89,62 @@ PROFILES: dict[str, SimProfile] = {
     "zero": SimProfile("zero", 0.0, 0.0, 0.0, 4096, 1 << 40, "no delays: overhead measurements only"),
 }
 
-_WORDS = ("Laneway ", "streams ", "simulated ", "tokens ", "from ", "a ", "modelled ", "GPU ",
-          "engine ", "with ", "continuous ", "batching. ")
+@dataclass(eq=False)
+class _Req:
+    """One request: its choices' outputs go through one buffer to its `generate()` stream."""
+
+    request: EngineRequest
+    sim: SimRequest
+    order: int
+    mean: float                       # the SIMULATED mean logprob of this prompt
+    top: int | None                   # top logprobs asked for per token; None: no logprobs
+    choices: list[_Seq] = field(default_factory=list)
+    open: int = 0                     # choices not finished
+    reserve: int = 0                  # KV tokens held: the prompt, once (choices share its prefix)
+    prefilled: bool = False
+    done: bool = False
+    buffer: deque[EngineOutput] = field(default_factory=deque)
+    waiter: asyncio.Future[None] | None = None
+    vectors: list[bytes] | None = None   # an embedding request's SIMULATED answer
+    stops: list[str] = field(default_factory=list)   # the body's, read once (not per token)
+
+    def push(self, out: EngineOutput) -> None:
+        if not (out.finish_reason is None and self._merged(out)):
+            self.buffer.append(out)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _merged(self, out: EngineOutput) -> bool:
+        """The consumer lags: fold the delta into its choice's pending one, as vLLM DELTA does."""
+        last = next((o for o in reversed(self.buffer) if o.index == out.index), None)
+        if last is None or last.finish_reason is not None or bool(last.tool_calls) != bool(out.tool_calls):
+            return False
+        if out.tool_calls:
+            call, more = last.tool_calls[-1], out.tool_calls[0]
+            if more.index == call.index and not more.id:
+                call.arguments += more.arguments
+            else:
+                last.tool_calls.append(more)
+        last.text += out.text
+        last.token_ids.extend(out.token_ids)
+        last.logprobs.extend(out.logprobs)
+        last.confidence.extend(out.confidence)
+        return True
 
 
 @dataclass(eq=False)
 class _Seq:
-    request: EngineRequest
-    prompt_tokens: int
-    reserve: int                      # KV tokens held: prompt + max_tokens (worst case)
-    order: int
-    produced: int = 0
-    text: str = ""
-    logprob: float = 0.0
-    done: bool = False
-    buffer: deque[EngineOutput] = field(default_factory=deque)
-    waiter: asyncio.Future[None] | None = None
+    """One choice: a sequence that holds an engine slot and KV tokens while it runs."""
 
-    def push(self, out: EngineOutput) -> None:
-        if self.buffer and self.buffer[-1].finish_reason is None and out.finish_reason is None:
-            last = self.buffer[-1]          # the consumer lags: merge deltas, as vLLM DELTA does
-            last.text += out.text
-            last.token_ids.extend(out.token_ids)
-            last.logprobs.extend(out.logprobs)
-        else:
-            self.buffer.append(out)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+    req: _Req
+    index: int
+    answer: Answer
+    reserve: int                      # KV tokens for its output: the limit (worst case) or its length
+    rng: random.Random                # the logprobs' randomness
+    produced: int = 0
+    text: str = ""                    # content generated so far
+    sent: int = 0                     # characters of `text` already streamed
+    finish: str | None = None
 
 
 class SimEngine(Engine):
@@ -104,15 +152,18 @@ class SimEngine(Engine):
     supports_logprobs = True
 
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
-                 max_seqs: int | None = None, kv_tokens: int | None = None) -> None:
+                 max_seqs: int | None = None, kv_tokens: int | None = None,
+                 max_model_len: int = 8192) -> None:
         self.profile = profile
         self.model = model or f"sim/{profile.name}"
         self.speed = speed                  # >1 runs the same model faster (tests)
         self.max_seqs = max_seqs or profile.max_seqs
         self.kv_tokens = kv_tokens or profile.kv_tokens
-        self._waiting: list[tuple[int, int, _Seq]] = []
-        self._running: dict[str, _Seq] = {}
-        self._seqs: dict[str, _Seq] = {}
+        self.max_model_len = max_model_len  # prompt + output, per sequence
+        self._waiting: list[tuple[int, int, int, _Seq]] = []
+        self._running: dict[_Seq, None] = {}
+        self._reqs: dict[str, _Req] = {}
+        self._held = 0                      # sequences (choices) admitted and not finished
         self._reserved = 0
         self._order = itertools.count()
         self._wake = asyncio.Event()
@@ -126,50 +177,90 @@ class SimEngine(Engine):
     async def cleanup(self) -> None:
         task, self._loop_task = self._loop_task, None
         await cancel_and_wait(task)
-        for seq in list(self._seqs.values()):
-            self._finish(seq, "abort")
+        for req in list(self._reqs.values()):
+            self._end(req, "abort")
 
     def capacity(self) -> Capacity:
         running: dict[str, int] = {}
-        for seq in self._seqs.values():
-            running[seq.request.klass] = running.get(seq.request.klass, 0) + 1
+        for req in self._reqs.values():
+            running[req.request.klass] = running.get(req.request.klass, 0) + req.open
         return Capacity(total_slots=self.max_seqs,
-                        free_slots=max(0, self.max_seqs - len(self._seqs)),
+                        free_slots=max(0, self.max_seqs - self._held),
                         token_budget=max(0, self.kv_tokens - self._reserved),
                         running=running)
 
     def num_running(self) -> int:
-        return len(self._seqs)
+        """Sequences held: every unfinished choice of every request, waiting or decoding."""
+        return self._held
 
     async def abort(self, request_id: str) -> None:
-        seq = self._seqs.get(request_id)
-        if seq is not None:
-            self._finish(seq, "abort")
+        req = self._reqs.get(request_id)
+        if req is not None:
+            self._end(req, "abort")
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        if request.request_id in self._seqs:
+        if request.request_id in self._reqs:
             raise ValueError(f"request {request.request_id} is already running")
-        chars = len(request.prompt) if request.prompt is not None else sum(
-            len(m.content) for m in request.messages)
-        prompt_tokens = max(1, math.ceil(chars / 4))
-        seq = _Seq(request, prompt_tokens, prompt_tokens + request.sampling.max_tokens,
-                   next(self._order), logprob=self.confidence(request) if request.logprobs else 0.0)
-        self._seqs[request.request_id] = seq
-        self._reserved += seq.reserve
-        heapq.heappush(self._waiting, (request.priority, seq.order, seq))
+        req = self._plan(request)
+        self._reqs[request.request_id] = req
+        self._held += req.open
+        self._reserved += req.reserve + sum(seq.reserve for seq in req.choices)
+        for seq in req.choices:
+            heapq.heappush(self._waiting, (request.priority, req.order, seq.index, seq))
         self._wake.set()
         try:
             while True:
-                if not seq.buffer:
-                    seq.waiter = asyncio.get_running_loop().create_future()
-                    await seq.waiter
-                out = seq.buffer.popleft()
+                if not req.buffer:
+                    req.waiter = asyncio.get_running_loop().create_future()
+                    await req.waiter
+                out = req.buffer.popleft()
                 yield out
                 if out.finish_reason is not None:
                     return
         finally:
-            if not seq.done:                # the consumer went away: free the slot
-                self._finish(seq, "abort")
+            if not req.done:                # the consumer went away: free the slots
+                self._end(req, "abort")
+
+    def _plan(self, request: EngineRequest) -> _Req:
+        """Check the request and plan every choice's answer, before any of it is generated."""
+        body, rid = request.body, request.request_id
+        if isinstance(body, EmbeddingBody):
+            return self._plan_embedding(request)
+        sim = accept(request, self.max_model_len)
+        if isinstance(body, ChatBody):
+            top = (body.top_logprobs or 0) if body.logprobs else None
+        else:
+            top = body.logprobs
+        req = _Req(request, sim, next(self._order), self.confidence(request), top,
+                   open=body.choices, reserve=sim.prompt_tokens, stops=[s for s in body.stops if s])
+        # What a real model's sampling depends on: not stops, limits or logprobs, so a shorter
+        # max_tokens or a stop string gives a prefix of the same answer.
+        key = msgspec.json.encode([body.texts(), body.seed, getattr(body, "tools", None),
+                                   getattr(body, "tool_choice", None), getattr(body, "parallel_tool_calls", None),
+                                   getattr(body, "response_format", None)])
+        greedy = body.temperature == 0.0
+        prompt = "".join(body.texts())
+        for i in range(body.choices):
+            rng = choice_rng(key, i, greedy, None if body.deterministic else req.order)
+            try:
+                answer = plan(body, sim, rng, natural_length(prompt, i, greedy))
+            except Unfit as e:
+                raise UnsupportedRequest(rid, e.param, str(e)) from None
+            if sim.ignore_eos or len(answer.pieces) > sim.cap:
+                del answer.pieces[sim.cap:]
+                answer.finish = "length"
+            reserve = sim.cap if sim.limited else len(answer.pieces)
+            req.choices.append(_Seq(req, i, answer, reserve, random.Random(rng.getrandbits(64))))
+        return req
+
+    def _plan_embedding(self, request: EngineRequest) -> _Req:
+        """An embedding: one sequence whose whole cost is its prefill (no output tokens)."""
+        embedding = accept_embedding(request, self.max_model_len)
+        sim = SimRequest(embedding.prompt_tokens, cap=0, limited=True)
+        req = _Req(request, sim, next(self._order), 0.0, None, open=1, reserve=sim.prompt_tokens,
+                   vectors=embedding.vectors)
+        req.choices.append(_Seq(req, 0, Answer([], "stop"), 0, random.Random(0)))
+        return req
 
     # -- the step loop --------------------------------------------------------------------
     async def _run(self) -> None:
@@ -180,50 +271,109 @@ class SimEngine(Engine):
                 await self._wake.wait()
             prefill = 0
             while self._waiting:
-                _, _, seq = self._waiting[0]
-                if seq.done:
+                seq = self._waiting[0][3]
+                if seq.finish is not None:
                     heapq.heappop(self._waiting)
                     continue
                 if len(self._running) >= self.max_seqs:
                     break
                 heapq.heappop(self._waiting)
-                self._running[seq.request.request_id] = seq
-                prefill += seq.prompt_tokens
+                self._running[seq] = None
+                if not seq.req.prefilled:   # one prefill per prompt: the choices share it
+                    seq.req.prefilled = True
+                    prefill += seq.req.sim.prompt_tokens
             step = (prefill * p.prefill_s_per_token + p.decode_base_s
                     + len(self._running) * p.decode_s_per_seq) / self.speed
             await asyncio.sleep(step)
             self.steps += 1
-            for seq in list(self._running.values()):
-                self._decode_one(seq)
+            for seq in list(self._running):
+                if seq.req.vectors is not None:
+                    self._finish_choice(seq, "stop")    # an embedding: done with its prefill
+                else:
+                    self._decode_one(seq)
 
     def confidence(self, request: EngineRequest) -> float:
         """The SIMULATED model's mean token logprob for a request: a stable number per prompt in
         [-2, 0] (a hash, not a model), so the cascade has a signal to act on."""
-        text = request.prompt if request.prompt is not None else "".join(m.content for m in request.messages)
-        return -(zlib.crc32(text.encode()) % 2000) / 1000
+        return -(zlib.crc32("".join(request.body.texts()).encode()) % 2000) / 1000
 
     def _decode_one(self, seq: _Seq) -> None:
-        word = _WORDS[(seq.order + seq.produced) % len(_WORDS)]
+        req, piece = seq.req, seq.answer.pieces[seq.produced]
         seq.produced += 1
-        seq.text += word
-        token_id = 1000 + (seq.order + seq.produced) % len(_WORDS)
-        logprobs = [seq.logprob] if seq.request.logprobs else []
-        stop = next((s for s in seq.request.sampling.stop if s and s in seq.text), None)
-        if stop is not None:
-            seq.push(EngineOutput(word[: max(0, len(word) - len(stop))], [token_id], logprobs=logprobs))
-            self._finish(seq, "stop")
-        elif seq.produced >= seq.request.sampling.max_tokens:
-            seq.push(EngineOutput(word, [token_id], logprobs=logprobs))
-            self._finish(seq, "length")
+        out = EngineOutput("", [piece.token_id], index=seq.index,
+                           confidence=[req.mean] if req.request.confidence else [])
+        if seq.produced == 1 and req.sim.echo:
+            out.text = req.sim.echo
+        finish = seq.answer.finish if seq.produced == len(seq.answer.pieces) else None
+        if piece.call >= 0:
+            out.tool_calls = [ToolCallDelta(piece.call, piece.id, piece.name, piece.text)]
         else:
-            seq.push(EngineOutput(word, [token_id], logprobs=logprobs))
+            if req.top is not None:
+                out.logprobs = [logprob_of(req.mean, piece, req.top, seq.rng)]
+            text, stopped = self._detokenize(seq, piece)
+            out.text += text
+            finish = "stop" if stopped else finish
+        if finish is not None:
+            out.text += seq.text[seq.sent:]         # nothing is held back at the end
+            seq.sent = len(seq.text)
+        req.push(out)
+        if finish is not None:
+            self._finish_choice(seq, finish)
 
-    def _finish(self, seq: _Seq, reason: str) -> None:
-        if seq.done:
+    def _detokenize(self, seq: _Seq, piece: Piece) -> tuple[str, bool]:
+        """The text this token releases, and whether a stop ended the choice. Exact, as vLLM's
+        detokenizer: text that could begin a stop string is held back; a stop cuts the text at
+        its first position and none of it is ever streamed."""
+        sim, stops = seq.req.sim, seq.req.stops
+        before = len(seq.text)
+        seq.text += piece.text
+        if not stops and not sim.stop_token_ids:        # nothing to hold back: every token's text
+            seq.sent = len(seq.text)
+            return piece.text, False
+        checking = seq.produced >= sim.min_tokens       # min_tokens: no stop before it
+        if checking and piece.token_id in sim.stop_token_ids:
+            seq.text = seq.text[:before]
+            return "", True
+        if checking:
+            hits = [(i, s) for s in stops if (i := seq.text.find(s, max(0, before - len(s) + 1))) >= 0]
+            if hits:
+                at, stop = min(hits)
+                end = max(seq.sent, at + len(stop) if sim.include_stop else at)
+                text, seq.text, seq.sent = seq.text[seq.sent:end], seq.text[:end], end
+                return text, True
+        hold = max((n for s in stops for n in range(len(s) - 1, 0, -1)
+                    if seq.text.endswith(s[:n])), default=0)
+        end = max(seq.sent, len(seq.text) - hold)
+        text, seq.sent = seq.text[seq.sent:end], end
+        return text, False
+
+    def _finish_choice(self, seq: _Seq, reason: str) -> None:
+        self._release(seq, reason)
+        if seq.req.open == 0:
+            self._end(seq.req, reason)
+
+    def _release(self, seq: _Seq, reason: str) -> None:
+        """The choice's slot and KV tokens go back."""
+        if seq.finish is not None:
             return
-        seq.done = True
-        self._running.pop(seq.request.request_id, None)
-        self._seqs.pop(seq.request.request_id, None)
+        seq.finish = reason
+        self._running.pop(seq, None)
+        self._held -= 1
         self._reserved -= seq.reserve
-        seq.push(EngineOutput("", [], finish_reason=reason, prompt_tokens=seq.prompt_tokens,
-                              completion_tokens=seq.produced))
+        seq.req.open -= 1
+
+    def _end(self, req: _Req, reason: str) -> None:
+        """The request is over (all its choices finished, or aborted): one last output."""
+        if req.done:
+            return
+        for seq in req.choices:
+            self._release(seq, reason)
+        req.done = True
+        self._reqs.pop(req.request.request_id, None)
+        self._reserved -= req.reserve
+        reasons = [seq.finish or reason for seq in req.choices]
+        req.push(EngineOutput("", [], finish_reason="abort" if reason == "abort" else reasons[0],
+                              prompt_tokens=req.sim.prompt_tokens,
+                              completion_tokens=sum(seq.produced for seq in req.choices),
+                              finish_reasons=reasons if len(reasons) > 1 else [],
+                              vectors=(req.vectors or []) if reason != "abort" else []))

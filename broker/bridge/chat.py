@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions`: authenticate (key → tenant) → parse and validate → subscribe-first
+"""`POST /v1/chat/completions` and `POST /v1/completions`: authenticate (key → tenant) → parse and validate → subscribe-first
 (the edge's one frame subscription exists before any publish) → publish with `Nats-Msg-Id` and
 wait for the PubAck ("accepted") → wait for the first entry → answer. Errors before the first
 token are ordinary HTTP errors; after it they go in-band, then [DONE]. A client that goes away
@@ -7,6 +7,7 @@ turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,8 +19,9 @@ from nats.aio.client import Client
 
 from broker.bridge.errors import EdgeError, from_code, unauthorized
 from broker.bridge.readiness import Readiness
-from broker.bridge.respond import collect_json, stream_sse
+from broker.bridge.respond import Render, collect_json, stream_sse
 from broker.bridge.translate import check_context, param_of, to_generate
+from broker.bridge.render import renderer_for
 from broker.catalogue import Catalogue
 from broker.config import BridgeConfig, Settings
 from broker.demux import REPLY_GRACE_S, Demux, ResponseStream
@@ -28,13 +30,18 @@ from broker.runtime import publish_errors
 from broker.tenants import Tenant, TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.frames import Entry, StreamError
-from schemas.openai import ChatCompletionRequest
+from schemas.frames import Delta, Entry, StreamError
+from schemas.openai import Body
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, msg_id
 
 CLASS_HEADER = "x-laneway-class"
 TIMEOUT_HEADER = "x-laneway-timeout"
+REQUEST_ID_HEADER = "X-Request-Id"
+ANSWER_ID = web.RequestKey("answer_id", str)     # what `x-request-id` answers with
+_PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+Decode = Callable[[bytes], tuple[Body, bytes]]
 
 
 def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
@@ -48,10 +55,13 @@ def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
     return tenant
 
 
-class ChatCompletions:
-    def __init__(self, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
+class Generations:
+    """One OpenAI generation endpoint; `decode` reads its body kind (chat or completion)."""
+
+    def __init__(self, decode: Decode, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
                  catalogue: Catalogue, readiness: Readiness, demux: Demux, metrics: BridgeMetrics,
                  cancel: Callable[[str, str], Awaitable[None]]) -> None:
+        self._decode = decode
         self._nc = nc
         self.edge_id = edge_id
         self.config = config
@@ -65,16 +75,31 @@ class ChatCompletions:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
+        request_id = self._request_id(request)
+        try:
+            response = await self._answer(request, request_id, started)
+        except EdgeError as exc:
+            exc.headers.setdefault(REQUEST_ID_HEADER, request[ANSWER_ID])
+            raise
+        return response
+
+    async def _answer(self, request: web.Request, request_id: str, started: float) -> web.StreamResponse:
         tenant = authenticate(request, self.catalogue.tenants)
-        body = await self._parse(request)
+        body, extra = await self._parse(request)
         klass = self._class_for(request, tenant)
         self._check_model(body.model)
         now = time.time()
-        request_id = self._request_id(request, tenant)
-        generate = to_generate(body, request_id=request_id, tenant=tenant.name, klass=klass,
+        if key := request.headers.get("Idempotency-Key"):
+            request_id = self._idempotent_id(tenant, key)
+        generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
                                reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
                                deadline=self._deadline(request, now))
-        payload = codec.encode(generate)
+        try:
+            payload = codec.encode(generate)
+        except OverflowError:
+            # JSON allows any integer; the msgpack wire carries 64 bits. Typed fields have bounds
+            # and are refused by name already: this is a free-form value (a content part's, say).
+            raise EdgeError(ErrorCode.invalid_request, "an integer in the request does not fit in 64 bits") from None
         if len(payload) > self._nc.max_payload:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
@@ -88,12 +113,17 @@ class ChatCompletions:
             first = entries[0]
             if isinstance(first, StreamError):
                 raise from_code(first.code, first.message, first.param, first.headers)
+            render = self._renderer(request, generate)
+            headers = {REQUEST_ID_HEADER: request[ANSWER_ID],
+                       "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
+            if isinstance(first, Delta):
+                headers.update(first.headers)
             if body.stream:
-                include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                response = await stream_sse(request, stream, generate, entries, include_usage, started,
-                                            self.metrics)
+                response = await stream_sse(request, stream, generate, render, entries, started,
+                                            self.metrics, headers)
             else:
-                response = await collect_json(stream, generate, entries, started, self.metrics)
+                response = await collect_json(stream, generate, render, entries, started, self.metrics,
+                                              headers)
             self.metrics.requests.labels(klass, str(response.status)).inc()
             return response
         finally:
@@ -103,16 +133,20 @@ class ChatCompletions:
             if stream.edge_failed or (published and not stream.closed):
                 await self._cancel(tenant.name, request_id)
 
-    async def _parse(self, request: web.Request) -> ChatCompletionRequest:
+    async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
         body = await request.read()
         try:
-            return codec.decode_chat_request(body)
+            return self._decode(body)
         except codec.ValidationError as exc:
             raise EdgeError(ErrorCode.invalid_request, str(exc), param_of(str(exc))) from None
         except codec.DecodeError as exc:
             raise EdgeError(ErrorCode.invalid_request, f"the body is not valid JSON: {exc}") from None
         except codec.TooDeep as exc:
             raise EdgeError(ErrorCode.invalid_request, str(exc)) from None
+
+    def _renderer(self, request: web.Request, generate: GenerateRequest) -> Render:
+        """How entries become bytes: chat or text completions here; `/v1/responses` overrides it."""
+        return renderer_for(generate)
 
     def _class_for(self, request: web.Request, tenant: Tenant) -> str:
         klass = request.headers.get(CLASS_HEADER, tenant.default_class)
@@ -137,13 +171,20 @@ class ChatCompletions:
             timeout = min(timeout, asked)
         return now + timeout
 
-    def _request_id(self, request: web.Request, tenant: Tenant) -> str:
+    @staticmethod
+    def _request_id(request: web.Request) -> str:
+        """Laneway's id for this request (frames, usage, audit, logs). `x-request-id` answers with
+        the client's own `X-Request-Id` when it sent a printable one, else with this id."""
+        request_id = uuid.uuid4().hex
+        asked = request.headers.get(REQUEST_ID_HEADER, "")
+        request[ANSWER_ID] = asked if _PRINTABLE.match(asked) else request_id
+        return request_id
+
+    @staticmethod
+    def _idempotent_id(tenant: Tenant, key: str) -> str:
         # A client retry that carries the same idempotency key maps to the same request id, so
         # JetStream's dedup window stores it once: exactly one generation.
-        key = request.headers.get("Idempotency-Key")
-        if key:
-            return hashlib.sha256(f"{tenant.name}\0{key}".encode()).hexdigest()[:32]
-        return uuid.uuid4().hex
+        return hashlib.sha256(f"{tenant.name}\0{key}".encode()).hexdigest()[:32]
 
     def _check_model(self, name: str) -> None:
         """Refuse early what the broker would refuse: unknown models, and a models-table pool with

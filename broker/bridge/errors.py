@@ -9,7 +9,7 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
 from schemas.codec import encode_json
 from schemas.errors import ErrorCode
-from schemas.openai import ErrorBody, ErrorResponse
+from schemas.openai_out import ErrorBody, ErrorResponse
 
 # code → (HTTP status, OpenAI error type)
 _STATUS: dict[ErrorCode, tuple[int, str]] = {

@@ -1,75 +1,98 @@
-"""OpenAI chat request → `GenerateRequest`, refusing what Laneway cannot honour by name."""
+"""An OpenAI body → `GenerateRequest`: the body travels whole. The edge checks only what the
+types cannot (cross-field rules OpenAI itself enforces); engines honour or refuse the rest."""
 
 from __future__ import annotations
 
 import re
 
 from broker.bridge.errors import EdgeError
+from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.openai import ChatCompletionRequest, EdgeMessage
-from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
-
-DEFAULT_MAX_TOKENS = 256
+from schemas.openai import Body, ChatBody, CompletionBody
+from schemas.requests import GenerateRequest
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+# vLLM request fields Laneway sets itself: the class decides priority, the tenant scope the
+# prefix-cache salt (so one tenant cannot time another's cached prefixes), the edge the id.
+LANEWAY_OWNED = frozenset({"priority", "cache_salt", "request_id"})
 
 
 def param_of(validation_message: str) -> str | None:
     """msgspec names the failing field as `$.messages[0].role`; OpenAI's `param` is the path."""
     match = _PATH.search(validation_message)
-    return match.group(1) or None if match else None
+    path = match.group(1) if match else ""
+    missing = _MISSING.search(validation_message)
+    if missing:     # the field that is missing, under the object that misses it
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
-def _content(index: int, message: EdgeMessage) -> str:
-    if message.content is None:
-        return ""
-    if isinstance(message.content, str):
-        return message.content
-    texts = []
-    for part in message.content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise EdgeError(ErrorCode.invalid_request, "only text content parts are supported",
-                            f"messages[{index}].content")
-        texts.append(part["text"])
-    return "".join(texts)
+def _invalid(message: str, param: str) -> EdgeError:
+    return EdgeError(ErrorCode.invalid_request, message, param)
 
 
-def _refuse_unsupported(req: ChatCompletionRequest) -> None:
-    if req.presence_penalty not in (None, 0, 0.0):
-        raise EdgeError(ErrorCode.invalid_request, "presence_penalty is not supported", "presence_penalty")
-    if req.frequency_penalty not in (None, 0, 0.0):
-        raise EdgeError(ErrorCode.invalid_request, "frequency_penalty is not supported", "frequency_penalty")
-    if req.logprobs:
-        raise EdgeError(ErrorCode.invalid_request, "logprobs are not supported", "logprobs")
-    if req.tools:
-        raise EdgeError(ErrorCode.invalid_request, "tools are not supported", "tools")
-    if req.response_format not in (None, {"type": "text"}):
-        raise EdgeError(ErrorCode.invalid_request, "only the text response_format is supported",
-                        "response_format")
+def check_chat(body: ChatBody) -> None:
+    """The rules OpenAI's API enforces across fields."""
+    names = body.tool_names()
+    choice = body.tool_choice
+    if choice is not None and choice != "none" and not body.tools:
+        raise _invalid("tool_choice is only allowed when tools are specified", "tool_choice")
+    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
+        raise _invalid(f"tool_choice names {choice.function.name!r}, which is not in tools", "tool_choice")
+    if len(names) != len(body.tools or ()):
+        raise _invalid("tool function names must be unique", "tools")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise _invalid("top_logprobs requires logprobs to be true", "top_logprobs")
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.schema is None):
+        raise _invalid("response_format json_schema needs json_schema.schema", "response_format.json_schema")
+    for i, message in enumerate(body.messages):
+        if message.role == "tool" and not message.tool_call_id:
+            raise _invalid("a tool message needs the tool_call_id it answers", f"messages[{i}].tool_call_id")
+        if message.tool_calls and message.role != "assistant":
+            raise _invalid("only assistant messages carry tool_calls", f"messages[{i}].tool_calls")
 
 
-def to_generate(req: ChatCompletionRequest, *, request_id: str, tenant: str, klass: str,
+def check_completion(body: CompletionBody) -> None:
+    if body.best_of is not None and body.best_of < body.choices:
+        raise _invalid("best_of must be at least n", "best_of")
+
+
+def without_owned(extra: bytes) -> bytes:
+    """Drop the fields Laneway sets from the client's extra members."""
+    members = codec.extra_members(extra)
+    if not LANEWAY_OWNED & members.keys():
+        return extra
+    kept = {k: v for k, v in members.items() if k not in LANEWAY_OWNED}
+    return codec.encode_json(kept) if kept else b""
+
+
+def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass: str,
                 reply_to: str, now: float, deadline: float) -> GenerateRequest:
-    _refuse_unsupported(req)
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    sampling = SamplingParams(
-        max_tokens=req.max_completion_tokens or req.max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        stop=stop,
-        seed=req.seed,
-    )
-    messages = [ChatMessage(role=m.role, content=_content(i, m)) for i, m in enumerate(req.messages)]
-    return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=req.model,
-                           reply_to=reply_to, created_at=now, deadline=deadline,
-                           messages=messages, sampling=sampling, stream=req.stream)
+    chat = completion = embedding = None
+    if isinstance(body, ChatBody):
+        check_chat(body)
+        chat = body
+    elif isinstance(body, CompletionBody):
+        check_completion(body)
+        completion = body
+    else:
+        if problem := body.check():
+            raise _invalid(problem, "input")
+        embedding = body
+    return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
+                           reply_to=reply_to, created_at=now, deadline=deadline, chat=chat,
+                           completion=completion, embedding=embedding, extra=without_owned(extra))
 
 
 def check_context(generate: GenerateRequest, max_context_tokens: int) -> None:
     """Refuse, before anything is stored, a prompt that leaves the model no room to answer. The
     count is the estimate quotas use (~4 characters a token); engines check the exact count."""
     prompt = generate.estimated_prompt_tokens()
+    field = "messages" if generate.chat is not None else "input" if generate.embedding else "prompt"
     if prompt >= max_context_tokens:
         raise EdgeError(ErrorCode.context_length_exceeded,
-                        f"this model's context is {max_context_tokens} tokens; the messages are about "
-                        f"{prompt} tokens", "messages")
+                        f"this model's context is {max_context_tokens} tokens; the {field} are about "
+                        f"{prompt} tokens", field)

@@ -1,18 +1,20 @@
 """Stage 3 of the gate: an exact-match response cache for deterministic requests.
 
 Only a request whose answer is a function of its input is cached: temperature 0, or a fixed
-seed (`SamplingParams.deterministic`). The key is the SHA-256 of, in a fixed msgpack layout:
+seed (`Sampling.deterministic`). The key is the SHA-256 of, in a fixed msgpack layout:
   - the tenant scope: `t:<tenant>`, or `g:<group>` when the tenant is configured into a share
     group (`CacheScope`); the prefixes keep a tenant and a group of the same name apart;
   - the logical model AND the resolved model version, so a new model misses;
-  - the messages AFTER redaction (or the prompt): what the engine sees, so the cache is never
-    keyed on raw PII, and two prompts that redact alike share an answer the engine produced
-    from that same redacted text;
-  - every sampling parameter (max_tokens, temperature, top_p, stop, seed).
+  - the whole OpenAI body AFTER redaction, as the engine gets it (messages or prompt, tools,
+    tool_choice, response_format, n, logprobs, every sampling field) and its verbatim extra
+    fields; only `stream`, `stream_options` and `user` are left out, as they change the
+    framing, not the answer. So the cache is never keyed on raw PII, and two prompts that
+    redact alike share an answer the engine produced from that same redacted text.
 Normalizing means a canonical encoding only; text is not rewritten (that would change answers).
 
 Entries live in the KV bucket `lw_cache` whose bucket-level TTL expires them. A hit is replayed
-through `replay_entries` as ordinary Delta + Finished entries, so a client sees a normal stream.
+through `replay_entries` as the Delta entries the engine produced (tool calls, logprobs and
+choices included) and a Finished, so a client sees a normal stream.
 The cache is an optimization: a failed lookup is a miss and a failed store is only logged.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import msgspec
 import nats.errors
@@ -31,13 +33,14 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from schemas.frames import Delta, Entry, Finished, TokenUsage
-from schemas.requests import ChatMessage, SamplingParams, Token
+from schemas.openai import Body, EmbeddingBody
+from schemas.requests import Token
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.cache")
 
 CACHE_BUCKET = "cache"
-KEY_VERSION = 1            # bump to orphan every entry when the key layout changes
+KEY_VERSION = 2            # bump to orphan every entry when the key layout changes
 
 
 class CacheScope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -50,33 +53,42 @@ class CacheScope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return f"g:{group}" if group is not None else f"t:{tenant}"
 
 
+def prefix_salt(scope: str) -> str:
+    """The engine prefix-cache salt for a tenant scope (vLLM's `cache_salt`): tenants who share
+    answers share prefixes; anyone else gets a separate cache, so one tenant cannot learn from
+    timing whether another's prompt prefix is cached."""
+    return hashlib.sha256(f"laneway-prefix\0{scope}".encode()).hexdigest()[:24]
+
+
 class CachedResponse(msgspec.Struct, array_like=True, gc=False):
-    text: str
+    deltas: list[Delta]         # as the engine produced them (ids and seqs are re-stamped on replay)
     prompt_tokens: int
     completion_tokens: int
-    finish_reason: str          # "stop" | "length"
+    finish_reason: str          # "stop" | "length" | "tool_calls"
     served_model: str = ""      # the real model that produced it
     created_at: float = 0.0
+    finish_reasons: list[str] = []
+    vectors: list[bytes] = []   # an embedding's answer
+
+    @property
+    def text(self) -> str:
+        return "".join(d.text for d in self.deltas)
 
 
-CACHEABLE_FINISH = ("stop", "length")
+CACHEABLE_FINISH = ("stop", "length", "tool_calls")
 
 _key_encoder = msgspec.msgpack.Encoder()
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(CachedResponse).decode
 
 
-def cache_key(scope: str, model: str, model_version: str, messages: Sequence[ChatMessage],
-              prompt: str | None, sampling: SamplingParams) -> str | None:
+def cache_key(scope: str, model: str, model_version: str, body: Body, extra: bytes) -> str | None:
     """The entry's key, or None when the request must not be cached (not deterministic)."""
-    if not sampling.deterministic:
+    if not body.deterministic:
         return None
-    layout = (
-        KEY_VERSION, scope, model, model_version,
-        [(m.role, m.content) for m in messages], prompt,
-        (sampling.max_tokens, float(sampling.temperature), float(sampling.top_p),
-         list(sampling.stop), sampling.seed),
-    )
+    framing = {} if isinstance(body, EmbeddingBody) else {"stream": False, "stream_options": None}
+    answer_fields = msgspec.structs.replace(body, user=None, **framing)
+    layout = (KEY_VERSION, scope, model, model_version, answer_fields, extra)
     return hashlib.sha256(_key_encoder.encode(layout)).hexdigest()
 
 
@@ -113,10 +125,9 @@ class ResponseCache:
                    replicas: int = 1) -> "ResponseCache":
         return cls(await ensure_cache_bucket(js, s, ttl_s, replicas), scope)
 
-    def key(self, tenant: str, model: str, model_version: str, messages: Sequence[ChatMessage],
-            prompt: str | None, sampling: SamplingParams) -> str | None:
+    def key(self, tenant: str, model: str, model_version: str, body: Body, extra: bytes) -> str | None:
         """Key for a request as it will reach the engine (already redacted); None: not cacheable."""
-        return cache_key(self.scopes.scope(tenant), model, model_version, messages, prompt, sampling)
+        return cache_key(self.scopes.scope(tenant), model, model_version, body, extra)
 
     async def lookup(self, key: str | None) -> CachedResponse | None:
         if key is None:
@@ -153,29 +164,16 @@ class ResponseCache:
         return True
 
 
-def chunk_text(text: str, chunk_chars: int = 32) -> list[str]:
-    """Split at whitespace into pieces of about `chunk_chars`; `"".join` gives `text` back."""
-    if not text:
-        return []
-    pieces: list[str] = []
-    start = 0
-    while start < len(text):
-        end = min(len(text), start + chunk_chars)
-        if end < len(text):
-            space = text.rfind(" ", start + 1, end + 1)
-            if space > start:
-                end = space
-        pieces.append(text[start:end])
-        start = end
-    return pieces
-
-
-def replay_entries(cached: CachedResponse, request_id: str, attempt: int, chunk_chars: int = 32) -> list[Entry]:
-    """A cache hit as the entries a worker would have sent: Deltas with seq 0..n-1, then Finished."""
-    entries: list[Entry] = [Delta(request_id, attempt, seq, piece)
-                            for seq, piece in enumerate(chunk_text(cached.text, chunk_chars))]
+def replay_entries(cached: CachedResponse, request_id: str, attempt: int,
+                   headers: dict[str, str] | None = None) -> list[Entry]:
+    """A cache hit as the entries a worker would have sent: Deltas with seq 0..n-1 (the first
+    with the client's `headers`), then Finished."""
+    entries: list[Entry] = [msgspec.structs.replace(d, request_id=request_id, attempt=attempt, seq=seq,
+                                                    headers=(headers or {}) if seq == 0 else {})
+                            for seq, d in enumerate(cached.deltas)]
     entries.append(Finished(request_id, attempt, len(entries), cached.finish_reason,
-                            TokenUsage(cached.prompt_tokens, cached.completion_tokens), cached.served_model))
+                            TokenUsage(cached.prompt_tokens, cached.completion_tokens), cached.served_model,
+                            cached.finish_reasons, cached.vectors))
     return entries
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.config import LogicalModel
 from broker.gate.cache import CachedResponse, ResponseCache
@@ -43,6 +43,7 @@ class Admission:
     cache_key: str | None = None
     served_model: str = ""              # the model the chosen pool runs now (part of the key)
     hit: CachedResponse | None = None
+    headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* for the client's answer
 
 
 @dataclass(slots=True)
@@ -76,11 +77,11 @@ class Gate:
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)
         check_class(klass, tenant_doc)
-        await self._charge(request, tenant, attempt, tenant_doc)
+        headers = await self._charge(request, tenant, attempt, tenant_doc)
         try:
             request = await self._pii(request, tenant, tenant_doc)
             decision = route(request, routing.models, routing.rules, routing.health)
-            admission = Admission(request, decision)
+            admission = Admission(request, decision, headers=headers)
             await self._lookup(admission, tenant, routing)
             return admission
         except Refusal:
@@ -89,9 +90,10 @@ class Gate:
 
     # -- quota ------------------------------------------------------------------------------
     async def _charge(self, request: GenerateRequest, tenant: str, attempt: int,
-                      tenant_doc: Tenant | None) -> None:
+                      tenant_doc: Tenant | None) -> dict[str, str]:
+        """Charge the tenant's quotas; the `x-ratelimit-*` headers that tell where it stands."""
         if self.quota is None or self.ledger.get(tenant, request.request_id) is not None:
-            return   # no quotas here, or already charged (a redelivery to this replica)
+            return {}   # no quotas here, or already charged (a redelivery to this replica)
         policy = tenant_doc.quota if tenant_doc else QuotaPolicy()
         try:
             # A redelivered request was accepted long ago, and an escalated one was accepted by
@@ -101,6 +103,7 @@ class Gate:
         except QuotaExceeded as exc:
             raise Refusal(ErrorCode(exc.code), exc.message, None, rate_limit_headers(exc)) from None
         self.ledger.hold(tenant, request.request_id, grant, request.deadline)
+        return rate_limit_headers(grant)
 
     async def release(self, tenant: str, request_id: str, tokens: int) -> None:
         """The request ended (refused, cancelled, finished): give back what it held."""
@@ -150,12 +153,12 @@ class Gate:
     # -- cache ------------------------------------------------------------------------------
     async def _lookup(self, admission: Admission, tenant: str, routing: Routing) -> None:
         request = admission.request
-        if self.cache is None or not request.sampling.deterministic:
+        if self.cache is None or not request.body.deterministic:
             return
         served = routing.pool_models.get(admission.decision.pool, "")
         if not served:
             return   # no worker has said what it runs yet: a version-less key could go stale
         admission.served_model = served
         admission.cache_key = self.cache.key(tenant, request.model, f"{admission.decision.pool}:{served}",
-                                             request.messages, request.prompt, request.sampling)
+                                             request.body, request.extra)
         admission.hit = await self.cache.lookup(admission.cache_key)

@@ -82,6 +82,13 @@ class StreamGate(Generic[T]):
         self._logprobs.extend(logprobs)
         return self._settle(decide(self._logprobs, self.settings))
 
+    def commit(self) -> list[T]:
+        """Keep this stream whatever its confidence (it started a tool call: escalating now
+        would split the call between two models); releases what was held."""
+        if self.verdict is Verdict.PENDING:
+            return self._settle(Verdict.ACCEPT)
+        return []
+
     def finish(self) -> list[T]:
         """The small stream ended; decide on what it produced (short answers end early)."""
         if self.verdict is Verdict.PENDING:

@@ -123,12 +123,13 @@ def predict(prompt: str) -> tuple[str, float]:
 def prompt_text(request: GenerateRequest) -> str:
     """What the intent is judged on: the latest user turn (earlier turns are context, and the
     system prompt is the application's, not the ask)."""
-    if request.prompt is not None:
-        return request.prompt
-    for message in reversed(request.messages):
+    if request.chat is None:
+        return request.body.texts()[0]
+    messages = request.chat.messages
+    for message in reversed(messages):
         if message.role == "user":
-            return message.content
-    return request.messages[-1].content if request.messages else ""
+            return message.text
+    return messages[-1].text
 
 
 def intent_of(request: GenerateRequest) -> str:

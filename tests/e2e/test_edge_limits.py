@@ -92,7 +92,7 @@ async def test_deep_json_is_a_400_with_no_traceback(stack, http, caplog, where):
 async def test_nesting_within_the_limit_is_decoded(http):
     # Decoded, then refused for what it says, not for its depth.
     status, payload = await post(http, chat(f', "response_format": {nested(MAX_JSON_DEPTH - 1)}'))
-    assert status == 400 and openai_error(payload)["param"] == "response_format"
+    assert status == 400 and openai_error(payload)["param"].startswith("response_format")
 
 
 @pytest.mark.parametrize("field, value", [

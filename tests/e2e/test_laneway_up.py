@@ -57,6 +57,15 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert len(text.split()) == 8
         await client.close()
+        # The openai example the banner prints runs as printed.
+        example = banner.decode().split("Or with the openai client")[1].split("\n", 1)[1]
+        example = example.split("\n\nCtrl-C")[0].strip()
+        python, code = example.split(" -c ", 1)
+        ran = await asyncio.create_subprocess_exec(python, "-c", code.strip('"'),
+                                                   stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.STDOUT)
+        printed, _ = await asyncio.wait_for(ran.communicate(), 60)
+        assert ran.returncode == 0 and printed.strip(), printed.decode()
         assert len(processes_mentioning(str(data_dir))) >= 1   # nats-server with its store
     finally:
         if proc.returncode is None:

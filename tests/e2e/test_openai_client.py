@@ -4,23 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import openai
-import pytest
 
-from loadtest.stack import Stack, demo_settings
-
-KEY = "sk-test-demo-key"
-
-
-@pytest.fixture(scope="module")
-async def stack(nats_server):
-    async with Stack(nats_server.url, demo_settings(KEY)) as s:
-        yield s
-
-
-@pytest.fixture
-def client(stack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
 
 
 async def test_streaming_chat(client):

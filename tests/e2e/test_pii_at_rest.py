@@ -14,8 +14,9 @@ import pytest
 from broker.policy.pii import DEFAULT_ACTIONS, Action
 from loadtest.processes import LanewayUp
 from schemas import codec
-from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
+from schemas.requests import GenerateRequest
 from schemas.work import Credit
+from tests.requests import chat as chat_body
 from tests.wait import eventually
 
 pytest.importorskip("presidio_analyzer", reason="the PII stage needs the pii extra")
@@ -105,7 +106,7 @@ async def stop_with_one_waiting(up: LanewayUp) -> None:
         now = time.time()
         request = GenerateRequest(request_id="left-waiting", tenant="demo", klass="batch", model="laneway-sim",
                                   reply_to="lw.tok.demo.nobody", created_at=now, deadline=now + 600,
-                                  messages=[ChatMessage("user", DOCUMENT)], sampling=SamplingParams(stop=STOPS[1]))
+                                  chat=chat_body(DOCUMENT, max_tokens=256, stop=STOPS[1]))
         await nc.jetstream().publish("lw.req.batch.demo", codec.encode(request))
     finally:
         await nc.close()

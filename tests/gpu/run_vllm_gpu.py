@@ -23,9 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run from a plain checkout
 
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.openai import ChatBody, Message
 from workers.engine import EngineRequest
-from workers.vllm_engine import VllmConfig, VllmEngine
+from workers.vllm_config import VllmConfig
+from workers.vllm_engine import VllmEngine
 
 PROMPTS = [
     "What is the capital of France?",
@@ -42,10 +43,9 @@ PROMPTS = [
 async def one_stream(engine: VllmEngine, i: int, max_tokens: int) -> dict[str, float]:
     request = EngineRequest(
         request_id=f"bench-{i}-{time.monotonic_ns()}",
-        messages=[ChatMessage(role="user", content=PROMPTS[i % len(PROMPTS)])],
-        prompt=None,
-        # ignore_eos is not in the wire contract; a high temperature keeps replies long enough.
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i),
+        # A high temperature keeps replies long enough (without vLLM's ignore_eos in `extra`).
+        body=ChatBody(model=engine.model, messages=[Message(role="user", content=PROMPTS[i % len(PROMPTS)])],
+                      max_tokens=max_tokens, temperature=0.8, seed=i),
     )
     t0 = time.perf_counter()
     ttft = None
@@ -88,9 +88,9 @@ async def main() -> int:
     try:
         # A greedy answer first: a sanity check, and first-request effects out of the figures.
         answer = "".join([o.text async for o in engine.generate(EngineRequest(
-            request_id="france", prompt=None,
-            messages=[ChatMessage(role="user", content="What is the capital of France?")],
-            sampling=SamplingParams(max_tokens=32, temperature=0.0)))])
+            request_id="france",
+            body=ChatBody(model=engine.model, messages=[Message(role="user", content="What is the capital of France?")],
+                          max_tokens=32, temperature=0.0)))])
         print(f"France? {answer!r}", flush=True)
         single = await round_(engine, 1, args.max_tokens)
         print(f"1 stream : {single}", flush=True)

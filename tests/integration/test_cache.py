@@ -9,18 +9,33 @@ import nats
 import pytest
 
 from broker.gate.cache import (
-    CachedResponse, CacheScope, ResponseCache, chunk_text, ensure_cache_bucket, parse_scope, replay_entries,
+    CachedResponse, CacheScope, ResponseCache, ensure_cache_bucket, parse_scope, replay_entries,
 )
-from schemas.frames import Delta, Finished
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.frames import Delta, Finished, ToolCallDelta
+from schemas.openai import ChatBody, CompletionBody, Message
 from schemas.subjects import Subjects
+from tests.requests import chat
 from tests.wait import eventually
 
 _prefixes = count()
-GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
-MESSAGES = [ChatMessage("system", "You are terse."), ChatMessage("user", "My SSN is <US_SSN>. Summarize.")]
-ANSWER = CachedResponse("You shared an identifier; I will not repeat it. Summary: none needed.",
-                        prompt_tokens=17, completion_tokens=15, finish_reason="stop", served_model="llama-8b@r2")
+MESSAGES = [Message("system", "You are terse."), Message("user", "My SSN is <US_SSN>. Summarize.")]
+
+
+def body(messages: list[Message] = MESSAGES, max_tokens: int = 64, temperature: float = 0.0, **fields) -> ChatBody:
+    return chat(*messages, model="chat", max_tokens=max_tokens, temperature=temperature, **fields)
+
+
+GREEDY = body()
+ANSWER_TEXT = "You shared an identifier; I will not repeat it. Summary: none needed."
+
+
+def deltas_of(text: str, chunk_chars: int = 16) -> list[Delta]:
+    """The answer as an engine streamed it: pieces of about `chunk_chars`, ids to be re-stamped."""
+    return [Delta("orig", 0, i, text[at:at + chunk_chars]) for i, at in enumerate(range(0, len(text), chunk_chars))]
+
+
+ANSWER = CachedResponse(deltas_of(ANSWER_TEXT), prompt_tokens=17, completion_tokens=15, finish_reason="stop",
+                        served_model="llama-8b@r2")
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +51,12 @@ async def open_cache(nc, scope: CacheScope | None = None, ttl_s: float = 3600) -
 
 async def test_hit_replays_the_same_text(nc) -> None:
     cache = await open_cache(nc)
-    key = cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY)
+    key = cache.key("acme", "chat", "r2", GREEDY, b"")
     assert await cache.lookup(key) is None
     assert await cache.store(key, ANSWER)
-    hit = await cache.lookup(cache.key("acme", "chat", "r2", list(MESSAGES), None, GREEDY))
+    hit = await cache.lookup(cache.key("acme", "chat", "r2", body(list(MESSAGES)), b""))
     assert hit is not None and hit.text == ANSWER.text and hit.completion_tokens == 15
-    entries = replay_entries(hit, "req-1", attempt=1, chunk_chars=16)
+    entries = replay_entries(hit, "req-1", attempt=1)
     deltas = [e for e in entries if isinstance(e, Delta)]
     assert len(deltas) > 3 and "".join(d.text for d in deltas) == ANSWER.text
     assert [e.seq for e in entries] == list(range(len(entries)))
@@ -53,66 +68,65 @@ async def test_hit_replays_the_same_text(nc) -> None:
 
 async def test_no_cross_tenant_hit(nc) -> None:
     cache = await open_cache(nc)
-    await cache.store(cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY), ANSWER)
-    assert await cache.lookup(cache.key("globex", "chat", "r2", MESSAGES, None, GREEDY)) is None
+    await cache.store(cache.key("acme", "chat", "r2", GREEDY, b""), ANSWER)
+    assert await cache.lookup(cache.key("globex", "chat", "r2", GREEDY, b"")) is None
 
 
 async def test_changed_model_version_misses(nc) -> None:
     cache = await open_cache(nc)
-    await cache.store(cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY), ANSWER)
-    assert await cache.lookup(cache.key("acme", "chat", "r3", MESSAGES, None, GREEDY)) is None
-    assert await cache.lookup(cache.key("acme", "chat-large", "r2", MESSAGES, None, GREEDY)) is None
+    await cache.store(cache.key("acme", "chat", "r2", GREEDY, b""), ANSWER)
+    assert await cache.lookup(cache.key("acme", "chat", "r3", GREEDY, b"")) is None
+    assert await cache.lookup(cache.key("acme", "chat-large", "r2", GREEDY, b"")) is None
 
 
 async def test_share_group_hits_only_when_configured(nc) -> None:
     scope = parse_scope({"acme": "corp", "acme-eu": "corp"})
     cache = await open_cache(nc, scope)
-    await cache.store(cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY), ANSWER)
-    assert (await cache.lookup(cache.key("acme-eu", "chat", "r2", MESSAGES, None, GREEDY))).text == ANSWER.text
-    assert await cache.lookup(cache.key("globex", "chat", "r2", MESSAGES, None, GREEDY)) is None
+    await cache.store(cache.key("acme", "chat", "r2", GREEDY, b""), ANSWER)
+    assert (await cache.lookup(cache.key("acme-eu", "chat", "r2", GREEDY, b""))).text == ANSWER.text
+    assert await cache.lookup(cache.key("globex", "chat", "r2", GREEDY, b"")) is None
     # a tenant that happens to be named like the group is still not in it
-    assert await cache.lookup(cache.key("corp", "chat", "r2", MESSAGES, None, GREEDY)) is None
+    assert await cache.lookup(cache.key("corp", "chat", "r2", GREEDY, b"")) is None
 
 
 async def test_non_deterministic_requests_are_never_cached(nc) -> None:
     cache = await open_cache(nc)
-    sampled = SamplingParams(max_tokens=64, temperature=0.7)
-    key = cache.key("acme", "chat", "r2", MESSAGES, None, sampled)
+    sampled = body(temperature=0.7)
+    key = cache.key("acme", "chat", "r2", sampled, b"")
     assert key is None
     assert not await cache.store(key, ANSWER) and await cache.lookup(key) is None
-    seeded = SamplingParams(max_tokens=64, temperature=0.7, seed=42)
-    await cache.store(cache.key("acme", "chat", "r2", MESSAGES, None, seeded), ANSWER)
-    assert await cache.lookup(cache.key("acme", "chat", "r2", MESSAGES, None, seeded)) is not None
-    other_seed = SamplingParams(max_tokens=64, temperature=0.7, seed=43)
-    assert await cache.lookup(cache.key("acme", "chat", "r2", MESSAGES, None, other_seed)) is None
+    seeded = body(temperature=0.7, seed=42)
+    await cache.store(cache.key("acme", "chat", "r2", seeded, b""), ANSWER)
+    assert await cache.lookup(cache.key("acme", "chat", "r2", seeded, b"")) is not None
+    other_seed = body(temperature=0.7, seed=43)
+    assert await cache.lookup(cache.key("acme", "chat", "r2", other_seed, b"")) is None
 
 
-@pytest.mark.parametrize("change", [
-    {"sampling": SamplingParams(max_tokens=65, temperature=0.0)},
-    {"sampling": SamplingParams(max_tokens=64, temperature=0.0, stop=["\n"])},
-    {"messages": [ChatMessage("user", "My SSN is <US_SSN>. Summarize."), ChatMessage("system", "You are terse.")]},
-    {"messages": [ChatMessage("system", "You are terse."), ChatMessage("assistant", "My SSN is <US_SSN>. Summarize.")]},
-    {"messages": [], "prompt": "You are terse.My SSN is <US_SSN>. Summarize."},
+@pytest.mark.parametrize("changed", [
+    body(max_tokens=65),
+    body(stop=["\n"]),
+    body([Message("user", "My SSN is <US_SSN>. Summarize."), Message("system", "You are terse.")]),
+    body([Message("system", "You are terse."), Message("assistant", "My SSN is <US_SSN>. Summarize.")]),
+    CompletionBody(model="chat", prompt="You are terse.My SSN is <US_SSN>. Summarize.", max_tokens=64,
+                   temperature=0.0),
 ])
-async def test_any_input_change_misses(nc, change) -> None:
+async def test_any_input_change_misses(nc, changed) -> None:
     cache = await open_cache(nc)
-    await cache.store(cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY), ANSWER)
-    args = {"messages": MESSAGES, "prompt": None, "sampling": GREEDY} | change
-    assert await cache.lookup(cache.key("acme", "chat", "r2", args["messages"], args["prompt"],
-                                        args["sampling"])) is None
+    await cache.store(cache.key("acme", "chat", "r2", GREEDY, b""), ANSWER)
+    assert await cache.lookup(cache.key("acme", "chat", "r2", changed, b"")) is None
 
 
 async def test_unfinished_answers_are_not_stored(nc) -> None:
     cache = await open_cache(nc)
-    key = cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY)
-    cut = CachedResponse("partial", 17, 2, "cancelled")
+    key = cache.key("acme", "chat", "r2", GREEDY, b"")
+    cut = CachedResponse(deltas_of("partial"), 17, 2, "cancelled")
     assert not await cache.store(key, cut) and await cache.lookup(key) is None
 
 
 async def test_entries_expire_with_the_bucket_ttl(nc) -> None:
     s = Subjects(f"c{next(_prefixes)}")
     cache = ResponseCache(await ensure_cache_bucket(nc.jetstream(), s, ttl_s=1.0))
-    key = cache.key("acme", "chat", "r2", MESSAGES, None, GREEDY)
+    key = cache.key("acme", "chat", "r2", GREEDY, b"")
     await cache.store(key, ANSWER)
     assert await cache.lookup(key) is not None
     async def expired() -> bool:
@@ -124,10 +138,17 @@ async def test_entries_expire_with_the_bucket_ttl(nc) -> None:
     assert info.config.max_age == pytest.approx(120.0)
 
 
-def test_chunking_round_trips() -> None:
+def test_replay_round_trips_the_deltas() -> None:
+    call = ToolCallDelta(0, id="call_1", name="lookup", arguments="{}")
+    stored = [Delta("orig", 3, 7, "a b "), Delta("orig", 3, 8, "c", choice=1), Delta("orig", 3, 9, "", tool_calls=[call])]
+    cached = CachedResponse(stored, 5, 3, "tool_calls", finish_reasons=["stop", "tool_calls"])
     for text in ("", "one", "a b c d e f g " * 20, "x" * 100, " leading and trailing "):
-        pieces = chunk_text(text, 8)
-        assert "".join(pieces) == text and all(pieces)
+        assert CachedResponse(deltas_of(text, 8), 1, 1, "stop").text == text
+    entries = replay_entries(cached, "req-2", attempt=2)
+    assert [e.seq for e in entries] == [0, 1, 2, 3] and {e.request_id for e in entries} == {"req-2"}
+    assert {e.attempt for e in entries} == {2}
+    assert [(d.text, d.choice, d.tool_calls) for d in entries[:-1]] == [(d.text, d.choice, d.tool_calls) for d in stored]
+    assert entries[-1].finish_reasons == ["stop", "tool_calls"]
 
 
 def test_bad_share_group_config_is_refused() -> None:

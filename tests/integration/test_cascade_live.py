@@ -31,7 +31,7 @@ class UnsureOnHardPrompts(SimEngine):
     """A SIMULATED small model: confident, except on prompts marked HARD."""
 
     def confidence(self, request: EngineRequest) -> float:
-        return -1.8 if any("HARD" in m.content for m in request.messages) else -0.2
+        return -1.8 if any("HARD" in t for t in request.body.texts()) else -0.2
 
 
 @pytest.fixture(scope="module")

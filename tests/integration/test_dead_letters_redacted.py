@@ -18,9 +18,10 @@ from broker.gate.pii import TenantPiiPolicy
 from broker.tenants import Tenant, hash_key
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
-from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
+from schemas.requests import GenerateRequest
 from schemas.work import Credit
 from tests.integration.test_poison_and_overload import PoisonableEngine
+from tests.requests import chat
 from tests.wait import eventually
 from workers.sim import PROFILES
 
@@ -72,9 +73,9 @@ def assert_redacted(record) -> GenerateRequest:
     for value in RAW:
         assert value.encode() not in record.data, f"{value!r} is in the dead letter"
     request = codec.decode_request(record.data)
-    text = " ".join([m.content for m in request.messages] + [request.prompt or ""])
+    text = " ".join(request.texts())
     assert "<CREDIT_CARD>" in text and "<EMAIL_ADDRESS>" in text and "<US_SSN>" in text
-    assert request.sampling.stop == ["<EMAIL_ADDRESS>", "<US_SSN>", "\n\n"]
+    assert request.body.stop == ["<EMAIL_ADDRESS>", "<US_SSN>", "\n\n"]
     return request
 
 
@@ -82,8 +83,7 @@ async def test_a_poison_request_is_dead_lettered_redacted(stack, nc):
     before = len(await dead_letters(nc, "DLQPII_DLQ"))
     async with LanewayClient(nc, "demo", prefix="dlqpii") as client:
         with pytest.raises(LanewayError) as err:
-            async for _ in client.generate(model="laneway-sim", messages=[ChatMessage("user", f"POISON {TEXT}")],
-                                           sampling=SamplingParams(stop=STOP)):
+            async for _ in client.generate(chat(f"POISON {TEXT}", max_tokens=256, stop=STOP)):
                 pass
     assert err.value.code == "engine_error"
     record = await next_dead_letter(nc, "DLQPII_DLQ", before)
@@ -97,7 +97,7 @@ def stray(tenant: str, text: str) -> bytes:
     return codec.encode(GenerateRequest(
         request_id="stray-1", tenant=tenant, klass="interactive", model="laneway-sim",
         reply_to="dlqpii.tok.globex.edge", created_at=now, deadline=now + 60,
-        messages=[ChatMessage("user", text)], sampling=SamplingParams(stop=STOP)))
+        chat=chat(text, max_tokens=256, stop=STOP)))
 
 
 async def test_an_invalid_request_is_dead_lettered_redacted(stack, nc):
@@ -142,8 +142,7 @@ async def test_max_deliveries_are_dead_lettered_redacted(nats_server, nc):
     async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="mdpii", pii="regex"):
         async with LanewayClient(nc, "demo", prefix="mdpii") as client:
             async def consume() -> None:
-                async for _ in client.generate(model="laneway-sim", messages=[ChatMessage("user", TEXT)],
-                                               sampling=SamplingParams(stop=STOP)):
+                async for _ in client.generate(chat(TEXT, max_tokens=256, stop=STOP)):
                     pass
             pending = asyncio.create_task(consume())
             credit = codec.encode(Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6,

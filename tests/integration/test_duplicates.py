@@ -12,8 +12,9 @@ from broker.runtime.natsd import NatsServer
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.frames import Finished
-from schemas.requests import ChatMessage, GenerateRequest, SamplingParams
+from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, msg_id
+from tests.requests import chat
 from tests.wait import eventually
 
 KEY = "sk-dup"
@@ -62,7 +63,7 @@ async def test_a_republished_request_is_generated_once(stack, nats_server):
         now = time.time()
         request = GenerateRequest(request_id="retry-me", tenant="demo", klass="interactive",
                                   model="laneway-sim", reply_to=inbox, created_at=now, deadline=now + 60,
-                                  messages=[ChatMessage("user", "hi")], sampling=SamplingParams(max_tokens=3))
+                                  chat=chat("hi", max_tokens=3))
         before = finished_count(stack)
         acks = []
         for _ in range(3):   # a publisher that timed out waiting for its PubAck and retried

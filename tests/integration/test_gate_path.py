@@ -35,7 +35,7 @@ class RecordingEngine(SimEngine):
         self.seen: list[str] = []
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        self.seen.append(" ".join(m.content for m in request.messages))
+        self.seen.append(" ".join(request.body.texts()))
         async for out in super().generate(request):
             yield out
 
@@ -68,11 +68,14 @@ async def chat(stack, tenant: str, content: str, **extra) -> tuple[int, dict, di
 
 
 async def test_quota_over_the_rate_is_429_with_rate_limit_headers(stack):
-    statuses = []
+    statuses, remaining = [], []
     for _ in range(5):
         status, body, headers = await chat(stack, "tight", "hello")
         statuses.append(status)
+        remaining.append(headers.get("x-ratelimit-remaining-requests"))
     assert statuses[:3] == [200, 200, 200] and statuses[3:] == [429, 429]
+    # Successful answers say where the tenant stands too (OpenAI sends these on every answer).
+    assert remaining[:3] == ["2", "1", "0"]
     assert body["error"]["type"] == "rate_limit_error" and body["error"]["code"] == "rate_limit_exceeded"
     assert int(headers["Retry-After"]) >= 1
     assert headers["x-ratelimit-limit-requests"] == "3" and headers["x-ratelimit-remaining-requests"] == "0"

@@ -13,7 +13,7 @@ import pytest
 from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
 from loadtest.stack import Stack, demo_settings
-from schemas.requests import ChatMessage, SamplingParams
+from tests.requests import chat
 from tests.wait import eventually
 from workers.runner import WorkerConfig
 from workers.sim import PROFILES, SimEngine
@@ -133,14 +133,11 @@ async def test_nats_client_streams_and_reports_errors(nats_server):
         nc = await nats.connect(nats_server.url)
         try:
             async with LanewayClient(nc, tenant="demo", prefix="direct") as client:
-                parts = [t async for t in client.generate(
-                    model="laneway-sim", messages=[ChatMessage("user", "hi")],
-                    sampling=SamplingParams(max_tokens=7))]
+                parts = [t async for t in client.generate(chat("hi", max_tokens=7))]
                 assert len("".join(parts).split()) == 7
                 assert client.last_usage.completion_tokens == 7
                 with pytest.raises(LanewayError) as err:
-                    async for _ in client.generate(model="no-such-model",
-                                                   messages=[ChatMessage("user", "hi")]):
+                    async for _ in client.generate(chat("hi", model="no-such-model", max_tokens=256)):
                         pass
                 assert err.value.code == "unknown_model"
         finally:

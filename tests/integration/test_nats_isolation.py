@@ -33,11 +33,11 @@ from broker.usage.report import read_usage
 from laneway.nats_config import SERVICE_ROLES, UpAuth, up_auth
 from loadtest.stack import Stack
 from schemas import codec
-from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects
 from schemas.work import Credit
 from tests.integration.test_cascade_live import UnsureOnHardPrompts
 from tests.integration.test_poison_and_overload import PoisonableEngine
+from tests.requests import chat
 from tests.wait import eventually
 from workers.runner import WorkerConfig
 from workers.sim import PROFILES, SimEngine
@@ -157,9 +157,7 @@ async def test_tenants_stay_in_their_lane(secured):
     try:
         # A works as itself, end to end, with its own inbox prefix for PubAcks.
         async with LanewayClient(alpha, "alpha") as client:
-            text = "".join([t async for t in client.generate(
-                model="laneway-sim", messages=[ChatMessage("user", "hi")],
-                sampling=SamplingParams(max_tokens=3))])
+            text = "".join([t async for t in client.generate(chat("hi", max_tokens=3))])
             assert len(text.split()) == 3
 
         # A tries to read B's token frames: the server refuses the subscription.
@@ -170,9 +168,7 @@ async def test_tenants_stay_in_their_lane(secured):
         await alpha.subscribe("lw.tok.beta.>", cb=steal)
         await alpha.flush()
         async with LanewayClient(beta, "beta") as client:
-            assert [t async for t in client.generate(
-                model="laneway-sim", messages=[ChatMessage("user", "secret")],
-                sampling=SamplingParams(max_tokens=2))]
+            assert [t async for t in client.generate(chat("secret", max_tokens=2))]
         assert await eventually(lambda: any("lw.tok.beta" in e for e in errors_a), timeout=5)
         assert stolen == [] and all("permissions violation" in e.lower() for e in errors_a)
 
@@ -207,8 +203,7 @@ async def test_cancels_from_a_tenant_and_from_the_edge_reach_the_engine(secured)
     alpha = await secured.tenant("alpha")
     try:
         async with LanewayClient(alpha, "alpha") as client:
-            stream = client.generate(model="slow", messages=[ChatMessage("user", "go on")],
-                                     sampling=SamplingParams(max_tokens=2000))
+            stream = client.generate(chat("go on", model="slow", max_tokens=2000))
             await stream.__anext__()
             await stream.aclose()
         assert await eventually(lambda: cancelled() == 1, timeout=10)
@@ -322,8 +317,7 @@ async def test_poison_malformed_and_abandoned_requests_land_in_the_dlq(secured):
         async with LanewayClient(alpha, "alpha") as client:
             # Worker path: the engine fails on every attempt; the last one dead-letters it.
             with pytest.raises(LanewayError) as err:
-                await asyncio.wait_for(client.generate(
-                    model="laneway-sim", messages=[ChatMessage("user", "POISON")]).__anext__(), 30)
+                await asyncio.wait_for(client.generate(chat("POISON", max_tokens=256)).__anext__(), 30)
             assert err.value.code == "engine_error"
             # Broker path: bytes that are no request, published by a tenant as itself.
             await alpha.jetstream().publish(S.req("interactive", "alpha"), b"\x93not a request")
@@ -333,8 +327,7 @@ async def test_poison_malformed_and_abandoned_requests_land_in_the_dlq(secured):
             assert await eventually(lambda: "doomed" in secured.stack.broker.live.models, timeout=10)
             doomed = await secured.connect("worker")
             try:
-                task = asyncio.create_task(client.generate(
-                    model="doomed", messages=[ChatMessage("user", "hi")]).__anext__())
+                task = asyncio.create_task(client.generate(chat("hi", model="doomed", max_tokens=256)).__anext__())
                 credit = codec.encode(Credit(worker_id="doomed", pool="doomed", free_slots=1,
                                              token_budget=10**6, total_slots=1, wait_s=1.0))
                 taken, deadline = 0, time.monotonic() + 30

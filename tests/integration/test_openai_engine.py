@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
+from schemas.openai import ChatBody, CompletionBody, Message, Tool
 from workers.circuit import BreakerConfig, BreakerState
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
@@ -50,6 +52,7 @@ class Plan:
     reset_after: int | None = None     # drop the connection after this many tokens
     retry_after: str | None = None
     error: dict[str, Any] | None = None
+    chunks: tuple[dict[str, Any], ...] | None = None   # sent as they are instead of `tokens`, then [DONE]
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    raw: bytes
 
 
 class Disconnected(Exception):
@@ -74,8 +78,8 @@ class FakeUpstream:
         self.plans.extend(plans)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.seen.append(Seen(request.path, dict(request.headers), body))
+        raw = await request.read()
+        self.seen.append(Seen(request.path, dict(request.headers), json.loads(raw), raw))
         plan = self.plans.pop(0) if self.plans else Plan()
         try:
             if plan.hang:
@@ -113,6 +117,12 @@ class FakeUpstream:
             await event({"id": "cmpl-1", "created": 1, "model": "up",
                          "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
         await resp.write(b": keep-alive comment\n\n")
+        if plan.chunks is not None:
+            for payload in plan.chunks:
+                await event(payload)
+            await event("[DONE]")
+            await resp.write_eof()
+            return resp
         await self._sleep(request, plan.first_delay)
         for i, token in enumerate(plan.tokens):
             if plan.reset_after == i:
@@ -191,14 +201,19 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
         await engine.cleanup()
 
 
-def request(rid: str = "r1", text: str = "What is the capital of France?", **sampling: Any) -> EngineRequest:
-    return EngineRequest(
-        request_id=rid,
-        messages=[ChatMessage(role="user", content=text)],
-        prompt=None,
-        sampling=SamplingParams(**sampling) if sampling else SamplingParams(),
-        klass="chat",
-    )
+def request(rid: str = "r1", text: str = "What is the capital of France?", *, extra: bytes = b"",
+            confidence: bool = False, **fields: Any) -> EngineRequest:
+    body = ChatBody(model="client-model", messages=[Message(role="user", content=text)], **fields)
+    return EngineRequest(request_id=rid, body=body, extra=extra, klass="chat", confidence=confidence)
+
+
+def chunk(*choices: dict[str, Any], usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """An OpenAI `chat.completion.chunk` with these choices."""
+    out: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up",
+                           "choices": list(choices)}
+    if usage is not None:
+        out["usage"] = usage
+    return out
 
 
 async def collect(engine: OpenAIUpstreamEngine, req: EngineRequest, into: list[EngineOutput] | None = None) -> list[EngineOutput]:
@@ -217,7 +232,7 @@ def text_of(outputs: list[EngineOutput]) -> str:
 
 async def test_streams_tokens_with_upstream_usage(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     engine = await make_engine()
-    req = request(max_tokens=20, temperature=0.3, top_p=0.9, stop=["\n\n"], seed=7)
+    req = request(max_tokens=20, temperature=0.3, top_p=0.9, stop=["\n\n"], seed=7, stream=False)
     outputs = await collect(engine, req)
 
     assert [o.text for o in outputs[:-1]] == ["Hello", ",", " world"]
@@ -242,14 +257,174 @@ async def test_counts_streamed_tokens_without_a_usage_chunk(upstream: FakeUpstre
     assert final.prompt_tokens > 0
 
 
-async def test_prompt_requests_use_the_completions_endpoint(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_completion_bodies_use_the_completions_endpoint(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     engine = await make_engine()
-    req = EngineRequest(request_id="p1", messages=[], prompt="Once upon", sampling=SamplingParams(max_tokens=5))
-    outputs = await collect(engine, req)
+    body = CompletionBody(model="client-model", prompt="Once upon", echo=False, suffix="The end.", best_of=2)
+    outputs = await collect(engine, EngineRequest(request_id="p1", body=body, extra=b'{"min_p":0.1}'))
     assert text_of(outputs) == "Hello, world"
     assert upstream.seen[0].path == "/v1/completions"
-    assert upstream.seen[0].body["prompt"] == "Once upon"
-    assert "messages" not in upstream.seen[0].body
+    assert upstream.seen[0].body == {
+        "model": "up-model", "stream": True, "stream_options": {"include_usage": True},
+        "prompt": "Once upon", "max_tokens": 16, "echo": False, "suffix": "The end.", "best_of": 2, "min_p": 0.1,
+    }
+
+
+# -- the body passes through; every choice's pieces come back ------------------------------------
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}, "strict": True}}]
+
+
+async def test_the_client_body_reaches_the_upstream_verbatim(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                               "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    ]
+    client = {
+        "model": "client-model", "messages": history, "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}},
+        "logprobs": True, "top_logprobs": 2, "n": 2, "temperature": 0.0, "max_completion_tokens": 50,
+    }
+    # The extra fields as the edge keeps them: raw bytes, spelling included (1.10, not 1.1).
+    extra = b'{"top_k":40,"repetition_penalty":1.10,"guided_choice":["a","b"],"cache_salt":"client-chosen"}'
+    body = msgspec.convert(client, ChatBody)
+    engine = await make_engine()
+    await collect(engine, EngineRequest(request_id="v1", body=body, extra=extra))
+    (seen,) = upstream.seen
+    expected = {**client, "model": "up-model", "stream": True, "stream_options": {"include_usage": True},
+                "top_k": 40, "repetition_penalty": 1.1, "guided_choice": ["a", "b"]}
+    assert seen.body == expected                                   # cache_salt is not the client's to set
+    assert b'"repetition_penalty":1.10' in seen.raw                # spliced, never re-parsed
+
+
+async def test_tool_call_pieces_are_relayed_exactly(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    def calls(*pieces: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return chunk({"index": 0, "delta": {"tool_calls": list(pieces)}, "finish_reason": finish})
+
+    upstream.script(Plan(chunks=(
+        chunk({"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}),
+        calls({"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}),
+        calls({"index": 0, "function": {"arguments": "{\"ci"}}),
+        calls({"index": 0, "function": {"arguments": "ty\": \"Paris\"}"}},
+              {"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}),
+        chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"}),
+        chunk(usage={"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}),
+    )))
+    engine = await make_engine()
+    outputs = await collect(engine, request(tools=msgspec.convert(TOOLS, list[Tool]), tool_choice="auto"))
+    assert [d for o in outputs for d in o.tool_calls] == [
+        ToolCallDelta(0, "call_a", "get_weather", ""),
+        ToolCallDelta(0, "", "", '{"ci'),
+        ToolCallDelta(0, "", "", 'ty": "Paris"}'),
+        ToolCallDelta(1, "call_b", "get_time", "{}"),
+    ]
+    assert [len(o.tool_calls) for o in outputs[:-1]] == [1, 1, 2]  # one output per upstream delta
+    assert (outputs[-1].finish_reason, outputs[-1].completion_tokens) == ("tool_calls", 12)
+
+
+async def test_n_choices_keep_their_indices_and_finish_reasons(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    def piece(index: int, text: str | None, finish: str | None = None) -> dict[str, Any]:
+        return {"index": index, "delta": {"content": text} if text is not None else {}, "finish_reason": finish}
+
+    upstream.script(Plan(chunks=(
+        chunk(piece(1, "Bonjour")), chunk(piece(0, "Hello")),
+        chunk(piece(0, " there"), piece(1, None, "length")),
+        chunk(piece(0, None, "stop")),
+        chunk(usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
+    )))
+    engine = await make_engine()
+    outputs = await collect(engine, request(n=2))
+    assert [(o.index, o.text) for o in outputs[:-1]] == [(1, "Bonjour"), (0, "Hello"), (0, " there")]
+    final = outputs[-1]
+    assert (final.finish_reason, final.finish_reasons) == ("stop", ["stop", "length"])
+    assert upstream.seen[0].body["n"] == 2
+
+
+async def test_refusal_reasoning_and_content_filter_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    upstream.script(Plan(chunks=(
+        chunk({"index": 0, "delta": {"reasoning_content": "Thinking."}, "finish_reason": None}),
+        chunk({"index": 0, "delta": {"reasoning": " Still."}, "finish_reason": None}),
+        chunk({"index": 0, "delta": {"refusal": "I can't help with that."}, "finish_reason": "content_filter"}),
+    )))
+    engine = await make_engine()
+    outputs = await collect(engine, request())
+    assert [(o.reasoning, o.refusal) for o in outputs[:-1]] == [
+        ("Thinking.", ""), (" Still.", ""), ("", "I can't help with that.")]
+    assert outputs[-1].finish_reason == "content_filter"
+
+
+def logprob_chunk(token: str, logprob: float, tops: list[tuple[str, float]]) -> dict[str, Any]:
+    entry = {"token": token, "logprob": logprob, "bytes": list(token.encode()),
+             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in tops]}
+    return chunk({"index": 0, "delta": {"content": token}, "logprobs": {"content": [entry], "refusal": None},
+                  "finish_reason": None})
+
+
+LOGPROB_CHUNKS = (
+    logprob_chunk("Hi", -0.25, [("Hi", -0.25), ("Hey", -1.5)]),
+    logprob_chunk("!", -0.5, [("!", -0.5), (".", -1.0)]),
+    chunk({"index": 0, "delta": {}, "finish_reason": "stop"}),
+)
+
+
+async def test_logprobs_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    upstream.script(Plan(chunks=LOGPROB_CHUNKS))
+    engine = await make_engine()
+    outputs = await collect(engine, request(logprobs=True, top_logprobs=2, confidence=True))
+    assert [o.logprobs for o in outputs[:-1]] == [
+        [TokenLogprob("Hi", -0.25, [72, 105], [TopLogprob("Hi", -0.25, [72, 105]), TopLogprob("Hey", -1.5, [72, 101, 121])])],
+        [TokenLogprob("!", -0.5, [33], [TopLogprob("!", -0.5, [33]), TopLogprob(".", -1.0, [46])])],
+    ]
+    assert [o.confidence for o in outputs[:-1]] == [[-0.25], [-0.5]]
+    assert (upstream.seen[0].body["logprobs"], upstream.seen[0].body["top_logprobs"]) == (True, 2)
+
+
+async def test_confidence_alone_asks_for_logprobs_but_returns_none(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    upstream.script(Plan(chunks=LOGPROB_CHUNKS))
+    engine = await make_engine()
+    assert engine.supports_logprobs
+    outputs = await collect(engine, request(confidence=True))
+    assert upstream.seen[0].body["logprobs"] is True and "top_logprobs" not in upstream.seen[0].body
+    assert [o.confidence for o in outputs[:-1]] == [[-0.25], [-0.5]]
+    assert all(not o.logprobs for o in outputs)                    # the client did not ask for them
+
+
+async def test_completion_logprobs_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    def piece(text: str, logprob: float, tops: dict[str, float]) -> dict[str, Any]:
+        return {"id": "c1", "object": "text_completion", "created": 1, "model": "up",
+                "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": {
+                    "tokens": [text], "token_logprobs": [logprob], "top_logprobs": [tops], "text_offset": [0]}}]}
+
+    upstream.script(Plan(chunks=(
+        piece(" upon", -0.1, {" upon": -0.1, " a": -2.5}), piece(" a", -0.3, {" a": -0.3}),
+        {"id": "c1", "object": "text_completion", "created": 1, "model": "up",
+         "choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+    )))
+    engine = await make_engine()
+    body = CompletionBody(model="client-model", prompt="Once", max_tokens=2, logprobs=2)
+    outputs = await collect(engine, EngineRequest(request_id="c1", body=body))
+    assert text_of(outputs) == " upon a"
+    assert [o.logprobs for o in outputs[:-1]] == [
+        [TokenLogprob(" upon", -0.1, None, [TopLogprob(" upon", -0.1), TopLogprob(" a", -2.5)])],
+        [TokenLogprob(" a", -0.3, None, [TopLogprob(" a", -0.3)])],
+    ]
+    assert outputs[-1].finish_reason == "length"
+    assert upstream.seen[0].body["logprobs"] == 2
+
+
+async def test_the_upstream_rejecting_a_passed_field_names_it(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    error = {"message": "top_k is not supported", "type": "invalid_request_error", "param": "top_k", "code": None}
+    upstream.script(Plan(status=400, error=error))
+    engine = await make_engine()
+    with pytest.raises(UpstreamRejected) as info:
+        await collect(engine, request(extra=b'{"top_k":5}'))
+    assert (info.value.param, len(upstream.seen)) == ("top_k", 1)
 
 
 async def test_capacity_counts_streams_in_flight(upstream: FakeUpstream, make_engine: EngineFactory) -> None:

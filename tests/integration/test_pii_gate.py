@@ -28,7 +28,9 @@ from broker.gate.pii import (  # noqa: E402
 )
 from broker.gate.pii.engine import merge, split  # noqa: E402
 from broker.gate.pii.spacy_model import model_installed  # noqa: E402
-from schemas.requests import ChatMessage, GenerateRequest, SamplingParams  # noqa: E402
+from schemas.openai import Message  # noqa: E402
+from schemas.requests import GenerateRequest  # noqa: E402
+from tests.requests import chat, completion  # noqa: E402
 from tests.wait import eventually  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -38,8 +40,8 @@ TICKET = (f"Customer Maria Garcia ({EMAIL}) called from {PHONE} about a double c
           f"{CARD}. Her SSN is {SSN}. She lives in Boston.")
 
 
-def user(text: str) -> ChatMessage:
-    return ChatMessage("user", text)
+def user(text: str) -> Message:
+    return Message("user", text)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ async def ner_gate():
 
 async def test_block_names_the_entity_types_never_the_values(gate: PiiGate) -> None:
     policy = TenantPiiPolicy(entities={"US_SSN": Action.block, "CREDIT_CARD": Action.block})
-    decision = await gate.inspect("acme", policy, [ChatMessage("system", "Be brief."), user(TICKET)])
+    decision = await gate.inspect("acme", policy, [Message("system", "Be brief."), user(TICKET)])
     assert decision.action == "blocked"
     with pytest.raises(PiiBlocked) as err:
         decision.raise_if_blocked()
@@ -108,10 +110,10 @@ async def test_custom_recognizer_from_policy(gate: PiiGate) -> None:
 
 async def test_cache_hit_across_turns(gate: PiiGate) -> None:
     policy = TenantPiiPolicy()
-    turn1 = [ChatMessage("system", "You are a support copilot."), user(f"Draft a reply to {EMAIL}.")]
+    turn1 = [Message("system", "You are a support copilot."), user(f"Draft a reply to {EMAIL}.")]
     d1 = await gate.inspect("acme", policy, turn1)
     assert (d1.analyzed, d1.cached) == (2, 0)
-    turn2 = turn1 + [ChatMessage("assistant", "Hi, thanks for reaching out."), user(f"Add {PHONE}.")]
+    turn2 = turn1 + [Message("assistant", "Hi, thanks for reaching out."), user(f"Add {PHONE}.")]
     d2 = await gate.inspect("acme", policy, turn2)
     assert (d2.analyzed, d2.cached) == (2, 2)
     assert d2.cpu_ms > 0
@@ -142,9 +144,9 @@ async def test_stream_redactor_uses_the_gate_pseudonyms(gate: PiiGate) -> None:
 
 def request(stop: list[str], *, content: str | None = None, prompt: str | None = None) -> GenerateRequest:
     return GenerateRequest(request_id="r1", tenant="acme", klass="interactive", model="m", reply_to="lw.tok.acme.e",
-                           created_at=0.0, deadline=1.0, prompt=prompt,
-                           messages=[] if prompt is not None else [user(content or "Be brief.")],
-                           sampling=SamplingParams(stop=stop))
+                           created_at=0.0, deadline=1.0,
+                           chat=None if prompt is not None else chat(content or "Be brief.", model="m", stop=stop),
+                           completion=None if prompt is None else completion(prompt, model="m", stop=stop))
 
 
 async def test_stop_sequences_are_analysed_under_the_policy(gate: PiiGate) -> None:
@@ -152,8 +154,8 @@ async def test_stop_sequences_are_analysed_under_the_policy(gate: PiiGate) -> No
     policy = TenantPiiPolicy(entities={"EMAIL_ADDRESS": Action.hash, "CREDIT_CARD": Action.mask})
     d, out = await gate.inspect_request("acme", policy, request([EMAIL, CARD, SSN, "\n\n"], content=f"cc {EMAIL}"))
     assert d.action == "redacted"
-    pseudonym = out.messages[0].content.removeprefix("cc ")
-    assert out.sampling.stop == [pseudonym, "**** **** **** 1111", "<US_SSN>", "\n\n"]
+    pseudonym = out.chat.messages[0].content.removeprefix("cc ")
+    assert out.body.stop == [pseudonym, "**** **** **** 1111", "<US_SSN>", "\n\n"]
     stops = [(f.entity_type, f.message_index) for f in d.findings if f.part == "stop"]
     assert stops == [("EMAIL_ADDRESS", 0), ("CREDIT_CARD", 1), ("US_SSN", 2)]
     audit = encode_audit(d.audit("r1"))
@@ -161,9 +163,38 @@ async def test_stop_sequences_are_analysed_under_the_policy(gate: PiiGate) -> No
     assert [s.part for s in decode_audit(audit).spans] == ["messages", "stop", "stop", "stop"]
     # A completion request (prompt) too; and a request without PII passes untouched.
     d, out = await gate.inspect_request("acme", TenantPiiPolicy(), request([PHONE], prompt="Call me"))
-    assert out.prompt == "Call me" and out.sampling.stop == ["<PHONE_NUMBER>"]
+    assert out.completion.prompt == "Call me" and out.body.stop == ["<PHONE_NUMBER>"]
     clean = request(["END"], content="Hello")
     assert (await gate.inspect_request("acme", TenantPiiPolicy(), clean))[1] is clean
+
+
+async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiGate) -> None:
+    """Everything of a tool-using chat that reaches the model as text is under the policy: text
+    content parts, an assistant's tool-call arguments and the tool's result; an image part and
+    the call's id and name pass untouched."""
+    from schemas.openai import FunctionCall, ToolCall
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [
+        Message("user", [{"type": "text", "text": f"My card is {CARD}"}, image]),
+        Message("assistant", None, tool_calls=[ToolCall("call_1", FunctionCall(
+            "lookup_customer", f'{{"email": "{EMAIL}"}}'))]),
+        Message("tool", f'{{"ssn": "{SSN}"}}', tool_call_id="call_1"),
+    ]
+    body = chat(*messages, max_tokens=8)
+    req = GenerateRequest(request_id="r-tools", tenant="acme", klass="interactive", model=body.model,
+                          reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body)
+    d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
+    assert d.action == "redacted"
+    assert {(f.message_index, f.slot, f.entity_type) for f in d.findings} == {
+        (0, "part", "CREDIT_CARD"), (1, "arguments", "EMAIL_ADDRESS"), (2, "content", "US_SSN")}
+    sent = out.chat.messages
+    assert sent[0].content[0]["text"] == "My card is <CREDIT_CARD>" and sent[0].content[1] == image
+    call = sent[1].tool_calls[0]
+    assert call.id == "call_1" and call.function.name == "lookup_customer"
+    assert EMAIL not in call.function.arguments and SSN not in sent[2].content
+    assert sent[2].tool_call_id == "call_1"
+    assert req.chat.messages[1].tool_calls[0].function.arguments.count(EMAIL) == 1   # input untouched
 
 
 async def test_a_blocked_stop_sequence_is_named_as_the_param(gate: PiiGate) -> None:
@@ -172,7 +203,7 @@ async def test_a_blocked_stop_sequence_is_named_as_the_param(gate: PiiGate) -> N
     with pytest.raises(PiiBlocked) as err:
         d.raise_if_blocked()
     assert err.value.param == "stop" and err.value.entity_types == ["US_SSN"]
-    assert out.sampling.stop == ["<US_SSN>"]     # redacted even though refused
+    assert out.body.stop == ["<US_SSN>"]     # redacted even though refused
     d, _ = await gate.inspect_request("acme", policy, request([SSN], content=f"ssn {SSN}"))
     with pytest.raises(PiiBlocked) as err:
         d.raise_if_blocked()

@@ -15,8 +15,8 @@ from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
-from schemas.requests import ChatMessage, SamplingParams
 from schemas.work import Credit
+from tests.requests import chat
 from tests.wait import eventually
 from workers.engine import EngineError, EngineOutput, EngineRequest
 from workers.sim import PROFILES, SimEngine
@@ -28,7 +28,7 @@ class PoisonableEngine(SimEngine):
     """The sim engine, except that any prompt containing POISON fails inside the engine."""
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        if any("POISON" in m.content for m in request.messages):
+        if any("POISON" in t for t in request.body.texts()):
             raise EngineError(request.request_id, "the model crashed on this input")
         async for out in super().generate(request):
             yield out
@@ -71,7 +71,7 @@ async def nc(nats_server):
 async def test_poison_request_stops_after_max_deliver_and_lands_in_the_dlq(stack, nc):
     async with LanewayClient(nc, "demo", prefix="poison") as client:
         with pytest.raises(LanewayError) as err:
-            async for _ in client.generate(model="laneway-sim", messages=[ChatMessage("user", "POISON pill")]):
+            async for _ in client.generate(chat("POISON pill", max_tokens=256)):
                 pass
         assert err.value.code == "engine_error" and "3 attempts" in err.value.message
         dead = await dlq_messages(nc, "POISON_DLQ")
@@ -81,8 +81,7 @@ async def test_poison_request_stops_after_max_deliver_and_lands_in_the_dlq(stack
         assert codec.decode_request(dead[0].data).request_id == err.value.request_id
         assert await stored(nc, "POISON_REQ") == 0
         # ... and the broker keeps serving.
-        text = "".join([t async for t in client.generate(model="laneway-sim", messages=[ChatMessage("user", "ok")],
-                                                         sampling=SamplingParams(max_tokens=3))])
+        text = "".join([t async for t in client.generate(chat("ok", max_tokens=3))])
         assert len(text.split()) == 3
 
 
@@ -97,8 +96,7 @@ async def test_malformed_message_is_dead_lettered_and_service_continues(stack, n
     assert dead[-1].headers["Laneway-Reason"] == "malformed"
     assert await stored(nc, "POISON_REQ") == 0
     async with LanewayClient(nc, "demo", prefix="poison") as client:
-        parts = [t async for t in client.generate(model="laneway-sim", messages=[ChatMessage("user", "ok")],
-                                                  sampling=SamplingParams(max_tokens=2))]
+        parts = [t async for t in client.generate(chat("ok", max_tokens=2))]
         assert parts
 
 
@@ -109,7 +107,7 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(nats_server, 
     async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="crash"):
         async with LanewayClient(nc, "demo", prefix="crash") as client:
             async def consume():
-                async for _ in client.generate(model="laneway-sim", messages=[ChatMessage("user", "hi")]):
+                async for _ in client.generate(chat("hi", max_tokens=256)):
                     pass
             task = asyncio.create_task(consume())
             credit = codec.encode(Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6,

@@ -11,8 +11,8 @@ from broker.client import LanewayClient, LanewayError
 from broker.config import LogicalModel, Settings
 from broker.tenants import Tenant, hash_key
 from loadtest.stack import Stack
-from schemas.requests import ChatMessage, SamplingParams
 from tests.integration.test_poison_and_overload import stored_is
+from tests.requests import chat
 from tests.wait import eventually
 
 
@@ -29,8 +29,8 @@ async def test_a_class_the_tenant_may_not_use_is_refused_and_never_generated(nat
         try:
             async with LanewayClient(nc, "nightly", prefix="cls") as client:
                 with pytest.raises(LanewayError) as err:
-                    async for _ in client.generate(model="laneway-sim", klass="interactive", timeout_s=60,
-                                                   messages=[ChatMessage("user", "let me jump the queue")]):
+                    async for _ in client.generate(chat("let me jump the queue", max_tokens=256), klass="interactive",
+                                                   timeout_s=60):
                         pass
                 assert err.value.code == "class_not_allowed"
                 assert "'interactive'" in err.value.message and "batch" in err.value.message
@@ -38,8 +38,7 @@ async def test_a_class_the_tenant_may_not_use_is_refused_and_never_generated(nat
                 assert await eventually(lambda: stored_is(nc, "CLS_REQ", 0))
                 # Its own class is served; the engine saw that request only.
                 parts = [t async for t in client.generate(
-                    model="laneway-sim", klass="batch", messages=[ChatMessage("user", "overnight job")],
-                    sampling=SamplingParams(max_tokens=2), timeout_s=60)]
+                    chat("overnight job", max_tokens=2), klass="batch", timeout_s=60)]
                 assert len("".join(parts).split()) == 2
                 assert stack.finished() == 1
         finally:

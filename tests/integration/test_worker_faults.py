@@ -20,10 +20,10 @@ from broker.runtime.natsd import NatsServer
 from broker.topology import ensure_topology
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
-from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects
 from schemas.usage import Usage
 from tests.integration.test_poison_and_overload import PoisonableEngine, dlq_messages, stored_is
+from tests.requests import chat
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
 from workers.runner import Worker, WorkerConfig
@@ -38,8 +38,7 @@ def counted(worker: Worker, metric: str, **labels: str) -> float:
 
 
 async def answer(client: LanewayClient, content: str, max_tokens: int = 3, **kw) -> str:
-    parts = [t async for t in client.generate(model="laneway-sim", messages=[ChatMessage("user", content)],
-                                              sampling=SamplingParams(max_tokens=max_tokens), **kw)]
+    parts = [t async for t in client.generate(chat(content, max_tokens=max_tokens), **kw)]
     return "".join(parts)
 
 
@@ -82,7 +81,7 @@ class UnencodableEngine(SimEngine):
     bug that makes the outbox's flush raise, the way a flusher dies."""
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        bug = any("BUG" in m.content for m in request.messages)
+        bug = any("BUG" in t for t in request.body.texts())
         async for out in super().generate(request):
             if bug and out.token_ids:
                 out.token_ids = [object()]
@@ -167,9 +166,7 @@ async def test_a_stream_cut_by_a_nats_crash_is_metered_at_what_was_delivered(tmp
                 received: list[str] = []
 
                 async def stream() -> None:
-                    async for text in client.generate(
-                            model="laneway-sim", messages=[ChatMessage("user", "a long story")],
-                            sampling=SamplingParams(max_tokens=max_tokens), timeout_s=120,
+                    async for text in client.generate(chat("a long story", max_tokens=max_tokens), timeout_s=120,
                             request_id="cut-1"):
                         received.append(text)
 

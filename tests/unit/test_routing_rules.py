@@ -28,8 +28,9 @@ from broker.routing.rules import (
     validate,
 )
 from schemas.errors import ErrorCode
-from schemas.requests import ChatMessage, GenerateRequest
+from schemas.requests import GenerateRequest
 from schemas.work import Heartbeat
+from tests.requests import chat
 
 RULES = {
     "pools": {
@@ -102,7 +103,7 @@ def test_prompt_length_bounds_are_inclusive() -> None:
 
 def test_features_of_a_request_and_the_gate_entry_point() -> None:
     req = GenerateRequest(request_id="abc", tenant="acme", klass="interactive", model="auto", reply_to="x",
-                          created_at=0, deadline=1, messages=[ChatMessage("user", "x" * 400)])
+                          created_at=0, deadline=1, chat=chat("x" * 400, model="auto"))
     assert features_of(req, "code") == Features("abc", "acme", "interactive", "auto", 100, "code")
     asked: list[str] = []
 

@@ -2,10 +2,10 @@
 
     gate = PiiGate()                      # spawns and warms the analyzer pool
     await gate.start()
-    decision = await gate.inspect(tenant, policy, request.messages)
+    decision, request = await gate.inspect_request(tenant, policy, request)
     publish(decision.audit(request.request_id))   # when decision.findings
     decision.raise_if_blocked()           # PiiBlocked(entity_types)
-    request.messages = decision.messages
+    # request: its messages (or prompt) and stop sequences redacted
 """
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit, decode_audit, encode_audit

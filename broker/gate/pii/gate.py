@@ -1,5 +1,6 @@
-"""The PII stage of the broker's gate: analyze the new messages of a chat (and the request's
-stop sequences, which reach the engine too), apply the tenant's policy, and say what was done.
+"""The PII stage of the broker's gate: analyze the new messages of a chat (their text content,
+tool calls' arguments and tool results) or a completion's prompt, and the request's stop
+sequences, which reach the engine too; apply the tenant's policy, and say what was done.
 
 Speed comes from not repeating work: a chat resends its whole history every turn, so results are
 cached by (tenant, policy version, message hash) and only messages never seen before go to the
@@ -22,10 +23,12 @@ from broker.gate.pii.audit import AuditSpan, PiiAudit
 from broker.gate.pii.engine import PiiEngine
 from broker.gate.pii.plan import Hit, Plan, plan_for
 from broker.gate.pii.redact import Replacer, apply
+from broker.gate.pii.slots import texts_of, written_back
 from broker.gate.pii.stream_redactor import StreamRedactor
 from broker.policy.pii import Action, TenantPiiPolicy, fingerprint
 from broker.policy.pii_errors import PiiBlocked, PiiUnavailable
-from schemas.requests import ChatMessage, GenerateRequest
+from schemas.openai import EmbeddingBody, Message
+from schemas.requests import GenerateRequest
 
 Verdict = Literal["pass", "redacted", "blocked"]
 Part = Literal["messages", "stop"]   # the request field a finding is in (OpenAI's `param` names)
@@ -35,17 +38,18 @@ Part = Literal["messages", "stop"]   # the request field a finding is in (OpenAI
 class Finding:
     entity_type: str
     message_index: int
-    start: int          # offsets in the original message content
+    start: int          # offsets in the original text (of the message's slot)
     end: int
     score: float
     action: Action
     part: Part = "messages"    # "stop": `message_index` is the index of a stop sequence
+    slot: str = "content"      # in the message: its "content", a text "part", tool call "arguments"
 
 
 @dataclass(frozen=True, slots=True)
 class PiiDecision:
     action: Verdict
-    messages: list[ChatMessage]      # what may go on: redacted (and, if blocked, fully redacted)
+    messages: list[Message]          # what may go on: redacted (and, if blocked, fully redacted)
     findings: list[Finding]
     tenant: str
     policy: str                      # policy fingerprint
@@ -68,10 +72,24 @@ class PiiDecision:
         the redacted ones (a blocked request comes back fully redacted too)."""
         if self.action == "pass":
             return request
-        sampling = msgspec.structs.replace(request.sampling, stop=self.stop)
-        if request.prompt is not None:
-            return msgspec.structs.replace(request, prompt=self.messages[0].content, sampling=sampling)
-        return msgspec.structs.replace(request, messages=self.messages, sampling=sampling)
+        stop = self.stop or None
+        if request.chat is not None:
+            chat = msgspec.structs.replace(request.chat, messages=self.messages, stop=stop)
+            return msgspec.structs.replace(request, chat=chat)
+        if request.embedding is not None:
+            return msgspec.structs.replace(request, embedding=self._embedding(request.embedding))
+        completion = request.body
+        prompt, *suffix = [m.content for m in self.messages]
+        completion = msgspec.structs.replace(completion, prompt=prompt, stop=stop,
+                                             suffix=suffix[0] if suffix else completion.suffix)
+        return msgspec.structs.replace(request, completion=completion)
+
+    def _embedding(self, body: EmbeddingBody) -> EmbeddingBody:
+        """The text inputs replaced, in order, by the redacted messages (token ids pass as given)."""
+        texts = iter(m.content for m in self.messages)
+        if isinstance(body.input, str):
+            return msgspec.structs.replace(body, input=next(texts))
+        return msgspec.structs.replace(body, input=[next(texts) if isinstance(x, str) else x for x in body.input])
 
     def audit(self, request_id: str, at: float | None = None) -> PiiAudit:
         counts: dict[str, int] = {}
@@ -136,11 +154,14 @@ class PiiGate:
                               request: GenerateRequest) -> tuple[PiiDecision, GenerateRequest]:
         """`inspect` over all a request carries to an engine as text: its messages (or prompt) and
         its stop sequences. Returns the decision and `decision.redacted(request)`."""
-        messages = request.messages if request.prompt is None else [ChatMessage("user", request.prompt)]
-        decision = await self.inspect(tenant, policy, messages, request.sampling.stop)
+        if request.chat is not None:
+            messages = request.chat.messages
+        else:   # a completion's prompt and suffix, or the texts to embed, as messages of their own
+            messages = [Message("user", t) for t in request.body.texts()]
+        decision = await self.inspect(tenant, policy, messages, request.body.stops)
         return decision, decision.redacted(request)
 
-    async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[ChatMessage],
+    async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[Message],
                       stop: Sequence[str] = ()) -> PiiDecision:
         """Raises `PiiUnavailable` when analysis fails and the policy fails closed; a blocked
         request is a decision (audit it, then `raise_if_blocked()`)."""
@@ -148,8 +169,9 @@ class PiiGate:
         if not policy.enabled:
             return PiiDecision("pass", messages, [], tenant, key, self.mode, stop=list(stop))
         plan = self._plan(key, policy)
-        # Stop sequences are analysed as texts of their own, after the messages.
-        texts = [m.content for m in messages] + list(stop)
+        # Stop sequences are analysed as texts of their own, after the messages' slots.
+        message_texts, slots = texts_of(messages)
+        texts = message_texts + list(stop)
         hits: list[tuple[Hit, ...] | None] = [None] * len(texts)
         todo: list[int] = []
         digests: list[bytes] = []
@@ -178,7 +200,7 @@ class PiiGate:
             else:
                 for i, h in zip(todo, found):
                     hits[i] = self._remember((tenant, key, digests[i]), tuple(h))
-        return self._decide(tenant, key, policy, messages, texts, hits, len(todo), unavailable, cpu_ms)
+        return self._decide(tenant, key, policy, messages, slots, texts, hits, len(todo), unavailable, cpu_ms)
 
     def stream_redactor(self, tenant: str, policy: TenantPiiPolicy, **kw: int) -> StreamRedactor:
         """A redactor for this tenant's streamed output, with the same pseudonyms as the gate."""
@@ -198,25 +220,27 @@ class PiiGate:
             self._cache.popitem(last=False)
         return hits
 
-    def _decide(self, tenant: str, key: str, policy: TenantPiiPolicy, messages: list[ChatMessage],
-                texts: list[str], hits: list[tuple[Hit, ...] | None], analyzed: int,
+    def _decide(self, tenant: str, key: str, policy: TenantPiiPolicy, messages: list[Message],
+                slots: list, texts: list[str], hits: list[tuple[Hit, ...] | None], analyzed: int,
                 unavailable: str | None, cpu_ms: float) -> PiiDecision:
         findings: list[Finding] = []
         out: list[str] = []
         replace = Replacer(self._hash_key, tenant)
-        n = len(messages)
+        n = len(slots)
         for i, (text, found) in enumerate(zip(texts, hits)):
-            part, index = ("messages", i) if i < n else ("stop", i - n)
+            if i < n:
+                part, index, where = "messages", slots[i].message, slots[i].kind
+            else:
+                part, index, where = "stop", i - n, "content"
             spans = []
             for etype, start, end, score in found or ():
                 action = policy.action_for(etype)
                 if action is Action.allow:
                     continue
-                findings.append(Finding(etype, index, start, end, score, action, part))
+                findings.append(Finding(etype, index, start, end, score, action, part, where))
                 spans.append((start, end, etype, action))
             out.append(apply(text, spans, replace) if spans else text)
-        redacted = [m if m.content == text else msgspec.structs.replace(m, content=text)
-                    for m, text in zip(messages, out)]
+        redacted = written_back(messages, slots, out[:n])
         actions = {f.action for f in findings}
         verdict: Verdict = "blocked" if Action.block in actions else "redacted" if actions else "pass"
         return PiiDecision(
