@@ -213,7 +213,8 @@ class Lanes:
                 continue
             queue, item = head
             first = worker_empty and not out.dispatch
-            fits = (item.cost <= token_budget and item.slots <= free_slots) or first
+            room = min(free_slots, lane.policy.slot_cap(total_slots) - held.get(lane.policy.name, 0))
+            fits = (item.cost <= token_budget and item.slots <= room) or first
             if not fits:
                 blocked.add(lane.policy.name)
                 continue

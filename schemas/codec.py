@@ -107,5 +107,22 @@ def extra_members(extra: bytes) -> dict[str, msgspec.Raw]:
     """`GenerateRequest.extra` as name → raw JSON value."""
     return _decode_members(extra) if extra else {}
 
+
+# vLLM request fields Laneway sets itself: the class decides priority, the tenant scope the
+# prefix-cache salt (so one tenant cannot time another's cached prefixes), the edge the id.
+LANEWAY_OWNED = frozenset({"priority", "cache_salt", "request_id"})
+_TYPED = {ChatBody: KNOWN_CHAT_FIELDS, CompletionBody: KNOWN_COMPLETION_FIELDS,
+          EmbeddingBody: KNOWN_EMBEDDING_FIELDS}
+
+
+def extra_conflict(request: GenerateRequest) -> str | None:
+    """The first member of `extra` that names a typed field of the body (it would override what
+    the gate checked, redacted and counted) or one Laneway sets; None when there is none.
+    Raises DecodeError when `extra` is not a JSON object."""
+    if not request.extra:
+        return None
+    typed = _TYPED[type(request.body)]
+    return next((k for k in extra_members(request.extra) if k in typed or k in LANEWAY_OWNED), None)
+
 DecodeError = msgspec.DecodeError
 ValidationError = msgspec.ValidationError

@@ -70,6 +70,7 @@ class Finished(msgspec.Struct, tag=1, array_like=True, gc=False):
     model: str = ""                 # the real model that served it
     finish_reasons: list[str] = []  # per choice, when the request asked for n > 1
     vectors: list[bytes] = []       # an embedding request's answer: float32 little-endian, per input
+    headers: dict[str, str] = {}    # for the edge's answer when no Delta came first (embeddings)
 
 
 class StreamError(msgspec.Struct, tag=2, array_like=True, gc=False):

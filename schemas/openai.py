@@ -48,14 +48,16 @@ class Message(msgspec.Struct, omit_defaults=True):
     refusal: str | None = None
 
     def texts(self) -> list[str]:
-        """Every piece of text this message puts before the model: content text parts, and the
-        arguments of its tool calls (what PII analysis and the classifier read)."""
+        """Every piece of text this message puts before the model: its content's text (every
+        part with a `text`), its refusal, and its tool calls' arguments (what PII analysis, the
+        classifier and estimates read)."""
         out: list[str] = []
         if isinstance(self.content, str):
             out.append(self.content)
         elif self.content:
-            out.extend(p["text"] for p in self.content
-                       if p.get("type") == "text" and isinstance(p.get("text"), str))
+            out.extend(p["text"] for p in self.content if isinstance(p.get("text"), str))
+        if self.refusal:
+            out.append(self.refusal)
         for call in self.tool_calls or ():
             out.append(call.function.arguments)
         return out

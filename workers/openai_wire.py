@@ -23,10 +23,11 @@ from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, Stream
 
 # -- the request ---------------------------------------------------------------------------------
 
-# Never forwarded from a client's extra fields: the upstream's prefix-cache salt is not the
-# client's to choose.
-DROPPED_EXTRA = frozenset({"cache_salt"})
-_DROPPED_KEYS = tuple(b'"%s"' % name.encode() for name in DROPPED_EXTRA)   # cheap pre-check
+# Never forwarded from a client's extra fields: what the engine sets (model, streaming), what
+# Laneway owns (the upstream's prefix-cache salt, priority, ids), and a vLLM upstream's
+# disaggregated-serving handles.
+DROPPED_EXTRA = frozenset({"cache_salt", "priority", "request_id", "model", "stream", "stream_options",
+                           "kv_transfer_params", "ec_transfer_params", "vllm_xargs"})
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
 _VERY_UNLIKELY = -9999.0           # OpenAI's (and vLLM's) logprob for "practically impossible"
 
@@ -73,17 +74,16 @@ def encode_body(body: Body, model: str, extra: bytes = b"", *, sampled_logprobs:
 
 def _extra_members(extra: bytes) -> bytes:
     """The members of the JSON object `extra`, without its braces: b"" when there are none.
-    Spliced as bytes; parsed (top level only, values left raw) just to drop a field."""
-    extra = extra.strip()
-    if len(extra) < 2:
+    Parsed at the top level only (values stay their raw bytes) and re-joined, so nothing but
+    whole members can be spliced after the typed fields; dropped fields are left out."""
+    if not extra.strip():
         return b""
-    if extra[:1] != b"{" or extra[-1:] != b"}":
-        raise ValueError("extra must be a JSON object")
-    if any(key in extra for key in _DROPPED_KEYS):
+    try:
         members = _decode_members(extra)
-        kept = {k: v for k, v in members.items() if k not in DROPPED_EXTRA}
-        extra = _encode(kept) if kept else b"{}"
-    return extra[1:-1].strip()
+    except msgspec.DecodeError:
+        raise ValueError("extra must be a JSON object") from None
+    kept = {k: v for k, v in members.items() if k not in DROPPED_EXTRA}
+    return _encode(kept)[1:-1] if kept else b""
 
 
 # -- the stream ----------------------------------------------------------------------------------

@@ -194,6 +194,8 @@ class Serving:
         if finished is None:    # the engine ended the stream without saying why
             self._fail(active, ErrorCode.engine_error, "the engine ended the stream without finishing")
             return
+        if active.seq == 1 and active.dispatch.headers:    # no delta went first: the answer's headers
+            finished.headers = active.dispatch.headers
         self.outbox.emit(active.dispatch.request.reply_to, finished)
         self._release(active, ACK)
         self.metrics.finished.labels(self.pool, finished.finish_reason).inc()

@@ -40,7 +40,7 @@ import msgspec
 from broker.runtime.tasks import cancel_and_wait
 from schemas.frames import ToolCallDelta
 from schemas.openai import ChatBody, EmbeddingBody
-from workers.engine import Capacity, Engine, EngineOutput, EngineRequest, UnsupportedRequest
+from workers.engine import Capacity, Engine, EngineError, EngineOutput, EngineRequest, UnsupportedRequest
 from workers.sim_embed import accept_embedding
 from workers.sim_output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
 from workers.sim_request import SimRequest, accept
@@ -200,7 +200,7 @@ class SimEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if request.request_id in self._reqs:
-            raise ValueError(f"request {request.request_id} is already running")
+            raise EngineError(request.request_id, "the request is already running on this engine")
         req = self._plan(request)
         self._reqs[request.request_id] = req
         self._held += req.open

@@ -26,6 +26,9 @@ except ImportError:                    # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 MAX_DEPTH = 16                         # recursive $refs stop adding optional parts well before this
+# A client's schema is expanded on the event loop: bound the work one request can ask for.
+MAX_SIZE = 4096                        # minLength, minItems, minProperties, a pattern's repeat
+MAX_NODES = 20_000                     # values generated for one instance
 
 _WORDS = ("simulated", "value", "laneway", "sample", "alpha", "beta", "order", "ticket", "item", "note")
 _FORMATS = {
@@ -46,12 +49,20 @@ def instance(schema: Any, rng: random.Random) -> Any:
     """A JSON value that validates against `schema` (a JSON schema document)."""
     if not isinstance(schema, (dict, bool)):
         raise SchemaUnsupported("a JSON schema must be an object or a boolean")
-    return _Gen(schema, rng).value(schema, 0)
+    try:
+        return _Gen(schema, rng).value(schema, 0)
+    except SchemaUnsupported:
+        raise
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError,
+            StopIteration, RecursionError, re.error) as exc:
+        # A malformed schema (a number where an object belongs, an unparsable pattern...).
+        raise SchemaUnsupported(f"the schema is malformed ({type(exc).__name__})") from None
 
 
 class _Gen:
     def __init__(self, root: dict[str, Any] | bool, rng: random.Random) -> None:
         self.root, self.rng = root, rng
+        self.nodes = 0
 
     def resolve(self, ref: str) -> Any:
         if not ref.startswith("#"):
@@ -91,6 +102,9 @@ class _Gen:
         return branches[0]
 
     def value(self, schema: Any, depth: int) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise SchemaUnsupported(f"the instance would need over {MAX_NODES} values")
         s = self.flatten(schema, depth)
         if "const" in s:
             return s["const"]
@@ -125,7 +139,7 @@ class _Gen:
             if key not in props and extra is False:
                 raise SchemaUnsupported(f"required property {key!r} is not allowed by additionalProperties")
             out[key] = self.value(sub, depth + 1)
-        while len(out) < s.get("minProperties", 0):
+        while len(out) < _bounded(s.get("minProperties", 0)):
             if extra is False:
                 raise SchemaUnsupported("minProperties needs properties the schema does not allow")
             out[f"extra_{len(out)}"] = self.value(extra if isinstance(extra, dict) else {"type": "string"}, depth + 1)
@@ -134,7 +148,7 @@ class _Gen:
     def array(self, s: dict[str, Any], depth: int) -> list[Any]:
         prefix = s.get("prefixItems") or (s["items"] if isinstance(s.get("items"), list) else [])
         items = s.get("items") if isinstance(s.get("items"), (dict, bool)) else s.get("additionalItems", True)
-        low, high = s.get("minItems", 0), s.get("maxItems", math.inf)
+        low, high = _bounded(s.get("minItems", 0)), s.get("maxItems", math.inf)
         # Deep in a recursive schema, as few items as allowed, so the recursion ends.
         count = max(low, min(high, len(prefix) or (0 if depth > 4 else self.rng.randint(1, 2))))
         if items is False and count > len(prefix):
@@ -181,7 +195,7 @@ class _Gen:
         raise SchemaUnsupported("no number satisfies the schema's bounds and multipleOf")
 
     def string(self, s: dict[str, Any]) -> str:
-        low, high = s.get("minLength", 0), s.get("maxLength", 10**9)
+        low, high = _bounded(s.get("minLength", 0)), s.get("maxLength", 10**9)
         if "pattern" in s:
             text = _matching(s["pattern"], self.rng, low, high)
         elif s.get("format") == "uuid":
@@ -194,6 +208,13 @@ class _Gen:
         if not low <= len(text) <= high:
             raise SchemaUnsupported("no string satisfies the schema's format and length")
         return text
+
+
+def _bounded(size: Any) -> int:
+    if not isinstance(size, int) or size > MAX_SIZE:
+        raise SchemaUnsupported(f"sizes over {MAX_SIZE} (minLength, minItems, minProperties, "
+                                "pattern repeats) are not simulated")
+    return size
 
 
 def _kind(s: dict[str, Any]) -> str:
@@ -266,6 +287,7 @@ def _emit(tree: Any, rng: random.Random) -> str:
             out.append(_in(arg, rng))
         elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
             low, high, sub = arg
+            low = _bounded(low)
             high = low + 3 if high == _src.MAXREPEAT else high
             count = min(high, low + rng.randint(0, 2))
             out.extend(_emit(sub, rng) for _ in range(count))
@@ -285,7 +307,10 @@ def _emit(tree: Any, rng: random.Random) -> str:
 def _in(items: list[Any], rng: random.Random) -> str:
     if items and str(items[0][0]) == "NEGATE":
         banned = {chr(a) for op, a in items[1:] if str(op) == "LITERAL"}
-        return next(c for c in "sx7-_" if c not in banned)
+        allowed = next((c for c in "sx7-_qZ" if c not in banned), None)
+        if allowed is None:
+            raise SchemaUnsupported("pattern: a negated class the generator cannot satisfy")
+        return allowed
     op, arg = items[0]
     name = str(op)
     if name == "LITERAL":

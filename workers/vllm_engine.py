@@ -90,6 +90,7 @@ class _Live:
     max_tokens: int       # per choice; 0 until known (the client's limit, else up to the context)
     prompt_tokens: int = 0
     pooling: bool = False  # an embedding: its prompts are all it holds in the KV cache
+    aborted: bool = False  # abort() came, maybe before vLLM knew the request (it ignores those)
 
 
 # vLLM names a prompt that does not fit by its token/char count; ours is the body's field.
@@ -243,6 +244,8 @@ class VllmEngine(Engine):
 
     async def abort(self, request_id: str) -> None:
         llm = self._llm
+        if (live := self._live.get(request_id)) is not None:
+            live.aborted = True     # repeated once vLLM has the request (see _generate)
         vllm_id = self._vllm_ids.get(request_id)
         if llm is not None and not llm.errored and vllm_id is not None:
             await llm.abort(vllm_id)
@@ -276,7 +279,13 @@ class VllmEngine(Engine):
             # once (not at GC); the finally below then aborts the request in the engine.
             async with contextlib.aclosing(stream):
                 held: EngineOutput | None = None
+                repeated = False
                 async for sse in stream:
+                    if live.aborted and not repeated:
+                        # An abort during rendering reached vLLM before the request did and was
+                        # ignored; now that a chunk came, vLLM knows it: abort again.
+                        repeated = True
+                        await llm.abort(self._vllm_ids[rid])
                     outs = reader.read(sse)
                     if reader.prompt_tokens is not None:
                         live.prompt_tokens = reader.prompt_tokens

@@ -26,8 +26,12 @@ from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
 
 # Laneway owns these: set from the EngineRequest, never taken from the client.
 _OWNED = frozenset({"request_id", "priority", "cache_salt", "stream", "stream_options", "model"})
-# Fields vLLM knows that a client must not reach: disaggregated-serving transfer handles.
-_REFUSED = frozenset({"kv_transfer_params", "ec_transfer_params"})
+# Fields vLLM knows that a client must not reach: disaggregated-serving transfer handles; beam
+# search (its requests run under other ids, which abort and capacity() do not see); outputs
+# the chunk reader does not carry back (vLLM would compute them for nothing).
+_REFUSED = frozenset({"kv_transfer_params", "ec_transfer_params", "use_beam_search", "length_penalty",
+                      "early_stopping", "prompt_logprobs", "return_token_offsets", "return_prompt_text",
+                      "return_mm_kwargs", "routed_experts_prompt_start", "vllm_xargs"})
 # Embeddings: how vectors travel to us is ours to choose (float32, little-endian, base64); the
 # client's `encoding_format` is honoured at the edge.
 _EMBED_REFUSED = _REFUSED | {"embed_dtype", "endianness"}
@@ -39,6 +43,10 @@ def build_request(request: EngineRequest, served_name: str) -> Any:
     chat = isinstance(request.body, ChatBody)
     cls = _request_class(chat)
     rid = request.request_id
+    best_of = getattr(request.body, "best_of", None)
+    if best_of is not None and best_of != request.body.choices:
+        # vLLM 0.32's CompletionRequest has no best_of: it would be ignored.
+        raise UnsupportedRequest(rid, "best_of", "best_of other than n is not supported by this engine")
     data = _merged(request, cls)
     # Always streamed, usage on the last chunk (exact counts); token ids ride on each chunk
     # (and the prompt's once, on the first: how we learn its length for capacity()).

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.bridge import openapi
 from broker.bridge.admin import AdminConfig, Evaluator, admin_app
-from broker.bridge.chat import Generations, authenticate
+from broker.bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate
 from broker.bridge.errors import EdgeError, body_timeout
 from broker.bridge.losses import Losses
 from broker.bridge.readiness import Readiness
@@ -165,6 +165,13 @@ class Bridge:
 
     @web.middleware
     async def _errors_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        response = await self._answer_or_error(request, handler)
+        if not response.prepared and REQUEST_ID_HEADER not in response.headers:
+            # Every answer carries one; the generation routes set theirs before streaming.
+            response.headers[REQUEST_ID_HEADER] = answer_id(request, uuid.uuid4().hex)
+        return response
+
+    async def _answer_or_error(self, request: web.Request, handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except EdgeError as exc:

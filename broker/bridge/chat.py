@@ -30,7 +30,7 @@ from broker.runtime import publish_errors
 from broker.tenants import Tenant, TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.frames import Delta, Entry, StreamError
+from schemas.frames import Delta, Entry, Finished, StreamError
 from schemas.openai import Body
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, msg_id
@@ -42,6 +42,15 @@ ANSWER_ID = web.RequestKey("answer_id", str)     # what `x-request-id` answers w
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 Decode = Callable[[bytes], tuple[Body, bytes]]
+
+
+def answer_id(request: web.Request, generated: str) -> str:
+    """What `x-request-id` answers with: the client's own `X-Request-Id` when it sent a printable
+    one, else `generated` (Laneway's request id). Decided once per request."""
+    if ANSWER_ID not in request:
+        asked = request.headers.get(REQUEST_ID_HEADER, "")
+        request[ANSWER_ID] = asked if _PRINTABLE.match(asked) else generated
+    return request[ANSWER_ID]
 
 
 def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
@@ -116,7 +125,7 @@ class Generations:
             render = self._renderer(request, generate)
             headers = {REQUEST_ID_HEADER: request[ANSWER_ID],
                        "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
-            if isinstance(first, Delta):
+            if isinstance(first, (Delta, Finished)):
                 headers.update(first.headers)
             if body.stream:
                 response = await stream_sse(request, stream, generate, render, entries, started,
@@ -173,11 +182,9 @@ class Generations:
 
     @staticmethod
     def _request_id(request: web.Request) -> str:
-        """Laneway's id for this request (frames, usage, audit, logs). `x-request-id` answers with
-        the client's own `X-Request-Id` when it sent a printable one, else with this id."""
+        """Laneway's id for this request (frames, usage, audit, logs)."""
         request_id = uuid.uuid4().hex
-        asked = request.headers.get(REQUEST_ID_HEADER, "")
-        request[ANSWER_ID] = asked if _PRINTABLE.match(asked) else request_id
+        answer_id(request, request_id)
         return request_id
 
     @staticmethod

@@ -14,10 +14,6 @@ from schemas.requests import GenerateRequest
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
-# vLLM request fields Laneway sets itself: the class decides priority, the tenant scope the
-# prefix-cache salt (so one tenant cannot time another's cached prefixes), the edge the id.
-LANEWAY_OWNED = frozenset({"priority", "cache_salt", "request_id"})
-
 
 def param_of(validation_message: str) -> str | None:
     """msgspec names the failing field as `$.messages[0].role`; OpenAI's `param` is the path."""
@@ -63,9 +59,9 @@ def check_completion(body: CompletionBody) -> None:
 def without_owned(extra: bytes) -> bytes:
     """Drop the fields Laneway sets from the client's extra members."""
     members = codec.extra_members(extra)
-    if not LANEWAY_OWNED & members.keys():
+    if not codec.LANEWAY_OWNED & members.keys():
         return extra
-    kept = {k: v for k, v in members.items() if k not in LANEWAY_OWNED}
+    kept = {k: v for k, v in members.items() if k not in codec.LANEWAY_OWNED}
     return codec.encode_json(kept) if kept else b""
 
 
@@ -82,9 +78,13 @@ def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass
         if problem := body.check():
             raise _invalid(problem, "input")
         embedding = body
-    return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
-                           reply_to=reply_to, created_at=now, deadline=deadline, chat=chat,
-                           completion=completion, embedding=embedding, extra=without_owned(extra))
+    generate = GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
+                               reply_to=reply_to, created_at=now, deadline=deadline, chat=chat,
+                               completion=completion, embedding=embedding, extra=without_owned(extra))
+    if (name := codec.extra_conflict(generate)) is not None:
+        # Only a translated body (the Responses API's) can carry one: its own fields are not chat's.
+        raise _invalid(f"{name!r} is not a field of this endpoint", name)
+    return generate
 
 
 def check_context(generate: GenerateRequest, max_context_tokens: int) -> None:

@@ -173,7 +173,8 @@ def replay_entries(cached: CachedResponse, request_id: str, attempt: int,
                             for seq, d in enumerate(cached.deltas)]
     entries.append(Finished(request_id, attempt, len(entries), cached.finish_reason,
                             TokenUsage(cached.prompt_tokens, cached.completion_tokens), cached.served_model,
-                            cached.finish_reasons, cached.vectors))
+                            cached.finish_reasons, cached.vectors,
+                            (headers or {}) if not entries else {}))
     return entries
 
 

@@ -92,8 +92,10 @@ class Gate:
     async def _charge(self, request: GenerateRequest, tenant: str, attempt: int,
                       tenant_doc: Tenant | None) -> dict[str, str]:
         """Charge the tenant's quotas; the `x-ratelimit-*` headers that tell where it stands."""
-        if self.quota is None or self.ledger.get(tenant, request.request_id) is not None:
-            return {}   # no quotas here, or already charged (a redelivery to this replica)
+        if self.quota is None:
+            return {}
+        if (held := self.ledger.get(tenant, request.request_id)) is not None:
+            return rate_limit_headers(held)   # already charged (a redelivery to this replica)
         policy = tenant_doc.quota if tenant_doc else QuotaPolicy()
         try:
             # A redelivered request was accepted long ago, and an escalated one was accepted by

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from broker.refusal import Refusal
 from broker.tenants import Tenant
+from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects
@@ -21,8 +22,15 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
         raise Refusal(ErrorCode.invalid_request, "reply_to is outside the tenant's inbox prefix", "reply_to")
     try:
         request.validate_shape()
+        conflict = codec.extra_conflict(request)
+    except codec.DecodeError:
+        raise Refusal(ErrorCode.invalid_request, "extra is not a JSON object", "extra") from None
     except ValueError as exc:
         raise Refusal(ErrorCode.invalid_request, str(exc), "messages") from None
+    if conflict is not None:
+        # A direct publisher's extra may not override the typed body the gate checks, nor set
+        # what Laneway owns (priority, cache salt, request id).
+        raise Refusal(ErrorCode.invalid_request, f"extra may not set {conflict!r}", conflict)
 
 
 def check_class(subject_class: str, tenant_doc: Tenant | None) -> None:

@@ -212,6 +212,9 @@ async def test_request_id_header_echoes_the_clients_or_is_generated(stack):
         generated = await http.post("/v1/chat/completions", json=body, headers=headers)
         refused = await http.post("/v1/chat/completions", json={**body, "n": 99},
                                   headers={**headers, "X-Request-Id": "trace-43"})
+        models = await http.get("/v1/models", headers={**headers, "X-Request-Id": "trace-44"})
+        missing = await http.get("/v1/nowhere", headers=headers)
     assert mine.status_code == 200 and mine.headers["x-request-id"] == "trace-42"
     assert generated.headers["x-request-id"] and int(generated.headers["openai-processing-ms"]) >= 0
     assert refused.status_code == 400 and refused.headers["x-request-id"] == "trace-43"
+    assert models.headers["x-request-id"] == "trace-44" and missing.headers["x-request-id"]

@@ -190,6 +190,10 @@ async def test_json_schema_text_format(client):
     ({"tools": [ORDER_TOOL, {"type": "web_search"}]}, "tools[1].type"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    # Chat's own fields are not this endpoint's: they would bypass what the gate checked
+    # (PII in `messages`, the slots `n` takes).
+    ({"extra_body": {"messages": [{"role": "user", "content": "x"}]}}, "messages"),
+    ({"extra_body": {"n": 8}}, "n"),
 ])
 async def test_stateful_and_unsupported_fields_are_refused_by_name(client, fields, param):
     with pytest.raises(openai.BadRequestError) as err:

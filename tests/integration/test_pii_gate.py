@@ -180,6 +180,9 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
         Message("assistant", None, tool_calls=[ToolCall("call_1", FunctionCall(
             "lookup_customer", f'{{"email": "{EMAIL}"}}'))]),
         Message("tool", f'{{"ssn": "{SSN}"}}', tool_call_id="call_1"),
+        # Any part with a text (the Responses API's input_text), and an assistant's refusal.
+        Message("user", [{"type": "input_text", "text": f"call {PHONE}"}]),
+        Message("assistant", None, refusal=f"I cannot email {EMAIL}"),
     ]
     body = chat(*messages, max_tokens=8)
     req = GenerateRequest(request_id="r-tools", tenant="acme", klass="interactive", model=body.model,
@@ -187,13 +190,15 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
     d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
     assert d.action == "redacted"
     assert {(f.message_index, f.slot, f.entity_type) for f in d.findings} == {
-        (0, "part", "CREDIT_CARD"), (1, "arguments", "EMAIL_ADDRESS"), (2, "content", "US_SSN")}
+        (0, "part", "CREDIT_CARD"), (1, "arguments", "EMAIL_ADDRESS"), (2, "content", "US_SSN"),
+        (3, "part", "PHONE_NUMBER"), (4, "refusal", "EMAIL_ADDRESS")}
     sent = out.chat.messages
     assert sent[0].content[0]["text"] == "My card is <CREDIT_CARD>" and sent[0].content[1] == image
     call = sent[1].tool_calls[0]
     assert call.id == "call_1" and call.function.name == "lookup_customer"
     assert EMAIL not in call.function.arguments and SSN not in sent[2].content
     assert sent[2].tool_call_id == "call_1"
+    assert PHONE not in sent[3].content[0]["text"] and EMAIL not in sent[4].refusal
     assert req.chat.messages[1].tool_calls[0].function.arguments.count(EMAIL) == 1   # input untouched
 
 

@@ -43,3 +43,24 @@ async def test_a_class_the_tenant_may_not_use_is_refused_and_never_generated(nat
                 assert stack.finished() == 1
         finally:
             await nc.close()
+
+
+@pytest.mark.parametrize("extra, field", [
+    (b'{"priority": -100}', "priority"),          # Laneway's class decides the engine priority
+    (b'{"cache_salt": "guess"}', "cache_salt"),   # and the tenant scope the prefix-cache salt
+    (b'{"messages": []}', "messages"),            # would override what the gate checked
+    (b'[1, 2]', "extra"),
+])
+async def test_a_direct_publishers_extra_cannot_set_what_laneway_owns(nats_server, extra, field):
+    async with Stack(nats_server.url, settings(), prefix=f"own{field.replace('_', '')}") as stack:
+        nc = await nats.connect(nats_server.url)
+        try:
+            async with LanewayClient(nc, "nightly", prefix=stack.prefix) as client:
+                with pytest.raises(LanewayError) as err:
+                    async for _ in client.generate(chat("hello", max_tokens=2), klass="batch",
+                                                   timeout_s=60, extra=extra):
+                        pass
+                assert err.value.code == "invalid_request" and field in err.value.message
+                assert stack.finished() == 0
+        finally:
+            await nc.close()

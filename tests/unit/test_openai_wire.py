@@ -26,13 +26,17 @@ def test_no_extra_fields_leaves_the_typed_body(extra: bytes) -> None:
 
 def test_extra_members_are_spliced_as_bytes_and_a_client_cache_salt_dropped() -> None:
     sent = wire.encode_body(CHAT, "up", b'{"top_k": 4, "min_p":0.50}')
-    assert sent.endswith(b',"top_k": 4, "min_p":0.50}')
+    assert sent.endswith(b',"top_k":4,"min_p":0.50}')          # values verbatim (0.50 stays 0.50)
     salted = json.loads(wire.encode_body(CHAT, "up", b'{"cache_salt":"mine","top_k":4}'))
     assert "cache_salt" not in salted and salted["top_k"] == 4
     only_salt = json.loads(wire.encode_body(CHAT, "up", b'{"cache_salt":"mine"}'))
     assert "cache_salt" not in only_salt
     with pytest.raises(ValueError):
         wire.encode_body(CHAT, "up", b"[1]")
+    with pytest.raises(ValueError):     # a crafted extra cannot close the object and add members
+        wire.encode_body(CHAT, "up", b'{"a":1},"model":"x","b":{}')
+    owned = json.loads(wire.encode_body(CHAT, "up", b'{"model":"other","priority":-9,"top_k":1}'))
+    assert owned["model"] == "up" and "priority" not in owned and owned["top_k"] == 1
 
 
 def test_sampled_logprobs_are_asked_for_only_when_the_client_did_not() -> None:

@@ -353,3 +353,19 @@ async def test_waiting_requests_are_admitted_by_priority_then_arrival():
     finally:
         await engine.cleanup()
     assert done == ["first", "second", "late"]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 1_000_000_000},          # would build a 1 GB string
+    {"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000}},
+    {"type": "string", "pattern": "a{1000000000}"},
+    {"properties": {"x": 5}},                                  # malformed: not a schema
+    {"enum": 5},
+])
+def test_a_schema_the_sim_cannot_or_should_not_expand_is_refused_by_name(schema) -> None:
+    import random
+
+    from workers.sim_schema import SchemaUnsupported, instance
+
+    with pytest.raises(SchemaUnsupported):
+        instance(schema, random.Random(0))

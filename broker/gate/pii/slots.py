@@ -1,5 +1,6 @@
 """Where a message carries text a model reads, as slots PII analysis fills and redaction writes
-back: the content (a string, or each text part of a list), and each tool call's arguments."""
+back: the content (a string, or every content part with a `text`, whatever its type: text,
+input_text, refusal, ...), an assistant's refusal, and each tool call's arguments."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from schemas.openai import Message
 @dataclass(frozen=True, slots=True)
 class Slot:
     message: int            # index in the messages
-    kind: str               # "content" | "part" | "arguments"
+    kind: str               # "content" | "part" | "refusal" | "arguments"
     index: int = 0          # the content part's, or the tool call's, index
 
 
@@ -26,9 +27,12 @@ def texts_of(messages: list[Message]) -> tuple[list[str], list[Slot]]:
             slots.append(Slot(i, "content"))
         elif m.content:
             for j, part in enumerate(m.content):
-                if part.get("type") == "text" and isinstance(part.get("text"), str):
+                if isinstance(part.get("text"), str):
                     texts.append(part["text"])
                     slots.append(Slot(i, "part", j))
+        if m.refusal:
+            texts.append(m.refusal)
+            slots.append(Slot(i, "refusal"))
         for j, call in enumerate(m.tool_calls or ()):
             texts.append(call.function.arguments)
             slots.append(Slot(i, "arguments", j))
@@ -54,14 +58,18 @@ def _read(m: Message, slot: Slot) -> str:
         return m.content  # type: ignore[return-value]
     if slot.kind == "part":
         return m.content[slot.index]["text"]  # type: ignore[index]
+    if slot.kind == "refusal":
+        return m.refusal  # type: ignore[return-value]
     return m.tool_calls[slot.index].function.arguments  # type: ignore[index]
 
 
 def _write(m: Message, edits: dict[Slot, str]) -> Message:
-    content, calls = m.content, m.tool_calls
+    content, calls, refusal = m.content, m.tool_calls, m.refusal
     for slot, text in edits.items():
         if slot.kind == "content":
             content = text
+        elif slot.kind == "refusal":
+            refusal = text
         elif slot.kind == "part":
             content = list(content) if content is m.content else content  # type: ignore[arg-type]
             content[slot.index] = {**content[slot.index], "text": text}  # type: ignore[index]
@@ -70,4 +78,4 @@ def _write(m: Message, edits: dict[Slot, str]) -> Message:
             call = calls[slot.index]  # type: ignore[index]
             calls[slot.index] = msgspec.structs.replace(  # type: ignore[index]
                 call, function=msgspec.structs.replace(call.function, arguments=text))
-    return msgspec.structs.replace(m, content=content, tool_calls=calls)
+    return msgspec.structs.replace(m, content=content, tool_calls=calls, refusal=refusal)
