@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
-from broker.gate.cache import CacheScope, ResponseCache, prefix_salt, replay_entries
+from broker.runtime.response_cache import CacheScope, ResponseCache, prefix_salt, replay_entries
 from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii_service import start_pii
 from broker.gate.pipeline import Admission, Gate

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.gate.cache import CACHE_BUCKET
+from broker.runtime.response_cache import CACHE_BUCKET
 from broker.gate.quota_store import QUOTA_BUCKET
 from broker.topology import BUCKETS as LIVE_BUCKETS    # classes, tenants, routing: watched live
 from schemas.subjects import Subjects, check_token

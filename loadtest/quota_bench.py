@@ -24,7 +24,7 @@ from pathlib import Path
 
 import nats
 
-from broker.gate.cache import CachedResponse, ResponseCache, cache_key
+from broker.runtime.response_cache import CachedResponse, ResponseCache, cache_key
 from broker.gate.quota import Quota, QuotaExceeded, ensure_quota_bucket
 from broker.policy.quota import QuotaPolicy
 from broker.runtime.natsd import NatsServer

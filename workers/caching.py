@@ -1,5 +1,6 @@
-"""Storing a complete, deterministic answer in the response cache, in the background (never on
-the frame path). The broker that set a dispatch's `cache_key` created the bucket."""
+"""Storing a complete, deterministic answer in the response cache (`broker/runtime/response_cache.py`),
+in the background (never on the frame path). The broker that set a dispatch's `cache_key`
+created the bucket."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 from nats.js import JetStreamContext
 
-from broker.gate.cache import CachedResponse, ResponseCache
+from broker.runtime.response_cache import CachedResponse, ResponseCache
 from schemas.frames import Delta, Finished
 from schemas.subjects import Subjects
 from schemas.work import Dispatch

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from broker.config import LogicalModel
-from broker.gate.cache import CachedResponse, ResponseCache
+from broker.runtime.response_cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
 from broker.gate.quota import Quota
 from broker.gate.route import route

@@ -8,7 +8,7 @@ from itertools import count
 import nats
 import pytest
 
-from broker.gate.cache import (
+from broker.runtime.response_cache import (
     CachedResponse, CacheScope, ResponseCache, ensure_cache_bucket, parse_scope, replay_entries,
 )
 from schemas.frames import Delta, Finished, ToolCallDelta

@@ -1,4 +1,5 @@
-"""Stage 3 of the gate: an exact-match response cache for deterministic requests.
+"""The exact-match response cache for deterministic requests, shared at run time: the gate looks
+answers up (its cache stage, `broker/gate/pipeline.py`), workers store them (`workers/caching.py`).
 
 Only a request whose answer is a function of its input is cached: temperature 0, or a fixed
 seed (`Sampling.deterministic`). The key is the SHA-256 of, in a fixed msgpack layout:
