@@ -78,7 +78,6 @@ async def test_one_float32_vector_per_input_of_the_models_hidden_size(engine):
         values = floats(v)
         assert all(math.isfinite(x) for x in values)
         assert math.isclose(math.sqrt(sum(x * x for x in values)), 1.0, rel_tol=1e-3)   # normalised
-    assert out.vectors[0] == out.vectors[2]                       # identical inputs, same vector
     assert cosine(out.vectors[0], out.vectors[2]) == pytest.approx(1.0, abs=1e-5)
     assert out.vectors[0] != out.vectors[1] and cosine(out.vectors[0], out.vectors[1]) < 0.9999
     assert out.vectors[3] not in out.vectors[:3]
@@ -90,7 +89,11 @@ async def test_vectors_are_in_input_order_and_repeatable(engine):
     both = await embed(engine, body([a, b]), rid="order-1")
     reverse = await embed(engine, body([b, a]), rid="order-2")
     alone = await embed(engine, body(a), rid="order-3")
-    assert both.vectors == reverse.vectors[::-1]
+    # The same input gives the same direction, whatever else shares its batch; the floats need
+    # not match bit for bit (batch composition changes the kernels' summation order).
+    assert cosine(both.vectors[0], reverse.vectors[1]) == pytest.approx(1.0, abs=1e-5)
+    assert cosine(both.vectors[1], reverse.vectors[0]) == pytest.approx(1.0, abs=1e-5)
+    assert cosine(both.vectors[0], both.vectors[1]) < 1.0 - 1e-3     # in input order: they differ
     assert cosine(alone.vectors[0], both.vectors[0]) == pytest.approx(1.0, abs=1e-5)
     assert alone.prompt_tokens < both.prompt_tokens
 
@@ -100,7 +103,8 @@ async def test_token_id_inputs_count_exactly(engine):
     assert len(one.vectors) == 1 and one.prompt_tokens == 5
     many = await embed(engine, body([[9, 28, 4, 77, 301], [12, 13], [9, 28, 4, 77, 301]]), rid="ids-2")
     assert len(many.vectors) == 3 and many.prompt_tokens == 12
-    assert many.vectors[0] == many.vectors[2] != many.vectors[1]
+    assert cosine(many.vectors[0], many.vectors[2]) == pytest.approx(1.0, abs=1e-5)
+    assert cosine(many.vectors[0], many.vectors[1]) < 1.0 - 1e-3
     assert cosine(many.vectors[0], one.vectors[0]) == pytest.approx(1.0, abs=1e-5)
 
 
