@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope
               pytest.mark.timeout(900)]
 
 SLOTS = 8
+# The same input in another batch: the same direction up to float summation order (0.99992
+# was seen on one CPU), so "the same" is a cosine above this, never a bitwise match.
+SAME = 0.999
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -78,8 +81,8 @@ async def test_one_float32_vector_per_input_of_the_models_hidden_size(engine):
         values = floats(v)
         assert all(math.isfinite(x) for x in values)
         assert math.isclose(math.sqrt(sum(x * x for x in values)), 1.0, rel_tol=1e-3)   # normalised
-    assert cosine(out.vectors[0], out.vectors[2]) == pytest.approx(1.0, abs=1e-5)
-    assert out.vectors[0] != out.vectors[1] and cosine(out.vectors[0], out.vectors[1]) < 0.9999
+    # Same input, same direction; a different input is further away than that.
+    assert cosine(out.vectors[0], out.vectors[2]) > max(SAME, cosine(out.vectors[0], out.vectors[1]))
     assert out.vectors[3] not in out.vectors[:3]
     assert out.prompt_tokens >= len(texts)
 
@@ -91,10 +94,11 @@ async def test_vectors_are_in_input_order_and_repeatable(engine):
     alone = await embed(engine, body(a), rid="order-3")
     # The same input gives the same direction, whatever else shares its batch; the floats need
     # not match bit for bit (batch composition changes the kernels' summation order).
-    assert cosine(both.vectors[0], reverse.vectors[1]) == pytest.approx(1.0, abs=1e-5)
-    assert cosine(both.vectors[1], reverse.vectors[0]) == pytest.approx(1.0, abs=1e-5)
-    assert cosine(both.vectors[0], both.vectors[1]) < 1.0 - 1e-3     # in input order: they differ
-    assert cosine(alone.vectors[0], both.vectors[0]) == pytest.approx(1.0, abs=1e-5)
+    # In input order: each vector is nearer its own input's vector from the other batch than
+    # the other input's.
+    assert cosine(both.vectors[0], reverse.vectors[1]) > max(SAME, cosine(both.vectors[0], reverse.vectors[0]))
+    assert cosine(both.vectors[1], reverse.vectors[0]) > max(SAME, cosine(both.vectors[1], reverse.vectors[1]))
+    assert cosine(alone.vectors[0], both.vectors[0]) > SAME
     assert alone.prompt_tokens < both.prompt_tokens
 
 
@@ -103,9 +107,8 @@ async def test_token_id_inputs_count_exactly(engine):
     assert len(one.vectors) == 1 and one.prompt_tokens == 5
     many = await embed(engine, body([[9, 28, 4, 77, 301], [12, 13], [9, 28, 4, 77, 301]]), rid="ids-2")
     assert len(many.vectors) == 3 and many.prompt_tokens == 12
-    assert cosine(many.vectors[0], many.vectors[2]) == pytest.approx(1.0, abs=1e-5)
-    assert cosine(many.vectors[0], many.vectors[1]) < 1.0 - 1e-3
-    assert cosine(many.vectors[0], one.vectors[0]) == pytest.approx(1.0, abs=1e-5)
+    assert cosine(many.vectors[0], many.vectors[2]) > max(SAME, cosine(many.vectors[0], many.vectors[1]))
+    assert cosine(many.vectors[0], one.vectors[0]) > SAME
 
 
 async def test_concurrent_requests_and_the_slots_come_back(engine):
