@@ -73,13 +73,20 @@ def nests_deeper_than(body: bytes, limit: int) -> bool:
     return False
 
 
-def _other_members(body: bytes, known: frozenset[str]) -> bytes:
+# vLLM request fields Laneway sets itself: the class decides priority, the tenant scope the
+# prefix-cache salt (so one tenant cannot time another's cached prefixes), the edge the id.
+LANEWAY_OWNED = frozenset({"priority", "cache_salt", "request_id"})
+
+
+def other_members(body: bytes, known: frozenset[str]) -> bytes:
     """The body's top-level members Laneway does not type, re-joined verbatim as a JSON object
-    (b"" when there are none). An explicit null means "not set" in the OpenAI API: dropped."""
+    (b"" when there are none): `GenerateRequest.extra`. An explicit null means "not set" in the
+    OpenAI API, and the fields Laneway sets are not the client's: both are left out."""
     members = _decode_members(body)
     if members.keys() <= known:
         return b""
-    other = {k: v for k, v in members.items() if k not in known and bytes(v).strip() != b"null"}
+    other = {k: v for k, v in members.items()
+             if k not in known and k not in LANEWAY_OWNED and bytes(v).strip() != b"null"}
     return encode_json(other) if other else b""
 
 
@@ -88,19 +95,19 @@ def decode_chat_request(body: bytes) -> tuple[ChatBody, bytes]:
     DecodeError or ValidationError while decoding."""
     if nests_deeper_than(body, MAX_JSON_DEPTH):
         raise TooDeep(MAX_JSON_DEPTH)
-    return _decode_chat(body), _other_members(body, KNOWN_CHAT_FIELDS)
+    return _decode_chat(body), other_members(body, KNOWN_CHAT_FIELDS)
 
 
 def decode_completion_request(body: bytes) -> tuple[CompletionBody, bytes]:
     if nests_deeper_than(body, MAX_JSON_DEPTH):
         raise TooDeep(MAX_JSON_DEPTH)
-    return _decode_completion(body), _other_members(body, KNOWN_COMPLETION_FIELDS)
+    return _decode_completion(body), other_members(body, KNOWN_COMPLETION_FIELDS)
 
 
 def decode_embedding_request(body: bytes) -> tuple[EmbeddingBody, bytes]:
     if nests_deeper_than(body, MAX_JSON_DEPTH):
         raise TooDeep(MAX_JSON_DEPTH)
-    return _decode_embedding(body), _other_members(body, KNOWN_EMBEDDING_FIELDS)
+    return _decode_embedding(body), other_members(body, KNOWN_EMBEDDING_FIELDS)
 
 
 def extra_members(extra: bytes) -> dict[str, msgspec.Raw]:
@@ -108,9 +115,6 @@ def extra_members(extra: bytes) -> dict[str, msgspec.Raw]:
     return _decode_members(extra) if extra else {}
 
 
-# vLLM request fields Laneway sets itself: the class decides priority, the tenant scope the
-# prefix-cache salt (so one tenant cannot time another's cached prefixes), the edge the id.
-LANEWAY_OWNED = frozenset({"priority", "cache_salt", "request_id"})
 _TYPED = {ChatBody: KNOWN_CHAT_FIELDS, CompletionBody: KNOWN_COMPLETION_FIELDS,
           EmbeddingBody: KNOWN_EMBEDDING_FIELDS}
 

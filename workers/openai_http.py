@@ -184,23 +184,8 @@ class UpstreamHTTP:
         for choice in chunk.choices:
             if choice.finish_reason:
                 call.finishes[choice.index] = choice.finish_reason
-            output = EngineOutput(text="", index=choice.index)
-            delta = choice.delta
-            if delta is not None:
-                output.text = delta.content or ""
-                output.refusal = delta.refusal or ""
-                output.reasoning = delta.reasoning_content or delta.reasoning or ""
-                if delta.tool_calls or delta.function_call:
-                    output.tool_calls = wire.tool_call_deltas(delta)
-            else:
-                output.text = choice.text or ""
-            if choice.logprobs is not None:
-                if call.logprobs:
-                    output.logprobs = wire.token_logprobs(choice.logprobs)
-                if call.confidence:
-                    output.confidence = wire.sampled_logprobs(choice.logprobs)
-            if output.text or output.tool_calls or output.logprobs or output.confidence \
-                    or output.refusal or output.reasoning:
+            output = wire.choice_output(choice, logprobs=call.logprobs, confidence=call.confidence)
+            if output is not None:
                 out.append(output)
         return out
 

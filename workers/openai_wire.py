@@ -1,4 +1,5 @@
-"""Wire shapes of the OpenAI-compatible streaming API, as the `openai` engine writes and reads them.
+"""Wire shapes of the OpenAI-compatible API, as the `openai` engine writes them and as both the
+`openai` and the `vllm` engine read them (vLLM's serving layer writes the same chunks).
 
 Requests: the client's typed body, re-encoded, with its other top-level fields (`extra`) spliced
 in verbatim. Responses: chunks decoded leniently (upstreams differ in what they add or omit) and
@@ -18,16 +19,18 @@ from array import array
 
 import msgspec
 
+from schemas.codec import LANEWAY_OWNED
 from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
 from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, StreamOptions
+from workers.engine import EngineOutput
 
 # -- the request ---------------------------------------------------------------------------------
 
 # Never forwarded from a client's extra fields: what the engine sets (model, streaming), what
 # Laneway owns (the upstream's prefix-cache salt, priority, ids), and a vLLM upstream's
 # disaggregated-serving handles.
-DROPPED_EXTRA = frozenset({"cache_salt", "priority", "request_id", "model", "stream", "stream_options",
-                           "kv_transfer_params", "ec_transfer_params", "vllm_xargs"})
+DROPPED_EXTRA = LANEWAY_OWNED | {"model", "stream", "stream_options",
+                                 "kv_transfer_params", "ec_transfer_params", "vllm_xargs"}
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
 _VERY_UNLIKELY = -9999.0           # OpenAI's (and vLLM's) logprob for "practically impossible"
 
@@ -135,6 +138,8 @@ class Choice(msgspec.Struct):
     text: str | None = None                  # completions
     finish_reason: str | None = None
     logprobs: Logprobs | None = None
+    token_ids: list[int] | None = None       # vLLM's return_token_ids
+    prompt_token_ids: list[int] | None = None   # ... completions: on a choice's first chunk
 
 
 class Usage(msgspec.Struct):
@@ -145,12 +150,15 @@ class Usage(msgspec.Struct):
 class ErrorBody(msgspec.Struct):
     message: str = ""
     param: str | None = None
+    type: str = ""
+    code: int | str | None = None            # vLLM: the HTTP status it would answer with
 
 
 class Chunk(msgspec.Struct):
     choices: list[Choice] = []
     usage: Usage | None = None
     error: ErrorBody | None = None          # in-band error after the stream started (vLLM)
+    prompt_token_ids: list[int] | None = None   # vLLM's return_token_ids, chat: on the first chunk
 
 
 class ErrorEnvelope(msgspec.Struct):
@@ -199,6 +207,31 @@ def embedding_vectors(answer: EmbeddingResponse, count: int) -> list[bytes]:
     if len({len(v) for v in vectors}) > 1:
         raise BadEmbeddings("embeddings of different sizes")
     return vectors
+
+
+def choice_output(choice: Choice, *, logprobs: bool, confidence: bool) -> EngineOutput | None:
+    """One choice's piece of a chunk as an `EngineOutput`; None when it carries nothing (the
+    role-only first chunk, a bare finish). Logprobs go to the client only when it asked for
+    them (`logprobs`), sampled values to the cascade when it did (`confidence`)."""
+    output = EngineOutput(text="", token_ids=choice.token_ids or [], index=choice.index)
+    delta = choice.delta
+    if delta is not None:
+        output.text = delta.content or ""
+        output.refusal = delta.refusal or ""
+        output.reasoning = delta.reasoning_content or delta.reasoning or ""
+        if delta.tool_calls or delta.function_call:
+            output.tool_calls = tool_call_deltas(delta)
+    else:
+        output.text = choice.text or ""
+    if choice.logprobs is not None:
+        if logprobs:
+            output.logprobs = token_logprobs(choice.logprobs)
+        if confidence:
+            output.confidence = sampled_logprobs(choice.logprobs)
+    if output.text or output.token_ids or output.tool_calls or output.logprobs or output.confidence \
+            or output.refusal or output.reasoning:
+        return output
+    return None
 
 
 def tool_call_deltas(delta: Delta) -> list[ToolCallDelta]:

@@ -231,7 +231,9 @@ class SimEngine(Engine):
             top = (body.top_logprobs or 0) if body.logprobs else None
         else:
             top = body.logprobs
-        req = _Req(request, sim, next(self._order), self.confidence(request), top,
+        # The simulated mean logprob feeds the cascade and logprobs only: not worth a hash otherwise.
+        mean = self.confidence(request) if request.confidence or top is not None else 0.0
+        req = _Req(request, sim, next(self._order), mean, top,
                    open=body.choices, reserve=sim.prompt_tokens, stops=[s for s in body.stops if s])
         # What a real model's sampling depends on: not stops, limits or logprobs, so a shorter
         # max_tokens or a stop string gives a prefix of the same answer.

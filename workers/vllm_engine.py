@@ -367,7 +367,7 @@ class VllmEngine(Engine):
         """vLLM's SSE stream for this request, or the error it answered with."""
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-        from workers.vllm_openai import ErrorInfo
+        from workers.openai_wire import ErrorBody
 
         if isinstance(request.body, ChatBody):
             result = await self._chat.create_chat_completion(vreq)
@@ -375,8 +375,7 @@ class VllmEngine(Engine):
             result = await self._completion.create_completion(vreq)
         if isinstance(result, ErrorResponse):
             e = result.error
-            raise self._refused(request, ErrorInfo(message=e.message, type=e.type,
-                                                   param=e.param, code=e.code))
+            raise self._refused(request, ErrorBody(message=e.message, type=e.type, param=e.param, code=e.code))
         return result
 
     def _refused(self, request: EngineRequest, info: Any) -> Exception:
@@ -384,7 +383,7 @@ class VllmEngine(Engine):
         rid = request.request_id
         if self._llm is None or self._llm.errored:
             return EngineDead(f"vllm engine core died during {rid}")
-        if 400 <= info.code < 500:
+        if isinstance(info.code, int) and 400 <= info.code < 500:
             return UnsupportedRequest(rid, self._param(request, info.param), info.message)
         log.warning("vllm failed %s: %s %s", rid, info.type, info.message)
         return EngineError(rid, f"{info.type}: {info.message}")

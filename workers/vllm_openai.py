@@ -13,19 +13,18 @@ reach `EngineOutput.vectors` without a round trip through JSON floats.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from typing import Any
 
 import msgspec
 
-from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
+from schemas.codec import LANEWAY_OWNED
 from schemas.openai import ChatBody, EmbeddingBody
+from workers import openai_wire as wire
 from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
 
 # Laneway owns these: set from the EngineRequest, never taken from the client.
-_OWNED = frozenset({"request_id", "priority", "cache_salt", "stream", "stream_options", "model"})
+_OWNED = LANEWAY_OWNED | {"stream", "stream_options", "model"}
 # Fields vLLM knows that a client must not reach: disaggregated-serving transfer handles; beam
 # search (its requests run under other ids, which abort and capacity() do not see); outputs
 # the chunk reader does not carry back (vLLM would compute them for nothing).
@@ -120,11 +119,6 @@ def _ask_logprobs(data: dict[str, Any], chat: bool) -> None:
         data["logprobs"] = 0
 
 
-def client_wants_logprobs(request: EngineRequest) -> bool:
-    body = request.body
-    return bool(body.logprobs) if isinstance(body, ChatBody) else body.logprobs is not None
-
-
 def validate(cls: Any, data: dict[str, Any], rid: str) -> Any:
     import pydantic
     from vllm.exceptions import VLLMValidationError
@@ -139,101 +133,13 @@ def validate(cls: Any, data: dict[str, Any], rid: str) -> Any:
         raise UnsupportedRequest(rid, param, f"{param}: {first.get('msg', e)}") from e
 
 
-# -- reading the SSE chunks ------------------------------------------------------------------
-
-
-class _Fn(msgspec.Struct):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class _ToolCall(msgspec.Struct):
-    index: int = 0
-    id: str | None = None
-    function: _Fn | None = None
-
-
-class _Top(msgspec.Struct):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class _Logprob(msgspec.Struct):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-    top_logprobs: list[_Top] = []
-
-
-class _ChatLogprobs(msgspec.Struct):
-    content: list[_Logprob] | None = None
-
-
-class _CompletionLogprobs(msgspec.Struct):
-    tokens: list[str] = []
-    token_logprobs: list[float | None] = []
-    top_logprobs: list[dict[str, float] | None] = []
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    reasoning: str | None = None
-    refusal: str | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class ErrorInfo(msgspec.Struct):
-    message: str = ""
-    type: str = ""
-    param: str | None = None
-    code: int = 500
-
-
-class _Choice(msgspec.Struct):
-    index: int = 0
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
-
-
-class _ChatChoice(_Choice):
-    delta: _Delta | None = None
-    logprobs: _ChatLogprobs | None = None
-
-
-class _CompletionChoice(_Choice):
-    text: str = ""
-    prompt_token_ids: list[int] | None = None
-    logprobs: _CompletionLogprobs | None = None
-
-
-class _Chunk(msgspec.Struct):
-    usage: _Usage | None = None
-    error: ErrorInfo | None = None
-    prompt_token_ids: list[int] | None = None     # chat: on the first chunk
-
-
-class _ChatChunk(_Chunk):
-    choices: list[_ChatChoice] = []
-
-
-class _CompletionChunk(_Chunk):
-    choices: list[_CompletionChoice] = []
-
-
-# The two endpoints' chunks differ in shape (delta vs text, logprobs); one decoder each.
-_DECODERS = {True: msgspec.json.Decoder(_ChatChunk), False: msgspec.json.Decoder(_CompletionChunk)}
+# -- reading the SSE chunks (the OpenAI chunk shapes: workers/openai_wire.py) -------------------
 
 
 class StreamError(Exception):
     """vLLM's serving layer answered with an error (before or during the stream)."""
 
-    def __init__(self, info: ErrorInfo) -> None:
+    def __init__(self, info: wire.ErrorBody) -> None:
         super().__init__(info.message)
         self.info = info
 
@@ -242,12 +148,11 @@ class ChunkReader:
     """Turns one request's SSE strings into `EngineOutput`s, one per choice delta."""
 
     def __init__(self, request: EngineRequest) -> None:
-        self.chat = isinstance(request.body, ChatBody)
-        self.client_logprobs = client_wants_logprobs(request)
+        self.client_logprobs = wire.client_wants_logprobs(request.body)
         self.confidence = request.confidence
         self.finish: dict[int, str] = {}
         self.prompt_tokens: int | None = None
-        self.usage: _Usage | None = None
+        self.usage: wire.Usage | None = None
         self.done = False
 
     def read(self, sse: str) -> list[EngineOutput]:
@@ -256,13 +161,13 @@ class ChunkReader:
         if payload == "[DONE]":
             self.done = True
             return []
-        chunk = _DECODERS[self.chat].decode(payload)
+        chunk = wire.decode_chunk(payload)
         if chunk.error is not None:
             raise StreamError(chunk.error)
         if chunk.prompt_token_ids is not None:
             self.prompt_tokens = len(chunk.prompt_token_ids)
         for choice in chunk.choices:      # completions: prompt ids on each choice's first chunk
-            if getattr(choice, "prompt_token_ids", None) is not None:
+            if choice.prompt_token_ids is not None:
                 self.prompt_tokens = len(choice.prompt_token_ids)
         if chunk.usage is not None:
             self.usage = chunk.usage
@@ -270,29 +175,10 @@ class ChunkReader:
         for choice in chunk.choices:
             if choice.finish_reason is not None:
                 self.finish[choice.index] = choice.finish_reason
-            out = self._output(choice)
+            out = wire.choice_output(choice, logprobs=self.client_logprobs, confidence=self.confidence)
             if out is not None:
                 outs.append(out)
         return outs
-
-    def _output(self, c: _ChatChoice | _CompletionChoice) -> EngineOutput | None:
-        out = EngineOutput(text="", token_ids=c.token_ids or [], index=c.index)
-        if isinstance(c, _CompletionChoice):
-            out.text = c.text
-        elif c.delta is not None:
-            out.text = c.delta.content or ""
-            out.reasoning = c.delta.reasoning or ""
-            out.refusal = c.delta.refusal or ""
-            out.tool_calls = [_tool_call(t) for t in c.delta.tool_calls or ()]
-        logprobs = _logprobs(c.logprobs)
-        if self.client_logprobs:
-            out.logprobs = logprobs
-        if self.confidence:
-            out.confidence = [lp.logprob for lp in logprobs]
-        if not (out.text or out.token_ids or out.tool_calls or out.reasoning or out.refusal
-                or logprobs):
-            return None      # the role-only first chunk, or an empty finish
-        return out
 
     def finished(self, n: int) -> bool:
         return len(self.finish) >= n
@@ -308,74 +194,16 @@ class ChunkReader:
         return out
 
 
-# -- reading an embedding response ------------------------------------------------------------
-
-
-class _Embedding(msgspec.Struct):
-    index: int
-    embedding: str                  # base64 of float32 little-endian (as we asked)
-
-
-class _EmbeddingUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-
-
-class _EmbeddingResponse(msgspec.Struct):
-    data: list[_Embedding] = []
-    usage: _EmbeddingUsage | None = None
-
-
-class _ErrorResponse(msgspec.Struct):
-    error: ErrorInfo
-
-
-_decode_embeddings = msgspec.json.Decoder(_EmbeddingResponse).decode
-_decode_error_response = msgspec.json.Decoder(_ErrorResponse).decode
-
-
 def read_embeddings(status: int, body: bytes, count: int) -> tuple[list[bytes], int]:
     """`ServingEmbedding`'s answer (status, JSON body) → one float32 LE vector per input, in input
     order, and the prompt tokens. Raises `StreamError` for an error answer, `ValueError` for an
     answer that is not what we asked for."""
     if status != 200:
         try:
-            info = _decode_error_response(body).error
+            info = wire.decode_error(body).error
         except msgspec.DecodeError:
-            info = ErrorInfo(message=f"vLLM answered HTTP {status}", code=status)
-        raise StreamError(info)
-    answer = _decode_embeddings(body)
-    if sorted(d.index for d in answer.data) != list(range(count)):
-        raise ValueError(f"vLLM returned {len(answer.data)} embeddings for {count} inputs")
-    vectors: list[bytes] = [b""] * count
-    for d in answer.data:
-        try:
-            raw = base64.b64decode(d.embedding, validate=True)
-        except binascii.Error as e:
-            raise ValueError(f"embedding {d.index} is not base64: {e}") from None
-        if not raw or len(raw) % 4:
-            raise ValueError(f"embedding {d.index} is {len(raw)} bytes: not float32 values")
-        vectors[d.index] = raw
-    if len({len(v) for v in vectors}) > 1:
-        raise ValueError("vLLM returned embeddings of different sizes")
+            info = None
+        raise StreamError(info or wire.ErrorBody(message=f"vLLM answered HTTP {status}", code=status))
+    answer = wire.decode_embeddings(body)
+    vectors = wire.embedding_vectors(answer, count)
     return vectors, answer.usage.prompt_tokens if answer.usage is not None else 0
-
-
-def _tool_call(t: _ToolCall) -> ToolCallDelta:
-    fn = t.function or _Fn()
-    return ToolCallDelta(index=t.index, id=t.id or "", name=fn.name or "",
-                         arguments=fn.arguments or "")
-
-
-def _logprobs(lp: _ChatLogprobs | _CompletionLogprobs | None) -> list[TokenLogprob]:
-    if lp is None:
-        return []
-    if isinstance(lp, _ChatLogprobs):
-        return [TokenLogprob(token=e.token, logprob=e.logprob, bytes=e.bytes,
-                             top=[TopLogprob(t.token, t.logprob, t.bytes) for t in e.top_logprobs])
-                for e in lp.content or ()]
-    out = []
-    for i, (token, logprob) in enumerate(zip(lp.tokens, lp.token_logprobs)):
-        tops = lp.top_logprobs[i] if i < len(lp.top_logprobs) else None
-        out.append(TokenLogprob(token=token, logprob=logprob if logprob is not None else 0.0,
-                                top=[TopLogprob(k, v) for k, v in (tops or {}).items()]))
-    return out

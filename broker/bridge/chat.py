@@ -83,16 +83,9 @@ class Generations:
         self._cancel = cancel
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
+        # An error answer gets its x-request-id from the app's middleware (the same answer_id).
         started = time.monotonic()
         request_id = self._request_id(request)
-        try:
-            response = await self._answer(request, request_id, started)
-        except EdgeError as exc:
-            exc.headers.setdefault(REQUEST_ID_HEADER, request[ANSWER_ID])
-            raise
-        return response
-
-    async def _answer(self, request: web.Request, request_id: str, started: float) -> web.StreamResponse:
         tenant = authenticate(request, self.catalogue.tenants)
         body, extra = await self._parse(request)
         klass = self._class_for(request, tenant)

@@ -16,7 +16,18 @@ import orjson
 
 from broker.bridge.render_embeddings import EmbeddingRenderer
 from schemas.frames import Delta, Finished, TokenLogprob
+from schemas.codec import encode_json
 from schemas.openai import FunctionCall, ToolCall
+from schemas.openai_out import (
+    ChatCompletion,
+    Choice,
+    ChoiceLogprobs,
+    ChoiceMessage,
+    CompletionUsage,
+    TextChoice,
+    TextCompletion,
+    TextLogprobs,
+)
 from schemas.requests import GenerateRequest
 
 # Laneway's finish reasons → OpenAI's ("cancelled" never reaches a client that is still there).
@@ -96,17 +107,16 @@ class Renderer:
             self._choices[delta.choice].add(delta)
 
     def usage_chunk(self, finished: Finished) -> bytes:
-        return self._chunk([], usage=usage_of(finished))
+        return self._chunk([], usage=msgspec.to_builtins(usage_of(finished)))
 
     def _finishes(self, finished: Finished) -> list[str]:
         reasons = finished.finish_reasons or [finished.finish_reason]
         return [finish_reason(reasons[i] if i < len(reasons) else reasons[-1]) for i in range(self.n)]
 
 
-def usage_of(finished: Finished) -> dict[str, int]:
+def usage_of(finished: Finished) -> CompletionUsage:
     u = finished.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+    return CompletionUsage(u.prompt_tokens, u.completion_tokens, u.prompt_tokens + u.completion_tokens)
 
 
 class ChatRenderer(Renderer):
@@ -148,21 +158,17 @@ class ChatRenderer(Renderer):
     def body(self, finished: Finished) -> bytes:
         choices = []
         for i, (choice, reason) in enumerate(zip(self._choices, self._finishes(finished))):
-            message: dict[str, Any] = {"role": "assistant", "content": "".join(choice.parts) or None,
-                                       "refusal": "".join(choice.refusal) or None}
-            if choice.calls:
-                message["tool_calls"] = choice.tool_calls()
-            elif message["content"] is None:
-                message["content"] = ""
-            if choice.reasoning:
-                message["reasoning_content"] = "".join(choice.reasoning)
-            logprobs = {"content": [_token_logprob(lp) for lp in choice.logprobs], "refusal": None} \
-                if self.logprobs else None
-            choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
-        return orjson.dumps({"id": self.id, "object": "chat.completion", "created": self.created,
-                             "model": self.model, "choices": choices, "usage": usage_of(finished),
-                             "system_fingerprint": fingerprint(finished.model)},
-                            default=_struct)
+            content = "".join(choice.parts)
+            message = ChoiceMessage(
+                # With tool calls and no text, content is null (OpenAI's shape); else a string.
+                content=None if choice.calls and not content else content,
+                refusal="".join(choice.refusal) or None,
+                tool_calls=choice.tool_calls() if choice.calls else msgspec.UNSET,
+                reasoning_content="".join(choice.reasoning) if choice.reasoning else msgspec.UNSET)
+            logprobs = ChoiceLogprobs([_token_logprob(lp) for lp in choice.logprobs]) if self.logprobs else None
+            choices.append(Choice(i, message, reason, logprobs))
+        return encode_json(ChatCompletion(self.id, self.created, self.model, choices, usage_of(finished),
+                                          fingerprint(finished.model)))
 
 
 def _call_delta(call: Any) -> dict[str, Any]:
@@ -170,10 +176,6 @@ def _call_delta(call: Any) -> dict[str, Any]:
         return {"index": call.index, "id": call.id, "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments}}
     return {"index": call.index, "function": {"arguments": call.arguments}}
-
-
-def _struct(obj: Any) -> Any:
-    return msgspec.to_builtins(obj)
 
 
 class TextRenderer(Renderer):
@@ -191,8 +193,8 @@ class TextRenderer(Renderer):
         return b""
 
     def delta(self, delta: Delta) -> bytes:
-        return self._chunk([{"index": delta.choice, "text": delta.text,
-                             "logprobs": self._legacy(delta.logprobs) if self.logprobs else None,
+        legacy = msgspec.to_builtins(self._legacy(delta.logprobs)) if self.logprobs else None
+        return self._chunk([{"index": delta.choice, "text": delta.text, "logprobs": legacy,
                              "finish_reason": None}])
 
     def finish(self, finished: Finished) -> bytes:
@@ -200,22 +202,19 @@ class TextRenderer(Renderer):
                         for i, reason in enumerate(self._finishes(finished)))
 
     def body(self, finished: Finished) -> bytes:
-        choices = [{"index": i, "text": "".join(c.parts),
-                    "logprobs": self._legacy(c.logprobs) if self.logprobs else None, "finish_reason": reason}
+        choices = [TextChoice(i, "".join(c.parts), reason, self._legacy(c.logprobs) if self.logprobs else None)
                    for i, (c, reason) in enumerate(zip(self._choices, self._finishes(finished)))]
-        return orjson.dumps({"id": self.id, "object": "text_completion", "created": self.created,
-                             "model": self.model, "choices": choices, "usage": usage_of(finished),
-                             "system_fingerprint": fingerprint(finished.model)})
+        return encode_json(TextCompletion(self.id, self.created, self.model, choices, usage_of(finished),
+                                          fingerprint(finished.model)))
 
     @staticmethod
-    def _legacy(logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    def _legacy(logprobs: list[TokenLogprob]) -> TextLogprobs:
         offsets, at = [], 0
         for lp in logprobs:
             offsets.append(at)
             at += len(lp.token)
-        return {"tokens": [lp.token for lp in logprobs], "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
-                "text_offset": offsets}
+        return TextLogprobs([lp.token for lp in logprobs], [lp.logprob for lp in logprobs],
+                            [{t.token: t.logprob for t in lp.top} for lp in logprobs], offsets)
 
 
 def renderer_for(generate: GenerateRequest) -> ChatRenderer | TextRenderer | EmbeddingRenderer:

@@ -18,8 +18,8 @@ from broker.bridge.errors import EdgeError
 from broker.bridge.render_responses import ResponsesRenderer
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.openai import (ChatBody, FunctionCall, FunctionDef, JsonSchemaFormat, Message, NamedFunction,
-                            NamedToolChoice, ResponseFormat, Tool, ToolCall, ToolChoice)
+from schemas.openai import (KNOWN_CHAT_FIELDS, ChatBody, FunctionCall, FunctionDef, JsonSchemaFormat, Message,
+                            NamedFunction, NamedToolChoice, ResponseFormat, Tool, ToolCall, ToolChoice)
 from schemas.requests import GenerateRequest
 from schemas.responses import (KNOWN_RESPONSES_FIELDS, SERVABLE_INCLUDES, ContentPart, InputItem, ResponsesBody,
                                ResponsesTool, TextConfig, ToolChoiceObject)
@@ -39,9 +39,12 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, bytes]:
     if codec.nests_deeper_than(raw, codec.MAX_JSON_DEPTH):
         raise codec.TooDeep(codec.MAX_JSON_DEPTH)
     body = _decode(raw)
-    members = codec.extra_members(raw)
-    other = {k: v for k, v in members.items() if k not in KNOWN_RESPONSES_FIELDS}
-    return body, codec.encode_json(other) if other else b""
+    extra = codec.other_members(raw, KNOWN_RESPONSES_FIELDS)
+    # Chat's own fields are not this endpoint's: in `extra` they would override the chat body
+    # the gate checks (PII in messages, the slots n takes).
+    if (name := next((k for k in codec.extra_members(extra) if k in KNOWN_CHAT_FIELDS), None)) is not None:
+        raise _invalid(f"{name!r} is not a field of this endpoint", name)
+    return body, extra
 
 
 # -- refusals -------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 from broker.bridge.errors import EdgeError
-from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai import Body, ChatBody, CompletionBody
 from schemas.requests import GenerateRequest
@@ -56,15 +55,6 @@ def check_completion(body: CompletionBody) -> None:
         raise _invalid("best_of must be at least n", "best_of")
 
 
-def without_owned(extra: bytes) -> bytes:
-    """Drop the fields Laneway sets from the client's extra members."""
-    members = codec.extra_members(extra)
-    if not codec.LANEWAY_OWNED & members.keys():
-        return extra
-    kept = {k: v for k, v in members.items() if k not in codec.LANEWAY_OWNED}
-    return codec.encode_json(kept) if kept else b""
-
-
 def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass: str,
                 reply_to: str, now: float, deadline: float) -> GenerateRequest:
     chat = completion = embedding = None
@@ -78,13 +68,9 @@ def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass
         if problem := body.check():
             raise _invalid(problem, "input")
         embedding = body
-    generate = GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
-                               reply_to=reply_to, created_at=now, deadline=deadline, chat=chat,
-                               completion=completion, embedding=embedding, extra=without_owned(extra))
-    if (name := codec.extra_conflict(generate)) is not None:
-        # Only a translated body (the Responses API's) can carry one: its own fields are not chat's.
-        raise _invalid(f"{name!r} is not a field of this endpoint", name)
-    return generate
+    return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
+                           reply_to=reply_to, created_at=now, deadline=deadline, chat=chat,
+                           completion=completion, embedding=embedding, extra=extra)
 
 
 def check_context(generate: GenerateRequest, max_context_tokens: int) -> None:
