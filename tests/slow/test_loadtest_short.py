@@ -74,7 +74,8 @@ async def test_overhead_short():
         assert lv["laneway_ttft"]["n"] == 12 and lv["direct_ttft"]["n"] == 12
         # Every token of every answer arrived (counted from the usage chunk, not from chunks).
         assert lv["tokens_per_s"] * 12 / lv["requests_per_s"] == pytest.approx(12 * 16)
-        assert lv["cpu_ms_per_request"] > 0 and lv["engine_cpu_ms_per_request"] > 0
+        # CPU clocks tick at 1-10 ms on some machines, so a short run may read 0: never negative.
+        assert lv["cpu_ms_per_request"] >= 0 and lv["engine_cpu_ms_per_request"] >= 0
         assert lv["net_cpu_ms_per_request"] == pytest.approx(
             lv["cpu_ms_per_request"] - lv["engine_cpu_ms_per_request"])
     assert "added p50" in overhead.render(report_)
