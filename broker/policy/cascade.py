@@ -1,7 +1,8 @@
 """Cascade policy: serve from the small pool, escalate to the large one when confidence is low.
 
-Pure. The signal is the mean token log-probability of the small pool's first `window` tokens
-(or, for engines without logprobs, a self-check score in [0, 1]). For streams the verdict is
+Pure. The signal is the mean token log-probability of the small pool's first `window` tokens;
+every engine Laneway ships returns them, and a pool whose engine cannot is served without a
+gate (`workers/escalate.stream_gate`), so it never escalates. For streams the verdict is
 taken on those first tokens BEFORE any is released: released tokens cannot be taken back, so
 `StreamGate` holds them until the verdict and then either releases them or drops them.
 
@@ -28,7 +29,6 @@ class CascadeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, o
     # tokens ~37% on average: a calibrated small model is rarely that unsure on an easy answer.
     min_mean_logprob: Annotated[float, Meta(le=0.0)] = -1.0
     window: Annotated[int, Meta(ge=1, le=256)] = 8          # tokens the verdict waits for
-    min_self_check: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.5
 
 
 class Verdict(Enum):
@@ -50,12 +50,6 @@ def decide(logprobs: Sequence[float], settings: CascadeSettings, finished: bool 
     if mean_logprob(logprobs, settings.window) >= settings.min_mean_logprob:
         return Verdict.ACCEPT
     return Verdict.ESCALATE
-
-
-def decide_self_check(score: float, settings: CascadeSettings) -> Verdict:
-    """For engines without logprobs: a self-check score in [0, 1] (e.g. the small model's own
-    'is this answer correct? yes/no' probability)."""
-    return Verdict.ACCEPT if score >= settings.min_self_check else Verdict.ESCALATE
 
 
 class StreamGate(Generic[T]):

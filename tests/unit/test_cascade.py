@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from broker.policy.cascade import (
@@ -9,7 +10,6 @@ from broker.policy.cascade import (
     StreamGate,
     Verdict,
     decide,
-    decide_self_check,
 )
 from broker.routing.cascade import (
     CascadeSample,
@@ -17,6 +17,10 @@ from broker.routing.cascade import (
     format_report,
     pick_threshold,
 )
+from schemas.openai import ChatBody
+from schemas.requests import GenerateRequest
+from schemas.work import Dispatch
+from workers.escalate import stream_gate
 
 S = CascadeSettings(min_mean_logprob=-1.0, window=4)
 
@@ -34,9 +38,22 @@ def test_short_and_empty_answers() -> None:
     assert decide([], S, finished=True) is Verdict.ESCALATE
 
 
-def test_self_check_signal() -> None:
-    assert decide_self_check(0.9, S) is Verdict.ACCEPT
-    assert decide_self_check(0.2, S) is Verdict.ESCALATE
+def test_an_engine_without_logprobs_is_served_without_a_gate() -> None:
+    """No confidence signal: the small pool's answer stands rather than always escalating."""
+    request = GenerateRequest(request_id="r1", tenant="t", klass="chat", model="m", reply_to="_INBOX.x",
+                              created_at=0.0, deadline=0.0, chat=ChatBody(model="m", messages=[]))
+    dispatch = Dispatch(request,
+                        "$JS.ACK.x", 1, escalate_to="large", cascade_window=4, cascade_min_logprob=-1.0)
+
+    class WithLogprobs:
+        supports_logprobs = True
+
+    class WithoutLogprobs:
+        supports_logprobs = False
+
+    assert isinstance(stream_gate(dispatch, WithLogprobs()), StreamGate)
+    assert stream_gate(dispatch, WithoutLogprobs()) is None
+    assert stream_gate(msgspec.structs.replace(dispatch, escalate_to=""), WithLogprobs()) is None
 
 
 def test_stream_gate_holds_tokens_until_the_verdict() -> None:
