@@ -95,6 +95,7 @@ class BrokerConfig:
     cache_ttl_s: float = 3600.0        # response cache TTL; 0 turns the cache off
     pii: str = "auto"                  # off | auto | regex | ner (see broker/gate/pii_service.py)
     pii_workers: int | None = None     # PII process pool size; None: one per core
+    lease_ttl_s: float = 3.0           # the scheduler lease: a dead holder's lapses after this
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,11 @@ class BridgeConfig:
     nats: NatsSettings = field(default_factory=NatsSettings)
     host: str = "127.0.0.1"
     port: int = 8080
-    limits: StreamLimits = field(default_factory=StreamLimits)
     max_body_bytes: int = 4 * 1024 * 1024
     worker_stale_s: float = 15.0        # a worker silent this long no longer counts as ready
     header_timeout_s: float = 30.0      # a connection without a whole request head this long is closed
     body_timeout_s: float = 60.0        # a body not read whole by then gets 408
     max_connections: int = 10_000       # open connections at most; past it, 503 and closed
+    max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
+    max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
-    settings_overwrite: bool = False    # write the settings file over KV instead of only what KV lacks

@@ -1,17 +1,14 @@
-"""Streams, the broker's durable consumer and KV buckets, created idempotently at start.
+"""Streams, the broker's durable consumer and KV buckets, created idempotently.
 
-Every process calls `ensure_topology`; creating what exists is a no-op, and a changed limit is
-applied with an update (JetStream allows raising/lowering limits in place).
+Provisioning (`broker/provision.py`: `laneway up`, `laneway ops provision`) calls
+`ensure_topology`; creating what exists is a no-op, and a changed limit is applied with an update
+(JetStream allows raising/lowering limits in place). The services only open what it made.
 """
 
 from __future__ import annotations
 
-import logging
-
-import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -25,13 +22,9 @@ from nats.js.api import (
 from broker import classes as class_docs
 from broker import tenants as tenant_docs
 from broker.classes import DEFAULT_CLASSES
-from broker.config import Settings, StreamLimits
-from broker.models import MODELS_KEY, encode_models
+from broker.config import StreamLimits
 from broker.tenants import Tenant
-from broker.usage.meter import PRICES_KEY
 from schemas.subjects import Subjects
-
-log = logging.getLogger("laneway.topology")
 
 BUCKETS = ("classes", "tenants", "routing")
 
@@ -102,44 +95,3 @@ async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) 
     kv = await js.key_value(s.bucket("tenants"))
     for tenant in tenants:
         await kv.put(tenant.name, tenant_docs.encode(tenant))
-
-
-# -- the settings file into KV ----------------------------------------------------------------
-async def _documents(js: JetStreamContext, s: Subjects, settings: Settings) -> list[tuple[str, KeyValue, str, bytes]]:
-    """("bucket/key", bucket, key, value) for what the settings file provisions: a key per
-    tenant, the models table and the price book as one key each. Each bucket is opened once."""
-    tenants, routing = await js.key_value(s.bucket("tenants")), await js.key_value(s.bucket("routing"))
-    docs = [(f"tenants/{t.name}", tenants, t.name, tenant_docs.encode(t)) for t in settings.tenants.values()]
-    if settings.models:
-        docs.append((f"routing/{MODELS_KEY}", routing, MODELS_KEY, encode_models(dict(settings.models))))
-    if settings.prices.pools:
-        docs.append((f"routing/{PRICES_KEY}", routing, PRICES_KEY, msgspec.json.encode(settings.prices)))
-    return docs
-
-
-async def seed_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
-    """Write each settings document only where its key never had a value. Expecting subject
-    sequence 0 (not KV `create`, which re-creates a deleted key) keeps an operator's delete too."""
-    created, kept = [], []
-    for name, kv, key, value in await _documents(js, s, settings):
-        try:
-            await kv.update(key, value, last=0)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            kept.append(name)
-        else:
-            created.append(name)
-    if created:
-        log.info("settings file: created %s", ", ".join(created))
-    if kept:
-        log.info("settings file: kept KV's own %s (change them live, or apply the file with "
-                 "`laneway bridge --settings-overwrite`)", ", ".join(kept))
-
-
-async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
-    """Write every settings document over what KV holds (an operator's explicit choice)."""
-    written = []
-    for name, kv, key, value in await _documents(js, s, settings):
-        await kv.put(key, value)
-        written.append(name)
-    if written:
-        log.warning("settings file written over KV: %s", ", ".join(written))

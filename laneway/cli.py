@@ -6,6 +6,7 @@
   laneway broker    the scheduler (joins any NATS via --nats-url)
   laneway worker    one engine (sim | vllm | openai) in a pool
   laneway bridge    the OpenAI-compatible HTTP edge
+  laneway ops provision   streams, buckets, the settings file into KV (compose, Kubernetes)
   laneway classes   list | set: priority classes, live
   laneway tenants   list | set: tenants, live
   laneway routing   show | set | rollback | history of the routing rules
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from broker.runtime import heap
 from broker.runtime.connect import add_nats_flags, nats_from_args
+from broker.runtime.tracing import configure as configure_tracing
 
 log = logging.getLogger("laneway")
 
@@ -53,7 +55,8 @@ def _limits_flags(parser: argparse.ArgumentParser) -> None:
                    help="days LW_DLQ keeps a dead-lettered request")
 
 
-def _limits(args: argparse.Namespace):
+def stream_limits(args: argparse.Namespace):
+    """The limits flags as `StreamLimits` (the broker's, and provisioning's: `ops provision`, `up`)."""
     from broker.config import StreamLimits
 
     return StreamLimits(max_msgs_per_subject=args.backlog_per_tenant, ack_wait_s=args.ack_wait,
@@ -72,6 +75,11 @@ def _edge_flags(parser: argparse.ArgumentParser) -> None:
                    help="seconds a request body may take to arrive; then 408")
     g.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="open connections at most; past it a connection gets 503 and is closed")
+    g.add_argument("--max-streams", type=int, default=d.max_streams,
+                   help="open streams at most (0: no cap); past it a request gets 503 before it is stored")
+    g.add_argument("--max-delivery-lag", type=float, default=d.max_delivery_lag_s,
+                   help="seconds late (smoothed) the bridge's token frames may run before it takes no "
+                        "new stream (503) until it catches up; 0: off")
     g.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens,
                    help="the longest prompt for rule-routed models (models-table entries set their own)")
 
@@ -85,6 +93,13 @@ def _gate_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pii-workers", type=int, default=None, help="PII process pool size")
     g.add_argument("--no-quotas", action="store_true", help="do not enforce tenant quotas")
     g.add_argument("--cache-ttl", type=float, default=3600.0, help="response cache TTL; 0: off")
+
+
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
 
 
 def _metrics_flag(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +126,7 @@ async def _run_broker(args: argparse.Namespace) -> int:
     from broker.config import BrokerConfig
     from broker.dispatch import Broker
 
-    broker = Broker(BrokerConfig(nats=_nats(args), limits=_limits(args), quotas=not args.no_quotas,
+    broker = Broker(BrokerConfig(nats=_nats(args), limits=stream_limits(args), quotas=not args.no_quotas,
                                  cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers))
     _serve_metrics(args.metrics_port, broker.metrics.registry)
     async with broker:
@@ -153,11 +168,11 @@ async def _run_bridge(args: argparse.Namespace) -> int:
         from broker.routing.eval_gate import load_golden, load_results, results_evaluator
 
         evaluator = results_evaluator(load_golden(), load_results(Path(args.eval_scores)))
-    bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port, limits=_limits(args),
+    bridge = Bridge(BridgeConfig(nats=_nats(args), host=args.host, port=args.port,
                                  header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                                  max_connections=args.max_connections,
-                                 max_context_tokens=args.max_context_tokens,
-                                 settings_overwrite=args.settings_overwrite), settings,
+                                 max_streams=args.max_streams, max_delivery_lag_s=args.max_delivery_lag,
+                                 max_context_tokens=args.max_context_tokens), settings,
                     admin=AdminConfig.from_env(), evaluator=evaluator)
     async with bridge:
         print(f"laneway bridge on {bridge.url}", flush=True)
@@ -175,6 +190,12 @@ async def _run_nats(args: argparse.Namespace) -> int:
         print(f"nats-server with JetStream on {server.url} (store {server.store_dir})", flush=True)
         await _until_signalled(asyncio.Event())
     return 0
+
+
+def _run_provision(args: argparse.Namespace) -> int:
+    from laneway import ops_provision
+
+    return ops_provision.run(args, stream_limits(args))
 
 
 async def _run_up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
@@ -211,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-encrypt-at-rest", action="store_true",
                    help="store JetStream in plaintext (default: encrypted, key in DATA_DIR/nats/jetstream.key)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--brokers", type=_at_least_one, default=1,
+                   help="broker processes (they share the request stream; each is restarted alone)")
+    p.add_argument("--workers", type=_at_least_one, default=1, help="worker processes of the pool")
+    p.add_argument("--metrics", action="store_true",
+                   help="every broker and worker serves Prometheus metrics on a free port of its own "
+                        "(its --metrics-port, in `ps`; the bridge serves them at /metrics anyway)")
     p.set_defaults(run=_run_up)
 
     p = sub.add_parser("nats", help="an embedded nats-server with JetStream")
@@ -247,21 +274,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bridge", help="the OpenAI-compatible HTTP edge")
     _nats_flags(p)
-    _limits_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--settings", default=os.environ.get("LANEWAY_SETTINGS"),
-                   help="settings TOML with tenants and models [LANEWAY_SETTINGS]")
+                   help="settings TOML (its default timeout; `laneway ops provision` puts its "
+                        "tenants and models into KV) [LANEWAY_SETTINGS]")
     p.add_argument("--eval-scores", help="golden-set answers per pool (from `laneway eval "
                    "--save-scores`): the admin API's eval gate scores rule changes with them")
-    p.add_argument("--settings-overwrite", action="store_true",
-                   help="write the settings file over KV (default: only the keys KV never had)")
     _edge_flags(p)
     p.set_defaults(run=_run_bridge)
 
     # Tools: a module's configure(parser) and run(args), run_sync when it needs no event loop.
     from broker.usage import report as usage_report
-    from laneway import nats_config, ops_config, ops_routing
+    from laneway import nats_config, ops_config, ops_provision, ops_routing
+
+    p = sub.add_parser("ops", help="operator one-shots: provision")
+    ops_sub = p.add_subparsers(dest="ops_command", required=True)
+    p = ops_sub.add_parser("provision", help="streams, buckets and the settings file into KV "
+                                             "(create-if-absent), then exit: run it before the services")
+    _nats_flags(p)
+    _limits_flags(p)
+    ops_provision.configure(p)
+    p.set_defaults(run_sync=_run_provision)
     from loadtest import eval_run, generator, planner
 
     def tool(name: str, help: str, configure, run, *, sync: bool) -> None:
@@ -306,6 +340,9 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+TRACED = ("bridge", "broker", "worker")     # the processes a request's trace crosses
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -325,12 +362,17 @@ def main(argv: list[str] | None = None) -> int:
         return args.run_sync(args)
     _install_uvloop()
     run: Callable[..., Awaitable[int]] = args.run
+    # The standard OpenTelemetry variable; unset, tracing stays off and costs nothing.
+    tracing = configure_tracing(f"laneway-{args.command}", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                                if args.command in TRACED else None)
     try:
         if args.command == "up":
             return asyncio.run(run(args, forwarded))
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return 130
+    finally:
+        tracing.shutdown()     # exports the spans still batched
 
 
 if __name__ == "__main__":

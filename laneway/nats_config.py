@@ -13,9 +13,11 @@ violation (tests/integration/test_nats_isolation.py keeps it so). JetStream API 
 granted per verb and per stream: no role may delete or purge a stream, and only the broker may
 take the work queue's messages (`CONSUMER.MSG.NEXT`) or remove one (the DLQ move).
 
-The `ops` user is for the operator commands (`laneway classes|tenants|routing|usage|eval`, via
-LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it writes classes, tenants and routing rules, and
-reads the usage, audit and dead-letter streams. It cannot touch requests or tokens.
+The `ops` user is for the operator commands (`laneway ops provision|classes|tenants|routing|usage|
+eval`, via LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it alone creates and updates the streams, the
+broker's durable consumer and the live buckets (provisioning); it writes classes, tenants and
+routing rules, and reads the usage, audit and dead-letter streams. It cannot touch requests or
+tokens. The services create only the buckets of their own runtime state (quota, response cache).
 
 Passwords are generated and stored in plain text in the config (keep it 0600; it is written so)
 and in a credentials file to hand out; nats-server also accepts bcrypt hashes in their place.
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from broker.runtime.response_cache import CACHE_BUCKET
 from broker.gate.quota_store import QUOTA_BUCKET
+from broker.scheduler.lease import LEASE_BUCKET
 from broker.topology import BUCKETS as LIVE_BUCKETS    # classes, tenants, routing: watched live
 from schemas.subjects import Subjects, check_token
 
@@ -80,29 +83,34 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     """role → its nats-server `permissions` block."""
     p = s.prefix
     req, durable = s.req_stream, s.broker_durable
-    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET)}
+    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
-    # broker/topology.ensure_topology runs in the broker AND the bridge (either may start first):
-    # create or (limits changed) update the streams, open the buckets, create the broker's
-    # durable (nats-py's legacy DURABLE.CREATE, or the named form), write the default classes
-    # (`kv.create` reads the key when it exists: found on a restart).
-    topology = [*_api("STREAM.CREATE STREAM.UPDATE", req, *logs, *live), *_kv_read(*live),
-                *_api("CONSUMER.DURABLE.CREATE CONSUMER.CREATE", f"{req}.{durable}"),
-                f"$JS.API.CONSUMER.CREATE.{req}.{durable}.>", f"$KV.{s.bucket('classes')}.>"]
+    # Provisioning (broker/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
+    # or (limits changed) update the streams, open the buckets, create the broker's durable
+    # (nats-py's legacy DURABLE.CREATE, or the named form), write the default classes (`kv.create`
+    # reads the key when it exists: found on a rerun) and the settings file's documents.
+    provision = [*_api("STREAM.CREATE STREAM.UPDATE", req, *logs, *live), *_kv_read(*live),
+                 *_api("CONSUMER.DURABLE.CREATE CONSUMER.CREATE", f"{req}.{durable}"),
+                 f"$JS.API.CONSUMER.CREATE.{req}.{durable}.>"]
     acks = f"$JS.ACK.{req}.{durable}.>"     # the dispatched message's ack/nak/+WPI/term
     frames, usage, dlq = f"{p}.tok.*.*", s.usage_all, f"{p}.dlq.*.*"
     return {
         "broker": _permissions(
-            [frames, usage, dlq, f"{p}.audit.*", s.broker_events, s.worker_ping, acks, *topology,
+            [frames, usage, dlq, f"{p}.audit.*", s.broker_events, s.worker_ping, acks, *_kv_read(*live),
+             f"$JS.API.CONSUMER.INFO.{req}.{durable}",        # waits for provisioning to make it
              *_api("STREAM.CREATE", kv[CACHE_BUCKET], kv[QUOTA_BUCKET]),
              *_api("STREAM.UPDATE", kv[CACHE_BUCKET]),         # a changed cache TTL
              *_kv_read(kv[CACHE_BUCKET], kv[QUOTA_BUCKET]), f"$KV.{s.bucket(QUOTA_BUCKET)}.>",
              *_consume(*live),
              f"$JS.API.CONSUMER.MSG.NEXT.{req}.{durable}",         # broker/intake.py
-             *_api("STREAM.MSG.GET STREAM.MSG.DELETE", req)],       # broker/deadletter.py
+             *_api("STREAM.MSG.GET STREAM.MSG.DELETE", req),        # broker/deadletter.py
+             # broker/scheduler: the lease bucket, admissions, settled notices, announcements
+             *_api("STREAM.CREATE", kv[LEASE_BUCKET]), *_kv_read(kv[LEASE_BUCKET]),
+             f"$KV.{s.bucket(LEASE_BUCKET)}.>", s.sched_admit, s.sched_settled_all, s.sched_leader],
             [s.pull_all, s.cancel_all, s.worker_events, s.worker_ping, usage, "_INBOX.>",
-             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{req}.{durable}"],
+             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{req}.{durable}",
+             s.broker_events, s.sched_admit, s.sched_settled_all, s.sched_leader],
             responses=True),   # the Batch answering a worker's pull
         "worker": _permissions(
             [frames, s.pull_all, usage, dlq, s.worker_events, acks,
@@ -110,14 +118,15 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
              *_consume(kv["routing"])],                     # watches the price book
-            [s.cancel_all, s.worker_ping, "_INBOX.>"]),
+            [s.cancel_all, s.worker_ping, s.sched_leader, "_INBOX.>"]),   # a new scheduler: pull afresh
         "bridge": _permissions(
-            [s.req_all, s.cancel_all, s.worker_ping, *topology, *_consume(*live),
-             f"$KV.{s.bucket('tenants')}.>", f"$KV.{s.bucket('routing')}.>"],   # settings, admin API
+            [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
+             f"$KV.{s.bucket('routing')}.>"],                                   # the admin API's rules
             [frames, s.worker_events, s.broker_events, "_INBOX.>"]),
         "ops": _permissions(
-            [*_kv_read(*live, *logs), *_consume(*live, *logs),
-             *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS)],
+            [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
+             *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS),
+             *_kv_read(kv[LEASE_BUCKET])],                  # which broker schedules now
             ["_INBOX.>"]),
     }
 

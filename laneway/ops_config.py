@@ -128,5 +128,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"laneway {args.bucket}: {exc}", file=sys.stderr)
         return 2
     except nats.js.errors.BucketNotFoundError:
-        print(f"laneway {args.bucket}: no {args.bucket} bucket: start a broker first", file=sys.stderr)
+        print(f"laneway {args.bucket}: no {args.bucket} bucket: run `laneway ops provision` first", file=sys.stderr)
         return 2

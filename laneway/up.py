@@ -1,7 +1,9 @@
 """`laneway up`: the whole system on one machine, one command, no Docker.
 
-An embedded nats-server (JetStream on disk under --data-dir), then broker, worker and bridge as
-child processes, exactly as they run in production (each `laneway <role> --nats-url ...`).
+An embedded nats-server (JetStream on disk under --data-dir), provisioned in this process
+(streams, buckets, the settings file into KV: broker/provision.py), then broker, worker and bridge
+as child processes, exactly as they run in production (each `laneway <role> --nats-url ...`);
+`--brokers N` and `--workers N` start several of those two, each kept and restarted alone.
 Children run in their own sessions so Ctrl-C reaches only this process, which stops them in
 order (bridge, worker, broker, nats-server) and leaves nothing behind. Once the stack is ready,
 a child that dies is restarted with backoff (laneway/supervise.py) and the others run on; each
@@ -15,12 +17,16 @@ import asyncio
 import os
 import secrets
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import aiohttp
+from nats.errors import Error as NatsError
 
 from broker.config import LogicalModel, Settings, load_settings
+from broker.provision import provision_at
+from broker.runtime.connect import NatsSettings
 from broker.runtime.lifetime import tied_to_this_process
 from broker.runtime.natsd import NatsServer
 from broker.tenants import Tenant, hash_key
@@ -51,11 +57,13 @@ def _engine_defaults(args: argparse.Namespace) -> tuple[str, str]:
     return args.model_name or "laneway-sim", args.pool or "sim"
 
 
-async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None) -> asyncio.subprocess.Process:
+async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
+                 name: str | None = None) -> asyncio.subprocess.Process:
+    """`name` tells apart several children of one role (`broker-2`): their logs and restarts."""
     env = dict(os.environ)
     if auth is not None:    # in the environment, not argv, where any local user could read it
         env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = auth.services[role]
-    with open(log_dir / f"{role}.log", "ab") as log:    # the child keeps its own copy
+    with open(log_dir / f"{name or role}.log", "ab") as log:    # the child keeps its own copy
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "laneway.cli", role, *argv,
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
@@ -120,15 +128,43 @@ def _settings_key(path: Path, tenants: dict[str, Tenant], api_key: str | None) -
     return "$LANEWAY_API_KEY", f"  (a key of a tenant in {path})"
 
 
-def _prefix(forwarded: dict[str, list[str]]) -> str:
-    """The subject prefix the children were given (`--prefix X` or `--prefix=X`), else "lw"."""
-    argv = forwarded["broker"]
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value `argv` gives `flag` (`--flag X` or `--flag=X`; the last one wins, as in argparse)."""
+    value = None
     for i, token in enumerate(argv):
-        if token == "--prefix" and i + 1 < len(argv):
-            return argv[i + 1]
-        if token.startswith("--prefix="):
-            return token.split("=", 1)[1]
-    return os.environ.get("LANEWAY_PREFIX", "lw")
+        if token == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(f"{flag}="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def _prefix(forwarded: dict[str, list[str]]) -> str:
+    """The subject prefix the children were given, else "lw"."""
+    return _flag_value(forwarded["broker"], "--prefix") or os.environ.get("LANEWAY_PREFIX", "lw")
+
+
+def instances(role: str, n: int) -> list[str]:
+    """The children's names: the role itself when there is one (as before `--brokers N`)."""
+    return [role] if n == 1 else [f"{role}-{i}" for i in range(1, n + 1)]
+
+
+def _metrics_port(enabled: bool) -> list[str]:
+    """A free port of a child's own for its Prometheus metrics, kept across its restarts."""
+    if not enabled:
+        return []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return ["--metrics-port", str(s.getsockname()[1])]
+
+
+def worker_argvs(argv: list[str], n: int) -> list[list[str]]:
+    """One argv per worker. Ids are unique: a `--worker-id X` given to `up` becomes X-1, X-2...
+    for several workers; without one, each worker draws its own."""
+    base = _flag_value(argv, "--worker-id")
+    if n == 1 or base is None:
+        return [list(argv) for _ in range(n)]
+    return [argv + ["--worker-id", f"{base}-{i}"] for i in range(1, n + 1)]   # the last one wins
 
 
 def _nats_lines(nats_url: str, auth: UpAuth | None) -> str:
@@ -144,7 +180,7 @@ def _nats_lines(nats_url: str, auth: UpAuth | None) -> str:
 
 
 def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path,
-            auth: UpAuth | None) -> str:
+            auth: UpAuth | None, counts: dict[str, int]) -> str:
     # A key from the environment in the shell example is one from the environment in Python's.
     py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
               else f"'{api_key}'")
@@ -154,6 +190,7 @@ Laneway is up: {url}
   NATS        {nats_url}
   API key     {api_key}{key_note}
   model       {model}
+  processes   {", ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in counts.items())}
   logs        {logs}/
 {_nats_lines(nats_url, auth)}
 Stream a reply with curl:
@@ -187,7 +224,7 @@ class FlagError(ValueError):
 
 def route_flags(tokens: list[str], role_parsers: dict[str, argparse.ArgumentParser]) -> dict[str, list[str]]:
     """Flags `up` does not take itself go to every role whose own command takes them:
-    `--ack-wait 10` to the broker and the bridge, `--sim-profile X` to the worker."""
+    `--ack-wait 10` to the broker (and `up`'s provisioning), `--sim-profile X` to the worker."""
     routed: dict[str, list[str]] = {role: [] for role in role_parsers}
     groups: list[list[str]] = []
     for token in tokens:
@@ -213,15 +250,14 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     model, pool = _engine_defaults(args)
-    overwrite: list[str] = []       # for the bridge's first start only, never its restarts
+    overwrite = False               # the settings file over KV (a new demo key), this run only
     if args.settings:
         settings_path = Path(args.settings)
         settings = load_settings(settings_path)
         api_key, key_note = _settings_key(settings_path, settings.tenants, args.api_key)
     else:
         api_key, key_note, changed = _demo_key(data_dir, args.api_key)
-        if changed:     # the bridge seeds KV create-if-absent: a new key must replace the old
-            overwrite = ["--settings-overwrite"]
+        overwrite = changed     # provisioning is create-if-absent: a new key must replace the old
         settings = Settings(tenants={"demo": Tenant(name="demo", api_key_sha256=[hash_key(api_key)])},
                             models={model: LogicalModel(pool=pool)})
         settings_path = data_dir / "settings.toml"
@@ -243,18 +279,23 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
     if args.model:
         worker_argv += ["--model", args.model]
-    starts = {
-        "broker": lambda: _spawn("broker", common + ["--pii", args.pii] + forwarded["broker"], log_dir, auth),
-        "worker": lambda: _spawn("worker", worker_argv, log_dir, auth),
-        "bridge": lambda: _spawn("bridge", bridge_argv, log_dir, auth),
-    }
+    broker_argv = common + ["--pii", args.pii] + forwarded["broker"]
+
+    def start(role: str, argv: list[str], name: str):
+        return lambda: _spawn(role, argv, log_dir, auth, name)
+
+    starts = {name: start("broker", broker_argv + _metrics_port(args.metrics), name)
+              for name in instances("broker", args.brokers)}
+    starts |= {name: start("worker", argv + _metrics_port(args.metrics), name) for name, argv in
+               zip(instances("worker", args.workers), worker_argvs(worker_argv, args.workers))}
+    starts["bridge"] = start("bridge", bridge_argv, "bridge")
     procs: dict[str, asyncio.subprocess.Process] = {}
     supervisor = Supervisor()
     code = 0
     try:
-        procs["broker"] = await starts["broker"]()
-        procs["worker"] = await starts["worker"]()
-        procs["bridge"] = await _spawn("bridge", bridge_argv + overwrite, log_dir, auth)
+        await _provision(args, forwarded, nats.url, auth, settings, overwrite)
+        for name, start_child in starts.items():
+            procs[name] = await start_child()
         url = f"http://{args.host}:{args.port}"
         ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout))
         stopped = asyncio.create_task(stop.wait())
@@ -267,7 +308,8 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         supervisor.keep("nats-server", nats.process, _restart_nats(nats))
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
-        print(_banner(url, api_key, model, key_note, nats.url, log_dir, auth), flush=True)
+        counts = {"broker": args.brokers, "worker": args.workers, "bridge": 1}
+        print(_banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts), flush=True)
         await stopped
     except RuntimeError as exc:
         print(f"laneway: {exc}; see the logs in {log_dir}/", file=sys.stderr)
@@ -275,11 +317,26 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     finally:
         await supervisor.stop()
         procs.update(supervisor.procs)
-        for role in ("bridge", "worker", "broker"):
-            if role in procs:
-                await _stop(procs[role])
+        for role in ("bridge", "worker", "broker"):     # each role's children stop together
+            await asyncio.gather(*(_stop(proc) for name, proc in procs.items()
+                                   if name.split("-")[0] == role))
         await nats.stop()
     return code
+
+
+async def _provision(args: argparse.Namespace, forwarded: dict[str, list[str]], nats_url: str,
+                     auth: UpAuth | None, settings: Settings, overwrite: bool) -> None:
+    """Streams, buckets and the settings file into KV, as the ops user, before any service starts
+    (they would wait for it). The stream limits are the broker's flags, as `up` forwards them."""
+    from laneway.cli import stream_limits
+
+    limits = stream_limits(args.subcommands["broker"].parse_args(forwarded["broker"]))
+    user, password = auth.services["ops"] if auth else (None, None)
+    try:
+        await provision_at(NatsSettings(nats_url, _prefix(forwarded), user, password), limits, settings,
+                           overwrite=overwrite)
+    except NatsError as exc:
+        raise RuntimeError(f"provisioning failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _restart_nats(nats: NatsServer):

@@ -1,7 +1,9 @@
 """Broker, workers and bridge in one event loop, against a given NATS: for tests and benchmarks.
 
 `laneway up` runs the same components as separate processes; this is the in-process
-equivalent, so a test can reach into each component (engine state, metrics) directly.
+equivalent, so a test can reach into each component (engine state, metrics) directly. Like `up`,
+it provisions first (streams, buckets, the settings file into KV, as the `ops` user when
+`credentials` has one), create-if-absent: a second stack on the same prefix keeps what KV holds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from broker.bridge.admin import AdminConfig
 from broker.bridge.app import Bridge
 from broker.config import BridgeConfig, BrokerConfig, LogicalModel, Settings, StreamLimits
 from broker.dispatch import Broker
+from broker.provision import provision_at
 from broker.runtime.connect import NatsSettings
 from broker.tenants import Tenant, hash_key
 from workers.engine import Engine
@@ -38,7 +41,7 @@ class Stack:
     limits: StreamLimits = field(default_factory=StreamLimits)
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
     prefix: str = "lw"
-    credentials: dict[str, tuple[str, str]] | None = None   # role → (user, password)
+    credentials: dict[str, tuple[str, str]] | None = None   # role (or "ops") → (user, password)
     admin: AdminConfig | None = None
     pii: str = "off"                        # the broker's PII stage: off | auto | regex | ner
     cache_ttl_s: float = 3600.0
@@ -48,6 +51,7 @@ class Stack:
 
     async def __aenter__(self) -> "Stack":
         self._exit = AsyncExitStack()
+        await provision_at(self._nats("ops"), self.limits, self.settings)
         self.broker = await self._exit.enter_async_context(
             Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits, pii=self.pii,
                                 cache_ttl_s=self.cache_ttl_s)))
@@ -57,7 +61,7 @@ class Stack:
             config = replace(self.worker_config, nats=self._nats("worker"), pool=pool)
             self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
         self.bridge = await self._exit.enter_async_context(
-            Bridge(BridgeConfig(nats=self._nats("bridge"), port=0, limits=self.limits), self.settings,
+            Bridge(BridgeConfig(nats=self._nats("bridge"), port=0), self.settings,
                    admin=self.admin))
         if engines:
             await self.bridge.wait_ready()

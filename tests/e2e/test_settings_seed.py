@@ -1,5 +1,6 @@
-"""The settings file seeds KV; a bridge restart never undoes an operator's live edit or delete.
-Each test has its own subject prefix, so its own buckets on the module's nats-server."""
+"""Provisioning seeds KV from the settings file; running it again never undoes an operator's live
+edit or delete. Each test has its own subject prefix, so its own buckets on the module's
+nats-server; a bridge reads what KV holds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import aiohttp
 
 from broker import tenants as tenant_docs
 from broker.bridge.app import Bridge
-from broker.config import BridgeConfig, LogicalModel, Settings
+from broker.config import BridgeConfig, LogicalModel, Settings, StreamLimits
+from broker.provision import provision_at
 from broker.runtime.connect import NatsSettings
 from broker.tenants import Tenant, hash_key
 
@@ -20,9 +22,14 @@ SETTINGS = Settings(
 LIVE_ACME = Tenant(name="acme", api_key_sha256=[hash_key("sk-acme"), hash_key("sk-acme-live")], weight=3.0)
 
 
-def bridge(nats_server, prefix: str, settings: Settings = SETTINGS, **config) -> Bridge:
-    return Bridge(BridgeConfig(nats=NatsSettings(url=nats_server.url, prefix=prefix), port=0, **config),
-                  settings)
+def bridge(nats_server, prefix: str) -> Bridge:
+    return Bridge(BridgeConfig(nats=NatsSettings(url=nats_server.url, prefix=prefix), port=0), SETTINGS)
+
+
+async def provision(nats_server, prefix: str, settings: Settings = SETTINGS, *,
+                    overwrite: bool = False) -> None:
+    await provision_at(NatsSettings(url=nats_server.url, prefix=prefix), StreamLimits(), settings,
+                       overwrite=overwrite)
 
 
 async def status_with(b: Bridge, key: str) -> int:
@@ -43,12 +50,14 @@ async def edit_live(b: Bridge) -> None:
     await tenants.delete("zeta")
 
 
-async def test_a_restart_keeps_live_edits_and_deletes(nats_server, caplog):
+async def test_provisioning_again_keeps_live_edits_and_deletes(nats_server, caplog):
+    await provision(nats_server, "keep")
     async with bridge(nats_server, "keep") as first:
         assert await status_with(first, "sk-acme") == 200          # seeded from the settings file
         await edit_live(first)
-    with caplog.at_level("INFO", logger="laneway.topology"):
-        async with bridge(nats_server, "keep") as restarted:       # the same settings file
+    with caplog.at_level("INFO", logger="laneway.provision"):
+        await provision(nats_server, "keep")                       # the same settings file
+        async with bridge(nats_server, "keep") as restarted:
             assert await status_with(restarted, "sk-acme-live") == 200
             assert await status_with(restarted, "sk-zeta") == 401
             assert json.loads((await (await tenants_kv(restarted)).get("acme")).value)["weight"] == 3.0
@@ -57,18 +66,20 @@ async def test_a_restart_keeps_live_edits_and_deletes(nats_server, caplog):
 
 
 async def test_a_tenant_new_to_the_settings_file_is_created(nats_server):
-    async with bridge(nats_server, "grow"):
-        pass
+    await provision(nats_server, "grow")
     grown = Settings(tenants={**SETTINGS.tenants, "newco": Tenant(name="newco",
                                                                   api_key_sha256=[hash_key("sk-newco")])},
                      models=SETTINGS.models)
-    async with bridge(nats_server, "grow", grown) as b:
+    await provision(nats_server, "grow", grown)
+    async with bridge(nats_server, "grow") as b:
         assert await status_with(b, "sk-newco") == 200
 
 
 async def test_settings_overwrite_is_an_explicit_choice(nats_server):
+    await provision(nats_server, "over")
     async with bridge(nats_server, "over") as first:
         await edit_live(first)
-    async with bridge(nats_server, "over", settings_overwrite=True) as b:
+    await provision(nats_server, "over", overwrite=True)
+    async with bridge(nats_server, "over") as b:
         assert await status_with(b, "sk-acme-live") == 401         # the settings file won
         assert await status_with(b, "sk-zeta") == 200

@@ -30,7 +30,7 @@ from broker.routing.store import connect_store
 from broker.runtime.natsd import NatsServer
 from broker.tenants import Tenant, hash_key
 from broker.usage.report import read_usage
-from laneway.nats_config import SERVICE_ROLES, UpAuth, up_auth
+from laneway.nats_config import UpAuth, up_auth
 from loadtest.stack import Stack
 from schemas import codec
 from schemas.subjects import Subjects
@@ -100,7 +100,7 @@ class Secured:
                        worker_config=WorkerConfig(in_progress_s=0.5),
                        pii="regex" if presidio_installed() else "off",
                        admin=AdminConfig((hash_key(ADMIN_KEY),)))
-        return Stack(self.server.url, settings(), credentials={r: self.auth.services[r] for r in SERVICE_ROLES},
+        return Stack(self.server.url, settings(), credentials=dict(self.auth.services),   # ops provisions
                      **{**options, **overrides})
 
     async def connect(self, role: str, **options) -> nats.aio.client.Client:

@@ -3,7 +3,8 @@
 No Docker engine runs here, so nothing is started. The checks:
 - the compose file validates (`docker-compose config -q`; skipped without a compose binary);
 - every Laneway service runs a real `laneway` subcommand with flags that subcommand has, and its
-  command line parses; pools, GPUs, NATS nodes and the settings file are consistent;
+  command line parses; pools, GPUs, NATS nodes and the settings file are consistent; a one-shot
+  `laneway ops provision` runs before every service;
 - every Prometheus scrape target is a compose service on a port that service exposes and listens on;
 - every metric named in the Grafana dashboard and the alert rules is exported by a `*Metrics`
   class of Laneway (or is a recording rule defined in the rules file);
@@ -37,6 +38,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "laneway.json"
 SETTINGS = DEPLOY / "settings.toml"
 PLACEHOLDER_KEY = "lw-demo-key-CHANGE-ME"      # documented in deploy/settings.toml
 ROLES = ("broker", "worker", "bridge")
+PROVISION = ["ops", "provision"]           # the one-shot service's subcommand
 METRICS_PACKAGES = ("broker", "workers", "laneway", "loadtest")
 
 
@@ -127,20 +129,37 @@ def test_services_run_real_subcommands_and_flags() -> None:
     assert {c[0] for c in commands.values()} >= set(ROLES), f"the stack must run {ROLES}: {commands}"
     top = cli_help()
     for name, command in commands.items():
+        words = PROVISION if command[:2] == PROVISION else command[:1]
         role = command[0]
-        assert role in ROLES and re.search(rf"\b{role}\b", top), f"{name}: `laneway {role}` is not a subcommand"
-        text = cli_help(role)
-        for arg in command[1:]:
+        assert role in (*ROLES, "ops") and re.search(rf"\b{role}\b", top), \
+            f"{name}: `laneway {role}` is not a subcommand"
+        text = cli_help(*words)
+        for arg in command[len(words):]:
             if arg.startswith("--"):
                 flag = arg.split("=", 1)[0]
                 assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), \
-                    f"{name}: `laneway {role} --help` has no {flag}"
+                    f"{name}: `laneway {' '.join(words)} --help` has no {flag}"
         try:
             args, rest = build_parser().parse_known_args(command)
         except SystemExit:
             pytest.fail(f"{name}: `laneway {' '.join(command)}` does not parse")
         assert not rest, f"{name}: unknown arguments {rest}"
         assert args.command == role
+
+
+def test_provisioning_runs_once_before_every_service() -> None:
+    commands = laneway_services()
+    provisioners = [name for name, command in commands.items() if command[:2] == PROVISION]
+    assert len(provisioners) == 1, f"one `laneway ops provision` service, got {provisioners}"
+    name = provisioners[0]
+    assert services()[name]["restart"] == "no", "a one-shot: it exits when done"
+    for other in commands.keys() - {name}:
+        assert services()[other]["depends_on"][name] == {"condition": "service_completed_successfully"}, \
+            f"{other} must start after {name} succeeded"
+    bridge = next(c for c in commands.values() if c[0] == "bridge")
+    assert flag_value(commands[name], "--settings") == flag_value(bridge, "--settings")
+    mounts = {v for svc in (services()[name], services()["bridge"]) for v in svc["volumes"]}
+    assert len({m for m in mounts if m.endswith("settings.toml:ro")}) == 1, "the same settings file"
 
 
 def test_workers_pools_gpus_and_settings_agree() -> None:
@@ -185,7 +204,7 @@ def test_nats_cluster_and_replicas() -> None:
     for name, command in laneway_services().items():
         urls = flag_value(command, "--nats-url") or ""
         assert {u.split("//")[1].split(":")[0] for u in urls.split(",")} == set(nodes), name
-        if command[0] in ("broker", "bridge"):
+        if command[0] == "broker" or command[:2] == PROVISION:
             assert flag_value(command, "--replicas") == "3", f"{name}: streams need 3 replicas"
 
 
@@ -216,7 +235,8 @@ def test_scrape_targets_are_services_on_exposed_ports() -> None:
             listens = flag_value(command, "--metrics-port") or flag_value(command, "--port")
             assert listens == str(port), f"job {job}: {host} serves metrics on {listens}, not {port}"
     scraped = {host for _, host, _ in targets}
-    assert set(commands) <= scraped, f"Laneway services nobody scrapes: {set(commands) - scraped}"
+    running = {name for name, command in commands.items() if command[:2] != PROVISION}   # not the one-shot
+    assert running <= scraped, f"Laneway services nobody scrapes: {running - scraped}"
     config = yaml.safe_load(PROMETHEUS.read_text())
     for rule_file in config.get("rule_files", []):
         assert (PROMETHEUS.parent / rule_file).is_file(), rule_file

@@ -90,6 +90,14 @@ def test_jetstream_rights_are_per_verb_and_stream():
               if any("MSG.NEXT.LW_REQ" in s or "MSG.DELETE.LW_REQ" in s for s in subjects)}
     assert takers == {"broker"}
     assert not any(s.startswith(("lw.", "$JS.ACK")) for s in publish["ops"])
+    # Only ops provisions: no service creates or changes a stream, the durable or a live bucket; a
+    # service creates only the buckets of its own runtime state (quota, response cache).
+    provisioned = [S.req_stream, S.usage_stream, S.dlq_stream, S.audit_stream,
+                   *(f"KV_{S.bucket(name)}" for name in ("classes", "tenants", "routing"))]
+    making = {f"$JS.API.STREAM.{verb}.{stream}" for verb in ("CREATE", "UPDATE") for stream in provisioned}
+    making |= {f"$JS.API.CONSUMER.{verb}.{S.req_stream}.{S.broker_durable}" for verb in ("CREATE", "DURABLE.CREATE")}
+    assert {role for role, subjects in publish.items() if making & set(subjects)} == {"ops"}
+    assert making <= set(publish["ops"])
     assert all(len(subjects) == len(set(subjects)) for subjects in publish.values())
     tenant = tenant_permissions(S, "acme")
     assert tenant["subscribe"]["allow"] == ["lw.tok.acme.>", "_INBOX_acme.>"]

@@ -1,0 +1,128 @@
+"""Provisioning: everything the services use but do not create themselves, in one run.
+
+The topology (streams, the broker's durable consumer, the live buckets with the default classes,
+`broker/topology.py`) and the settings file's documents (a key per tenant, the models table, the
+price book). `laneway up` runs it before it starts anything; `laneway ops provision` runs it as
+the ops user for compose and Kubernetes. By default a settings document is written only where its
+key never had a value, so running it again cannot undo an operator's live edit or delete;
+`overwrite` (`--overwrite`) writes the file over KV, an explicit operator choice.
+
+The broker and the bridge open what it made and wait for it (`wait_provisioned`), so they may
+start before it. Buckets a component keeps its own runtime state in (quota leases, the response
+cache) are created by that component.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+import nats
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from broker import tenants as tenant_docs
+from broker.config import Settings, StreamLimits
+from broker.models import MODELS_KEY, encode_models
+from broker.runtime.connect import NatsSettings
+from broker.topology import BUCKETS, ensure_topology
+from broker.usage.meter import PRICES_KEY
+from schemas.subjects import Subjects
+
+log = logging.getLogger("laneway.provision")
+
+WAIT_LOG_EVERY_S = 30.0     # while waiting, the "waiting for provisioning" line at most this often
+
+
+async def provision(js: JetStreamContext, s: Subjects, limits: StreamLimits, settings: Settings, *,
+                    overwrite: bool = False) -> None:
+    await ensure_topology(js, s, limits)
+    await (put_settings if overwrite else seed_settings)(js, s, settings)
+
+
+async def provision_at(n: NatsSettings, limits: StreamLimits, settings: Settings, *,
+                       overwrite: bool = False) -> None:
+    """Connect (once, no reconnects: a one-shot run fails loudly), provision, disconnect."""
+    async def error(exc: Exception) -> None:    # one line, not nats-py's default traceback
+        log.warning("NATS: %s: %s", type(exc).__name__, exc)
+
+    nc = await nats.connect(servers=n.url.split(","), name="laneway-provision", user=n.user,
+                            password=n.password, connect_timeout=5, allow_reconnect=False,
+                            max_reconnect_attempts=1, error_cb=error)
+    try:
+        await provision(nc.jetstream(), n.subjects, limits, settings, overwrite=overwrite)
+    finally:
+        await nc.close()
+
+
+# -- the settings file into KV ----------------------------------------------------------------
+async def _documents(js: JetStreamContext, s: Subjects, settings: Settings) -> list[tuple[str, KeyValue, str, bytes]]:
+    """("bucket/key", bucket, key, value) for what the settings file provisions: a key per
+    tenant, the models table and the price book as one key each. Each bucket is opened once."""
+    tenants, routing = await js.key_value(s.bucket("tenants")), await js.key_value(s.bucket("routing"))
+    docs = [(f"tenants/{t.name}", tenants, t.name, tenant_docs.encode(t)) for t in settings.tenants.values()]
+    if settings.models:
+        docs.append((f"routing/{MODELS_KEY}", routing, MODELS_KEY, encode_models(dict(settings.models))))
+    if settings.prices.pools:
+        docs.append((f"routing/{PRICES_KEY}", routing, PRICES_KEY, msgspec.json.encode(settings.prices)))
+    return docs
+
+
+async def seed_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
+    """Write each settings document only where its key never had a value. Expecting subject
+    sequence 0 (not KV `create`, which re-creates a deleted key) keeps an operator's delete too."""
+    created, kept = [], []
+    for name, kv, key, value in await _documents(js, s, settings):
+        try:
+            await kv.update(key, value, last=0)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            kept.append(name)
+        else:
+            created.append(name)
+    if created:
+        log.info("settings file: created %s", ", ".join(created))
+    if kept:
+        log.info("settings file: kept KV's own %s (change them live, or apply the file with "
+                 "`laneway ops provision --overwrite`)", ", ".join(kept))
+
+
+async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
+    """Write every settings document over what KV holds (an operator's explicit choice)."""
+    written = []
+    for name, kv, key, value in await _documents(js, s, settings):
+        await kv.put(key, value)
+        written.append(name)
+    if written:
+        log.warning("settings file written over KV: %s", ", ".join(written))
+
+
+# -- the services' side -----------------------------------------------------------------------
+async def _missing(js: JetStreamContext, s: Subjects, consumer: bool) -> list[str]:
+    missing = []
+    if consumer:
+        try:
+            await js.consumer_info(s.req_stream, s.broker_durable)
+        except nats.js.errors.NotFoundError:    # no stream, or no durable on it
+            missing.append(f"consumer {s.req_stream}/{s.broker_durable}")
+    for name in BUCKETS:
+        try:
+            await js.key_value(s.bucket(name))
+        except nats.js.errors.BucketNotFoundError:
+            missing.append(f"bucket {s.bucket(name)}")
+    return missing
+
+
+async def wait_provisioned(js: JetStreamContext, s: Subjects, who: str, *, consumer: bool = False,
+                           interval_s: float = 0.25) -> None:
+    """Until the live buckets exist (and the broker's durable consumer, with `consumer`). Waits
+    rather than fails, so a service may start before provisioning ran, and says what it waits for."""
+    loop = asyncio.get_running_loop()
+    next_log = loop.time()
+    while missing := await _missing(js, s, consumer):
+        if loop.time() >= next_log:
+            log.warning("%s: waiting for provisioning (missing %s): run `laneway ops provision`",
+                        who, ", ".join(missing))
+            next_log = loop.time() + WAIT_LOG_EVERY_S
+        await asyncio.sleep(interval_s)

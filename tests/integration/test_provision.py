@@ -1,0 +1,118 @@
+"""Provisioning is its own step: `laneway ops provision` makes the streams, the broker's durable,
+the live buckets and the settings file's documents, and a second run leaves an operator's live
+edit alone; a broker and a bridge started before it wait for it, then serve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+
+import aiohttp
+import nats
+import pytest
+
+from broker import tenants as tenant_docs
+from broker.bridge.app import Bridge
+from broker.classes import DEFAULT_CLASSES
+from broker.config import BridgeConfig, BrokerConfig, StreamLimits
+from broker.dispatch import Broker
+from broker.models import MODELS_KEY
+from broker.provision import provision_at
+from broker.runtime.connect import NatsSettings
+from broker.tenants import Tenant, hash_key
+from loadtest.stack import demo_settings
+from schemas.subjects import Subjects
+from tests.wait import eventually
+from workers.runner import Worker, WorkerConfig
+from workers.sim import PROFILES, SimEngine
+
+KEY = "sk-provision"
+SETTINGS_TOML = f"""
+[tenants.acme]
+api_key_sha256 = ["{hash_key(KEY)}"]
+default_class = "standard"
+
+[models."laneway-sim"]
+pool = "sim"
+"""
+BODY = {"model": "laneway-sim", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def laneway(nats_url: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "laneway.cli", *argv, "--nats-url", nats_url],
+                          capture_output=True, text=True, timeout=120)
+
+
+async def test_ops_provision_creates_everything_and_a_rerun_keeps_a_live_edit(nats_server, tmp_path):
+    settings = tmp_path / "settings.toml"
+    settings.write_text(SETTINGS_TOML)
+    s = Subjects("prov")
+    first = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "prov",
+                                    "--settings", str(settings), "--max-deliver", "7")
+    assert first.returncode == 0, first.stderr
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        for stream in (s.req_stream, s.usage_stream, s.dlq_stream, s.audit_stream):
+            assert (await js.stream_info(stream)).config.name == stream
+        assert (await js.consumer_info(s.req_stream, s.broker_durable)).config.max_deliver == 7
+        classes = await js.key_value(s.bucket("classes"))
+        assert sorted(await classes.keys()) == sorted(c.name for c in DEFAULT_CLASSES)
+        routing = await js.key_value(s.bucket("routing"))
+        assert "laneway-sim" in json.loads((await routing.get(MODELS_KEY)).value)
+        tenants = await js.key_value(s.bucket("tenants"))
+        assert tenant_docs.decode("acme", (await tenants.get("acme")).value).api_key_sha256 == [hash_key(KEY)]
+
+        # An operator's live edit (`laneway tenants set acme --weight 3`), then provisioning again.
+        await tenants.put("acme", tenant_docs.encode(Tenant(name="acme", api_key_sha256=[hash_key(KEY)],
+                                                            weight=3.0)))
+        again = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "prov",
+                                        "--settings", str(settings), "--max-deliver", "7")
+        assert again.returncode == 0, again.stderr
+        assert "kept KV's own tenants/acme" in again.stderr
+        assert tenant_docs.decode("acme", (await tenants.get("acme")).value).weight == 3.0
+    finally:
+        await nc.close()
+
+
+async def test_ops_provision_reports_a_bad_settings_file(nats_server, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tenants.acme]\nweight = 'heavy'\n")
+    result = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "bad",
+                                     "--settings", str(bad))
+    assert result.returncode == 2 and "bad.toml" in result.stderr
+
+
+async def test_services_started_before_provisioning_wait_for_it_then_serve(nats_server, caplog):
+    n = NatsSettings(url=nats_server.url, prefix="early")
+    settings = demo_settings(KEY)
+    broker = Broker(BrokerConfig(nats=n, pii="off"))
+    bridge = Bridge(BridgeConfig(nats=n, port=0), settings)
+
+    def waiting(who: str) -> bool:
+        return any(r.getMessage().startswith(f"{who}: waiting for provisioning") for r in caplog.records)
+
+    with caplog.at_level(logging.WARNING, logger="laneway.provision"):
+        starts = [asyncio.create_task(c.start()) for c in (broker, bridge)]
+        try:
+            assert await eventually(lambda: waiting("broker") and waiting("bridge"))
+            assert "run `laneway ops provision`" in caplog.text and not any(t.done() for t in starts)
+            await provision_at(n, StreamLimits(), settings)
+            await asyncio.wait_for(asyncio.gather(*starts), 30)
+            async with Worker(WorkerConfig(nats=n, pool="sim"), SimEngine(PROFILES["zero"])):
+                await bridge.wait_ready()
+                async with aiohttp.ClientSession() as http:
+                    async with http.post(f"{bridge.url}/v1/chat/completions", json=BODY,
+                                         headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                        assert resp.status == 200, await resp.text()
+        finally:
+            for task in starts:
+                task.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
+            await bridge.stop()
+            await broker.stop()
