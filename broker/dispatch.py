@@ -1,13 +1,18 @@
-"""The broker's I/O loop: JetStream consumer → gate → lanes ↔ worker pulls.
+"""The broker's I/O loop: JetStream consumer → gate → the scheduler's lanes ↔ worker pulls.
 
-Requests stay unacked in JetStream while they wait here (the broker sends in-progress acks so
+Every broker gates the requests it consumes (validate, quota, PII, route, cache: the CPU-heavy
+part, so N brokers share it). One of them at a time holds the scheduler lease and keeps the
+lanes of every pool; only it answers worker pulls (`broker/scheduler/`). While another broker is
+alive the scheduler consumes nothing itself: what it admitted would die with it. Alone, it does
+everything.
+
+Requests stay unacked in JetStream while they wait (the scheduler sends in-progress acks so
 they are not redelivered); a `Dispatch` hands the message's ack subject to the worker, which
 acks when it finishes. If a worker dies, JetStream redelivers after `ack_wait` and the request
-comes back through here with a higher attempt number. Nothing is lost by a broker restart
-either: its lanes are rebuilt from the unacked messages.
+comes back through a gate with a higher attempt number. If the scheduler dies, a standby takes
+the lease and every gate sends it the requests it admitted that have not settled.
 
-What it holds per pool is in `pools.py`; the periodic upkeep (expiry, in-progress acks, pulls
-whose hold is up, gauges) is `sweep.py`.
+The periodic upkeep (expiry, in-progress acks, pulls whose hold is up, gauges) is `sweep.py`.
 """
 
 from __future__ import annotations
@@ -23,42 +28,38 @@ from nats.aio.msg import Msg
 
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
-from broker.runtime.response_cache import CacheScope, ResponseCache, prefix_salt, replay_entries
+from broker.runtime.response_cache import CacheScope, ResponseCache, replay_entries
 from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii_service import start_pii
 from broker.gate.pipeline import Admission, Gate
 from broker.gate.quota import Quota
 from broker.intake import PullIntake
-from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
-from broker.pools import Held, ParkedPull, Pool
+from broker.provision import wait_provisioned
 from broker.refusal import Refusal
 from broker.runtime.connect import connect
 from broker.runtime.tasks import beat_forever, cancel_and_wait
+from broker.runtime.tracing import tracer
+from broker.scheduler.answers import refuse
+from broker.scheduler.lease import Lease, open_lease_bucket
+from broker.scheduler.origin import Origin
+from broker.scheduler.peers import Peers
+from broker.scheduler.schedule import Scheduler
 from broker.sweep import Sweep
-from broker.topology import ensure_topology
 from broker.usage.metrics import UsageMetrics
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.frames import StreamError, TokenFrame
+from schemas.frames import TokenFrame
 from schemas.requests import GenerateRequest
 from schemas.subjects import BadToken
 from schemas.usage import Usage
-from schemas.work import Batch, Credit, Dispatch
+from schemas.work import Admitted, BrokerBeat
 
 log = logging.getLogger("laneway.broker")
 
 BROKER_HEARTBEAT_S = 2.0
-
-# A Dispatch's fields around its request, and the Batch around them, stay well under this.
-DISPATCH_OVERHEAD_BYTES = 256
-
-_ADMIT_ERRORS = {
-    Admit.QUEUE_FULL: (ErrorCode.queue_full, "this tenant's queue for the class is full"),
-    Admit.UNKNOWN_CLASS: (ErrorCode.unknown_class, "unknown priority class"),
-    Admit.EXPIRED: (ErrorCode.deadline_exceeded, "the request's deadline passed before it could start"),
-}
+PEER_STALE_S = 3 * BROKER_HEARTBEAT_S     # a broker silent this long is gone
 
 
 class Broker:
@@ -70,28 +71,37 @@ class Broker:
         self.gate = Gate(self.s)
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
+        self.peers = Peers(self.id, PEER_STALE_S)
+        self.gating = False                         # consuming requests now
         self._scopes = CacheScope()                 # tenant → cache scope, also the prefix salt's
         self._dead: DeadLetters | None = None
-        self._pools: dict[str, Pool] = {}
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._nc: Client | None = None
+        self.scheduler: Scheduler | None = None
+        self._origin: Origin | None = None
+        self._lease: Lease | None = None
         self._intake: PullIntake | None = None
+        self._roles = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list = []
+        self._tracing = tracer()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        n = self.config.nats
+        n, cfg = self.config.nats, self.config
         self._nc = await connect(n.url, "laneway-broker", n.user, n.password)
         js = self._nc.jetstream()
-        await ensure_topology(js, self.s, self.config.limits)
+        await wait_provisioned(js, self.s, "broker", consumer=True)   # `laneway up` / `ops provision`
         await self._start_gate(js)
         self._dead = DeadLetters(self._nc, self.s, self.metrics, self.config.limits.max_deliver,
                                  self._release, self.gate, self.live.tenants)
         await self.live.start(js, self.s)
+        self.scheduler = Scheduler(self._nc, self.s, self.id, cfg.limits.max_deliver, self.live, self.metrics,
+                                   lambda: self._scopes, self._release)
+        self._origin = Origin(self._nc, self.s, self.id, self.metrics, self.scheduler, self._release)
+        await self._origin.start()
         self._subs = [
             await self._nc.subscribe(self.s.worker_events, cb=self.live.on_heartbeat),
-            await self._nc.subscribe(self.s.pull_all, queue="laneway-brokers", cb=self._on_pull),
             await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel),
             # One replica handles each: a request that hit max_deliver goes to the DLQ once.
             await self._nc.subscribe(self._dead.advisory_subject, queue="laneway-brokers",
@@ -100,19 +110,25 @@ class Broker:
             await self._nc.subscribe(self.s.usage_all, cb=self._on_usage),
             await self._nc.subscribe(self.s.usage_all, queue="laneway-usage-metrics",
                                      cb=self._count_usage),
+            await self._nc.subscribe(self.s.broker_events, cb=self._on_peer),
+            await self._nc.subscribe(self.s.sched_leader, cb=self._on_leader),
         ]
         await self._nc.publish(self.s.worker_ping, b"")
         await self._nc.subscribe(self.s.worker_ping, cb=self._announce)
-        self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
-                                  self._on_request, room=self._room)
-        await self._intake.start()
-        sweep = Sweep(self._nc, self._pools, self.live, self.metrics, self.gate, self._recent_cancels,
-                      self._expire, self._serve_parked, self._poke_intake,
-                      self.config.sweep_interval_s, self.config.limits.ack_wait_s / 3)
+        await self._announce()
+        kv, ttl_s = await open_lease_bucket(js, self.s, cfg.lease_ttl_s, cfg.limits.replicas)
+        self._lease = Lease(kv, self.id, ttl_s, self._took_lease, self._lost_lease)
+        await self._lease.step()        # free: a lone broker schedules from its first request
+        await self._set_roles()
+        sweep = Sweep(self._nc, self.scheduler.pools, self.live, self.metrics, self.gate, self._recent_cancels,
+                      self.scheduler.expire, self.scheduler.serve_parked, self._poke_intake,
+                      cfg.sweep_interval_s, cfg.limits.ack_wait_s / 3)
         self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
-                       asyncio.create_task(beat_forever(self._announce, BROKER_HEARTBEAT_S),
-                                           name="broker-heartbeats")]
-        log.info("broker ready: classes=%s pools=%s", sorted(self.live.classes), sorted(self._pool_names()))
+                       asyncio.create_task(beat_forever(self._beat, BROKER_HEARTBEAT_S), name="broker-heartbeats"),
+                       asyncio.create_task(self._lease.run(), name="scheduler-lease"),
+                       asyncio.create_task(self._origin.resend_forever(), name="scheduler-resend")]
+        log.info("broker %s ready: scheduler=%s classes=%s pools=%s", self.id, self.scheduler.active,
+                 sorted(self.live.classes), sorted(self.live.pool_names()))
 
     async def _start_gate(self, js) -> None:
         cfg = self.config
@@ -129,26 +145,25 @@ class Broker:
         await self._nc.publish(self.s.audit(tenant), encode_audit(audit))
 
     async def stop(self) -> None:
-        """Stop taking work; answer parked pulls; hand waiting requests back to JetStream (nak)
-        so another broker replica takes them at once instead of after ack_wait."""
+        """Stop taking work. As the scheduler: answer parked pulls, hand this broker's own waiting
+        requests back to JetStream (nak) and give up the lease, so a standby takes over at once.
+        What other brokers admitted stays with them (they send it to the next scheduler)."""
+        if self._nc is None:
+            return      # never started, or stopped already
         if self._intake:
             await self._intake.stop()
+            self._intake = None
         await cancel_and_wait(*self._tasks)
+        if self._nc is not None and self._nc.is_connected and self.scheduler is not None:
+            await self.scheduler.step_down()
+            if await self._lease.give_up():
+                await self._nc.publish(self.s.sched_leader, b"")
         await self.live.stop()
         if self.gate.quota is not None:
             await self.gate.quota.close()     # unused leases go back to the other replicas
         if self.gate.pii is not None:
             await self.gate.pii.close()
-        if self._nc is None:
-            return
         if self._nc.is_connected:
-            for pool in self._pools.values():
-                for parked in pool.parked:
-                    await self._nc.publish(parked.reply, codec.encode(Batch()))
-                pool.parked.clear()
-                for item in pool.lanes.waiting_items():
-                    pool.lanes.forget(item.tenant, item.request_id)
-                    await item.payload.msg.nak()
             await self._nc.drain()
         else:
             await self._nc.close()
@@ -161,9 +176,58 @@ class Broker:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # -- roles: the scheduler lease, and whether to consume --------------------------------
+    async def _took_lease(self) -> None:
+        await self.scheduler.take_over()
+        await self._origin.hand_to_self()
+        await self._set_roles()
+
+    async def _lost_lease(self, why: str) -> None:
+        await self.scheduler.step_down()
+        await self._set_roles()
+
+    async def _set_roles(self) -> None:
+        """Consume requests unless this broker is the scheduler and another broker is alive."""
+        async with self._roles:
+            gating = not (self.scheduler.active and self.peers.alive(time.monotonic()) > 0)
+            if gating == self.gating:
+                return
+            self.gating = gating
+            if gating:
+                self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
+                                          self._on_request, room=self._room)
+                await self._intake.start()
+            elif self._intake is not None:
+                intake, self._intake = self._intake, None
+                await intake.stop()
+            log.info("broker %s %s requests", self.id, "consumes" if gating else "no longer consumes")
+
+    async def _beat(self) -> None:
+        await self._announce()
+        await self._set_roles()
+
+    async def _on_peer(self, msg: Msg) -> None:
+        self.peers.saw(msg.subject.rsplit(".", 1)[-1], time.monotonic())
+        try:
+            depths = codec.decode_broker_beat(msg.data).queue_depths if msg.data else {}
+        except codec.DecodeError:
+            depths = {}
+        if not self.scheduler.active:
+            for pool, depth in depths.items():
+                self.live.health.set_queue_depth(pool, depth)
+        if self.gating and self.scheduler.active:
+            await self._set_roles()
+
+    async def _on_leader(self, msg: Msg) -> None:
+        if not msg.data and not self._lease.held:
+            self._lease.poke()      # given up: try to take it now
+        await self._origin.on_leader(msg)
+
     # -- what live config changes ----------------------------------------------------------
     def _apply_classes(self) -> None:
-        for pool in self._pools.values():
+        if self.scheduler is None:
+            return
+        for pool in self.scheduler.pools.values():
             pool.lanes.set_classes(self.live.classes.values())
 
     def _catalogue_changed(self) -> None:
@@ -174,21 +238,16 @@ class Broker:
         self.usage_metrics.set_known(tenants=[t.name for t in tenants], models=self.live.model_names())
 
     async def _announce(self, msg: Msg | None = None) -> None:
-        """`lw.evt.broker.<id>`: edges count a broker consuming requests as part of readiness."""
-        await self._nc.publish(self.s.broker_event(self.id), b"")
-
-    def _pool_names(self) -> set[str]:
-        return self.live.pool_names() | set(self._pools)
-
-    def _pool(self, name: str) -> Pool:
-        pool = self._pools.get(name)
-        if pool is None:
-            pool = self._pools[name] = Pool(Lanes(self.live.classes.values(), self.live.tenants.weight))
-        return pool
+        """`lw.evt.broker.<id>`: edges count a broker as part of readiness; brokers count peers,
+        and take the scheduler's queue depths for routing."""
+        beat = BrokerBeat()
+        if self.scheduler is not None and self.scheduler.active:
+            beat.queue_depths = {name: len(pool.lanes) for name, pool in self.scheduler.pools.items()}
+        await self._nc.publish(self.s.broker_event(self.id), codec.encode(beat))
 
     # -- intake ---------------------------------------------------------------------------
     def _room(self) -> int:
-        return self.config.max_held - sum(len(p.lanes) for p in self._pools.values())
+        return self.config.max_held - len(self.scheduler) - len(self._origin)
 
     def _poke_intake(self) -> None:
         if self._intake is not None and self._room() > 0:
@@ -205,10 +264,13 @@ class Broker:
         if self._recent_cancels.pop((tenant, request.request_id), None) is not None:
             await msg.term()
             return
+        began = time.time()
         try:
             admission = await self.gate.admit(request, klass, tenant, attempt,
                                               self.live.tenants.get(tenant), self.live.routing())
         except Refusal as refusal:
+            self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
+                                 tenant=tenant, attempt=attempt, refused=refusal.code.value)
             if refusal.param in ("tenant", "reply_to"):
                 # Never answer on a reply subject the request was not entitled to.
                 await self._dead.unreadable(msg, "invalid", refusal.message)
@@ -217,40 +279,21 @@ class Broker:
                                    refusal.param, refusal.headers)
             return
         decision = admission.decision
+        self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
+                             tenant=tenant, attempt=attempt, pool=decision.pool, route=decision.reason.value,
+                             cached=admission.hit is not None)
         self.metrics.routing_decisions.labels(decision.pool, decision.reason.value).inc()
         if decision.spilled:
             self.metrics.routing_fallback.labels(decision.pool, decision.reason.value).inc()
         if admission.hit is not None:
             await self._replay(msg, admission, attempt)
             return
-        await self._enqueue(msg, admission, klass, tenant, attempt)
+        await self._origin.admit(self._admitted(msg, admission, attempt), msg)
 
-    async def _enqueue(self, msg: Msg, admission: Admission, klass: str, tenant: str,
-                       attempt: int) -> None:
-        request, pool_name = admission.request, admission.decision.pool
-        pool = self._pool(pool_name)
-        existing = pool.lanes.get(tenant, request.request_id)
-        if existing is not None:
-            # Redelivered while still waiting here (an in-progress ack came too late): keep
-            # one entry, with the newest ack subject.
-            existing.payload.msg = msg
-            existing.payload.attempt = attempt
-            return
-        now = time.time()
-        held = Held(msg, request, attempt, pool_name, time.monotonic(),
-                    admission.cache_key or "", admission.served_model,
-                    admission.decision.escalate_to or "", admission.headers)
-        item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline,
-                    now, payload=held, size=len(msg.data) + len(msg.reply) + DISPATCH_OVERHEAD_BYTES,
-                    slots=request.choices)
-        verdict = pool.lanes.admit(item, now)
-        if verdict is not Admit.OK:
-            code, text = _ADMIT_ERRORS[verdict]
-            if verdict is Admit.EXPIRED:
-                self.metrics.expired.labels(klass).inc()
-            await self._refuse(msg, request, attempt, code, text)
-            return
-        await self._serve_parked(pool_name, pool)
+    def _admitted(self, msg: Msg, admission: Admission, attempt: int) -> Admitted:
+        return Admitted(admission.request, msg.reply, attempt, admission.decision.pool, self.id,
+                        admission.cache_key or "", admission.served_model,
+                        admission.decision.escalate_to or "", admission.headers)
 
     async def _replay(self, msg: Msg, admission: Admission, attempt: int) -> None:
         """A cache hit streams back as a normal stream, and is metered as cached."""
@@ -267,10 +310,7 @@ class Broker:
 
     async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int, code: ErrorCode,
                       message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
-        self.metrics.rejected.labels(code.value).inc()
-        await msg.term()    # removed first, then the client is told
-        error = StreamError(request.request_id, attempt, 0, code.value, message, param, headers or {})
-        await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
+        await refuse(self._nc, self.metrics, msg, request, attempt, code, message, param, headers)
         await self._release(request.tenant, request.request_id)
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:
@@ -281,6 +321,10 @@ class Broker:
             usage = codec.decode_usage(msg.data)
         except codec.DecodeError:
             return
+        if usage.ttft_s is not None and not usage.cached:
+            # Routing's TTFT: waiting in the lanes plus the engine's first token, as every
+            # broker sees every usage record (the gate's own time before it is left out).
+            self.live.health.observe_ttft(usage.pool, usage.queued_s + usage.ttft_s)
         await self._release(usage.tenant, usage.request_id, usage.prompt_tokens + usage.completion_tokens)
 
     async def _count_usage(self, msg: Msg) -> None:
@@ -289,97 +333,17 @@ class Broker:
         except codec.DecodeError:
             pass
 
-    # -- pulls ----------------------------------------------------------------------------
-    async def _on_pull(self, msg: Msg) -> None:
-        try:
-            credit = codec.decode_credit(msg.data)
-        except codec.DecodeError:
-            log.warning("ignored a malformed pull on %s", msg.subject)
-            return
-        if not msg.reply:
-            return
-        pool = self._pool(credit.pool)
-        # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
-        superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
-        if superseded:
-            pool.parked = [p for p in pool.parked if p.credit.worker_id != credit.worker_id]
-            for old in superseded:
-                await self._nc.publish(old.reply, codec.encode(Batch()))
-        if await self._answer(pool, credit, msg.reply):
-            return
-        until = time.monotonic() + max(0.0, min(credit.wait_s, 30.0))
-        pool.parked.append(ParkedPull(credit, msg.reply, until))
-        self.metrics.parked_pulls.labels(credit.pool).set(len(pool.parked))
-
-    async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
-        """Reply to a pull if there is work for it; False leaves it for the caller to park."""
-        now = time.time()
-        selection = pool.lanes.select(
-            free_slots=credit.free_slots, token_budget=credit.token_budget,
-            total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
-            now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
-        )
-        for item in selection.expired:
-            await self._expire(item)
-        if not selection.dispatch:
-            return False
-        dispatches = []
-        for item in selection.dispatch:
-            held: Held = item.payload
-            policy = pool.lanes.policy(item.klass)
-            queued = now - item.enqueued_at
-            dispatches.append(Dispatch(held.request, held.msg.reply, held.attempt,
-                                       priority=policy.rank if policy else 0, queued_s=queued,
-                                       max_deliver=self.config.limits.max_deliver,
-                                       cache_key=held.cache_key, cache_model=held.cache_model,
-                                       cache_salt=prefix_salt(self._scopes.scope(item.tenant)),
-                                       headers=held.headers,
-                                       **self._cascade(held)))
-            self.metrics.queue_wait.labels(item.klass).observe(queued)
-            # The broker sees no first tokens; queue wait is the part of TTFT that saturation grows.
-            self.live.health.observe_ttft(credit.pool, queued)
-            self.metrics.dispatched.labels(credit.pool, item.klass).inc()
-        self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
-        await self._nc.publish(reply, codec.encode(Batch(dispatches)))
-        return True
-
-    def _cascade(self, held: Held) -> dict:
-        """Dispatch fields for a request its rule may escalate: the verdict settings."""
-        rules = self.live.rules
-        if not held.escalate_to or rules is None:
-            return {}
-        c = rules.cascade
-        return {"escalate_to": held.escalate_to, "cascade_window": c.window,
-                "cascade_min_logprob": c.min_mean_logprob}
-
-    async def _serve_parked(self, name: str, pool: Pool) -> None:
-        while pool.parked and len(pool.lanes):
-            parked = pool.parked.pop(0)
-            if not await self._answer(pool, parked.credit, parked.reply):
-                pool.parked.insert(0, parked)
-                break
-        self.metrics.parked_pulls.labels(name).set(len(pool.parked))
-
-    # -- cancels, expiry ---------------------------------------------------------------------
+    # -- cancels ----------------------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
         try:
             cancel = codec.decode_cancel(msg.data)
         except codec.DecodeError:
             return
-        for pool in self._pools.values():
-            item = pool.lanes.cancel(cancel.tenant, cancel.request_id)
-            if item is not None:
-                self.metrics.cancelled.labels(item.klass).inc()
-                await item.payload.msg.term()
-                await self._release(cancel.tenant, cancel.request_id)
-                return
+        if await self.scheduler.cancel(cancel.tenant, cancel.request_id):
+            return
+        if await self._origin.cancel(cancel.tenant, cancel.request_id):
+            return
         # Not here (yet): remember it briefly in case its message is still on the way.
         self._recent_cancels[(cancel.tenant, cancel.request_id)] = time.monotonic()
         while len(self._recent_cancels) > 10_000:
             self._recent_cancels.popitem(last=False)
-
-    async def _expire(self, item: Item) -> None:
-        held: Held = item.payload
-        self.metrics.expired.labels(item.klass).inc()
-        await self._refuse(held.msg, held.request, held.attempt, ErrorCode.deadline_exceeded,
-                           "the request's deadline passed before it could start")

@@ -34,6 +34,16 @@ class BrokerMetrics:
                                          ["pool", "reason"], registry=r)
         self.routing_fallback = Counter("laneway_routing_fallback_total",
                                         "Requests spilled to the hosted-API pool", ["pool", "reason"], registry=r)
+        # Several brokers, one schedule (broker/scheduler/): benchmarks find the leader by this gauge.
+        self.scheduler = Gauge("laneway_broker_scheduler", "1 while this broker holds the scheduler lease",
+                               registry=r)
+        self.takeovers = Counter("laneway_scheduler_takeovers_total", "Times this broker took the scheduler lease",
+                                 registry=r)
+        self.forwarded = Counter("laneway_forwarded_total", "Admitted requests sent to the scheduler", registry=r)
+        self.reforwarded = Counter("laneway_reforwarded_total",
+                                   "Admitted requests sent again (a new scheduler, or no answer)", registry=r)
+        self.forwarded_waiting = Gauge("laneway_forwarded_waiting",
+                                       "Admitted requests here whose scheduler has not settled them", registry=r)
 
 
 class BridgeMetrics:

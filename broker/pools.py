@@ -1,22 +1,35 @@
-"""What the broker holds per worker pool: the lanes of waiting requests and the worker pulls
-parked until work comes. `dispatch.py` moves them; `sweep.py` keeps them fresh."""
+"""What the scheduler holds per worker pool: the lanes of waiting requests and the worker pulls
+parked until work comes. `broker/scheduler/schedule.py` moves them; `sweep.py` keeps them fresh."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from nats.aio.msg import Msg
+from typing import Protocol
 
 from broker.lanes import Lanes
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
 
 
+class Acks(Protocol):
+    """What the scheduler does to a waiting request's JetStream message: nats-py's `Msg`, or an
+    `AckHandle` holding only its ack subject (a request another broker consumed)."""
+
+    @property
+    def reply(self) -> str: ...
+
+    async def in_progress(self) -> None: ...
+
+    async def term(self) -> None: ...
+
+    async def nak(self) -> None: ...
+
+
 @dataclass(slots=True)
 class Held:
     """A waiting request and the JetStream message that stores it."""
 
-    msg: Msg
+    ack: Acks
     request: GenerateRequest
     attempt: int
     pool: str
@@ -25,6 +38,7 @@ class Held:
     cache_model: str = ""
     escalate_to: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    origin: str = ""        # the broker whose gate admitted it: told when it settles
 
 
 @dataclass(slots=True)

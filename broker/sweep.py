@@ -51,7 +51,7 @@ async def touch_waiting(pool: Pool, mono: float, every_s: float) -> None:
         held: Held = item.payload
         if mono - held.last_touch >= every_s:
             held.last_touch = mono
-            await held.msg.in_progress()
+            await held.ack.in_progress()
 
 
 async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:

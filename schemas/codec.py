@@ -17,7 +17,7 @@ from schemas.openai import (
 )
 from schemas.requests import Cancel, GenerateRequest
 from schemas.usage import Usage
-from schemas.work import Batch, Credit, Heartbeat
+from schemas.work import AdmitAnswer, Admitted, Batch, BrokerBeat, Credit, Heartbeat, Settled
 
 # NATS payloads: one msgpack encoder for every struct, one typed decoder per message kind.
 _mp = msgspec.msgpack.Encoder()
@@ -30,6 +30,10 @@ decode_batch = msgspec.msgpack.Decoder(Batch).decode
 decode_cancel = msgspec.msgpack.Decoder(Cancel).decode
 decode_heartbeat = msgspec.msgpack.Decoder(Heartbeat).decode
 decode_usage = msgspec.msgpack.Decoder(Usage).decode
+decode_admitted = msgspec.msgpack.Decoder(Admitted).decode
+decode_admit_answer = msgspec.msgpack.Decoder(AdmitAnswer).decode
+decode_settled = msgspec.msgpack.Decoder(Settled).decode
+decode_broker_beat = msgspec.msgpack.Decoder(BrokerBeat).decode
 
 # HTTP edge.
 _json = msgspec.json.Encoder()

@@ -128,6 +128,24 @@ class Subjects:
     def broker_events(self) -> str:
         return f"{self.prefix}.evt.broker.*"
 
+    # -- the scheduler: one broker at a time holds its lease (broker/scheduler/) ---------------
+    @property
+    def sched_admit(self) -> str:
+        """Admitted requests, gate → scheduler; only the lease holder subscribes."""
+        return f"{self.prefix}.sched.admit"
+
+    def sched_settled(self, broker_id: str) -> str:
+        return f"{self.prefix}.sched.settled.{broker_id}"
+
+    @property
+    def sched_settled_all(self) -> str:
+        return f"{self.prefix}.sched.settled.*"
+
+    @property
+    def sched_leader(self) -> str:
+        """A new scheduler's id (origins re-forward, workers re-pull); empty: the lease was given up."""
+        return f"{self.prefix}.sched.leader"
+
     @property
     def worker_ping(self) -> str:
         """Workers answer with an immediate heartbeat: a new edge learns who is ready at once."""

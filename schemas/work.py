@@ -18,6 +18,8 @@ class Credit(msgspec.Struct, omit_defaults=True, gc=False):
     classes: list[str] = []                 # classes it takes; empty = all
     running: dict[str, int] = {}            # slots held per class (for the class share caps)
     wait_s: float = 5.0                     # how long the broker may hold the pull open
+    step_tokens: int = 0                    # the engine's tokens per step (max_num_batched_tokens); 0 = unknown
+    prefill: dict[str, int] = {}            # prompt tokens accepted, not yet started, per class
 
 
 class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
@@ -57,3 +59,44 @@ class Heartbeat(msgspec.Struct, omit_defaults=True, gc=False):
     token_budget: int
     interval_s: float
     stopping: bool = False
+
+
+# -- gate → scheduler: one broker at a time keeps the lanes of every pool (broker/scheduler/) ----
+class Admitted(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A request a broker's gate admitted, for the scheduler's lanes: a request on `lw.sched.admit`,
+    answered by an `AdmitAnswer`. The admitting broker (`origin`) keeps a copy until a `Settled`
+    names it. Fields are append-only (array_like)."""
+
+    request: GenerateRequest                # as the gate passed it: redacted where the policy said so
+    ack_subject: str                        # the JetStream message's: the scheduler acks by it alone
+    attempt: int
+    pool: str
+    origin: str                             # the admitting broker's id
+    cache_key: str = ""
+    cache_model: str = ""
+    escalate_to: str = ""
+    headers: dict[str, str] = {}
+
+
+class AdmitAnswer(msgspec.Struct, array_like=True, gc=False):
+    taken: bool                             # False: refused (the client was told); release its grant
+
+
+class Settlement(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    tenant: str
+    request_id: str
+    release: bool = False                   # refused, expired or cancelled: give back its quota grant
+
+
+class BrokerBeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A broker's heartbeat on `lw.evt.broker.<id>` (every 2 s). The scheduler's carries the
+    waiting requests per pool, so every gating broker routes on the one queue there is."""
+
+    queue_depths: dict[str, int] = {}
+
+
+class Settled(msgspec.Struct, array_like=True, gc=False):
+    """Scheduler → origin on `lw.sched.settled.<origin>`: these requests left the lanes (sent
+    BEFORE the worker's `Batch`), so the origin drops its copies."""
+
+    settled: list[Settlement]

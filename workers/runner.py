@@ -85,6 +85,7 @@ class Worker:
         await self._heartbeat()
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
+        await self._nc.subscribe(self.s.sched_leader, cb=self._on_new_scheduler)
         puller = Puller(self._nc, self.s.pull(self.config.pool), self.config, self.engine, self.metrics,
                         self._active, self._on_batch, self._room, self._stopping)
         self._flusher = self._watched(self._outbox.run(self._nc), "flusher")
@@ -176,6 +177,12 @@ class Worker:
 
     async def _on_ping(self, msg: Msg) -> None:
         await self._heartbeat()
+
+    async def _on_new_scheduler(self, msg: Msg) -> None:
+        """A pull parked at a scheduler that died would wait out its timeout: a fresh credit now
+        goes to the new one (the puller replaces an outstanding pull when room is set)."""
+        if msg.data:
+            self._room.set()
 
     async def _in_progress(self) -> None:
         while True:

@@ -1,0 +1,43 @@
+"""Answers for a request that will not run, and acks for a message the scheduler holds only by its
+ack subject (another broker consumed it)."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker.metrics import BrokerMetrics
+from broker.pools import Acks
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import StreamError, TokenFrame
+from schemas.requests import GenerateRequest
+
+
+class AckHandle:
+    """What nats-py's `Msg.in_progress` / `term` / `nak` publish, by the ack subject alone."""
+
+    __slots__ = ("_nc", "reply")
+
+    def __init__(self, nc: Client, reply: str) -> None:
+        self._nc = nc
+        self.reply = reply
+
+    async def in_progress(self) -> None:
+        await self._nc.publish(self.reply, Msg.Ack.Progress)
+
+    async def term(self) -> None:
+        await self._nc.publish(self.reply, Msg.Ack.Term)
+
+    async def nak(self) -> None:
+        await self._nc.publish(self.reply, Msg.Ack.Nak)
+
+
+async def refuse(nc: Client, metrics: BrokerMetrics, ack: Acks, request: GenerateRequest, attempt: int,
+                 code: ErrorCode, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+    """Remove the message, then tell the client. Its quota grant is the caller's to give back."""
+    metrics.rejected.labels(code.value).inc()
+    await ack.term()
+    error = StreamError(request.request_id, attempt, 0, code.value, message, param, headers or {})
+    await nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))

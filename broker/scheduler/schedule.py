@@ -1,0 +1,273 @@
+"""The scheduler side: the lanes of every pool and the worker pulls parked on them. Only the
+broker holding the lease runs it (`take_over` … `step_down`).
+
+Requests come in two ways: the broker's own gate (`enqueue`, no NATS hop) or another broker's
+(`Admitted` on `lw.sched.admit`, answered taken / refused). Each leaves the lanes once, and its
+origin hears of it (`Settled`) BEFORE a worker's `Batch` carries it: a scheduler dying between
+the two leaves the origin without a copy, and the request comes back by JetStream redelivery
+after ack_wait, never as a second generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker.lanes import Admit, Item, Lanes
+from broker.live import LiveConfig
+from broker.metrics import BrokerMetrics
+from broker.pools import Acks, Held, ParkedPull, Pool
+from broker.runtime.response_cache import CacheScope, prefix_salt
+from broker.runtime.tracing import tracer
+from broker.scheduler.answers import AckHandle, refuse
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.subjects import Subjects
+from schemas.work import AdmitAnswer, Admitted, Batch, Credit, Dispatch, Settled, Settlement
+
+log = logging.getLogger("laneway.scheduler")
+
+# A Dispatch's fields around its request, and the Batch around them, stay well under this.
+DISPATCH_OVERHEAD_BYTES = 256
+MAX_PULL_HOLD_S = 30.0
+REMEMBER_SETTLED = 100_000      # requests that left the lanes, remembered against late copies
+
+_ADMIT_ERRORS = {
+    Admit.QUEUE_FULL: (ErrorCode.queue_full, "this tenant's queue for the class is full"),
+    Admit.UNKNOWN_CLASS: (ErrorCode.unknown_class, "unknown priority class"),
+    Admit.EXPIRED: (ErrorCode.deadline_exceeded, "the request's deadline passed before it could start"),
+}
+_TAKEN, _REFUSED = codec.encode(AdmitAnswer(True)), codec.encode(AdmitAnswer(False))
+
+
+class Scheduler:
+    def __init__(self, nc: Client, s: Subjects, broker_id: str, max_deliver: int, live: LiveConfig,
+                 metrics: BrokerMetrics, scopes: Callable[[], CacheScope],
+                 release: Callable[[str, str], Awaitable[None]]) -> None:
+        self._nc = nc
+        self.s = s
+        self.id = broker_id
+        self._max_deliver = max_deliver
+        self.live = live
+        self.metrics = metrics
+        self._scopes = scopes
+        self._release = release                 # this broker's own quota grants
+        self.pools: dict[str, Pool] = {}        # the sweep holds this very dict: cleared, never replaced
+        self.active = False
+        self._subs: list = []
+        # (tenant, request id) → (attempt, release) of requests that left the lanes: a copy its
+        # origin sent again before it heard (same attempt) is settled again, never run twice.
+        self._settled: OrderedDict[tuple[str, str], tuple[int, bool]] = OrderedDict()
+        self._tracing = tracer()
+
+    # -- the lease ------------------------------------------------------------------------
+    async def take_over(self) -> None:
+        """Answer pulls and admissions from now on, then say so: origins send what they hold,
+        workers pull afresh (a pull parked at a dead scheduler would wait out its timeout)."""
+        self.active = True
+        self.metrics.scheduler.set(1)
+        self.metrics.takeovers.inc()
+        # A queue group: a scheduler that has not yet noticed its lapse shares rather than doubles.
+        self._subs = [await self._nc.subscribe(self.s.pull_all, queue="laneway-scheduler", cb=self._on_pull),
+                      await self._nc.subscribe(self.s.sched_admit, queue="laneway-scheduler", cb=self._on_admitted)]
+        await self._nc.publish(self.s.sched_leader, self.id.encode())
+        log.info("scheduler %s took over", self.id)
+
+    async def step_down(self) -> None:
+        """Empty batches for parked pulls; this broker's own admissions go back to JetStream (nak)
+        for another gate; the rest are dropped: their origins send them to the next scheduler."""
+        if not self.active:
+            return
+        self.active = False
+        self.metrics.scheduler.set(0)
+        subs, self._subs = self._subs, []
+        try:
+            for sub in subs:
+                await sub.unsubscribe()
+            for pool in self.pools.values():
+                # Emptied first: a sweep tick still holding this pool finds nothing to hand out.
+                parked, pool.parked = pool.parked, []
+                items = pool.lanes.waiting_items()
+                for item in items:
+                    pool.lanes.forget(item.tenant, item.request_id)
+                for p in parked:
+                    await self._nc.publish(p.reply, codec.encode(Batch()))
+                for item in items:
+                    held: Held = item.payload
+                    if held.origin == self.id:
+                        await held.ack.nak()
+                        await self._release(item.tenant, item.request_id)
+        except nats.errors.Error as exc:     # disconnected: what was not naked returns after ack_wait
+            log.warning("stepping down: could not hand every request back: %r", exc)
+        for name in self.pools:
+            self.metrics.parked_pulls.labels(name).set(0)
+        self.pools.clear()
+
+    # -- admissions -------------------------------------------------------------------------
+    def pool(self, name: str) -> Pool:
+        pool = self.pools.get(name)
+        if pool is None:
+            pool = self.pools[name] = Pool(Lanes(self.live.classes.values(), self.live.tenants.weight))
+        return pool
+
+    def __len__(self) -> int:
+        return sum(len(p.lanes) for p in self.pools.values())
+
+    async def _on_admitted(self, msg: Msg) -> None:
+        try:
+            admitted = codec.decode_admitted(msg.data)
+        except codec.DecodeError:
+            log.warning("ignored a malformed admission (%d bytes)", len(msg.data))
+            return
+        taken = await self.enqueue(admitted, AckHandle(self._nc, admitted.ack_subject),
+                                   len(msg.data) + DISPATCH_OVERHEAD_BYTES)
+        if msg.reply:
+            await self._nc.publish(msg.reply, _TAKEN if taken else _REFUSED)
+
+    async def enqueue(self, admitted: Admitted, ack: Acks, size: int) -> bool:
+        """Into the lanes (False: refused, the client told; the origin gives back its grant)."""
+        request = admitted.request
+        tenant, klass = request.tenant, request.klass
+        gone = self._settled.get((tenant, request.request_id))
+        if gone is not None and admitted.attempt <= gone[0]:
+            await self._tell(admitted.origin, [Settlement(tenant, request.request_id, gone[1])])
+            return True
+        pool = self.pool(admitted.pool)
+        existing = pool.lanes.get(tenant, request.request_id)
+        if existing is not None:
+            # Redelivered while still waiting here, or sent again by its origin: keep one entry,
+            # with the newest ack subject.
+            held = existing.payload
+            held.ack, held.attempt, held.origin = ack, admitted.attempt, admitted.origin
+            return True
+        now = time.time()
+        held = Held(ack, request, admitted.attempt, admitted.pool, time.monotonic(), admitted.cache_key,
+                    admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin)
+        item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline, now,
+                    payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens())
+        verdict = pool.lanes.admit(item, now)
+        if verdict is not Admit.OK:
+            code, text = _ADMIT_ERRORS[verdict]
+            if verdict is Admit.EXPIRED:
+                self.metrics.expired.labels(klass).inc()
+            await refuse(self._nc, self.metrics, ack, request, admitted.attempt, code, text)
+            return False
+        await self.serve_parked(admitted.pool, pool)
+        return True
+
+    # -- pulls ----------------------------------------------------------------------------
+    async def _on_pull(self, msg: Msg) -> None:
+        try:
+            credit = codec.decode_credit(msg.data)
+        except codec.DecodeError:
+            log.warning("ignored a malformed pull on %s", msg.subject)
+            return
+        if not msg.reply:
+            return
+        pool = self.pool(credit.pool)
+        # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
+        superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
+        if superseded:
+            pool.parked = [p for p in pool.parked if p.credit.worker_id != credit.worker_id]
+            for old in superseded:
+                await self._nc.publish(old.reply, codec.encode(Batch()))
+        if await self._answer(pool, credit, msg.reply):
+            return
+        until = time.monotonic() + max(0.0, min(credit.wait_s, MAX_PULL_HOLD_S))
+        pool.parked.append(ParkedPull(credit, msg.reply, until))
+        self.metrics.parked_pulls.labels(credit.pool).set(len(pool.parked))
+
+    async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
+        """Reply to a pull if there is work for it; False leaves it for the caller to park."""
+        now = time.time()
+        selection = pool.lanes.select(
+            free_slots=credit.free_slots, token_budget=credit.token_budget,
+            total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
+            now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
+            step_tokens=credit.step_tokens, prefill=credit.prefill,
+        )
+        for item in selection.expired:
+            await self.expire(item)
+        if not selection.dispatch:
+            return False
+        dispatches = []
+        for item in selection.dispatch:
+            held: Held = item.payload
+            policy = pool.lanes.policy(item.klass)
+            queued = now - item.enqueued_at
+            dispatches.append(Dispatch(held.request, held.ack.reply, held.attempt,
+                                       priority=policy.rank if policy else 0, queued_s=queued,
+                                       max_deliver=self._max_deliver,
+                                       cache_key=held.cache_key, cache_model=held.cache_model,
+                                       cache_salt=prefix_salt(self._scopes().scope(item.tenant)),
+                                       headers=held.headers, **self._cascade(held)))
+            self.metrics.queue_wait.labels(item.klass).observe(queued)
+            self._tracing.record("laneway.broker.queue", held.request.traceparent, item.enqueued_at, now,
+                                 request_id=item.request_id, tenant=item.tenant, pool=credit.pool,
+                                 worker=credit.worker_id, queued_s=queued)
+            self.metrics.dispatched.labels(credit.pool, item.klass).inc()
+        self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
+        await self._settle(selection.dispatch, release=False)     # before the Batch: see the top
+        await self._nc.publish(reply, codec.encode(Batch(dispatches)))
+        return True
+
+    def _cascade(self, held: Held) -> dict:
+        """Dispatch fields for a request its rule may escalate: the verdict settings."""
+        rules = self.live.rules
+        if not held.escalate_to or rules is None:
+            return {}
+        c = rules.cascade
+        return {"escalate_to": held.escalate_to, "cascade_window": c.window,
+                "cascade_min_logprob": c.min_mean_logprob}
+
+    async def serve_parked(self, name: str, pool: Pool) -> None:
+        while self.active and pool.parked and len(pool.lanes):
+            parked = pool.parked.pop(0)
+            if not await self._answer(pool, parked.credit, parked.reply):
+                pool.parked.insert(0, parked)
+                break
+        self.metrics.parked_pulls.labels(name).set(len(pool.parked))
+
+    # -- leaving the lanes otherwise ----------------------------------------------------------
+    async def cancel(self, tenant: str, request_id: str) -> bool:
+        for pool in self.pools.values():
+            item = pool.lanes.cancel(tenant, request_id)
+            if item is not None:
+                self.metrics.cancelled.labels(item.klass).inc()
+                await item.payload.ack.term()
+                await self._settle([item], release=True)
+                return True
+        return False
+
+    async def expire(self, item: Item) -> None:
+        held: Held = item.payload
+        self.metrics.expired.labels(item.klass).inc()
+        await refuse(self._nc, self.metrics, held.ack, held.request, held.attempt,
+                     ErrorCode.deadline_exceeded, "the request's deadline passed before it could start")
+        await self._settle([item], release=True)
+
+    async def _settle(self, items: Iterable[Item], release: bool) -> None:
+        """Tell each origin its requests left the lanes; this broker's own grants it gives back here."""
+        by_origin: dict[str, list[Settlement]] = {}
+        for item in items:
+            origin = item.payload.origin
+            self._settled[item.key] = (item.payload.attempt, release)
+            if len(self._settled) > REMEMBER_SETTLED:
+                self._settled.popitem(last=False)
+            if origin == self.id:
+                if release:
+                    await self._release(item.tenant, item.request_id)
+            else:
+                by_origin.setdefault(origin, []).append(Settlement(item.tenant, item.request_id, release))
+        for origin, settled in by_origin.items():
+            await self._tell(origin, settled)
+
+    async def _tell(self, origin: str, settled: list[Settlement]) -> None:
+        if origin != self.id:
+            await self._nc.publish(self.s.sched_settled(origin), codec.encode(Settled(settled)))
