@@ -3,7 +3,8 @@ time: both stay backlogged); served token shares with equal weights (target 50% 
 with weights 3:1 (target 75% ± 5%), in ONE run on one `laneway up`. The weights are changed
 live, as an operator would (the tenants' documents in the `lw_tenants` KV bucket).
 
-    python -m loadtest.fairness [--duration 25] [--warmup 5] [--max-seqs 16] [--light-users 32] [--json out.json]
+    python -m loadtest.fairness [--duration 25] [--warmup 5] [--max-seqs 16] [--light-users 32] [--brokers 1]
+                                [--json out.json]
 
 By default the 3 goes to the LIGHT tenant (the one offering 1/10 of the load), so the weighted
 phase shows weights beating offered load. Shares count tokens that arrived inside the window,
@@ -52,7 +53,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     figures: dict = {}
     runs = []
     with tempfile.TemporaryDirectory(prefix="laneway-fair-") as tmp:
-        async with Fleet(Path(tmp) / "lw", tenants, [pool]) as fleet:
+        async with Fleet(Path(tmp) / "lw", tenants, [pool], up_flags=["--brokers", str(args.brokers)]) as fleet:
             from loadtest.traffic import HttpTarget
 
             async with HttpTarget(fleet.url, fleet.keys) as target:
@@ -77,7 +78,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
 
 def render(doc: dict) -> str:
     c = doc["config"]
-    lines = [f"Fairness: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots, class {c['klass']}, "
+    lines = [f"Fairness: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots, {c['brokers']} broker(s), "
+             f"class {c['klass']}, "
              f"{HEAVY} {c['light_users'] * c['load_ratio']} users vs {LIGHT} {c['light_users']} users "
              f"(offered {c['load_ratio']}:1), {c['tokens']} tokens each, {c['duration']:.0f} s phases "
              f"({c['warmup']:.0f} s warm-up)"]
@@ -104,6 +106,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight", type=float, default=3.0)
     parser.add_argument("--weighted", choices=(HEAVY, LIGHT), default=LIGHT,
                         help="which tenant gets --weight in the second phase")
+    parser.add_argument("--brokers", type=int, default=1, help="`laneway up --brokers N`")
     add_output_flags(parser)
 
 

@@ -27,6 +27,8 @@ class Result:
     completion_tokens: int | None = None                 # from the usage chunk, when asked for
     cut: bool = False                                    # stopped by the load generator, not an error
     last_at: float = 0.0                                 # perf_counter of the latest content chunk
+    request_id: str = ""                                 # Laneway's (x-request-id): usage records name it
+    finish_reason: str | None = None                     # the last choice chunk's, once the stream ends
 
     @property
     def ok(self) -> bool:
@@ -55,6 +57,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
     try:
         async with session.post(f"{url}/v1/chat/completions", json=body, headers=h) as resp:
             result.status = resp.status
+            result.request_id = resp.headers.get("x-request-id", "")
             if resp.status != 200:
                 payload = await resp.json(content_type=None)
                 result.error = (payload.get("error") or {}).get("code") or str(resp.status)
@@ -75,6 +78,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                     if usage:
                         result.completion_tokens = usage.get("completion_tokens")
                     continue
+                result.finish_reason = choices[0].get("finish_reason") or result.finish_reason
                 delta = choices[0]["delta"]
                 if delta.get("content") or delta.get("tool_calls"):
                     result.content_arrived(start)

@@ -40,6 +40,15 @@ def pids_mentioning(text: str) -> list[int]:
     return found
 
 
+def metrics_port(pid: int) -> int | None:
+    """The --metrics-port a child of `laneway up --metrics` was given, from its command line."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    return int(argv[argv.index("--metrics-port") + 1]) if "--metrics-port" in argv else None
+
+
 class LanewayUp:
     """`laneway up` in a subprocess; `cpu()` sums the CPU time of everything it runs."""
 
@@ -107,6 +116,19 @@ class LanewayUp:
         if role == "nats-server":
             return [pid for pid in pids_mentioning(str(self.data_dir)) if pid in pids_mentioning("nats-server")]
         return pids_mentioning(f"laneway.cli {role} --nats-url {self.nats_url}")
+
+    async def schedulers(self, http) -> list[int]:
+        """The brokers whose `laneway_broker_scheduler` gauge reads 1 (`up --metrics` serves it);
+        `http` is an aiohttp session."""
+        from loadtest.promtext import parse
+
+        found = []
+        for pid in self.role_pids("broker"):
+            if (port := metrics_port(pid)) is not None:
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    if parse(await resp.text()).value("laneway_broker_scheduler") == 1:
+                        found.append(pid)
+        return found
 
     async def __aexit__(self, *exc: object) -> None:
         if self.proc and self.proc.returncode is None:
