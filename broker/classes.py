@@ -21,9 +21,18 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_tenant_depth: Annotated[int, Meta(ge=1)]             # waiting + running per tenant (JetStream subject cap)
     max_slot_share: Annotated[float, Meta(gt=0, le=1)]       # of a worker's slots; keeps headroom for higher ranks
     starve_after_s: Annotated[float, Meta(gt=0)]             # a head waiting this long is served ahead of rank
+    # Of an engine step's token budget: the class's prompts not yet prefilled at a worker stay
+    # under it, so its prefill cannot fill the steps that higher ranks' first tokens wait on.
+    max_prefill_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
     def slot_cap(self, total_slots: int) -> int:
         return max(1, int(self.max_slot_share * total_slots))
+
+    def prefill_cap(self, step_tokens: int) -> int | None:
+        """Prompt tokens the class may have waiting for prefill at one worker; None: no cap."""
+        if self.max_prefill_share >= 1.0 or step_tokens <= 0:
+            return None
+        return max(1, int(self.max_prefill_share * step_tokens))
 
 
 DEFAULT_CLASSES: tuple[ClassPolicy, ...] = (
@@ -31,9 +40,10 @@ DEFAULT_CLASSES: tuple[ClassPolicy, ...] = (
                 max_slot_share=1.0, starve_after_s=60),
     ClassPolicy("standard", rank=1, max_queue_wait_s=300, max_tenant_depth=2048,
                 max_slot_share=0.95, starve_after_s=10),
-    # Batch may hold 90% of slots: the rest is headroom an arriving chat finds at once.
+    # Batch may hold 90% of slots: the rest is headroom an arriving chat finds at once; and
+    # 40% of a step's tokens in prompts awaiting prefill (two 6 KB prompts on an 8,192 budget).
     ClassPolicy("batch", rank=2, max_queue_wait_s=3600, max_tenant_depth=20000,
-                max_slot_share=0.9, starve_after_s=30),
+                max_slot_share=0.9, starve_after_s=30, max_prefill_share=0.4),
 )
 
 _decode = msgspec.json.Decoder(ClassPolicy).decode

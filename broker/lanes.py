@@ -3,6 +3,10 @@
 - Across classes: strict priority by `rank`, with aging: a class whose oldest waiting request
   has waited `starve_after_s` is served ahead of rank, so no class starves. A class never holds
   more than `max_slot_share` of a worker's slots, so higher classes always find headroom.
+- Prefill: a worker reports its engine's tokens per step and, per class, the prompt tokens it
+  holds that have not started; a class's (with what this batch adds) stay under
+  `max_prefill_share` of the step, so a flood of long prompts cannot fill the steps a chat's
+  first token waits on. A class with none pending may always take one prompt, however long.
 - Within a class: start-time fair queuing across tenants, cost counted in tokens (prompt
   estimate + max_tokens) divided by the tenant's weight. A tenant that goes idle cannot bank
   credit: on becoming backlogged again its virtual time is lifted to the class clock.
@@ -55,6 +59,7 @@ class Item:
     state: State = State.WAITING
     order: int = 0              # admission order; ties in EDF
     slots: int = 1              # sequence slots it takes in an engine (OpenAI's n)
+    prompt: int = 0             # prompt tokens: what the engine must prefill
 
     @property
     def key(self) -> tuple[str, str]:
@@ -194,14 +199,18 @@ class Lanes:
         classes: Iterable[str] = (),
         now: float,
         max_bytes: int | None = None,
+        step_tokens: int = 0,
+        prefill: dict[str, int] | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would
         otherwise never run anywhere). `max_bytes` bounds the batch's message size (NATS
-        max_payload); the first item always goes."""
+        max_payload); the first item always goes. `step_tokens` and `prefill` (the worker's
+        unstarted prompt tokens per class) apply the classes' prefill caps."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
         held = dict(running)
+        pending = dict(prefill or {})
         worker_empty = sum(running.values()) == 0
         blocked: set[str] = set()
         while free_slots > 0:
@@ -214,7 +223,8 @@ class Lanes:
             queue, item = head
             first = worker_empty and not out.dispatch
             room = min(free_slots, lane.policy.slot_cap(total_slots) - held.get(lane.policy.name, 0))
-            fits = (item.cost <= token_budget and item.slots <= room) or first
+            fits = (item.cost <= token_budget and item.slots <= room
+                    and self._prefill_fits(lane.policy, item, pending, step_tokens)) or first
             if not fits:
                 blocked.add(lane.policy.name)
                 continue
@@ -230,9 +240,16 @@ class Lanes:
             free_slots -= item.slots
             token_budget -= item.cost
             held[lane.policy.name] = held.get(lane.policy.name, 0) + item.slots
+            pending[lane.policy.name] = pending.get(lane.policy.name, 0) + item.prompt
         return out
 
     # -- internals ------------------------------------------------------------------------
+    @staticmethod
+    def _prefill_fits(policy: ClassPolicy, item: Item, pending: dict[str, int], step_tokens: int) -> bool:
+        cap = policy.prefill_cap(step_tokens)
+        queued = pending.get(policy.name, 0)
+        return cap is None or queued == 0 or queued + item.prompt <= cap
+
     @staticmethod
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:
         return now >= item.deadline or now - item.enqueued_at > policy.max_queue_wait_s

@@ -30,6 +30,7 @@ class Flow:
     max_tokens: int = 64
     max_tokens_spread: float = 0.0  # max_tokens drawn uniformly in ±spread·max_tokens
     ramp_s: float = 0.0            # closed loop: users start spread over this long
+    distinct: bool = False         # each prompt begins with its own tag: no engine prefix-cache hits
 
     @property
     def open_loop(self) -> bool:
@@ -60,6 +61,7 @@ class PoolSpec:
     speed: float = 1.0
     max_seqs: int | None = None
     kv_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None   # vLLM's per-request chunk cap; None: the profile's
 
     def sim_flags(self) -> list[str]:
         flags = ["--sim-profile", self.profile, "--sim-speed", str(self.speed)]
@@ -67,6 +69,8 @@ class PoolSpec:
             flags += ["--sim-max-seqs", str(self.max_seqs)]
         if self.kv_tokens:
             flags += ["--sim-kv-tokens", str(self.kv_tokens)]
+        if self.long_prefill_token_threshold is not None:
+            flags += ["--sim-long-prefill-token-threshold", str(self.long_prefill_token_threshold)]
         return flags
 
 

@@ -84,6 +84,7 @@ class Capacity:
     free_slots: int
     token_budget: int                  # KV-cache tokens free for new sequences
     running: dict[str, int] = field(default_factory=dict)   # slots held per class
+    step_tokens: int = 0               # tokens one engine step computes at most; 0 = not known
 
 
 class Engine(abc.ABC):

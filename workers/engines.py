@@ -21,6 +21,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-speed", type=float, default=1.0, help="run the modelled GPU N× faster")
     g.add_argument("--sim-max-seqs", type=int, default=None)
     g.add_argument("--sim-kv-tokens", type=int, default=None)
+    g.add_argument("--sim-max-num-batched-tokens", type=int, default=None,
+                   help="tokens per engine step (vLLM's max_num_batched_tokens); default: the profile's")
+    g.add_argument("--sim-long-prefill-token-threshold", type=int, default=None,
+                   help="most prompt tokens one request computes per step (vLLM's); default: the profile's")
 
 
 def configure_all(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +40,9 @@ def configure_all(parser: argparse.ArgumentParser) -> None:
 def build(args: argparse.Namespace) -> Engine:
     if args.engine == "sim":
         return SimEngine(PROFILES[args.sim_profile], speed=args.sim_speed,
-                         max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens)
+                         max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens,
+                         max_num_batched_tokens=args.sim_max_num_batched_tokens,
+                         long_prefill_token_threshold=args.sim_long_prefill_token_threshold)
     if args.engine == "vllm":
         from workers.vllm_config import VllmConfig
         from workers.vllm_engine import VllmEngine

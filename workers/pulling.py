@@ -1,7 +1,8 @@
 """Pulling work: a `Credit` goes to `lw.pull.<pool>` only while the engine has a free slot.
 
-The broker holds a pull open until there is work (a long poll), so an idle worker costs one
-message per `pull_wait_s`. Its answer is a `Batch` of dispatches. A reply that cannot be decoded
+The scheduler (the broker holding the lease, `broker/scheduler/`) holds a pull open until there
+is work (a long poll), so an idle worker costs one message per `pull_wait_s`; when a new
+scheduler announces itself the runner sets `room`, and a fresh credit replaces the pull. Its answer is a `Batch` of dispatches. A reply that cannot be decoded
 is logged, counted and skipped: no ack subject in it can be read, so its requests stay unacked
 and JetStream redelivers them to the broker after ack_wait; the loop goes on pulling.
 """
@@ -55,6 +56,7 @@ class Puller:
         it twice is safer than over-committing the engine."""
         cap = self.engine.capacity()
         running: dict[str, int] = {}
+        prefill: dict[str, int] = {}        # prompts not yet through the engine's prefill
         unstarted_cost = 0
         taken = 0                           # each of a request's n choices is a sequence slot
         for active in self._accepted.values():
@@ -63,6 +65,7 @@ class Puller:
             taken += request.choices
             if active.first_token_at is None:
                 unstarted_cost += request.estimated_cost()
+                prefill[request.klass] = prefill.get(request.klass, 0) + request.estimated_prompt_tokens()
         free = min(cap.free_slots, cap.total_slots - taken)
         self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
         self.metrics.slots_in_use.labels(self.config.pool).set(taken)
@@ -71,7 +74,8 @@ class Puller:
         return Credit(worker_id=self.config.worker_id, pool=self.config.pool, free_slots=free,
                       token_budget=max(0, cap.token_budget - unstarted_cost),
                       total_slots=cap.total_slots, classes=list(self.config.classes),
-                      running=running, wait_s=self.config.pull_wait_s)
+                      running=running, wait_s=self.config.pull_wait_s,
+                      step_tokens=cap.step_tokens, prefill=prefill)
 
     async def run(self) -> None:
         while not self._stopping.is_set():

@@ -1,33 +1,33 @@
 """A SIMULATED GPU engine: continuous batching with a step-time model, honouring the Engine contract.
 
 It exists so the broker can be load-tested at production concurrency on a laptop; every figure
-it produces is a simulation and is labelled so. Like vLLM, each engine step admits waiting
-sequences (by priority, then arrival) while slots and KV tokens last, prefills them, and decodes
-one token for every running sequence; the step's duration is
+it produces is a simulation and is labelled so. Each engine step is planned as vLLM V1 plans it
+(`workers/sim_scheduler.py`: a per-step token budget with chunked prefill, running sequences
+first, waiting ones by (priority, arrival), preemption by recompute when KV blocks run out,
+prefix-cache hits on shared prompt blocks); the step's duration is
 
-    prefill_tokens × prefill_s_per_token + decode_base_s + running × decode_s_per_seq
+    decode_base_s + sequences × decode_s_per_seq + prefill_tokens × prefill_s_per_token
 
-The profiles derive their constants from published hardware figures with a roofline model:
-decode is memory-bound (read the weights once per step, plus each sequence's KV cache), prefill
-is compute-bound (2 × params FLOPs per token).
+where prefill tokens are the step's tokens other than one-token decodes (cached prefix blocks
+cost nothing). The profiles derive their constants from published hardware figures with a
+roofline model: decode is memory-bound (read the weights once per step, plus each sequence's KV
+cache), prefill is compute-bound (2 × params FLOPs per token).
 
 It speaks OpenAI as engines do: the body's `n` choices are sequences of their own (each holds a
-slot and KV tokens; they share one prefill), and it simulates stop strings (exactly, as vLLM's
-detokenizer), tool calls, JSON outputs and logprobs (`workers/sim_output.py`), refusing what it
-cannot honour (`workers/sim_request.py`). A text answer runs to the client's output
-limit; without one a choice ends at its simulated EOS (a natural length per prompt), or at
-`max_model_len`. JSON and tool calls end where their JSON does.
+slot and KV blocks; the later ones find the prompt in the prefix cache), and it simulates stop
+strings (exactly, as vLLM's detokenizer), tool calls, JSON outputs and logprobs
+(`workers/sim_output.py`), refusing what it cannot honour (`workers/sim_request.py`). A text
+answer runs to the client's output limit; without one a choice ends at its simulated EOS (a
+natural length per prompt), or at `max_model_len`. JSON and tool calls end where their JSON does.
 
 It also answers embedding requests with SIMULATED vectors (`workers/sim_embed.py`: a hash of each
-input, not a model). An embedding is timed as prefill only: it holds one slot and its prompt's KV
-tokens, joins the next step as `prompt tokens × prefill_s_per_token` of prefill, and finishes
-with that step, decoding nothing.
+input, not a model). An embedding is prefill only: it holds one slot and its prompt's KV blocks,
+is scheduled as prefill chunks, and finishes when its prompt is computed, decoding nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import random
 import zlib
@@ -44,6 +44,7 @@ from workers.engine import Capacity, Engine, EngineError, EngineOutput, EngineRe
 from workers.sim_embed import accept_embedding
 from workers.sim_output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
 from workers.sim_request import SimRequest, accept
+from workers.sim_scheduler import BLOCK, Scheduler, SchedulerConfig, Sequence, Step, block_hashes
 
 # NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 989 TFLOPS dense BF16, 1,979 TFLOPS dense FP8, 80 GB.
 _H100_BW, _H100_BF16, _H100_FP8, _H100_MEM = 3.35e12, 989e12, 1979e12, 80e9
@@ -60,6 +61,8 @@ class SimProfile:
     max_seqs: int
     kv_tokens: int
     source: str
+    max_num_batched_tokens: int = 8192      # vLLM's default on ≥ 70 GiB GPUs but A100 (OpenAI server)
+    long_prefill_token_threshold: int = 0   # vLLM's default: a prompt may take the whole budget
 
 
 def _roofline(name: str, params: float, weight_bytes: float, kv_bytes_per_token: float,
@@ -70,7 +73,10 @@ def _roofline(name: str, params: float, weight_bytes: float, kv_bytes_per_token:
         prefill_s_per_token=2 * params / (peak_flops * gpus * _MFU),
         decode_base_s=weight_bytes / bw,
         decode_s_per_seq=_CTX * kv_bytes_per_token / bw,
-        max_seqs=256,   # vLLM's default max_num_seqs
+        # vLLM 0.32 defaults max_num_seqs to 1024 on H100 (engine/arg_utils.py:get_batch_defaults);
+        # 256 is its older default. Either way KV binds first: ~225 (8B) / ~118 (70B) sequences
+        # at the reference context fit, so the slot count only matters for short contexts.
+        max_seqs=256,
         kv_tokens=int((_H100_MEM * gpus * 0.9 - weight_bytes) / kv_bytes_per_token),
         source=source,
     )
@@ -86,7 +92,8 @@ PROFILES: dict[str, SimProfile] = {
         "llama-70b-fp8-2xh100", 70.6e9, 70.6e9, 327_680, 2, _H100_FP8,
         "H100 SXM datasheet (3.35 TB/s, 1979 TFLOPS FP8) ×2 (TP=2); Llama-3.1-70B config; 70% bandwidth, 50% MFU"),
     # No GPU time at all: isolates Laneway's own overhead in benchmarks.
-    "zero": SimProfile("zero", 0.0, 0.0, 0.0, 4096, 1 << 40, "no delays: overhead measurements only"),
+    "zero": SimProfile("zero", 0.0, 0.0, 0.0, 4096, 1 << 40, "no delays: overhead measurements only",
+                       max_num_batched_tokens=1 << 30),
 }
 
 @dataclass(eq=False)
@@ -101,7 +108,6 @@ class _Req:
     choices: list[_Seq] = field(default_factory=list)
     open: int = 0                     # choices not finished
     reserve: int = 0                  # KV tokens held: the prompt, once (choices share its prefix)
-    prefilled: bool = False
     done: bool = False
     buffer: deque[EngineOutput] = field(default_factory=deque)
     waiter: asyncio.Future[None] | None = None
@@ -141,6 +147,7 @@ class _Seq:
     answer: Answer
     reserve: int                      # KV tokens for its output: the limit (worst case) or its length
     rng: random.Random                # the logprobs' randomness
+    sched: Sequence | None = None     # the scheduler's view: tokens computed, KV blocks
     produced: int = 0
     text: str = ""                    # content generated so far
     sent: int = 0                     # characters of `text` already streamed
@@ -153,15 +160,21 @@ class SimEngine(Engine):
 
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
                  max_seqs: int | None = None, kv_tokens: int | None = None,
-                 max_model_len: int = 8192) -> None:
+                 max_model_len: int = 8192, max_num_batched_tokens: int | None = None,
+                 long_prefill_token_threshold: int | None = None) -> None:
         self.profile = profile
         self.model = model or f"sim/{profile.name}"
         self.speed = speed                  # >1 runs the same model faster (tests)
         self.max_seqs = max_seqs or profile.max_seqs
         self.kv_tokens = kv_tokens or profile.kv_tokens
         self.max_model_len = max_model_len  # prompt + output, per sequence
-        self._waiting: list[tuple[int, int, int, _Seq]] = []
-        self._running: dict[_Seq, None] = {}
+        threshold = profile.long_prefill_token_threshold
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=self.max_seqs,
+            max_num_batched_tokens=max_num_batched_tokens or profile.max_num_batched_tokens,
+            num_blocks=max(1, self.kv_tokens // BLOCK),
+            long_prefill_token_threshold=threshold if long_prefill_token_threshold is None
+            else long_prefill_token_threshold))
         self._reqs: dict[str, _Req] = {}
         self._held = 0                      # sequences (choices) admitted and not finished
         self._reserved = 0
@@ -187,7 +200,7 @@ class SimEngine(Engine):
         return Capacity(total_slots=self.max_seqs,
                         free_slots=max(0, self.max_seqs - self._held),
                         token_budget=max(0, self.kv_tokens - self._reserved),
-                        running=running)
+                        running=running, step_tokens=self.scheduler.config.max_num_batched_tokens)
 
     def num_running(self) -> int:
         """Sequences held: every unfinished choice of every request, waiting or decoding."""
@@ -202,11 +215,17 @@ class SimEngine(Engine):
         if request.request_id in self._reqs:
             raise EngineError(request.request_id, "the request is already running on this engine")
         req = self._plan(request)
+        need = req.sim.prompt_tokens + max((seq.reserve for seq in req.choices), default=0)
+        if need > self.scheduler.config.num_blocks * BLOCK:
+            raise EngineError(request.request_id, f"{need} tokens (prompt and output) exceed the "
+                              f"simulated KV cache of {self.scheduler.config.num_blocks * BLOCK} tokens")
         self._reqs[request.request_id] = req
         self._held += req.open
         self._reserved += req.reserve + sum(seq.reserve for seq in req.choices)
+        hashes = block_hashes("".join(request.body.texts()), req.sim.prompt_tokens, request.cache_salt)
         for seq in req.choices:
-            heapq.heappush(self._waiting, (request.priority, req.order, seq.index, seq))
+            seq.sched = Sequence(seq, request.priority, req.order, req.sim.prompt_tokens, hashes)
+            self.scheduler.add(seq.sched)
         self._wake.set()
         try:
             while True:
@@ -266,33 +285,28 @@ class SimEngine(Engine):
 
     # -- the step loop --------------------------------------------------------------------
     async def _run(self) -> None:
-        p = self.profile
         while True:
-            if not self._running and not self._waiting:
+            step = self.scheduler.schedule() if self.scheduler.has_work() else Step()
+            if step.preempted and not step.scheduled:
+                continue                    # blocks were freed: the next plan can start others
+            if not step.scheduled:          # idle, or nothing fits until a sequence ends
                 self._wake.clear()
                 await self._wake.wait()
-            prefill = 0
-            while self._waiting:
-                seq = self._waiting[0][3]
-                if seq.finish is not None:
-                    heapq.heappop(self._waiting)
-                    continue
-                if len(self._running) >= self.max_seqs:
-                    break
-                heapq.heappop(self._waiting)
-                self._running[seq] = None
-                if not seq.req.prefilled:   # one prefill per prompt: the choices share it
-                    seq.req.prefilled = True
-                    prefill += seq.req.sim.prompt_tokens
-            step = (prefill * p.prefill_s_per_token + p.decode_base_s
-                    + len(self._running) * p.decode_s_per_seq) / self.speed
-            await asyncio.sleep(step)
+                continue
+            await asyncio.sleep(self.step_time(step))
             self.steps += 1
-            for seq in list(self._running):
+            for sched in self.scheduler.finish_step(step):
+                seq = sched.owner
+                assert isinstance(seq, _Seq)
                 if seq.req.vectors is not None:
                     self._finish_choice(seq, "stop")    # an embedding: done with its prefill
                 else:
                     self._decode_one(seq)
+
+    def step_time(self, step: Step) -> float:
+        p = self.profile
+        return (p.decode_base_s + len(step.scheduled) * p.decode_s_per_seq
+                + step.prefill_tokens * p.prefill_s_per_token) / self.speed
 
     def confidence(self, request: EngineRequest) -> float:
         """The SIMULATED model's mean token logprob for a request: a stable number per prompt in
@@ -359,7 +373,8 @@ class SimEngine(Engine):
         if seq.finish is not None:
             return
         seq.finish = reason
-        self._running.pop(seq, None)
+        if seq.sched is not None:
+            self.scheduler.finish(seq.sched)
         self._held -= 1
         self._reserved -= seq.reserve
         seq.req.open -= 1

@@ -6,6 +6,10 @@ transformers' Llama in bf16 with SDPA attention and a static-size KV cache built
 vLLM's paged kernels are faster, so these are an upper bound on a step's time.
 
     python tests/gpu/calibrate_sim.py [--json out.json] [--tiny]   (--tiny: a CPU smoke run)
+
+Beside each measurement it prints what the profile predicts with the sim's step-time model
+(`SimEngine.step_time`): `decode_base_s + sequences × decode_s_per_seq + prefill tokens ×
+prefill_s_per_token`, plus the step a full `max_num_batched_tokens` prefill chunk would take.
 """
 
 from __future__ import annotations
@@ -14,6 +18,21 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run as a script from anywhere
+
+
+def predicted(profile_name: str, batches: list[int], context: int) -> dict:
+    """The sim profile's figures for the same shapes (KV reads scale with the context)."""
+    from workers.sim import _CTX, PROFILES
+
+    p = PROFILES[profile_name]
+    per_seq = p.decode_s_per_seq * context / _CTX
+    return {"profile": p.name, "source": p.source, "prefill_s_per_token": p.prefill_s_per_token,
+            "max_num_batched_tokens": p.max_num_batched_tokens,
+            "full_prefill_step_s": p.decode_base_s + p.max_num_batched_tokens * p.prefill_s_per_token,
+            "decode": [{"batch": b, "step_s": p.decode_base_s + b * per_seq} for b in batches]}
 
 
 def main() -> int:
@@ -22,6 +41,7 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="a small model on CPU, to check the script")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    p.add_argument("--profile", default="llama-8b-h100", help="the sim profile to compare against")
     args = p.parse_args()
 
     import torch
@@ -86,6 +106,7 @@ def main() -> int:
             del past, out
             if device == "cuda":
                 torch.cuda.empty_cache()
+    report["sim_profile"] = predicted(args.profile, args.batches, args.context)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

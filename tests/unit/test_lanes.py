@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -234,3 +236,66 @@ def test_batch_size_is_bounded_by_message_bytes():
     lanes2.admit(huge, 0.0)
     assert lanes2.select(free_slots=1, token_budget=10**9, total_slots=100, running={}, now=0.0,
                          max_bytes=1_000_000).dispatch == [huge]
+
+
+def _prefill_lanes(share: float = 0.25) -> Lanes:
+    batch = msgspec.structs.replace(next(c for c in DEFAULT_CLASSES if c.name == "batch"),
+                                    max_slot_share=1.0, max_prefill_share=share)
+    return Lanes([c for c in DEFAULT_CLASSES if c.name != "batch"] + [batch])
+
+
+def _prompt(klass: str, tokens: int) -> Item:
+    it = item(klass=klass, cost=tokens + 400)
+    it.prompt = tokens
+    return it
+
+
+def _pick(lanes: Lanes, pending: dict[str, int], slots: int = 10, step: int = 8192):
+    return lanes.select(free_slots=slots, token_budget=10**9, total_slots=100, running={"batch": 1},
+                        now=0.0, step_tokens=step, prefill=pending).dispatch
+
+
+def test_a_class_prompts_awaiting_prefill_stay_under_its_share_of_the_step():
+    lanes = _prefill_lanes(0.25)              # batch: 2,048 of an 8,192-token step
+    floods = [_prompt("batch", 1536) for _ in range(4)]
+    for it in floods:
+        lanes.admit(it, 0.0)
+    assert _pick(lanes, {"batch": 1000}) == []        # 1,000 + 1,536 > 2,048
+    assert _pick(lanes, {"batch": 500}) == floods[:1]  # 500 + 1,536 fits; a second would not
+    chat = _prompt("interactive", 3000)
+    lanes.admit(chat, 0.0)
+    assert _pick(lanes, {"batch": 2000}) == [chat]     # other classes are not held back
+
+
+def test_a_class_with_nothing_awaiting_prefill_may_start_one_prompt_longer_than_its_cap():
+    lanes = _prefill_lanes(0.1)               # 819 tokens
+    long = [_prompt("batch", 6000) for _ in range(2)]
+    for it in long:
+        lanes.admit(it, 0.0)
+    assert _pick(lanes, {}) == long[:1]
+
+
+def test_no_step_size_reported_means_no_prefill_cap():
+    lanes = _prefill_lanes(0.1)
+    floods = [_prompt("batch", 1536) for _ in range(3)]
+    for it in floods:
+        lanes.admit(it, 0.0)
+    assert _pick(lanes, {"batch": 5000}, step=0) == floods
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 4000), min_size=1, max_size=20), st.integers(0, 3000),
+       st.floats(0.05, 0.9), st.sampled_from([2048, 8192]))
+def test_prefill_cap_invariant(prompts, already, share, step):
+    lanes = _prefill_lanes(share)
+    for tokens in prompts:
+        lanes.admit(_prompt("batch", tokens), 0.0)
+    chosen = _pick(lanes, {"batch": already} if already else {}, slots=len(prompts), step=step)
+    total = already + sum(it.prompt for it in chosen)
+    cap = int(share * step)
+    assert not chosen or total <= cap or (already == 0 and len(chosen) == 1)
+    # Work-conserving within the cap: the next waiting prompt would not have fitted.
+    rest = [it for it in lanes.waiting_items() if it.klass == "batch"]
+    if rest and chosen:
+        head = min(rest, key=lambda it: it.order)
+        assert total + head.prompt > cap
