@@ -22,6 +22,29 @@ from schemas.frames import Delta, Entry, StreamError, Terminal
 
 # Past its deadline a worker aborts the request; this grace covers its error frame's way back.
 REPLY_GRACE_S = 5.0
+LAG_WEIGHT = 0.1      # each frame's share of the smoothed lag: one late frame is not a trend
+LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says nothing about now
+
+
+class DeliveryLag:
+    """Frame lag, smoothed over frames (an exponentially weighted mean); times are monotonic."""
+
+    __slots__ = ("smoothed_s", "_at")
+
+    def __init__(self) -> None:
+        self.smoothed_s = 0.0
+        self._at = float("-inf")
+
+    def observe(self, lag_s: float, now: float) -> None:
+        if now - self._at > LAG_FRESH_S:
+            self.smoothed_s = lag_s
+        else:
+            self.smoothed_s += LAG_WEIGHT * (lag_s - self.smoothed_s)
+        self._at = now
+
+    def current(self, now: float) -> float:
+        """The smoothed lag; 0 when no frame arrived lately (nothing is waiting on delivery)."""
+        return self.smoothed_s if now - self._at <= LAG_FRESH_S else 0.0
 
 
 class ResponseStream:
@@ -56,8 +79,10 @@ class ResponseStream:
             self.attempt = entry.attempt
             self.next_seq = 0
         if entry.seq != self.next_seq and not isinstance(entry, StreamError):
+            # Frames were lost on the way (a worker's failed publish, a slow-consumer drop): a
+            # delivery failure, worth a retry, not a fault in Laneway's code.
             self.edge_failed = True
-            entry = StreamError(self.request_id, entry.attempt, entry.seq, ErrorCode.internal_error.value,
+            entry = StreamError(self.request_id, entry.attempt, entry.seq, ErrorCode.unavailable.value,
                                 f"lost part of the stream (expected chunk {self.next_seq}, got {entry.seq})")
         self.next_seq = entry.seq + 1
         self.source = source
@@ -108,6 +133,7 @@ class Demux:
     def __init__(self, metrics: BridgeMetrics | None = None) -> None:
         self._streams: dict[str, ResponseStream] = {}
         self._metrics = metrics or BridgeMetrics()
+        self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
 
     def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
         """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
@@ -142,7 +168,9 @@ class Demux:
             return
         self._metrics.frames.inc()
         if frame.sent_at:
-            self._metrics.frame_lag.observe(max(0.0, time.time() - frame.sent_at))
+            lag = max(0.0, time.time() - frame.sent_at)
+            self._metrics.frame_lag.observe(lag)
+            self.lag.observe(lag, time.monotonic())
         # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         streams = self._streams

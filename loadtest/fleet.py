@@ -82,10 +82,12 @@ class Fleet:
     """async with Fleet(dir, tenants, pools) as fleet: fleet.url, fleet.nats_url, fleet.keys."""
 
     def __init__(self, data_dir: Path, tenants: tuple[TenantSpec, ...] | list[TenantSpec],
-                 pools: tuple[PoolSpec, ...] | list[PoolSpec]) -> None:
+                 pools: tuple[PoolSpec, ...] | list[PoolSpec], up_flags: list[str] | None = None) -> None:
+        """`up_flags`: more of `laneway up`'s own flags (`--brokers 3`, `--pii off`)."""
         self.data_dir = data_dir
         self.tenants = list(tenants)
         self.pools = list(pools)
+        self.up_flags = up_flags or []
         self.keys = {t.name: api_key(t.name) for t in self.tenants}
         self.nats_port = free_port()
         self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
@@ -113,7 +115,8 @@ class Fleet:
         first = self.pools[0]
         self.up = LanewayUp(self.data_dir, self.keys[self.tenants[0].name],
                             ["--settings", str(settings), "--nats-port", str(self.nats_port),
-                             "--pool", first.pool, "--model-name", first.model, *first.sim_flags()])
+                             "--pool", first.pool, "--model-name", first.model, *first.sim_flags(),
+                             *self.up_flags])
         starting = asyncio.create_task(self.up.__aenter__())
         try:
             waiting = asyncio.create_task(_port_open(self.nats_port, 60))

@@ -189,7 +189,11 @@ def _call(flow: Flow, shape: RequestShape, rng: random.Random) -> Call:
     if flow.max_tokens_spread:
         lo = max(1, round(tokens * (1 - flow.max_tokens_spread)))
         tokens = rng.randint(lo, max(lo, round(tokens * (1 + flow.max_tokens_spread))))
-    return Call(flow.name, flow.tenant, flow.klass, flow.model, shape.prompt(flow.prompt_tokens), tokens)
+    prompt = shape.prompt(flow.prompt_tokens)
+    if flow.distinct:   # the tag replaces as many characters: the length (the token count) holds
+        tag = f"{rng.getrandbits(64):016x} "
+        prompt = tag + prompt[len(tag):]
+    return Call(flow.name, flow.tenant, flow.klass, flow.model, prompt, tokens)
 
 
 async def open_loop(target: Target, rec: Recorder, flow: Flow, until: float, rng: random.Random,

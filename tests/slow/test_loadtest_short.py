@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from loadtest import fairness, generator, hol, overhead, report, scale, scenarios
+from loadtest import fairness, generator, hol, multibroker, overhead, report, scale, scenarios
 from loadtest.results import to_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -110,6 +110,25 @@ async def test_fairness_short():
     assert "served share" in fairness.render(doc)
 
 
+async def test_multibroker_short():
+    args = _args(multibroker, "--brokers", "1", "2", "--duration", "4", "--warmup", "1", "--max-seqs", "16",
+                 "--flood-users", "20", "--flood-tokens", "64", "--chat-rate", "3", "--quiet")
+    doc = await multibroker.run_benchmark(args)
+    f = doc["figures"]
+    assert set(f) == {"1", "2"} and len(doc["runs"]) == 4
+    for n, row in f.items():
+        for label in ("alone", "flood"):
+            phase = row[label]
+            assert phase["errors"] == 0 and phase["chat_ttft_s"]["n"] > 0
+            assert math.isfinite(phase["ratio_to_first"]) and phase["ratio_to_first"] > 0
+            # One CPU figure per broker process; a short run's may read 0 where clocks tick coarsely.
+            assert len(phase["broker_cpu_ms_per_request"]) == len(phase["scheduler"]) == int(n)
+            assert all(c >= 0 for c in phase["broker_cpu_ms_per_request"])
+        assert row["flood"]["flood_tokens_per_s"] > 0
+    assert f["1"]["alone"]["ratio_to_first"] == 1.0
+    assert "2 brokers: TTFT p95 within" in multibroker.render(doc)
+
+
 async def test_scale_short():
     args = _args(scale, "--clients", "200", "--workers", "2", "--ramp", "2", "--hold", "3",
                  "--stream-rate", "4", "--quiet")
@@ -121,4 +140,20 @@ async def test_scale_short():
     assert f["frame_lag_s"]["n"] > 0 and math.isfinite(f["frame_lag_s"]["p99"])
     assert set(f["rss_per_stream_bytes"]) == {"nats-server", "bridge", "broker", "worker"}
     assert f["rss_during"]["bridge"] > 0
+    assert f["client_procs"] == 2 and f["client_cpu_cores"] >= 0   # the generator's processes, apart
     assert "memory per open stream" in scale.render(doc)
+
+
+async def test_scale_find_max_short():
+    """Steps up until one misses (a loaded CI machine may miss the lag target at any step): the
+    most held is the step before the first miss, and the miss says why."""
+    args = _args(scale, "--find-max", "--steps", "40,80", "--workers", "1", "--ramp", "1", "--hold", "2",
+                 "--stream-rate", "4", "--client-procs", "1", "--quiet")
+    doc = await scale.run_benchmark(args)
+    steps = doc["figures"]["steps"]
+    ran = sorted(steps)
+    assert ran == [40, 80][:len(ran)] and len(doc["runs"]) == len(ran)
+    missed = [n for n in ran if steps[n]["missed"]]
+    assert missed in ([], [ran[-1]])                      # it stops at the first miss
+    assert doc["figures"]["max_held"] == max((n for n in ran if n not in missed), default=0)
+    assert "Most streams held" in scale.render(doc)

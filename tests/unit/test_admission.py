@@ -1,0 +1,46 @@
+"""The bridge's admission: a stream cap and a delivery-lag limit, refused as 503 `overloaded`."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.bridge.admission import admit
+from broker.bridge.errors import EdgeError
+from broker.demux import LAG_FRESH_S, DeliveryLag
+from schemas.errors import ErrorCode
+
+
+def test_under_both_limits_a_stream_is_admitted():
+    admit(9, 0.2, max_streams=10, max_delivery_lag_s=0.5)
+    admit(10_000, 30.0, max_streams=0, max_delivery_lag_s=0)      # 0: each limit off
+
+
+@pytest.mark.parametrize("open_streams,lag,kind", [(10, 0.0, "streams"), (0, 0.6, "delivery_lag")])
+def test_past_a_limit_the_answer_is_a_503_with_retry_after(open_streams, lag, kind):
+    with pytest.raises(EdgeError) as refused:
+        admit(open_streams, lag, max_streams=10, max_delivery_lag_s=0.5)
+    e = refused.value
+    assert e.code is ErrorCode.overloaded and e.status == 503 and e.type == "server_error"
+    assert int(e.headers["Retry-After"]) > 0 and e.headers["x-laneway-overload"] == kind
+
+
+def test_one_late_frame_is_not_a_trend_but_a_run_of_them_is():
+    lag = DeliveryLag()
+    lag.observe(0.01, now=0.0)
+    lag.observe(2.0, now=0.01)
+    assert lag.current(0.01) < 0.5
+    t = 0.01
+    while lag.current(t) <= 0.5:
+        t += 0.01
+        lag.observe(2.0, now=t)
+        assert t < 1.0, "a run of late frames never moved the smoothed lag"
+
+
+def test_without_frames_lately_nothing_is_late():
+    lag = DeliveryLag()
+    assert lag.current(0.0) == 0.0
+    lag.observe(3.0, now=0.0)
+    assert lag.current(0.0) == 3.0
+    assert lag.current(LAG_FRESH_S + 0.01) == 0.0
+    lag.observe(0.05, now=LAG_FRESH_S + 0.02)       # a stale estimate starts over
+    assert lag.current(LAG_FRESH_S + 0.02) == 0.05
