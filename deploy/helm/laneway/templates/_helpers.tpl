@@ -1,0 +1,97 @@
+{{/* Names: the release name when it already says laneway, else "<release>-laneway". */}}
+{{- define "laneway.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains "laneway" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-laneway" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "laneway.labels" -}}
+app.kubernetes.io/name: laneway
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: laneway
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "broker"). */}}
+{{- define "laneway.selector" -}}
+app.kubernetes.io/name: laneway
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/*
+Names the NATS subchart's values also use (through its $tplYaml): they are derived from the
+release name only, because the subchart cannot call this chart's helpers with this chart's values.
+*/}}
+{{- define "laneway.natsAuthName" -}}{{ .Release.Name }}-nats-auth{{- end -}}
+{{- define "laneway.natsKeyName" -}}{{ .Release.Name }}-nats-js-key{{- end -}}
+{{- define "laneway.natsRoleSecret" -}}{{ .ctx.Release.Name }}-nats-{{ .role }}{{- end -}}
+
+{{/* The NATS chart's client Service, unless natsUrl points elsewhere. */}}
+{{- define "laneway.natsUrl" -}}
+{{- if .Values.natsUrl -}}
+{{- .Values.natsUrl -}}
+{{- else if contains "nats" .Release.Name -}}
+nats://{{ .Release.Name }}:4222
+{{- else -}}
+nats://{{ .Release.Name }}-nats:4222
+{{- end -}}
+{{- end -}}
+
+{{/* Environment every Laneway process shares: NATS URL and the role's credentials, log level, OTLP.
+(dict "ctx" $ "role" "broker|worker|bridge|ops") */}}
+{{- define "laneway.env" -}}
+- name: LANEWAY_NATS_URL
+  value: {{ include "laneway.natsUrl" .ctx | quote }}
+{{- if .ctx.Values.natsAuth.enabled }}
+- name: LANEWAY_NATS_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "laneway.natsRoleSecret" . }}
+      key: user
+- name: LANEWAY_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "laneway.natsRoleSecret" . }}
+      key: password
+{{- end }}
+- name: LANEWAY_LOG_LEVEL
+  value: {{ .ctx.Values.logLevel | quote }}
+{{- with .ctx.Values.otel.endpoint }}
+# Spans go over OTLP/HTTP (broker/runtime/tracing.py); the CLI names the service laneway-<command>.
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "laneway.image" -}}
+{{- printf "%s:%s" .repository (.tag | toString) -}}
+{{- end -}}
+
+{{/* Container security shared by every Laneway container: the Dockerfile's laneway user, by uid
+(the kubelet can check runAsNonRoot only against a numeric user). */}}
+{{- define "laneway.containerSecurity" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  runAsNonRoot: true
+  runAsUser: 10001
+  runAsGroup: 10001
+  capabilities:
+    drop: ["ALL"]
+{{- end -}}
+
+{{/* A password kept across upgrades: the one in the live Secret if there is one, else a new one. */}}
+{{- define "laneway.keptSecret" -}}
+{{- $live := lookup "v1" "Secret" .ctx.Release.Namespace .name -}}
+{{- if and $live $live.data (hasKey $live.data .key) -}}
+{{- index $live.data .key | b64dec -}}
+{{- else -}}
+{{- .fresh -}}
+{{- end -}}
+{{- end -}}

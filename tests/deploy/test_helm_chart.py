@@ -1,0 +1,519 @@
+"""The Helm chart (deploy/helm/laneway) renders, validates and agrees with the code it deploys.
+
+No helm binary and no cluster run here. The chart is rendered by Helm's own Go SDK (v4.2, the
+`helm-python-sdk` wheel: `helm template` without the binary), with the defaults and with
+ci/all-on-values.yaml, which turns every optional part on. Then:
+- every object validates against the Kubernetes schemas of two pinned versions
+  (`kubernetes-validate`, strict: unknown fields fail); KEDA's ScaledObject, a CRD those schemas
+  lack, against the openAPIV3Schema of KEDA's own CRD (tests/deploy/data, KEDA v2.20.2);
+- every metric a ScaledObject or an alert/recording rule names is exported by Laneway;
+- every Laneway container runs a real `laneway` subcommand whose command line parses, stream
+  replicas match the NATS cluster, pods reference only Secrets/ConfigMaps/PVCs the chart makes,
+  probes hit the endpoints the process serves, workers get a grace period past their drain;
+- the NATS users are laneway/nats_config.py's, and the rendered NATS config, run as a real
+  3-node nats-server cluster with the environment Kubernetes would give it, accepts each role's
+  Secret, refuses a wrong password, stores streams at 3 replicas and encrypts them at rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+import yaml
+
+from tests.unit.test_deploy_stack import exported_metrics, promql_metrics
+from tests.wait import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "laneway"
+ALL_ON = CHART / "ci" / "all-on-values.yaml"
+KEDA_CRD = Path(__file__).parent / "data" / "keda.sh_scaledobjects.yaml"
+K8S_VERSIONS = ("1.29.0", "1.33.0")     # the chart's kubeVersion floor, and a current release
+RELEASE, NAMESPACE = "demo", "laneway"
+VARIANTS = ("default", "all-on")
+LANEWAY_ROLES = {"broker", "bridge", "worker", "ops"}
+
+
+# -- rendering --------------------------------------------------------------------------------
+def values(variant: str) -> dict:
+    return yaml.safe_load(ALL_ON.read_text()) if variant == "all-on" else {}
+
+
+@functools.cache
+def render(variant: str) -> tuple[tuple[str, dict], ...]:
+    """(template, object) for every object the chart renders, hooks and subchart included."""
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values(variant), name=RELEASE, namespace=NAMESPACE)
+    out = []
+    for source, text in sorted(manifests.items()):
+        if source.endswith(".txt"):
+            continue
+        out += [(source, doc) for doc in yaml.safe_load_all(text) if doc]
+    assert out, f"{variant}: nothing rendered"
+    return tuple(out)
+
+
+def values_merged(variant: str) -> dict:
+    with helm.Chart.load(str(CHART)) as chart:
+        return chart.merge_values(values(variant))
+
+
+def objects(variant: str, kind: str | None = None) -> list[dict]:
+    return [o for _, o in render(variant) if kind is None or o["kind"] == kind]
+
+
+def named(variant: str, kind: str, name: str) -> dict:
+    found = [o for o in objects(variant, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{variant}: {kind}/{name}: {len(found)} rendered"
+    return found[0]
+
+
+def pod_specs(variant: str) -> list[tuple[str, dict, dict]]:
+    """(kind/name, pod template metadata, pod spec) of every workload."""
+    out = []
+    for o in objects(variant):
+        if o["kind"] in ("Deployment", "StatefulSet", "Job"):
+            template = o["spec"]["template"]
+            out.append((f"{o['kind']}/{o['metadata']['name']}", template.get("metadata") or {}, template["spec"]))
+    return out
+
+
+def laneway_containers(variant: str) -> list[tuple[str, dict, dict, dict]]:
+    """(workload, pod metadata, pod spec, container) for containers running the laneway image."""
+    return [(w, meta, spec, c) for w, meta, spec in pod_specs(variant) for c in spec["containers"]
+            if c["image"].split(":")[0].endswith("laneway")]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# -- schemas ----------------------------------------------------------------------------------
+@functools.cache
+def keda_schema() -> dict:
+    crd = yaml.safe_load(KEDA_CRD.read_text())
+    return {v["name"]: v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"]}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_object_validates_against_its_schema(variant: str) -> None:
+    errors, kinds = [], set()
+    for source, obj in render(variant):
+        where = f"{source}: {obj['kind']}/{obj['metadata'].get('name')}"
+        kinds.add(obj["kind"])
+        group, _, version = obj["apiVersion"].rpartition("/")
+        if group == "keda.sh":
+            try:
+                jsonschema.validate(obj, keda_schema()[version])
+            except jsonschema.ValidationError as exc:
+                errors.append(f"{where}: {exc.message} at {list(exc.absolute_path)}")
+            continue
+        for k8s in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, k8s, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{where} (Kubernetes {k8s}): {exc.message} at {list(exc.path)}")
+    assert not errors, "\n".join(errors)
+    assert {"Deployment", "StatefulSet", "PodDisruptionBudget", "Secret", "ConfigMap", "Job",
+            "HorizontalPodAutoscaler"} <= kinds
+    if variant == "all-on":
+        assert "ScaledObject" in kinds, "the KEDA branch above must run"
+
+
+def test_the_schema_checks_catch_wrong_objects() -> None:
+    """Both checks are real: an unknown field, a wrong type and a missing required field fail."""
+    deployment = json.loads(json.dumps(objects("default", "Deployment")[0]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
+
+    scaled = next(o for o in objects("all-on", "ScaledObject"))
+    schema = keda_schema()["v1alpha1"]
+    jsonschema.validate(scaled, schema)
+    bad_type = json.loads(json.dumps(scaled))
+    bad_type["spec"]["minReplicaCount"] = "one"
+    missing = json.loads(json.dumps(scaled))
+    del missing["spec"]["scaleTargetRef"]["name"]
+    for bad in (bad_type, missing):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_all_on_values_turn_every_switch_on() -> None:
+    """Every `enabled` in values.yaml (ours and the NATS parts we set) is true in ci/all-on."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    on = yaml.safe_load(ALL_ON.read_text())
+
+    def switches(node, path=()):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "enabled" and isinstance(value, bool):
+                    yield path
+                else:
+                    yield from switches(value, (*path, key))
+
+    def lookup(node, path):
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+
+    off = [".".join(p) for p in switches(defaults)
+           if not (lookup(on, (*p, "enabled")) if lookup(on, (*p, "enabled")) is not None
+                   else lookup(defaults, (*p, "enabled")))]
+    assert not off, f"ci/all-on-values.yaml leaves off: {off}"
+    assert on["otel"]["endpoint"], "the OTLP endpoint too"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_helm_lint_strict_finds_no_warning(variant: str) -> None:
+    findings = helm.lint(str(CHART), values(variant), strict=True, namespace=NAMESPACE)
+    assert findings["total_charts_linted"] == 1 and not findings["errors"], findings
+    # Helm's severities: 1 info, 2 warning, 3 error. ("icon is recommended" is the info left.)
+    assert all(m["severity"] < 2 for m in findings["messages"]), findings["messages"]
+
+
+# -- metrics ----------------------------------------------------------------------------------
+def rules_file(variant: str) -> dict:
+    cm = named(variant, "ConfigMap", f"{RELEASE}-laneway-prometheus")
+    return yaml.safe_load(cm["data"]["alerts.yml"])
+
+
+def test_scaled_objects_and_rules_name_exported_metrics() -> None:
+    exported, classes = exported_metrics()
+    assert classes
+    rules = [r for g in rules_file("all-on")["groups"] for r in g["rules"]]
+    recorded = {r["record"] for r in rules if "record" in r}
+    uses = [(f"rule {r.get('alert') or r.get('record')}", str(r["expr"])) for r in rules]
+    scaled = objects("all-on", "ScaledObject")
+    uses += [(f"ScaledObject {o['metadata']['name']} trigger {t.get('name')}", t["metadata"]["query"])
+             for o in scaled for t in o["spec"]["triggers"]]
+    pools = [name for name, p in values_merged("all-on")["workerPools"].items() if p["enabled"]]
+    assert len(scaled) == len(pools), "a ScaledObject per enabled worker pool"
+    missing = {}
+    for where, expr in uses:
+        names = promql_metrics(expr)
+        assert names, f"{where}: no metric in {expr!r}"
+        for name in names:
+            if not (name in recorded if ":" in name else name in exported):
+                missing.setdefault(name, []).append(where)
+    assert not missing, f"metrics Laneway does not export (searched {classes}): {missing}"
+
+
+# -- processes --------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_containers_run_real_laneway_commands(variant: str) -> None:
+    from laneway.cli import build_parser
+
+    parser = build_parser()
+    seen = set()
+    for workload, _, _, c in laneway_containers(variant):
+        args = [str(a) for a in c["args"]]
+        seen.add(args[0])
+        assert args[0] in LANEWAY_ROLES, f"{workload}: `laneway {args[0]}`"
+        try:
+            parsed, rest = parser.parse_known_args(args)
+        except SystemExit:
+            pytest.fail(f"{workload}: `laneway {' '.join(args)}` does not parse")
+        assert not rest, f"{workload}: unknown arguments {rest}"
+        assert "command" not in c, f"{workload}: the image's entrypoint is `laneway`; set args only"
+    assert seen == LANEWAY_ROLES, seen
+    jobs = [(w, c) for w, _, _, c in laneway_containers(variant) if w.startswith("Job/")]
+    assert [c["args"][:2] for _, c in jobs] == [["ops", "provision"]], jobs
+    assert flag(jobs[0][1]["args"], "--settings") == "/etc/laneway/settings.toml"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_streams_replicate_across_the_nats_cluster(variant: str) -> None:
+    sts = named(variant, "StatefulSet", f"{RELEASE}-nats")
+    conf = named(variant, "ConfigMap", f"{RELEASE}-nats-config")["data"]["nats.conf"]
+    assert sts["spec"]["replicas"] == 3
+    assert len(re.findall(rf"nats://{RELEASE}-nats-\d\.{RELEASE}-nats-headless:6222", conf)) == 3
+    assert re.search(r'"cipher":\s*"chachapoly"', conf) and re.search(r'"key":\s*\$LANEWAY_NATS_JS_KEY\b', conf)
+    for workload, _, _, c in laneway_containers(variant):
+        if c["args"][0] in ("broker", "ops"):        # the bridge creates no stream
+            assert flag(c["args"], "--replicas") == "3", f"{workload}: streams need 3 replicas"
+        assert env_of(c)["LANEWAY_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222", workload
+    assert named(variant, "Service", f"{RELEASE}-nats")["spec"]["ports"][0]["port"] == 4222
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_reference_only_what_the_chart_makes(variant: str) -> None:
+    made = {(o["kind"], o["metadata"]["name"]) for o in objects(variant)}
+    claims = {("PersistentVolumeClaim", t["metadata"]["name"]) for o in objects(variant, "StatefulSet")
+              for t in o["spec"].get("volumeClaimTemplates", [])}
+    problems = []
+    for workload, _, spec in pod_specs(variant):
+        for v in spec.get("volumes", []):
+            ref = (("ConfigMap", v["configMap"]["name"]) if "configMap" in v else
+                   ("Secret", v["secret"]["secretName"]) if "secret" in v else
+                   ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"])
+                   if "persistentVolumeClaim" in v else None)
+            if ref and ref not in made:
+                problems.append(f"{workload}: volume {v['name']} → missing {ref}")
+        for c in spec["containers"] + spec.get("initContainers", []):
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            volumes = {v["name"] for v in spec.get("volumes", [])} | {n for _, n in claims}
+            problems += [f"{workload}/{c['name']}: mount of no volume {m}" for m in mounts - volumes]
+            defined: set[str] = set()
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef") or e.get("valueFrom", {}).get("configMapKeyRef")
+                kind = "Secret" if "secretKeyRef" in e.get("valueFrom", {}) else "ConfigMap"
+                if ref and (kind, ref["name"]) not in made:
+                    problems.append(f"{workload}/{c['name']}: env {e['name']} → missing {kind}/{ref['name']}")
+                # Kubernetes expands $(VAR) only for a variable listed earlier; else it stays literal.
+                for var in re.findall(r"\$\((\w+)\)", e.get("value", "")):
+                    if var not in defined:
+                        problems.append(f"{workload}/{c['name']}: env {e['name']} uses $({var}) before it is set")
+                defined.add(e["name"])
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_deployment_has_a_disruption_budget_and_scalers_target_real_ones(variant: str) -> None:
+    deployments = {o["metadata"]["name"]: o for o in objects(variant, "Deployment")
+                   if o["metadata"]["labels"].get("app.kubernetes.io/part-of") == "laneway"}
+    pdbs = objects(variant, "PodDisruptionBudget")
+    for name, d in deployments.items():
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        covering = [p for p in pdbs if p["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(covering) == 1, f"Deployment {name}: {len(covering)} PodDisruptionBudgets"
+        assert d["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
+    scalers = objects(variant, "HorizontalPodAutoscaler") + objects(variant, "ScaledObject")
+    for s in scalers:
+        target = s["spec"]["scaleTargetRef"]["name"]
+        assert target in deployments, f"{s['kind']} {s['metadata']['name']} scales no Deployment {target}"
+        assert "replicas" not in deployments[target]["spec"], f"{target}: replicas fight the autoscaler"
+    bridge = f"{RELEASE}-laneway-bridge"
+    hpa = [s for s in objects(variant, "HorizontalPodAutoscaler") if s["spec"]["scaleTargetRef"]["name"] == bridge]
+    assert hpa and hpa[0]["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert hpa[0]["spec"]["minReplicas"] >= 2
+    assert named(variant, "Deployment", f"{RELEASE}-laneway-broker")["spec"]["replicas"] >= 2
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_probes_hit_what_each_process_serves_and_drains_fit(variant: str) -> None:
+    for workload, _, spec, c in laneway_containers(variant):
+        role, args = c["args"][0], c["args"]
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        if role == "bridge":
+            # broker/bridge/app.py serves /readyz and /healthz on its HTTP port (--port).
+            assert str(ports["http"]) == flag(args, "--port")
+            assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+            assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+            sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+            assert spec["terminationGracePeriodSeconds"] > sleep
+        elif role in ("broker", "worker"):
+            # They serve only Prometheus metrics (--metrics-port): the probes check that listener.
+            assert str(ports["metrics"]) == flag(args, "--metrics-port")
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert c[probe]["tcpSocket"] == {"port": "metrics"}, f"{workload}: {probe}"
+        if role == "worker":
+            assert spec["terminationGracePeriodSeconds"] > float(flag(args, "--drain-timeout")), workload
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_worker_pools_get_gpus_models_and_keys(variant: str) -> None:
+    engines = set()
+    for workload, meta, spec, c in laneway_containers(variant):
+        args = c["args"]
+        if args[0] != "worker":
+            continue
+        engine = flag(args, "--engine")
+        engines.add(engine)
+        assert meta["labels"]["laneway.dev/pool"] == flag(args, "--pool")
+        resources = c["resources"]
+        if engine == "vllm":
+            tp = int(flag(args, "--tensor-parallel-size"))
+            assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == tp, workload
+            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+            model_root = str(Path(flag(args, "--model")).parent)
+            assert mounts[model_root]["readOnly"], f"{workload}: model volume not at {model_root}"
+            volume = next(v for v in spec["volumes"] if v["name"] == mounts[model_root]["name"])
+            assert "persistentVolumeClaim" in volume, workload
+            assert mounts["/dev/shm"] and "sizeLimit" in next(v for v in spec["volumes"] if v["name"] == "shm")["emptyDir"]
+        else:
+            assert "nvidia.com/gpu" not in json.dumps(resources), workload
+        if engine == "openai":
+            key_env = flag(args, "--upstream-key-env")
+            assert "secretKeyRef" in env_of(c)[key_env]["valueFrom"], f"{workload}: the key must come from a Secret"
+            assert key_env not in " ".join(args[args.index("--upstream-key-env") + 2:])
+    assert {"vllm", "openai"} <= engines
+    if variant == "all-on":
+        assert "sim" in engines
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_pool_the_settings_name_has_workers(variant: str, tmp_path: Path) -> None:
+    from broker.config import load_settings
+
+    path = tmp_path / "settings.toml"
+    path.write_text(named(variant, "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"])
+    settings = load_settings(path)
+    served = {flag(c["args"], "--pool") for _, _, _, c in laneway_containers(variant) if c["args"][0] == "worker"}
+    wanted = {m.pool for m in settings.models.values()}
+    assert wanted and wanted <= served, f"pools without workers: {wanted - served}"
+    if variant == "default":    # the defaults ship deploy/settings.toml itself
+        assert tomllib.loads(path.read_text()) == tomllib.loads((ROOT / "deploy" / "settings.toml").read_text())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_otlp_endpoint_only_when_configured(variant: str) -> None:
+    endpoint = values(variant).get("otel", {}).get("endpoint")
+    for workload, _, _, c in laneway_containers(variant):
+        env = env_of(c)
+        if endpoint:
+            assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == endpoint, workload
+        else:
+            assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env, workload
+
+
+# -- monitoring -------------------------------------------------------------------------------
+def test_monitoring_configmaps_reuse_the_deploy_files() -> None:
+    deploy = ROOT / "deploy"
+    prom = named("all-on", "ConfigMap", f"{RELEASE}-laneway-prometheus")["data"]
+    assert prom["alerts.yml"].strip() == (deploy / "prometheus" / "alerts.yml").read_text().strip()
+    config = yaml.safe_load(prom["prometheus.yml"])
+    assert config["rule_files"] == ["alerts.yml"]
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert {"laneway-broker", "laneway-bridge", "laneway-worker", "nats"} <= set(jobs)
+    # Each Laneway pod is annotated with the port its process serves metrics on, and one job keeps it.
+    keeps = {name: re.compile(rule["regex"]) for name, job in jobs.items() for rule in job["relabel_configs"]
+             if rule.get("action") == "keep" and "app_kubernetes_io_component" in " ".join(rule["source_labels"])}
+    for workload, meta, _, c in laneway_containers("all-on"):
+        if c["args"][0] in ("broker", "worker", "bridge"):
+            port = meta["annotations"]["prometheus.io/port"]
+            assert port == (flag(c["args"], "--metrics-port") or flag(c["args"], "--port")), workload
+            key = f"{RELEASE};{meta['labels']['app.kubernetes.io/component']}"
+            assert [n for n, rx in keeps.items() if rx.fullmatch(key)] == [f"laneway-{c['args'][0]}"], workload
+    dashboard = named("all-on", "ConfigMap", f"{RELEASE}-laneway-dashboard")
+    assert json.loads(dashboard["data"]["laneway.json"]) == json.loads(
+        (deploy / "grafana" / "dashboards" / "laneway.json").read_text())
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    source = yaml.safe_load(named("all-on", "ConfigMap", f"{RELEASE}-laneway-datasource")["data"]["laneway-prometheus.yml"])
+    original = yaml.safe_load((deploy / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert source["datasources"][0]["url"] == values("all-on")["monitoring"]["grafanaDatasource"]["prometheusUrl"]
+    assert source["datasources"][0]["uid"] == original["datasources"][0]["uid"]
+    for name in ("prometheus", "grafana", "settings.toml"):    # links, so nothing is copied
+        assert (CHART / "files" / name).is_symlink(), name
+
+
+# -- NATS users and the rendered NATS config, live ---------------------------------------------
+def test_nats_permissions_file_matches_the_code() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "deploy" / "helm" / "generate_nats_permissions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (CHART / "files" / "nats-permissions.json").read_text() == module.generate(), \
+        "laneway/nats_config.py changed: run .venv/bin/python deploy/helm/generate_nats_permissions.py"
+
+
+def kubernetes_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The environment the kubelet would give the container: Secret values, then $(VAR) expanded
+    from variables listed earlier (a later or unknown one stays as written, as in Kubernetes)."""
+    env: dict[str, str] = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), e["value"])
+        elif "secretKeyRef" in e.get("valueFrom", {}):
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = secrets[ref["name"]][ref["key"]]
+    return env
+
+
+async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, monkeypatch) -> None:
+    from broker.config import StreamLimits, load_settings
+    from broker.provision import provision_at
+    from broker.runtime.connect import NatsSettings
+    from broker.runtime.natsd import NatsServer, _free_port
+    from schemas.subjects import Subjects
+
+    secrets = {o["metadata"]["name"]: o["stringData"] for o in objects("default", "Secret")}
+    conf = named("default", "ConfigMap", f"{RELEASE}-nats-config")["data"]["nats.conf"]
+    auth = named("default", "ConfigMap", f"{RELEASE}-nats-auth")["data"]["auth.conf"]
+    sts = named("default", "StatefulSet", f"{RELEASE}-nats")
+    nats_container = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "nats")
+    for name, value in kubernetes_env(nats_container, secrets).items():
+        monkeypatch.setenv(name, value)      # nats-server inherits this process's environment
+
+    # The pod's file layout (/etc/nats-config, /etc/nats-laneway) under tmp_path, loopback ports.
+    (tmp_path / "nats-laneway").mkdir()
+    (tmp_path / "nats-laneway" / "auth.conf").write_text(auth)
+    route_ports = [_free_port() for _ in range(3)]
+    servers = []
+    for i in range(3):
+        text = conf.replace("$SERVER_NAME", f'"{RELEASE}-nats-{i}"')
+        text = text.replace('"port": 6222', f'"port": {route_ports[i]}')
+        text = text.replace('"http_port": 8222,', "")
+        text = re.sub(r',\s*"store_dir": "/data"', "", text)     # NatsServer passes -sd (a duplicate fails)
+        text = text.replace('"/var/run/nats/nats.pid"', json.dumps(str(tmp_path / f"n{i}.pid")))
+        for j in range(3):
+            text = text.replace(f"nats://{RELEASE}-nats-{j}.{RELEASE}-nats-headless:6222",
+                                f"nats://127.0.0.1:{route_ports[j]}")
+        node_dir = tmp_path / f"nats-config-{i}"
+        node_dir.mkdir()
+        (node_dir / "nats.conf").write_text(text)
+        servers.append(NatsServer(tmp_path / f"n{i}", config_file=node_dir / "nats.conf"))
+    await asyncio.gather(*(s.start() for s in servers))
+    try:
+        urls = [s.url for s in servers]
+
+        def role(r: str) -> tuple[str, str]:
+            secret = secrets[f"{RELEASE}-nats-{r}"]
+            return secret["user"], secret["password"]
+
+        # What the provisioning Job runs (`laneway ops provision`), as the ops user, with the
+        # rendered settings; retried only while the new cluster elects its JetStream leaders.
+        settings_file = tmp_path / "settings.toml"
+        settings_file.write_text(named("default", "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"])
+        user, password = role("ops")
+        ops = NatsSettings(url=",".join(urls), user=user, password=password)
+
+        async def provisioned() -> bool:
+            try:
+                await provision_at(ops, StreamLimits(replicas=3), load_settings(settings_file))
+            except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                return False
+            return True
+
+        assert await eventually(provisioned, timeout=60, interval=0.5)
+        user, password = role("bridge")
+        nc = await nats.connect(urls, user=user, password=password)
+        try:
+            js = nc.jetstream()
+            s = Subjects("lw")
+            ack = await js.publish(s.req("interactive", "demo"), b"SEALED-BY-THE-CHART-0451")
+            assert ack.stream == s.req_stream
+        finally:
+            await nc.close()
+        # No role may read stream info; each node's store shows the replicas: all 3 hold LW_REQ.
+        for server in servers:
+            assert [p for p in (server.store_dir / "jetstream").rglob(s.req_stream) if p.is_dir()], server.url
+        for r in ("broker", "worker", "ops"):
+            user, password = role(r)
+            other = await nats.connect(urls, user=user, password=password)
+            await other.close()
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(servers[0].url, user=role("bridge")[0], password="wrong",
+                               allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers))
+    stored = [p for s in servers for p in (s.store_dir / "jetstream").rglob("*") if p.is_file()]
+    assert stored, "JetStream stored nothing"
+    assert not [p for p in stored if b"SEALED-BY-THE-CHART-0451" in p.read_bytes()], "stored in plaintext"
