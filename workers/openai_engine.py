@@ -154,9 +154,13 @@ class OpenAIUpstreamEngine(Engine):
                     raise CircuitOpen(rid, self.breaker.retry_after())
                 verdict: bool | None = None          # None: says nothing about the upstream
                 try:
-                    async with contextlib.aclosing(attempt_fn(call, url, body, deadline)) as outputs:
-                        async for output in outputs:
-                            yield output
+                    async with contextlib.aclosing(attempt_fn(call, url, body, deadline)) as reads:
+                        async for outputs in reads:
+                            for output in outputs:
+                                if call.aborted:     # abort() ran while an output was out
+                                    raise Aborted
+                                call.streamed += 1
+                                yield output
                     verdict = True
                     break
                 except UpstreamError as err:

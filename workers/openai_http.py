@@ -1,6 +1,7 @@
 """One attempt's HTTP I/O against an OpenAI-compatible upstream, for the `openai` engine.
 
-`UpstreamHTTP.attempt` sends one streamed request and yields its deltas as `EngineOutput`s;
+`UpstreamHTTP.attempt` sends one streamed request and yields its deltas as lists of `EngineOutput`s,
+one list per read (a read usually holds many events: one generator step per read, not per token);
 `UpstreamHTTP.attempt_embedding` sends one `/embeddings` request and reads the whole answer into
 the `Call`. Either raises a classified `UpstreamError` (status, timeout phase, retryable) and
 leaves retrying, the breaker and the final output to the engine (`openai_engine.py`).
@@ -88,42 +89,47 @@ class UpstreamHTTP:
         self.session = session
         self.headers = headers
 
-    async def attempt(self, call: Call, url: str, body: bytes, deadline: float) -> AsyncIterator[EngineOutput]:
-        """One HTTP request: yields its deltas, records finish reasons and usage on `call`."""
+    async def attempt(self, call: Call, url: str, body: bytes,
+                      deadline: float) -> AsyncIterator[list[EngineOutput]]:
+        """One HTTP request: yields the deltas of each read (the consumer counts `call.streamed`
+        as it releases them), records finish reasons and usage on `call`."""
         loop = asyncio.get_running_loop()
         call.finishes, call.usage = {}, None
         first_deadline = min(deadline, loop.time() + self.config.first_token_timeout_s)
         first_phase = "total" if first_deadline == deadline else "first_token"
         resp = await self._open(call, url, body, first_deadline, first_phase)
-        events, ready, at = EventSplitter(), [], 0
+        events = EventSplitter()
         try:
             while True:
-                if call.aborted:                     # abort() ran while an output was out
+                if call.aborted:                     # abort() ran while outputs were out
                     raise Aborted
-                if at == len(ready):
-                    if call.streamed:
-                        read_deadline = min(deadline, loop.time() + self.config.idle_timeout_s)
-                        phase = "total" if read_deadline == deadline else "idle"
-                    else:
-                        read_deadline, phase = first_deadline, first_phase
-                    ready, at = await self._next_events(call, resp, events, read_deadline, phase), 0
-                    if not ready:                    # EOF: fine after a finish_reason, else cut short
-                        if not call.finishes:
-                            raise UpstreamError(call.request_id, "upstream closed the stream before it finished",
-                                                retryable=not call.streamed)
-                        break
-                payload, at = ready[at], at + 1
-                if payload == b"[DONE]":
+                if call.streamed:
+                    read_deadline = min(deadline, loop.time() + self.config.idle_timeout_s)
+                    phase = "total" if read_deadline == deadline else "idle"
+                else:
+                    read_deadline, phase = first_deadline, first_phase
+                ready = await self._next_events(call, resp, events, read_deadline, phase)
+                if not ready:                        # EOF: fine after a finish_reason, else cut short
+                    if not call.finishes:
+                        raise UpstreamError(call.request_id, "upstream closed the stream before it finished",
+                                            retryable=not call.streamed)
                     break
-                for output in self._outputs(call, self._decode(call, payload)):
-                    call.streamed += 1
-                    yield output
+                outputs, done, error = self._outputs(call, ready)
+                if outputs:
+                    yield outputs
+                    if call.aborted:
+                        raise Aborted
+                if error is not None:                # after the outputs before it went out
+                    raise UpstreamError(call.request_id, error, retryable=not call.streamed)
+                if done:
+                    break
             resp.release()                           # a clean end: the connection may be reused
         finally:
             call.response = None
             resp.close()
 
-    async def attempt_embedding(self, call: Call, url: str, body: bytes, deadline: float) -> AsyncIterator[EngineOutput]:
+    async def attempt_embedding(self, call: Call, url: str, body: bytes,
+                                deadline: float) -> AsyncIterator[list[EngineOutput]]:
         """One `/embeddings` request: reads the whole answer into `call` and yields nothing (the
         engine's final output carries the vectors), so every failure happens before a yield."""
         loop = asyncio.get_running_loop()
@@ -166,28 +172,31 @@ class UpstreamHTTP:
             raise UpstreamError(call.request_id, f"upstream answer broken: {type(exc).__name__}",
                                 retryable=True) from exc
 
-    def _decode(self, call: Call, payload: bytes) -> wire.Chunk:
-        try:
-            chunk = wire.decode_chunk(payload)
-        except msgspec.DecodeError:
-            raise UpstreamError(call.request_id, "upstream sent an undecodable chunk",
-                                retryable=not call.streamed) from None
-        if chunk.error is not None:
-            raise UpstreamError(call.request_id, f"upstream error: {chunk.error.message[:300]}",
-                                retryable=not call.streamed)
-        call.usage = chunk.usage or call.usage
-        return chunk
-
-    def _outputs(self, call: Call, chunk: wire.Chunk) -> list[EngineOutput]:
-        """One output per choice that carries anything; finish reasons are kept for the last one."""
-        out = []
-        for choice in chunk.choices:
-            if choice.finish_reason:
-                call.finishes[choice.index] = choice.finish_reason
-            output = wire.choice_output(choice, logprobs=call.logprobs, confidence=call.confidence)
-            if output is not None:
-                out.append(output)
-        return out
+    def _outputs(self, call: Call, payloads: list[bytes]) -> tuple[list[EngineOutput], bool, str | None]:
+        """The outputs of these events in order: one per choice that carries anything (finish
+        reasons are kept for the last one); whether `[DONE]` ended them; and the error that cut
+        them short, if one did."""
+        out: list[EngineOutput] = []
+        decode, choice_output = wire.decode_chunk, wire.choice_output
+        logprobs, confidence, finishes = call.logprobs, call.confidence, call.finishes
+        for payload in payloads:
+            if payload == b"[DONE]":
+                return out, True, None
+            try:
+                chunk = decode(payload)
+            except msgspec.DecodeError:
+                return out, False, "upstream sent an undecodable chunk"
+            if chunk.error is not None:
+                return out, False, f"upstream error: {chunk.error.message[:300]}"
+            if chunk.usage is not None:
+                call.usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.finish_reason:
+                    finishes[choice.index] = choice.finish_reason
+                output = choice_output(choice, logprobs=logprobs, confidence=confidence)
+                if output is not None:
+                    out.append(output)
+        return out, False, None
 
     async def _next_events(
         self, call: Call, resp: aiohttp.ClientResponse, events: EventSplitter, deadline: float, phase: str

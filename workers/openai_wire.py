@@ -213,8 +213,13 @@ def choice_output(choice: Choice, *, logprobs: bool, confidence: bool) -> Engine
     """One choice's piece of a chunk as an `EngineOutput`; None when it carries nothing (the
     role-only first chunk, a bare finish). Logprobs go to the client only when it asked for
     them (`logprobs`), sampled values to the cascade when it did (`confidence`)."""
-    output = EngineOutput(text="", token_ids=choice.token_ids or [], index=choice.index)
     delta = choice.delta
+    if delta is not None and choice.logprobs is None and choice.token_ids is None and delta.refusal is None \
+            and delta.tool_calls is None and delta.function_call is None \
+            and delta.reasoning_content is None and delta.reasoning is None:
+        # Nearly every chunk: text only.
+        return EngineOutput(delta.content, index=choice.index) if delta.content else None
+    output = EngineOutput(text="", token_ids=choice.token_ids or [], index=choice.index)
     if delta is not None:
         output.text = delta.content or ""
         output.refusal = delta.refusal or ""

@@ -48,7 +48,9 @@ class EventSplitter:
             raise EventTooLarge(f"an event longer than {self._limit} bytes")
         out = []
         for block in blocks:
-            if (payload := _payload(block)) is not None:
+            if block.startswith(b"data: ") and b"\n" not in block:    # the usual one-line event, inline
+                out.append(block[6:])
+            elif (payload := _payload(block)) is not None:
                 out.append(payload)
         return out
 
