@@ -58,8 +58,10 @@ from schemas.work import Admitted, BrokerBeat
 
 log = logging.getLogger("laneway.broker")
 
-BROKER_HEARTBEAT_S = 2.0
-PEER_STALE_S = 3 * BROKER_HEARTBEAT_S     # a broker silent this long is gone
+BROKER_HEARTBEAT_S = 1.0
+# A broker silent this long is gone. With two brokers, the scheduler consumes again only then
+# after its peer was SIGKILLed: short, but past a missed beat or two on a busy machine.
+PEER_STALE_S = 3.5 * BROKER_HEARTBEAT_S
 
 
 class Broker:
@@ -72,6 +74,7 @@ class Broker:
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self.peers = Peers(self.id, PEER_STALE_S)
+        self._leader = ""                       # the scheduler last announced
         self.gating = False                         # consuming requests now
         self._scopes = CacheScope()                 # tenant → cache scope, also the prefix salt's
         self._dead: DeadLetters | None = None
@@ -97,7 +100,7 @@ class Broker:
                                  self._release, self.gate, self.live.tenants)
         await self.live.start(js, self.s)
         self.scheduler = Scheduler(self._nc, self.s, self.id, cfg.limits.max_deliver, self.live, self.metrics,
-                                   lambda: self._scopes, self._release)
+                                   lambda: self._scopes, self._release, self._take_cancel)
         self._origin = Origin(self._nc, self.s, self.id, self.metrics, self.scheduler, self._release)
         await self._origin.start()
         self._subs = [
@@ -154,6 +157,8 @@ class Broker:
             await self._intake.stop()
             self._intake = None
         await cancel_and_wait(*self._tasks)
+        if self._nc.is_connected:    # peers stop counting on this broker to consume
+            await self._nc.publish(self.s.broker_event(self.id), codec.encode(BrokerBeat(leaving=True)))
         if self._nc is not None and self._nc.is_connected and self.scheduler is not None:
             await self.scheduler.step_down()
             if await self._lease.give_up():
@@ -178,6 +183,10 @@ class Broker:
 
     # -- roles: the scheduler lease, and whether to consume --------------------------------
     async def _took_lease(self) -> None:
+        # Its lease lapsed or was given up: the last scheduler is gone, however recent its beat
+        # (counted alive, it would stop this broker consuming with nobody else to).
+        if self._leader and self._leader != self.id:
+            self.peers.forget(self._leader)
         await self.scheduler.take_over()
         await self._origin.hand_to_self()
         await self._set_roles()
@@ -207,20 +216,26 @@ class Broker:
         await self._set_roles()
 
     async def _on_peer(self, msg: Msg) -> None:
-        self.peers.saw(msg.subject.rsplit(".", 1)[-1], time.monotonic())
+        peer = msg.subject.rsplit(".", 1)[-1]
         try:
-            depths = codec.decode_broker_beat(msg.data).queue_depths if msg.data else {}
+            beat = codec.decode_broker_beat(msg.data) if msg.data else BrokerBeat()
         except codec.DecodeError:
-            depths = {}
+            beat = BrokerBeat()
+        if beat.leaving:
+            self.peers.forget(peer)
+        else:
+            self.peers.saw(peer, time.monotonic())
         if not self.scheduler.active:
-            for pool, depth in depths.items():
+            for pool, depth in beat.queue_depths.items():
                 self.live.health.set_queue_depth(pool, depth)
-        if self.gating and self.scheduler.active:
+        if self.scheduler.active and (self.gating or beat.leaving):
             await self._set_roles()
 
     async def _on_leader(self, msg: Msg) -> None:
         if not msg.data and not self._lease.held:
             self._lease.poke()      # given up: try to take it now
+        if msg.data:
+            self._leader = msg.data.decode(errors="replace")
         await self._origin.on_leader(msg)
 
     # -- what live config changes ----------------------------------------------------------
@@ -261,7 +276,7 @@ class Broker:
         except (BadToken, codec.DecodeError) as exc:
             await self._dead.unreadable(msg, "malformed", str(exc))
             return
-        if self._recent_cancels.pop((tenant, request.request_id), None) is not None:
+        if self._take_cancel(tenant, request.request_id):
             await msg.term()
             return
         began = time.time()
@@ -334,6 +349,10 @@ class Broker:
             pass
 
     # -- cancels ----------------------------------------------------------------------------
+    def _take_cancel(self, tenant: str, request_id: str) -> bool:
+        """Whether a cancel for this request came before it did (and forget it)."""
+        return self._recent_cancels.pop((tenant, request_id), None) is not None
+
     async def _on_cancel(self, msg: Msg) -> None:
         try:
             cancel = codec.decode_cancel(msg.data)

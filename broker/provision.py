@@ -19,6 +19,7 @@ import logging
 
 import msgspec
 import nats
+import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
@@ -99,6 +100,10 @@ async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) ->
 
 
 # -- the services' side -----------------------------------------------------------------------
+# JetStream not answering yet (a cluster electing its leader): wait as for what is missing.
+_UNAVAILABLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError)
+
+
 async def _missing(js: JetStreamContext, s: Subjects, consumer: bool) -> list[str]:
     missing = []
     if consumer:
@@ -106,11 +111,15 @@ async def _missing(js: JetStreamContext, s: Subjects, consumer: bool) -> list[st
             await js.consumer_info(s.req_stream, s.broker_durable)
         except nats.js.errors.NotFoundError:    # no stream, or no durable on it
             missing.append(f"consumer {s.req_stream}/{s.broker_durable}")
+        except _UNAVAILABLE as exc:
+            missing.append(f"JetStream ({type(exc).__name__})")
     for name in BUCKETS:
         try:
             await js.key_value(s.bucket(name))
         except nats.js.errors.BucketNotFoundError:
             missing.append(f"bucket {s.bucket(name)}")
+        except _UNAVAILABLE as exc:
+            missing.append(f"bucket {s.bucket(name)} (JetStream: {type(exc).__name__})")
     return missing
 
 

@@ -39,7 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # Not up yet: no server answers, or JetStream has no meta leader yet. A run is idempotent, so the
 # whole of it is retried.
-_NOT_YET = (OSError, nats.errors.NoServersError, nats.js.errors.ServiceUnavailableError)
+# Not up yet, or JetStream still electing its leader (its API calls time out meanwhile).
+_NOT_YET = (OSError, nats.errors.NoServersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError)
 
 
 async def _provision(args: argparse.Namespace, limits: StreamLimits, settings: Settings) -> None:

@@ -93,6 +93,7 @@ class BrokerBeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     waiting requests per pool, so every gating broker routes on the one queue there is."""
 
     queue_depths: dict[str, int] = {}
+    leaving: bool = False                   # its last beat: stopping, count it gone at once
 
 
 class Settled(msgspec.Struct, array_like=True, gc=False):

@@ -26,12 +26,20 @@ class Readiness:
         self._stale_after_s = stale_after_s
 
     async def on_broker(self, msg: Msg) -> None:
-        self._brokers[msg.subject.rsplit(".", 1)[-1]] = time.monotonic()
+        broker = msg.subject.rsplit(".", 1)[-1]
+        try:
+            leaving = bool(msg.data) and codec.decode_broker_beat(msg.data).leaving
+        except codec.DecodeError:
+            leaving = False
+        if leaving:
+            self._brokers.pop(broker, None)
+        else:
+            self._brokers[broker] = time.monotonic()
 
     def brokers(self) -> int:
-        """Brokers heard from in the last few heartbeats (they beat every 2 s)."""
+        """Brokers heard from in the last few heartbeats (they beat every second)."""
         now = time.monotonic()
-        return sum(1 for seen in self._brokers.values() if now - seen <= 7.0)
+        return sum(1 for seen in self._brokers.values() if now - seen <= 5.0)
 
     async def on_heartbeat(self, msg: Msg) -> None:
         try:

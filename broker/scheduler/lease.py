@@ -72,6 +72,10 @@ class LeaseClock:
         """Held, but no renewal landed for so long that the key may expire before the next try."""
         return self.renewed_at is not None and now - self.renewed_at >= self.ttl_s - self.every_s
 
+    def left_s(self, now: float) -> float:
+        """How long a renewal sent now may take before the holder must have stepped down."""
+        return 0.0 if self.renewed_at is None else self.renewed_at + self.ttl_s - self.every_s - now
+
 
 class Lease:
     def __init__(self, kv: KeyValue, holder: str, ttl_s: float,
@@ -126,15 +130,34 @@ class Lease:
         await self._on_gain()
 
     async def _renew(self, sent_at: float) -> None:
+        # Bounded by the lease's own time: an answer that comes later cannot keep a holder
+        # scheduling past the moment a standby may take the key (two schedulers at once).
         try:
-            self._revision = await self._kv.update(LEASE_KEY, self._holder, last=self._revision)
+            self._revision = await asyncio.wait_for(
+                self._kv.update(LEASE_KEY, self._holder, last=self._revision), self.clock.left_s(sent_at))
         except nats.js.errors.KeyWrongLastSequenceError:
+            if await self._still_ours():
+                self.clock.wrote(sent_at)
+                return
             await self._lose("another broker holds the lease")
             return
         except (nats.errors.Error, asyncio.TimeoutError) as exc:   # retried; `lapsed` bounds it
             log.warning("could not renew the scheduler lease: %r", exc)
+            if self.clock.lapsed(self._now()):
+                await self._lose("no renewal landed within the lease's time")
             return
         self.clock.wrote(sent_at)
+
+    async def _still_ours(self) -> bool:
+        """A renewal whose answer was lost did land: the key names us at a newer revision."""
+        try:
+            entry = await asyncio.wait_for(self._kv.get(LEASE_KEY), self.clock.left_s(self._now()))
+        except (nats.errors.Error, asyncio.TimeoutError, nats.js.errors.KeyNotFoundError):
+            return False
+        if entry.value != self._holder or entry.revision is None:
+            return False
+        self._revision = entry.revision
+        return True
 
     async def _lose(self, why: str) -> None:
         self.clock.lost()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -143,6 +144,14 @@ class Origin:
                 await self._release(*key)
         self._gauge()
 
+    async def _forget_expired(self, now: float) -> None:
+        expired = [key for key, e in self.forwarded.items() if e.admitted.request.deadline < now]
+        for key in expired:
+            del self.forwarded[key]
+            await self._release(*key)
+        if expired:
+            self._gauge()
+
     async def _send_all(self, entries: list[Forwarded]) -> None:
         for entry in entries:
             entry.taken = False
@@ -151,9 +160,11 @@ class Origin:
             await asyncio.gather(*(self._send(e) for e in entries[i:i + SEND_AT_ONCE]))
 
     async def resend_forever(self) -> None:
-        """Copies no scheduler took yet (none was there, or no answer came) go again."""
+        """Copies no scheduler took yet (none was there, or no answer came) go again; copies past
+        their deadline are forgotten (a lost `Settled` must not keep one, nor its room, forever)."""
         while True:
             await asyncio.sleep(RESEND_S)
+            await self._forget_expired(time.time())
             if self._scheduler.active:
                 await self.hand_to_self()
             else:

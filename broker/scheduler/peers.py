@@ -13,6 +13,10 @@ class Peers:
         if broker_id != self._own:
             self._seen[broker_id] = now
 
+    def forget(self, broker_id: str) -> None:
+        """It said it is leaving, or it was the scheduler whose lease lapsed: gone now."""
+        self._seen.pop(broker_id, None)
+
     def alive(self, now: float) -> int:
         """How many other brokers sent a heartbeat within `stale_s`; forgets the rest."""
         self._seen = {b: t for b, t in self._seen.items() if now - t <= self._stale_s}

@@ -49,7 +49,8 @@ _TAKEN, _REFUSED = codec.encode(AdmitAnswer(True)), codec.encode(AdmitAnswer(Fal
 class Scheduler:
     def __init__(self, nc: Client, s: Subjects, broker_id: str, max_deliver: int, live: LiveConfig,
                  metrics: BrokerMetrics, scopes: Callable[[], CacheScope],
-                 release: Callable[[str, str], Awaitable[None]]) -> None:
+                 release: Callable[[str, str], Awaitable[None]],
+                 cancelled: Callable[[str, str], bool] = lambda tenant, request_id: False) -> None:
         self._nc = nc
         self.s = s
         self.id = broker_id
@@ -58,6 +59,7 @@ class Scheduler:
         self.metrics = metrics
         self._scopes = scopes
         self._release = release                 # this broker's own quota grants
+        self._cancelled = cancelled             # a cancel that came before its request (consumed)
         self.pools: dict[str, Pool] = {}        # the sweep holds this very dict: cleared, never replaced
         self.active = False
         self._subs: list = []
@@ -125,19 +127,28 @@ class Scheduler:
         except codec.DecodeError:
             log.warning("ignored a malformed admission (%d bytes)", len(msg.data))
             return
+        # Touched at 0: its last in-progress ack may be a dead scheduler's, so the next sweep
+        # sends one rather than a full interval from now.
         taken = await self.enqueue(admitted, AckHandle(self._nc, admitted.ack_subject),
-                                   len(msg.data) + DISPATCH_OVERHEAD_BYTES)
+                                   len(msg.data) + DISPATCH_OVERHEAD_BYTES, touched=0.0)
         if msg.reply:
             await self._nc.publish(msg.reply, _TAKEN if taken else _REFUSED)
 
-    async def enqueue(self, admitted: Admitted, ack: Acks, size: int) -> bool:
+    async def enqueue(self, admitted: Admitted, ack: Acks, size: int, touched: float | None = None) -> bool:
         """Into the lanes (False: refused, the client told; the origin gives back its grant)."""
         request = admitted.request
         tenant, klass = request.tenant, request.klass
-        gone = self._settled.get((tenant, request.request_id))
+        key = (tenant, request.request_id)
+        gone = self._settled.get(key)
         if gone is not None and admitted.attempt <= gone[0]:
             await self._tell(admitted.origin, [Settlement(tenant, request.request_id, gone[1])])
             return True
+        if self._cancelled(tenant, request.request_id):
+            # The client's cancel came before its admission: it never runs.
+            self.metrics.cancelled.labels(klass).inc()
+            await ack.term()
+            self._remember(key, admitted.attempt, release=True)
+            return False
         pool = self.pool(admitted.pool)
         existing = pool.lanes.get(tenant, request.request_id)
         if existing is not None:
@@ -147,7 +158,8 @@ class Scheduler:
             held.ack, held.attempt, held.origin = ack, admitted.attempt, admitted.origin
             return True
         now = time.time()
-        held = Held(ack, request, admitted.attempt, admitted.pool, time.monotonic(), admitted.cache_key,
+        held = Held(ack, request, admitted.attempt, admitted.pool,
+                    time.monotonic() if touched is None else touched, admitted.cache_key,
                     admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin)
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline, now,
                     payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens())
@@ -157,6 +169,8 @@ class Scheduler:
             if verdict is Admit.EXPIRED:
                 self.metrics.expired.labels(klass).inc()
             await refuse(self._nc, self.metrics, ack, request, admitted.attempt, code, text)
+            # A copy sent again (its answer came late) is settled again, never admitted after all.
+            self._remember(key, admitted.attempt, release=True)
             return False
         await self.serve_parked(admitted.pool, pool)
         return True
@@ -257,9 +271,7 @@ class Scheduler:
         by_origin: dict[str, list[Settlement]] = {}
         for item in items:
             origin = item.payload.origin
-            self._settled[item.key] = (item.payload.attempt, release)
-            if len(self._settled) > REMEMBER_SETTLED:
-                self._settled.popitem(last=False)
+            self._remember(item.key, item.payload.attempt, release)
             if origin == self.id:
                 if release:
                     await self._release(item.tenant, item.request_id)
@@ -267,6 +279,11 @@ class Scheduler:
                 by_origin.setdefault(origin, []).append(Settlement(item.tenant, item.request_id, release))
         for origin, settled in by_origin.items():
             await self._tell(origin, settled)
+
+    def _remember(self, key: tuple[str, str], attempt: int, release: bool) -> None:
+        self._settled[key] = (attempt, release)
+        if len(self._settled) > REMEMBER_SETTLED:
+            self._settled.popitem(last=False)
 
     async def _tell(self, origin: str, settled: list[Settlement]) -> None:
         if origin != self.id:

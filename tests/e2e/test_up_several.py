@@ -3,13 +3,15 @@ metrics port, each worker with its own id; a streamed chat is served, and Ctrl-C
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 
 import aiohttp
 import openai
 import pytest
 
-from loadtest.processes import LanewayUp, metrics_port
+from loadtest.processes import LanewayUp, free_port, metrics_port
 from schemas.subjects import Subjects
 from tests.wait import eventually
 
@@ -54,3 +56,42 @@ async def test_up_with_two_brokers_and_two_workers_streams_a_chat(tmp_path):
     assert await eventually(lambda: up.pids() == []), up.pids()      # Ctrl-C stopped every child
     logs = {p.name for p in (data_dir / "logs").iterdir()}
     assert {"broker-1.log", "broker-2.log", "worker-1.log", "worker-2.log", "bridge.log"} <= logs, logs
+
+
+async def test_a_second_bridge_on_the_same_nats_serves_the_same_tenants(tmp_path):
+    """Bridges are stateless: a `laneway bridge` joining `up`'s NATS as the generated bridge user
+    knows the same tenants (from KV), and both bridges serve at once."""
+    async with LanewayUp(tmp_path / "lw", KEY, ["--pii", "off"]) as up:
+        port = free_port()
+        second = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "laneway.cli", "bridge", "--nats-url", up.nats_url, "--port", str(port),
+            env=up.nats_env("svc-bridge"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        drain = None
+        try:
+            said = b""
+            while b"laneway bridge on" not in said:
+                line = await asyncio.wait_for(second.stdout.readline(), 60)
+                assert line, f"the second bridge exited: {said.decode()}"
+                said += line
+            drain = asyncio.create_task(second.stdout.read())    # keep its pipe from filling
+            clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+                       for url in (up.url, f"http://127.0.0.1:{port}")]
+
+            async def chat(client: openai.AsyncOpenAI) -> tuple[str, int]:
+                stream = await client.chat.completions.create(
+                    model="laneway-sim", stream=True, max_tokens=8, stream_options={"include_usage": True},
+                    messages=[{"role": "user", "content": "Hello!"}])
+                reasons, tokens = [], 0
+                async for chunk in stream:
+                    reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
+                    tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+                return reasons[-1], tokens
+            answers = await asyncio.gather(*(chat(clients[i % 2]) for i in range(10)))
+            assert answers == [("length", 8)] * 10
+            for client in clients:
+                await client.close()
+        finally:
+            second.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(second.wait(), 30) == 0
+            if drain is not None:
+                drain.cancel()
