@@ -116,6 +116,11 @@ def configure(service: str, endpoint: str | None) -> Tracing:
     """Called once by a process's entry point; an empty endpoint leaves tracing off."""
     global _TRACER
     if endpoint:
-        _TRACER = OtelTracing(service, endpoint)
+        try:
+            _TRACER = OtelTracing(service, endpoint)
+        except ImportError as exc:     # serving matters more than its traces: say so, run on
+            log.error("tracing stays off: OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not "
+                      "installed (pip install 'laneway[otel]'): %s", exc)
+            return _TRACER
         log.info("tracing: spans of %s go to %s over OTLP/HTTP", service, endpoint)
     return _TRACER

@@ -102,3 +102,11 @@ def test_tracing_off_loads_no_opentelemetry():
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_endpoint_without_opentelemetry_installed_leaves_tracing_off_and_says_so():
+    code = ("import sys, logging; sys.modules['opentelemetry'] = None; logging.basicConfig(); "
+            "from broker.runtime.tracing import configure; "
+            "print(configure('laneway-broker', 'http://127.0.0.1:1').enabled)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False" and "pip install 'laneway[otel]'" in out.stderr
