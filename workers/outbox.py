@@ -14,7 +14,10 @@ by kind) and logged, and what it carried is dropped on purpose:
   usage meters only the tokens of frames published before (`Delivery`).
 - a dead letter: its request's TERM is withheld, so the message stays unacked and the broker
   dead-letters it from JetStream's max-deliveries advisory instead.
-- an ack, +WPI or usage record: JetStream redelivers an unacked request after ack_wait.
+- a +WPI or usage record: JetStream redelivers an unacked request after ack_wait.
+A request's final ack (+ACK, +TERM) is sent as a request and retried until the server confirms
+it: a plain ack the server drops (it does while it restores a consumer after a restart) would
+have the request delivered, and generated, again after ack_wait.
 Frames go out only on a live connection. nats-py would buffer them through a reconnect, but they
 would land after the edge gave the stream up, and a token counts as delivered only once its
 frame was published. Acks and usage records are still right late: those are buffered.
@@ -75,6 +78,11 @@ class _Failures:
         self.this_flush = 0
 
 
+FINAL_ACKS = frozenset((b"+ACK", b"+TERM"))
+CONFIRM_TRIES = 8               # ~8 s of tries: well inside ack_wait
+CONFIRM_TIMEOUT_S = 1.0
+
+
 class Outbox:
     def __init__(self, source: str, pool: str, metrics: WorkerMetrics, interval_s: float) -> None:
         self._source = source
@@ -90,6 +98,7 @@ class Outbox:
         self._sent: dict[StreamKey, Delivery] = {}        # until the stream's usage is built
         self._failures = _Failures(metrics, pool)
         self._dirty = asyncio.Event()
+        self._confirming: set[asyncio.Task[None]] = set()
 
     def emit(self, reply_to: str, entry: Entry) -> None:
         key = (entry.request_id, entry.attempt)
@@ -172,11 +181,33 @@ class Outbox:
         if frames:
             self._metrics.frames.labels(self._pool).inc(len(frames))
         for subject, payload in after:
-            if subject not in withheld:
+            if subject in withheld:
+                continue
+            if payload in FINAL_ACKS:
+                task = asyncio.create_task(self._confirmed(nc, subject, payload))
+                self._confirming.add(task)
+                task.add_done_callback(self._confirming.discard)
+            else:
                 await self._publish(nc, "control", subject, payload)
         for subject, key, build in metered:
             await self._publish(nc, "usage", subject, build(self._sent.pop(key, None) or Delivery()))
         self._failures.settle()
+
+    async def _confirmed(self, nc: Client, subject: str, payload: bytes) -> None:
+        """A final ack, until JetStream answers that it applied it (AckSync)."""
+        for attempt in range(CONFIRM_TRIES):
+            try:
+                await nc.request(subject, payload, timeout=CONFIRM_TIMEOUT_S)
+                return
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:   # no answer yet: again
+                error = repr(exc)
+            await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+        self._failures.record("control", subject, f"no confirmation after {CONFIRM_TRIES} tries: {error}")
+
+    async def confirmed(self, timeout_s: float) -> None:
+        """Until the final acks in flight are confirmed (a stopping worker waits for them)."""
+        if self._confirming:
+            await asyncio.wait(set(self._confirming), timeout=timeout_s)
 
     def _count(self, entries: list[Entry], tokens: dict[StreamKey, int], lost: bool) -> None:
         """Credit the deltas of a published frame to their streams, until one of theirs fails."""

@@ -129,6 +129,7 @@ class Worker:
                 active.task.cancel()    # unacked: JetStream redelivers them
         if self._nc is not None and not (self._flusher is not None and self._flusher.done()):
             await self._outbox.flush(self._nc)    # not if it already failed: it would again
+            await self._outbox.confirmed(timeout_s=5)
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         await self.engine.cleanup()

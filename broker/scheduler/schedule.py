@@ -63,9 +63,10 @@ class Scheduler:
         self.pools: dict[str, Pool] = {}        # the sweep holds this very dict: cleared, never replaced
         self.active = False
         self._subs: list = []
-        # (tenant, request id) → (attempt, release) of requests that left the lanes: a copy its
-        # origin sent again before it heard (same attempt) is settled again, never run twice.
-        self._settled: OrderedDict[tuple[str, str], tuple[int, bool]] = OrderedDict()
+        # (tenant, request id) → (ack subject, release) of requests that left the lanes: a copy
+        # its origin sent again before it heard (the same delivery) is settled again, never run
+        # twice. A new delivery of the message (JetStream redelivered it) runs: at least once.
+        self._settled: OrderedDict[tuple[str, str], tuple[str, bool]] = OrderedDict()
         self._tracing = tracer()
 
     # -- the lease ------------------------------------------------------------------------
@@ -140,14 +141,14 @@ class Scheduler:
         tenant, klass = request.tenant, request.klass
         key = (tenant, request.request_id)
         gone = self._settled.get(key)
-        if gone is not None and admitted.attempt <= gone[0]:
+        if gone is not None and admitted.ack_subject == gone[0]:
             await self._tell(admitted.origin, [Settlement(tenant, request.request_id, gone[1])])
             return True
         if self._cancelled(tenant, request.request_id):
             # The client's cancel came before its admission: it never runs.
             self.metrics.cancelled.labels(klass).inc()
             await ack.term()
-            self._remember(key, admitted.attempt, release=True)
+            self._remember(key, admitted.ack_subject, release=True)
             return False
         pool = self.pool(admitted.pool)
         existing = pool.lanes.get(tenant, request.request_id)
@@ -170,7 +171,7 @@ class Scheduler:
                 self.metrics.expired.labels(klass).inc()
             await refuse(self._nc, self.metrics, ack, request, admitted.attempt, code, text)
             # A copy sent again (its answer came late) is settled again, never admitted after all.
-            self._remember(key, admitted.attempt, release=True)
+            self._remember(key, admitted.ack_subject, release=True)
             return False
         await self.serve_parked(admitted.pool, pool)
         return True
@@ -271,7 +272,7 @@ class Scheduler:
         by_origin: dict[str, list[Settlement]] = {}
         for item in items:
             origin = item.payload.origin
-            self._remember(item.key, item.payload.attempt, release)
+            self._remember(item.key, item.payload.ack.reply, release)
             if origin == self.id:
                 if release:
                     await self._release(item.tenant, item.request_id)
@@ -280,8 +281,8 @@ class Scheduler:
         for origin, settled in by_origin.items():
             await self._tell(origin, settled)
 
-    def _remember(self, key: tuple[str, str], attempt: int, release: bool) -> None:
-        self._settled[key] = (attempt, release)
+    def _remember(self, key: tuple[str, str], ack_subject: str, release: bool) -> None:
+        self._settled[key] = (ack_subject, release)
         if len(self._settled) > REMEMBER_SETTLED:
             self._settled.popitem(last=False)
 
