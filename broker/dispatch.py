@@ -217,10 +217,7 @@ class Broker:
 
     async def _on_peer(self, msg: Msg) -> None:
         peer = msg.subject.rsplit(".", 1)[-1]
-        try:
-            beat = codec.decode_broker_beat(msg.data) if msg.data else BrokerBeat()
-        except codec.DecodeError:
-            beat = BrokerBeat()
+        beat = codec.broker_beat(msg.data)
         if beat.leaving:
             self.peers.forget(peer)
         else:

@@ -33,7 +33,15 @@ decode_usage = msgspec.msgpack.Decoder(Usage).decode
 decode_admitted = msgspec.msgpack.Decoder(Admitted).decode
 decode_admit_answer = msgspec.msgpack.Decoder(AdmitAnswer).decode
 decode_settled = msgspec.msgpack.Decoder(Settled).decode
-decode_broker_beat = msgspec.msgpack.Decoder(BrokerBeat).decode
+_decode_broker_beat = msgspec.msgpack.Decoder(BrokerBeat).decode
+
+
+def broker_beat(data: bytes) -> BrokerBeat:
+    """A broker's heartbeat; an empty or unreadable one says only that it is alive."""
+    try:
+        return _decode_broker_beat(data) if data else BrokerBeat()
+    except DecodeError:
+        return BrokerBeat()
 
 # HTTP edge.
 _json = msgspec.json.Encoder()

@@ -27,11 +27,7 @@ class Readiness:
 
     async def on_broker(self, msg: Msg) -> None:
         broker = msg.subject.rsplit(".", 1)[-1]
-        try:
-            leaving = bool(msg.data) and codec.decode_broker_beat(msg.data).leaving
-        except codec.DecodeError:
-            leaving = False
-        if leaving:
+        if codec.broker_beat(msg.data).leaving:
             self._brokers.pop(broker, None)
         else:
             self._brokers[broker] = time.monotonic()
