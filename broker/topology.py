@@ -27,6 +27,19 @@ from broker.tenants import Tenant
 from schemas.subjects import Subjects
 
 BUCKETS = ("classes", "tenants", "routing")
+NO_STORAGE = 10047      # JetStream: "insufficient storage resources available"
+
+
+class StorageRefused(RuntimeError):
+    """JetStream could not reserve a stream's `max_bytes`: it reserves them at creation against
+    its file-storage limit, which by default is 75% of the disk's free space when it started."""
+
+    def __init__(self, stream: str, max_bytes: int) -> None:
+        super().__init__(
+            f"JetStream refused stream {stream}: it could not reserve max_bytes={max_bytes / 1024**3:.2f} GiB "
+            "of file storage. Free disk space where nats-server stores its data, raise its "
+            "jetstream max_file_store, or lower --max-stream-gib")
+        self.stream, self.max_bytes = stream, max_bytes
 
 
 def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
@@ -65,12 +78,17 @@ def _log_stream(s: Subjects, name: str, subject: str, limits: StreamLimits, max_
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     try:
-        await js.add_stream(config)
-    except nats.js.errors.BadRequestError as exc:
-        # "stream name already in use with a different configuration": apply the new limits.
-        if exc.err_code != 10058:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:
+            # "stream name already in use with a different configuration": apply the new limits.
+            if exc.err_code != 10058:
+                raise
+            await js.update_stream(config)
+    except nats.js.errors.ServerError as exc:
+        if exc.err_code != NO_STORAGE:
             raise
-        await js.update_stream(config)
+        raise StorageRefused(config.name, config.max_bytes) from None
 
 
 async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:

@@ -50,6 +50,9 @@ def _limits_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ack-wait", type=float, default=d.ack_wait_s,
                    help="seconds before an unacknowledged request is redelivered")
     g.add_argument("--max-deliver", type=int, default=d.max_deliver)
+    g.add_argument("--max-stream-gib", type=float, default=d.max_bytes / 1024**3,
+                   help="GiB the queued requests may take; JetStream reserves it on disk when the "
+                        "stream is created, and refuses new requests (429) when it is full")
     g.add_argument("--replicas", type=int, default=d.replicas, help="stream replicas (3 on a cluster)")
     g.add_argument("--dlq-max-age-days", type=float, default=d.dlq_max_age_s / 86400,
                    help="days LW_DLQ keeps a dead-lettered request")
@@ -61,6 +64,7 @@ def stream_limits(args: argparse.Namespace):
 
     return StreamLimits(max_msgs_per_subject=args.backlog_per_tenant, ack_wait_s=args.ack_wait,
                         max_deliver=args.max_deliver, replicas=args.replicas,
+                        max_bytes=int(args.max_stream_gib * 1024**3),
                         dlq_max_age_s=args.dlq_max_age_days * 86400)
 
 

@@ -24,6 +24,7 @@ import nats.js.errors
 from broker.config import BadSettings, Settings, StreamLimits, load_settings
 from broker.provision import provision_at
 from broker.runtime.connect import nats_from_args
+from broker.topology import StorageRefused
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,9 @@ def run(args: argparse.Namespace, limits: StreamLimits) -> int:
         return 2
     except (nats.errors.Error, OSError) as exc:     # unreachable, refused, or not allowed
         print(f"laneway ops provision: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except StorageRefused as exc:
+        print(f"laneway ops provision: {exc}", file=sys.stderr)
         return 1
     print(f"provisioned prefix {args.prefix!r}: streams, buckets, {len(settings.tenants)} tenants, "
           f"{len(settings.models)} models" + (" (settings written over KV)" if args.overwrite else ""))

@@ -8,6 +8,10 @@ With `encryption_key_file`, JetStream encrypts everything it stores (message blo
 consumer metadata) with the key in that file, generated on first start. The key reaches
 nats-server through its environment (`$LANEWAY_NATS_JS_KEY` in a generated config), so it is in
 neither a config file nor the process's argv.
+
+`max_file_store` fixes JetStream's file-storage limit. Without it nats-server takes 75% of the
+disk's free space at start, and a stream with `max_bytes` reserves that much of it when it is
+created, so whether streams fit would depend on the machine's disk.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class NatsServer:
     port: int = 0
     config_file: Path | None = None
     encryption_key_file: Path | None = None
+    max_file_store: int | None = None
     extra_args: list[str] = field(default_factory=list)
     url: str = ""
     process: asyncio.subprocess.Process | None = None
@@ -93,7 +98,8 @@ class NatsServer:
         if self.encryption_key_file is not None:
             # Quoted, or nats-server would parse a key such as "12e4..." as a number.
             env = {**os.environ, KEY_ENV: f'"{encryption_key(self.encryption_key_file)}"'}
-            args += ["-c", str(self._write_encrypted_config())]
+        if self.encryption_key_file is not None or self.max_file_store is not None:
+            args += ["-c", str(self._write_config())]
         elif self.config_file is not None:
             args += ["-c", str(self.config_file)]
         args += self.extra_args
@@ -120,16 +126,20 @@ class NatsServer:
         await self.stop()
         raise NatsServerError("nats-server did not report its port in time", self._tail())
 
-    def _write_encrypted_config(self) -> Path:
-        """The jetstream block naming the key's variable, after `config_file` (included, so its
-        jetstream block, if any, is replaced by this one; the store dir stays the `-sd` flag's)."""
+    def _write_config(self) -> Path:
+        """The jetstream block (the key's variable, the storage limit) after `config_file`
+        (included, so its jetstream block, if any, is replaced by this one; the store dir stays
+        the `-sd` flag's)."""
         conf = self.store_dir / "nats-server.conf"
         lines = ["# Written by laneway at each start. The key is in the environment, never here."]
         if self.config_file is not None:
             # nats-server resolves `include` relative to the including file, and refuses absolute paths.
             rel = os.path.relpath(self.config_file.resolve(), conf.parent.resolve())
             lines.append(f"include {json.dumps(rel)}")
-        lines.append(f"jetstream {{ cipher: {CIPHER}, key: ${KEY_ENV} }}")
+        js = [f"cipher: {CIPHER}", f"key: ${KEY_ENV}"] if self.encryption_key_file is not None else []
+        if self.max_file_store is not None:
+            js.append(f"max_file_store: {self.max_file_store}")
+        lines.append(f"jetstream {{ {', '.join(js)} }}")
         conf.write_text("\n".join(lines) + "\n")
         return conf
 

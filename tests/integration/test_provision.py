@@ -22,6 +22,7 @@ from broker.dispatch import Broker
 from broker.models import MODELS_KEY
 from broker.provision import provision_at
 from broker.runtime.connect import NatsSettings
+from broker.runtime.natsd import NatsServer
 from broker.tenants import Tenant, hash_key
 from loadtest.stack import demo_settings
 from schemas.subjects import Subjects
@@ -86,6 +87,24 @@ async def test_ops_provision_reports_a_bad_settings_file(nats_server, tmp_path):
     result = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "bad",
                                      "--settings", str(bad))
     assert result.returncode == 2 and "bad.toml" in result.stderr
+
+
+async def test_a_stream_larger_than_jetstreams_storage_is_refused_with_the_flag_to_lower(tmp_path):
+    """JetStream reserves the request stream's max_bytes when it is made: on a server with less
+    file storage than that, provisioning says so (and which flag lowers it) instead of a 500."""
+    async with NatsServer(tmp_path / "nats", max_file_store=1024**3) as small:
+        refused = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small")
+        assert refused.returncode == 1
+        assert "could not reserve max_bytes=4.00 GiB" in refused.stderr and "--max-stream-gib" in refused.stderr
+        fits = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small",
+                                       "--max-stream-gib", "0.5")
+        assert fits.returncode == 0, fits.stderr
+        nc = await nats.connect(small.url)
+        try:
+            info = await nc.jetstream().stream_info(Subjects("small").req_stream)
+        finally:
+            await nc.close()
+        assert info.config.max_bytes == 512 * 1024**2
 
 
 async def test_services_started_before_provisioning_wait_for_it_then_serve(nats_server, caplog):
