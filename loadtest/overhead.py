@@ -84,16 +84,17 @@ async def direct(concurrency: int, total: int, max_tokens: int, shape: str) -> t
 
 
 async def through(up: LanewayUp, concurrency: int, total: int, max_tokens: int,
-                  shape: str) -> tuple[list, float, float]:
+                  shape: str) -> tuple[list, float, float, dict[str, float]]:
     body = {**_body(shape, max_tokens), "stream": True, "stream_options": {"include_usage": True}}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _bounded(min(concurrency, 8), 16, lambda i: stream_chat(session, up.url, KEY, body))  # warm
-        cpu0, t0 = up.cpu(), time.perf_counter()
+        cpu0, roles0, t0 = up.cpu(), up.cpu_by_role(), time.perf_counter()
         results = await _bounded(concurrency, total,
                                  lambda i: stream_chat(session, up.url, KEY, body))
         elapsed, cpu = time.perf_counter() - t0, up.cpu() - cpu0
-    return results, cpu, elapsed
+        roles = {role: seconds - roles0[role] for role, seconds in up.cpu_by_role().items()}
+    return results, cpu, elapsed, roles
 
 
 async def run_benchmark(levels: list[int], requests: int, max_tokens: int, shape: str = "plain") -> dict:
@@ -105,7 +106,7 @@ async def run_benchmark(levels: list[int], requests: int, max_tokens: int, shape
                 n = max(requests, 2 * c)
                 ttfts, engine_cpu = await direct(c, n, max_tokens, shape)
                 base = summary(ttfts)
-                results, cpu, elapsed = await through(up, c, n, max_tokens, shape)
+                results, cpu, elapsed, roles = await through(up, c, n, max_tokens, shape)
                 ok = [r for r in results if r.ok]
                 lw = summary([r.ttft for r in ok if r.ttft is not None])
                 report["levels"].append({
@@ -114,6 +115,7 @@ async def run_benchmark(levels: list[int], requests: int, max_tokens: int, shape
                     "added_ttft_p50": lw["p50"] - base["p50"], "added_ttft_p99": lw["p99"] - base["p99"],
                     "cpu_ms_per_request": 1000 * cpu / n, "engine_cpu_ms_per_request": 1000 * engine_cpu / n,
                     "net_cpu_ms_per_request": 1000 * (cpu - engine_cpu) / n, "requests_per_s": n / elapsed,
+                    "cpu_ms_per_request_by_role": {role: 1000 * seconds / n for role, seconds in roles.items()},
                     "tokens_per_s": sum(r.tokens for r in ok) / elapsed,
                 })
     return report
@@ -133,6 +135,9 @@ def render(report: dict) -> str:
             f"{ms(lv['added_ttft_p50']):>10} {ms(lv['added_ttft_p99']):>10} | "
             f"{lv['cpu_ms_per_request']:>6.2f} ms {lv['engine_cpu_ms_per_request']:>6.2f} ms "
             f"{lv['net_cpu_ms_per_request']:>6.2f} ms {lv['requests_per_s']:>7.1f} {lv['tokens_per_s']:>8.0f}")
+    for lv in report["levels"]:
+        lines.append(f"c={lv['concurrency']} CPU/req by process: " + ", ".join(
+            f"{role} {ms_:.2f} ms" for role, ms_ in lv["cpu_ms_per_request_by_role"].items()))
     lines.append("CPU/req: every Laneway process, nats-server included; engine: the sim engine alone "
                  "(direct phase); net: CPU/req − engine.")
     lines.append("Targets: added TTFT p50 ≤ 3 ms at c=1, p99 ≤ 25 ms at c=32; CPU per request ≤ 2 ms.")

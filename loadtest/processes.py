@@ -144,3 +144,8 @@ class LanewayUp:
 
     def cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.pids())
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds so far of each child role, to say where a benchmark's CPU went."""
+        return {role: sum(cpu_seconds(pid) for pid in self.role_pids(role))
+                for role in ("nats-server", "broker", "worker", "bridge")}

@@ -171,10 +171,13 @@ async def test_a_sigkilled_scheduler_is_replaced_and_nothing_is_lost_or_run_twic
                     assert await eventually(lambda: sum(len(g._origin) for g in gates) >= 5)
                     proc.send_signal(signal.SIGKILL)
                     statuses = await asyncio.wait_for(asyncio.gather(*requests), HANG_S)
-                assert statuses == [200] * 10
-                assert sum(counted(g.metrics.takeovers) for g in gates) == 1
+                takeovers = [counted(g.metrics.takeovers) for g in gates]
+                reforwarded = [counted(g.metrics.reforwarded) for g in gates]
+                assert statuses == [200] * 10, (statuses, takeovers, reforwarded)
+                # At least one: on a loaded machine the new holder may miss renewals and hand over again.
+                assert sum(takeovers) >= 1, takeovers
                 assert await lease_holder(nats_server.url, prefix) in {g.id for g in gates} - {killed}
-                assert sum(counted(g.metrics.reforwarded) for g in gates) >= 1
+                assert sum(reforwarded) >= 1, (takeovers, reforwarded)
                 assert await eventually(lambda: sum(usages.per_request.values()) >= 10)
                 assert len(usages.per_request) == 10 and set(usages.per_request.values()) == {1}, usages.per_request
             finally:

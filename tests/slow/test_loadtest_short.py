@@ -78,6 +78,9 @@ async def test_overhead_short():
         assert lv["cpu_ms_per_request"] >= 0 and lv["engine_cpu_ms_per_request"] >= 0
         assert lv["net_cpu_ms_per_request"] == pytest.approx(
             lv["cpu_ms_per_request"] - lv["engine_cpu_ms_per_request"])
+        by_role = lv["cpu_ms_per_request_by_role"]      # where it went, a figure per process role
+        assert set(by_role) == {"nats-server", "broker", "worker", "bridge"}
+        assert all(v >= 0 for v in by_role.values())
     assert "added p50" in overhead.render(report_)
 
 
