@@ -111,3 +111,11 @@ class BridgeConfig:
     max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
     max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
+    # A PubAck later than this: the request is published again under the same Nats-Msg-Id (JetStream
+    # stores it once), up to `publish_tries` times, before the client gets 503.
+    publish_timeout_s: float = 5.0
+    publish_tries: int = 3
+
+    def __post_init__(self) -> None:
+        if self.publish_tries < 1 or self.publish_timeout_s <= 0:
+            raise ValueError("the bridge publishes a request at least once, with a timeout above 0")

@@ -58,6 +58,8 @@ class BridgeMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.tokens = Counter("laneway_output_tokens_total", "Tokens streamed to clients", ["class"], registry=r)
         self.rejected = Counter("laneway_edge_rejected_total", "Requests refused at the edge", ["reason"], registry=r)
+        self.publish_retries = Counter("laneway_publish_retries_total",
+                                       "Requests published again after their PubAck timed out", registry=r)
         self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)
         self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
         self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",

@@ -86,6 +86,11 @@ def _edge_flags(parser: argparse.ArgumentParser) -> None:
                         "new stream (503) until it catches up; 0: off")
     g.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens,
                    help="the longest prompt for rule-routed models (models-table entries set their own)")
+    g.add_argument("--publish-timeout", type=float, default=d.publish_timeout_s,
+                   help="seconds to wait for JetStream to confirm a request before publishing it again "
+                        "(same Nats-Msg-Id: stored once)")
+    g.add_argument("--publish-tries", type=int, default=d.publish_tries,
+                   help="publishes of one request before the client gets 503")
 
 
 def _gate_flags(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +181,9 @@ async def _run_bridge(args: argparse.Namespace) -> int:
                                  header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                                  max_connections=args.max_connections,
                                  max_streams=args.max_streams, max_delivery_lag_s=args.max_delivery_lag,
-                                 max_context_tokens=args.max_context_tokens), settings,
+                                 max_context_tokens=args.max_context_tokens,
+                                 publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries),
+                    settings,
                     admin=AdminConfig.from_env(), evaluator=evaluator)
     async with bridge:
         print(f"laneway bridge on {bridge.url}", flush=True)

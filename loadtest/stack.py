@@ -40,6 +40,7 @@ class Stack:
     pool: str = "sim"
     limits: StreamLimits = field(default_factory=StreamLimits)
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
+    bridge_config: BridgeConfig = field(default_factory=BridgeConfig)   # its NATS settings and port are the stack's
     prefix: str = "lw"
     credentials: dict[str, tuple[str, str]] | None = None   # role (or "ops") → (user, password)
     admin: AdminConfig | None = None
@@ -61,7 +62,7 @@ class Stack:
             config = replace(self.worker_config, nats=self._nats("worker"), pool=pool)
             self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
         self.bridge = await self._exit.enter_async_context(
-            Bridge(BridgeConfig(nats=self._nats("bridge"), port=0), self.settings,
+            Bridge(replace(self.bridge_config, nats=self._nats("bridge"), port=0), self.settings,
                    admin=self.admin))
         if engines:
             await self.bridge.wait_ready()

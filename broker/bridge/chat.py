@@ -234,29 +234,38 @@ class Generations:
             raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
         subject = self.s.req(generate.klass, generate.tenant)
         headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
-        try:
-            ack = await self._nc.jetstream().publish(subject, payload, headers=headers, timeout=5.0)
-        except nats.js.errors.APIError as exc:
-            code = publish_errors.refusal(exc)
-            if code is ErrorCode.queue_full:
-                raise EdgeError(ErrorCode.queue_full,
-                                f"too many queued requests for class {generate.klass!r}; retry later",
-                                headers={"x-ratelimit-limit-requests": "backlog",
-                                         "x-ratelimit-remaining-requests": "0"}) from None
-            if code is ErrorCode.overloaded:
-                raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
-            raise
-        except nats.errors.TimeoutError:
-            # The PubAck did not come back in time, yet the request may be stored all the same:
-            # cancel it, so that work the client was told 503 about does not run.
+        js = self._nc.jetstream()
+        for tries in range(1, self.config.publish_tries + 1):
+            try:
+                ack = await js.publish(subject, payload, headers=headers, timeout=self.config.publish_timeout_s)
+                break
+            except nats.errors.TimeoutError:
+                # The PubAck did not come back, yet the request may be stored. Sending it again
+                # under the same Nats-Msg-Id cannot store it twice, and its answer says which.
+                if tries < self.config.publish_tries:
+                    self.metrics.publish_retries.inc()
+            except nats.js.errors.APIError as exc:
+                code = publish_errors.refusal(exc)
+                if code is ErrorCode.queue_full:
+                    raise EdgeError(ErrorCode.queue_full,
+                                    f"too many queued requests for class {generate.klass!r}; retry later",
+                                    headers={"x-ratelimit-limit-requests": "backlog",
+                                             "x-ratelimit-remaining-requests": "0"}) from None
+                if code is ErrorCode.overloaded:
+                    raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
+                raise
+            except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
+                raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
+        else:
+            # Never confirmed, and maybe stored all the same: cancel it, so that work the client
+            # was told 503 about does not run.
             await self._cancel(generate.tenant, generate.request_id)
             raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
-                            "retry later") from None
-        except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
-            raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
-        if ack.duplicate:
+                            "retry later")
+        if ack.duplicate and tries == 1:
             # The same Idempotency-Key was accepted moments ago: it is generated exactly once,
-            # by the request that first sent it.
+            # by the request that first sent it. (On a later try, the duplicate is this request's
+            # own earlier publish, stored though its PubAck was lost.)
             raise EdgeError(ErrorCode.duplicate_request,
                             "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
 

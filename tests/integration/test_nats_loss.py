@@ -3,19 +3,25 @@
 nats-server is SIGKILLed under open streams: each ends at once with an in-band `unavailable`
 error (not at its deadline), a new request gets a 503 `unavailable` without waiting, /readyz
 says not ready; after a restart on the same port and store the same bridge serves again.
+A server that stalls (SIGSTOP) past the PubAck timeout gets the request again under the same
+Nats-Msg-Id: stored once, and the client gets its answer instead of a 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import aiohttp
+import nats
 import pytest
 
+from broker.config import BridgeConfig
 from broker.runtime.natsd import NatsServer
 from loadtest.http_client import Result, stream_chat
 from loadtest.stack import Stack, demo_settings
 from tests.wait import eventually
+from schemas.subjects import Subjects
 from workers.sim import PROFILES, SimEngine
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,5 +61,32 @@ async def test_bridge_fails_fast_while_nats_is_away_and_recovers(tmp_path):
                     result = await stream_chat(http, s.url, KEY, body(4))
                     return result.ok and result.tokens == 4
                 assert await eventually(served, timeout=HANG_S)
+    finally:
+        await server.stop()
+
+
+async def test_a_request_whose_puback_is_late_is_published_again_stored_once_and_served(tmp_path):
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    quick = BridgeConfig(publish_timeout_s=0.3, publish_tries=100)
+    try:
+        async with Stack(server.url, demo_settings(KEY), bridge_config=quick) as s:
+            retries = s.bridge.metrics.publish_retries
+            async with aiohttp.ClientSession() as http:
+                server.process.send_signal(signal.SIGSTOP)
+                try:
+                    request = asyncio.create_task(stream_chat(http, s.url, KEY, body(4)))
+                    assert await eventually(lambda: retries._value.get() >= 2, timeout=HANG_S)
+                finally:
+                    server.process.send_signal(signal.SIGCONT)
+                result = await asyncio.wait_for(request, HANG_S)
+            assert (result.status, result.ok, result.finish_reason) == (200, True, "length"), result
+            assert await eventually(lambda: s.finished() == 1, timeout=HANG_S)
+            nc = await nats.connect(server.url)
+            try:
+                stream = await nc.jetstream().stream_info(Subjects("lw").req_stream)
+            finally:
+                await nc.close()
+            assert stream.state.last_seq == 1       # published three times or more, stored once
     finally:
         await server.stop()
