@@ -24,33 +24,6 @@ from schemas.frames import Delta, Entry, StreamError, Terminal
 REPLY_GRACE_S = 5.0
 LAG_WEIGHT = 0.1      # each frame's share of the smoothed lag: one late frame is not a trend
 LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says nothing about now
-OFFSET_WINDOW_S = 30.0   # a worker's clock offset: the least lag seen from it over the last 1-2 windows
-
-
-class ClockOffsets:
-    """Lag read past each worker's clock offset. A frame's lag is measured with two clocks (the
-    worker's at publish, the bridge's at receipt), so a worker whose clock runs 2 s behind would
-    read 2 s late on every frame and admission would refuse every new stream. The smallest lag
-    seen from a worker lately is its clock offset plus the network's least delay; what a frame
-    takes beyond that is delivery running late, whatever the clocks say. A stepped clock is
-    learnt within two windows; a bridge behind for a whole window reads less behind than it is,
-    which admission, by taking no new stream meanwhile, does not let last."""
-
-    __slots__ = ("_current", "_previous", "_since")
-
-    def __init__(self) -> None:
-        self._current: dict[str, float] = {}
-        self._previous: dict[str, float] = {}
-        self._since = float("-inf")
-
-    def late_s(self, source: str, lag_s: float, now: float) -> float:
-        """How much later than its quickest lately this frame from `source` came (`now`: monotonic)."""
-        if now - self._since >= OFFSET_WINDOW_S:
-            self._previous, self._current, self._since = self._current, {}, now
-        least = self._current.get(source)
-        if least is None or lag_s < least:
-            self._current[source] = least = lag_s
-        return lag_s - min(least, self._previous.get(source, least))
 
 
 class DeliveryLag:
@@ -161,7 +134,6 @@ class Demux:
         self._streams: dict[str, ResponseStream] = {}
         self._metrics = metrics or BridgeMetrics()
         self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
-        self._offsets = ClockOffsets()
 
     def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
         """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
@@ -196,9 +168,9 @@ class Demux:
             return
         self._metrics.frames.inc()
         if frame.sent_at:
-            lag, now = time.time() - frame.sent_at, time.monotonic()
-            self._metrics.frame_lag.observe(max(0.0, lag))
-            self.lag.observe(self._offsets.late_s(frame.source, lag, now), now)
+            lag = max(0.0, time.time() - frame.sent_at)
+            self._metrics.frame_lag.observe(lag)
+            self.lag.observe(lag, time.monotonic())
         # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         streams = self._streams

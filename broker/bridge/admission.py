@@ -8,9 +8,7 @@ Two limits:
   after their worker published them, the bridge is not keeping up with the streams it holds.
   One more would make every one of them later; left to grow, the backlog passes nats-server's
   max_pending for this connection, the server cuts it off as a slow consumer and every open
-  stream fails. The lag is read past each worker's clock offset (`demux.ClockOffsets`), so a
-  worker host whose clock is off does not close the bridge; `laneway_frame_lag_seconds` is the
-  raw reading, offset included.
+  stream fails. The lag is read against the worker's clock, as `laneway_frame_lag_seconds` is.
 """
 
 from __future__ import annotations
