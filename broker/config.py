@@ -112,7 +112,8 @@ class BridgeConfig:
     max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
     # A PubAck later than this: the request is published again under the same Nats-Msg-Id (JetStream
-    # stores it once), up to `publish_tries` times, before the client gets 503.
+    # stores it once), up to `publish_tries` times, before the client gets 503. The tries must fit
+    # in the request stream's duplicate window (120 s), or a late try could be stored again.
     publish_timeout_s: float = 5.0
     publish_tries: int = 3
 

@@ -274,6 +274,7 @@ class Broker:
             await self._dead.unreadable(msg, "malformed", str(exc))
             return
         if self._take_cancel(tenant, request.request_id):
+            self.metrics.cancelled.labels(klass).inc()      # the cancel came first: it never runs
             await msg.term()
             return
         began = time.time()

@@ -26,7 +26,7 @@ class BrokerMetrics:
                                     ["pool"], buckets=BATCH_BUCKETS, registry=r)
         self.expired = Counter("laneway_expired_total", "Requests that expired before starting", ["class"], registry=r)
         self.rejected = Counter("laneway_rejected_total", "Requests refused by the broker", ["reason"], registry=r)
-        self.cancelled = Counter("laneway_cancelled_total", "Waiting requests cancelled", ["class"], registry=r)
+        self.cancelled = Counter("laneway_cancelled_total", "Requests cancelled before they ran", ["class"], registry=r)
         self.dead_lettered = Counter("laneway_dead_lettered_total", "Messages moved to the DLQ", ["reason"], registry=r)
         self.parked_pulls = Gauge("laneway_parked_pulls", "Worker pulls held open", ["pool"], registry=r)
         self.ready_workers = Gauge("laneway_ready_workers", "Workers with a fresh ready heartbeat", ["pool"], registry=r)
@@ -59,7 +59,7 @@ class BridgeMetrics:
         self.tokens = Counter("laneway_output_tokens_total", "Tokens streamed to clients", ["class"], registry=r)
         self.rejected = Counter("laneway_edge_rejected_total", "Requests refused at the edge", ["reason"], registry=r)
         self.publish_retries = Counter("laneway_publish_retries_total",
-                                       "Requests published again after their PubAck timed out", registry=r)
+                                       "Publishes of a request repeated after a PubAck timed out", registry=r)
         self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)
         self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
         self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",

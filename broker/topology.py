@@ -31,14 +31,16 @@ NO_STORAGE = 10047      # JetStream: "insufficient storage resources available"
 
 
 class StorageRefused(RuntimeError):
-    """JetStream could not reserve a stream's `max_bytes`: it reserves them at creation against
-    its file-storage limit, which by default is 75% of the disk's free space when it started."""
+    """JetStream could not reserve a stream's storage: it reserves each stream's `max_bytes` at
+    creation against its file-storage limit, by default 75% of the disk's free space at start."""
 
-    def __init__(self, stream: str, max_bytes: int) -> None:
+    def __init__(self, stream: str, max_bytes: int | None) -> None:
+        asked = (f"it could not reserve max_bytes={max_bytes / 1024**3:.2f} GiB of file storage"
+                 if max_bytes and max_bytes > 0 else "no file storage was left for it")
         super().__init__(
-            f"JetStream refused stream {stream}: it could not reserve max_bytes={max_bytes / 1024**3:.2f} GiB "
-            "of file storage. Free disk space where nats-server stores its data, raise its "
-            "jetstream max_file_store, or lower --max-stream-gib")
+            f"JetStream refused stream {stream}: {asked}. Free disk space where nats-server stores "
+            "its data, raise its jetstream max_file_store, or lower --max-stream-gib (the request "
+            "stream's reservation)")
         self.stream, self.max_bytes = stream, max_bytes
 
 

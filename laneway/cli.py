@@ -40,6 +40,16 @@ _nats_flags = add_nats_flags
 _nats = nats_from_args
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
 def _limits_flags(parser: argparse.ArgumentParser) -> None:
     from broker.config import StreamLimits
 
@@ -50,9 +60,9 @@ def _limits_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ack-wait", type=float, default=d.ack_wait_s,
                    help="seconds before an unacknowledged request is redelivered")
     g.add_argument("--max-deliver", type=int, default=d.max_deliver)
-    g.add_argument("--max-stream-gib", type=float, default=d.max_bytes / 1024**3,
+    g.add_argument("--max-stream-gib", type=_positive_float, default=d.max_bytes / 1024**3,
                    help="GiB the queued requests may take; JetStream reserves it on disk when the "
-                        "stream is created, and refuses new requests (429) when it is full")
+                        "stream is created, and a full stream refuses new requests (503)")
     g.add_argument("--replicas", type=int, default=d.replicas, help="stream replicas (3 on a cluster)")
     g.add_argument("--dlq-max-age-days", type=float, default=d.dlq_max_age_s / 86400,
                    help="days LW_DLQ keeps a dead-lettered request")

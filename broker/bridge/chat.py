@@ -235,37 +235,52 @@ class Generations:
         subject = self.s.req(generate.klass, generate.tenant)
         headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
         js = self._nc.jetstream()
-        for tries in range(1, self.config.publish_tries + 1):
-            try:
-                ack = await js.publish(subject, payload, headers=headers, timeout=self.config.publish_timeout_s)
-                break
-            except nats.errors.TimeoutError:
-                # The PubAck did not come back, yet the request may be stored. Sending it again
-                # under the same Nats-Msg-Id cannot store it twice, and its answer says which.
-                if tries < self.config.publish_tries:
-                    self.metrics.publish_retries.inc()
-            except nats.js.errors.APIError as exc:
-                code = publish_errors.refusal(exc)
-                if code is ErrorCode.queue_full:
-                    raise EdgeError(ErrorCode.queue_full,
-                                    f"too many queued requests for class {generate.klass!r}; retry later",
-                                    headers={"x-ratelimit-limit-requests": "backlog",
-                                             "x-ratelimit-remaining-requests": "0"}) from None
-                if code is ErrorCode.overloaded:
-                    raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
-                raise
-            except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
-                raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
-        else:
-            # Never confirmed, and maybe stored all the same: cancel it, so that work the client
-            # was told 503 about does not run.
-            await self._cancel(generate.tenant, generate.request_id)
-            raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
-                            "retry later")
+        maybe_stored = False            # a try timed out: it may have been stored all the same
+        try:
+            for tries in range(1, self.config.publish_tries + 1):
+                if tries > 1 and not self._nc.is_connected:
+                    raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
+                left_s = generate.deadline - time.time()
+                if left_s <= 0:
+                    raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before the request "
+                                    "log confirmed the request")
+                try:
+                    ack = await js.publish(subject, payload, headers=headers,
+                                           timeout=min(self.config.publish_timeout_s, left_s))
+                    break
+                except nats.errors.TimeoutError:
+                    # The PubAck did not come back. Sending it again under the same Nats-Msg-Id
+                    # cannot store it twice, and the answer says whether a try was stored.
+                    maybe_stored = True
+                    if tries < self.config.publish_tries:
+                        self.metrics.publish_retries.inc()
+                except nats.js.errors.APIError as exc:
+                    code = publish_errors.refusal(exc)
+                    if code is ErrorCode.queue_full:
+                        raise EdgeError(ErrorCode.queue_full,
+                                        f"too many queued requests for class {generate.klass!r}; retry later",
+                                        headers={"x-ratelimit-limit-requests": "backlog",
+                                                 "x-ratelimit-remaining-requests": "0"}) from None
+                    if code is ErrorCode.overloaded:
+                        raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
+                    raise
+                except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
+                    raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
+            else:
+                raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
+                                "retry later")
+        except BaseException:
+            if maybe_stored:
+                # Never confirmed, and maybe stored all the same: cancel it, so that work the
+                # client was told failed (or left) does not run.
+                await self._cancel(generate.tenant, generate.request_id)
+            raise
         if ack.duplicate and tries == 1:
             # The same Idempotency-Key was accepted moments ago: it is generated exactly once,
-            # by the request that first sent it. (On a later try, the duplicate is this request's
-            # own earlier publish, stored though its PubAck was lost.)
+            # by the request that first sent it. On a later try the duplicate is taken for this
+            # request's own earlier try, stored though its PubAck was lost. (A second client
+            # request with the same key, in flight through the same PubAck timeout, is taken
+            # for it too: rare, and one of the two then ends at its deadline.)
             raise EdgeError(ErrorCode.duplicate_request,
                             "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
 

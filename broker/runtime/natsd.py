@@ -11,7 +11,8 @@ neither a config file nor the process's argv.
 
 `max_file_store` fixes JetStream's file-storage limit. Without it nats-server takes 75% of the
 disk's free space at start, and a stream with `max_bytes` reserves that much of it when it is
-created, so whether streams fit would depend on the machine's disk.
+created, so whether streams fit would depend on the machine's disk. Like the key, it goes in a
+generated jetstream block, which replaces the one of a `config_file`, if that has one.
 """
 
 from __future__ import annotations

@@ -90,3 +90,30 @@ async def test_a_request_whose_puback_is_late_is_published_again_stored_once_and
             assert stream.state.last_seq == 1       # published three times or more, stored once
     finally:
         await server.stop()
+
+
+async def test_a_request_never_confirmed_gets_503_and_its_stored_copy_is_cancelled(tmp_path):
+    """Every try's PubAck late: the client gets 503, and the copy the stalled server stored
+    after all is cancelled rather than run for nobody. The one slot is busy, so it would wait."""
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    busy = SimEngine(PROFILES["llama-8b-h100"], speed=0.05, max_seqs=1)
+    give_up = BridgeConfig(publish_timeout_s=0.3, publish_tries=2)
+    try:
+        async with Stack(server.url, demo_settings(KEY), engines=[busy], bridge_config=give_up) as s:
+            async with aiohttp.ClientSession() as http:
+                running = Result()
+                long = asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=running))
+                assert await eventually(lambda: running.tokens > 0, timeout=HANG_S)
+                server.process.send_signal(signal.SIGSTOP)
+                try:
+                    result = await asyncio.wait_for(stream_chat(http, s.url, KEY, body(4)), HANG_S)
+                finally:
+                    server.process.send_signal(signal.SIGCONT)
+                assert (result.status, result.error) == (503, "overloaded"), result
+                assert s.bridge.metrics.publish_retries._value.get() == 1
+                cancelled = s.broker.metrics.cancelled.labels("interactive")     # the tenant's default
+                assert await eventually(lambda: cancelled._value.get() == 1, timeout=HANG_S)
+                long.cancel()
+    finally:
+        await server.stop()

@@ -96,12 +96,17 @@ async def test_a_stream_larger_than_jetstreams_storage_is_refused_with_the_flag_
         refused = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small")
         assert refused.returncode == 1
         assert "could not reserve max_bytes=4.00 GiB" in refused.stderr and "--max-stream-gib" in refused.stderr
-        fits = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small",
-                                       "--max-stream-gib", "0.5")
-        assert fits.returncode == 0, fits.stderr
+        whole = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "whole",
+                                        "--max-stream-gib", "1")     # the next stream finds none left
+        assert whole.returncode == 1 and "no file storage was left for it" in whole.stderr, whole.stderr
         nc = await nats.connect(small.url)
         try:
-            info = await nc.jetstream().stream_info(Subjects("small").req_stream)
+            js = nc.jetstream()
+            await js.delete_stream(Subjects("whole").req_stream)       # its reservation back
+            fits = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small",
+                                           "--max-stream-gib", "0.5")
+            assert fits.returncode == 0, fits.stderr
+            info = await js.stream_info(Subjects("small").req_stream)
         finally:
             await nc.close()
         assert info.config.max_bytes == 512 * 1024**2
