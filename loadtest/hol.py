@@ -77,7 +77,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
             ("lanes", True, True, True, batch), ("fifo", True, True, False, batch)]
     phases = {}
     with tempfile.TemporaryDirectory(prefix="laneway-hol-") as tmp:
-        async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool]) as fleet:
+        async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=["--pii", args.pii]) as fleet:
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 for i, (label, chats, flood, lanes, policy) in enumerate(plan):
                     await fleet.set_class(policy)
@@ -132,7 +132,7 @@ def render(doc: dict) -> str:
              f"prefill chunks ≤ {c['long_prefill_token_threshold'] or 'any'} tokens, speed {c['sim_speed']}, "
              f"chats {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out tokens, "
              f"flood {c['flood_users']} users × {c['flood_prompt_bytes']:,} B prompts / ~{c['flood_tokens']} "
-             f"out tokens, {c['duration']:.0f} s phases ({c['warmup']:.0f} s warm-up)",
+             f"out tokens, {c['duration']:.0f} s phases ({c['warmup']:.0f} s warm-up), PII stage {c.get('pii', 'auto')}",
              f"  {'phase':<12} {'chats':>5} {'err':>4} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
              f"{'step':>8} | {'batch tok/s':>11} {'err':>4}"]
     for label, p in f["phases"].items():
@@ -170,6 +170,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # first step short. 128 spreads each long prompt over steps, as a mixed-class pool should.
     parser.add_argument("--long-prefill-token-threshold", type=int, default=128,
                         help="the engine's per-request prefill chunk per step (vLLM's; 0: none, vLLM's default)")
+    parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="auto",
+                        help="the broker's PII stage, as `laneway up` runs it (auto: Presidio, NER if its "
+                             "model is installed): every prompt, the flood's too, is scanned before it queues")
     parser.add_argument("--fifo-class", default="interactive",
                         help="the one class of the FIFO configuration (interactive: no slot cap)")
     add_output_flags(parser)
