@@ -7,8 +7,8 @@ the ops user for compose and Kubernetes. By default a settings document is writt
 key never had a value, so running it again cannot undo an operator's live edit or delete;
 `overwrite` (`--overwrite`) writes the file over KV, an explicit operator choice.
 
-The broker and the bridge open what it made and wait for it (`wait_provisioned`), so they may
-start before it. Buckets a component keeps its own runtime state in (quota leases, the response
+The broker, the bridge and the workers open what it made and wait for it (`wait_provisioned`),
+so they may start before it. Buckets a component keeps its own runtime state in (quota leases, the response
 cache) are created by that component.
 """
 

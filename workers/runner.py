@@ -29,6 +29,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker.provision import wait_provisioned
 from broker.runtime.connect import connect
 from broker.runtime.tasks import beat_forever, cancel_and_wait
 from schemas import codec
@@ -77,6 +78,8 @@ class Worker:
                                 self.usage, Escalator(js, self.s, self.metrics, self.config.pool),
                                 AnswerStore(js, self.s), self._active, self._room, self._die)
         self._tasks.append(self._watched(beat_forever(self._heartbeat, self.config.heartbeat_s), "heartbeats"))
+        # Like the broker and the bridge: a worker may start before provisioning ran, and waits.
+        await wait_provisioned(js, self.s, "worker")
         await self.usage.start(js)
         # Load and warm up before taking any work: the first request pays no cold start.
         await self.engine.start()

@@ -117,26 +117,27 @@ async def test_services_started_before_provisioning_wait_for_it_then_serve(nats_
     settings = demo_settings(KEY)
     broker = Broker(BrokerConfig(nats=n, pii="off"))
     bridge = Bridge(BridgeConfig(nats=n, port=0), settings)
+    worker = Worker(WorkerConfig(nats=n, pool="sim"), SimEngine(PROFILES["zero"]))
+    services = {"broker": broker, "bridge": bridge, "worker": worker}
 
     def waiting(who: str) -> bool:
         return any(r.getMessage().startswith(f"{who}: waiting for provisioning") for r in caplog.records)
 
     with caplog.at_level(logging.WARNING, logger="laneway.provision"):
-        starts = [asyncio.create_task(c.start()) for c in (broker, bridge)]
+        starts = [asyncio.create_task(c.start()) for c in services.values()]
         try:
-            assert await eventually(lambda: waiting("broker") and waiting("bridge"))
+            assert await eventually(lambda: all(waiting(who) for who in services))
             assert "run `laneway ops provision`" in caplog.text and not any(t.done() for t in starts)
             await provision_at(n, StreamLimits(), settings)
             await asyncio.wait_for(asyncio.gather(*starts), 30)
-            async with Worker(WorkerConfig(nats=n, pool="sim"), SimEngine(PROFILES["zero"])):
-                await bridge.wait_ready()
-                async with aiohttp.ClientSession() as http:
-                    async with http.post(f"{bridge.url}/v1/chat/completions", json=BODY,
-                                         headers={"Authorization": f"Bearer {KEY}"}) as resp:
-                        assert resp.status == 200, await resp.text()
+            await bridge.wait_ready()
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{bridge.url}/v1/chat/completions", json=BODY,
+                                     headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                    assert resp.status == 200, await resp.text()
         finally:
             for task in starts:
                 task.cancel()
             await asyncio.gather(*starts, return_exceptions=True)
-            await bridge.stop()
-            await broker.stop()
+            for service in (worker, bridge, broker):
+                await service.stop()
