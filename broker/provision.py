@@ -104,7 +104,7 @@ async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) ->
 _UNAVAILABLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError)
 
 
-async def _missing(js: JetStreamContext, s: Subjects, consumer: bool) -> list[str]:
+async def _missing(js: JetStreamContext, s: Subjects, consumer: bool, buckets: tuple[str, ...]) -> list[str]:
     missing = []
     if consumer:
         try:
@@ -113,7 +113,7 @@ async def _missing(js: JetStreamContext, s: Subjects, consumer: bool) -> list[st
             missing.append(f"consumer {s.req_stream}/{s.broker_durable}")
         except _UNAVAILABLE as exc:
             missing.append(f"JetStream ({type(exc).__name__})")
-    for name in BUCKETS:
+    for name in buckets:
         try:
             await js.key_value(s.bucket(name))
         except nats.js.errors.BucketNotFoundError:
@@ -124,12 +124,13 @@ async def _missing(js: JetStreamContext, s: Subjects, consumer: bool) -> list[st
 
 
 async def wait_provisioned(js: JetStreamContext, s: Subjects, who: str, *, consumer: bool = False,
-                           interval_s: float = 0.25) -> None:
-    """Until the live buckets exist (and the broker's durable consumer, with `consumer`). Waits
-    rather than fails, so a service may start before provisioning ran, and says what it waits for."""
+                           buckets: tuple[str, ...] = BUCKETS, interval_s: float = 0.25) -> None:
+    """Until the live buckets it reads exist (`buckets`, each looked up with the caller's NATS
+    rights) and the broker's durable consumer, with `consumer`. Waits rather than fails, so a
+    service may start before provisioning ran, and says what it waits for."""
     loop = asyncio.get_running_loop()
     next_log = loop.time()
-    while missing := await _missing(js, s, consumer):
+    while missing := await _missing(js, s, consumer, buckets):
         if loop.time() >= next_log:
             log.warning("%s: waiting for provisioning (missing %s): run `laneway ops provision`",
                         who, ", ".join(missing))

@@ -78,8 +78,9 @@ class Worker:
                                 self.usage, Escalator(js, self.s, self.metrics, self.config.pool),
                                 AnswerStore(js, self.s), self._active, self._room, self._die)
         self._tasks.append(self._watched(beat_forever(self._heartbeat, self.config.heartbeat_s), "heartbeats"))
-        # Like the broker and the bridge: a worker may start before provisioning ran, and waits.
-        await wait_provisioned(js, self.s, "worker")
+        # Like the broker and the bridge: a worker may start before provisioning ran, and waits
+        # for the one bucket it reads (prices, for metering), the one its NATS user may look up.
+        await wait_provisioned(js, self.s, "worker", buckets=("routing",))
         await self.usage.start(js)
         # Load and warm up before taking any work: the first request pays no cold start.
         await self.engine.start()
