@@ -6,10 +6,6 @@ with a batch of up to `batch` messages and server idle heartbeats; each message 
 `on_message` as it lands, and a new pull is issued when the current one is used up or expires.
 Room is the caller's: no pull is issued while `room()` is 0 (the lanes are full), which is the
 backpressure that keeps unbounded work in JetStream, not in memory.
-
-Stopping (a broker that becomes the scheduler while another broker consumes, or shuts down)
-drains the subscription: a message being handled is let finish, and what the open pull already
-delivered is handed back with -NAK, so another broker gets it at once rather than after ack_wait.
 """
 
 from __future__ import annotations
@@ -26,8 +22,6 @@ from nats.aio.msg import Msg
 from broker.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("laneway.intake")
-
-DRAIN_S = 5.0     # stopping waits this long at most for the message being handled
 
 
 class PullIntake:
@@ -55,27 +49,20 @@ class PullIntake:
         self._last_seen = 0.0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._handing_back = False    # stopping: what is still delivered goes back at once
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._deliver)
         self._task = asyncio.create_task(self._keep_pulling(), name="laneway-intake")
 
     async def stop(self) -> None:
-        self._handing_back = True     # from now on, no message starts here
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        sub, self._sub = self._sub, None
-        if sub is None:
-            return
-        try:
-            # Unsubscribe, then every message the server sent before that passes `_deliver`.
-            await asyncio.wait_for(sub.drain(), DRAIN_S)
-        except (nats.errors.Error, asyncio.TimeoutError):
+        if self._sub is not None:
             try:
-                await sub.unsubscribe()
-            except nats.errors.Error:  # closed, draining or drained: nothing to unsubscribe from
+                await self._sub.unsubscribe()
+            except nats.errors.Error:  # connection closed or draining: nothing to unsubscribe from
                 pass
+            self._sub = None
 
     def poke(self) -> None:
         """Room was freed: pull again if the open request is used up."""
@@ -119,12 +106,6 @@ class PullIntake:
                 log.info("pull ended: %s %s", status, msg.headers.get("Description", ""))
             self._remaining = 0
             self._wake.set()
-            return
-        if self._handing_back:
-            try:
-                await msg.nak()
-            except nats.errors.Error:   # it comes back after ack_wait instead
-                pass
             return
         self._remaining = max(0, self._remaining - 1)
         if self._remaining == 0:
