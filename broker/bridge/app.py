@@ -134,8 +134,8 @@ class Bridge:
         try:
             await self._nc.publish(self.s.cancel(tenant, request_id),
                                    codec.encode(Cancel(request_id=request_id, tenant=tenant)))
-        except nats.errors.OutboundBufferLimitError:
-            log.warning("cancel for %s dropped: the reconnect buffer is full", request_id)
+        except nats.errors.Error as exc:    # the reconnect buffer full, the connection closing
+            log.warning("cancel for %s dropped: %s", request_id, type(exc).__name__)
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:

@@ -235,7 +235,7 @@ class Generations:
         subject = self.s.req(generate.klass, generate.tenant)
         headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
         js = self._nc.jetstream()
-        maybe_stored = False            # a try timed out: it may have been stored all the same
+        timed_out = False               # a try timed out: it may have been stored all the same
         try:
             for tries in range(1, self.config.publish_tries + 1):
                 if tries > 1 and not self._nc.is_connected:
@@ -251,7 +251,7 @@ class Generations:
                 except nats.errors.TimeoutError:
                     # The PubAck did not come back. Sending it again under the same Nats-Msg-Id
                     # cannot store it twice, and the answer says whether a try was stored.
-                    maybe_stored = True
+                    timed_out = True
                     if tries < self.config.publish_tries:
                         self.metrics.publish_retries.inc()
                 except nats.js.errors.APIError as exc:
@@ -269,10 +269,11 @@ class Generations:
             else:
                 raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
                                 "retry later")
-        except BaseException:
-            if maybe_stored:
-                # Never confirmed, and maybe stored all the same: cancel it, so that work the
-                # client was told failed (or left) does not run.
+        except BaseException as exc:
+            # Never confirmed, and maybe stored all the same (a try timed out, or a publish was
+            # cut short: the client left, a bug): cancel it, so that work the client was told
+            # failed, or left, does not run. Only a refusal says it was not stored.
+            if timed_out or not isinstance(exc, (EdgeError, nats.js.errors.APIError)):
                 await self._cancel(generate.tenant, generate.request_id)
             raise
         if ack.duplicate and tries == 1:

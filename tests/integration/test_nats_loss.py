@@ -117,3 +117,32 @@ async def test_a_request_never_confirmed_gets_503_and_its_stored_copy_is_cancell
                 long.cancel()
     finally:
         await server.stop()
+
+
+async def test_a_client_that_leaves_while_its_publish_waits_gets_its_request_cancelled(tmp_path):
+    """The client hangs up while the bridge waits for the PubAck: the request may be stored all
+    the same, so the bridge cancels it, and the copy the stalled server stores never runs."""
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    busy = SimEngine(PROFILES["llama-8b-h100"], speed=0.05, max_seqs=1)
+    patient = BridgeConfig(publish_timeout_s=HANG_S, publish_tries=1)
+    try:
+        async with Stack(server.url, demo_settings(KEY), engines=[busy], bridge_config=patient) as s:
+            async with aiohttp.ClientSession() as http:
+                running = Result()
+                long = asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=running))
+                assert await eventually(lambda: running.tokens > 0, timeout=HANG_S)
+                server.process.send_signal(signal.SIGSTOP)
+                try:
+                    leaving = asyncio.create_task(stream_chat(http, s.url, KEY, body(4)))
+                    assert await eventually(lambda: len(s.bridge.demux) == 2, timeout=HANG_S)  # publishing
+                    leaving.cancel()                 # the client hangs up
+                    await asyncio.gather(leaving, return_exceptions=True)
+                    assert await eventually(lambda: len(s.bridge.demux) == 1, timeout=HANG_S)
+                finally:
+                    server.process.send_signal(signal.SIGCONT)
+                cancelled = s.broker.metrics.cancelled.labels("interactive")
+                assert await eventually(lambda: cancelled._value.get() == 1, timeout=HANG_S)
+                long.cancel()
+    finally:
+        await server.stop()
