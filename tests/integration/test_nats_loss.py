@@ -10,6 +10,7 @@ Nats-Msg-Id: stored once, and the client gets its answer instead of a 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 import aiohttp
@@ -92,57 +93,57 @@ async def test_a_request_whose_puback_is_late_is_published_again_stored_once_and
         await server.stop()
 
 
-async def test_a_request_never_confirmed_gets_503_and_its_stored_copy_is_cancelled(tmp_path):
-    """Every try's PubAck late: the client gets 503, and the copy the stalled server stored
-    after all is cancelled rather than run for nobody. The one slot is busy, so it would wait."""
+@contextlib.asynccontextmanager
+async def one_busy_slot(tmp_path, bridge_config: BridgeConfig):
+    """A stack whose one slot is taken by a long stream, so a new request would wait in the
+    lanes (where a cancel finds it); yields the server, the stack and an HTTP session."""
     server = NatsServer(tmp_path / "nats")
     await server.start()
     busy = SimEngine(PROFILES["llama-8b-h100"], speed=0.05, max_seqs=1)
-    give_up = BridgeConfig(publish_timeout_s=0.3, publish_tries=2)
     try:
-        async with Stack(server.url, demo_settings(KEY), engines=[busy], bridge_config=give_up) as s:
+        async with Stack(server.url, demo_settings(KEY), engines=[busy], bridge_config=bridge_config) as s:
             async with aiohttp.ClientSession() as http:
                 running = Result()
                 long = asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=running))
-                assert await eventually(lambda: running.tokens > 0, timeout=HANG_S)
-                server.process.send_signal(signal.SIGSTOP)
                 try:
-                    result = await asyncio.wait_for(stream_chat(http, s.url, KEY, body(4)), HANG_S)
+                    assert await eventually(lambda: running.tokens > 0, timeout=HANG_S)
+                    yield server, s, http
                 finally:
-                    server.process.send_signal(signal.SIGCONT)
-                assert (result.status, result.error) == (503, "overloaded"), result
-                assert s.bridge.metrics.publish_retries._value.get() == 1
-                cancelled = s.broker.metrics.cancelled.labels("interactive")     # the tenant's default
-                assert await eventually(lambda: cancelled._value.get() == 1, timeout=HANG_S)
-                long.cancel()
+                    long.cancel()
+                    await asyncio.gather(long, return_exceptions=True)
     finally:
         await server.stop()
+
+
+def cancelled_count(s: Stack) -> float:
+    return s.broker.metrics.cancelled.labels("interactive")._value.get()     # the tenant's default class
+
+
+async def test_a_request_never_confirmed_gets_503_and_its_stored_copy_is_cancelled(tmp_path):
+    """Every try's PubAck late: the client gets 503, and the copy the stalled server stored
+    after all is cancelled rather than run for nobody."""
+    async with one_busy_slot(tmp_path, BridgeConfig(publish_timeout_s=0.3, publish_tries=2)) as (server, s, http):
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            result = await asyncio.wait_for(stream_chat(http, s.url, KEY, body(4)), HANG_S)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert (result.status, result.error) == (503, "overloaded"), result
+        assert s.bridge.metrics.publish_retries._value.get() == 1
+        assert await eventually(lambda: cancelled_count(s) == 1, timeout=HANG_S)
 
 
 async def test_a_client_that_leaves_while_its_publish_waits_gets_its_request_cancelled(tmp_path):
     """The client hangs up while the bridge waits for the PubAck: the request may be stored all
     the same, so the bridge cancels it, and the copy the stalled server stores never runs."""
-    server = NatsServer(tmp_path / "nats")
-    await server.start()
-    busy = SimEngine(PROFILES["llama-8b-h100"], speed=0.05, max_seqs=1)
-    patient = BridgeConfig(publish_timeout_s=HANG_S, publish_tries=1)
-    try:
-        async with Stack(server.url, demo_settings(KEY), engines=[busy], bridge_config=patient) as s:
-            async with aiohttp.ClientSession() as http:
-                running = Result()
-                long = asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=running))
-                assert await eventually(lambda: running.tokens > 0, timeout=HANG_S)
-                server.process.send_signal(signal.SIGSTOP)
-                try:
-                    leaving = asyncio.create_task(stream_chat(http, s.url, KEY, body(4)))
-                    assert await eventually(lambda: len(s.bridge.demux) == 2, timeout=HANG_S)  # publishing
-                    leaving.cancel()                 # the client hangs up
-                    await asyncio.gather(leaving, return_exceptions=True)
-                    assert await eventually(lambda: len(s.bridge.demux) == 1, timeout=HANG_S)
-                finally:
-                    server.process.send_signal(signal.SIGCONT)
-                cancelled = s.broker.metrics.cancelled.labels("interactive")
-                assert await eventually(lambda: cancelled._value.get() == 1, timeout=HANG_S)
-                long.cancel()
-    finally:
-        await server.stop()
+    async with one_busy_slot(tmp_path, BridgeConfig(publish_timeout_s=HANG_S, publish_tries=1)) as (server, s, http):
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            leaving = asyncio.create_task(stream_chat(http, s.url, KEY, body(4)))
+            assert await eventually(lambda: len(s.bridge.demux) == 2, timeout=HANG_S)   # publishing
+            leaving.cancel()                 # the client hangs up
+            await asyncio.gather(leaving, return_exceptions=True)
+            assert await eventually(lambda: len(s.bridge.demux) == 1, timeout=HANG_S)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert await eventually(lambda: cancelled_count(s) == 1, timeout=HANG_S)
