@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import nats
+import nats.js.errors
 import pytest
 
 from broker.client import LanewayClient, LanewayError
@@ -19,6 +20,8 @@ from tests.requests import chat
 from tests.wait import eventually
 
 pytestmark = pytest.mark.slow
+
+NO_PEERS = 10005      # JetStream: "no suitable peers for placement"
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
@@ -37,7 +40,16 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
             return True
         assert await eventually(meta_leader, timeout=60, interval=0.2), "no JetStream meta leader"
         limits = StreamLimits(replicas=3, ack_wait_s=5.0)
-        await ensure_topology(js, Subjects("lw"), limits)
+
+        async def placed() -> bool:        # a moment more until every peer has reported to the leader
+            try:
+                await ensure_topology(js, Subjects("lw"), limits)
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != NO_PEERS:
+                    raise
+                return False
+            return True
+        assert await eventually(placed, timeout=60, interval=0.2), "no placement for an R3 stream"
         leader = (await js.stream_info("LW_REQ")).cluster.leader
         # Laneway connects to a node that will survive; the victim is the stream leader.
         survivor = next(name for name in urls if name != leader)
