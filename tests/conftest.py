@@ -10,18 +10,14 @@ import pytest
 os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 
 
-# JetStream reserves each stream's max_bytes at creation (4 GiB per request stream, one per
-# prefix, and a module's tests use many prefixes) against its file-storage limit, by default 75%
-# of the disk's free space. A fixed limit keeps whether they fit off the machine's disk; what the
-# tests write is megabytes.
-MODULE_FILE_STORE = 1024**4
-
-
 @pytest.fixture(scope="module")
 async def nats_server(tmp_path_factory: pytest.TempPathFactory):
-    from broker.runtime.natsd import NatsServer
+    from broker.runtime.natsd import SHARED_DISK_FILE_STORE, NatsServer
 
-    server = NatsServer(Path(tmp_path_factory.mktemp("nats")), max_file_store=MODULE_FILE_STORE)
+    # JetStream reserves each stream's max_bytes (4 GiB per request stream, one per prefix, and
+    # a module's tests use many prefixes) against a limit that is by default 75% of the disk's
+    # free space: a fixed one keeps whether they fit off the machine's disk.
+    server = NatsServer(Path(tmp_path_factory.mktemp("nats")), max_file_store=SHARED_DISK_FILE_STORE)
     await server.start()
     yield server
     await server.stop()

@@ -184,8 +184,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# A storage limit for many servers or many prefixes on one shared disk (tests, local trials).
+# It only bounds the streams' max_bytes reservations; what such runs write is megabytes.
+SHARED_DISK_FILE_STORE = 1024**4
+
+
 def loopback_cluster(root: Path, size: int = 3, name: str = "laneway",
-                     max_file_store: int | None = 1024**4) -> list[NatsServer]:
+                     max_file_store: int | None = SHARED_DISK_FILE_STORE) -> list[NatsServer]:
     """`size` nats-servers on loopback forming one JetStream cluster (for tests and local trials).
     All share one disk, so each gets a fixed storage limit (`NatsServer.max_file_store`)."""
     client_ports = [_free_port() for _ in range(size)]
