@@ -4,14 +4,13 @@ It exists so the broker can be load-tested at production concurrency on a laptop
 it produces is a simulation and is labelled so. Each engine step is planned as vLLM V1 plans it
 (`workers/sim_scheduler.py`: a per-step token budget with chunked prefill, running sequences
 first, waiting ones by (priority, arrival), preemption by recompute when KV blocks run out,
-prefix-cache hits on shared prompt blocks); the step's duration is
+prefix-cache hits on shared prompt blocks); the step's duration is its roofline (`step_seconds`):
 
-    decode_base_s + sequences × decode_s_per_seq + prefill_tokens × prefill_s_per_token
+    max(decode_base_s + sequences × decode_s_per_seq,  tokens × prefill_s_per_token)
 
-where prefill tokens are the step's tokens other than one-token decodes (cached prefix blocks
-cost nothing). The profiles derive their constants from published hardware figures with a
-roofline model: decode is memory-bound (read the weights once per step, plus each sequence's KV
-cache), prefill is compute-bound (2 × params FLOPs per token).
+the longer of reading the weights once plus each scheduled sequence's KV cache (memory) and
+computing 2 × params FLOPs for each token the step processes (compute; cached prefix blocks
+are not processed). The profiles derive their constants from published hardware figures.
 
 It speaks OpenAI as engines do: the body's `n` choices are sequences of their own (each holds a
 slot and KV blocks; the later ones find the prompt in the prefix cache), and it simulates stop
@@ -80,6 +79,16 @@ def _roofline(name: str, params: float, weight_bytes: float, kv_bytes_per_token:
         kv_tokens=int((_H100_MEM * gpus * 0.9 - weight_bytes) / kv_bytes_per_token),
         source=source,
     )
+
+
+def step_seconds(p: SimProfile, sequences: int, tokens: int) -> float:
+    """One step on the profile's GPU: the GPU overlaps the memory reads and the arithmetic, so
+    the step lasts the longer of the two, not their sum. A decode step is memory-bound, and the
+    prefill tokens packed into it cost nothing until their FLOPs outlast the reads; that is what
+    vLLM's chunked prefill relies on ("locating compute-bound (prefill) and memory-bound
+    (decode) requests to the same batch", its docs). A large chunk makes the step compute-bound.
+    `tests/gpu/calibrate_sim.py` measures the knee on a GPU."""
+    return max(p.decode_base_s + sequences * p.decode_s_per_seq, tokens * p.prefill_s_per_token)
 
 
 PROFILES: dict[str, SimProfile] = {
@@ -304,9 +313,7 @@ class SimEngine(Engine):
                     self._decode_one(seq)
 
     def step_time(self, step: Step) -> float:
-        p = self.profile
-        return (p.decode_base_s + len(step.scheduled) * p.decode_s_per_seq
-                + step.prefill_tokens * p.prefill_s_per_token) / self.speed
+        return step_seconds(self.profile, len(step.scheduled), step.tokens) / self.speed
 
     def confidence(self, request: EngineRequest) -> float:
         """The SIMULATED model's mean token logprob for a request: a stable number per prompt in

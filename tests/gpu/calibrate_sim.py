@@ -8,8 +8,10 @@ vLLM's paged kernels are faster, so these are an upper bound on a step's time.
     python tests/gpu/calibrate_sim.py [--json out.json] [--tiny]   (--tiny: a CPU smoke run)
 
 Beside each measurement it prints what the profile predicts with the sim's step-time model
-(`SimEngine.step_time`): `decode_base_s + sequences × decode_s_per_seq + prefill tokens ×
-prefill_s_per_token`, plus the step a full `max_num_batched_tokens` prefill chunk would take.
+(`workers.sim.step_seconds`, a roofline): `max(decode_base_s + sequences × decode_s_per_seq,
+tokens × prefill_s_per_token)`, plus the step a full `max_num_batched_tokens` prefill chunk would
+take. The chunk sweep (one forward of M new tokens) shows where the roofline's knee is: flat while
+the weight reads dominate, then linear in M.
 """
 
 from __future__ import annotations
@@ -23,16 +25,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run as a script from anywhere
 
 
-def predicted(profile_name: str, batches: list[int], context: int) -> dict:
+def predicted(profile_name: str, batches: list[int], context: int, chunks: list[int]) -> dict:
     """The sim profile's figures for the same shapes (KV reads scale with the context)."""
-    from workers.sim import _CTX, PROFILES
+    from dataclasses import replace
+
+    from workers.sim import _CTX, PROFILES, step_seconds
 
     p = PROFILES[profile_name]
-    per_seq = p.decode_s_per_seq * context / _CTX
+    at_context = replace(p, decode_s_per_seq=p.decode_s_per_seq * context / _CTX)
     return {"profile": p.name, "source": p.source, "prefill_s_per_token": p.prefill_s_per_token,
             "max_num_batched_tokens": p.max_num_batched_tokens,
-            "full_prefill_step_s": p.decode_base_s + p.max_num_batched_tokens * p.prefill_s_per_token,
-            "decode": [{"batch": b, "step_s": p.decode_base_s + b * per_seq} for b in batches]}
+            "full_prefill_step_s": step_seconds(p, 1, p.max_num_batched_tokens),
+            "decode": [{"batch": b, "step_s": step_seconds(at_context, b, b)} for b in batches],
+            # A fresh prompt has no KV cache to read: the weights against the chunk's FLOPs.
+            "chunk": [{"tokens": m, "step_s": step_seconds(p, 0, m)} for m in chunks]}
 
 
 def main() -> int:
@@ -41,6 +47,7 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="a small model on CPU, to check the script")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    p.add_argument("--chunks", type=int, nargs="+", default=[16, 64, 128, 256, 512, 1024, 2048])
     p.add_argument("--profile", default="llama-8b-h100", help="the sim profile to compare against")
     args = p.parse_args()
 
@@ -51,7 +58,7 @@ def main() -> int:
     if args.tiny:
         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)
-        args.batches, args.context = [1, 4], 64
+        args.batches, args.context, args.chunks = [1, 4], 64, [8, 32]
     else:   # Llama-3.1-8B
         cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -85,6 +92,18 @@ def main() -> int:
         per_token = (time.perf_counter() - t) / 3 / ids.shape[1]
         report["prefill"] = {"tokens": ids.shape[1], "s_per_token": per_token}
 
+        # Chunks: one forward of M new tokens (no KV cache), the knee of the roofline.
+        report["chunk"] = []
+        for m in args.chunks:
+            ids = torch.randint(0, cfg.vocab_size, (1, m), device=device)
+            model(ids)  # warm-up
+            sync()
+            t = time.perf_counter()
+            for _ in range(5):
+                model(ids)
+            sync()
+            report["chunk"].append({"tokens": m, "step_s": (time.perf_counter() - t) / 5})
+
         # Decode: one step for B sequences with `context` tokens of KV cache each.
         for b in args.batches:
             ctx = torch.randint(0, cfg.vocab_size, (b, args.context), device=device)
@@ -106,7 +125,7 @@ def main() -> int:
             del past, out
             if device == "cuda":
                 torch.cuda.empty_cache()
-    report["sim_profile"] = predicted(args.profile, args.batches, args.context)
+    report["sim_profile"] = predicted(args.profile, args.batches, args.context, args.chunks)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -194,10 +194,18 @@ async def test_the_sim_engine_prefills_a_long_prompt_over_budgeted_steps():
         await engine.cleanup()
 
 
-def test_a_step_takes_longer_with_more_prefill_tokens_and_more_sequences():
+def test_a_step_lasts_its_roofline_the_longer_of_memory_and_compute():
     engine = SimEngine(PROFILES["llama-8b-h100"])
+    p = PROFILES["llama-8b-h100"]
     a, b = seq(100), seq(100)
     decode, chunk, two = Step({a: 1}, decodes=1), Step({a: 2048}), Step({a: 1, b: 1}, decodes=2)
     assert engine.step_time(decode) < engine.step_time(two) < engine.step_time(chunk)
-    p = PROFILES["llama-8b-h100"]
-    assert engine.step_time(chunk) == pytest.approx(p.decode_base_s + p.decode_s_per_seq + 2048 * p.prefill_s_per_token)
+    # Memory-bound: the weights once plus each sequence's KV cache.
+    assert engine.step_time(two) == pytest.approx(p.decode_base_s + 2 * p.decode_s_per_seq)
+    # Compute-bound: a 2,048-token chunk's FLOPs outlast the reads.
+    assert engine.step_time(chunk) == pytest.approx(2048 * p.prefill_s_per_token)
+    # A small chunk packed into a decode step rides under its memory time, as in vLLM.
+    knee = int((p.decode_base_s + 2 * p.decode_s_per_seq) / p.prefill_s_per_token) - 1
+    mixed = Step({a: 1, b: knee}, decodes=1)
+    assert engine.step_time(mixed) == pytest.approx(engine.step_time(two))
+    assert engine.step_time(Step({a: 1, b: 2 * knee}, decodes=1)) > engine.step_time(two)
