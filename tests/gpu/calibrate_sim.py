@@ -78,31 +78,26 @@ def main() -> int:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    def forward_s(ids, repeats: int) -> float:
+        """Seconds of one forward over `ids` (no KV cache), after a warm-up."""
+        model(ids)
+        sync()
+        t = time.perf_counter()
+        for _ in range(repeats):
+            model(ids)
+        sync()
+        return (time.perf_counter() - t) / repeats
+
     report: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                     "params": params, "build_s": build_s, "context": args.context, "decode": [], "prefill": {}}
     with torch.inference_mode():
         # Prefill: tokens per second of one long prompt.
         ids = torch.randint(0, cfg.vocab_size, (1, 1500 if not args.tiny else 64), device=device)
-        model(ids)  # warm-up
-        sync()
-        t = time.perf_counter()
-        for _ in range(3):
-            model(ids)
-        sync()
-        per_token = (time.perf_counter() - t) / 3 / ids.shape[1]
-        report["prefill"] = {"tokens": ids.shape[1], "s_per_token": per_token}
+        report["prefill"] = {"tokens": ids.shape[1], "s_per_token": forward_s(ids, 3) / ids.shape[1]}
 
-        # Chunks: one forward of M new tokens (no KV cache), the knee of the roofline.
-        report["chunk"] = []
-        for m in args.chunks:
-            ids = torch.randint(0, cfg.vocab_size, (1, m), device=device)
-            model(ids)  # warm-up
-            sync()
-            t = time.perf_counter()
-            for _ in range(5):
-                model(ids)
-            sync()
-            report["chunk"].append({"tokens": m, "step_s": (time.perf_counter() - t) / 5})
+        # Chunks: one forward of M new tokens, the knee of the roofline.
+        chunks = {m: torch.randint(0, cfg.vocab_size, (1, m), device=device) for m in args.chunks}
+        report["chunk"] = [{"tokens": m, "step_s": forward_s(ids, 5)} for m, ids in chunks.items()]
 
         # Decode: one step for B sequences with `context` tokens of KV cache each.
         for b in args.batches:
