@@ -28,6 +28,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def parents() -> dict[int, int]:
+    """pid → parent pid of every process (Linux /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def with_descendants(pids: list[int], parent_of: dict[int, int] | None = None) -> list[int]:
+    """`pids` and every process below them: a service's own children (the broker's PII analyzer
+    pool) spend CPU on its behalf."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in (parent_of if parent_of is not None else parents()).items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return sorted(found)
+
+
 def pids_mentioning(text: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -143,9 +171,12 @@ class LanewayUp:
         return sorted(set(pids_mentioning(str(self.data_dir)) + pids_mentioning(self.nats_url)))
 
     def cpu(self) -> float:
-        return sum(cpu_seconds(pid) for pid in self.pids())
+        """CPU seconds so far of everything `up` runs, the services' own children included."""
+        return sum(cpu_seconds(pid) for pid in with_descendants(self.pids()))
 
     def cpu_by_role(self) -> dict[str, float]:
-        """CPU seconds so far of each child role, to say where a benchmark's CPU went."""
-        return {role: sum(cpu_seconds(pid) for pid in self.role_pids(role))
+        """CPU seconds so far of each child role and its children, to say where a benchmark's
+        CPU went."""
+        parent_of = parents()
+        return {role: sum(cpu_seconds(pid) for pid in with_descendants(self.role_pids(role), parent_of))
                 for role in ("nats-server", "broker", "worker", "bridge")}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.processes import LanewayUp
+from loadtest.processes import LanewayUp, parents
 from tests.wait import eventually
 
 pytestmark = [pytest.mark.timeout(300),
@@ -18,16 +18,7 @@ pytestmark = [pytest.mark.timeout(300),
 
 
 def children_of(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == pid:
-                found.add(int(entry.name))
-    return found
+    return {child for child, parent in parents().items() if parent == pid}
 
 
 def alive(pids: set[int]) -> set[int]:
