@@ -3,7 +3,7 @@ simulated workers sized to hold them all at once, each stream at `--stream-rate`
 design's streams run at ~30).
 
     python -m loadtest.scale [--clients 5000] [--stream-rate 30] [--client-procs 2] [--hold 30] [--json out.json]
-    python -m loadtest.scale --find-max [--steps 500,1000,2000,3000,5000,7500,10000]
+    python -m loadtest.scale --find-max [--steps 500,1000,1500,2000,3000,5000,7500,10000]
     python -m loadtest.scale --clients 3000 --max-streams 600     # the overload path: 503s, none failed
 
 Every client opens one long streaming chat (spread over `--ramp` seconds) and keeps it open;
@@ -260,7 +260,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="load generator processes, each driving its share of the streams")
     parser.add_argument("--find-max", action="store_true",
                         help="step the stream count up (--steps) until a step misses; report the most held")
-    parser.add_argument("--steps", type=_steps, default=[500, 1000, 2000, 3000, 5000, 7500, 10000])
+    parser.add_argument("--steps", type=_steps, default=[500, 1000, 1500, 2000, 3000, 5000, 7500, 10000])
     parser.add_argument("--profile", default="llama-8b-h100", choices=sorted(PROFILES))
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--ramp", type=float, default=20.0, help="seconds over which clients connect")
