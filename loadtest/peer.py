@@ -33,7 +33,7 @@ import aiohttp
 from loadtest.benchcli import main
 from loadtest.http_client import Result, stream_chat
 from loadtest.overhead import PROMPT, _bounded
-from loadtest.processes import LanewayUp, cpu_seconds, free_port
+from loadtest.processes import LanewayUp, cpu_seconds, free_port, with_descendants
 from loadtest.stats import ms, summary
 
 KEY = "sk-bench-peer"
@@ -43,20 +43,6 @@ DEFAULT_PROXY_PATH = Path(".cache/litellm-proxy-deps")
 SYSTEMS = ("floor", "litellm", "laneway")
 LABELS = {"direct": "mock upstream direct", "floor": "aiohttp pass-through (1 process)",
           "litellm": "LiteLLM proxy server", "laneway": "Laneway (up, openai engine)"}
-
-
-def descendants(pid: int) -> list[int]:
-    """pid and every process below it (Linux /proc children lists)."""
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                todo += [int(c) for c in task.read_text().split()]
-            except OSError:
-                pass
-    return found
 
 
 @dataclass
@@ -103,7 +89,7 @@ class Server:
 
     def cpu(self) -> float:
         assert self.proc is not None
-        return sum(cpu_seconds(p) for p in descendants(self.proc.pid))
+        return sum(cpu_seconds(p) for p in with_descendants([self.proc.pid]))
 
 
 def _litellm_config(path: Path, upstream: str) -> Path:

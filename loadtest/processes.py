@@ -19,13 +19,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [0] state, [1] ppid, [11:15] utime, stime,
+    cutime, cstime (Linux). OSError if the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (Linux /proc)."""
+    """CPU time of one process, its reaped children's included: a child's CPU moves into its
+    parent's cutime/cstime when it is reaped, so one that ends between two samples still counts
+    (once: it has left the process list by then)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return sum(int(f) for f in fields[11:15]) / _TICK
 
 
 def parents() -> dict[int, int]:
@@ -34,9 +42,18 @@ def parents() -> dict[int, int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found[int(entry.name)] = int(stat_fields(int(entry.name))[1])
             except (OSError, IndexError, ValueError):
                 pass
+    return found
+
+
+def ancestors(pid: int, parent_of: dict[int, int]) -> set[int]:
+    """pid and the processes above it."""
+    found = set()
+    while pid > 0 and pid not in found:
+        found.add(pid)
+        pid = parent_of.get(pid, 0)
     return found
 
 
@@ -81,7 +98,7 @@ class LanewayUp:
     """`laneway up` in a subprocess; `cpu()` sums the CPU time of everything it runs."""
 
     def __init__(self, data_dir: Path, api_key: str, extra: list[str] | None = None) -> None:
-        self.data_dir = data_dir
+        self.data_dir = data_dir.resolve()      # matched in command lines: never a bare relative name
         self.api_key = api_key
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -166,9 +183,11 @@ class LanewayUp:
             await self._drain
 
     def pids(self) -> list[int]:
-        """nats-server (its store is under data_dir) and broker/worker/bridge (they name the
-        NATS URL on their command line)."""
-        return sorted(set(pids_mentioning(str(self.data_dir)) + pids_mentioning(self.nats_url)))
+        """`up`, nats-server (its store is under data_dir) and broker/worker/bridge (they name the
+        NATS URL on their command line); never this process or those above it, which may name
+        the data dir too (`--data-dir`), and whose other children are the load generator's."""
+        mine = ancestors(os.getpid(), parents())
+        return sorted(set(pids_mentioning(str(self.data_dir)) + pids_mentioning(self.nats_url)) - mine)
 
     def cpu(self) -> float:
         """CPU seconds so far of everything `up` runs, the services' own children included."""

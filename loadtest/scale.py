@@ -46,7 +46,7 @@ from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
 from loadtest.swarm import Swarm
 from loadtest.traffic import sampler
-from workers.sim import PROFILES
+from workers.sim import PROFILES, step_seconds
 
 LAG = "laneway_frame_lag_seconds"
 SIM_MODEL_LEN = 8192     # the sim worker's max_model_len (prompt + output)
@@ -57,7 +57,7 @@ def sizing(args: argparse.Namespace, clients: int) -> tuple[PoolSpec, int, float
     """(pool, max_tokens, modelled step seconds)."""
     per_worker = math.ceil(clients / args.workers)
     p = PROFILES[args.profile]
-    step_at_speed_1 = p.decode_base_s + per_worker * p.decode_s_per_seq
+    step_at_speed_1 = step_seconds(p, per_worker, per_worker)     # every stream decoding
     step = 1.0 / args.stream_rate
     speed = step_at_speed_1 / step
     # Streams must outlive the run: while the ramp fills the workers a step is shorter than at

@@ -99,10 +99,6 @@ class Step:
     def tokens(self) -> int:
         return sum(self.scheduled.values())
 
-    @property
-    def prefill_tokens(self) -> int:
-        return self.tokens - self.decodes
-
 
 class BlockPool:
     """KV blocks: never-used ones first (counted, not listed), then freed ones in LRU order.

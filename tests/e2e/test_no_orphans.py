@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from pathlib import Path
 
 import pytest
 
-from loadtest.processes import LanewayUp, parents
+from loadtest.processes import LanewayUp, parents, stat_fields
 from tests.wait import eventually
 
 pytestmark = [pytest.mark.timeout(300),
@@ -22,8 +21,14 @@ def children_of(pid: int) -> set[int]:
 
 
 def alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if Path(f"/proc/{pid}").exists()
-            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+    found = set()
+    for pid in pids:
+        try:
+            if stat_fields(pid)[0] != "Z":
+                found.add(pid)
+        except OSError:
+            pass
+    return found
 
 
 async def test_killed_parents_leave_no_orphans(tmp_path):

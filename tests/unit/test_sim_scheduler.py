@@ -209,3 +209,5 @@ def test_a_step_lasts_its_roofline_the_longer_of_memory_and_compute():
     mixed = Step({a: 1, b: knee}, decodes=1)
     assert engine.step_time(mixed) == pytest.approx(engine.step_time(two))
     assert engine.step_time(Step({a: 1, b: 2 * knee}, decodes=1)) > engine.step_time(two)
+    # Every token the step processes costs FLOPs, the decodes' too.
+    assert engine.step_time(Step({a: 1, b: 1000}, decodes=1)) == pytest.approx(1001 * p.prefill_s_per_token)
