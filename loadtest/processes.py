@@ -182,16 +182,17 @@ class LanewayUp:
         if self._drain is not None:
             await self._drain
 
-    def pids(self) -> list[int]:
+    def pids(self, parent_of: dict[int, int] | None = None) -> list[int]:
         """`up`, nats-server (its store is under data_dir) and broker/worker/bridge (they name the
         NATS URL on their command line); never this process or those above it, which may name
         the data dir too (`--data-dir`), and whose other children are the load generator's."""
-        mine = ancestors(os.getpid(), parents())
+        mine = ancestors(os.getpid(), parent_of if parent_of is not None else parents())
         return sorted(set(pids_mentioning(str(self.data_dir)) + pids_mentioning(self.nats_url)) - mine)
 
     def cpu(self) -> float:
         """CPU seconds so far of everything `up` runs, the services' own children included."""
-        return sum(cpu_seconds(pid) for pid in with_descendants(self.pids()))
+        parent_of = parents()
+        return sum(cpu_seconds(pid) for pid in with_descendants(self.pids(parent_of), parent_of))
 
     def cpu_by_role(self) -> dict[str, float]:
         """CPU seconds so far of each child role and its children, to say where a benchmark's

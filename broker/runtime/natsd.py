@@ -189,8 +189,7 @@ def _free_port() -> int:
 SHARED_DISK_FILE_STORE = 1024**4
 
 
-def loopback_cluster(root: Path, size: int = 3, name: str = "laneway",
-                     max_file_store: int | None = SHARED_DISK_FILE_STORE) -> list[NatsServer]:
+def loopback_cluster(root: Path, size: int = 3, name: str = "laneway") -> list[NatsServer]:
     """`size` nats-servers on loopback forming one JetStream cluster (for tests and local trials).
     All share one disk, so each gets a fixed storage limit (`NatsServer.max_file_store`)."""
     client_ports = [_free_port() for _ in range(size)]
@@ -203,5 +202,5 @@ def loopback_cluster(root: Path, size: int = 3, name: str = "laneway",
             f'server_name: "n{i}"\n'
             f'cluster {{ name: "{name}", listen: "127.0.0.1:{route_ports[i]}", routes: [{routes}] }}\n')
         servers.append(NatsServer(root / f"n{i}", port=client_ports[i], config_file=conf,
-                                  max_file_store=max_file_store))
+                                  max_file_store=SHARED_DISK_FILE_STORE))
     return servers
