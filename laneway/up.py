@@ -17,7 +17,6 @@ import asyncio
 import os
 import secrets
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from broker.provision import provision_at
 from broker.runtime.connect import NatsSettings
 from broker.runtime.lifetime import tied_to_this_process
 from broker.runtime.natsd import NatsServer
+from broker.runtime.ports import free_port
 from broker.tenants import Tenant, hash_key
 from laneway.nats_config import UpAuth, up_auth, write_private
 from laneway.supervise import Supervisor
@@ -153,9 +153,7 @@ def _metrics_port(enabled: bool) -> list[str]:
     """A free port of a child's own for its Prometheus metrics, kept across its restarts."""
     if not enabled:
         return []
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return ["--metrics-port", str(s.getsockname()[1])]
+    return ["--metrics-port", str(free_port())]
 
 
 def worker_argvs(argv: list[str], n: int) -> list[list[str]]:

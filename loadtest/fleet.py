@@ -17,8 +17,9 @@ from pathlib import Path
 
 import aiohttp
 
+from broker.runtime.ports import free_port
 from broker.tenants import Tenant, hash_key
-from loadtest.processes import LanewayUp, free_port
+from loadtest.processes import LanewayUp
 from loadtest.promtext import Scrape, parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 

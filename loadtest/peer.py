@@ -30,10 +30,11 @@ from pathlib import Path
 
 import aiohttp
 
+from broker.runtime.ports import free_port
 from loadtest.benchcli import main
 from loadtest.http_client import Result, stream_chat
 from loadtest.overhead import PROMPT, _bounded
-from loadtest.processes import LanewayUp, cpu_seconds, free_port, with_descendants
+from loadtest.processes import LanewayUp, cpu_seconds, with_descendants
 from loadtest.stats import ms, summary
 
 KEY = "sk-bench-peer"

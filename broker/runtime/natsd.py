@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.runtime.lifetime import tied_to_this_process
+from broker.runtime.ports import free_port
 
 
 class NatsServerError(RuntimeError):
@@ -176,14 +177,6 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("LANEWAY_DATA_DIR", ".laneway"))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # A storage limit for many servers or many prefixes on one shared disk (tests, local trials).
 # It only bounds the streams' max_bytes reservations; what such runs write is megabytes.
 SHARED_DISK_FILE_STORE = 1024**4
@@ -192,8 +185,8 @@ SHARED_DISK_FILE_STORE = 1024**4
 def loopback_cluster(root: Path, size: int = 3, name: str = "laneway") -> list[NatsServer]:
     """`size` nats-servers on loopback forming one JetStream cluster (for tests and local trials).
     All share one disk, so each gets a fixed storage limit (`NatsServer.max_file_store`)."""
-    client_ports = [_free_port() for _ in range(size)]
-    route_ports = [_free_port() for _ in range(size)]
+    client_ports = [free_port() for _ in range(size)]
+    route_ports = [free_port() for _ in range(size)]
     servers = []
     for i in range(size):
         conf = root / f"n{i}.conf"

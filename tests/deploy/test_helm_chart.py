@@ -441,7 +441,8 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
     from broker.config import StreamLimits, load_settings
     from broker.provision import provision_at
     from broker.runtime.connect import NatsSettings
-    from broker.runtime.natsd import NatsServer, _free_port
+    from broker.runtime.natsd import NatsServer
+    from broker.runtime.ports import free_port
     from schemas.subjects import Subjects
 
     secrets = {o["metadata"]["name"]: o["stringData"] for o in objects("default", "Secret")}
@@ -455,7 +456,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
     # The pod's file layout (/etc/nats-config, /etc/nats-laneway) under tmp_path, loopback ports.
     (tmp_path / "nats-laneway").mkdir()
     (tmp_path / "nats-laneway" / "auth.conf").write_text(auth)
-    route_ports = [_free_port() for _ in range(3)]
+    route_ports = [free_port() for _ in range(3)]
     servers = []
     for i in range(3):
         text = conf.replace("$SERVER_NAME", f'"{RELEASE}-nats-{i}"')

@@ -5,20 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import openai
 import pytest
 
+from broker.runtime.ports import free_port
 from tests.wait import eventually
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def processes_mentioning(text: str) -> list[int]:

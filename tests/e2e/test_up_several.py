@@ -11,7 +11,8 @@ import aiohttp
 import openai
 import pytest
 
-from loadtest.processes import LanewayUp, free_port, metrics_port
+from broker.runtime.ports import free_port
+from loadtest.processes import LanewayUp, metrics_port
 from schemas.subjects import Subjects
 from tests.wait import eventually
 

@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from loadtest.processes import free_port
+from broker.runtime.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,48 @@
+"""Ports chosen before a server binds them stay clear of the ports the kernel hands out itself."""
+
+from __future__ import annotations
+
+import socket
+
+from broker.runtime.ports import ephemeral_range, free_port
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
+    low, high = ephemeral_range()
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == len(ports)
+    assert not any(low <= p <= high for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port))
+
+
+def test_a_port_bound_by_someone_else_is_never_chosen(monkeypatch) -> None:
+    # Narrow the choice to the 300 ports below the ephemeral range, hold all but five of them on
+    # loopback: those five come back, then nothing is left to choose.
+    import pytest
+
+    from broker.runtime import ports
+
+    low, _ = ephemeral_range()
+    monkeypatch.setattr(ports, "_LOWEST", low - 300)
+    monkeypatch.setattr(ports, "_handed_out", set())
+    held, left = [], []
+    try:
+        for port in range(low - 300, low):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()                                  # somebody else's: not choosable either
+                continue
+            (left if len(left) < 5 else held).append(s)
+        free = sorted(s.getsockname()[1] for s in left)
+        for s in left:
+            s.close()
+        assert sorted(free_port() for _ in free) == free
+        with pytest.raises(OSError, match="no free port"):
+            free_port()
+    finally:
+        for s in held:
+            s.close()
