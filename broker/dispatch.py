@@ -84,6 +84,7 @@ class Broker:
         self._origin: Origin | None = None
         self._lease: Lease | None = None
         self._intake: PullIntake | None = None
+        self._retiring: set[asyncio.Task[None]] = set()     # intakes stopping (draining) in the background
         self._roles = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list = []
@@ -157,6 +158,8 @@ class Broker:
             await self._intake.stop()
             self._intake = None
         await cancel_and_wait(*self._tasks)
+        if self._retiring:
+            await asyncio.wait(set(self._retiring))
         if self._nc.is_connected:    # peers stop counting on this broker to consume
             await self._nc.publish(self.s.broker_event(self.id), codec.encode(BrokerBeat(leaving=True)))
         if self._nc is not None and self._nc.is_connected and self.scheduler is not None:
@@ -207,8 +210,12 @@ class Broker:
                                           self._on_request, room=self._room)
                 await self._intake.start()
             elif self._intake is not None:
+                # Off this task (the lease's, a heartbeat's, a peer's callback): the intake's drain
+                # runs the gate on what its last pull delivered, which must not delay a renewal.
                 intake, self._intake = self._intake, None
-                await intake.stop()
+                task = asyncio.create_task(intake.stop(), name="laneway-intake-stop")
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
             log.info("broker %s %s requests", self.id, "consumes" if gating else "no longer consumes")
 
     async def _beat(self) -> None:

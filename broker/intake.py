@@ -55,14 +55,18 @@ class PullIntake:
         self._task = asyncio.create_task(self._keep_pulling(), name="laneway-intake")
 
     async def stop(self) -> None:
+        """No new pull; then hand on what the open pull delivered before the server saw the UNSUB
+        (drain). Those messages count as delivered to this consumer: dropped here, each would wait
+        out `ack_wait` before any broker saw it again. The server forgets the open pull itself
+        once its reply subject has no interest."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        if self._sub is not None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
             try:
-                await self._sub.unsubscribe()
-            except nats.errors.Error:  # connection closed or draining: nothing to unsubscribe from
+                await sub.drain()
+            except nats.errors.Error:   # closed, or no flush answer: those come back after ack_wait
                 pass
-            self._sub = None
 
     def poke(self) -> None:
         """Room was freed: pull again if the open request is used up."""
