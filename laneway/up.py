@@ -81,7 +81,10 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], timeout: float) -> None:
+async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], timeout: float,
+                      brokers: int, pool: str, workers: int) -> None:
+    """Until the bridge is ready and has heard from every broker and worker started (each serves
+    its metrics before it beats, so the banner's processes all answer)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with aiohttp.ClientSession() as http:
@@ -91,7 +94,8 @@ async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], ti
                     raise RuntimeError(f"{role} exited with {proc.returncode} during start-up")
             try:
                 async with http.get(f"{url}/readyz") as resp:
-                    if resp.status == 200:
+                    state = await resp.json()
+                    if resp.status == 200 and state["brokers"] >= brokers and state["pools"].get(pool, 0) >= workers:
                         return
             except aiohttp.ClientError:
                 pass
@@ -295,7 +299,7 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         for name, start_child in starts.items():
             procs[name] = await start_child()
         url = f"http://{args.host}:{args.port}"
-        ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout))
+        ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout, args.brokers, pool, args.workers))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():

@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
+
 from broker.runtime.ports import free_port
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -159,15 +161,18 @@ class LanewayUp:
 
     async def schedulers(self, http) -> list[int]:
         """The brokers whose `laneway_broker_scheduler` gauge reads 1 (`up --metrics` serves it);
-        `http` is an aiohttp session."""
+        `http` is an aiohttp session. A broker not serving its metrics (restarting) is not one."""
         from loadtest.promtext import parse
 
         found = []
         for pid in self.role_pids("broker"):
             if (port := metrics_port(pid)) is not None:
-                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    if parse(await resp.text()).value("laneway_broker_scheduler") == 1:
-                        found.append(pid)
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                        if parse(await resp.text()).value("laneway_broker_scheduler") == 1:
+                            found.append(pid)
+                except aiohttp.ClientConnectionError:
+                    continue
         return found
 
     async def __aexit__(self, *exc: object) -> None:
