@@ -43,6 +43,20 @@ async def provision(js: JetStreamContext, s: Subjects, limits: StreamLimits, set
     await (put_settings if overwrite else seed_settings)(js, s, settings)
 
 
+NO_SUITABLE_PEERS = 10005   # JetStream: "no suitable peers for placement"
+
+
+def not_ready_yet(exc: BaseException) -> bool:
+    """What a run against NATS that is still starting meets, and a later run would not: no server
+    answers; JetStream is not up (no responders) or has no meta leader yet (its API calls time
+    out); a new cluster's peers have not all reported to the leader, so a replicated stream has no
+    placement yet (also for good, with more replicas than servers: the caller bounds its wait)."""
+    if isinstance(exc, nats.js.errors.BadRequestError):
+        return exc.err_code == NO_SUITABLE_PEERS
+    return isinstance(exc, (OSError, nats.errors.NoServersError, nats.errors.NoRespondersError,
+                            nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError))
+
+
 async def provision_at(n: NatsSettings, limits: StreamLimits, settings: Settings, *,
                        overwrite: bool = False) -> None:
     """Connect (once, no reconnects: a one-shot run fails loudly), provision, disconnect."""

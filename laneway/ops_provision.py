@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 import nats.errors
-import nats.js.errors
 
 from broker.config import BadSettings, Settings, StreamLimits, load_settings
-from broker.provision import provision_at
+from broker.provision import not_ready_yet, provision_at
 from broker.runtime.connect import nats_from_args
 from broker.topology import StorageRefused
 
@@ -38,20 +37,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(a cluster starting beside this run)")
 
 
-# Not up yet: no server answers, or JetStream has no meta leader yet. A run is idempotent, so the
-# whole of it is retried.
-# Not up yet, or JetStream still electing its leader (its API calls time out meanwhile).
-_NOT_YET = (OSError, nats.errors.NoServersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError)
-
-
 async def _provision(args: argparse.Namespace, limits: StreamLimits, settings: Settings) -> None:
+    """A run is idempotent, so the whole of it is retried while NATS is still starting."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + args.wait
     while True:
         try:
             return await provision_at(nats_from_args(args), limits, settings, overwrite=args.overwrite)
-        except _NOT_YET as exc:
-            if loop.time() >= deadline:
+        except Exception as exc:
+            if not not_ready_yet(exc) or loop.time() >= deadline:
                 raise
             print(f"laneway ops provision: NATS not ready ({type(exc).__name__}: {exc}); retrying",
                   file=sys.stderr)

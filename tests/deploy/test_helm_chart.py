@@ -29,7 +29,6 @@ import jsonschema
 import kubernetes_validate
 import nats
 import nats.errors
-import nats.js.errors
 import pytest
 import yaml
 
@@ -439,7 +438,7 @@ def kubernetes_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[
 
 async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, monkeypatch) -> None:
     from broker.config import StreamLimits, load_settings
-    from broker.provision import provision_at
+    from broker.provision import not_ready_yet, provision_at
     from broker.runtime.connect import NatsSettings
     from broker.runtime.natsd import NatsServer
     from broker.runtime.ports import free_port
@@ -480,7 +479,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
             return secret["user"], secret["password"]
 
         # What the provisioning Job runs (`laneway ops provision`), as the ops user, with the
-        # rendered settings; retried only while the new cluster elects its JetStream leaders.
+        # rendered settings; retried, as the command does, while the new cluster forms.
         settings_file = tmp_path / "settings.toml"
         settings_file.write_text(named("default", "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"])
         user, password = role("ops")
@@ -489,7 +488,9 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
         async def provisioned() -> bool:
             try:
                 await provision_at(ops, StreamLimits(replicas=3), load_settings(settings_file))
-            except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            except Exception as exc:
+                if not not_ready_yet(exc):
+                    raise
                 return False
             return True
 

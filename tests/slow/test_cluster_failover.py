@@ -12,6 +12,7 @@ import pytest
 
 from broker.client import LanewayClient, LanewayError
 from broker.config import StreamLimits
+from broker.provision import not_ready_yet
 from broker.runtime.natsd import loopback_cluster
 from broker.topology import ensure_topology
 from loadtest.stack import Stack, demo_settings
@@ -20,8 +21,6 @@ from tests.requests import chat
 from tests.wait import eventually
 
 pytestmark = pytest.mark.slow
-
-NO_PEERS = 10005      # JetStream: "no suitable peers for placement"
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
@@ -45,7 +44,7 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
             try:
                 await ensure_topology(js, Subjects("lw"), limits)
             except nats.js.errors.BadRequestError as exc:
-                if exc.err_code != NO_PEERS:
+                if not not_ready_yet(exc):
                     raise
                 return False
             return True
