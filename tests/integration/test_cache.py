@@ -125,7 +125,8 @@ async def test_unfinished_answers_are_not_stored(nc) -> None:
 
 async def test_entries_expire_with_the_bucket_ttl(nc) -> None:
     s = Subjects(f"c{next(_prefixes)}")
-    cache = ResponseCache(await ensure_cache_bucket(nc.jetstream(), s, ttl_s=1.0))
+    # Long enough that the lookup right after the store sees the entry even after a stall.
+    cache = ResponseCache(await ensure_cache_bucket(nc.jetstream(), s, ttl_s=3.0))
     key = cache.key("acme", "chat", "r2", GREEDY, b"")
     await cache.store(key, ANSWER)
     assert await cache.lookup(key) is not None

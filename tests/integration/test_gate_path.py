@@ -18,6 +18,7 @@ from broker.policy.quota import QuotaPolicy
 from broker.tenants import Tenant, hash_key
 from loadtest.stack import Stack
 from schemas import codec
+from tests.clock import Clock
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
 from workers.sim import PROFILES, SimEngine
@@ -67,7 +68,9 @@ async def chat(stack, tenant: str, content: str, **extra) -> tuple[int, dict, di
             return resp.status, await resp.json(), dict(resp.headers)
 
 
-async def test_quota_over_the_rate_is_429_with_rate_limit_headers(stack):
+async def test_quota_over_the_rate_is_429_with_rate_limit_headers(stack, monkeypatch):
+    # All five requests in one minute window: its edge is 55 s away, not wherever the real clock is.
+    monkeypatch.setattr(stack.broker.gate.quota, "_clock", Clock.early_in_this_minute())
     statuses, remaining = [], []
     for _ in range(5):
         status, body, headers = await chat(stack, "tight", "hello")

@@ -58,19 +58,19 @@ async def test_client_disconnect_cancels_and_frees_the_slot(slow_stack):
             await resp.content.readline()
             assert engine.num_running() == 1
         # The connection is closed here, mid-stream.
-    assert await eventually(lambda: engine.num_running() == 0, 2.0), "the engine slot was not freed"
+    assert await eventually(lambda: engine.num_running() == 0), "the engine slot was not freed"
     assert await eventually(lambda: stored_none(slow_stack)), "the cancelled request was not acked"
 
 
 async def test_deadline_mid_generation_ends_with_in_band_error(slow_stack):
     engine: SimEngine = slow_stack.workers[0].engine
     async with aiohttp.ClientSession(base_url=slow_stack.url) as http:
-        async with http.post(CHAT, json=body(5000), headers=headers(**{"x-laneway-timeout": "0.5"})) as resp:
+        async with http.post(CHAT, json=body(5000), headers=headers(**{"x-laneway-timeout": "3"})) as resp:
             assert resp.status == 200
             text = await resp.text()
     events = [line for line in text.split("\n\n") if line]
     assert '"deadline_exceeded"' in events[-2] and events[-1] == "data: [DONE]"
-    assert await eventually(lambda: engine.num_running() == 0, 2.0)
+    assert await eventually(lambda: engine.num_running() == 0)
 
 
 async def test_backlog_cap_gives_429_with_retry_after(slow_stack):

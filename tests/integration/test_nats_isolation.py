@@ -35,6 +35,7 @@ from loadtest.stack import Stack
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.work import Credit
+from tests.clock import Clock
 from tests.integration.test_cascade_live import UnsureOnHardPrompts
 from tests.integration.test_poison_and_overload import PoisonableEngine
 from tests.requests import chat
@@ -267,7 +268,9 @@ async def test_usage_is_metered_and_reported(secured):
     assert secured.log.new() == []
 
 
-async def test_quota_slots_come_back_and_the_rate_limit_holds(secured):
+async def test_quota_slots_come_back_and_the_rate_limit_holds(secured, monkeypatch):
+    # All four requests in one minute window: its edge is 55 s away, not wherever the real clock is.
+    monkeypatch.setattr(secured.stack.broker.gate.quota, "_clock", Clock.early_in_this_minute())
     ledger = secured.stack.broker.gate.ledger
     for i in range(3):   # one slot: each request is admitted only once the last one's usage freed it
         status, body = await secured.chat("tight", f"one at a time {i}")

@@ -34,6 +34,9 @@ from workers.openai_engine import (
     UpstreamTimeout,
 )
 
+# The engine's first-token and idle timeouts where a test expects success: a bound on a stall
+# (a GC pause in this process, which runs the fake upstream too), not a speed to show.
+STALL_S = 3.0
 KEY_ENV = "LANEWAY_TEST_UPSTREAM_KEY"
 KEY = "sk-test-upstream-0123456789"
 
@@ -187,7 +190,7 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
         engine_kwargs = {k: overrides.pop(k) for k in ("clock", "on_breaker_change") if k in overrides}
         config = OpenAIUpstreamConfig(
             base_url=upstream.url, model="up-model", api_key_env=KEY_ENV, max_concurrency=4,
-            connect_timeout_s=1.0, first_token_timeout_s=0.3, idle_timeout_s=0.3, total_timeout_s=3.0,
+            connect_timeout_s=1.0, first_token_timeout_s=STALL_S, idle_timeout_s=STALL_S, total_timeout_s=10.0,
             retries=2, backoff_s=0.01, backoff_max_s=0.02,
             breaker=BreakerConfig(failure_threshold=3, min_volume=100, cooldown_s=5.0),
         )
@@ -479,12 +482,12 @@ async def test_auth_errors_do_not_echo_the_upstream_body(upstream: FakeUpstream,
     Plan(status=503),
     Plan(status=429, retry_after="0"),
     Plan(hang=True),                                     # first-token timeout
-    Plan(first_delay=1.0),                               # headers, then no token in time
+    Plan(first_delay=30.0),                              # headers, then no token in time
     Plan(reset_after=0),                                 # reset before any token
 ], ids=["500", "503", "429", "hang", "slow-first-token", "reset-before-first-token"])
 async def test_retries_before_the_first_token(upstream: FakeUpstream, make_engine: EngineFactory, fault: Plan) -> None:
     upstream.script(fault)
-    engine = await make_engine()
+    engine = await make_engine(first_token_timeout_s=1.0)
     outputs = await collect(engine, request())
     assert text_of(outputs) == "Hello, world"
     assert outputs[-1].finish_reason == "stop"
@@ -551,8 +554,8 @@ async def test_idle_timeout_between_tokens(upstream: FakeUpstream, make_engine: 
 
 async def test_total_timeout_on_a_slow_stream(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     # Every gap is within the idle timeout, but the stream as a whole takes too long.
-    upstream.script(Plan(tokens=tuple("abcdefghij"), gap=0.1))
-    engine = await make_engine(idle_timeout_s=0.5, total_timeout_s=0.35)
+    upstream.script(Plan(tokens=tuple("abcdefghij"), gap=0.3))
+    engine = await make_engine(idle_timeout_s=2.0, total_timeout_s=1.5)
     outputs: list[EngineOutput] = []
     with pytest.raises(UpstreamTimeout) as info:
         await collect(engine, request(), outputs)

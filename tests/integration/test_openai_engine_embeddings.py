@@ -31,6 +31,9 @@ from workers.openai_engine import (
     UpstreamTimeout,
 )
 
+# The engine's first-token and idle timeouts where a test expects success: a bound on a stall
+# (a GC pause in this process, which runs the fake upstream too), not a speed to show.
+STALL_S = 3.0
 KEY_ENV = "LANEWAY_TEST_UPSTREAM_KEY"
 KEY = "sk-test-upstream-embeddings-0123"
 DIMS = 8
@@ -131,7 +134,7 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
     async def make(**overrides: Any) -> OpenAIUpstreamEngine:
         config = OpenAIUpstreamConfig(
             base_url=upstream.url, model="up-embed", api_key_env=KEY_ENV, max_concurrency=4,
-            connect_timeout_s=1.0, first_token_timeout_s=0.3, idle_timeout_s=0.3, total_timeout_s=3.0,
+            connect_timeout_s=1.0, first_token_timeout_s=STALL_S, idle_timeout_s=STALL_S, total_timeout_s=10.0,
             retries=2, backoff_s=0.01, backoff_max_s=0.02,
             breaker=BreakerConfig(failure_threshold=3, min_volume=100, cooldown_s=5.0),
         )
@@ -233,7 +236,7 @@ async def test_capacity_counts_the_request_while_it_runs(upstream: FakeUpstream,
     Plan(body=b"{not json"), Plan(count=1), Plan(body=b'{"data": [{"index": 0, "embedding": "***"}]}'),
 ], ids=["503", "429", "reset", "hang", "undecodable", "too-few", "not-base64"])
 async def test_retries_any_upstream_fault(upstream: FakeUpstream, make_engine: EngineFactory, fault: Plan) -> None:
-    engine = await make_engine()
+    engine = await make_engine(first_token_timeout_s=1.0)
     upstream.plans.append(fault)
     out = (await collect(engine, request(["p", "q"])))[0]
     assert len(upstream.seen) == 2 and len(out.vectors) == 2 and out.finish_reason == "stop"
@@ -248,7 +251,7 @@ async def test_gives_up_after_the_configured_retries(upstream: FakeUpstream, mak
 
 
 async def test_a_hang_times_out_as_first_token(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
-    engine = await make_engine(retries=0)
+    engine = await make_engine(retries=0, first_token_timeout_s=0.3)
     upstream.plans.append(Plan(hang=True))
     started = time.monotonic()
     with pytest.raises(UpstreamTimeout) as err:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from datetime import datetime, timezone
 from itertools import count
 
@@ -19,26 +18,11 @@ import pytest
 from broker.gate.quota import Quota, QuotaExceeded, QuotaUnavailable, ensure_quota_bucket, rate_limit_headers
 from broker.policy.quota import INSUFFICIENT_QUOTA, RATE_LIMITED, LimitName, QuotaPolicy
 from schemas.subjects import Subjects
+from tests.clock import T0, Clock
 
-T0 = datetime(2026, 11, 10, 12, 0, 5, tzinfo=timezone.utc).timestamp()   # 5 s into a minute
 _prefixes = count()
 
 
-class Clock:
-    """Wall time as if the test started at `T0`; `advance` jumps ahead (a minute, a month)."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-        self._start = time.monotonic()
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-    def set(self, t: float) -> None:
-        self.t = t - (time.monotonic() - self._start)
-
-    def __call__(self) -> float:
-        return self.t + time.monotonic() - self._start
 
 
 @pytest.fixture
@@ -66,6 +50,7 @@ async def admit_until_refused(quota: Quota, tenant: str, policy: QuotaPolicy, to
 
 async def test_requests_per_minute_and_the_429_data(replicas) -> None:
     (quota, _), clock = replicas
+    clock.set(T0)                   # the fixture's set-up took time: 5 s into the minute from here
     policy = QuotaPolicy(requests_per_min=5, tokens_per_min=10_000)
     admitted, exc = await admit_until_refused(quota, "acme", policy, 100)
     assert admitted == 5

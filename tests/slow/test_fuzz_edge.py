@@ -32,7 +32,7 @@ def bridge_url(tmp_path_factory) -> str:
          "--data-dir", str(data), "--api-key", KEY, "--sim-profile", "zero"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 300     # a bound on a hang: start-up imports Presidio in the PII pool
     while time.monotonic() < deadline:
         try:
             if requests.get(f"{url}/readyz", timeout=1).status_code == 200:
