@@ -70,16 +70,21 @@ class LanewayClient:
             reply_to=self.s.tok(self.tenant, self.edge_id), created_at=now, deadline=now + timeout_s,
             chat=chat, completion=completion, extra=extra)
         stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S)
+        subject = self.s.req(klass, self.tenant)
         done = False
         try:
             try:
                 await self._nc.jetstream().publish(
-                    self.s.req(klass, self.tenant), codec.encode(request),
+                    subject, codec.encode(request),
                     headers={MSG_ID_HEADER: msg_id(self.tenant, request.request_id)})
             except nats.js.errors.APIError as exc:
                 code = publish_errors.refusal(exc) or ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None
             except publish_errors.NOT_STORED as exc:
+                if why := publish_errors.denied(self._nc, subject):
+                    raise LanewayError(ErrorCode.permission_denied.value,
+                                       f"{why}: this NATS user may not send requests as tenant {self.tenant!r}",
+                                       request.request_id) from None
                 # Not accepted (no PubAck): e.g. the stream is electing a new leader. Safe to retry
                 # with the same request_id: the dedup window keeps it to one generation.
                 raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",

@@ -7,6 +7,7 @@ turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 import uuid
@@ -36,6 +37,8 @@ from schemas.frames import Delta, Entry, Finished, StreamError
 from schemas.openai import Body
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, msg_id
+
+log = logging.getLogger("laneway.bridge")
 
 CLASS_HEADER = "x-laneway-class"
 TIMEOUT_HEADER = "x-laneway-timeout"
@@ -267,6 +270,9 @@ class Generations:
                 except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
                     raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
             else:
+                if why := publish_errors.denied(self._nc, subject):     # the operator's to fix, not the client's
+                    log.error("the bridge's NATS user may not publish requests (its permissions, or the "
+                              "subject prefix): %s", why)
                 raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
                                 "retry later")
         except BaseException as exc:

@@ -12,12 +12,16 @@ The server names each refusal by `err_code` (nats-server `server/errors.json`):
   server or the account has no room.
 
 `tests/integration/test_publish_errors.py` provokes them against the real server.
+
+A publish the connection's user may not make is not refused by JetStream at all: the server drops
+it and sends an -ERR on the connection, so the publish only times out (`denied` tells).
 """
 
 from __future__ import annotations
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
 
 from schemas.errors import ErrorCode
 
@@ -46,3 +50,10 @@ def refusal(exc: nats.js.errors.APIError) -> ErrorCode | None:
     if exc.err_code in RESOURCE_CODES or exc.code == 503:
         return ErrorCode.overloaded
     return None
+
+
+def denied(nc: Client, subject: str) -> str | None:
+    """The server's -ERR for a publish to `subject` that this connection's user may not make, if
+    it sent one (nats-py keeps the last -ERR as `last_error`); None if it did not."""
+    text = str(nc.last_error or "")
+    return text if f'permissions violation for publish to "{subject}"'.lower() in text.lower() else None

@@ -173,9 +173,13 @@ async def test_tenants_stay_in_their_lane(secured):
         assert await eventually(lambda: any("lw.tok.beta" in e for e in errors_a), timeout=5)
         assert stolen == [] and all("permissions violation" in e.lower() for e in errors_a)
 
-        # A tries to publish a request as B: refused, nothing stored.
-        with pytest.raises(Exception):
-            await alpha.jetstream().publish("lw.req.interactive.beta", b"x", timeout=1)
+        # A tries to publish a request as B: refused, nothing stored, and the client says why
+        # (the server drops the publish, so JetStream alone would only time out).
+        async with LanewayClient(alpha, "beta") as client:
+            with pytest.raises(LanewayError) as err:
+                await client.generate(chat("as beta", max_tokens=2), klass="interactive").__anext__()
+        assert err.value.code == "permission_denied", err.value
+        assert 'publish to "lw.req.interactive.beta"' in err.value.message.lower(), err.value
         await alpha.publish("lw.req.interactive.beta", b"x")
         await alpha.flush()
         assert await eventually(lambda: any("lw.req.interactive.beta" in e for e in errors_a), timeout=5)
