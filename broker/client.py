@@ -71,6 +71,7 @@ class LanewayClient:
             chat=chat, completion=completion, extra=extra)
         stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S)
         subject = self.s.req(klass, self.tenant)
+        last_error = self._nc.last_error
         done = False
         try:
             try:
@@ -81,7 +82,7 @@ class LanewayClient:
                 code = publish_errors.refusal(exc) or ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None
             except publish_errors.NOT_STORED as exc:
-                if why := publish_errors.denied(self._nc, subject):
+                if why := publish_errors.denied(self._nc, subject, last_error):
                     raise LanewayError(ErrorCode.permission_denied.value,
                                        f"{why}: this NATS user may not send requests as tenant {self.tenant!r}",
                                        request.request_id) from None

@@ -85,6 +85,7 @@ class Broker:
         self._lease: Lease | None = None
         self._intake: PullIntake | None = None
         self._retiring: set[asyncio.Task[None]] = set()     # intakes stopping (draining) in the background
+        self._stopping = False
         self._roles = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list = []
@@ -93,6 +94,7 @@ class Broker:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n, cfg = self.config.nats, self.config
+        self._stopping = False
         self._nc = await connect(n.url, "laneway-broker", n.user, n.password)
         js = self._nc.jetstream()
         await wait_provisioned(js, self.s, "broker", consumer=True)   # `laneway up` / `ops provision`
@@ -154,12 +156,14 @@ class Broker:
         What other brokers admitted stays with them (they send it to the next scheduler)."""
         if self._nc is None:
             return      # never started, or stopped already
-        if self._intake:
-            await self._intake.stop()
-            self._intake = None
-        await cancel_and_wait(*self._tasks)
-        if self._retiring:
+        async with self._roles:             # no role switch starts an intake from here on
+            self._stopping = True
+            intake, self._intake = self._intake, None
+        if intake is not None:
+            await intake.stop()
+        if self._retiring:                  # their drains run the gate: with the sweep still up
             await asyncio.wait(set(self._retiring))
+        await cancel_and_wait(*self._tasks)
         if self._nc.is_connected:    # peers stop counting on this broker to consume
             await self._nc.publish(self.s.broker_event(self.id), codec.encode(BrokerBeat(leaving=True)))
         if self._nc is not None and self._nc.is_connected and self.scheduler is not None:
@@ -202,7 +206,7 @@ class Broker:
         """Consume requests unless this broker is the scheduler and another broker is alive."""
         async with self._roles:
             gating = not (self.scheduler.active and self.peers.alive(time.monotonic()) > 0)
-            if gating == self.gating:
+            if gating == self.gating or self._stopping:
                 return
             self.gating = gating
             if gating:
@@ -215,8 +219,13 @@ class Broker:
                 intake, self._intake = self._intake, None
                 task = asyncio.create_task(intake.stop(), name="laneway-intake-stop")
                 self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
+                task.add_done_callback(self._retired)
             log.info("broker %s %s requests", self.id, "consumes" if gating else "no longer consumes")
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopping a request intake failed", exc_info=task.exception())
 
     async def _beat(self) -> None:
         await self._announce()

@@ -65,7 +65,9 @@ class PullIntake:
         if sub is not None:
             try:
                 await sub.drain()
-            except nats.errors.Error:   # closed, or no flush answer: those come back after ack_wait
+            except nats.errors.Error:
+                # Closed: what was queued is gone and comes back after ack_wait. The flush went
+                # unanswered (disconnected): the callback still runs on what was queued.
                 pass
 
     def poke(self) -> None:

@@ -51,8 +51,8 @@ def not_ready_yet(exc: BaseException) -> bool:
     answers; JetStream is not up (no responders) or has no meta leader yet (its API calls time
     out); a new cluster's peers have not all reported to the leader, so a replicated stream has no
     placement yet (also for good, with more replicas than servers: the caller bounds its wait)."""
-    if isinstance(exc, nats.js.errors.BadRequestError):
-        return exc.err_code == NO_SUITABLE_PEERS
+    if isinstance(exc, nats.js.errors.APIError) and exc.err_code == NO_SUITABLE_PEERS:
+        return True                 # by its code alone, whatever status it comes with
     return isinstance(exc, (OSError, nats.errors.NoServersError, nats.errors.NoRespondersError,
                             nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError))
 

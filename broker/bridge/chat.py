@@ -238,6 +238,7 @@ class Generations:
         subject = self.s.req(generate.klass, generate.tenant)
         headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
         js = self._nc.jetstream()
+        last_error = self._nc.last_error
         timed_out = False               # a try timed out: it may have been stored all the same
         try:
             for tries in range(1, self.config.publish_tries + 1):
@@ -270,7 +271,7 @@ class Generations:
                 except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
                     raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
             else:
-                if why := publish_errors.denied(self._nc, subject):     # the operator's to fix, not the client's
+                if why := publish_errors.denied(self._nc, subject, last_error):     # the operator's to fix, not the client's
                     log.error("the bridge's NATS user may not publish requests (its permissions, or the "
                               "subject prefix): %s", why)
                 raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "

@@ -1,4 +1,4 @@
-"""Ports to hand to a server before it starts (tests, benchmarks, local trials).
+"""Ports to hand to a server before it starts (`laneway up`'s metrics ports, tests, benchmarks).
 
 A port chosen by binding port 0 comes from the kernel's ephemeral range, and closing the probe
 gives it back to that range: between choosing and the server's bind, any outbound connection
@@ -15,6 +15,7 @@ from pathlib import Path
 
 _LOWEST = 10000                 # above the registered services commonly bound on a host
 _handed_out: set[int] = set()
+_random = random.Random()       # not the global one, which a caller may have seeded
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -26,19 +27,29 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str = "") -> int:
-    """A port free on every interface now (a server may listen on 0.0.0.0), outside the
-    ephemeral range, and not handed out before by this process."""
+def _binds(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))      # the IPv4 wildcard: taken if bound on any IPv4 address
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port free on every IPv4 address now (a server may listen on 0.0.0.0), outside the
+    ephemeral range, and not handed out before by this process. Where the ephemeral range
+    leaves no such port (a host tuned to 1024-65535), the kernel's choice, as before."""
     low, high = ephemeral_range()
-    candidates = [p for p in (range(_LOWEST, low) if low > _LOWEST else range(high + 1, 65536))
-                  if p not in _handed_out]
-    random.shuffle(candidates)
+    outside = [*range(_LOWEST, min(low, 65536)), *range(max(high + 1, _LOWEST), 65536)]
+    candidates = [p for p in outside if p not in _handed_out]
+    _random.shuffle(candidates)
     for port in candidates:
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise OSError(f"no free port outside the ephemeral range {low}-{high}")
+        if _binds(port):
+            _handed_out.add(port)
+            return port
+    if outside:
+        raise OSError(f"no free port outside the ephemeral range {low}-{high}")
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -52,8 +52,11 @@ def refusal(exc: nats.js.errors.APIError) -> ErrorCode | None:
     return None
 
 
-def denied(nc: Client, subject: str) -> str | None:
+def denied(nc: Client, subject: str, before: Exception | None) -> str | None:
     """The server's -ERR for a publish to `subject` that this connection's user may not make, if
-    it sent one (nats-py keeps the last -ERR as `last_error`); None if it did not."""
-    text = str(nc.last_error or "")
+    one came since `before` (nats-py keeps only the last -ERR, as `last_error`); None if not."""
+    error = nc.last_error
+    if error is None or error is before:
+        return None
+    text = str(error)
     return text if f'permissions violation for publish to "{subject}"'.lower() in text.lower() else None

@@ -39,7 +39,7 @@ async def test_stopping_hands_on_what_the_open_pull_delivered_and_leaves_the_res
             info = await js.consumer_info("INTAKE", "brokers")
             return (info.num_ack_pending, info.num_waiting) == (num_ack_pending, num_waiting)
         assert await eventually(lambda: consumer(5, 1))       # all delivered; the pull still open
-        assert handled == [b"before-0"]
+        assert await eventually(lambda: handled == [b"before-0"])
 
         # The server forgets the pull once the UNSUB lands, while the first message still holds
         # the callback: the four behind it are in this client's hands now.
@@ -56,5 +56,6 @@ async def test_stopping_hands_on_what_the_open_pull_delivered_and_leaves_the_res
         assert [m.data for m in got] == [b"after-%d" % i for i in range(3)]
         assert handled == [b"before-%d" % i for i in range(5)]
     finally:
+        release.set()                 # else a failed assert above would leave stop() draining forever
         await intake.stop()
         await nc.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from broker.runtime.ports import free_port
 from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
 from schemas.openai import ChatBody, CompletionBody, Message, Tool
 from workers.circuit import BreakerConfig, BreakerState
@@ -564,9 +564,7 @@ async def test_total_timeout_on_a_slow_stream(upstream: FakeUpstream, make_engin
 
 
 async def test_connect_failure_counts_as_an_upstream_fault(make_engine: EngineFactory) -> None:
-    with socket.socket() as sock:                        # a port that nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()                                   # nothing listens there
     engine = await make_engine(base_url=f"http://127.0.0.1:{port}/v1", retries=0)
     with pytest.raises(UpstreamError) as info:
         await collect(engine, request())

@@ -23,8 +23,6 @@ from tests.clock import T0, Clock
 _prefixes = count()
 
 
-
-
 @pytest.fixture
 async def replicas(nats_server):
     """Two quota instances (own connections) over a fresh bucket, and their shared clock."""

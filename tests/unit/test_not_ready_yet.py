@@ -15,8 +15,8 @@ from broker.provision import NO_SUITABLE_PEERS, not_ready_yet
     nats.errors.NoRespondersError(),
     nats.errors.TimeoutError(),
     nats.js.errors.ServiceUnavailableError(code=503),
-    nats.js.errors.BadRequestError(code=500, err_code=NO_SUITABLE_PEERS,
-                                   description="insufficient resources"),
+    nats.js.errors.BadRequestError(code=400, err_code=NO_SUITABLE_PEERS,
+                                   description="no suitable peers for placement"),
 ], ids=["refused", "no-servers", "no-jetstream", "no-meta-leader", "unavailable", "no-placement"])
 def test_a_starting_cluster_is_waited_for(exc: Exception) -> None:
     assert not_ready_yet(exc)
