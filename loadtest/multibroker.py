@@ -29,7 +29,7 @@ from loadtest import hol
 from loadtest.benchcli import main, run_and_report
 from loadtest.fleet import Fleet
 from loadtest.phases import run_phase
-from loadtest.processes import cpu_seconds, with_descendants
+from loadtest.processes import parents, tree_cpu_seconds
 from loadtest.scenarios import PoolSpec, TenantSpec
 from loadtest.stats import ms
 from loadtest.traffic import HttpTarget
@@ -38,9 +38,10 @@ TARGET_RATIO = 1.1
 PHASES = (("alone", False), ("flood", True))     # (label, with the flood)
 
 
-def broker_cpu(pid: int) -> float:
-    """A broker's CPU seconds, its PII pool's included."""
-    return sum(cpu_seconds(p) for p in with_descendants([pid]))
+def broker_cpu(pids: list[int]) -> dict[int, float]:
+    """Each broker's CPU seconds, its PII pool's included."""
+    parent_of = parents()
+    return {pid: tree_cpu_seconds([pid], parent_of) for pid in pids}
 
 
 async def _one_system(args: argparse.Namespace, brokers: int, seed: int) -> dict:
@@ -55,7 +56,7 @@ async def _one_system(args: argparse.Namespace, brokers: int, seed: int) -> dict
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 for i, (label, flood) in enumerate(PHASES):
                     pids = fleet.up.role_pids("broker")
-                    before = {pid: broker_cpu(pid) for pid in pids}
+                    before = broker_cpu(pids)
                     phase = await run_phase(
                         fleet, target, f"{brokers}-{label}", hol.flows(args, True, flood, True),
                         args.duration, args.warmup, drain_s=120.0, drained=hol.chats_started,
@@ -63,7 +64,8 @@ async def _one_system(args: argparse.Namespace, brokers: int, seed: int) -> dict
                     # A broker restarted meanwhile is not counted: its CPU restarted from 0.
                     alive = set(fleet.up.role_pids("broker"))
                     sent = len(phase.rec.results)
-                    cpu_ms = [(broker_cpu(pid) - before[pid]) * 1000 / sent if sent else math.nan
+                    after = broker_cpu(pids)
+                    cpu_ms = [(after[pid] - before[pid]) * 1000 / sent if sent else math.nan
                               for pid in pids if pid in alive]
                     async with aiohttp.ClientSession() as http:
                         schedulers = set(await fleet.up.schedulers(http))

@@ -34,7 +34,7 @@ from broker.runtime.ports import free_port
 from loadtest.benchcli import main
 from loadtest.http_client import Result, stream_chat
 from loadtest.overhead import PROMPT, _bounded
-from loadtest.processes import LanewayUp, cpu_seconds, with_descendants
+from loadtest.processes import LanewayUp, tree_cpu_seconds
 from loadtest.stats import ms, summary
 
 KEY = "sk-bench-peer"
@@ -90,7 +90,7 @@ class Server:
 
     def cpu(self) -> float:
         assert self.proc is not None
-        return sum(cpu_seconds(p) for p in with_descendants([self.proc.pid]))
+        return tree_cpu_seconds([self.proc.pid])
 
 
 def _litellm_config(path: Path, upstream: str) -> Path:

@@ -70,6 +70,12 @@ def with_descendants(pids: list[int], parent_of: dict[int, int] | None = None) -
     return sorted(found)
 
 
+def tree_cpu_seconds(pids: list[int], parent_of: dict[int, int] | None = None) -> float:
+    """CPU seconds so far of `pids` and everything below them (one read of /proc's parent table
+    unless `parent_of` is given)."""
+    return sum(cpu_seconds(pid) for pid in with_descendants(pids, parent_of))
+
+
 def pids_mentioning(text: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -192,11 +198,11 @@ class LanewayUp:
     def cpu(self) -> float:
         """CPU seconds so far of everything `up` runs, the services' own children included."""
         parent_of = parents()
-        return sum(cpu_seconds(pid) for pid in with_descendants(self.pids(parent_of), parent_of))
+        return tree_cpu_seconds(self.pids(parent_of), parent_of)
 
     def cpu_by_role(self) -> dict[str, float]:
         """CPU seconds so far of each child role and its children, to say where a benchmark's
         CPU went."""
         parent_of = parents()
-        return {role: sum(cpu_seconds(pid) for pid in with_descendants(self.role_pids(role), parent_of))
+        return {role: tree_cpu_seconds(self.role_pids(role), parent_of)
                 for role in ("nats-server", "broker", "worker", "bridge")}

@@ -6,27 +6,13 @@ import asyncio
 import os
 import signal
 import sys
-from pathlib import Path
 
 import openai
 import pytest
 
 from broker.runtime.ports import free_port
+from loadtest.processes import pids_mentioning
 from tests.wait import eventually
-
-
-def processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to prove nothing is left behind")
@@ -60,15 +46,15 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
                                                    stderr=asyncio.subprocess.STDOUT)
         printed, _ = await asyncio.wait_for(ran.communicate(), 60)
         assert ran.returncode == 0 and printed.strip(), printed.decode()
-        assert len(processes_mentioning(str(data_dir))) >= 1   # nats-server with its store
+        assert len(pids_mentioning(str(data_dir))) >= 1   # nats-server with its store
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
         code = await asyncio.wait_for(proc.wait(), 60)
     assert code in (0, 130)
-    assert await eventually(lambda: processes_mentioning(str(data_dir)) == []), processes_mentioning(str(data_dir))
+    assert await eventually(lambda: pids_mentioning(str(data_dir)) == []), pids_mentioning(str(data_dir))
     nats_url = next(line for line in banner.decode().splitlines() if "NATS" in line).split()[-1]
-    assert processes_mentioning(nats_url) == []
+    assert pids_mentioning(nats_url) == []
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to prove nothing is left behind")
