@@ -1,17 +1,29 @@
-"""NATS users and permissions: one user per service role, one for operator tools, one per tenant.
+"""NATS accounts and users: Laneway's services in one account, each tenant in an account of its own.
 
 `laneway nats-config` writes them as a whole nats-server config; `laneway up` calls `up_auth`
-for an `authorization { ... }` block (valid alone as `-c`, or through an `include`) that it
-keeps, with its passwords, in its data directory.
+for an `accounts { ... }` block (valid alone as `-c`, or through an `include`) that it keeps,
+with its passwords, in its data directory.
 
-Tenants may only publish requests as themselves (`lw.req.*.<tenant>`) and cancels for their
-own requests, and only receive their own token frames (`lw.tok.<tenant>.>`) and JetStream
-PubAcks on their own inbox prefix (`_INBOX_<tenant>.>`; connect with nats-py's
-`inbox_prefix="_INBOX_<tenant>"`). Services get the subjects their code uses, found by reading
-it and by running every feature under these roles until the server logged no permission
-violation (tests/integration/test_nats_isolation.py keeps it so). JetStream API rights are
-granted per verb and per stream: no role may delete or purge a stream, and only the broker may
-take the work queue's messages (`CONSUMER.MSG.NEXT`) or remove one (the DLQ move).
+Why accounts and not subject permissions on one shared account: NATS never checks the reply
+subject of a publish, and JetStream sends its PubAck from its own client to whatever reply the
+publisher named. A tenant on the services' account could name `$KV.lw_tenants.<other>` (or a
+broker's heartbeat subject, the usage stream, ...) as the reply of a request and have JetStream
+write there for it. In an account of its own, a tenant reaches the services only through what
+the service account exports to it, and the server rewrites the reply of a service import, so
+the PubAck can only come back to the publisher, inside the tenant's own account.
+
+Each tenant account imports exactly its protocol (README, "The subject protocol"):
+`lw.req.*.<tenant>` and `lw.cancel.<tenant>.*` as services, `lw.tok.<tenant>.>` as a stream.
+It has no JetStream of its own and sees nothing else. Its one user also has subject permissions
+(the same subjects), so a publish outside them is refused with a permissions error that the
+client can report, instead of vanishing; and account limits (connections, subscriptions,
+payload), so one tenant cannot exhaust the server.
+
+Services get the subjects their code uses, found by reading it and by running every feature
+under these roles until the server logged no permission violation
+(tests/integration/test_nats_isolation.py keeps it so). JetStream API rights are granted per
+verb and per stream: no role may delete or purge a stream, and only the broker may take the
+work queue's messages (`CONSUMER.MSG.NEXT`) or remove one (the DLQ move).
 
 The `ops` user is for the operator commands (`laneway ops provision|classes|tenants|routing|usage|
 eval`, via LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it alone creates and updates the streams, the
@@ -131,17 +143,75 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     }
 
 
-def tenant_permissions(s: Subjects, tenant: str) -> dict:
+SERVICE_ACCOUNT = "LANEWAY"
+
+
+def tenant_account(tenant: str) -> str:
+    return f"TENANT_{check_token('tenant', tenant)}"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """Per tenant account, and so per tenant user: a tenant holds a few connections (one per
+    service replica) with a few subscriptions each (one inbox per client, PubAck inboxes)."""
+
+    max_connections: int = 64
+    max_subscriptions: int = 1024
+    max_payload: int = 1024 * 1024      # nats-server's default; the server's own limit still applies
+
+    def block(self) -> dict:
+        return {"max_connections": self.max_connections, "max_subscriptions": self.max_subscriptions,
+                "max_payload": self.max_payload}
+
+
+def tenant_subjects(s: Subjects, tenant: str) -> tuple[str, str, str]:
+    """The tenant's protocol: (requests, cancels, tokens)."""
     check_token("tenant", tenant)
-    p = s.prefix
-    return _permissions([f"{p}.req.*.{tenant}", f"{p}.cancel.{tenant}.*"],
-                        [f"{p}.tok.{tenant}.>", f"_INBOX_{tenant}.>"])
+    return s.req("*", tenant), s.cancel(tenant, "*"), f"{s.tok_tenant_prefix(tenant)}>"
 
 
-def _users(s: Subjects, tenants: Iterable[str], passwords: dict[str, str]) -> list[dict]:
-    roles = [(user_name(role), perms) for role, perms in service_permissions(s).items()]
-    roles += [(tenant_user(t), tenant_permissions(s, t)) for t in tenants]
-    return [{"user": user, "password": passwords[user], "permissions": perms} for user, perms in roles]
+def tenant_permissions(s: Subjects, tenant: str) -> dict:
+    """Within its own account: publish only its requests and cancels, read its tokens and the
+    PubAcks of its publishes (`_INBOX.>`, nats-py's default; `_INBOX_<tenant>.>` for clients
+    configured with that prefix before tenants had accounts)."""
+    requests, cancels, tokens = tenant_subjects(s, tenant)
+    return _permissions([requests, cancels], [tokens, "_INBOX.>", f"_INBOX_{tenant}.>"])
+
+
+def tenant_exports(s: Subjects, tenant: str) -> list[dict]:
+    """What the service account offers this tenant's account, and no other."""
+    requests, cancels, tokens = tenant_subjects(s, tenant)
+    to = [tenant_account(tenant)]
+    return [{"service": requests, "accounts": to, "response_type": "singleton"},   # one PubAck
+            {"service": cancels, "accounts": to},
+            {"stream": tokens, "accounts": to}]
+
+
+def tenant_imports(s: Subjects, tenant: str) -> list[dict]:
+    requests, cancels, tokens = tenant_subjects(s, tenant)
+    return [{"service": {"account": SERVICE_ACCOUNT, "subject": requests}},
+            {"service": {"account": SERVICE_ACCOUNT, "subject": cancels}},
+            {"stream": {"account": SERVICE_ACCOUNT, "subject": tokens}}]
+
+
+def _user(name: str, passwords: dict[str, str], permissions: dict) -> dict:
+    return {"user": name, "password": passwords[name], "permissions": permissions}
+
+
+def accounts(s: Subjects, tenants: Iterable[str], passwords: dict[str, str],
+             limits: TenantLimits = TenantLimits()) -> dict:
+    """The `accounts` map: the service account with JetStream and every role's user, and one
+    account per tenant with its user, its imports and its limits."""
+    tenants = list(tenants)
+    services = {"jetstream": "enabled",
+                "users": [_user(user_name(role), passwords, perms)
+                          for role, perms in service_permissions(s).items()],
+                "exports": [export for t in tenants for export in tenant_exports(s, t)]}
+    result = {SERVICE_ACCOUNT: services}
+    for t in tenants:
+        result[tenant_account(t)] = {"users": [_user(tenant_user(t), passwords, tenant_permissions(s, t))],
+                                     "imports": tenant_imports(s, t), "limits": limits.block()}
+    return result
 
 
 def user_names(tenants: Iterable[str]) -> list[str]:
@@ -152,17 +222,18 @@ def generate_passwords(tenants: Iterable[str]) -> dict[str, str]:
     return {name: secrets.token_urlsafe(24) for name in user_names(tenants)}
 
 
-def authorization_block(s: Subjects, tenants: Iterable[str], passwords: dict[str, str]) -> str:
-    """`authorization {...}` alone: a whole config, or a file to `include` in one. JSON is valid
+def accounts_block(s: Subjects, tenants: Iterable[str], passwords: dict[str, str],
+                   limits: TenantLimits = TenantLimits()) -> str:
+    """`accounts {...}` alone: a whole config, or a file to `include` in one. JSON is valid
     nats-server config syntax as a map value, so quoting is exact."""
-    return "authorization " + json.dumps({"users": _users(s, tenants, passwords)}, indent=2) + "\n"
+    return "accounts " + json.dumps(accounts(s, tenants, passwords, limits), indent=2) + "\n"
 
 
 def render(s: Subjects, tenants: Iterable[str], passwords: dict[str, str], *, store_dir: str | None = None,
-           host: str = "0.0.0.0", port: int = 4222) -> str:
+           host: str = "0.0.0.0", port: int = 4222, limits: TenantLimits = TenantLimits()) -> str:
     """A whole config, for `laneway nats-config`."""
     config: dict = {"host": host, "port": port, "jetstream": {"store_dir": store_dir} if store_dir else {},
-                    "authorization": {"users": _users(s, tenants, passwords)}}
+                    "accounts": accounts(s, tenants, passwords, limits)}
     return json.dumps(config, indent=2)
 
 
@@ -183,7 +254,7 @@ CREDENTIALS_FILE = "nats-credentials.json"
 
 @dataclass(frozen=True, slots=True)
 class UpAuth:
-    authorization_file: Path                    # `authorization {...}`: -c it, or include it
+    authorization_file: Path                    # `accounts {...}`: -c it, or include it
     credentials_file: Path                      # user → password JSON, as `nats-config` writes it
     services: dict[str, tuple[str, str]]        # broker|worker|bridge|ops → (user, password)
     tenants: dict[str, tuple[str, str]]         # tenant → (user, password)
@@ -206,7 +277,7 @@ def up_auth(s: Subjects, tenants: Iterable[str], data_dir: Path) -> UpAuth:
             raise ValueError(f"{creds_path}: {exc}; delete it to generate new passwords") from None
     fresh = generate_passwords(tenants)
     passwords = {name: known.get(name) or fresh[name] for name in fresh}
-    write_private(auth_path, authorization_block(s, tenants, passwords))
+    write_private(auth_path, accounts_block(s, tenants, passwords))
     write_private(creds_path, json.dumps(passwords, indent=2))
     return UpAuth(auth_path, creds_path,
                   {role: (user_name(role), passwords[user_name(role)]) for role in ROLES},

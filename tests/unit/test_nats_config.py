@@ -1,6 +1,7 @@
-"""`up_auth` and the roles it writes: private files, passwords kept across restarts, configs the
-real nats-server accepts (`nats-server -t`), and no role with more JetStream rights than it needs.
-Whether the roles are ENOUGH is tests/integration/test_nats_isolation.py's job."""
+"""`up_auth` and the accounts it writes: private files, passwords kept across restarts, configs
+the real nats-server accepts (`nats-server -t`), tenants each in an account that imports only its
+own protocol, and no role with more JetStream rights than it needs. Whether the roles are ENOUGH
+is tests/integration/test_nats_isolation.py's job; the attacks are tests/security/'s."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 from broker.runtime.natsd import server_binary
 from laneway.nats_config import (
-    ROLES, authorization_block, generate_passwords, render, service_permissions, tenant_permissions, up_auth,
+    ROLES, SERVICE_ACCOUNT, TenantLimits, accounts, accounts_block, generate_passwords, render,
+    service_permissions, tenant_permissions, up_auth,
 )
 from schemas.subjects import BadToken, Subjects
 
@@ -38,7 +40,7 @@ def test_up_auth_writes_private_files_with_every_user(tmp_path):
     assert auth.tenants["acme"] == ("tenant-acme", passwords["tenant-acme"])
     assert len(set(passwords.values())) == len(passwords) == 6
     text = auth.authorization_file.read_text()
-    assert text.startswith("authorization {") and all(p in text for p in passwords.values())
+    assert text.startswith("accounts {") and all(p in text for p in passwords.values())
 
 
 def test_a_restart_keeps_the_passwords_and_follows_the_tenant_list(tmp_path):
@@ -75,7 +77,7 @@ def test_nats_server_accepts_the_block_alone_included_and_the_whole_config(tmp_p
     for config in (auth.authorization_file, tmp_path / "server.conf", tmp_path / "whole.conf"):
         result = nats_server_accepts(config)
         assert result.returncode == 0, result.stderr + result.stdout
-    assert authorization_block(S, [], generate_passwords([])).count('"user"') == len(ROLES)
+    assert accounts_block(S, [], generate_passwords([])).count('"user"') == len(ROLES)
 
 
 def test_jetstream_rights_are_per_verb_and_stream():
@@ -100,4 +102,25 @@ def test_jetstream_rights_are_per_verb_and_stream():
     assert making <= set(publish["ops"])
     assert all(len(subjects) == len(set(subjects)) for subjects in publish.values())
     tenant = tenant_permissions(S, "acme")
-    assert tenant["subscribe"]["allow"] == ["lw.tok.acme.>", "_INBOX_acme.>"]
+    assert tenant["publish"]["allow"] == ["lw.req.*.acme", "lw.cancel.acme.*"]
+    assert tenant["subscribe"]["allow"] == ["lw.tok.acme.>", "_INBOX.>", "_INBOX_acme.>"]
+
+
+def test_each_tenant_account_imports_only_its_own_protocol():
+    tenants = ["acme", "globex"]
+    accts = accounts(S, tenants, generate_passwords(tenants), TenantLimits(max_connections=3))
+    assert set(accts) == {SERVICE_ACCOUNT, "TENANT_acme", "TENANT_globex"}
+    services = accts[SERVICE_ACCOUNT]
+    assert services["jetstream"] == "enabled"
+    assert {u["user"] for u in services["users"]} == {"svc-broker", "svc-worker", "svc-bridge", "ops"}
+    acme = accts["TENANT_acme"]
+    assert "jetstream" not in acme, "a tenant has no JetStream of its own: no API to reach"
+    assert [u["user"] for u in acme["users"]] == ["tenant-acme"]
+    assert acme["limits"]["max_connections"] == 3
+    imported = [(kind, spec["subject"]) for i in acme["imports"] for kind, spec in i.items()]
+    assert imported == [("service", "lw.req.*.acme"), ("service", "lw.cancel.acme.*"), ("stream", "lw.tok.acme.>")]
+    # Every export names the one account that may import it: no public export.
+    for export in services["exports"]:
+        subject = export.get("service") or export["stream"]
+        tenant = "acme" if ".acme" in subject else "globex"
+        assert export["accounts"] == [f"TENANT_{tenant}"], export
