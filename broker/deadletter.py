@@ -53,7 +53,8 @@ class DeadLetters:
 
     def _origin(self, subject: str) -> tuple[str, str]:
         try:
-            return self.s.parse_req(subject)
+            klass, tenant, _ = self.s.parse_req(subject)
+            return klass, tenant
         except BadToken:
             return "unknown", "unknown"
 

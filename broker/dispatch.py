@@ -31,7 +31,7 @@ from broker.deadletter import DeadLetters
 from broker.runtime.response_cache import CacheScope, ResponseCache, replay_entries
 from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii_service import start_pii
-from broker.gate.pipeline import Admission, Gate
+from broker.gate.pipeline import Admission, Delivery, Gate
 from broker.gate.quota import Quota
 from broker.intake import PullIntake
 from broker.live import LiveConfig
@@ -52,7 +52,7 @@ from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import TokenFrame
 from schemas.requests import GenerateRequest
-from schemas.subjects import BadToken
+from schemas.subjects import MSG_ID_HEADER, BadToken
 from schemas.usage import Usage
 from schemas.work import Admitted, BrokerBeat
 
@@ -282,9 +282,10 @@ class Broker:
             self._intake.poke()
 
     async def _on_request(self, msg: Msg) -> None:
-        attempt = msg.metadata.num_delivered
+        metadata = msg.metadata
+        attempt = metadata.num_delivered
         try:
-            klass, tenant = self.s.parse_req(msg.subject)
+            klass, tenant, escalated = self.s.parse_req(msg.subject)
             request = codec.decode_request(msg.data)
         except (BadToken, codec.DecodeError) as exc:
             await self._dead.unreadable(msg, "malformed", str(exc))
@@ -294,8 +295,9 @@ class Broker:
             await msg.term()
             return
         began = time.time()
+        delivery = Delivery(attempt, metadata.sequence.stream, (msg.headers or {}).get(MSG_ID_HEADER), escalated)
         try:
-            admission = await self.gate.admit(request, klass, tenant, attempt,
+            admission = await self.gate.admit(request, klass, tenant, delivery,
                                               self.live.tenants.get(tenant), self.live.routing())
         except Refusal as refusal:
             self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
@@ -339,8 +341,9 @@ class Broker:
 
     async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int, code: ErrorCode,
                       message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        """A gate refusal: the gate gave back what it charged. Nothing is released here, by id:
+        the id may be held by another message (a copy refused as a duplicate)."""
         await refuse(self._nc, self.metrics, msg, request, attempt, code, message, param, headers)
-        await self._release(request.tenant, request.request_id)
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:
         await self.gate.release(tenant, request_id, tokens)
@@ -369,14 +372,16 @@ class Broker:
 
     async def _on_cancel(self, msg: Msg) -> None:
         try:
-            cancel = codec.decode_cancel(msg.data)
-        except codec.DecodeError:
+            tenant, request_id = self.s.parse_cancel(msg.subject)
+        except BadToken:
             return
-        if await self.scheduler.cancel(cancel.tenant, cancel.request_id):
+        # The subject says whose request it is (its publisher may use only its own); the payload
+        # is not read: a tenant could name another tenant there.
+        if await self.scheduler.cancel(tenant, request_id):
             return
-        if await self._origin.cancel(cancel.tenant, cancel.request_id):
+        if await self._origin.cancel(tenant, request_id):
             return
         # Not here (yet): remember it briefly in case its message is still on the way.
-        self._recent_cancels[(cancel.tenant, cancel.request_id)] = time.monotonic()
+        self._recent_cancels[(tenant, request_id)] = time.monotonic()
         while len(self._recent_cancels) > 10_000:
             self._recent_cancels.popitem(last=False)

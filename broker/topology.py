@@ -47,7 +47,7 @@ class StorageRefused(RuntimeError):
 def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
     return StreamConfig(
         name=s.req_stream,
-        subjects=[s.req_all],
+        subjects=s.req_stream_subjects,
         retention=RetentionPolicy.WORK_QUEUE,   # a message lives until acked or terminated
         storage=StorageType.FILE,
         discard=DiscardPolicy.NEW,              # a full stream refuses new work: nothing accepted is dropped
@@ -69,7 +69,7 @@ def broker_consumer(s: Subjects, limits: StreamLimits) -> ConsumerConfig:
         max_deliver=limits.max_deliver,
         max_ack_pending=limits.max_ack_pending,
         max_waiting=64,
-        filter_subject=s.req_all,
+        filter_subjects=s.req_stream_subjects,
     )
 
 

@@ -126,7 +126,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
             responses=True),   # the Batch answering a worker's pull
         "worker": _permissions(
             [frames, s.pull_all, usage, dlq, s.worker_events, acks,
-             s.req_all,                                     # the cascade re-sends for the large pool
+             s.req_escalated_all,                           # the cascade re-sends for the large pool
              *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
              *_consume(kv["routing"])],                     # watches the price book

@@ -11,6 +11,7 @@ class ErrorCode(str, Enum):
     unknown_model = "unknown_model"
     unknown_class = "unknown_class"
     class_not_allowed = "class_not_allowed"  # the tenant's document does not list the subject's class
+    unknown_tenant = "unknown_tenant"    # no tenant document: a direct publisher the operator removed
     permission_denied = "permission_denied"  # the NATS user may not publish there (another tenant's subject)
     payload_too_large = "payload_too_large"
     context_length_exceeded = "context_length_exceeded"   # the prompt cannot fit the model's context

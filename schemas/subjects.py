@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ESCALATED = "esc"     # the last token of an escalated request's subject
 
 
 class BadToken(ValueError):
@@ -65,12 +66,27 @@ class Subjects:
     def req_all(self) -> str:
         return f"{self.prefix}.req.*.*"
 
-    def parse_req(self, subject: str) -> tuple[str, str]:
-        """`lw.req.<class>.<tenant>` → (class, tenant)."""
-        parts = subject.rsplit(".", 2)
+    def req_escalated(self, klass: str, tenant: str) -> str:
+        """A request a worker hands to a larger pool (the cascade). Only workers may publish
+        here: a tenant's account imports `req(*, tenant)` alone, so `escalated` is never a
+        tenant's word."""
+        return f"{self.req(klass, tenant)}.{ESCALATED}"
+
+    @property
+    def req_escalated_all(self) -> str:
+        return f"{self.req_all}.{ESCALATED}"
+
+    @property
+    def req_stream_subjects(self) -> list[str]:
+        return [self.req_all, self.req_escalated_all]
+
+    def parse_req(self, subject: str) -> tuple[str, str, bool]:
+        """`lw.req.<class>.<tenant>[.esc]` → (class, tenant, escalated)."""
+        escalated = subject.endswith(f".{ESCALATED}")
+        parts = subject.removesuffix(f".{ESCALATED}").rsplit(".", 2)
         if len(parts) != 3 or parts[0] != f"{self.prefix}.req":
             raise BadToken("request subject", subject)
-        return parts[1], parts[2]
+        return parts[1], parts[2], escalated
 
     def pull(self, pool: str) -> str:
         return f"{self.prefix}.pull.{pool}"
@@ -92,6 +108,14 @@ class Subjects:
 
     def cancel(self, tenant: str, request_id: str) -> str:
         return f"{self.prefix}.cancel.{tenant}.{request_id}"
+
+    def parse_cancel(self, subject: str) -> tuple[str, str]:
+        """`lw.cancel.<tenant>.<request_id>` → (tenant, request_id): a cancel acts on the tenant
+        its subject names (the one its publisher may use), never on one its payload claims."""
+        parts = subject.rsplit(".", 2)
+        if len(parts) != 3 or parts[0] != f"{self.prefix}.cancel":
+            raise BadToken("cancel subject", subject)
+        return parts[1], parts[2]
 
     @property
     def cancel_all(self) -> str:
@@ -155,6 +179,9 @@ class Subjects:
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 
-def msg_id(tenant: str, request_id: str) -> str:
-    """JetStream dedup key: a retried publish of the same request is stored once."""
-    return f"{tenant}:{request_id}"
+def msg_id(tenant: str, request_id: str, escalated: bool = False) -> str:
+    """JetStream dedup key: a retried publish of the same request is stored once. The broker
+    refuses a request stored under any other key: a key naming another tenant or request could
+    make JetStream drop that one's publish as a duplicate."""
+    key = f"{tenant}:{request_id}"
+    return f"{key}:{ESCALATED}" if escalated else key

@@ -48,8 +48,8 @@ class Escalator:
         escalated = msgspec.structs.replace(r, escalated=True)
         try:
             await self._js.publish(
-                self._s.req(r.klass, r.tenant), codec.encode(escalated),
-                headers={MSG_ID_HEADER: f"{msg_id(r.tenant, r.request_id)}:esc"})
+                self._s.req_escalated(r.klass, r.tenant), codec.encode(escalated),
+                headers={MSG_ID_HEADER: msg_id(r.tenant, r.request_id, escalated=True)})
         except (nats.errors.Error, OSError) as exc:    # not stored (nats' TimeoutError is an OSError)
             log.warning("escalating %s failed (%s); retrying it", r.request_id, exc)
             return False

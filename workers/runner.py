@@ -33,6 +33,7 @@ from broker.provision import wait_provisioned
 from broker.runtime.connect import connect
 from broker.runtime.tasks import beat_forever, cancel_and_wait
 from schemas import codec
+from schemas.subjects import BadToken
 from schemas.work import Dispatch
 from workers.caching import AnswerStore
 from workers.config import WorkerConfig
@@ -172,13 +173,13 @@ class Worker:
     # -- cancels, liveness ----------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
         try:
-            cancel = codec.decode_cancel(msg.data)
-        except codec.DecodeError:
+            key = self.s.parse_cancel(msg.subject)     # (tenant, request_id): the subject's, never the payload's
+        except BadToken:
             return
-        active = self._active.get((cancel.tenant, cancel.request_id))
+        active = self._active.get(key)
         if active is not None and not active.cancelled:
             active.cancelled = True
-            await self.engine.abort(cancel.request_id)
+            await self.engine.abort(key[1])
 
     async def _on_ping(self, msg: Msg) -> None:
         await self._heartbeat()

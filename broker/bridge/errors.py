@@ -18,6 +18,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.unknown_class: (400, "invalid_request_error"),
     ErrorCode.class_not_allowed: (403, "permission_error"),
     ErrorCode.permission_denied: (403, "permission_error"),
+    ErrorCode.unknown_tenant: (403, "permission_error"),
     ErrorCode.unknown_model: (404, "invalid_request_error"),
     ErrorCode.payload_too_large: (413, "invalid_request_error"),
     ErrorCode.context_length_exceeded: (400, "invalid_request_error"),

@@ -24,7 +24,7 @@ from broker.runtime.response_cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
 from broker.gate.quota import Quota
 from broker.gate.route import route
-from broker.gate.validate import check_class, validate
+from broker.gate.validate import check_stored_as, check_tenant, validate
 from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
 from broker.refusal import Refusal
 from broker.routing.rules import Decision, PoolHealth, RuleSet
@@ -44,6 +44,16 @@ class Admission:
     served_model: str = ""              # the model the chosen pool runs now (part of the key)
     hit: CachedResponse | None = None
     headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* for the client's answer
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How the request's JetStream message came: what the gate may trust beyond its payload."""
+
+    attempt: int                # JetStream's delivery count
+    stream_seq: int             # which message it is (a copy under the same id is another)
+    stored_as: str | None       # its Nats-Msg-Id header
+    escalated: bool = False     # on the escalation subject (workers only)
 
 
 @dataclass(slots=True)
@@ -73,11 +83,12 @@ class Gate:
         self.pii = pii
         self._publish_audit = publish_audit
 
-    async def admit(self, request: GenerateRequest, klass: str, tenant: str, attempt: int,
+    async def admit(self, request: GenerateRequest, klass: str, tenant: str, delivery: Delivery,
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)
-        check_class(klass, tenant_doc)
-        headers = await self._charge(request, tenant, attempt, tenant_doc)
+        check_stored_as(request, tenant, delivery.escalated, delivery.stored_as)
+        check_tenant(klass, tenant, tenant_doc)
+        headers = await self._charge(request, tenant, delivery, tenant_doc)
         try:
             request = await self._pii(request, tenant, tenant_doc)
             decision = route(request, routing.models, routing.rules, routing.health)
@@ -89,22 +100,29 @@ class Gate:
             raise
 
     # -- quota ------------------------------------------------------------------------------
-    async def _charge(self, request: GenerateRequest, tenant: str, attempt: int,
+    async def _charge(self, request: GenerateRequest, tenant: str, delivery: Delivery,
                       tenant_doc: Tenant | None) -> dict[str, str]:
         """Charge the tenant's quotas; the `x-ratelimit-*` headers that tell where it stands."""
         if self.quota is None:
             return {}
         if (held := self.ledger.get(tenant, request.request_id)) is not None:
-            return rate_limit_headers(held)   # already charged (a redelivery to this replica)
+            grant, seq = held
+            if seq != delivery.stream_seq and not delivery.escalated:
+                # Another message under an id this replica holds: a copy would ride on the
+                # original's charge (and orphan it). An escalated copy replaces its original.
+                raise Refusal(ErrorCode.duplicate_request,
+                              f"request_id {request.request_id!r} is already queued or running", "request_id")
+            self.ledger.move(tenant, request.request_id, delivery.stream_seq)
+            return rate_limit_headers(grant)   # already charged (a redelivery, or escalated)
         policy = tenant_doc.quota if tenant_doc else QuotaPolicy()
         try:
             # A redelivered request was accepted long ago, and an escalated one was accepted by
             # its small pool: charge them, never refuse them now.
             grant = await self.quota.admit(tenant, policy, request.estimated_cost(),
-                                           force=attempt > 1 or request.escalated)
+                                           force=delivery.attempt > 1 or delivery.escalated)
         except QuotaExceeded as exc:
             raise Refusal(ErrorCode(exc.code), exc.message, None, rate_limit_headers(exc)) from None
-        self.ledger.hold(tenant, request.request_id, grant, request.deadline)
+        self.ledger.hold(tenant, request.request_id, grant, request.deadline, delivery.stream_seq)
         return rate_limit_headers(grant)
 
     async def release(self, tenant: str, request_id: str, tokens: int) -> None:

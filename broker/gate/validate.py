@@ -7,7 +7,7 @@ from broker.tenants import Tenant
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
-from schemas.subjects import Subjects
+from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
 
 
 def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, s: Subjects) -> None:
@@ -33,11 +33,28 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
         raise Refusal(ErrorCode.invalid_request, f"extra may not set {conflict!r}", conflict)
 
 
-def check_class(subject_class: str, tenant_doc: Tenant | None) -> None:
-    """The subject's class must be one the tenant may use: a direct publisher picks the class
-    token itself, so the bridge's own check is not enough. Without a tenant document (none in
-    `lw_tenants`, or not loaded yet) there is no list to enforce, and the request goes on."""
-    if tenant_doc is not None and not tenant_doc.may_use(subject_class):
+def check_stored_as(request: GenerateRequest, subject_tenant: str, escalated_subject: bool,
+                    stored_as: str | None) -> None:
+    """How the message was stored must be what its subject entitles it to. Its dedup key is
+    `tenant:request_id` (a key naming another tenant's request could make JetStream drop that
+    one's publish as a duplicate), and only the escalation subject, which only workers may
+    publish to, carries an escalated request (one admitted past its quota: it was charged
+    once, by its small pool)."""
+    expected = msg_id(subject_tenant, request.request_id, escalated=escalated_subject)
+    if stored_as != expected:
+        raise Refusal(ErrorCode.invalid_request,
+                      f"the {MSG_ID_HEADER} header must be {expected!r} (tenant:request_id)", MSG_ID_HEADER)
+    if request.escalated != escalated_subject:
+        raise Refusal(ErrorCode.invalid_request, "only a worker may mark a request escalated", "escalated")
+
+
+def check_tenant(subject_class: str, subject_tenant: str, tenant_doc: Tenant | None) -> None:
+    """The tenant must be one the operator configured, and the subject's class one it may use: a
+    direct publisher picks the class token itself, so the bridge's own check is not enough. A
+    tenant with no document (deleted while its NATS user lives on) is served nothing."""
+    if tenant_doc is None:
+        raise Refusal(ErrorCode.unknown_tenant, f"tenant {subject_tenant!r} is not configured")
+    if not tenant_doc.may_use(subject_class):
         raise Refusal(ErrorCode.class_not_allowed,
                       f"tenant {tenant_doc.name!r} may not use class {subject_class!r} "
                       f"(allowed: {', '.join(tenant_doc.classes)})", "class")

@@ -275,21 +275,28 @@ class GrantLedger:
 
     def __init__(self, grace_s: float = 60.0) -> None:
         self._grace = grace_s
-        self._held: dict[tuple[str, str], tuple[QuotaGrant, float]] = {}
+        # (tenant, request_id) → (grant, until, the stream sequence of the message it charged)
+        self._held: dict[tuple[str, str], tuple[QuotaGrant, float, int]] = {}
 
-    def hold(self, tenant: str, request_id: str, grant: QuotaGrant, deadline: float) -> None:
-        self._held[(tenant, request_id)] = (grant, deadline + self._grace)
+    def hold(self, tenant: str, request_id: str, grant: QuotaGrant, deadline: float, seq: int = 0) -> None:
+        self._held[(tenant, request_id)] = (grant, deadline + self._grace, seq)
 
-    def get(self, tenant: str, request_id: str) -> QuotaGrant | None:
+    def get(self, tenant: str, request_id: str) -> tuple[QuotaGrant, int] | None:
+        """(the grant, the stream sequence of the message it charged)."""
         held = self._held.get((tenant, request_id))
-        return held[0] if held else None
+        return (held[0], held[2]) if held else None
+
+    def move(self, tenant: str, request_id: str, seq: int) -> None:
+        """The grant now belongs to message `seq` (an escalated copy of the one it charged)."""
+        grant, until, _ = self._held[(tenant, request_id)]
+        self._held[(tenant, request_id)] = (grant, until, seq)
 
     def pop(self, tenant: str, request_id: str) -> QuotaGrant | None:
         held = self._held.pop((tenant, request_id), None)
         return held[0] if held else None
 
     def expired(self, now: float) -> list[QuotaGrant]:
-        gone = [key for key, (_, until) in self._held.items() if until < now]
+        gone = [key for key, (_, until, _) in self._held.items() if until < now]
         return [self._held.pop(key)[0] for key in gone]
 
     def __len__(self) -> int:

@@ -153,9 +153,15 @@ class Scheduler:
         pool = self.pool(admitted.pool)
         existing = pool.lanes.get(tenant, request.request_id)
         if existing is not None:
+            held = existing.payload
+            if not (request.escalated or same_message(held.ack.reply, admitted.ack_subject)):
+                # Another message under an id that waits here: merged, it would skip its charge
+                # and orphan the original. Refused, the original waits on untouched.
+                await refuse(self._nc, self.metrics, ack, request, admitted.attempt, ErrorCode.duplicate_request,
+                             f"request_id {request.request_id!r} is already queued", "request_id")
+                return False
             # Redelivered while still waiting here, or sent again by its origin: keep one entry,
             # with the newest ack subject.
-            held = existing.payload
             held.ack, held.attempt, held.origin = ack, admitted.attempt, admitted.origin
             return True
         now = time.time()
@@ -289,3 +295,12 @@ class Scheduler:
     async def _tell(self, origin: str, settled: list[Settlement]) -> None:
         if origin != self.id:
             await self._nc.publish(self.s.sched_settled(origin), codec.encode(Settled(settled)))
+
+
+def same_message(ack_subject: str, other: str) -> bool:
+    """Whether two ack subjects are deliveries of one stored message (its stream sequence)."""
+    try:
+        return (Msg.Metadata._from_reply(ack_subject).sequence.stream
+                == Msg.Metadata._from_reply(other).sequence.stream)
+    except (nats.errors.Error, ValueError, IndexError):
+        return ack_subject == other
