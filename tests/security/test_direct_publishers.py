@@ -1,0 +1,132 @@
+"""A tenant publishes straight to the subjects with its generated NATS user, past the bridge.
+
+Before issue 20 the broker trusted what such a publisher wrote: `escalated: true` was admitted
+with force (no quota, no budget), a request stored under any `Nats-Msg-Id` was served, a tenant
+whose document the operator had deleted was served with no class, PII or quota check, and a
+cancel acted on the tenant its payload named. Each is refused now, with the refusal on the
+publisher's own inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import msgspec
+import pytest
+
+from schemas import codec
+from schemas.frames import Delta, Finished, StreamError
+from schemas.requests import Cancel, GenerateRequest
+from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
+from tests.requests import chat
+
+pytestmark = pytest.mark.timeout(600)
+
+S = Subjects("lw")
+
+
+class Publisher:
+    """A tenant's own NATS client, speaking the subject protocol by hand."""
+
+    def __init__(self, nc, tenant: str) -> None:
+        self.nc, self.tenant = nc, tenant
+        self.edge = uuid.uuid4().hex[:12]
+        self.entries: dict[str, asyncio.Queue] = {}
+
+    async def start(self) -> "Publisher":
+        async def on_frame(msg) -> None:
+            for entry in codec.decode_frame(msg.data).entries:
+                self.entries.setdefault(entry.request_id, asyncio.Queue()).put_nowait(entry)
+        await self.nc.subscribe(S.tok(self.tenant, self.edge), cb=on_frame)
+        return self
+
+    def request(self, klass: str = "batch", max_tokens: int = 4, **fields) -> GenerateRequest:
+        now = time.time()
+        body = chat("hello", max_tokens=max_tokens)
+        return GenerateRequest(request_id=uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=body.model,
+                               reply_to=S.tok(self.tenant, self.edge), created_at=now, deadline=now + 120,
+                               chat=body, **fields)
+
+    async def publish(self, request: GenerateRequest, stored_as: str | None = None) -> None:
+        headers = {MSG_ID_HEADER: stored_as or msg_id(request.tenant, request.request_id)}
+        await self.nc.jetstream().publish(S.req(request.klass, self.tenant), codec.encode(request), headers=headers)
+
+    async def first(self, request_id: str):
+        """The first entry that is not a delta: how the request ended, or None if it streamed."""
+        queue = self.entries.setdefault(request_id, asyncio.Queue())
+        while True:
+            entry = await asyncio.wait_for(queue.get(), 60)
+            if not isinstance(entry, Delta):
+                return entry
+
+    async def next(self, request_id: str):
+        return await asyncio.wait_for(self.entries.setdefault(request_id, asyncio.Queue()).get(), 60)
+
+
+@pytest.fixture
+async def acme(up):
+    nc = await up.connect_nats("tenant-acme")
+    yield await Publisher(nc, "acme").start()
+    await nc.close()
+
+
+async def test_a_tenant_cannot_mark_its_request_escalated(acme):
+    request = acme.request(escalated=True)
+    await acme.publish(request)
+    end = await acme.first(request.request_id)
+    assert isinstance(end, StreamError), end
+    assert end.code == "invalid_request" and end.param == "escalated", end
+
+
+async def test_a_request_stored_under_another_key_is_refused(acme):
+    request = acme.request()
+    await acme.publish(request, stored_as=f"globex:{request.request_id}")
+    end = await acme.first(request.request_id)
+    assert isinstance(end, StreamError) and end.code == "invalid_request", end
+    assert end.param == MSG_ID_HEADER, end
+    # The same request under its own key is served: the check is the key, not the request.
+    again = msgspec.structs.replace(request, request_id=uuid.uuid4().hex)
+    await acme.publish(again)
+    assert isinstance(await acme.first(again.request_id), Finished)
+
+
+async def test_a_cancel_acts_on_its_subjects_tenant_not_its_payloads(up, acme):
+    globex_nc = await up.connect_nats("tenant-globex")
+    try:
+        globex = await Publisher(globex_nc, "globex").start()
+        victim = globex.request(max_tokens=200)
+        await globex.publish(victim)
+        assert isinstance(await globex.next(victim.request_id), Delta)       # running
+        # acme may publish only on its own cancel subjects, and names globex in the payload.
+        await acme.nc.publish(S.cancel("acme", victim.request_id),
+                              codec.encode(Cancel(request_id=victim.request_id, tenant="globex")))
+        await acme.nc.flush()
+        end = await globex.first(victim.request_id)
+        assert isinstance(end, Finished), f"globex's request was ended by acme's cancel: {end}"
+        assert end.usage.completion_tokens == 200
+    finally:
+        await globex_nc.close()
+
+
+async def test_a_tenant_the_operator_removed_is_refused(up):
+    ops = await up.connect_nats("ops")
+    globex_nc = await up.connect_nats("tenant-globex")
+    tenants = await ops.jetstream().key_value(S.bucket("tenants"))
+    document = (await tenants.get("globex")).value
+    try:
+        await tenants.delete("globex")      # its NATS user lives on until the next restart
+        globex = await Publisher(globex_nc, "globex").start()
+        # The brokers see the deletion through their watch: ask until one refuses.
+        for _ in range(100):
+            request = globex.request()
+            await globex.publish(request)
+            end = await globex.first(request.request_id)
+            if isinstance(end, StreamError):
+                break
+        assert isinstance(end, StreamError) and end.code == "unknown_tenant", end
+    finally:
+        await tenants.put("globex", document)
+        await globex_nc.close()
+        await ops.close()
