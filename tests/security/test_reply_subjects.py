@@ -16,7 +16,6 @@ import nats
 import pytest
 
 from schemas.subjects import Subjects
-from tests.security.conftest import KEYS  # noqa: F401  (the module's `up` fixture is in conftest)
 from tests.wait import eventually
 
 pytestmark = pytest.mark.timeout(600)
