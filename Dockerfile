@@ -3,8 +3,10 @@
 #   docker build -t laneway .                      # broker, bridge, sim/openai workers (no vLLM)
 #   docker build --target vllm -t laneway:vllm .   # + the `vllm` extra, for GPU worker hosts
 #   docker build --target vllm --build-arg VLLM_VERSION= -t laneway:vllm .   # newest vLLM
-#   docker build --build-arg EXTRAS=otel,pii -t laneway .   # extras, comma-separated (default: otel,
-#                                                        # for traces when an OTLP endpoint is set)
+#   docker build --build-arg EXTRAS=otel,loadtest -t laneway .   # extras, comma-separated (default:
+#                                                        # otel, for traces when an OTLP endpoint is set)
+#
+# Presidio and its spaCy model are Laneway's own dependencies: every image redacts PII.
 #
 # vLLM's wheels bring their own CUDA user-space libraries (through torch); the host needs only
 # the NVIDIA driver and the NVIDIA container toolkit (docker-compose.yml reserves the GPUs).

@@ -96,6 +96,7 @@ class BrokerConfig:
     pii: str = "auto"                  # off | auto | regex | ner (see broker/gate/pii_service.py)
     pii_workers: int | None = None     # PII process pool size; None: one per core
     lease_ttl_s: float = 3.0           # the scheduler lease: a dead holder's lapses after this
+    max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' longest prompt, as the bridge's
 
 
 @dataclass(frozen=True)

@@ -76,10 +76,10 @@ class DeadLetters:
                       headers: dict[str, str]) -> bytes:
         """The body a record keeps of `data` (`request` is its decoding, None if it has none):
         the bytes as they came with PII off, the redacted request with it on, nothing (and a
-        header saying so) when that cannot be had."""
-        if self._gate.pii is None:
+        header saying so) when that cannot be had (nor when the PII stage could not start)."""
+        if not self._gate.pii_wanted:
             return data
-        if request is not None:
+        if request is not None and self._gate.pii is not None:
             redacted = await self._gate.redacted(request, tenant, self._tenants.get(tenant))
             if redacted is not None:
                 return codec.encode(redacted)

@@ -70,7 +70,7 @@ class Broker:
         self.s = config.nats.subjects
         self.metrics = metrics or BrokerMetrics()
         self.live = LiveConfig(on_classes=self._apply_classes, on_catalogue=self._catalogue_changed)
-        self.gate = Gate(self.s)
+        self.gate = Gate(self.s, max_context_tokens=config.max_context_tokens)
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self.peers = Peers(self.id, PEER_STALE_S)
@@ -144,8 +144,8 @@ class Broker:
         if cfg.cache_ttl_s > 0:
             self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
                                                       replicas=cfg.limits.replicas)
-        if cfg.pii != "off":
-            self.gate.use_pii(await start_pii(cfg.pii, cfg.pii_workers), self._publish_audit)
+        stage = await start_pii(cfg.pii, cfg.pii_workers)
+        self.gate.use_pii(stage.gate, self._publish_audit, stage.missing)
 
     async def _publish_audit(self, tenant: str, audit: PiiAudit) -> None:
         await self._nc.publish(self.s.audit(tenant), encode_audit(audit))
@@ -268,7 +268,7 @@ class Broker:
     async def _announce(self, msg: Msg | None = None) -> None:
         """`lw.evt.broker.<id>`: edges count a broker as part of readiness; brokers count peers,
         and take the scheduler's queue depths for routing."""
-        beat = BrokerBeat()
+        beat = BrokerBeat(pii=self.gate.pii_stage)
         if self.scheduler is not None and self.scheduler.active:
             beat.queue_depths = {name: len(pool.lanes) for name, pool in self.scheduler.pools.items()}
         await self._nc.publish(self.s.broker_event(self.id), codec.encode(beat))

@@ -94,13 +94,20 @@ def _edge_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-delivery-lag", type=float, default=d.max_delivery_lag_s,
                    help="seconds late (smoothed) the bridge's token frames may run before it takes no "
                         "new stream (503) until it catches up; 0: off")
-    g.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens,
-                   help="the longest prompt for rule-routed models (models-table entries set their own)")
+    _context_flag(g)
     g.add_argument("--publish-timeout", type=float, default=d.publish_timeout_s,
                    help="seconds to wait for JetStream to confirm a request before publishing it again "
                         "(same Nats-Msg-Id: stored once)")
     g.add_argument("--publish-tries", type=int, default=d.publish_tries,
                    help="publishes of one request before the client gets 503")
+
+
+def _context_flag(group) -> None:
+    """The bridge's and the broker's (it checks again what a direct publisher sends): `up` gives both the same."""
+    from broker.config import DEFAULT_CONTEXT_TOKENS
+
+    group.add_argument("--max-context-tokens", type=int, default=DEFAULT_CONTEXT_TOKENS,
+                       help="the longest prompt for rule-routed models (models-table entries set their own)")
 
 
 def _gate_flags(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +119,7 @@ def _gate_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pii-workers", type=int, default=None, help="PII process pool size")
     g.add_argument("--no-quotas", action="store_true", help="do not enforce tenant quotas")
     g.add_argument("--cache-ttl", type=float, default=3600.0, help="response cache TTL; 0: off")
+    _context_flag(g)
 
 
 def _at_least_one(text: str) -> int:
@@ -146,7 +154,8 @@ async def _run_broker(args: argparse.Namespace) -> int:
     from broker.dispatch import Broker
 
     broker = Broker(BrokerConfig(nats=_nats(args), limits=stream_limits(args), quotas=not args.no_quotas,
-                                 cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers))
+                                 cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers,
+                                 max_context_tokens=args.max_context_tokens))
     _serve_metrics(args.metrics_port, broker.metrics.registry)
     async with broker:
         heap.settle()

@@ -82,9 +82,9 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], timeout: float,
-                      brokers: int, pool: str, workers: int) -> None:
+                      brokers: int, pool: str, workers: int) -> dict:
     """Until the bridge is ready and has heard from every broker and worker started (each serves
-    its metrics before it beats, so the banner's processes all answer)."""
+    its metrics before it beats, so the banner's processes all answer); the bridge's `/readyz`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with aiohttp.ClientSession() as http:
@@ -96,7 +96,7 @@ async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], ti
                 async with http.get(f"{url}/readyz") as resp:
                     state = await resp.json()
                     if resp.status == 200 and state["brokers"] >= brokers and state["pools"].get(pool, 0) >= workers:
-                        return
+                        return state
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.25)
@@ -182,7 +182,8 @@ def _nats_lines(nats_url: str, auth: UpAuth | None) -> str:
 
 
 def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path,
-            auth: UpAuth | None, counts: dict[str, int]) -> str:
+            auth: UpAuth | None, counts: dict[str, int], pii_stages: dict[str, int]) -> str:
+    pii = ", ".join(PII_LINES.get(stage, stage) for stage in sorted(pii_stages)) or "unknown"
     # A key from the environment in the shell example is one from the environment in Python's.
     py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
               else f"'{api_key}'")
@@ -193,6 +194,7 @@ Laneway is up: {url}
   API key     {api_key}{key_note}
   model       {model}
   processes   {", ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in counts.items())}
+  PII         {pii}
   logs        {logs}/
 {_nats_lines(nats_url, auth)}
 Stream a reply with curl:
@@ -210,6 +212,13 @@ for ch in c.chat.completions.create(model='{model}', stream=True,
 Ctrl-C stops everything.
 """
 
+
+PII_LINES = {
+    "ner": "on (Presidio, with spaCy's NER for names)",
+    "regex": "on (Presidio's pattern recognizers)",
+    "off": "OFF (--pii off): no tenant's PII policy is enforced",
+    "missing": "NOT RUNNING: tenants whose policy asks for PII handling get 503",
+}
 
 ROLES = ("broker", "worker", "bridge")
 # Flags that cannot be shared by processes on one host, or that `up` owns (its own nats-server).
@@ -305,13 +314,17 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         if stop.is_set():
             ready.cancel()
             return 130
-        ready.result()  # raises if start-up failed: a child that dies before it is ready is a
-        # configuration error, which restarting would only repeat
+        state = ready.result()  # raises if start-up failed: a child that dies before it is ready
+        # is a configuration error, which restarting would only repeat
         supervisor.keep("nats-server", nats.process, _restart_nats(nats))
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
         counts = {"broker": args.brokers, "worker": args.workers, "bridge": 1}
-        print(_banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts), flush=True)
+        print(_banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {})),
+              flush=True)
+        if "missing" in state.get("pii", {}):
+            print(f"laneway: ERROR: the PII stage is NOT RUNNING (see {log_dir}/broker.log): tenants whose "
+                  "policy asks for PII handling are refused with 503 pii_unavailable", file=sys.stderr, flush=True)
         await stopped
     except RuntimeError as exc:
         print(f"laneway: {exc}; see the logs in {log_dir}/", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from schemas.checks import Invalid, check_body
 from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody
 
 RequestId = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
@@ -46,11 +47,10 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     traceparent: str = ""                  # W3C trace context of the edge's span, when tracing is on
 
     def validate_shape(self) -> None:
-        """Cross-field rules msgspec types cannot express; raises ValueError naming the field."""
+        """Cross-field rules msgspec types cannot express; raises `checks.Invalid` naming the field."""
         if sum(b is not None for b in (self.chat, self.completion, self.embedding)) != 1:
-            raise ValueError("exactly one of 'chat', 'completion' or 'embedding' must be set")
-        if self.embedding is not None and (problem := self.embedding.check()):
-            raise ValueError(problem)
+            raise Invalid("exactly one of 'chat', 'completion' or 'embedding' must be set", "messages")
+        check_body(self.body)
 
     @property
     def body(self) -> Body:

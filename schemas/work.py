@@ -94,6 +94,7 @@ class BrokerBeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
     queue_depths: dict[str, int] = {}
     leaving: bool = False                   # its last beat: stopping, count it gone at once
+    pii: str = ""                           # its PII stage: off | regex | ner | missing (could not start)
 
 
 class Settled(msgspec.Struct, array_like=True, gc=False):

@@ -185,14 +185,26 @@ class Bridge:
     @web.middleware
     async def _read_body(self, request: web.Request, handler) -> web.StreamResponse:
         """Every body is read whole within --body-timeout before a handler (admin's too) sees it: a
-        client trickling its body holds a connection no longer than that."""
-        if request.body_exists:
+        client trickling its body holds a connection no longer than that. Only a caller with a
+        valid key gets its body read: an anonymous one is answered 401 (by the handler, which
+        authenticates first) without a byte of its body held."""
+        if request.body_exists and self._known_key(request):
             try:
                 async with asyncio.timeout(self.config.body_timeout_s):
                     await request.read()    # kept by aiohttp: the handler's read() returns it
             except TimeoutError:
                 raise body_timeout(self.config.body_timeout_s) from None
         return await handler(request)
+
+    def _known_key(self, request: web.Request) -> bool:
+        """The bearer key is a tenant's, or an admin's on the admin API: from the headers alone."""
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            return False
+        if request.path.startswith("/v1/admin/"):
+            return self.admin.authenticate(key) is not None
+        return self.catalogue.tenants.authenticate(key) is not None
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -205,7 +217,8 @@ class Bridge:
         ready = (bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status)
                  and brokers > 0)
         return web.json_response({"ready": ready, "nats": bool(self._nc and self._nc.is_connected),
-                                  "brokers": brokers, "pools": status}, status=200 if ready else 503)
+                                  "brokers": brokers, "pools": status, "pii": self.readiness.pii_stages()},
+                                 status=200 if ready else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),

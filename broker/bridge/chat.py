@@ -32,6 +32,7 @@ from broker.runtime import publish_errors
 from broker.runtime.tracing import tracer
 from broker.tenants import Tenant, TenantDirectory
 from schemas import codec
+from schemas.checks import MAX_TIMEOUT_S
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
 from schemas.openai import Body
@@ -195,8 +196,8 @@ class Generations:
                 asked = float(raw)
             except ValueError:
                 asked = -1.0
-            if not 0 < asked <= 86400:
-                raise EdgeError(ErrorCode.invalid_request, "must be a number of seconds in (0, 86400]",
+            if not 0 < asked <= MAX_TIMEOUT_S:
+                raise EdgeError(ErrorCode.invalid_request, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]",
                                 TIMEOUT_HEADER)
             timeout = min(timeout, asked)
         return now + timeout

@@ -22,20 +22,31 @@ class _Seen:
 class Readiness:
     def __init__(self, stale_after_s: float = 15.0) -> None:
         self._workers: dict[str, _Seen] = {}
-        self._brokers: dict[str, float] = {}
+        self._brokers: dict[str, tuple[float, str]] = {}     # id → (heard at, its PII stage)
         self._stale_after_s = stale_after_s
 
     async def on_broker(self, msg: Msg) -> None:
         broker = msg.subject.rsplit(".", 1)[-1]
-        if codec.broker_beat(msg.data).leaving:
+        beat = codec.broker_beat(msg.data)
+        if beat.leaving:
             self._brokers.pop(broker, None)
         else:
-            self._brokers[broker] = time.monotonic()
+            self._brokers[broker] = (time.monotonic(), beat.pii)
+
+    def _live_brokers(self) -> list[str]:
+        """The PII stage of each broker heard from in the last few heartbeats (they beat every second)."""
+        now = time.monotonic()
+        return [pii for seen, pii in self._brokers.values() if now - seen <= 5.0]
 
     def brokers(self) -> int:
-        """Brokers heard from in the last few heartbeats (they beat every second)."""
-        now = time.monotonic()
-        return sum(1 for seen in self._brokers.values() if now - seen <= 5.0)
+        return len(self._live_brokers())
+
+    def pii_stages(self) -> dict[str, int]:
+        """Live brokers per PII stage: `missing` means tenants whose policy asks for PII get 503."""
+        stages: dict[str, int] = {}
+        for pii in self._live_brokers():
+            stages[pii or "unknown"] = stages.get(pii or "unknown", 0) + 1
+        return stages
 
     async def on_heartbeat(self, msg: Msg) -> None:
         try:

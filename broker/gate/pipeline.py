@@ -19,12 +19,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from broker.config import LogicalModel
+from broker.config import DEFAULT_CONTEXT_TOKENS, LogicalModel
 from broker.runtime.response_cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
 from broker.gate.quota import Quota
 from broker.gate.route import route
-from broker.gate.validate import check_stored_as, check_tenant, validate
+from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
 from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
 from broker.refusal import Refusal
 from broker.routing.rules import Decision, PoolHealth, RuleSet
@@ -69,25 +69,44 @@ class Routing:
 class Gate:
     def __init__(self, s: Subjects, *, quota: Quota | None = None, pii: PiiGate | None = None,
                  cache: ResponseCache | None = None,
-                 publish_audit: Callable[[str, PiiAudit], Awaitable[None]] | None = None) -> None:
+                 publish_audit: Callable[[str, PiiAudit], Awaitable[None]] | None = None,
+                 max_context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> None:
         self.s = s
+        self.max_context_tokens = max_context_tokens    # rule-routed models' (the table's set their own)
         self.quota = quota
         self.pii = pii
+        self.pii_missing: str | None = None     # why the PII stage asked for is not running
         self.cache = cache
         self.ledger = GrantLedger()
         self._publish_audit = publish_audit
 
-    def use_pii(self, pii: PiiGate | None, publish_audit: Callable[[str, PiiAudit], Awaitable[None]]) -> None:
-        """Turn the PII stage on (None leaves it off); `publish_audit(tenant, audit)` gets an
-        audit for each request with findings, or that could not be analysed."""
-        self.pii = pii
+    def use_pii(self, pii: PiiGate | None, publish_audit: Callable[[str, PiiAudit], Awaitable[None]],
+                missing: str | None = None) -> None:
+        """Turn the PII stage on (None: off, or `missing` says why it could not start);
+        `publish_audit(tenant, audit)` gets an audit for each request with findings, or that
+        could not be analysed."""
+        self.pii, self.pii_missing = pii, missing
         self._publish_audit = publish_audit
+
+    @property
+    def pii_stage(self) -> str:
+        """off | regex | ner | missing: what brokers announce, and `/readyz` and `up` show."""
+        if self.pii is not None:
+            return self.pii.mode
+        return "missing" if self.pii_missing is not None else "off"
+
+    @property
+    def pii_wanted(self) -> bool:
+        """The broker was asked to handle PII (whether or not its stage runs)."""
+        return self.pii is not None or self.pii_missing is not None
 
     async def admit(self, request: GenerateRequest, klass: str, tenant: str, delivery: Delivery,
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)
         check_stored_as(request, tenant, delivery.escalated, delivery.stored_as)
         check_tenant(klass, tenant, tenant_doc)
+        entry = routing.models.get(request.model)     # as the bridge reads it: the table's, or ours
+        check_context(request, entry.max_context_tokens if entry is not None else self.max_context_tokens)
         headers = await self._charge(request, tenant, delivery, tenant_doc)
         try:
             request = await self._pii(request, tenant, tenant_doc)
@@ -141,8 +160,15 @@ class Gate:
 
     # -- PII --------------------------------------------------------------------------------
     async def _pii(self, request: GenerateRequest, tenant: str, tenant_doc: Tenant | None) -> GenerateRequest:
-        if self.pii is None or tenant_doc is None or not tenant_doc.pii.enabled:
+        if tenant_doc is None or not tenant_doc.pii.enabled:
             return request
+        if self.pii is None:
+            if self.pii_missing is None:
+                return request      # --pii off: the operator's decision, logged at start
+            # Never fall back to serving a policy that asks for PII handling unredacted.
+            raise Refusal(ErrorCode.pii_unavailable,
+                          f"this tenant's policy asks for PII handling and the PII stage is not running "
+                          f"({self.pii_missing})")
         try:
             decision, redacted = await self.pii.inspect_request(tenant, tenant_doc.pii, request)
         except PiiUnavailable as exc:

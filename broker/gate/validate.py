@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from broker.refusal import Refusal
 from broker.tenants import Tenant
-from schemas import codec
+from schemas import checks, codec
+from schemas.checks import Invalid, check_deadline
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
@@ -21,16 +24,28 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
     if not request.reply_to.startswith(s.tok_tenant_prefix(subject_tenant)):
         raise Refusal(ErrorCode.invalid_request, "reply_to is outside the tenant's inbox prefix", "reply_to")
     try:
-        request.validate_shape()
+        request.validate_shape()        # the bridge's own rules (schemas/checks.py), again
+        check_deadline(request, time.time())
         conflict = codec.extra_conflict(request)
     except codec.DecodeError:
         raise Refusal(ErrorCode.invalid_request, "extra is not a JSON object", "extra") from None
-    except ValueError as exc:
-        raise Refusal(ErrorCode.invalid_request, str(exc), "messages") from None
+    except Invalid as exc:
+        raise refusal(exc) from None
     if conflict is not None:
         # A direct publisher's extra may not override the typed body the gate checks, nor set
         # what Laneway owns (priority, cache salt, request id).
         raise Refusal(ErrorCode.invalid_request, f"extra may not set {conflict!r}", conflict)
+
+
+def check_context(request: GenerateRequest, max_context_tokens: int) -> None:
+    try:
+        checks.check_context(request, max_context_tokens)
+    except Invalid as exc:
+        raise refusal(exc) from None
+
+
+def refusal(exc: Invalid) -> Refusal:
+    return Refusal(exc.code, exc.message, exc.param)
 
 
 def check_stored_as(request: GenerateRequest, subject_tenant: str, escalated_subject: bool,

@@ -19,7 +19,6 @@ from schemas.work import Credit
 from tests.requests import chat as chat_body
 from tests.wait import eventually
 
-pytest.importorskip("presidio_analyzer", reason="the PII stage needs the pii extra")
 
 KEY = "sk-pii-at-rest"
 # One value per entity type the default policy redacts. Found with no context at all, so they

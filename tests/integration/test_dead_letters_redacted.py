@@ -25,7 +25,6 @@ from tests.requests import chat
 from tests.wait import eventually
 from workers.sim import PROFILES
 
-pytest.importorskip("presidio_analyzer", reason="the PII stage needs the pii extra")
 
 KEY = "sk-dlq-pii"
 EMAIL, SSN, CARD, PHONE = "maria.garcia@example.com", "536-22-8726", "4111 1111 1111 1111", "(415) 555-0132"

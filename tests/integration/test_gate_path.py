@@ -23,7 +23,6 @@ from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
 from workers.sim import PROFILES, SimEngine
 
-pytest.importorskip("presidio_analyzer", reason="the PII stage needs the pii extra")
 
 KEYS = {"acme": "sk-acme", "globex": "sk-globex", "tight": "sk-tight", "strict": "sk-strict"}
 

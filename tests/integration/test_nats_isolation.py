@@ -22,7 +22,6 @@ import pytest
 from broker.bridge.admin import AdminConfig
 from broker.client import LanewayClient, LanewayError
 from broker.config import LogicalModel, Settings, StreamLimits
-from broker.gate.pii_service import presidio_installed
 from broker.models import put_models
 from broker.policy.pii import Action, TenantPiiPolicy
 from broker.policy.quota import QuotaPolicy
@@ -99,7 +98,7 @@ class Secured:
         options = dict(engines=[SmallModel(PROFILES["zero"]), SimEngine(PROFILES["llama-8b-h100"])],
                        pools=["sim", "large"], limits=StreamLimits(max_deliver=2, ack_wait_s=2.0),
                        worker_config=WorkerConfig(in_progress_s=0.5),
-                       pii="regex" if presidio_installed() else "off",
+                       pii="regex",
                        admin=AdminConfig((hash_key(ADMIN_KEY),)))
         return Stack(self.server.url, settings(), credentials=dict(self.auth.services),   # ops provisions
                      **{**options, **overrides})
@@ -286,7 +285,6 @@ async def test_quota_slots_come_back_and_the_rate_limit_holds(secured, monkeypat
     assert secured.log.new() == []
 
 
-@pytest.mark.skipif(not presidio_installed(), reason="the PII stage needs the pii extra")
 async def test_pii_findings_are_audited(secured):
     status, _ = await secured.chat("alpha", "Call me on 212-555-0134 please")
     assert status == 200
