@@ -10,9 +10,11 @@ ci/all-on-values.yaml, which turns every optional part on. Then:
 - every Laneway container runs a real `laneway` subcommand whose command line parses, stream
   replicas match the NATS cluster, pods reference only Secrets/ConfigMaps/PVCs the chart makes,
   probes hit the endpoints the process serves, workers get a grace period past their drain;
-- the NATS users are laneway/nats_config.py's, and the rendered NATS config, run as a real
-  3-node nats-server cluster with the environment Kubernetes would give it, accepts each role's
-  Secret, refuses a wrong password, stores streams at 3 replicas and encrypts them at rest.
+- the NATS accounts are laneway/nats_config.py's (the LANEWAY account and one per tenant of the
+  settings, equal to `accounts()` for the rendered passwords), and the rendered NATS config, run
+  as a real 3-node nats-server cluster with the files and environment Kubernetes would give it,
+  accepts each role's Secret, refuses a wrong password, stores streams at 3 replicas, encrypts
+  them at rest, and keeps a tenant's user inside its own account.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import nats.errors
 import pytest
 import yaml
 
+from tests.deploy.nats_checks import check_tenant_is_fenced, parse_accounts
 from tests.unit.test_deploy_stack import exported_metrics, promql_metrics
 from tests.wait import eventually
 
@@ -412,15 +415,52 @@ def test_monitoring_configmaps_reuse_the_deploy_files() -> None:
         assert (CHART / "files" / name).is_symlink(), name
 
 
-# -- NATS users and the rendered NATS config, live ---------------------------------------------
-def test_nats_permissions_file_matches_the_code() -> None:
+# -- NATS accounts and the rendered NATS config, live ------------------------------------------
+def test_nats_accounts_file_matches_the_code() -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gen", ROOT / "deploy" / "helm" / "generate_nats_permissions.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (CHART / "files" / "nats-permissions.json").read_text() == module.generate(), \
+    assert (CHART / "files" / "nats-accounts.json").read_text() == module.generate(), \
         "laneway/nats_config.py changed: run .venv/bin/python deploy/helm/generate_nats_permissions.py"
+
+
+def rendered_accounts(variant: str) -> dict:
+    return parse_accounts(named(variant, "Secret", f"{RELEASE}-nats-auth")["stringData"]["auth.conf"])
+
+
+def rendered_tenants(variant: str) -> list[str]:
+    settings = named(variant, "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"]
+    return sorted(tomllib.loads(settings).get("tenants", {}))
+
+
+def canonical(accounts: dict) -> dict:
+    """Order-free: users by name, exports by content (the chart ranges over sorted keys)."""
+    def sort(items: list) -> list:
+        return sorted(items, key=lambda i: json.dumps(i, sort_keys=True))
+    return {name: {**a, "users": sort(a["users"]), **({"exports": sort(a["exports"])} if "exports" in a else {})}
+            for name, a in accounts.items()}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_accounts_are_the_codes_for_the_settings_tenants(variant: str) -> None:
+    from laneway.nats_config import ROLES, accounts, tenant_user, user_name
+    from schemas.subjects import Subjects
+
+    tenants = rendered_tenants(variant)
+    assert tenants, f"{variant}: the settings name no tenant"
+    secrets = {o["metadata"]["name"]: o["stringData"] for o in objects(variant, "Secret")}
+    passwords = secrets[f"{RELEASE}-nats-tenants"]
+    assert set(passwords) == {tenant_user(t) for t in tenants}
+    for role in ROLES:
+        secret = secrets[f"{RELEASE}-nats-{role}"]
+        assert secret["user"] == user_name(role)
+        passwords[secret["user"]] = secret["password"]
+    assert len(set(passwords.values())) == len(passwords), "every user its own password"
+    assert canonical(rendered_accounts(variant)) == canonical(accounts(Subjects("lw"), tenants, passwords))
+    if variant == "all-on":     # a password chosen in values is the one in both Secrets
+        assert passwords["ops"] == values(variant)["natsAuth"]["passwords"]["ops"]
 
 
 def kubernetes_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[str, str]:
@@ -446,13 +486,14 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
 
     secrets = {o["metadata"]["name"]: o["stringData"] for o in objects("default", "Secret")}
     conf = named("default", "ConfigMap", f"{RELEASE}-nats-config")["data"]["nats.conf"]
-    auth = named("default", "ConfigMap", f"{RELEASE}-nats-auth")["data"]["auth.conf"]
+    auth = secrets[f"{RELEASE}-nats-auth"]["auth.conf"]
     sts = named("default", "StatefulSet", f"{RELEASE}-nats")
     nats_container = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "nats")
     for name, value in kubernetes_env(nats_container, secrets).items():
         monkeypatch.setenv(name, value)      # nats-server inherits this process's environment
 
-    # The pod's file layout (/etc/nats-config, /etc/nats-laneway) under tmp_path, loopback ports.
+    # The pod's file layout (/etc/nats-config, /etc/nats-laneway: the accounts Secret's volume)
+    # under tmp_path, loopback ports.
     (tmp_path / "nats-laneway").mkdir()
     (tmp_path / "nats-laneway" / "auth.conf").write_text(auth)
     route_ports = [free_port() for _ in range(3)]
@@ -511,6 +552,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
             user, password = role(r)
             other = await nats.connect(urls, user=user, password=password)
             await other.close()
+        await check_tenant_is_fenced(urls, "demo", secrets[f"{RELEASE}-nats-tenants"]["tenant-demo"], role("ops"))
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(servers[0].url, user=role("bridge")[0], password="wrong",
                                allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)

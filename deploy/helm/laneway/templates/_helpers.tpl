@@ -32,6 +32,12 @@ release name only, because the subchart cannot call this chart's helpers with th
 {{- define "laneway.natsAuthName" -}}{{ .Release.Name }}-nats-auth{{- end -}}
 {{- define "laneway.natsKeyName" -}}{{ .Release.Name }}-nats-js-key{{- end -}}
 {{- define "laneway.natsRoleSecret" -}}{{ .ctx.Release.Name }}-nats-{{ .role }}{{- end -}}
+{{- define "laneway.natsTenantSecret" -}}{{ .Release.Name }}-nats-tenants{{- end -}}
+
+{{/* The settings TOML: values.settings, else deploy/settings.toml. */}}
+{{- define "laneway.settings" -}}
+{{- .Values.settings | default (.Files.Get "files/settings.toml") -}}
+{{- end -}}
 
 {{/* The NATS chart's client Service, unless natsUrl points elsewhere. */}}
 {{- define "laneway.natsUrl" -}}
@@ -75,15 +81,43 @@ nats://{{ .Release.Name }}-nats:4222
 {{- end -}}
 
 {{/* Container security shared by every Laneway container: the Dockerfile's laneway user, by uid
-(the kubelet can check runAsNonRoot only against a numeric user). */}}
+(the kubelet can check runAsNonRoot only against a numeric user), a read-only root filesystem
+(writes go to the scratch emptyDirs below), no capability, the runtime's seccomp profile. */}}
 {{- define "laneway.containerSecurity" -}}
 securityContext:
   allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
   runAsNonRoot: true
   runAsUser: 10001
   runAsGroup: 10001
   capabilities:
     drop: ["ALL"]
+  seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* Pod-level security of every Laneway pod: no Kubernetes API token (no process calls the API). */}}
+{{- define "laneway.podSecurity" -}}
+automountServiceAccountToken: false
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  runAsGroup: 10001
+  fsGroup: 10001
+  seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* The writable places of a read-only root: /tmp and the laneway user's home (its caches:
+Hugging Face, vLLM's compile cache, Triton). (dict "ctx" $ "vllm" true|false) */}}
+{{- define "laneway.scratchMounts" -}}
+- {name: tmp, mountPath: /tmp}
+- {name: home, mountPath: /home/laneway}
+{{- end -}}
+{{- define "laneway.scratchVolumes" -}}
+{{- $limit := ternary .ctx.Values.scratch.vllmSizeLimit .ctx.Values.scratch.sizeLimit (default false .vllm) }}
+- name: tmp
+  emptyDir: {sizeLimit: {{ $limit }}}
+- name: home
+  emptyDir: {sizeLimit: {{ $limit }}}
 {{- end -}}
 
 {{/* A password kept across upgrades: the one in the live Secret if there is one, else a new one. */}}

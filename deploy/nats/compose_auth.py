@@ -1,0 +1,88 @@
+"""docker-compose.yml's one-shot `nats-auth` service: who may connect to the NATS cluster.
+
+It writes, into the `nats-auth` volume that the NATS nodes include (deploy/nats/nats-N.conf):
+- nats-auth.conf: `accounts {...}`, laneway/nats_config.py's layout (the LANEWAY account with
+  JetStream and the service users, an account of its own per tenant of the settings);
+- nats-credentials.json: every user's password (hand the tenant users' out from here);
+- cluster-auth.conf: the routes' credentials and the route URLs that carry them (nats-server
+  authenticates an explicitly listed route only by the credentials in its URL);
+and, for each `--login ROLE=DIR`, DIR/login.json with that role's user and password alone: each
+role's containers mount only their own (deploy/nats/login.py reads it), so a worker never holds
+the broker's or the operator's password.
+
+Passwords are kept across runs (`up_auth`, as `laneway up` keeps them): a rerun after a settings
+change adds and removes tenants and leaves every other login valid. `laneway nats-config` would
+make new ones on every run and lock out the running services. Reload the nodes after a rerun
+(`docker compose kill -s HUP nats-1 nats-2 nats-3`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+from pathlib import Path
+
+from broker.config import load_settings
+from laneway.nats_config import ROLES, up_auth, user_name, write_private
+from schemas.subjects import Subjects
+
+ROUTE_USER = "route"
+ACCOUNTS_FILE, CLUSTER_FILE, ROUTE_PASSWORD_FILE, LOGIN_FILE = (
+    "nats-auth.conf", "cluster-auth.conf", "route-password", "login.json")
+
+
+def route_password(out: Path) -> str:
+    path = out / ROUTE_PASSWORD_FILE
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(24)    # URL-safe: it goes into the route URLs as is
+    write_private(path, password)
+    return password
+
+
+def cluster_auth(password: str, routes: list[str]) -> str:
+    """The body of a node's `cluster {}` block: JSON values are nats-server config syntax."""
+    urls = [f"nats-route://{ROUTE_USER}:{password}@{route}" for route in routes]
+    return (f"authorization: {json.dumps({'user': ROUTE_USER, 'password': password})}\n"
+            f"routes: {json.dumps(urls)}\n")
+
+
+def write(args: argparse.Namespace) -> None:
+    tenants = list(load_settings(args.settings).tenants) if args.settings else []
+    auth = up_auth(Subjects(args.prefix), tenants, args.out)
+    write_private(args.out / CLUSTER_FILE, cluster_auth(route_password(args.out), args.routes.split(",")))
+    logins = {user_name(role): login for role, login in auth.services.items()}
+    uid, gid = (int(n) for n in args.owner.split(":"))
+    for role, directory in args.login:
+        user, password = logins[user_name(role)]
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / LOGIN_FILE
+        write_private(path, json.dumps({"user": user, "password": password}))
+        if os.geteuid() == 0:       # root in the container: hand it to the service's user
+            os.chown(path, uid, gid)
+    print(f"nats-auth: {len(tenants)} tenant accounts, logins for {', '.join(r for r, _ in args.login)}")
+
+
+def login(text: str) -> tuple[str, Path]:
+    role, sep, directory = text.partition("=")
+    if not sep or role not in ROLES:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ROLE=DIR, ROLE one of {', '.join(ROLES)}")
+    return role, Path(directory)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", type=Path, help="tenants from this settings TOML")
+    parser.add_argument("--prefix", default="lw")
+    parser.add_argument("--out", type=Path, required=True, help="the volume the NATS nodes include")
+    parser.add_argument("--routes", required=True, help="HOST:PORT of every node, comma-separated")
+    parser.add_argument("--login", type=login, action="append", default=[], help="ROLE=DIR (repeat)")
+    parser.add_argument("--owner", default="10001:10001", help="UID:GID of the login files (the image's laneway user)")
+    write(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
