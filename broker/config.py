@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from broker.runtime.connect import NatsSettings
-from broker.tenants import Tenant
+from broker.tenants import PUBLIC_KEYS, Tenant, with_public_keys
 from broker.usage.meter import PriceBook
 from schemas.requests import Token
 
@@ -48,6 +48,16 @@ class BadSettings(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+def load_serving_settings(path: Path) -> Settings:
+    """The settings a bridge serves (`laneway bridge`, `laneway up`): none of their keys may be
+    one of the example keys Laneway's own files print."""
+    settings = load_settings(path)
+    if names := with_public_keys(settings.tenants.values()):
+        raise BadSettings(path, f"tenant {', '.join(names)}: the key {PUBLIC_KEYS[0]!r} is a public example; "
+                                "put the SHA-256 of a real secret in api_key_sha256")
+    return settings
 
 
 def load_settings(path: Path) -> Settings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
 from typing import Annotated
 
 import msgspec
@@ -23,6 +24,17 @@ KeyHash = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+# Keys printed in Laneway's own examples (deploy/settings.toml, the chart's values): anyone can
+# read them, so none of them ever opens a tenant, and a bridge configured with one will not start.
+PUBLIC_KEYS = ("lw-demo-key-CHANGE-ME",)
+_PUBLIC_HASHES = frozenset(hash_key(key) for key in PUBLIC_KEYS)
+
+
+def with_public_keys(tenants: Iterable[Tenant]) -> list[str]:
+    """The tenants whose keys include a public example key."""
+    return sorted(t.name for t in tenants if _PUBLIC_HASHES.intersection(t.api_key_sha256))
 
 
 class Tenant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -91,6 +103,8 @@ class TenantDirectory:
 
     def authenticate(self, api_key: str) -> Tenant | None:
         digest = hash_key(api_key)
+        if digest in _PUBLIC_HASHES:
+            return None
         tenant = self._by_hash.get(digest)
         # The dict lookup already matched; compare_digest keeps the final check constant-time.
         if tenant is not None and any(hmac.compare_digest(digest, h) for h in tenant.api_key_sha256):

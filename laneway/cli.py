@@ -188,9 +188,13 @@ async def _run_worker(args: argparse.Namespace) -> int:
 async def _run_bridge(args: argparse.Namespace) -> int:
     from broker.bridge.admin import AdminConfig
     from broker.bridge.app import Bridge
-    from broker.config import BridgeConfig, load_settings
+    from broker.config import BadSettings, BridgeConfig, load_serving_settings
 
-    settings = load_settings(Path(args.settings)) if args.settings else None
+    try:
+        settings = load_serving_settings(Path(args.settings)) if args.settings else None
+    except BadSettings as exc:
+        print(f"laneway bridge: {exc}", file=sys.stderr)
+        return 2
     evaluator = None
     if args.eval_scores:
         from broker.routing.eval_gate import load_golden, load_results, results_evaluator

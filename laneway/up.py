@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 from nats.errors import Error as NatsError
 
-from broker.config import LogicalModel, Settings, load_settings
+from broker.config import BadSettings, LogicalModel, Settings, load_serving_settings
 from broker.provision import provision_at
 from broker.runtime.connect import NatsSettings
 from broker.runtime.lifetime import tied_to_this_process
@@ -264,7 +264,11 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     overwrite = False               # the settings file over KV (a new demo key), this run only
     if args.settings:
         settings_path = Path(args.settings)
-        settings = load_settings(settings_path)
+        try:
+            settings = load_serving_settings(settings_path)
+        except BadSettings as exc:
+            print(f"laneway up: {exc}", file=sys.stderr)
+            return 2
         api_key, key_note = _settings_key(settings_path, settings.tenants, args.api_key)
     else:
         api_key, key_note, changed = _demo_key(data_dir, args.api_key)
