@@ -6,6 +6,7 @@ Environment variables are read only by the command line (`laneway/cli.py`), whic
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,13 @@ class LogicalModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     pool: Token
     description: str = ""
     max_context_tokens: ContextTokens = DEFAULT_CONTEXT_TOKENS  # a longer prompt is refused at the edge
+
+
+def context_limit(models: Mapping[str, LogicalModel], name: str, default: int) -> int:
+    """The longest prompt for model `name`: a models-table entry's own; a rule-routed model's pool
+    is chosen later, so it gets `default` (--max-context-tokens, the same for bridge and broker)."""
+    model = models.get(name)
+    return model.max_context_tokens if model is not None else default
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

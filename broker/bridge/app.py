@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.bridge import openapi
 from broker.bridge.admin import AdminConfig, Evaluator, admin_app
-from broker.bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate
+from broker.bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate, bearer_key, tenant_of
 from broker.bridge.errors import EdgeError, body_timeout
 from broker.bridge.losses import Losses
 from broker.bridge.readiness import Readiness
@@ -198,13 +198,9 @@ class Bridge:
 
     def _known_key(self, request: web.Request) -> bool:
         """The bearer key is a tenant's, or an admin's on the admin API: from the headers alone."""
-        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
-            return False
         if request.path.startswith("/v1/admin/"):
-            return self.admin.authenticate(key) is not None
-        return self.catalogue.tenants.authenticate(key) is not None
+            return (key := bearer_key(request)) != "" and self.admin.authenticate(key) is not None
+        return tenant_of(request, self.catalogue.tenants) is not None
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

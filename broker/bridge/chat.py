@@ -25,7 +25,7 @@ from broker.bridge.respond import Render, collect_json, stream_sse
 from broker.bridge.translate import check_context, param_of, to_generate
 from broker.bridge.render import renderer_for
 from broker.catalogue import Catalogue
-from broker.config import BridgeConfig, Settings
+from broker.config import BridgeConfig, Settings, context_limit
 from broker.demux import REPLY_GRACE_S, Demux, ResponseStream
 from broker.metrics import BridgeMetrics
 from broker.runtime import publish_errors
@@ -45,6 +45,7 @@ CLASS_HEADER = "x-laneway-class"
 TIMEOUT_HEADER = "x-laneway-timeout"
 REQUEST_ID_HEADER = "X-Request-Id"
 ANSWER_ID = web.RequestKey("answer_id", str)     # what `x-request-id` answers with
+TENANT = web.RequestKey("tenant", object)        # Tenant | None: whom the key opens (tenant_of)
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 Decode = Callable[[bytes], tuple[Body, bytes]]
@@ -59,12 +60,25 @@ def answer_id(request: web.Request, generated: str) -> str:
     return request[ANSWER_ID]
 
 
+def bearer_key(request: web.Request) -> str:
+    """The key of an `Authorization: Bearer <key>` header; '' when there is none."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
+
+
+def tenant_of(request: web.Request, tenants: TenantDirectory) -> Tenant | None:
+    """The tenant the request's key opens, looked up once a request (the body middleware asks
+    before the handler does)."""
+    if TENANT not in request:
+        key = bearer_key(request)
+        request[TENANT] = tenants.authenticate(key) if key else None
+    return request[TENANT]
+
+
 def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
-    header = request.headers.get("Authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    if not bearer_key(request):
         raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = tenants.authenticate(key.strip())
+    tenant = tenant_of(request, tenants)
     if tenant is None:
         raise unauthorized("invalid API key")
     return tenant
@@ -134,7 +148,7 @@ class Generations:
         if len(payload) > self._nc.max_payload:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
-        check_context(generate, self._max_context(body.model))
+        check_context(generate, context_limit(self.catalogue.models, body.model, self.config.max_context_tokens))
         stream = self.demux.open(request_id, tenant, generate.deadline + REPLY_GRACE_S)
         published = False
         try:
@@ -226,12 +240,6 @@ class Generations:
             raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
         if not self.readiness.ready_pools().get(model.pool):
             raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {name!r}; retry shortly")
-
-    def _max_context(self, name: str) -> int:
-        """A models-table entry's own context; a rule-routed model's pool is chosen later, by the
-        broker, so it gets the bridge's --max-context-tokens."""
-        model = self.catalogue.models.get(name)
-        return model.max_context_tokens if model is not None else self.config.max_context_tokens
 
     async def _publish(self, generate: GenerateRequest, payload: bytes) -> None:
         if not self._nc.is_connected:    # nats-py would buffer it and leave the client waiting

@@ -4,6 +4,7 @@ rules as the broker's `HealthBoard`), and which brokers are consuming requests."
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -43,10 +44,7 @@ class Readiness:
 
     def pii_stages(self) -> dict[str, int]:
         """Live brokers per PII stage: `missing` means tenants whose policy asks for PII get 503."""
-        stages: dict[str, int] = {}
-        for pii in self._live_brokers():
-            stages[pii or "unknown"] = stages.get(pii or "unknown", 0) + 1
-        return stages
+        return dict(Counter(pii or "unknown" for pii in self._live_brokers()))
 
     async def on_heartbeat(self, msg: Msg) -> None:
         try:

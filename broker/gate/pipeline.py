@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from broker.config import DEFAULT_CONTEXT_TOKENS, LogicalModel
+from broker.config import DEFAULT_CONTEXT_TOKENS, LogicalModel, context_limit
 from broker.runtime.response_cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
 from broker.gate.quota import Quota
@@ -98,15 +98,14 @@ class Gate:
     @property
     def pii_wanted(self) -> bool:
         """The broker was asked to handle PII (whether or not its stage runs)."""
-        return self.pii is not None or self.pii_missing is not None
+        return self.pii_stage != "off"
 
     async def admit(self, request: GenerateRequest, klass: str, tenant: str, delivery: Delivery,
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)
         check_stored_as(request, tenant, delivery.escalated, delivery.stored_as)
         check_tenant(klass, tenant, tenant_doc)
-        entry = routing.models.get(request.model)     # as the bridge reads it: the table's, or ours
-        check_context(request, entry.max_context_tokens if entry is not None else self.max_context_tokens)
+        check_context(request, context_limit(routing.models, request.model, self.max_context_tokens))
         headers = await self._charge(request, tenant, delivery, tenant_doc)
         try:
             request = await self._pii(request, tenant, tenant_doc)

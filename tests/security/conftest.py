@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.processes import LanewayUp
+from tests.security.publisher import Publisher
 
 KEYS = {"acme": "sk-acme-" + "a" * 24, "globex": "sk-globex-" + "g" * 24}
 
@@ -42,3 +43,11 @@ async def up(tmp_path_factory):
     async with LanewayUp(root / "lw", KEYS["acme"],
                          ["--settings", str(write_settings(root)), "--pii", "off"]) as stack:
         yield stack
+
+
+@pytest.fixture
+async def acme(up):
+    """acme's own NATS user, publishing past the bridge."""
+    nc = await up.connect_nats("tenant-acme")
+    yield await Publisher(nc, "acme").start()
+    await nc.close()

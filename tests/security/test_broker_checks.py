@@ -18,16 +18,9 @@ from broker.config import DEFAULT_CONTEXT_TOKENS
 from schemas.frames import Finished, StreamError
 from schemas.openai import Message, NamedFunction, NamedToolChoice
 from tests.requests import chat
-from tests.security.test_direct_publishers import Publisher
+from tests.security.publisher import Publisher
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture
-async def acme(up):
-    nc = await up.connect_nats("tenant-acme")
-    yield await Publisher(nc, "acme").start()
-    await nc.close()
 
 
 async def refused(publisher: Publisher, **fields) -> StreamError:

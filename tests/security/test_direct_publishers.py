@@ -9,8 +9,6 @@ publisher's own inbox.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 import msgspec
@@ -18,58 +16,11 @@ import pytest
 
 from schemas import codec
 from schemas.frames import Delta, Finished, StreamError
-from schemas.requests import Cancel, GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
-from tests.requests import chat
+from schemas.requests import Cancel
+from schemas.subjects import MSG_ID_HEADER
+from tests.security.publisher import S, Publisher
 
 pytestmark = pytest.mark.timeout(600)
-
-S = Subjects("lw")
-
-
-class Publisher:
-    """A tenant's own NATS client, speaking the subject protocol by hand."""
-
-    def __init__(self, nc, tenant: str) -> None:
-        self.nc, self.tenant = nc, tenant
-        self.edge = uuid.uuid4().hex[:12]
-        self.entries: dict[str, asyncio.Queue] = {}
-
-    async def start(self) -> "Publisher":
-        async def on_frame(msg) -> None:
-            for entry in codec.decode_frame(msg.data).entries:
-                self.entries.setdefault(entry.request_id, asyncio.Queue()).put_nowait(entry)
-        await self.nc.subscribe(S.tok(self.tenant, self.edge), cb=on_frame)
-        return self
-
-    def request(self, klass: str = "batch", max_tokens: int = 4, **fields) -> GenerateRequest:
-        now = time.time()
-        body = chat("hello", max_tokens=max_tokens)
-        return GenerateRequest(request_id=uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=body.model,
-                               reply_to=S.tok(self.tenant, self.edge), created_at=now, deadline=now + 120,
-                               chat=body, **fields)
-
-    async def publish(self, request: GenerateRequest, stored_as: str | None = None) -> None:
-        headers = {MSG_ID_HEADER: stored_as or msg_id(request.tenant, request.request_id)}
-        await self.nc.jetstream().publish(S.req(request.klass, self.tenant), codec.encode(request), headers=headers)
-
-    async def first(self, request_id: str):
-        """The first entry that is not a delta: how the request ended, or None if it streamed."""
-        queue = self.entries.setdefault(request_id, asyncio.Queue())
-        while True:
-            entry = await asyncio.wait_for(queue.get(), 60)
-            if not isinstance(entry, Delta):
-                return entry
-
-    async def next(self, request_id: str):
-        return await asyncio.wait_for(self.entries.setdefault(request_id, asyncio.Queue()).get(), 60)
-
-
-@pytest.fixture
-async def acme(up):
-    nc = await up.connect_nats("tenant-acme")
-    yield await Publisher(nc, "acme").start()
-    await nc.close()
 
 
 async def test_a_tenant_cannot_mark_its_request_escalated(acme):
