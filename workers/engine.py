@@ -10,6 +10,10 @@ Engines speak OpenAI: `EngineRequest.body` is the client's chat or completion bo
 `extra` its other fields verbatim. An engine honours every field it is given or raises
 `UnsupportedRequest` naming it before generating; it never drops one silently.
 
+A request is known by its `RequestKey`, (tenant, request_id), in every engine table and in
+`abort()`: request ids are the client's to choose, so two tenants may run the same one at once,
+and a cancel from one must never reach the other's request.
+
 `generate()` is an async iterator of `EngineOutput` deltas; the last one has `finish_reason`
 set (with `finish_reasons` per choice when `n` > 1). Closing the iterator early (the consumer
 is cancelled, or calls `aclose()`) must abort the request in the engine and free its slot, as
@@ -21,6 +25,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from schemas.frames import TokenLogprob, ToolCallDelta
 from schemas.openai import Body, ChatBody, Message
@@ -48,6 +53,20 @@ class EngineDead(Exception):
     without acking, so JetStream redelivers its requests to other workers."""
 
 
+class RequestKey(NamedTuple):
+    """A request on a worker and in its engine. `abort()` takes this, not the `EngineRequest`: a
+    cancel arrives as a subject naming (tenant, request_id), with no request in hand. A tuple, so
+    the subject's parsed pair looks it up as it is."""
+
+    tenant: str
+    request_id: str
+
+    def scoped(self) -> str:
+        """One string for an engine that takes a single id (vLLM's). Unambiguous: neither part,
+        a subject token, can hold a ':' (schemas/subjects.py)."""
+        return f"{self.tenant}:{self.request_id}"
+
+
 @dataclass(slots=True)
 class EngineRequest:
     request_id: str
@@ -57,6 +76,13 @@ class EngineRequest:
     klass: str = ""
     confidence: bool = False        # report each sampled token's logprob (the cascade's signal)
     cache_salt: str = ""            # prefix-cache isolation: set by Laneway per tenant scope
+    # The engine's own requests (warm-up, benchmarks) have none: "" is no tenant's name (a
+    # subject token has 1-64 characters), so they never share a key with a tenant's.
+    tenant: str = ""
+
+    @property
+    def key(self) -> RequestKey:
+        return RequestKey(self.tenant, self.request_id)
 
 
 @dataclass(slots=True)
@@ -99,7 +125,7 @@ class Engine(abc.ABC):
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
 
     @abc.abstractmethod
-    async def abort(self, request_id: str) -> None: ...
+    async def abort(self, key: RequestKey) -> None: ...
 
     @abc.abstractmethod
     def capacity(self) -> Capacity: ...

@@ -64,4 +64,4 @@ class UsageRecorder:
             ))
 
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.
-        self._outbox.metered(self._s.usage(r.tenant), r.request_id, dispatch.attempt, build)
+        self._outbox.metered(self._s.usage(r.tenant), (r.reply_to, r.request_id, dispatch.attempt), build)

@@ -56,6 +56,7 @@ from workers.engine import (
     EngineError,
     EngineOutput,
     EngineRequest,
+    RequestKey,
 )
 from schemas.openai import EmbeddingBody
 
@@ -84,7 +85,7 @@ class OpenAIUpstreamEngine(Engine):
         self._hook = on_breaker_change
         self.breaker = CircuitBreaker(config.breaker, clock=clock, on_change=self._breaker_changed)
         self._http: UpstreamHTTP | None = None
-        self._inflight: dict[str, Call] = {}
+        self._inflight: dict[RequestKey, Call] = {}
         self._running: Counter[str] = Counter()
 
     async def start(self) -> None:
@@ -102,8 +103,8 @@ class OpenAIUpstreamEngine(Engine):
         self._http = UpstreamHTTP(self.config, session, headers)
 
     async def cleanup(self) -> None:
-        for request_id in list(self._inflight):
-            await self.abort(request_id)
+        for key in list(self._inflight):
+            await self.abort(key)
         if self._http is not None:
             http, self._http = self._http, None
             await http.session.close()
@@ -120,8 +121,8 @@ class OpenAIUpstreamEngine(Engine):
             running=dict(self._running),
         )
 
-    async def abort(self, request_id: str) -> None:
-        call = self._inflight.get(request_id)
+    async def abort(self, key: RequestKey) -> None:
+        call = self._inflight.get(key)
         if call is None or call.aborted:
             return
         call.aborted = True
@@ -131,15 +132,17 @@ class OpenAIUpstreamEngine(Engine):
             call.response.close()            # wakes a pending read and drops the connection
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        rid = request.request_id
+        rid, key = request.request_id, request.key
         http = self._http
         if http is None:
             raise EngineError(rid, "engine not started")
-        if rid in self._inflight:
+        if key in self._inflight:
             raise EngineError(rid, "request is already running on this engine")
         url, body = self._build(request)
         embedding = isinstance(request.body, EmbeddingBody)
-        call = self._inflight[rid] = Call(rid, request.klass, choices=request.body.choices,
+        # Upstream it goes by its bare id (X-Request-Id, for the upstream's logs): the tenant's
+        # name is not the hosted provider's to know.
+        call = self._inflight[key] = Call(rid, request.klass, choices=request.body.choices,
                                           logprobs=wire.client_wants_logprobs(request.body),
                                           confidence=request.confidence and not embedding,
                                           embedding=len(request.body.inputs) if embedding else 0)
@@ -180,7 +183,7 @@ class OpenAIUpstreamEngine(Engine):
         except Aborted:
             yield self._final(request, call, aborted=True)
         finally:
-            del self._inflight[rid]
+            del self._inflight[key]
             self._running[request.klass] -= 1
             if not self._running[request.klass]:
                 del self._running[request.klass]

@@ -40,7 +40,10 @@ from workers.metrics import WorkerMetrics
 
 log = logging.getLogger("laneway.worker.outbox")
 
-StreamKey = tuple[str, int]     # (request_id, attempt)
+# (reply inbox, request_id, attempt). Request ids are the client's, so two tenants may stream
+# under the same one at once: the inbox (`lw.tok.<tenant>.…`, checked in workers/serve.py) keeps
+# one tenant's deltas from merging into, or being counted for, another's.
+StreamKey = tuple[str, str, int]
 
 
 @dataclass(slots=True)
@@ -101,7 +104,7 @@ class Outbox:
         self._confirming: set[asyncio.Task[None]] = set()
 
     def emit(self, reply_to: str, entry: Entry) -> None:
-        key = (entry.request_id, entry.attempt)
+        key = (reply_to, entry.request_id, entry.attempt)
         if isinstance(entry, Delta):
             self._tokens[key] = self._tokens.get(key, 0) + (len(entry.token_ids) or 1)
         if isinstance(entry, Delta) and entry.plain:
@@ -115,10 +118,9 @@ class Outbox:
             entries.append(entry)
         self._dirty.set()
 
-    def extend(self, request_id: str, attempt: int, text: str, token_ids: list[int]) -> bool:
+    def extend(self, key: StreamKey, text: str, token_ids: list[int]) -> bool:
         """Append to this stream's delta that still waits for the flush; False when there is
         none (the caller emits a new `Delta` with the next seq)."""
-        key = (request_id, attempt)
         delta = self._open.get(key)
         if delta is None:
             return False
@@ -132,11 +134,10 @@ class Outbox:
         self._after.append((subject, payload))
         self._dirty.set()
 
-    def metered(self, subject: str, request_id: str, attempt: int,
-                build: Callable[[Delivery], bytes]) -> None:
+    def metered(self, subject: str, key: StreamKey, build: Callable[[Delivery], bytes]) -> None:
         """A usage record, built at the flush once the stream's last frames went out (or failed
         to): `build` gets what was delivered. Call it after the stream's last entry."""
-        self._metered.append((subject, (request_id, attempt), build))
+        self._metered.append((subject, key, build))
         self._dirty.set()
 
     def dead_letter(self, subject: str, payload: bytes, headers: dict[str, str], ack_subject: str) -> None:
@@ -174,9 +175,9 @@ class Outbox:
                     await nc.publish(reply_to, payload)
                 except nats.errors.Error as exc:
                     self._failures.record("frame", reply_to, repr(exc))
-                    self._count(part, tokens, lost=True)
+                    self._count(reply_to, part, tokens, lost=True)
                 else:
-                    self._count(part, tokens, lost=False)
+                    self._count(reply_to, part, tokens, lost=False)
             self._metrics.entries_per_frame.labels(self._pool).observe(len(entries))
         if frames:
             self._metrics.frames.labels(self._pool).inc(len(frames))
@@ -209,10 +210,10 @@ class Outbox:
         if self._confirming:
             await asyncio.wait(set(self._confirming), timeout=timeout_s)
 
-    def _count(self, entries: list[Entry], tokens: dict[StreamKey, int], lost: bool) -> None:
+    def _count(self, reply_to: str, entries: list[Entry], tokens: dict[StreamKey, int], lost: bool) -> None:
         """Credit the deltas of a published frame to their streams, until one of theirs fails."""
         for entry in entries:
-            key = (entry.request_id, entry.attempt)
+            key = (reply_to, entry.request_id, entry.attempt)
             sent = self._sent.get(key)
             if sent is None:
                 sent = self._sent[key] = Delivery()

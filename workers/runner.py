@@ -37,7 +37,7 @@ from schemas.subjects import BadToken
 from schemas.work import Dispatch
 from workers.caching import AnswerStore
 from workers.config import WorkerConfig
-from workers.engine import Engine
+from workers.engine import Engine, RequestKey
 from workers.escalate import Escalator
 from workers.heartbeat import heartbeat
 from workers.metering import UsageRecorder
@@ -61,7 +61,7 @@ class Worker:
         self.ready = False
         self.dead: BaseException | None = None
         self._nc: Client | None = None
-        self._active: dict[tuple[str, str], Active] = {}
+        self._active: dict[RequestKey, Active] = {}
         self._outbox = Outbox(self.id, self.config.pool, self.metrics, self.config.frame_interval_s)
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -173,13 +173,14 @@ class Worker:
     # -- cancels, liveness ----------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
         try:
-            key = self.s.parse_cancel(msg.subject)     # (tenant, request_id): the subject's, never the payload's
+            # The subject's (tenant, request_id), never the payload's: the tenant its publisher may use.
+            key = RequestKey(*self.s.parse_cancel(msg.subject))
         except BadToken:
             return
         active = self._active.get(key)
         if active is not None and not active.cancelled:
             active.cancelled = True
-            await self.engine.abort(key[1])
+            await self.engine.abort(key)
 
     async def _on_ping(self, msg: Msg) -> None:
         await self._heartbeat()

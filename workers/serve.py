@@ -31,6 +31,7 @@ from workers.engine import (
     EngineError,
     EngineOutput,
     EngineRequest,
+    RequestKey,
     UnsupportedRequest,
 )
 from workers.escalate import Escalator, stream_gate
@@ -81,7 +82,7 @@ class Serving:
 
     def __init__(self, worker_id: str, pool: str, subjects: Subjects, engine: Engine, metrics: WorkerMetrics,
                  outbox: Outbox, usage: UsageRecorder, escalator: Escalator, answers: AnswerStore,
-                 active: dict[tuple[str, str], Active], room: asyncio.Event,
+                 active: dict[RequestKey, Active], room: asyncio.Event,
                  on_dead: Callable[[BaseException], None]) -> None:
         self.id = worker_id
         self.pool = pool
@@ -99,7 +100,7 @@ class Serving:
 
     def start(self, dispatch: Dispatch) -> None:
         request = dispatch.request
-        key = (request.tenant, request.request_id)
+        key = RequestKey(request.tenant, request.request_id)
         if not request.reply_to.startswith(self.s.tok_tenant_prefix(request.tenant)):
             # Defence in depth: never stream one tenant's tokens onto another's subjects.
             log.error("refused a dispatch whose reply subject is outside its tenant's inbox")
@@ -124,7 +125,7 @@ class Serving:
                 await self._escalate(active, gate.score)
                 return
         except TimeoutError:
-            await self.engine.abort(r.request_id)
+            await self.engine.abort(RequestKey(r.tenant, r.request_id))
             self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed during generation")
             return
         except UnsupportedRequest as exc:
@@ -151,7 +152,7 @@ class Serving:
         """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
         d, r = active.dispatch, active.dispatch.request
         request = EngineRequest(r.request_id, r.body, r.extra, priority=d.priority, klass=r.klass,
-                                confidence=gate is not None, cache_salt=d.cache_salt)
+                                confidence=gate is not None, cache_salt=d.cache_salt, tenant=r.tenant)
         finished: Finished | None = None
         async with asyncio.timeout(max(0.0, r.deadline - time.time())):
             async for out in self.engine.generate(request):
@@ -178,7 +179,7 @@ class Serving:
                 active.first_token_at = time.monotonic()
                 self.metrics.ttft.labels(self.pool, r.klass).observe(active.first_token_at - active.started)
             plain = _plain(out)
-            if not (plain and self.outbox.extend(r.request_id, d.attempt, out.text, out.token_ids)):
+            if not (plain and self.outbox.extend((r.reply_to, r.request_id, d.attempt), out.text, out.token_ids)):
                 delta = Delta(r.request_id, d.attempt, active.next_seq(), out.text, list(out.token_ids))
                 if delta.seq == 0 and d.headers:
                     delta.headers = d.headers
@@ -249,7 +250,7 @@ class Serving:
         request = active.dispatch.request
         if active.tokens:   # counted once per request: a labelled inc per token costs real CPU
             self.metrics.tokens.labels(self.pool, request.klass).inc(active.tokens)
-        self.active.pop((request.tenant, request.request_id), None)
+        self.active.pop(RequestKey(request.tenant, request.request_id), None)
         self.outbox.after(active.dispatch.ack_subject, ack)
         self._room.set()
 

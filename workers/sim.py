@@ -39,7 +39,8 @@ import msgspec
 from broker.runtime.tasks import cancel_and_wait
 from schemas.frames import ToolCallDelta
 from schemas.openai import ChatBody, EmbeddingBody
-from workers.engine import Capacity, Engine, EngineError, EngineOutput, EngineRequest, UnsupportedRequest
+from workers.engine import (Capacity, Engine, EngineError, EngineOutput, EngineRequest, RequestKey,
+                            UnsupportedRequest)
 from workers.sim_embed import accept_embedding
 from workers.sim_output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
 from workers.sim_request import SimRequest, accept
@@ -184,7 +185,7 @@ class SimEngine(Engine):
             num_blocks=max(1, self.kv_tokens // BLOCK),
             long_prefill_token_threshold=threshold if long_prefill_token_threshold is None
             else long_prefill_token_threshold))
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[RequestKey, _Req] = {}
         self._held = 0                      # sequences (choices) admitted and not finished
         self._reserved = 0
         self._order = itertools.count()
@@ -215,20 +216,20 @@ class SimEngine(Engine):
         """Sequences held: every unfinished choice of every request, waiting or decoding."""
         return self._held
 
-    async def abort(self, request_id: str) -> None:
-        req = self._reqs.get(request_id)
+    async def abort(self, key: RequestKey) -> None:
+        req = self._reqs.get(key)
         if req is not None:
             self._end(req, "abort")
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        if request.request_id in self._reqs:
+        if request.key in self._reqs:
             raise EngineError(request.request_id, "the request is already running on this engine")
         req = self._plan(request)
         need = req.sim.prompt_tokens + max((seq.reserve for seq in req.choices), default=0)
         if need > self.scheduler.config.num_blocks * BLOCK:
             raise EngineError(request.request_id, f"{need} tokens (prompt and output) exceed the "
                               f"simulated KV cache of {self.scheduler.config.num_blocks * BLOCK} tokens")
-        self._reqs[request.request_id] = req
+        self._reqs[request.key] = req
         self._held += req.open
         self._reserved += req.reserve + sum(seq.reserve for seq in req.choices)
         hashes = block_hashes("".join(request.body.texts()), req.sim.prompt_tokens, request.cache_salt)
@@ -393,7 +394,7 @@ class SimEngine(Engine):
         for seq in req.choices:
             self._release(seq, reason)
         req.done = True
-        self._reqs.pop(req.request.request_id, None)
+        self._reqs.pop(req.request.key, None)
         self._reserved -= req.reserve
         reasons = [seq.finish or reason for seq in req.choices]
         req.push(EngineOutput("", [], finish_reason="abort" if reason == "abort" else reasons[0],

@@ -13,8 +13,11 @@ and `vllm/entrypoints/generate/api_router.py:init_generate_state`):
   `ErrorResponse` or an async generator of SSE strings, which we decode into `EngineOutput`s.
   So tools and tool_choice, response_format (structured outputs), logprobs, n, top_k, ... are
   vLLM's own, not re-implemented here.
-- Ids: the serving layer prefixes our request id (`chatcmpl-{id}`, `cmpl-{id}-0`) and `AsyncLLM`
-  maps that external id to its internal ones, so `abort(request_id)` aborts the prefixed id.
+- Ids: vLLM is given `RequestKey.scoped()` (`tenant:id`), which the serving layer prefixes
+  (`chatcmpl-{id}`, `cmpl-{id}-0`); `AsyncLLM` maps that external id to its internal ones, so
+  `abort(key)` aborts the prefixed id. Scoped, because `AsyncLLM.abort` of an external id aborts
+  every request that carries it (`OutputProcessor.abort_requests`): with bare ids one tenant's
+  cancel would abort another's request of the same id.
 - Real state for `capacity()`: the KV cache size the engine core reports back at start
   (`cache_config.num_gpu_blocks` x `block_size`), and the `SchedulerStats` (running/waiting
   requests, `kv_cache_usage`) the core sends after every step, captured by a custom stat logger.
@@ -45,6 +48,7 @@ from workers.engine import (
     EngineError,
     EngineOutput,
     EngineRequest,
+    RequestKey,
     UnsupportedRequest,
 )
 from workers.vllm_config import VllmConfig
@@ -106,8 +110,8 @@ class VllmEngine(Engine):
         self._completion: Any = None     # vLLM's OpenAIServingCompletion
         self._embedding: Any = None      # vLLM's ServingEmbedding (an embedding worker)
         self._view = _SchedulerView()
-        self._live: dict[str, _Live] = {}
-        self._vllm_ids: dict[str, str | list[str]] = {}   # our request id → the serving layer's
+        self._live: dict[RequestKey, _Live] = {}
+        self._vllm_ids: dict[RequestKey, str | list[str]] = {}   # our request → the serving layer's ids
         self._max_num_seqs = 0
         self._step_tokens = 0
         self._kv_tokens = 0
@@ -200,11 +204,11 @@ class VllmEngine(Engine):
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, key: RequestKey) -> None:
         llm = self._llm
-        if (live := self._live.get(request_id)) is not None:
+        if (live := self._live.get(key)) is not None:
             live.aborted = True     # repeated once vLLM has the request (see _generate)
-        vllm_id = self._vllm_ids.get(request_id)
+        vllm_id = self._vllm_ids.get(key)
         if llm is not None and not llm.errored and vllm_id is not None:
             await llm.abort(vllm_id)
 
@@ -214,7 +218,9 @@ class VllmEngine(Engine):
     async def _generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         from workers.vllm_openai import ChunkReader, StreamError, build_request
 
-        rid, body = request.request_id, request.body
+        rid, key, body = request.request_id, request.key, request.body
+        if key in self._live:
+            raise EngineError(rid, "the request is already running on this engine")
         if isinstance(body, EmbeddingBody):
             if not self.config.embedding:
                 raise UnsupportedRequest(rid, "model", "this pool's model does not serve embeddings")
@@ -226,9 +232,9 @@ class VllmEngine(Engine):
         chat = isinstance(body, ChatBody)
         vreq = build_request(request, self.model)
         n = body.choices
-        # The serving layer's ids for our request id (see _create_chat_completion/_completion).
-        self._vllm_ids[rid] = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}-0"
-        live = self._live[rid] = _Live(request.klass, n, body.output_limit or 0)
+        # The serving layer's ids for the id build_request gave it (create_chat_completion/_completion).
+        self._vllm_ids[key] = f"chatcmpl-{key.scoped()}" if chat else f"cmpl-{key.scoped()}-0"
+        live = self._live[key] = _Live(request.klass, n, body.output_limit or 0)
         reader = ChunkReader(request)
         stream = None
         try:
@@ -243,7 +249,7 @@ class VllmEngine(Engine):
                         # An abort during rendering reached vLLM before the request did and was
                         # ignored; now that a chunk came, vLLM knows it: abort again.
                         repeated = True
-                        await llm.abort(self._vllm_ids[rid])
+                        await llm.abort(self._vllm_ids[key])
                     outs = reader.read(sse)
                     if reader.prompt_tokens is not None:
                         live.prompt_tokens = reader.prompt_tokens
@@ -260,8 +266,8 @@ class VllmEngine(Engine):
         except Exception as e:
             raise translate(request, e) from e
         finally:
-            self._live.pop(rid, None)
-            vllm_id = self._vllm_ids.pop(rid)
+            self._live.pop(key, None)
+            vllm_id = self._vllm_ids.pop(key)
             if stream is not None and not reader.done and not llm.errored:
                 await llm.abort(vllm_id)   # closed or failed early: free the slot now
 
@@ -270,7 +276,7 @@ class VllmEngine(Engine):
         from workers.vllm_openai import StreamError, build_embedding_request, read_embeddings
 
         llm = self._engine()
-        rid, body = request.request_id, request.body
+        rid, key, body = request.request_id, request.key, request.body
         assert isinstance(body, EmbeddingBody)
         if problem := body.check():
             raise UnsupportedRequest(rid, "input", problem)
@@ -278,9 +284,9 @@ class VllmEngine(Engine):
         vreq = build_embedding_request(request, self.model)
         count = len(body.inputs)
         # ServingEmbedding's ids: "embd-{request_id}-{i}", one engine request per input.
-        self._vllm_ids[rid] = [f"embd-{rid}-{i}" for i in range(count)]
+        self._vllm_ids[key] = [f"embd-{key.scoped()}-{i}" for i in range(count)]
         estimate = body.token_count() + sum(len(t) for t in body.texts()) // 4
-        self._live[rid] = _Live(request.klass, count, 0, estimate, pooling=True)
+        self._live[key] = _Live(request.klass, count, 0, estimate, pooling=True)
         done = False
         try:
             response = await self._embedding(vreq, None)
@@ -298,8 +304,8 @@ class VllmEngine(Engine):
         except Exception as e:
             raise translate(request, e) from e
         finally:
-            self._live.pop(rid, None)
-            ids = self._vllm_ids.pop(rid)
+            self._live.pop(key, None)
+            ids = self._vllm_ids.pop(key)
             if not done and not llm.errored:
                 await llm.abort(ids)          # failed or cancelled part-way: free the slots now
         return EngineOutput(text="", finish_reason="stop", prompt_tokens=prompt_tokens, vectors=vectors)

@@ -50,7 +50,7 @@ def build_request(request: EngineRequest, served_name: str) -> Any:
     # Always streamed, usage on the last chunk (exact counts); token ids ride on each chunk
     # (and the prompt's once, on the first: how we learn its length for capacity()).
     data.update(model=served_name, stream=True, stream_options={"include_usage": True},
-                request_id=rid, priority=request.priority, return_token_ids=True)
+                request_id=request.key.scoped(), priority=request.priority, return_token_ids=True)
     if request.cache_salt:
         data["cache_salt"] = request.cache_salt
     if request.confidence:
@@ -76,7 +76,7 @@ def build_embedding_request(request: EngineRequest, served_name: str) -> Any:
     assert isinstance(request.body, EmbeddingBody)
     cls, rid = EmbeddingCompletionRequest, request.request_id
     data = _merged(request, cls, _EMBED_REFUSED)
-    data.update(model=served_name, request_id=rid, priority=request.priority,
+    data.update(model=served_name, request_id=request.key.scoped(), priority=request.priority,
                 encoding_format="base64", embed_dtype="float32", endianness="little")
     if request.cache_salt:
         data["cache_salt"] = request.cache_salt

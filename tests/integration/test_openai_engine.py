@@ -24,7 +24,7 @@ from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
 from schemas.openai import ChatBody, CompletionBody, Message, Tool
 from workers.circuit import BreakerConfig, BreakerState
 from tests.wait import eventually
-from workers.engine import EngineOutput, EngineRequest
+from workers.engine import EngineOutput, EngineRequest, RequestKey
 from workers.openai_engine import (
     CircuitOpen,
     OpenAIUpstreamConfig,
@@ -658,7 +658,7 @@ async def test_abort_closes_the_upstream_connection(upstream: FakeUpstream, make
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), 2.0)
-    await engine.abort("ab")
+    await engine.abort(RequestKey("", "ab"))
     await asyncio.wait_for(task, 2.0)
     assert outputs[-1].finish_reason == "abort"
     assert len(outputs) < 10
@@ -671,10 +671,32 @@ async def test_abort_while_the_upstream_hangs(upstream: FakeUpstream, make_engin
     engine = await make_engine(first_token_timeout_s=10.0)
     task = asyncio.create_task(collect(engine, request("hung")))
     assert await eventually(lambda: upstream.seen)
-    await engine.abort("hung")
+    await engine.abort(RequestKey("", "hung"))
     outputs = await asyncio.wait_for(task, 2.0)
     assert [o.finish_reason for o in outputs] == ["abort"]
     await asyncio.wait_for(upstream.disconnected.wait(), 2.0)
+
+
+async def test_two_tenants_share_a_request_id_and_an_abort_ends_only_its_tenants(
+        upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    upstream.script(*[Plan(tokens=tuple("abcdefghijklmnop"), gap=0.05)] * 2)
+    engine = await make_engine()
+    running = [asyncio.Event(), asyncio.Event()]
+
+    async def consume(tenant: str, started: asyncio.Event) -> list[EngineOutput]:
+        outputs = []
+        async for out in engine.generate(replace(request("same"), tenant=tenant)):
+            outputs.append(out)
+            started.set()
+        return outputs
+
+    acme = asyncio.create_task(consume("acme", running[0]))
+    globex = asyncio.create_task(consume("globex", running[1]))
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in running)), 2.0)
+    await engine.abort(RequestKey("globex", "same"))
+    assert (await asyncio.wait_for(globex, 2.0))[-1].finish_reason == "abort"
+    acme_outputs = await asyncio.wait_for(acme, 5.0)
+    assert acme_outputs[-1].finish_reason == "stop" and text_of(acme_outputs) == "abcdefghijklmnop"
 
 
 async def test_closing_the_iterator_closes_the_upstream_connection(upstream: FakeUpstream, make_engine: EngineFactory) -> None:

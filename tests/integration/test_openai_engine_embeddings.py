@@ -21,7 +21,7 @@ from aiohttp import web
 from schemas.openai import EmbeddingBody
 from tests.wait import eventually
 from workers.circuit import BreakerConfig
-from workers.engine import EngineOutput, EngineRequest
+from workers.engine import EngineOutput, EngineRequest, RequestKey
 from workers.openai_engine import (
     CircuitOpen,
     OpenAIUpstreamConfig,
@@ -222,7 +222,7 @@ async def test_capacity_counts_the_request_while_it_runs(upstream: FakeUpstream,
     task = asyncio.ensure_future(collect(engine, request()))
     assert await eventually(lambda: engine.capacity().free_slots == 3)
     assert engine.capacity().running == {"batch": 1}
-    await engine.abort("e1")
+    await engine.abort(RequestKey("", "e1"))
     (out,) = await task
     assert out.finish_reason == "abort" and out.vectors == []
     assert engine.capacity().free_slots == 4 and engine.capacity().running == {}

@@ -1,5 +1,5 @@
-"""A tenant's own NATS client speaking the subject protocol by hand: how the attacks on direct
-publishing reach the broker past the bridge."""
+"""A tenant's own NATS client speaking the subject protocol by hand: how an upstream service
+publishes past the bridge with the NATS user `laneway up` generated for its tenant."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import uuid
 
 from schemas import codec
-from schemas.frames import Delta
+from schemas.frames import Delta, Entry
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
 from tests.requests import chat
@@ -52,3 +52,10 @@ class Publisher:
 
     async def next(self, request_id: str):
         return await asyncio.wait_for(self.entries.setdefault(request_id, asyncio.Queue()).get(), 60)
+
+    async def rest(self, request_id: str) -> tuple[list[Delta], Entry]:
+        """The deltas still to come, and the entry that ended the stream."""
+        deltas = []
+        while isinstance(entry := await self.next(request_id), Delta):
+            deltas.append(entry)
+        return deltas, entry

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -30,7 +31,7 @@ from schemas.openai import (
 )
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
-from workers.engine import EngineDead, EngineOutput, EngineRequest, UnsupportedRequest
+from workers.engine import EngineDead, EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(900)]
@@ -168,7 +169,7 @@ async def test_abort_mid_stream_frees_the_engine_slot(engine) -> None:
         outs.append(out)
         if len(outs) == 3:
             assert engine.num_running() == 1
-            await engine.abort(request.request_id)
+            await engine.abort(request.key)
     assert outs[-1].finish_reason == "abort"
     assert len(outs) < 50
     assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
@@ -194,11 +195,33 @@ async def test_abort_reaches_a_completion(engine) -> None:
     async for out in engine.generate(request):
         outs.append(out)
         if len(outs) == 3:
-            await engine.abort(request.request_id)
+            await engine.abort(request.key)
     assert outs[-1].finish_reason == "abort"
     assert len(outs) < 50
     assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
                             2.0)
+
+
+async def test_two_tenants_share_a_request_id_and_an_abort_ends_only_its_tenants(engine) -> None:
+    """vLLM's abort of an external id aborts every request carrying it: ours are tenant-scoped."""
+    essay = "Write a long essay about the sea."
+    requests = {"acme": replace(chat("same", essay, max_tokens=40, extra={"ignore_eos": True}), tenant="acme"),
+                "globex": replace(chat("same", essay, max_tokens=1000, temperature=0.8), tenant="globex")}
+    outs: dict[str, list[EngineOutput]] = {"acme": [], "globex": []}
+    running = {tenant: asyncio.Event() for tenant in requests}
+
+    async def consume(tenant: str) -> None:
+        async for out in engine.generate(requests[tenant]):
+            outs[tenant].append(out)
+            running[tenant].set()
+
+    tasks = [asyncio.create_task(consume(tenant)) for tenant in requests]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in running.values())), 300)
+    await engine.abort(RequestKey("globex", "same"))
+    await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    assert outs["globex"][-1].finish_reason == "abort"
+    assert outs["acme"][-1].finish_reason == "length" and outs["acme"][-1].completion_tokens == 40
+    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0, 2.0)
 
 
 async def test_cancelling_the_consumer_aborts_it(engine) -> None:
@@ -330,10 +353,10 @@ async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
 
     request = chat("salted", "Hi", max_tokens=4, priority=3,
                    extra={"cache_salt": "client's", "request_id": "client's", "priority": -9})
-    request.cache_salt = "tenant-a"
+    request.cache_salt, request.tenant = "tenant-a", "acme"
     vllm_request = build_request(request, engine.model)
     assert (vllm_request.cache_salt, vllm_request.request_id, vllm_request.priority) == \
-        ("tenant-a", "salted", 3)
+        ("tenant-a", "acme:salted", 3)      # the id scoped by its tenant: see vllm_engine.py
     outs = await collect(engine, request)
     assert outs[-1].finish_reason in ("stop", "length")
 

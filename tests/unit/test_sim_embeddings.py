@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from schemas.openai import ChatBody, EmbeddingBody, Message
-from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
+from workers.engine import EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
 from workers.sim import PROFILES, SimEngine, SimProfile
 from workers.sim_embed import NATIVE_DIMENSIONS, vector
 from tests.wait import eventually
@@ -172,7 +172,7 @@ async def test_abort_frees_the_slot_and_returns_no_vectors():
         stream = engine.generate(EngineRequest("e", body("a" * 4000)))
         task = asyncio.ensure_future(anext(stream))
         assert await eventually(lambda: engine.capacity().free_slots == 1, timeout=5)
-        await engine.abort("e")
+        await engine.abort(RequestKey("", "e"))
         out = await task
         assert out.finish_reason == "abort" and out.vectors == []
         assert engine.capacity().free_slots == 2
