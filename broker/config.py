@@ -5,6 +5,7 @@ Environment variables are read only by the command line (`laneway/cli.py`), whic
 
 from __future__ import annotations
 
+import secrets
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,9 @@ class BrokerConfig:
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' longest prompt, as the bridge's
 
 
+MIN_SECRET_CHARS = 32      # the bridge's idempotency secret: 128 bits as hex, at the least
+
+
 @dataclass(frozen=True)
 class BridgeConfig:
     nats: NatsSettings = field(default_factory=NatsSettings)
@@ -135,7 +139,13 @@ class BridgeConfig:
     # in the request stream's duplicate window (120 s), or a late try could be stored again.
     publish_timeout_s: float = 5.0
     publish_tries: int = 3
+    # The HMAC key of Idempotency-Key → request id (broker/bridge/chat.py), the same on every
+    # replica so that a retry to another maps to the same id. `laneway bridge` requires it; a
+    # bridge built in-process (tests, benchmarks) gets a random one, never a known constant.
+    idempotency_secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     def __post_init__(self) -> None:
         if self.publish_tries < 1 or self.publish_timeout_s <= 0:
             raise ValueError("the bridge publishes a request at least once, with a timeout above 0")
+        if len(self.idempotency_secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"the idempotency secret must be at least {MIN_SECRET_CHARS} characters")

@@ -35,6 +35,10 @@ from broker.runtime.tracing import configure as configure_tracing
 log = logging.getLogger("laneway")
 
 
+# The bridge's HMAC key for Idempotency-Key request ids: in the environment only, never argv.
+IDEMPOTENCY_SECRET_ENV = "LANEWAY_IDEMPOTENCY_SECRET"
+
+
 # -- shared flags ---------------------------------------------------------------------------
 _nats_flags = add_nats_flags
 _nats = nats_from_args
@@ -195,6 +199,15 @@ async def _run_bridge(args: argparse.Namespace) -> int:
     except BadSettings as exc:
         print(f"laneway bridge: {exc}", file=sys.stderr)
         return 2
+    from broker.config import MIN_SECRET_CHARS
+
+    secret = os.environ.get(IDEMPOTENCY_SECRET_ENV, "")
+    if len(secret) < MIN_SECRET_CHARS:
+        # Never a default: every replica must derive the same request id from an Idempotency-Key.
+        print(f"laneway bridge: ${IDEMPOTENCY_SECRET_ENV} is {'too short' if secret else 'not set'}: give "
+              f"every bridge replica the same secret of at least {MIN_SECRET_CHARS} characters (e.g. "
+              "`openssl rand -hex 32`); `laneway up` makes its own", file=sys.stderr)
+        return 2
     evaluator = None
     if args.eval_scores:
         from broker.routing.eval_gate import load_golden, load_results, results_evaluator
@@ -205,7 +218,8 @@ async def _run_bridge(args: argparse.Namespace) -> int:
                                  max_connections=args.max_connections,
                                  max_streams=args.max_streams, max_delivery_lag_s=args.max_delivery_lag,
                                  max_context_tokens=args.max_context_tokens,
-                                 publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries),
+                                 publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries,
+                                 idempotency_secret=secret),
                     settings,
                     admin=AdminConfig.from_env(), evaluator=evaluator)
     async with bridge:

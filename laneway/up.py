@@ -27,7 +27,7 @@ from broker.config import BadSettings, LogicalModel, Settings, load_serving_sett
 from broker.provision import provision_at
 from broker.runtime.connect import NatsSettings
 from broker.runtime.lifetime import tied_to_this_process
-from broker.runtime.natsd import NatsServer
+from broker.runtime.natsd import NatsServer, encryption_key
 from broker.runtime.ports import free_port
 from broker.tenants import Tenant, hash_key
 from laneway.nats_config import UpAuth, up_auth, write_private
@@ -58,9 +58,9 @@ def _engine_defaults(args: argparse.Namespace) -> tuple[str, str]:
 
 
 async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
-                 name: str | None = None) -> asyncio.subprocess.Process:
+                 name: str | None = None, secrets_env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     """`name` tells apart several children of one role (`broker-2`): their logs and restarts."""
-    env = dict(os.environ)
+    env = dict(os.environ) | (secrets_env or {})
     if auth is not None:    # in the environment, not argv, where any local user could read it
         env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = auth.services[role]
     with open(log_dir / f"{name or role}.log", "ab") as log:    # the child keeps its own copy
@@ -130,6 +130,17 @@ def _settings_key(path: Path, tenants: dict[str, Tenant], api_key: str | None) -
         print(f"laneway: --api-key is not a key of any tenant in {path}: it would get 401",
               file=sys.stderr)
     return "$LANEWAY_API_KEY", f"  (a key of a tenant in {path})"
+
+
+IDEMPOTENCY_KEY_FILE = "idempotency.key"
+
+
+def _bridge_secrets(data_dir: Path) -> dict[str, str]:
+    """The bridge's HMAC key for Idempotency-Key request ids: made once and kept in the data dir
+    (0600) as the JetStream key is, so a restarted bridge maps a client's retry to the same id."""
+    from laneway.cli import IDEMPOTENCY_SECRET_ENV
+
+    return {IDEMPOTENCY_SECRET_ENV: encryption_key(data_dir / IDEMPOTENCY_KEY_FILE)}
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -296,14 +307,14 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         worker_argv += ["--model", args.model]
     broker_argv = common + ["--pii", args.pii] + forwarded["broker"]
 
-    def start(role: str, argv: list[str], name: str):
-        return lambda: _spawn(role, argv, log_dir, auth, name)
+    def start(role: str, argv: list[str], name: str, secrets_env: dict[str, str] | None = None):
+        return lambda: _spawn(role, argv, log_dir, auth, name, secrets_env)
 
     starts = {name: start("broker", broker_argv + _metrics_port(args.metrics), name)
               for name in instances("broker", args.brokers)}
     starts |= {name: start("worker", argv + _metrics_port(args.metrics), name) for name, argv in
                zip(instances("worker", args.workers), worker_argvs(worker_argv, args.workers))}
-    starts["bridge"] = start("bridge", bridge_argv, "bridge")
+    starts["bridge"] = start("bridge", bridge_argv, "bridge", _bridge_secrets(data_dir))
     procs: dict[str, asyncio.subprocess.Process] = {}
     supervisor = Supervisor()
     code = 0

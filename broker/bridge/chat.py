@@ -7,6 +7,7 @@ turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import re
 import time
@@ -84,6 +85,17 @@ def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
     return tenant
 
 
+MAX_IDEMPOTENCY_KEY = 255      # as the payment APIs that made the header common (Stripe's limit)
+
+
+def idempotent_id(secret: str, tenant: str, key: str) -> str:
+    """A client retry that carries the same Idempotency-Key maps to the same request id, so
+    JetStream's dedup window stores it once: exactly one generation. An HMAC under the bridges'
+    shared secret: whoever knows or guesses a tenant's key still cannot compute its request id
+    (to aim a request or a cancel at it). A tenant name holds no NUL, so the message is unambiguous."""
+    return hmac.new(secret.encode(), f"{tenant}\0{key}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
 class Generations:
     """One OpenAI generation endpoint; `decode` reads its body kind (chat or completion)."""
 
@@ -106,8 +118,8 @@ class Generations:
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         # An error answer gets its x-request-id from the app's middleware (the same answer_id).
         started = time.monotonic()
-        request_id = self._request_id(request)
         tenant = authenticate(request, self.catalogue.tenants)
+        request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
         admit(len(self.demux), self.demux.lag.current(time.monotonic()), max_streams=self.config.max_streams,
               max_delivery_lag_s=self.config.max_delivery_lag_s)
@@ -115,8 +127,6 @@ class Generations:
         klass = self._class_for(request, tenant)
         self._check_model(body.model)
         now = time.time()
-        if key := request.headers.get("Idempotency-Key"):
-            request_id = self._idempotent_id(tenant, key)
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
                                reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
                                deadline=self._deadline(request, now))
@@ -216,18 +226,15 @@ class Generations:
             timeout = min(timeout, asked)
         return now + timeout
 
-    @staticmethod
-    def _request_id(request: web.Request) -> str:
+    def _request_id(self, request: web.Request, tenant: Tenant) -> str:
         """Laneway's id for this request (frames, usage, audit, logs)."""
-        request_id = uuid.uuid4().hex
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise EdgeError(ErrorCode.invalid_request,
+                            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters", "Idempotency-Key")
+        request_id = idempotent_id(self.config.idempotency_secret, tenant.name, key) if key else uuid.uuid4().hex
         answer_id(request, request_id)
         return request_id
-
-    @staticmethod
-    def _idempotent_id(tenant: Tenant, key: str) -> str:
-        # A client retry that carries the same idempotency key maps to the same request id, so
-        # JetStream's dedup window stores it once: exactly one generation.
-        return hashlib.sha256(f"{tenant.name}\0{key}".encode()).hexdigest()[:32]
 
     def _check_model(self, name: str) -> None:
         """Refuse early what the broker would refuse: unknown models, and a models-table pool with

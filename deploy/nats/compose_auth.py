@@ -8,7 +8,9 @@ It writes, into the `nats-auth` volume that the NATS nodes include (deploy/nats/
   authenticates an explicitly listed route only by the credentials in its URL);
 and, for each `--login ROLE=DIR`, DIR/login.json with that role's user and password alone: each
 role's containers mount only their own (deploy/nats/login.py reads it), so a worker never holds
-the broker's or the operator's password.
+the broker's or the operator's password. The bridge's also carries the secret every bridge
+replica must share (LANEWAY_IDEMPOTENCY_SECRET: Idempotency-Key → request id), kept in its
+login volume beside it, never in the volume the NATS nodes read.
 
 Passwords are kept across runs (`up_auth`, as `laneway up` keeps them): a rerun after a settings
 change adds and removes tenants and leaves every other login valid. `laneway nats-config` would
@@ -25,12 +27,14 @@ import secrets
 from pathlib import Path
 
 from broker.config import load_settings
+from broker.runtime.natsd import encryption_key
+from laneway.cli import IDEMPOTENCY_SECRET_ENV
 from laneway.nats_config import ROLES, up_auth, user_name, write_private
 from schemas.subjects import Subjects
 
 ROUTE_USER = "route"
-ACCOUNTS_FILE, CLUSTER_FILE, ROUTE_PASSWORD_FILE, LOGIN_FILE = (
-    "nats-auth.conf", "cluster-auth.conf", "route-password", "login.json")
+ACCOUNTS_FILE, CLUSTER_FILE, ROUTE_PASSWORD_FILE, LOGIN_FILE, IDEMPOTENCY_FILE = (
+    "nats-auth.conf", "cluster-auth.conf", "route-password", "login.json", "idempotency.key")
 
 
 def route_password(out: Path) -> str:
@@ -59,7 +63,10 @@ def write(args: argparse.Namespace) -> None:
         user, password = logins[user_name(role)]
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / LOGIN_FILE
-        write_private(path, json.dumps({"user": user, "password": password}))
+        login = {"user": user, "password": password}
+        if role == "bridge":        # made once, kept across runs: a retry maps to the same id
+            login["env"] = {IDEMPOTENCY_SECRET_ENV: encryption_key(directory / IDEMPOTENCY_FILE)}
+        write_private(path, json.dumps(login))
         if os.geteuid() == 0:       # root in the container: hand it to the service's user
             os.chown(path, uid, gid)
     print(f"nats-auth: {len(tenants)} tenant accounts, logins for {', '.join(r for r, _ in args.login)}")

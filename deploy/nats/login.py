@@ -3,8 +3,8 @@ the role whose login.json (written by deploy/nats/compose_auth.py) is the first 
 
     python login.py /run/laneway/nats/login.json broker --nats-url ...
 
-The password reaches `laneway` through its environment (LANEWAY_NATS_USER, LANEWAY_NATS_PASSWORD),
-never the command line, and `laneway` replaces this process, so it gets SIGTERM directly.
+The password reaches `laneway` through its environment (LANEWAY_NATS_USER, LANEWAY_NATS_PASSWORD,
+and the role's other secrets in the login's `env`), never the command line, and `laneway` replaces this process, so it gets SIGTERM directly.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def main(argv: list[str]) -> None:
     with open(argv[0]) as f:
         login = json.load(f)
     os.environ["LANEWAY_NATS_USER"], os.environ["LANEWAY_NATS_PASSWORD"] = login["user"], login["password"]
+    os.environ.update(login.get("env", {}))
     os.execvp("laneway", ["laneway", *argv[1:]])
 
 

@@ -141,6 +141,30 @@ def test_each_laneway_container_logs_in_as_its_own_role_only() -> None:
         assert users and all(role_of([str(a) for a in raw[u]["command"]]) == role for u in users), role
 
 
+def test_the_bridge_gets_one_idempotency_secret_kept_across_runs(tmp_path: Path) -> None:
+    """Every bridge replica mounts the same login, whose secret survives a rerun of nats-auth
+    (a new one would re-map in-flight retries), and login.py hands it to `laneway` in its
+    environment, which `laneway bridge` requires."""
+    ports = {node: 6222 for node in NODES}
+    first = json.loads((run_nats_auth(tmp_path, ports)["nats-login-bridge"] / "login.json").read_text())
+    again = json.loads((run_nats_auth(tmp_path, ports)["nats-login-bridge"] / "login.json").read_text())
+    secret = first["env"]["LANEWAY_IDEMPOTENCY_SECRET"]
+    assert len(secret) >= 32 and again == first
+    for role in ("broker", "worker", "ops"):
+        assert "env" not in json.loads((tmp_path / f"nats-login-{role}" / "login.json").read_text()), role
+    assert not any(secret in p.read_text() for p in (tmp_path / "nats-auth").iterdir()), "the NATS nodes read it"
+    # login.py execs `laneway`: a stand-in on PATH prints the environment it was given.
+    stand_in = tmp_path / "bin" / "laneway"
+    stand_in.parent.mkdir()
+    stand_in.write_text('#!/bin/sh\necho "$LANEWAY_NATS_USER $LANEWAY_IDEMPOTENCY_SECRET $*"\n')
+    stand_in.chmod(0o755)
+    done = subprocess.run([sys.executable, str(ROOT / "deploy" / "nats" / "login.py"),
+                           str(tmp_path / "nats-login-bridge" / "login.json"), "bridge"],
+                          env={**os.environ, "PATH": f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == [first["user"], secret, "bridge"], done.stderr
+
+
 # -- the cluster, live ----------------------------------------------------------------------------
 def run_nats_auth(tmp: Path, route_ports: dict[str, int]) -> dict[str, Path]:
     """The one-shot as compose runs it: container paths → this repo (bind mounts) or tmp (volumes)."""
@@ -223,7 +247,8 @@ async def test_compose_nats_cluster_runs_with_the_generated_accounts(tmp_path: P
         assert result.returncode == 0, result.stdout + result.stderr
         for role in ("broker", "worker", "bridge", "ops"):
             mine = json.loads((volumes[f"nats-login-{role}"] / "login.json").read_text())
-            assert credentials[mine["user"]] == mine["password"] and set(mine) == {"user", "password"}
+            assert credentials[mine["user"]] == mine["password"]
+            assert set(mine) == {"user", "password"} | ({"env"} if role == "bridge" else set()), role
             nc = await nats.connect(urls, user=mine["user"], password=mine["password"])
             await nc.close()
         ops = json.loads(login.read_text())

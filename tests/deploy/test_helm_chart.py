@@ -287,6 +287,23 @@ def test_pods_reference_only_what_the_chart_makes(variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_every_bridge_replica_gets_the_same_idempotency_secret(variant: str) -> None:
+    """`laneway bridge` does not start without LANEWAY_IDEMPOTENCY_SECRET; every replica reads it
+    from one Secret the chart makes (kept across upgrades by lookup; values may set it)."""
+    (bridge,) = [c for w, _, _, c in laneway_containers(variant) if c["args"][0] == "bridge"]
+    ref = env_of(bridge)["LANEWAY_IDEMPOTENCY_SECRET"]["valueFrom"]["secretKeyRef"]
+    secret = named(variant, "Secret", ref["name"])
+    assert len(secret["stringData"][ref["key"]]) >= 32
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values(variant) | {"bridge": {**values(variant).get("bridge", {}),
+                                                               "idempotencySecret": "x" * 40}},
+                                 name=RELEASE, namespace=NAMESPACE)
+    rendered = [d for text in manifests.values() for d in yaml.safe_load_all(text) if d]
+    (mine,) = [d for d in rendered if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
+    assert mine["stringData"][ref["key"]] == "x" * 40
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_every_deployment_has_a_disruption_budget_and_scalers_target_real_ones(variant: str) -> None:
     deployments = {o["metadata"]["name"]: o for o in objects(variant, "Deployment")
                    if o["metadata"]["labels"].get("app.kubernetes.io/part-of") == "laneway"}

@@ -64,9 +64,11 @@ async def test_a_second_bridge_on_the_same_nats_serves_the_same_tenants(tmp_path
     knows the same tenants (from KV), and both bridges serve at once."""
     async with LanewayUp(tmp_path / "lw", KEY, ["--pii", "off"]) as up:
         port = free_port()
+        secret = (up.data_dir / "idempotency.key").read_text().strip()     # every replica's
         second = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "laneway.cli", "bridge", "--nats-url", up.nats_url, "--port", str(port),
-            env=up.nats_env("svc-bridge"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            env=up.nats_env("svc-bridge") | {"LANEWAY_IDEMPOTENCY_SECRET": secret},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         drain = None
         try:
             said = b""

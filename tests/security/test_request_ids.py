@@ -4,21 +4,26 @@ on another tenant's request.
 Before issue 20 engines knew a running request by its id alone: a second tenant's request of the
 same id was refused by the engine and handed back (it ran later, on another delivery), a
 cancel that reached the engine ended whichever request held the id, and the worker's outbox,
-keyed by (request_id, attempt), could merge one stream's deltas into the other's. Now engines
-key by (tenant, request_id) and the outbox by the reply inbox too.
+keyed by (request_id, attempt), could merge one stream's deltas into the other's. An
+`Idempotency-Key`'s id was sha256(tenant NUL key), which anyone who knows or guesses the key
+can compute. Now engines key by (tenant, request_id), the outbox by the reply inbox too, and
+the id is an HMAC under the bridges' shared secret.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 
 import msgspec
+import openai
 import pytest
 
 from schemas import codec
 from schemas.frames import Delta, Finished
 from schemas.requests import Cancel
+from tests.security.conftest import KEYS
 from tests.security.publisher import S, Publisher
 
 pytestmark = pytest.mark.timeout(600)
@@ -70,3 +75,33 @@ async def test_a_cancel_on_globexs_subject_leaves_acmes_request_of_that_id_runni
     assert isinstance(globex_end, Finished) and globex_end.finish_reason == "cancelled", globex_end
     deltas, acme_end = await acme.rest(request_id)
     check_whole([firsts[0], *deltas], acme_end, 200)
+
+
+async def test_an_idempotency_keys_request_id_is_keyed_by_the_bridges_secret(up):
+    ids = {}
+    for tenant in ("acme", "globex"):
+        async with openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEYS[tenant], max_retries=0) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
+                extra_headers={"Idempotency-Key": "k1"})
+            request_id = raw.parse().id.removeprefix("chatcmpl-")
+            unkeyed = hashlib.sha256(f"{tenant}\0k1".encode()).hexdigest()[:32]
+            assert request_id != unkeyed, "the id is computable from the tenant and its key alone"
+            assert raw.headers["x-request-id"] == request_id
+            ids[tenant] = request_id
+            # The same key again maps to the same id: stored once, the retry is told so.
+            with pytest.raises(openai.ConflictError):
+                await client.chat.completions.create(
+                    model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
+                    extra_headers={"Idempotency-Key": "k1"})
+    assert ids["acme"] != ids["globex"]
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256])
+async def test_an_idempotency_key_outside_1_to_255_characters_is_refused(up, key):
+    async with openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEYS["acme"], max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
+                extra_headers={"Idempotency-Key": key})
+    assert refused.value.body["param"] == "Idempotency-Key"

@@ -32,6 +32,7 @@ release name only, because the subchart cannot call this chart's helpers with th
 {{- define "laneway.natsAuthName" -}}{{ .Release.Name }}-nats-auth{{- end -}}
 {{- define "laneway.natsKeyName" -}}{{ .Release.Name }}-nats-js-key{{- end -}}
 {{- define "laneway.natsRoleSecret" -}}{{ .ctx.Release.Name }}-nats-{{ .role }}{{- end -}}
+{{- define "laneway.bridgeSecret" -}}{{ include "laneway.fullname" . }}-bridge-secrets{{- end -}}
 {{- define "laneway.natsTenantSecret" -}}{{ .Release.Name }}-nats-tenants{{- end -}}
 
 {{/* The settings TOML: values.settings, else deploy/settings.toml. */}}
