@@ -1,11 +1,13 @@
-"""Configuration of the `openai` engine: where the upstream is, its timeouts, its breaker.
-The upstream key is read from the environment variable named here, never from a request."""
+"""Configuration of the `openai` engine: where the upstream is, its timeouts, its breaker, and
+the request fields beyond the built-in list (`workers/openai_wire.py`) that it forwards. The
+upstream key is read from the environment variable named here, never from a request."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
 
+from schemas.codec import LANEWAY_OWNED
 from workers.circuit import BreakerConfig
 
 DEFAULT_KEY_ENV = "LANEWAY_UPSTREAM_API_KEY"
@@ -26,6 +28,9 @@ class OpenAIUpstreamConfig:
     backoff_s: float = 0.2                   # first retry delay; doubles, jittered, capped
     backoff_max_s: float = 2.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    # Top-level fields a tenant may send this upstream beyond the built-in list: the fields that
+    # act on the operator's account (store, service_tier, web_search_options, ...) only this way.
+    allow_fields: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -37,6 +42,8 @@ class OpenAIUpstreamConfig:
         timeouts = (self.connect_timeout_s, self.first_token_timeout_s, self.idle_timeout_s, self.total_timeout_s)
         if min(timeouts) <= 0:
             raise ValueError("timeouts must be > 0")
+        if owned := sorted(self.allow_fields & (LANEWAY_OWNED | {"model", "stream", "stream_options"})):
+            raise ValueError(f"{owned} are set by Laneway, never forwarded from a request")
 
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +54,9 @@ class OpenAIUpstreamConfig:
         g.add_argument("--upstream-model", help="model name the upstream serves")
         g.add_argument("--upstream-key-env", default=DEFAULT_KEY_ENV, metavar="NAME",
                        help="environment variable holding the upstream API key (default: %(default)s)")
+        g.add_argument("--upstream-allow-field", action="append", default=[], metavar="NAME",
+                       help="a request field to forward beyond the built-in list; the only way a tenant's "
+                            "store, service_tier, web_search_options, ... reach the upstream (repeatable)")
         flags: list[tuple[str, type, object, str]] = [
             ("max-concurrency", int, d["max_concurrency"], "streams in flight at once (the slots offered)"),
             ("connect-timeout", float, d["connect_timeout_s"], "seconds to open a TCP connection"),
@@ -73,6 +83,7 @@ class OpenAIUpstreamConfig:
             base_url=args.upstream_url.rstrip("/"),
             model=args.upstream_model,
             api_key_env=args.upstream_key_env,
+            allow_fields=frozenset(args.upstream_allow_field),
             max_concurrency=args.upstream_max_concurrency,
             connect_timeout_s=args.upstream_connect_timeout,
             first_token_timeout_s=args.upstream_first_token_timeout,

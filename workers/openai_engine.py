@@ -193,10 +193,11 @@ class OpenAIUpstreamEngine(Engine):
     def _build(self, request: EngineRequest) -> tuple[str, bytes]:
         body = request.body
         try:
+            extra = wire.forwarded_extra(request, self.config.allow_fields)   # UnsupportedRequest naming a field
             if isinstance(body, EmbeddingBody):
-                data = wire.encode_embedding_body(body, self.config.model, request.extra)
+                data = wire.encode_embedding_body(body, self.config.model, extra)
             else:
-                data = wire.encode_body(body, self.config.model, request.extra,
+                data = wire.encode_body(body, self.config.model, extra,
                                         sampled_logprobs=request.confidence)
         except (ValueError, msgspec.DecodeError) as exc:
             raise EngineError(request.request_id, f"malformed extra fields: {exc}") from None

@@ -1,9 +1,10 @@
 """Wire shapes of the OpenAI-compatible API, as the `openai` engine writes them and as both the
 `openai` and the `vllm` engine read them (vLLM's serving layer writes the same chunks).
 
-Requests: the client's typed body, re-encoded, with its other top-level fields (`extra`) spliced
-in verbatim. Responses: chunks decoded leniently (upstreams differ in what they add or omit) and
-mapped onto Laneway's own delta shapes.
+Requests: the client's typed body, re-encoded, with those of its other top-level fields (`extra`)
+that the engine forwards (an allow-list, `forwarded_extra`: what reaches a hosted upstream acts
+on the operator's account) spliced in verbatim. Responses: chunks decoded leniently (upstreams
+differ in what they add or omit) and mapped onto Laneway's own delta shapes.
 
 Embeddings are not streamed: the body goes to `/embeddings` with `model` replaced and
 `encoding_format: "base64"` asked for, and the answer's vectors are decoded straight to float32
@@ -22,7 +23,9 @@ import msgspec
 from schemas.codec import LANEWAY_OWNED
 from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
 from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, StreamOptions
-from workers.engine import EngineOutput
+from schemas.openai_extra import (ACCOUNT_DEFAULTS, ACCOUNT_FIELDS, EMBEDDING_INPUT_TYPE, OPENAI_TENANT,
+                                  VLLM_COMPLETION, VLLM_EMBEDDING, VLLM_GUIDED, VLLM_SAMPLING, VLLM_TEMPLATE)
+from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
 
 # -- the request ---------------------------------------------------------------------------------
 
@@ -31,11 +34,17 @@ from workers.engine import EngineOutput
 # disaggregated-serving handles.
 DROPPED_EXTRA = LANEWAY_OWNED | {"model", "stream", "stream_options",
                                  "kv_transfer_params", "ec_transfer_params", "vllm_xargs"}
+# What a tenant may send an OpenAI-compatible upstream (OpenAI's own, or a vLLM server): OpenAI's
+# fields that shape the answer, vLLM's sampling and template fields. The account's fields, and
+# anything else, only where the operator allows them (`OpenAIUpstreamConfig.allow_fields`).
+FORWARDED = OPENAI_TENANT | VLLM_SAMPLING | VLLM_TEMPLATE | VLLM_GUIDED | VLLM_COMPLETION
+FORWARDED_EMBEDDING = VLLM_EMBEDDING | EMBEDDING_INPUT_TYPE
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
 _VERY_UNLIKELY = -9999.0           # OpenAI's (and vLLM's) logprob for "practically impossible"
 
 _encode = msgspec.json.Encoder().encode
 _decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_decode_value = msgspec.json.Decoder().decode
 
 
 def path_of(body: Body) -> str:
@@ -73,6 +82,38 @@ def encode_body(body: Body, model: str, extra: bytes = b"", *, sampled_logprobs:
         # omit_defaults leaves out the OpenAI default; an upstream with another default must not guess.
         members = b'"max_tokens":16' + (b"," + members if members else b"")
     return typed[:-1] + b"," + members + b"}" if members else typed
+
+
+def forwarded_extra(request: EngineRequest, allowed: frozenset[str] = frozenset()) -> bytes:
+    """`request.extra` as the upstream may receive it: the built-in list and `allowed` (the
+    operator's). A field outside them is refused by name, as OpenAI refuses an argument it does
+    not know; an account field the operator does not allow is left out when it says what the
+    upstream does anyway (`store: false`), refused otherwise. Raises ValueError when `extra` is
+    not a JSON object."""
+    if not request.extra.strip():
+        return request.extra
+    try:
+        members = _decode_members(request.extra)
+    except msgspec.DecodeError:
+        raise ValueError("extra must be a JSON object") from None
+    forwarded = (FORWARDED_EMBEDDING if isinstance(request.body, EmbeddingBody) else FORWARDED) | allowed
+    kept = {}
+    for name, value in members.items():
+        if name in forwarded or name in LANEWAY_OWNED:      # Laneway's own: `encode_body` drops them
+            kept[name] = value
+        elif name in ACCOUNT_FIELDS:
+            default = ACCOUNT_DEFAULTS.get(name)
+            if default is not None and _is(_decode_value(value), default):
+                continue
+            raise UnsupportedRequest(request.request_id, name, f"{name!r} acts on the operator's account with "
+                                     "the upstream, and this pool's operator does not allow it")
+        else:
+            raise UnsupportedRequest(request.request_id, name, f"unsupported parameter: {name!r}")
+    return _encode(kept) if len(kept) < len(members) else request.extra
+
+
+def _is(value: object, default: object) -> bool:
+    return type(value) is type(default) and value == default     # 0 is not false here
 
 
 def _extra_members(extra: bytes) -> bytes:

@@ -20,20 +20,21 @@ import msgspec
 
 from schemas.codec import LANEWAY_OWNED
 from schemas.openai import ChatBody, EmbeddingBody
+from schemas.openai_extra import VLLM_COMPLETION, VLLM_EMBEDDING, VLLM_SAMPLING, VLLM_TEMPLATE
 from workers import openai_wire as wire
 from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
 
 # Laneway owns these: set from the EngineRequest, never taken from the client.
 _OWNED = LANEWAY_OWNED | {"stream", "stream_options", "model"}
-# Fields vLLM knows that a client must not reach: disaggregated-serving transfer handles; beam
-# search (its requests run under other ids, which abort and capacity() do not see); outputs
-# the chunk reader does not carry back (vLLM would compute them for nothing).
-_REFUSED = frozenset({"kv_transfer_params", "ec_transfer_params", "use_beam_search", "length_penalty",
-                      "early_stopping", "prompt_logprobs", "return_token_offsets", "return_prompt_text",
-                      "return_mm_kwargs", "routed_experts_prompt_start", "vllm_xargs"})
-# Embeddings: how vectors travel to us is ours to choose (float32, little-endian, base64); the
-# client's `encoding_format` is honoured at the edge.
-_EMBED_REFUSED = _REFUSED | {"embed_dtype", "endianness"}
+# What a client may set beyond the typed body: an allow-list, so that a field vLLM learns in a
+# later release reaches no tenant unread. Left out on purpose: a client's own `chat_template`
+# (Jinja the engine would run) and `mm_processor_kwargs` / `media_io_kwargs` (how much media
+# work one request makes); disaggregated-serving handles and `vllm_xargs`; beam search (its
+# requests run under other ids, which abort and capacity() do not see); outputs the chunk reader
+# does not carry back (prompt logprobs, token offsets, the rendered prompt); and, for
+# embeddings, how vectors travel to us (`embed_dtype`, `endianness`: ours to choose; the
+# client's `encoding_format` is honoured at the edge).
+_CHAT = VLLM_SAMPLING | VLLM_TEMPLATE
 
 
 def build_request(request: EngineRequest, served_name: str) -> Any:
@@ -46,7 +47,7 @@ def build_request(request: EngineRequest, served_name: str) -> Any:
     if best_of is not None and best_of != request.body.choices:
         # vLLM 0.32's CompletionRequest has no best_of: it would be ignored.
         raise UnsupportedRequest(rid, "best_of", "best_of other than n is not supported by this engine")
-    data = _merged(request, cls)
+    data = _merged(request, cls, _CHAT if chat else VLLM_COMPLETION)
     # Always streamed, usage on the last chunk (exact counts); token ids ride on each chunk
     # (and the prompt's once, on the first: how we learn its length for capacity()).
     data.update(model=served_name, stream=True, stream_options={"include_usage": True},
@@ -75,7 +76,7 @@ def build_embedding_request(request: EngineRequest, served_name: str) -> Any:
 
     assert isinstance(request.body, EmbeddingBody)
     cls, rid = EmbeddingCompletionRequest, request.request_id
-    data = _merged(request, cls, _EMBED_REFUSED)
+    data = _merged(request, cls, VLLM_EMBEDDING)
     data.update(model=served_name, request_id=request.key.scoped(), priority=request.priority,
                 encoding_format="base64", embed_dtype="float32", endianness="little")
     if request.cache_salt:
@@ -83,9 +84,9 @@ def build_embedding_request(request: EngineRequest, served_name: str) -> Any:
     return validate(cls, data, rid)
 
 
-def _merged(request: EngineRequest, cls: type, refused: frozenset[str] = _REFUSED) -> dict[str, Any]:
-    """The body's fields and the extra ones; an extra field vLLM does not know is refused (its
-    request model would otherwise ignore it silently)."""
+def _merged(request: EngineRequest, cls: type, allowed: frozenset[str]) -> dict[str, Any]:
+    """The body's fields and the extra ones; an extra field outside `allowed`, or one this vLLM's
+    request model does not know (it would ignore it silently), is refused by name."""
     rid = request.request_id
     data = msgspec.to_builtins(request.body)
     if not request.extra:
@@ -96,12 +97,16 @@ def _merged(request: EngineRequest, cls: type, refused: frozenset[str] = _REFUSE
         raise UnsupportedRequest(rid, "", f"extra fields are not a JSON object: {e}") from e
     if not isinstance(extra, dict):
         raise UnsupportedRequest(rid, "", "extra fields are not a JSON object")
-    known = _field_names(cls)
-    for name in sorted(extra):
-        if name in refused or name not in known:
-            raise UnsupportedRequest(rid, name, f"unsupported parameter: {name!r}")
+    if (name := refused_extra(extra, allowed, _field_names(cls))) is not None:
+        raise UnsupportedRequest(rid, name, f"unsupported parameter: {name!r}")
     data.update((k, v) for k, v in extra.items() if k not in _OWNED)
     return data
+
+
+def refused_extra(extra: dict[str, Any], allowed: frozenset[str], known: set[str]) -> str | None:
+    """The first extra field (by name) this engine does not take; Laneway's own are dropped."""
+    return next((name for name in sorted(extra) if name not in _OWNED and (name not in allowed or name not in known)),
+                None)
 
 
 def _field_names(cls: Any) -> set[str]:
