@@ -19,10 +19,21 @@ class PiiBlocked(PiiError):
 
     def __init__(self, entity_types: list[str], param: str = "messages") -> None:
         self.entity_types = sorted(set(entity_types))
-        self.param = param      # the request field holding them: "messages" or "stop"
+        self.param = param      # the request field holding them, e.g. "messages[2].content"
         super().__init__(
             "request refused by the PII policy: it contains " + ", ".join(self.entity_types)
         )
+
+
+class PiiRefused(PiiBlocked):
+    """Refused whatever the policy's actions say: a part of the request no analyser reads (an
+    image, audio, a file), or text that cannot be redacted in place (two keys of one object that
+    would read the same). A `PiiBlocked`, so it reaches the client as `pii_blocked` too."""
+
+    def __init__(self, reason: str, param: str) -> None:
+        self.entity_types = []
+        self.param = param
+        PiiError.__init__(self, f"request refused by the PII policy: {reason}")
 
 
 class PiiUnavailable(PiiError):

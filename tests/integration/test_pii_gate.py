@@ -11,10 +11,12 @@ import asyncio
 import os
 import signal
 
+import msgspec
 import pytest
 
 
 from broker.gate.pii import (  # noqa: E402
+    KNOWN_ENTITIES,
     Action,
     CustomPattern,
     CustomRecognizer,
@@ -27,7 +29,7 @@ from broker.gate.pii import (  # noqa: E402
 )
 from broker.gate.pii.engine import merge, split  # noqa: E402
 from broker.gate.pii.spacy_model import model_installed  # noqa: E402
-from schemas.openai import Message  # noqa: E402
+from schemas.openai import ChatBody, Message  # noqa: E402
 from schemas.requests import GenerateRequest  # noqa: E402
 from tests.requests import chat, completion  # noqa: E402
 from tests.wait import eventually  # noqa: E402
@@ -169,13 +171,12 @@ async def test_stop_sequences_are_analysed_under_the_policy(gate: PiiGate) -> No
 
 async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiGate) -> None:
     """Everything of a tool-using chat that reaches the model as text is under the policy: text
-    content parts, an assistant's tool-call arguments and the tool's result; an image part and
-    the call's id and name pass untouched."""
+    content parts, an assistant's tool-call arguments and the tool's result; a call's id and
+    name with nothing in them pass untouched."""
     from schemas.openai import FunctionCall, ToolCall
 
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = [
-        Message("user", [{"type": "text", "text": f"My card is {CARD}"}, image]),
+        Message("user", [{"type": "text", "text": f"My card is {CARD}"}]),
         Message("assistant", None, tool_calls=[ToolCall("call_1", FunctionCall(
             "lookup_customer", f'{{"email": "{EMAIL}"}}'))]),
         Message("tool", f'{{"ssn": "{SSN}"}}', tool_call_id="call_1"),
@@ -188,11 +189,13 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
                           reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body)
     d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
     assert d.action == "redacted"
-    assert {(f.message_index, f.slot, f.entity_type) for f in d.findings} == {
-        (0, "part", "CREDIT_CARD"), (1, "arguments", "EMAIL_ADDRESS"), (2, "content", "US_SSN"),
-        (3, "part", "PHONE_NUMBER"), (4, "refusal", "EMAIL_ADDRESS")}
+    assert {(f.message_index, f.param, f.entity_type) for f in d.findings} == {
+        (0, "messages[0].content[0]", "CREDIT_CARD"),
+        (1, "messages[1].tool_calls[0].function.arguments", "EMAIL_ADDRESS"),
+        (2, "messages[2].content", "US_SSN"), (3, "messages[3].content[0]", "PHONE_NUMBER"),
+        (4, "messages[4].refusal", "EMAIL_ADDRESS")}
     sent = out.chat.messages
-    assert sent[0].content[0]["text"] == "My card is <CREDIT_CARD>" and sent[0].content[1] == image
+    assert sent[0].content[0]["text"] == "My card is <CREDIT_CARD>"
     call = sent[1].tool_calls[0]
     assert call.id == "call_1" and call.function.name == "lookup_customer"
     assert EMAIL not in call.function.arguments and SSN not in sent[2].content
@@ -201,17 +204,63 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
     assert req.chat.messages[1].tool_calls[0].function.arguments.count(EMAIL) == 1   # input untouched
 
 
+async def test_a_schema_found_clean_is_skipped_next_turn_and_one_with_pii_never_is(gate: PiiGate) -> None:
+    """An agent resends its tools every turn: a schema whose very bytes held nothing under this
+    policy is not walked again; one that held something is redacted every time."""
+    from schemas.openai import Tool
+
+    def with_tool(description: str) -> ChatBody:
+        tool = msgspec.convert({"function": {"name": "lookup", "parameters": {
+            "type": "object", "properties": {"q": {"type": "string", "description": description}}}}}, Tool)
+        return chat("hi", max_tokens=4, tools=[tool])
+
+    clean = with_tool("the order number")
+    first = await gate.inspect_body("acme-tools", TenantPiiPolicy(), clean)
+    again = await gate.inspect_body("acme-tools", TenantPiiPolicy(), clean)
+    assert first.analyzed + first.cached > again.analyzed + again.cached   # the schema's texts: not read
+    assert (await gate.inspect_body("other-tenant", TenantPiiPolicy(), clean)).analyzed == first.analyzed
+    dirty = with_tool(f"ask {EMAIL}")
+    for _ in range(2):
+        d = await gate.inspect_body("acme-tools", TenantPiiPolicy(), dirty)
+        sent = d.body.tools[0].function.parameters["properties"]["q"]["description"]
+        assert sent == "ask <EMAIL_ADDRESS>" and d.findings[0].param == "tools[0].function.parameters"
+
+
+async def test_a_part_no_analyser_reads_is_refused_and_left_out_of_the_copy(gate: PiiGate) -> None:
+    """An image (or audio, or a file) cannot be analysed: refused for a policy that looks for
+    anything, naming the part; the redacted copy (what a dead letter keeps) holds no payload.
+    A policy that looks for nothing has nothing to protect."""
+    from broker.gate.pii import PiiRefused
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = chat(Message("user", [{"type": "text", "text": f"Who is {EMAIL}?"}, image]), max_tokens=8)
+    req = GenerateRequest(request_id="r-img", tenant="acme", klass="interactive", model=body.model,
+                          reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body)
+    d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
+    assert d.action == "blocked"
+    with pytest.raises(PiiRefused) as err:
+        d.raise_if_blocked()
+    assert isinstance(err.value, PiiBlocked) and err.value.param == "messages[0].content[1]"
+    assert "'image_url' content" in str(err.value)
+    assert out.chat.messages[0].content == [{"type": "text", "text": "Who is <EMAIL_ADDRESS>?"}, {"type": "image_url"}]
+    nothing = TenantPiiPolicy(entities={e: Action.allow for e in KNOWN_ENTITIES})
+    d, same = await gate.inspect_request("acme", nothing, req)
+    assert d.action == "pass" and same is req
+    d, same = await gate.inspect_request("acme", TenantPiiPolicy(enabled=False), req)
+    assert d.action == "pass" and same is req
+
+
 async def test_a_blocked_stop_sequence_is_named_as_the_param(gate: PiiGate) -> None:
     policy = TenantPiiPolicy(entities={"US_SSN": Action.block})
     d, out = await gate.inspect_request("acme", policy, request([SSN], content="Summarise the file."))
     with pytest.raises(PiiBlocked) as err:
         d.raise_if_blocked()
-    assert err.value.param == "stop" and err.value.entity_types == ["US_SSN"]
+    assert err.value.param == "stop[0]" and err.value.entity_types == ["US_SSN"]
     assert out.body.stop == ["<US_SSN>"]     # redacted even though refused
     d, _ = await gate.inspect_request("acme", policy, request([SSN], content=f"ssn {SSN}"))
     with pytest.raises(PiiBlocked) as err:
         d.raise_if_blocked()
-    assert err.value.param == "messages"
+    assert err.value.param == "messages[0].content"
 
 
 async def test_ner_mode_finds_names_and_places(ner_gate: PiiGate) -> None:

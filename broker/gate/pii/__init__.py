@@ -4,8 +4,8 @@
     await gate.start()
     decision, request = await gate.inspect_request(tenant, policy, request)
     publish(decision.audit(request.request_id))   # when decision.findings
-    decision.raise_if_blocked()           # PiiBlocked(entity_types)
-    # request: its messages (or prompt) and stop sequences redacted
+    decision.raise_if_blocked()           # PiiBlocked(entity_types, param), or PiiRefused (an image)
+    # request: every text an engine reads redacted (slots.py says where), extra fields included
 """
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit, decode_audit, encode_audit
@@ -22,11 +22,11 @@ from broker.policy.pii import (
     decode,
     fingerprint,
 )
-from broker.policy.pii_errors import PiiBlocked, PiiError, PiiUnavailable, PolicyError
+from broker.policy.pii_errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable, PolicyError
 
 __all__ = [
     "Action", "AuditSpan", "CustomPattern", "CustomRecognizer", "DEFAULT_ACTIONS", "DEFAULT_POLICY",
     "Finding", "KNOWN_ENTITIES", "PiiAudit", "PiiBlocked", "PiiDecision", "PiiError", "PiiGate",
-    "PiiUnavailable", "PolicyError", "StreamRedactor", "TenantPiiPolicy", "decode", "decode_audit",
+    "PiiRefused", "PiiUnavailable", "PolicyError", "StreamRedactor", "TenantPiiPolicy", "decode", "decode_audit",
     "encode_audit", "fingerprint",
 ]

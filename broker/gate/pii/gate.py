@@ -1,10 +1,13 @@
-"""The PII stage of the broker's gate: analyze the new messages of a chat (their text content,
-tool calls' arguments and tool results) or a completion's prompt, and the request's stop
-sequences, which reach the engine too; apply the tenant's policy, and say what was done.
+"""The PII stage of the broker's gate: analyse every text of a request that reaches an engine
+or the hosted API behind it (`slots.py` says where: messages, their names, content parts, tool
+calls and their ids, tools and their schemas, the response format, stop sequences, a
+completion's prompt, the texts to embed, `user`, and every string and key of the fields Laneway
+does not type), apply the tenant's policy, and say what was done. A part no analyser reads (an
+image, audio, a file) is refused for a tenant whose policy looks for anything.
 
 Speed comes from not repeating work: a chat resends its whole history every turn, so results are
-cached by (tenant, policy version, message hash) and only messages never seen before go to the
-pool. The cache holds offsets and scores, never text.
+cached by (tenant, policy version, text hash) and only texts never seen before go to the pool,
+each once however often the request repeats it. The cache holds offsets and scores, never text.
 """
 
 from __future__ import annotations
@@ -15,81 +18,77 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit
+from broker.gate.pii.edit import edited, edited_extra, split
 from broker.gate.pii.engine import PiiEngine
 from broker.gate.pii.plan import Hit, Plan, plan_for
 from broker.gate.pii.redact import Replacer, apply
-from broker.gate.pii.slots import texts_of, written_back
+from broker.gate.pii.slots import Found, Slot, collect
 from broker.gate.pii.stream_redactor import StreamRedactor
 from broker.policy.pii import Action, TenantPiiPolicy, fingerprint
-from broker.policy.pii_errors import PiiBlocked, PiiUnavailable
-from schemas.openai import EmbeddingBody, Message
+from broker.policy.pii_errors import PiiBlocked, PiiRefused, PiiUnavailable
+from schemas import codec
+from schemas.openai import Body, ChatBody, Message
 from schemas.requests import GenerateRequest
 
 Verdict = Literal["pass", "redacted", "blocked"]
-Part = Literal["messages", "stop"]   # the request field a finding is in (OpenAI's `param` names)
+_decode_value = msgspec.json.Decoder().decode       # a member of `extra`, as plain values
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     entity_type: str
-    message_index: int
-    start: int          # offsets in the original text (of the message's slot)
+    message_index: int      # the first index on the field's path: the message's, the stop sequence's, ...
+    start: int              # offsets in the original text of the slot
     end: int
     score: float
     action: Action
-    part: Part = "messages"    # "stop": `message_index` is the index of a stop sequence
-    slot: str = "content"      # in the message: its "content", a text "part", tool call "arguments"
+    part: str = "messages"          # the top-level request field
+    param: str = "messages"         # where, as OpenAI names it: "messages[2].name", "tools[0].function.parameters"
 
 
 @dataclass(frozen=True, slots=True)
 class PiiDecision:
     action: Verdict
-    messages: list[Message]          # what may go on: redacted (and, if blocked, fully redacted)
+    body: Body                       # what may go on: redacted (and, if blocked, fully redacted)
     findings: list[Finding]
     tenant: str
     policy: str                      # policy fingerprint
     mode: str                        # "ner" | "regex"
-    analyzed: int = 0                # messages sent to the pool for this request
-    cached: int = 0                  # messages answered from the cache
+    analyzed: int = 0                # texts sent to the pool for this request
+    cached: int = 0                  # texts answered from the cache (or repeated in the request)
     unavailable: str | None = None   # set when analysis failed and the policy failed open
     entity_types: list[str] = field(default_factory=list)
     cpu_ms: float = 0.0              # pool CPU on the critical path (slowest job); 0 if all cached
-    stop: list[str] = field(default_factory=list)   # the stop sequences, redacted like `messages`
+    extra: bytes = b""               # the request's other fields, redacted like `body`
+    refusal: PiiRefused | None = None    # refused whatever the findings say
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.body.messages if isinstance(self.body, ChatBody) else []
+
+    @property
+    def stop(self) -> list[str]:
+        return self.body.stops
 
     def raise_if_blocked(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
         if self.action == "blocked":
             blocked = [f for f in self.findings if f.action is Action.block]
-            param = "stop" if all(f.part == "stop" for f in blocked) else "messages"
-            raise PiiBlocked([f.entity_type for f in blocked], param)
+            raise PiiBlocked([f.entity_type for f in blocked], blocked[0].param)
 
     def redacted(self, request: GenerateRequest) -> GenerateRequest:
-        """`request` as it may go on: its prompt or messages and its stop sequences replaced by
-        the redacted ones (a blocked request comes back fully redacted too)."""
-        if self.action == "pass":
+        """`request` as it may go on: its body and extra fields replaced by the redacted ones (a
+        blocked request comes back fully redacted too, without what could not be analysed)."""
+        if self.body is request.body and self.extra is request.extra:
             return request
-        stop = self.stop or None
-        if request.chat is not None:
-            chat = msgspec.structs.replace(request.chat, messages=self.messages, stop=stop)
-            return msgspec.structs.replace(request, chat=chat)
-        if request.embedding is not None:
-            return msgspec.structs.replace(request, embedding=self._embedding(request.embedding))
-        completion = request.body
-        prompt, *suffix = [m.content for m in self.messages]
-        completion = msgspec.structs.replace(completion, prompt=prompt, stop=stop,
-                                             suffix=suffix[0] if suffix else completion.suffix)
-        return msgspec.structs.replace(request, completion=completion)
-
-    def _embedding(self, body: EmbeddingBody) -> EmbeddingBody:
-        """The text inputs replaced, in order, by the redacted messages (token ids pass as given)."""
-        texts = iter(m.content for m in self.messages)
-        if isinstance(body.input, str):
-            return msgspec.structs.replace(body, input=next(texts))
-        return msgspec.structs.replace(body, input=[next(texts) if isinstance(x, str) else x for x in body.input])
+        kind = "chat" if request.chat is not None else "completion" if request.completion is not None else "embedding"
+        return msgspec.structs.replace(request, **{kind: self.body}, extra=self.extra)
 
     def audit(self, request_id: str, at: float | None = None) -> PiiAudit:
         counts: dict[str, int] = {}
@@ -98,7 +97,7 @@ class PiiDecision:
         return PiiAudit(
             request_id=request_id, tenant=self.tenant, action=self.action,
             entity_types=self.entity_types, counts=counts,
-            spans=[AuditSpan(f.message_index, f.entity_type, f.start, f.end, f.action.value, f.part)
+            spans=[AuditSpan(f.message_index, f.entity_type, f.start, f.end, f.action.value, f.part, f.param)
                    for f in self.findings],
             policy=self.policy, mode=self.mode, analyzed_messages=self.analyzed,
             cached_messages=self.cached, unavailable=self.unavailable,
@@ -130,6 +129,7 @@ class PiiGate:
         self._cache: OrderedDict[tuple[str, str, bytes], tuple[Hit, ...]] = OrderedDict()
         self._cache_entries = cache_entries
         self._plans: OrderedDict[str, Plan] = OrderedDict()
+        self._clean: OrderedDict[tuple[str, str, bytes], None] = OrderedDict()   # roots with nothing found
         self.hits = 0
         self.misses = 0
 
@@ -152,55 +152,76 @@ class PiiGate:
 
     async def inspect_request(self, tenant: str, policy: TenantPiiPolicy,
                               request: GenerateRequest) -> tuple[PiiDecision, GenerateRequest]:
-        """`inspect` over all a request carries to an engine as text: its messages (or prompt) and
-        its stop sequences. Returns the decision and `decision.redacted(request)`."""
-        if request.chat is not None:
-            messages = request.chat.messages
-        else:   # a completion's prompt and suffix, or the texts to embed, as messages of their own
-            messages = [Message("user", t) for t in request.body.texts()]
-        decision = await self.inspect(tenant, policy, messages, request.body.stops)
+        """`inspect` over all a request carries to an engine: its body and its extra fields.
+        Returns the decision and `decision.redacted(request)`."""
+        decision = await self.inspect_body(tenant, policy, request.body, request.extra)
         return decision, decision.redacted(request)
 
     async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[Message],
                       stop: Sequence[str] = ()) -> PiiDecision:
+        """Messages (and stop sequences) alone, as a chat carries them."""
+        return await self.inspect_body(tenant, policy, ChatBody(model="-", messages=list(messages),
+                                                                stop=list(stop) or None))
+
+    async def inspect_body(self, tenant: str, policy: TenantPiiPolicy, body: Body,
+                           extra: bytes = b"") -> PiiDecision:
         """Raises `PiiUnavailable` when analysis fails and the policy fails closed; a blocked
         request is a decision (audit it, then `raise_if_blocked()`)."""
         key = fingerprint(policy)
-        if not policy.enabled:
-            return PiiDecision("pass", messages, [], tenant, key, self.mode, stop=list(stop))
-        plan = self._plan(key, policy)
-        # Stop sequences are analysed as texts of their own, after the messages' slots.
-        message_texts, slots = texts_of(messages)
-        texts = message_texts + list(stop)
-        hits: list[tuple[Hit, ...] | None] = [None] * len(texts)
-        todo: list[int] = []
-        digests: list[bytes] = []
-        for i, text in enumerate(texts):
+        plan = self._plan(key, policy) if policy.enabled else None
+        if plan is None or plan.empty:      # nothing to look for: nothing to refuse either
+            return PiiDecision("pass", body, [], tenant, key, self.mode, extra=extra)
+        try:
+            raw = dict(codec.extra_members(extra))
+            decoded = {k: _decode_value(v) for k, v in raw.items()}
+        except codec.DecodeError:       # the gate refuses it before; a record keeps none of it
+            return PiiDecision("blocked", body, [], tenant, key, self.mode, extra=b"",
+                               refusal=PiiRefused("extra is not a JSON object", "extra"))
+        found = collect(body, decoded, lambda digest: (tenant, key, digest) in self._clean)
+        hits, analyzed, unavailable, cpu_ms = await self._analyze(tenant, key, plan, policy, found.texts)
+        findings, edits = self._findings(tenant, policy, found, hits)
+        if unavailable is None:
+            self._remember_clean(tenant, key, found, {slot for slot, _ in edits})
+        body, extra, refusal = _written(body, extra, raw, decoded, found, edits)
+        actions = {f.action for f in findings}
+        verdict: Verdict = "blocked" if Action.block in actions or refusal else "redacted" if actions else "pass"
+        return PiiDecision(
+            verdict, body, findings, tenant, key, self.mode, analyzed, len(found.texts) - analyzed,
+            unavailable, sorted({f.entity_type for f in findings}), cpu_ms, extra, refusal,
+        )
+
+    async def _analyze(self, tenant: str, key: str, plan: Plan, policy: TenantPiiPolicy,
+                       texts: list[str]) -> tuple[list[tuple[Hit, ...] | None], int, str | None, float]:
+        """Findings per text (None: unavailable, the policy failing open), the texts sent to the
+        pool, why analysis was unavailable, and the pool's CPU milliseconds."""
+        # Each distinct text once: a schema repeats "type" and "string" dozens of times.
+        distinct = list(dict.fromkeys(texts))
+        found: dict[str, tuple[Hit, ...] | None] = dict.fromkeys(distinct)
+        todo: list[tuple[str, bytes]] = []
+        for text in distinct:
             digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
-            digests.append(digest)
-            if not text or plan.empty:
-                hits[i] = ()
+            if not text:
+                found[text] = ()
             elif (cached := self._cache.get((tenant, key, digest))) is not None:
                 self._cache.move_to_end((tenant, key, digest))
-                hits[i] = cached
+                found[text] = cached
             else:
-                todo.append(i)
+                todo.append((text, digest))
         self.hits += len(texts) - len(todo)
         self.misses += len(todo)
         unavailable = None
         cpu_ms = 0.0
         if todo:
             try:
-                found, cpu_ms = await self.engine.analyze(plan, [texts[i] for i in todo],
-                                                          policy.timeout_ms / 1000)
+                results, cpu_ms = await self.engine.analyze(plan, [t for t, _ in todo], policy.timeout_ms / 1000)
             except PiiUnavailable as exc:
                 if not policy.fail_open:
                     raise
                 unavailable = exc.reason
             else:
-                for i, h in zip(todo, found):
-                    hits[i] = self._remember((tenant, key, digests[i]), tuple(h))
-        return self._decide(tenant, key, policy, messages, slots, texts, hits, len(todo), unavailable, cpu_ms)
+                for (text, digest), h in zip(todo, results):
+                    found[text] = self._remember((tenant, key, digest), tuple(h))
+        return [found[t] for t in texts], len(todo), unavailable, cpu_ms
 
     def stream_redactor(self, tenant: str, policy: TenantPiiPolicy, **kw: int) -> StreamRedactor:
         """A redactor for this tenant's streamed output, with the same pseudonyms as the gate."""
@@ -214,37 +235,56 @@ class PiiGate:
                 self._plans.popitem(last=False)
         return plan
 
+    def _remember_clean(self, tenant: str, key: str, found: Found, edited: set[Slot]) -> None:
+        """Free-form roots with nothing to redact are skipped whole next time (the same bytes)."""
+        for digest, start, end in found.roots:
+            if not any(slot in edited for slot in found.slots[start:end]):
+                self._clean[(tenant, key, digest)] = None
+                if len(self._clean) > self._cache_entries // 10:
+                    self._clean.popitem(last=False)
+
     def _remember(self, k: tuple[str, str, bytes], hits: tuple[Hit, ...]) -> tuple[Hit, ...]:
         self._cache[k] = hits
         if len(self._cache) > self._cache_entries:
             self._cache.popitem(last=False)
         return hits
 
-    def _decide(self, tenant: str, key: str, policy: TenantPiiPolicy, messages: list[Message],
-                slots: list, texts: list[str], hits: list[tuple[Hit, ...] | None], analyzed: int,
-                unavailable: str | None, cpu_ms: float) -> PiiDecision:
+    def _findings(self, tenant: str, policy: TenantPiiPolicy, found: Found,
+                  hits: list[tuple[Hit, ...] | None]) -> tuple[list[Finding], list[tuple[Slot, Any]]]:
+        """What the policy acts on, and each slot's text as it may go on (where it changed)."""
         findings: list[Finding] = []
-        out: list[str] = []
+        edits: list[tuple[Slot, Any]] = []
         replace = Replacer(self._hash_key, tenant)
-        n = len(slots)
-        for i, (text, found) in enumerate(zip(texts, hits)):
-            if i < n:
-                part, index, where = "messages", slots[i].message, slots[i].kind
-            else:
-                part, index, where = "stop", i - n, "content"
+        for slot, text, found_here in zip(found.slots, found.texts, hits):
             spans = []
-            for etype, start, end, score in found or ():
+            for etype, start, end, score in found_here or ():
                 action = policy.action_for(etype)
                 if action is Action.allow:
                     continue
-                findings.append(Finding(etype, index, start, end, score, action, part, where))
+                findings.append(Finding(etype, slot.first_index, start, end, score, action, slot.part, slot.param))
                 spans.append((start, end, etype, action))
-            out.append(apply(text, spans, replace) if spans else text)
-        redacted = written_back(messages, slots, out[:n])
-        actions = {f.action for f in findings}
-        verdict: Verdict = "blocked" if Action.block in actions else "redacted" if actions else "pass"
-        return PiiDecision(
-            verdict, redacted, findings, tenant, key, self.mode, analyzed,
-            len(texts) - analyzed, unavailable, sorted({f.entity_type for f in findings}), cpu_ms,
-            out[n:],
-        )
+            if spans:
+                edits.append((slot, apply(text, spans, replace.name if slot.name else replace)))
+        return findings, edits
+
+
+def _written(body: Body, extra: bytes, raw: dict[str, msgspec.Raw], decoded: dict[str, Any], found: Found,
+             edits: list[tuple[Slot, Any]]) -> tuple[Body, bytes, PiiRefused | None]:
+    """The body and extra fields with the edits written back, and why the request is refused
+    whatever the policy's actions: what cannot be analysed (left out of the copy too), or two
+    keys that the edits made one."""
+    edits = edits + [(slot, instead) for slot, _, instead in found.unreadable]
+    clashes: list[Slot] = []
+    body_edits, extra_edits = split(edits)
+    if body_edits:
+        body = edited(body, body_edits, clashes)
+    if extra_edits:
+        extra = edited_extra(raw, decoded, extra_edits, clashes)
+    if found.unreadable:
+        slot, what, _ = found.unreadable[0]
+        return body, extra, PiiRefused(f"{what} cannot be analysed for PII, and this tenant's policy asks "
+                                       "for PII handling; send it as text", slot.param)
+    if clashes:
+        param = clashes[0].param
+        return body, extra, PiiRefused(f"two keys of {param} read the same once redacted", param)
+    return body, extra, None

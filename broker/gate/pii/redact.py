@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from broker.policy.pii import STRENGTH, Action
 
 HASH_HEX = 12   # 48 bits of a keyed hash: stable pseudonyms, no collisions at chat scale
+Replace = Callable[[str, str, Action], str]     # (entity type, value, action) -> its replacement
 
 
 class Replacer:
@@ -26,9 +27,20 @@ class Replacer:
         if action is Action.mask:
             return mask(value)
         if action is Action.hash:
-            digest = hmac.new(self._key, f"{entity_type}\0{value}".encode(), hashlib.sha256)
-            return f"<{entity_type}_{digest.hexdigest()[:HASH_HEX]}>"
+            return f"<{self._pseudonym(entity_type, value)}>"
         return f"<{entity_type}>"
+
+    def name(self, entity_type: str, value: str, action: Action) -> str:
+        """The replacement inside an identifier (a tool's name, a call id, a participant's
+        name): letters, digits and '_' only, as OpenAI's name patterns ask (no '<', '>' or '*').
+        `mask` has no such form, so it replaces by the type, as `redact` does."""
+        if action is Action.hash:
+            return self._pseudonym(entity_type, value)
+        return entity_type
+
+    def _pseudonym(self, entity_type: str, value: str) -> str:
+        digest = hmac.new(self._key, f"{entity_type}\0{value}".encode(), hashlib.sha256)
+        return f"{entity_type}_{digest.hexdigest()[:HASH_HEX]}"
 
 
 def mask(value: str) -> str:
@@ -46,7 +58,7 @@ def mask(value: str) -> str:
     return "".join(reversed(out))
 
 
-def apply(text: str, spans: Sequence[tuple[int, int, str, Action]], replace: Replacer) -> str:
+def apply(text: str, spans: Sequence[tuple[int, int, str, Action]], replace: Replace) -> str:
     """Replace (start, end, entity_type, action) spans; overlapping spans are merged into one
     region replaced under the strongest action (type of the longest span). `block` spans are
     redacted too: a blocked request's messages must be safe even if someone forwards them."""
