@@ -21,3 +21,53 @@ async def nats_server(tmp_path_factory: pytest.TempPathFactory):
     await server.start()
     yield server
     await server.stop()
+
+
+# -- a hung test says where it hung ---------------------------------------------------------
+# pytest-timeout prints thread stacks: for an asyncio test that is the event loop's select(),
+# never the await that hangs. Shortly before the timeout, print every task's stack instead.
+TASK_DUMP_LEAD_S = 20
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    return float(item.config.getini("timeout") or 0)
+
+
+def _dump_tasks() -> None:
+    import asyncio
+    import gc
+
+    for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
+        if loop.is_running():
+            loop.call_soon_threadsafe(_print_tasks, loop)
+
+
+def _print_tasks(loop) -> None:
+    import asyncio
+    import sys
+
+    tasks = asyncio.all_tasks(loop)
+    print(f"\n+++ {len(tasks)} asyncio tasks, {TASK_DUMP_LEAD_S} s before the timeout +++", file=sys.stderr)
+    for task in tasks:
+        print(f"--- {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    import threading
+
+    timeout = _timeout_of(item)
+    timer = None
+    if timeout > TASK_DUMP_LEAD_S * 2:
+        timer = threading.Timer(timeout - TASK_DUMP_LEAD_S, _dump_tasks)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
