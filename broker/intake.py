@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.runtime.tasks import cancel_and_wait
+from broker.runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger("laneway.intake")
 
@@ -95,10 +95,7 @@ class PullIntake:
                 except nats.errors.Error as exc:  # disconnected: the client reconnects by itself
                     log.warning("pull request failed: %s", exc)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, self._heartbeat_s)
 
     async def _deliver(self, msg: Msg) -> None:
         self._last_seen = asyncio.get_running_loop().time()

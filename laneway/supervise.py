@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from broker.runtime.tasks import cancel_and_wait
+from broker.runtime.tasks import cancel_and_wait, wait_event
 
 Start = Callable[[], Awaitable[asyncio.subprocess.Process]]
 
@@ -77,11 +77,7 @@ class Supervisor:
             self.say(f"{role} restarted (pid {proc.pid})")
 
     async def _stopped_within(self, seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(self._stopping, seconds)
 
     async def stop(self) -> None:
         """No more restarts; the caller then stops `procs` in its own order."""

@@ -75,8 +75,9 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(STOP_GRACE_S):
+            await proc.wait()
+    except TimeoutError:
         proc.kill()
         await proc.wait()
 

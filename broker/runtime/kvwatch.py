@@ -49,7 +49,8 @@ class BucketWatch:
                 await asyncio.sleep(0.25)
         watcher = await kv.watchall()
         self._task = asyncio.create_task(self._run(watcher), name=f"watch-{self._bucket}")
-        await asyncio.wait_for(self.loaded.wait(), 10)
+        async with asyncio.timeout(10):
+            await self.loaded.wait()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -151,8 +151,9 @@ class NatsServer:
             return
         proc.send_signal(sig)
         try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(10):
+                await proc.wait()
+        except TimeoutError:
             proc.kill()
             await proc.wait()
 

@@ -7,6 +7,11 @@ caller gets the task's CancelledError). Swallowing it there would let a cancelle
 on as if nothing happened. `asyncio.wait` never raises the task's outcome, so a CancelledError
 that reaches the caller is always the caller's own.
 
+`asyncio.wait_for` has the same flaw the other way round on Python 3.11: when what it waits
+on finishes in the same step as the waiter is cancelled, it returns the result and drops the
+cancellation, so a loop around it runs on and `cancel_and_wait` on that loop never returns.
+`asyncio.timeout` does not; `wait_event` is the one loop-safe wait with a timeout.
+
 Also the one heartbeat loop the broker and the workers run.
 
 Imports nothing of Laneway's: every process's stop path uses it.
@@ -37,6 +42,16 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
         if error is not None:
             log.error("task %s had failed before it was stopped: %r", task.get_name(), error,
                       exc_info=error)
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """True once `event` is set, False after `timeout_s`; a cancellation always propagates."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def beat_forever(send: Callable[[], Awaitable[None]], interval_s: float) -> None:

@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from broker.runtime.tasks import wait_event
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.lease")
@@ -101,10 +102,7 @@ class Lease:
     async def run(self) -> None:
         """Renew or try to take every ttl/3 (the owner steps once itself before starting this)."""
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.clock.every_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, self.clock.every_s)
             self._wake.clear()
             await self.step()
 
@@ -133,8 +131,8 @@ class Lease:
         # Bounded by the lease's own time: an answer that comes later cannot keep a holder
         # scheduling past the moment a standby may take the key (two schedulers at once).
         try:
-            self._revision = await asyncio.wait_for(
-                self._kv.update(LEASE_KEY, self._holder, last=self._revision), self.clock.left_s(sent_at))
+            async with asyncio.timeout(self.clock.left_s(sent_at)):
+                self._revision = await self._kv.update(LEASE_KEY, self._holder, last=self._revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             if await self._still_ours():
                 self.clock.wrote(sent_at)
@@ -151,7 +149,8 @@ class Lease:
     async def _still_ours(self) -> bool:
         """A renewal whose answer was lost did land: the key names us at a newer revision."""
         try:
-            entry = await asyncio.wait_for(self._kv.get(LEASE_KEY), self.clock.left_s(self._now()))
+            async with asyncio.timeout(self.clock.left_s(self._now())):
+                entry = await self._kv.get(LEASE_KEY)
         except (nats.errors.Error, asyncio.TimeoutError, nats.js.errors.KeyNotFoundError):
             return False
         if entry.value != self._holder or entry.revision is None:

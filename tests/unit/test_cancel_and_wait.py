@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 
-from broker.runtime.tasks import cancel_and_wait
+from broker.runtime.tasks import cancel_and_wait, wait_event
 from workers.sim import PROFILES, SimEngine
 
 
@@ -59,3 +60,42 @@ async def test_stopping_tasks_that_already_failed_logs_them_and_stops_the_rest(c
         await cancel_and_wait(failed, None, running)
     assert running.cancelled()
     assert "broken" in caplog.text and "broken loop" in caplog.text
+
+
+async def _stops_when_woken_and_cancelled_in_one_step(loop_body) -> bool:
+    """A loop that waits on an event with a timeout, woken in the same step as it is cancelled:
+    on Python 3.11 `asyncio.wait_for` returns there and drops the cancellation."""
+    wake = asyncio.Event()
+
+    async def forever() -> None:
+        while True:
+            wake.clear()
+            await loop_body(wake)
+
+    task = asyncio.create_task(forever())
+    await asyncio.sleep(0)           # scenario, kept: one loop turn so the task waits on the event
+    wake.set()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    if not done:
+        await cancel_and_wait(task)  # the second cancel lands; only the verdict matters here
+    return bool(done) and task.cancelled()
+
+
+async def test_a_loop_waiting_on_an_event_is_stopped_by_a_cancel_that_comes_with_a_wake():
+    assert await _stops_when_woken_and_cancelled_in_one_step(lambda wake: wait_event(wake, 1.0))
+
+
+async def test_wait_event_says_whether_the_event_was_set():
+    event = asyncio.Event()
+    assert not await wait_event(event, 0.01)
+    event.set()
+    assert await wait_event(event, 0.01)
+
+
+def test_no_process_waits_with_asyncio_wait_for():
+    """Each of its uses was a loop or a stop path that a cancel must end (see wait_event)."""
+    root = Path(__file__).resolve().parents[2]
+    users = [str(path.relative_to(root)) for package in ("broker", "workers", "laneway", "schemas")
+             for path in (root / package).rglob("*.py") if "wait_for(" in path.read_text()]
+    assert users == []

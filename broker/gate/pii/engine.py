@@ -124,9 +124,8 @@ class PiiEngine:
                     self._inflight[fut] = time.monotonic()
                 fut.add_done_callback(self._forget)
                 futures.append(fut)
-            results = await asyncio.wait_for(
-                asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except TimeoutError:
             self._restart_if_wedged(pool)
             raise PiiUnavailable(f"analysis exceeded {timeout_s * 1000:.0f} ms") from None
