@@ -136,13 +136,18 @@ def _at_least_one(text: str) -> int:
 def _metrics_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics on this port")
+    # Loopback unless asked: the metrics carry tenant names and their traffic, and nothing but
+    # a scraper in the same pod or network namespace should read them (the chart and compose
+    # pass 0.0.0.0 behind their network policy / unpublished ports).
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address the metrics listener binds (default loopback only)")
 
 
-def _serve_metrics(port: int | None, registry) -> None:
-    if port is not None:
+def _serve_metrics(args: argparse.Namespace, registry) -> None:
+    if args.metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(port, registry=registry)
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
 
 
 async def _until_signalled(stop: asyncio.Event) -> None:
@@ -160,7 +165,7 @@ async def _run_broker(args: argparse.Namespace) -> int:
     broker = Broker(BrokerConfig(nats=_nats(args), limits=stream_limits(args), quotas=not args.no_quotas,
                                  cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers,
                                  max_context_tokens=args.max_context_tokens))
-    _serve_metrics(args.metrics_port, broker.metrics.registry)
+    _serve_metrics(args, broker.metrics.registry)
     async with broker:
         heap.settle()
         await _until_signalled(asyncio.Event())
@@ -177,7 +182,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
                           in_progress_s=args.in_progress_interval, drain_s=args.drain_timeout,
                           frame_interval_s=args.frame_interval)
     worker = Worker(config, engine)
-    _serve_metrics(args.metrics_port, worker.metrics.registry)
+    _serve_metrics(args, worker.metrics.registry)
     stop = asyncio.Event()
     signals = asyncio.create_task(_until_signalled(stop))
     await worker.start()

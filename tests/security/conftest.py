@@ -41,7 +41,7 @@ async def up(tmp_path_factory):
     """One `laneway up` per module: the attacks of a module share it, as tenants share a server."""
     root = tmp_path_factory.mktemp("security")
     async with LanewayUp(root / "lw", KEYS["acme"],
-                         ["--settings", str(write_settings(root)), "--pii", "off"]) as stack:
+                         ["--settings", str(write_settings(root)), "--pii", "off", "--metrics"]) as stack:
         yield stack
 
 
