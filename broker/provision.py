@@ -27,7 +27,7 @@ from nats.js.kv import KeyValue
 from broker import tenants as tenant_docs
 from broker.config import Settings, StreamLimits
 from broker.models import MODELS_KEY, encode_models
-from broker.runtime.connect import NatsSettings
+from broker.runtime.connect import NatsSettings, connect_once
 from broker.topology import BUCKETS, ensure_topology
 from broker.usage.meter import PRICES_KEY
 from schemas.subjects import Subjects
@@ -63,9 +63,7 @@ async def provision_at(n: NatsSettings, limits: StreamLimits, settings: Settings
     async def error(exc: Exception) -> None:    # one line, not nats-py's default traceback
         log.warning("NATS: %s: %s", type(exc).__name__, exc)
 
-    nc = await nats.connect(servers=n.url.split(","), name="laneway-provision", user=n.user,
-                            password=n.password, connect_timeout=5, allow_reconnect=False,
-                            max_reconnect_attempts=1, error_cb=error)
+    nc = await connect_once(n, "laneway-provision", error_cb=error)
     try:
         await provision(nc.jetstream(), n.subjects, limits, settings, overwrite=overwrite)
     finally:

@@ -49,7 +49,7 @@ from broker.runtime.response_cache import CACHE_BUCKET
 from broker.gate.quota_store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from broker.topology import BUCKETS as LIVE_BUCKETS    # classes, tenants, routing: watched live
-from schemas.subjects import Subjects, check_token
+from schemas.subjects import Subjects, check_token, service_inbox
 
 SERVICE_ROLES = ("broker", "worker", "bridge")
 ROLES = (*SERVICE_ROLES, "ops")
@@ -107,6 +107,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
                  f"$JS.API.CONSUMER.CREATE.{req}.{durable}.>"]
     acks = f"$JS.ACK.{req}.{durable}.>"     # the dispatched message's ack/nak/+WPI/term
     frames, usage, dlq = f"{p}.tok.*.*", s.usage_all, f"{p}.dlq.*.*"
+    inbox = {role: f"{service_inbox(user_name(role))}.>" for role in ROLES}     # its own replies only
     return {
         "broker": _permissions(
             [frames, usage, dlq, f"{p}.audit.*", s.broker_events, s.worker_ping, acks, *_kv_read(*live),
@@ -120,7 +121,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              # broker/scheduler: the lease bucket, admissions, settled notices, announcements
              *_api("STREAM.CREATE", kv[LEASE_BUCKET]), *_kv_read(kv[LEASE_BUCKET]),
              f"$KV.{s.bucket(LEASE_BUCKET)}.>", s.sched_admit, s.sched_settled_all, s.sched_leader],
-            [s.pull_all, s.cancel_all, s.worker_events, s.worker_ping, usage, "_INBOX.>",
+            [s.pull_all, s.cancel_all, s.worker_events, s.worker_ping, usage, inbox["broker"],
              f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{req}.{durable}",
              s.broker_events, s.sched_admit, s.sched_settled_all, s.sched_leader],
             responses=True),   # the Batch answering a worker's pull
@@ -130,16 +131,16 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
              *_consume(kv["routing"])],                     # watches the price book
-            [s.cancel_all, s.worker_ping, s.sched_leader, "_INBOX.>"]),   # a new scheduler: pull afresh
+            [s.cancel_all, s.worker_ping, s.sched_leader, inbox["worker"]]),   # a new scheduler: pull afresh
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
              f"$KV.{s.bucket('routing')}.>"],                                   # the admin API's rules
-            [frames, s.worker_events, s.broker_events, "_INBOX.>"]),
+            [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
              *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS),
              *_kv_read(kv[LEASE_BUCKET])],                  # which broker schedules now
-            ["_INBOX.>"]),
+            [inbox["ops"]]),
     }
 
 

@@ -21,7 +21,7 @@ import nats.js.errors
 
 from broker import classes as class_docs
 from broker import tenants as tenant_docs
-from broker.runtime.connect import add_nats_flags, nats_from_args
+from broker.runtime.connect import add_nats_flags, connect_once, nats_from_args
 
 _CLASS_FLAGS = {"rank": int, "max_queue_wait_s": float, "max_tenant_depth": int,
                 "max_slot_share": float, "starve_after_s": float}
@@ -94,8 +94,7 @@ def _validate(bucket: str, name: str, raw: bytes) -> bytes:
 
 async def _run(args: argparse.Namespace) -> int:
     n = nats_from_args(args)
-    nc = await nats.connect(servers=n.url.split(","), user=n.user, password=n.password,
-                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1)
+    nc = await connect_once(n, "laneway-config")
     try:
         kv = await nc.jetstream().key_value(n.subjects.bucket(args.bucket))
         if args.action == "list":

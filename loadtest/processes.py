@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from broker.runtime.ports import free_port
+from schemas.subjects import service_inbox
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -157,6 +158,8 @@ class LanewayUp:
         user_password = self.credentials(user)
         if user_password is not None:
             kwargs["user"], kwargs["password"] = user_password
+            if not user.startswith("tenant-"):      # a service's or ops's replies: its own inbox only
+                kwargs.setdefault("inbox_prefix", service_inbox(user))
         return await nats.connect(self.nats_url, **kwargs)
 
     def role_pids(self, role: str) -> list[int]:

@@ -177,6 +177,15 @@ class Subjects:
 
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def service_inbox(user: str | None) -> str:
+    """The inbox prefix of a Laneway process logged in as `user`: `_INBOX_<user>`, which its
+    generated permissions allow, and no other service's. With the shared `_INBOX`, any service
+    user could read every other's replies (a worker the broker's JetStream fetches, the ops
+    user's answers). Without a user (no auth) the default."""
+    return "_INBOX" if not user else f"_INBOX_{_NOT_TOKEN.sub('_', user)}"
 
 
 def msg_id(tenant: str, request_id: str, escalated: bool = False) -> str:

@@ -24,6 +24,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from broker.routing.rules import RuleSet, decode, encode, validate
+from broker.runtime.connect import NatsSettings, connect_once
 from schemas.subjects import Subjects
 
 RULES_KEY = "rules"
@@ -168,8 +169,7 @@ class RuleStore:
 async def connect_store(url: str, prefix: str, user: str | None = None,
                         password: str | None = None) -> AsyncIterator[RuleStore]:
     """A one-shot connection for command-line tools: fail fast instead of reconnecting forever."""
-    nc = await nats.connect(servers=url.split(","), user=user, password=password, name="laneway-routing",
-                            connect_timeout=3, allow_reconnect=False, max_reconnect_attempts=0)
+    nc = await connect_once(NatsSettings(url=url, prefix=prefix, user=user, password=password), "laneway-routing")
     try:
         yield await RuleStore.open(nc.jetstream(), Subjects(prefix))
     finally:

@@ -1,17 +1,19 @@
-"""One way every Laneway process connects to NATS: reconnect forever, log state changes."""
+"""The two ways a Laneway process connects to NATS: a service reconnects forever and logs state
+changes; a one-shot command fails fast. Both reply on the inbox prefix the user's permissions
+allow (`schemas.subjects.service_inbox`)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import nats
 from nats.aio.client import Client
 
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, service_inbox
 
 log = logging.getLogger("laneway.nats")
 
@@ -69,6 +71,7 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
         name=name,
         user=user,
         password=password,
+        inbox_prefix=service_inbox(user),
         max_reconnect_attempts=-1,      # processes outlive server restarts
         reconnect_time_wait=0.5,
         connect_timeout=5,
@@ -80,3 +83,12 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
         reconnected_cb=reconnected,
         error_cb=error,
     )
+
+
+async def connect_once(n: NatsSettings, name: str, *,
+                       error_cb: Callable[[Exception], Awaitable[None]] | None = None) -> Client:
+    """A command-line tool's connection: one try, no reconnects, so it fails loudly and at once."""
+    kwargs = {"error_cb": error_cb} if error_cb is not None else {}
+    return await nats.connect(servers=n.url.split(","), name=name, user=n.user, password=n.password,
+                              inbox_prefix=service_inbox(n.user), connect_timeout=5,
+                              allow_reconnect=False, max_reconnect_attempts=1, **kwargs)

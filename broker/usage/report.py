@@ -25,7 +25,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from broker.runtime.connect import NatsSettings
+from broker.runtime.connect import NatsSettings, connect_once
 from schemas import codec
 from schemas.subjects import Subjects, check_token
 from schemas.usage import Usage
@@ -171,10 +171,7 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
                      user=getattr(args, "nats_user", None) or env.user,
                      password=getattr(args, "nats_password", None) or env.password)
     try:    # a one-shot command: fail fast instead of reconnecting forever like the services
-        nc = await nats.connect(servers=n.url.split(","), name="laneway-usage", user=n.user,
-                                password=n.password, connect_timeout=5, allow_reconnect=False,
-                                max_reconnect_attempts=1, reconnect_time_wait=0.2,
-                                error_cb=_quiet)
+        nc = await connect_once(n, "laneway-usage", error_cb=_quiet)
     except (OSError, nats.errors.Error) as exc:
         print(f"laneway usage: cannot reach NATS at {n.url}: {exc}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ import json
 
 import nats
 
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, service_inbox
 from tests.wait import eventually
 
 S = Subjects("lw")
@@ -51,7 +51,7 @@ async def check_tenant_is_fenced(urls: list[str], tenant: str, password: str, op
 
     nc = await nats.connect(urls, user=f"tenant-{tenant}", password=password, error_cb=on_error,
                             allow_reconnect=False, max_reconnect_attempts=0)
-    admin = await nats.connect(urls, user=ops[0], password=ops[1])
+    admin = await nats.connect(urls, user=ops[0], password=ops[1], inbox_prefix=service_inbox(ops[0]))
     try:
         tenants = await admin.jetstream().key_value("lw_tenants")
         before = (await tenants.get(tenant)).revision

@@ -34,6 +34,7 @@ import nats.errors
 import pytest
 import yaml
 
+from schemas.subjects import service_inbox
 from tests.deploy.nats_checks import check_tenant_is_fenced, parse_accounts
 from tests.unit.test_deploy_stack import exported_metrics, promql_metrics
 from tests.wait import eventually
@@ -554,7 +555,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
 
         assert await eventually(provisioned, timeout=60, interval=0.5)
         user, password = role("bridge")
-        nc = await nats.connect(urls, user=user, password=password)
+        nc = await nats.connect(urls, user=user, password=password, inbox_prefix=service_inbox(user))
         try:
             js = nc.jetstream()
             s = Subjects("lw")

@@ -32,7 +32,7 @@ from broker.usage.report import read_usage
 from laneway.nats_config import UpAuth, up_auth
 from loadtest.stack import Stack
 from schemas import codec
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, service_inbox
 from schemas.work import Credit
 from tests.clock import Clock
 from tests.integration.test_cascade_live import UnsureOnHardPrompts
@@ -105,7 +105,8 @@ class Secured:
 
     async def connect(self, role: str, **options) -> nats.aio.client.Client:
         user, password = self.auth.services[role]
-        return await nats.connect(self.server.url, user=user, password=password, **options)
+        return await nats.connect(self.server.url, user=user, password=password,
+                                  inbox_prefix=service_inbox(user), **options)
 
     async def tenant(self, name: str, errors: list[str] | None = None) -> nats.aio.client.Client:
         async def on_error(exc: Exception) -> None:

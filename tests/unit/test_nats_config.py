@@ -15,9 +15,9 @@ import pytest
 from broker.runtime.natsd import server_binary
 from laneway.nats_config import (
     ROLES, SERVICE_ACCOUNT, TenantLimits, accounts, accounts_block, generate_passwords, render,
-    service_permissions, tenant_permissions, up_auth,
+    service_permissions, tenant_permissions, up_auth, user_name,
 )
-from schemas.subjects import BadToken, Subjects
+from schemas.subjects import BadToken, Subjects, service_inbox
 
 S = Subjects("lw")
 
@@ -124,3 +124,13 @@ def test_each_tenant_account_imports_only_its_own_protocol():
         subject = export.get("service") or export["stream"]
         tenant = "acme" if ".acme" in subject else "globex"
         assert export["accounts"] == [f"TENANT_{tenant}"], export
+
+
+def test_each_service_user_reads_only_its_own_inbox():
+    roles = service_permissions(S)
+    for role in ROLES:
+        inboxes = [s for s in roles[role]["subscribe"]["allow"] if s.startswith("_INBOX")]
+        assert inboxes == [f"{service_inbox(user_name(role))}.>"], role
+    assert len({service_inbox(user_name(role)) for role in ROLES}) == len(ROLES)
+    assert service_inbox("ops@corp.example") == "_INBOX_ops_corp_example"     # one token, always
+    assert service_inbox(None) == "_INBOX"
