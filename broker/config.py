@@ -15,6 +15,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from broker.demux import STREAM_BUFFER_BYTES, TENANT_BUFFER_BYTES
 from broker.runtime.connect import NatsSettings
 from broker.tenants import PUBLIC_KEYS, Tenant, with_public_keys
 from broker.usage.meter import PriceBook
@@ -133,6 +134,12 @@ class BridgeConfig:
     max_connections: int = 10_000       # open connections at most; past it, 503 and closed
     max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
     max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
+    # One tenant's share of this bridge (0: no cap): open streams, then bytes its slow readers may
+    # hold (broker/demux.py), and how long one SSE write may wait on a client that does not read.
+    tenant_max_streams: int = 5_000     # the reference's whole concurrency; past it, 429 before storing
+    stream_buffer_bytes: int = STREAM_BUFFER_BYTES
+    tenant_buffer_bytes: int = TENANT_BUFFER_BYTES
+    write_timeout_s: float = 30.0
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
     # A PubAck later than this: the request is published again under the same Nats-Msg-Id (JetStream
     # stores it once), up to `publish_tries` times, before the client gets 503. The tries must fit

@@ -5,6 +5,11 @@ Entries are checked here so the routes only see a clean, ordered stream:
 - a newer attempt after tokens already reached the client cannot be spliced into what the
   client saw, so the stream ends with `worker_lost` (the promise: never a silent truncation);
 - a gap in `seq` (a lost frame) ends the stream with an error rather than skipping text.
+
+What a slow reader may hold is bounded: a stream whose client does not read lets entries pile up
+here, so past `BufferLimits.stream_bytes` buffered, or when its tenant's streams together pass
+`BufferLimits.tenant_bytes`, the stream (the tenant's largest) ends with `slow_reader` and its
+buffer is dropped. One tenant's stalled clients cannot fill the bridge's memory.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
@@ -24,6 +31,8 @@ from schemas.frames import Delta, Entry, StreamError, Terminal
 REPLY_GRACE_S = 5.0
 LAG_WEIGHT = 0.1      # each frame's share of the smoothed lag: one late frame is not a trend
 LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says nothing about now
+STREAM_BUFFER_BYTES = 1024 * 1024     # ~250k tokens of text waiting: only a reader that stopped
+TENANT_BUFFER_BYTES = 32 * 1024 * 1024
 
 
 class DeliveryLag:
@@ -47,11 +56,32 @@ class DeliveryLag:
         return self.smoothed_s if now - self._at <= LAG_FRESH_S else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class BufferLimits:
+    """Bytes of frames waiting for a client's reader: per stream, and over one tenant's streams."""
+
+    stream_bytes: int = STREAM_BUFFER_BYTES
+    tenant_bytes: int = TENANT_BUFFER_BYTES
+
+
+class TenantShare:
+    """What one tenant holds at this edge: its open streams and the bytes they buffer."""
+
+    __slots__ = ("streams", "buffered", "on_overflow")
+
+    def __init__(self, on_overflow: Callable[[str], None] = lambda reason: None) -> None:
+        self.streams: set[ResponseStream] = set()
+        self.buffered = 0
+        self.on_overflow = on_overflow      # told "stream" or "tenant": which limit ended a stream
+
+
 class ResponseStream:
     __slots__ = ("request_id", "tenant", "attempt", "next_seq", "streamed", "closed", "_buffer",
-                 "_waiter", "source", "edge_failed", "expired", "_timer")
+                 "_waiter", "source", "edge_failed", "expired", "_timer", "_share", "_limits", "buffered",
+                 "__weakref__")
 
-    def __init__(self, request_id: str, tenant: str, expires_at: float) -> None:
+    def __init__(self, request_id: str, tenant: str, expires_at: float, share: TenantShare | None = None,
+                 limits: BufferLimits = BufferLimits()) -> None:
         self.request_id = request_id
         self.tenant = tenant
         self.attempt = 0
@@ -61,14 +91,17 @@ class ResponseStream:
         self.source = ""             # the worker serving the current attempt
         self.edge_failed = False     # ended here, not by its worker: the request may still run
         self._buffer: deque[Entry] = deque()
+        self.buffered = 0            # bytes of frames in `_buffer`, as they came off the wire
+        self._share = share or TenantShare()
+        self._limits = limits
         self._waiter: asyncio.Future[None] | None = None
         # One timer per stream for its whole life, not a `wait_for` per wait: at thousands of
         # open streams a timer handle per token is a measurable share of the bridge's CPU.
         self.expired = False
         self._timer = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expire)
 
-    def feed(self, entry: Entry, source: str) -> bool:
-        """Queue an entry; False if it was dropped as stale or after the end."""
+    def feed(self, entry: Entry, source: str, size: int = 0) -> bool:
+        """Queue an entry of `size` bytes; False if it was dropped as stale or after the end."""
         if self.closed or entry.attempt < self.attempt:
             return False
         if entry.attempt > self.attempt:
@@ -91,8 +124,31 @@ class ResponseStream:
         elif isinstance(entry, Terminal):
             self.closed = True
         self._buffer.append(entry)
+        self._hold(size)
+        if self.buffered > self._limits.stream_bytes:
+            self.overflow("stream")
+        elif self._share.buffered > self._limits.tenant_bytes:
+            max(self._share.streams, key=lambda s: s.buffered, default=self).overflow("tenant")
         self._wake()
         return True
+
+    def _hold(self, size: int) -> None:
+        self.buffered += size
+        self._share.buffered += size
+
+    def overflow(self, limit: str) -> None:
+        """The client is not reading: drop what waits for it and end the stream (its route cancels
+        the generation). The text already written stays written; the error says why it stops."""
+        self._hold(-self.buffered)
+        self._buffer.clear()
+        self._buffer.append(StreamError(
+            self.request_id, self.attempt, self.next_seq, ErrorCode.slow_reader.value,
+            f"the client did not read the stream: over {self._limits.stream_bytes} bytes waited for it"
+            if limit == "stream" else
+            f"the client did not read the stream: this tenant's streams held over "
+            f"{self._limits.tenant_bytes} bytes at this edge"))
+        self.closed = self.edge_failed = True
+        self._share.on_overflow(limit)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -101,9 +157,6 @@ class ResponseStream:
     def _expire(self) -> None:
         self.expired = True
         self._wake()
-
-    def cancel_timer(self) -> None:
-        self._timer.cancel()
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """End the stream from the edge's side (e.g. its worker stopped heartbeating)."""
@@ -126,18 +179,31 @@ class ResponseStream:
                 raise TimeoutError
         entries = list(self._buffer)
         self._buffer.clear()
+        self._hold(-self.buffered)
         return entries
+
+    def release(self) -> None:
+        """Stop counting this stream against its tenant (its route is done with it)."""
+        self._timer.cancel()
+        self._hold(-self.buffered)
+        self._share.streams.discard(self)
 
 
 class Demux:
-    def __init__(self, metrics: BridgeMetrics | None = None) -> None:
+    def __init__(self, metrics: BridgeMetrics | None = None, limits: BufferLimits = BufferLimits()) -> None:
         self._streams: dict[str, ResponseStream] = {}
+        self._tenants: dict[str, TenantShare] = {}
         self._metrics = metrics or BridgeMetrics()
+        self._limits = limits
         self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
 
     def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
         """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
-        stream = ResponseStream(request_id, tenant, expires_at)
+        share = self._tenants.get(tenant)
+        if share is None:
+            share = self._tenants[tenant] = TenantShare(self._slow_reader)
+        stream = ResponseStream(request_id, tenant, expires_at, share, self._limits)
+        share.streams.add(stream)
         self._streams[request_id] = stream
         self._metrics.open_streams.set(len(self._streams))
         return stream
@@ -145,11 +211,26 @@ class Demux:
     def close(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
-            stream.cancel_timer()
+            stream.release()
+            share = self._tenants.get(stream.tenant)
+            if share is not None and not share.streams:
+                del self._tenants[stream.tenant]
         self._metrics.open_streams.set(len(self._streams))
 
     def __len__(self) -> int:
         return len(self._streams)
+
+    def _slow_reader(self, limit: str) -> None:
+        self._metrics.slow_readers.labels(limit).inc()
+
+    def held_by(self, tenant: str) -> int:
+        """Open streams of one tenant at this edge."""
+        share = self._tenants.get(tenant)
+        return len(share.streams) if share else 0
+
+    def buffered_by(self, tenant: str) -> int:
+        share = self._tenants.get(tenant)
+        return share.buffered if share else 0
 
     def streams(self) -> list[ResponseStream]:
         return list(self._streams.values())
@@ -174,7 +255,8 @@ class Demux:
         # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         streams = self._streams
+        size = len(msg.data) // max(1, len(frame.entries))    # each entry's share of the frame's bytes
         for entry in frame.entries:
             stream = streams.get(entry.request_id)
-            if stream is None or stream.tenant != tenant or not stream.feed(entry, frame.source):
+            if stream is None or stream.tenant != tenant or not stream.feed(entry, frame.source, size):
                 self._metrics.stale_entries.inc()

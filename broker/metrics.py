@@ -68,3 +68,7 @@ class BridgeMetrics:
                                   ["ruleset_version"], registry=r)
         self.stale_entries = Counter("laneway_stale_entries_total",
                                      "Frame entries dropped (stale attempt or unknown request)", registry=r)
+        self.slow_readers = Counter("laneway_slow_readers_total",
+                                    "Streams ended because their client stopped reading, by the limit "
+                                    "that ended them (stream, tenant buffered bytes, write timeout)",
+                                    ["limit"], registry=r)

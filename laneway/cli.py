@@ -98,6 +98,17 @@ def _edge_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-delivery-lag", type=float, default=d.max_delivery_lag_s,
                    help="seconds late (smoothed) the bridge's token frames may run before it takes no "
                         "new stream (503) until it catches up; 0: off")
+    g.add_argument("--tenant-max-streams", type=int, default=d.tenant_max_streams,
+                   help="one tenant's open streams on this bridge at most (0: no cap); past it, 429 "
+                        "before the request is stored")
+    g.add_argument("--stream-buffer-bytes", type=int, default=d.stream_buffer_bytes,
+                   help="bytes of one stream that may wait for a client that is not reading; past "
+                        "it the stream ends with slow_reader and its generation is cancelled")
+    g.add_argument("--tenant-buffer-bytes", type=int, default=d.tenant_buffer_bytes,
+                   help="the same over all of one tenant's streams on this bridge")
+    g.add_argument("--write-timeout", type=float, default=d.write_timeout_s,
+                   help="seconds one SSE write may wait on a client that does not read; then the "
+                        "connection is dropped and the generation cancelled (0: no limit)")
     _context_flag(g)
     g.add_argument("--publish-timeout", type=float, default=d.publish_timeout_s,
                    help="seconds to wait for JetStream to confirm a request before publishing it again "
@@ -222,6 +233,9 @@ async def _run_bridge(args: argparse.Namespace) -> int:
                                  header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                                  max_connections=args.max_connections,
                                  max_streams=args.max_streams, max_delivery_lag_s=args.max_delivery_lag,
+                                 tenant_max_streams=args.tenant_max_streams,
+                                 stream_buffer_bytes=args.stream_buffer_bytes,
+                                 tenant_buffer_bytes=args.tenant_buffer_bytes, write_timeout_s=args.write_timeout,
                                  max_context_tokens=args.max_context_tokens,
                                  publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries,
                                  idempotency_secret=secret),

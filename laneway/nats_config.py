@@ -138,6 +138,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
             [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
+             *_api("STREAM.INFO", req),                     # the queue's depth, never its messages
              *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS),
              *_kv_read(kv[LEASE_BUCKET])],                  # which broker schedules now
             [inbox["ops"]]),

@@ -25,6 +25,7 @@ class ErrorCode(str, Enum):
     unavailable = "unavailable"          # the edge lost NATS: nothing can be accepted or answered now
     deadline_exceeded = "deadline_exceeded"
     cancelled = "cancelled"
+    slow_reader = "slow_reader"          # the client stopped reading its stream: the edge ended it
     worker_lost = "worker_lost"          # the worker died after tokens reached the client
     engine_error = "engine_error"
     internal_error = "internal_error"

@@ -27,7 +27,7 @@ from broker.bridge.responses import Responses, decode_responses
 from broker.bridge.server import HttpServer
 from broker.catalogue import Catalogue
 from broker.config import BridgeConfig, Settings
-from broker.demux import Demux
+from broker.demux import BufferLimits, Demux
 from broker.metrics import BridgeMetrics
 from broker.provision import wait_provisioned
 from broker.routing.rules import RuleSet
@@ -55,7 +55,7 @@ class Bridge:
         self.evaluator = evaluator
         self.rule_store: RuleStore | None = None
         self.readiness = Readiness(config.worker_stale_s)
-        self.demux = Demux(self.metrics)
+        self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
         self.losses = Losses(self.demux, self.readiness)
         self.url = ""
         self._nc: Client | None = None

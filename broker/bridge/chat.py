@@ -121,8 +121,9 @@ class Generations:
         tenant = authenticate(request, self.catalogue.tenants)
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
-        admit(len(self.demux), self.demux.lag.current(time.monotonic()), max_streams=self.config.max_streams,
-              max_delivery_lag_s=self.config.max_delivery_lag_s)
+        admit(len(self.demux), self.demux.lag.current(time.monotonic()), self.demux.held_by(tenant.name),
+              max_streams=self.config.max_streams, max_delivery_lag_s=self.config.max_delivery_lag_s,
+              tenant_max_streams=self.config.tenant_max_streams)
         body, extra = await self._parse(request)
         klass = self._class_for(request, tenant)
         self._check_model(body.model)
@@ -175,7 +176,7 @@ class Generations:
                 headers.update(first.headers)
             if body.stream:
                 response = await stream_sse(request, stream, generate, render, entries, started,
-                                            self.metrics, headers)
+                                            self.metrics, headers, self.config.write_timeout_s)
             else:
                 response = await collect_json(stream, generate, render, entries, started, self.metrics,
                                               headers)

@@ -32,6 +32,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.unavailable: (503, "server_error"),
     ErrorCode.deadline_exceeded: (504, "timeout_error"),
     ErrorCode.cancelled: (499, "invalid_request_error"),
+    ErrorCode.slow_reader: (408, "timeout_error"),
     ErrorCode.worker_lost: (502, "server_error"),
     ErrorCode.engine_error: (500, "server_error"),
     ErrorCode.internal_error: (500, "server_error"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -28,18 +29,48 @@ class _EventStream(web.StreamResponse):
     _send_headers_immediately = False
 
 
+class _SlowReader(Exception):
+    """A write waited past its timeout: the client's socket is full and it is not reading."""
+
+
+class _Writer:
+    """Each write of one SSE response, bounded: a client that stops reading holds a write (and
+    the buffers behind it) at most `timeout_s` (0: unbounded)."""
+
+    __slots__ = ("response", "timeout_s")
+
+    def __init__(self, response: web.StreamResponse, timeout_s: float) -> None:
+        self.response = response
+        self.timeout_s = timeout_s or None
+
+    async def write(self, data: bytes, *, eof: bool = False) -> None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await (self.response.write_eof(data) if eof else self.response.write(data))
+        except TimeoutError:
+            raise _SlowReader from None
+
+
 async def stream_sse(request: web.Request, stream: ResponseStream, generate: GenerateRequest, render: Render,
                      entries: list[Entry], started: float, metrics: BridgeMetrics,
-                     headers: dict[str, str]) -> web.StreamResponse:
+                     headers: dict[str, str], write_timeout_s: float) -> web.StreamResponse:
     """Server-sent events; errors after the first byte go in-band, then [DONE] (the Responses API:
     `response.failed`, and no [DONE])."""
     response = _EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                      "X-Accel-Buffering": "no", **headers})
     try:
         await response.prepare(request)
-        await _write_stream(response, stream, generate, render, entries, started, metrics)
+        await _write_stream(_Writer(response, write_timeout_s), stream, generate, render, entries, started,
+                            metrics)
     except ConnectionResetError:
         log.debug("client left mid-stream: %s", generate.request_id)  # the caller cancels
+    except _SlowReader:
+        # Nothing more can reach this client: drop the connection and what it buffers. The
+        # caller cancels the generation (the stream did not end).
+        log.info("client stopped reading for %g s; stream ended: %s", write_timeout_s, generate.request_id)
+        metrics.slow_readers.labels("write_timeout").inc()
+        if request.transport is not None:
+            request.transport.abort()
     return response
 
 
@@ -48,7 +79,7 @@ def _include_usage(generate: GenerateRequest) -> bool:
     return bool(options and options.include_usage)
 
 
-async def _write_stream(response: web.StreamResponse, stream: ResponseStream, generate: GenerateRequest,
+async def _write_stream(response: _Writer, stream: ResponseStream, generate: GenerateRequest,
                         render: Render, entries: list[Entry], started: float, metrics: BridgeMetrics) -> None:
     out = [render.start()]
     first_token = True
@@ -68,13 +99,13 @@ async def _write_stream(response: web.StreamResponse, stream: ResponseStream, ge
                 if not isinstance(render, ResponsesRenderer):
                     out.append(DONE)
                 metrics.e2e.labels(generate.klass).observe(time.monotonic() - started)
-                await response.write_eof(b"".join(out))   # the last chunk and the terminator: one write
+                await response.write(b"".join(out), eof=True)   # the last chunk and the terminator: one write
                 return
             else:  # StreamError after the stream started: in-band, then [DONE]
                 err = from_code(entry.code, entry.message)
                 out += [render.failed(err)] if isinstance(render, ResponsesRenderer) \
                     else [error_event(err.body()), DONE]
-                await response.write_eof(b"".join(out))
+                await response.write(b"".join(out), eof=True)
                 return
         await response.write(b"".join(out))
         out.clear()

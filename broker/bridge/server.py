@@ -5,6 +5,11 @@
   closed. (aiohttp starts it at connect; a version that did not would leave such sockets open.)
 - Connection cap: a connection past it is answered 503 in the OpenAI shape and closed before any
   of it is read. Counted when a connection is made, so a burst of accepts cannot overshoot it.
+- Send buffer: each connection's kernel send buffer is fixed at `SEND_BUFFER_BYTES` (Linux would
+  grow it to `tcp_wmem`'s 4 MiB for a client that does not read, in the pod's memory). A stalled
+  reader then backs up into the bridge's own bounded buffers (`broker/demux.py`, the SSE write
+  timeout) within a few hundred tokens. 256 KiB is ~1,000 streamed tokens, and ~2.5 MB/s at a
+  100 ms round trip: far above what any answer needs.
 - aiohttp's own refusals (an oversize header, bytes that are not HTTP, a handler's crash) answer in
   the OpenAI shape, not plain text, and a malformed request logs no traceback.
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from aiohttp import web
 
@@ -28,6 +34,7 @@ log = logging.getLogger("laneway.bridge")
 # client still sends for this long, so the client sees the answer rather than a reset.
 LINGER_S = 2.0
 LISTEN_BACKLOG = 4096
+SEND_BUFFER_BYTES = 256 * 1024
 
 
 class _Count:
@@ -53,6 +60,9 @@ class _Protocol(web.RequestHandler):
             return
         self._count.open += 1
         self._counted = True
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -1,4 +1,5 @@
-"""The bridge's admission: a stream cap and a delivery-lag limit, refused as 503 `overloaded`."""
+"""The bridge's admission: a stream cap and a delivery-lag limit, refused as 503 `overloaded`, and
+one tenant's share of the streams, refused as 429 `rate_limited`."""
 
 from __future__ import annotations
 
@@ -11,17 +12,26 @@ from schemas.errors import ErrorCode
 
 
 def test_under_both_limits_a_stream_is_admitted():
-    admit(9, 0.2, max_streams=10, max_delivery_lag_s=0.5)
-    admit(10_000, 30.0, max_streams=0, max_delivery_lag_s=0)      # 0: each limit off
+    admit(9, 0.2, 4, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
+    admit(10_000, 30.0, 10_000, max_streams=0, max_delivery_lag_s=0, tenant_max_streams=0)  # 0: each off
 
 
 @pytest.mark.parametrize("open_streams,lag,kind", [(10, 0.0, "streams"), (0, 0.6, "delivery_lag")])
 def test_past_a_limit_the_answer_is_a_503_with_retry_after(open_streams, lag, kind):
     with pytest.raises(EdgeError) as refused:
-        admit(open_streams, lag, max_streams=10, max_delivery_lag_s=0.5)
+        admit(open_streams, lag, 0, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
     e = refused.value
     assert e.code is ErrorCode.overloaded and e.status == 503 and e.type == "server_error"
     assert int(e.headers["Retry-After"]) > 0 and e.headers["x-laneway-overload"] == kind
+
+
+def test_a_tenant_at_its_share_gets_a_429_while_the_bridge_has_room():
+    with pytest.raises(EdgeError) as refused:
+        admit(5, 0.0, 5, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
+    e = refused.value
+    assert e.code is ErrorCode.rate_limited and e.status == 429 and e.code_name == "rate_limit_exceeded"
+    assert e.headers["x-laneway-overload"] == "tenant_streams" and int(e.headers["Retry-After"]) > 0
+    admit(5, 0.0, 4, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)   # another tenant
 
 
 def test_one_late_frame_is_not_a_trend_but_a_run_of_them_is():

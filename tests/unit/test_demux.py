@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from broker.demux import Demux
+from broker.demux import BufferLimits, Demux
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from tests.wait import eventually
@@ -53,3 +53,44 @@ async def test_waiting_past_the_expiry_raises_timeout_and_close_cancels_the_time
     later = demux.open("r3", "acme", time.time() + 0.05)
     assert await eventually(lambda: later.expired)
     assert not kept.expired
+
+
+def _fill(stream, n: int, size: int) -> None:
+    for seq in range(n):
+        stream.feed(Delta(stream.request_id, 1, seq, "x", [1]), "w1", size)
+
+
+async def test_a_stream_past_its_buffer_ends_with_slow_reader_and_frees_what_it_held():
+    demux = Demux(limits=BufferLimits(stream_bytes=1000, tenant_bytes=10_000))
+    stream = demux.open("r1", "acme", time.time() + 30)
+    _fill(stream, 10, 100)
+    assert demux.buffered_by("acme") == 1000 and not stream.closed       # at the limit, not past it
+    stream.feed(Delta("r1", 1, stream.next_seq, "x", [1]), "w1", 100)
+    [entry] = await stream.next_entries()            # what waited is dropped: only why it ends
+    assert isinstance(entry, StreamError) and entry.code == ErrorCode.slow_reader.value
+    assert stream.edge_failed and demux.buffered_by("acme") == 0
+    assert not stream.feed(Delta("r1", 1, stream.next_seq, "x", [1]), "w1", 100)
+
+
+async def test_past_the_tenant_limit_its_largest_buffer_ends_and_other_tenants_keep_theirs():
+    demux = Demux(limits=BufferLimits(stream_bytes=10_000, tenant_bytes=1500))
+    stalled, reading = demux.open("r1", "acme", time.time() + 30), demux.open("r2", "acme", time.time() + 30)
+    other = demux.open("r3", "globex", time.time() + 30)
+    _fill(other, 10, 100)
+    _fill(stalled, 10, 100)
+    _fill(reading, 6, 100)        # acme: 1,600 bytes waiting
+    assert stalled.closed and not reading.closed and not other.closed
+    assert demux.buffered_by("acme") == 600 and demux.buffered_by("globex") == 1000
+    assert [e.code for e in await stalled.next_entries()] == [ErrorCode.slow_reader.value]
+    assert len(await reading.next_entries()) == 6 and demux.buffered_by("acme") == 0
+
+
+async def test_open_streams_are_counted_per_tenant_until_closed():
+    demux = Demux()
+    demux.open("r1", "acme", time.time() + 30)
+    demux.open("r2", "acme", time.time() + 30)
+    demux.open("r3", "globex", time.time() + 30)
+    assert (demux.held_by("acme"), demux.held_by("globex"), demux.held_by("initech")) == (2, 1, 0)
+    demux.close("r1")
+    demux.close("r2")
+    assert demux.held_by("acme") == 0 and len(demux) == 1
