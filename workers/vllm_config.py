@@ -9,9 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.media_urls import FLAG as MEDIA_DOMAINS_FLAG
+from workers.media_urls import MediaFetchPolicy, parse_media_domains
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
           "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
+# vLLM's own allow-list admits every host when empty; given this one alone it admits a name that
+# never resolves (RFC 6761 reserves .invalid), so it too fetches no remote media by default.
+NO_MEDIA_HOST = "no-remote-media.invalid"
 
 
 def parse_bytes(text: str) -> int:
@@ -53,10 +59,17 @@ class VllmConfig:
     convert: str = "auto"                     # pooling: "embed" converts a generative model
                                               # (auto: native embedding models as they are,
                                               # generative ones converted to embed)
+    allowed_media_domains: frozenset[str] = frozenset()   # hosts whose media URLs the engine
+                                              # fetches (workers/media_urls.py); empty: none
 
     @property
     def name(self) -> str:
         return self.served_model_name or Path(self.model).name
+
+    def media_fetch(self) -> MediaFetchPolicy:
+        """What the engine may fetch for a request's media URLs."""
+        return MediaFetchPolicy(self.allowed_media_domains,
+                                local_files=bool(self.extra.get("allowed_local_media_path")))
 
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +104,10 @@ class VllmConfig:
         g.add_argument("--convert", choices=("auto", "embed"), default="auto",
                        help="with --embedding: embed converts a generative checkpoint into an "
                             "embedding model (default auto: vLLM decides from the architecture)")
+        g.add_argument(MEDIA_DOMAINS_FLAG, type=parse_media_domains, default=frozenset(),
+                       metavar="HOST,HOST", help="hosts whose image/audio/video URLs the engine "
+                       "may fetch, matched exactly (example.com admits no subdomain); default "
+                       "none: only data: URLs")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VllmConfig:
@@ -109,7 +126,8 @@ class VllmConfig:
                    tool_strict_level=args.tool_strict_level,
                    reasoning_parser=args.reasoning_parser, chat_template=args.chat_template,
                    embedding=getattr(args, "embedding", False),
-                   convert=getattr(args, "convert", "auto"))
+                   convert=getattr(args, "convert", "auto"),
+                   allowed_media_domains=getattr(args, "allowed_media_domains", frozenset()))
 
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -135,6 +153,8 @@ class VllmConfig:
             "scheduling_policy": "priority",  # the broker's class → EngineRequest.priority
             "disable_log_stats": True,        # no periodic log lines; our probe still gets stats
             "enable_log_requests": False,     # prompts may hold PII: never log them
+            # Defence in depth: the engine refuses other hosts before vLLM sees a request.
+            "allowed_media_domains": sorted(self.allowed_media_domains) or [NO_MEDIA_HOST],
         }
         if self.embedding:
             kwargs.update(runner="pooling", convert=self.convert)

@@ -21,6 +21,9 @@ and `vllm/entrypoints/generate/api_router.py:init_generate_state`):
 - Real state for `capacity()`: the KV cache size the engine core reports back at start
   (`cache_config.num_gpu_blocks` x `block_size`), and the `SchedulerStats` (running/waiting
   requests, `kv_cache_usage`) the core sends after every step, captured by a custom stat logger.
+- Media URLs: vLLM fetches every http(s) URL a content part names. `build_request` refuses,
+  before vLLM sees the request, each one `--allowed-media-domains` does not admit (by default
+  all but data: URLs: `workers.media_urls`); vLLM's own allow-list is set to match.
 - `EngineDeadError` (raised, or an error chunk once `AsyncLLM.errored`) → `EngineDead`; a 4xx
   `ErrorResponse` or `VLLMClientError` → `UnsupportedRequest` naming vLLM's parameter.
 - An embedding worker (`VllmConfig.embedding`, `--embedding`) runs vLLM's pooling runner
@@ -105,6 +108,7 @@ class VllmEngine(Engine):
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         self.model = config.name
+        self._media = config.media_fetch()      # which media URLs vLLM may fetch (none by default)
         self._llm: Any = None
         self._chat: Any = None           # vLLM's OpenAIServingChat
         self._completion: Any = None     # vLLM's OpenAIServingCompletion
@@ -122,6 +126,8 @@ class VllmEngine(Engine):
     async def start(self) -> None:
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("DO_NOT_TRACK", "1")
+        # An allowed media host must not bounce vLLM's fetch to an internal address.
+        os.environ.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_args = self.config.engine_args()
@@ -228,9 +234,9 @@ class VllmEngine(Engine):
             return
         if self.config.embedding:
             raise UnsupportedRequest(rid, "model", "this pool's model serves embeddings only")
+        vreq = build_request(request, self.model, self._media)   # refuses before vLLM sees it
         llm = self._engine()
         chat = isinstance(body, ChatBody)
-        vreq = build_request(request, self.model)
         n = body.choices
         # The serving layer's ids for the id build_request gave it (create_chat_completion/_completion).
         self._vllm_ids[key] = f"chatcmpl-{key.scoped()}" if chat else f"cmpl-{key.scoped()}-0"

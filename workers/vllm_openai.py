@@ -23,6 +23,7 @@ from schemas.openai import ChatBody, EmbeddingBody
 from schemas.openai_extra import VLLM_COMPLETION, VLLM_EMBEDDING, VLLM_SAMPLING, VLLM_TEMPLATE
 from workers import openai_wire as wire
 from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
+from workers.media_urls import MediaFetchPolicy, first_refused_media_url
 
 # Laneway owns these: set from the EngineRequest, never taken from the client.
 _OWNED = LANEWAY_OWNED | {"stream", "stream_options", "model"}
@@ -37,9 +38,11 @@ _OWNED = LANEWAY_OWNED | {"stream", "stream_options", "model"}
 _CHAT = VLLM_SAMPLING | VLLM_TEMPLATE
 
 
-def build_request(request: EngineRequest, served_name: str) -> Any:
+def build_request(request: EngineRequest, served_name: str,
+                  media: MediaFetchPolicy = MediaFetchPolicy()) -> Any:
     """vLLM's pydantic request for this body and its extra fields, streaming with usage, carrying
-    Laneway's request id, priority and cache salt. Raises `UnsupportedRequest` naming the field."""
+    Laneway's request id, priority and cache salt. Raises `UnsupportedRequest` naming the field,
+    and for a media URL `media` does not let vLLM fetch (the default: any but a data: URL)."""
     chat = isinstance(request.body, ChatBody)
     cls = _request_class(chat)
     rid = request.request_id
@@ -48,6 +51,9 @@ def build_request(request: EngineRequest, served_name: str) -> Any:
         # vLLM 0.32's CompletionRequest has no best_of: it would be ignored.
         raise UnsupportedRequest(rid, "best_of", "best_of other than n is not supported by this engine")
     data = _merged(request, cls, _CHAT if chat else VLLM_COMPLETION)
+    # Read in the very JSON vLLM validates next, before it can fetch anything.
+    if chat and (url := first_refused_media_url(data["messages"], media)) is not None:
+        raise UnsupportedRequest(rid, url.param, url.message)
     # Always streamed, usage on the last chunk (exact counts); token ids ride on each chunk
     # (and the prompt's once, on the first: how we learn its length for capacity()).
     data.update(model=served_name, stream=True, stream_options={"include_usage": True},
