@@ -86,8 +86,11 @@ class NatsTarget:
     async def __aenter__(self) -> "NatsTarget":
         import nats
 
+        from schemas.subjects import service_inbox
+
         user, password = self.credentials or (None, None)
         self._nc = await nats.connect(self.nats_url, user=user, password=password,
+                                      inbox_prefix=service_inbox(user),     # the user's own replies
                                       pending_size=64 * 1024 * 1024)
         return self
 
