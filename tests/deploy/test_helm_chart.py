@@ -14,7 +14,11 @@ ci/all-on-values.yaml, which turns every optional part on. Then:
   settings, equal to `accounts()` for the rendered passwords), and the rendered NATS config, run
   as a real 3-node nats-server cluster with the files and environment Kubernetes would give it,
   accepts each role's Secret, refuses a wrong password, stores streams at 3 replicas, encrypts
-  them at rest, and keeps a tenant's user inside its own account.
+  them at rest, and keeps a tenant's user inside its own account;
+- the NATS routes are authenticated: their user and password (generated, kept, or set in values)
+  live in the auth Secret only, never in a ConfigMap, in a file the cluster block includes, with
+  route URLs naming the pods the NATS chart names; live, a 4th nats-server routing to the cluster
+  without the password (or with a wrong one) is refused and the cluster gains no route.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import posixpath
 import re
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import helm_python as helm
@@ -66,6 +72,13 @@ def render(variant: str) -> tuple[tuple[str, dict], ...]:
         out += [(source, doc) for doc in yaml.safe_load_all(text) if doc]
     assert out, f"{variant}: nothing rendered"
     return tuple(out)
+
+
+def render_values(overrides: dict, name: str = RELEASE) -> list[dict]:
+    """Every object the chart renders with these values (not cached: for one-off variations)."""
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(overrides, name=name, namespace=NAMESPACE)
+    return [d for text in manifests.values() for d in yaml.safe_load_all(text) if d]
 
 
 def values_merged(variant: str) -> dict:
@@ -246,7 +259,7 @@ def test_streams_replicate_across_the_nats_cluster(variant: str) -> None:
     sts = named(variant, "StatefulSet", f"{RELEASE}-nats")
     conf = named(variant, "ConfigMap", f"{RELEASE}-nats-config")["data"]["nats.conf"]
     assert sts["spec"]["replicas"] == 3
-    assert len(re.findall(rf"nats://{RELEASE}-nats-\d\.{RELEASE}-nats-headless:6222", conf)) == 3
+    assert len(cluster_auth(named(variant, "Secret", f"{RELEASE}-nats-auth")["stringData"])[1]) == 3
     assert re.search(r'"cipher":\s*"chachapoly"', conf) and re.search(r'"key":\s*\$LANEWAY_NATS_JS_KEY\b', conf)
     for workload, _, _, c in laneway_containers(variant):
         if c["args"][0] in ("broker", "ops"):        # the bridge creates no stream
@@ -295,11 +308,8 @@ def test_every_bridge_replica_gets_the_same_idempotency_secret(variant: str) -> 
     ref = env_of(bridge)["LANEWAY_IDEMPOTENCY_SECRET"]["valueFrom"]["secretKeyRef"]
     secret = named(variant, "Secret", ref["name"])
     assert len(secret["stringData"][ref["key"]]) >= 32
-    with helm.Chart.load(str(CHART)) as chart:
-        manifests = chart.render(values(variant) | {"bridge": {**values(variant).get("bridge", {}),
-                                                               "idempotencySecret": "x" * 40}},
-                                 name=RELEASE, namespace=NAMESPACE)
-    rendered = [d for text in manifests.values() for d in yaml.safe_load_all(text) if d]
+    rendered = render_values(values(variant) | {"bridge": {**values(variant).get("bridge", {}),
+                                                           "idempotencySecret": "x" * 40}})
     (mine,) = [d for d in rendered if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
     assert mine["stringData"][ref["key"]] == "x" * 40
 
@@ -433,6 +443,124 @@ def test_monitoring_configmaps_reuse_the_deploy_files() -> None:
         assert (CHART / "files" / name).is_symlink(), name
 
 
+# -- NATS routes ------------------------------------------------------------------------------
+ROUTE_USER = "route"
+
+
+def cluster_auth(auth_secret: dict[str, str]) -> tuple[dict, list[str]]:
+    """The auth Secret's cluster-auth.conf (`authorization: {...}` and `routes: [...]`, JSON
+    values): the routes' authorization and the route URLs."""
+    lines = dict(line.split(": ", 1) for line in auth_secret["cluster-auth.conf"].splitlines() if line)
+    assert set(lines) == {"authorization", "routes"}, lines
+    return json.loads(lines["authorization"]), json.loads(lines["routes"])
+
+
+def nats_conf(rendered: list[dict]) -> str:
+    (conf,) = [o["data"]["nats.conf"] for o in rendered
+               if o["kind"] == "ConfigMap" and "nats.conf" in o.get("data", {})]
+    return conf
+
+
+def cluster_block(conf: str) -> str:
+    """The `"cluster": {...}` block of the NATS chart's rendered (pretty-printed JSON) config."""
+    found = re.search(r'^  "cluster": \{\n(.*?)^  \},?$', conf, re.M | re.S)
+    assert found, conf
+    return found.group(1)
+
+
+def mounted_files(rendered: list[dict], spec: dict, container: dict) -> dict[str, tuple[str, str, str]]:
+    """Path in the container → (kind, name, key) of each Secret or ConfigMap key it mounts."""
+    sources = {(o["kind"], o["metadata"]["name"]): {**o.get("data", {}), **o.get("stringData", {})}
+               for o in rendered if o["kind"] in ("Secret", "ConfigMap")}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    files = {}
+    for m in container.get("volumeMounts", []):
+        v = volumes.get(m["name"], {})
+        kind, name = (("Secret", v["secret"]["secretName"]) if "secret" in v else
+                      ("ConfigMap", v["configMap"]["name"]) if "configMap" in v else (None, None))
+        if kind:
+            assert "subPath" not in m and "items" not in v.get("secret", v.get("configMap")), m
+            files |= {posixpath.join(m["mountPath"], key): (kind, name, key) for key in sources[(kind, name)]}
+    return files
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_nats_routes_are_authenticated_from_a_secret_only(variant: str) -> None:
+    """The routes' user and password are in the auth Secret, in a file the cluster block of the
+    NATS config includes from that Secret's mount, with the route URLs (nats-server authenticates
+    a route it dials only by its URL's credentials) naming each pod of the StatefulSet by its
+    headless Service; no ConfigMap holds the password, the NATS config no route of its own."""
+    rendered = [o for _, o in render(variant)]
+    secret = named(variant, "Secret", f"{RELEASE}-nats-auth")["stringData"]
+    password = secret["route-password"]
+    authorization, routes = cluster_auth(secret)
+    assert authorization == {"user": ROUTE_USER, "password": password}
+    assert len(password) >= 32, "generated"
+    sts = named(variant, "StatefulSet", f"{RELEASE}-nats")
+    headless = named(variant, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    (port,) = [p["port"] for p in headless["spec"]["ports"] if p["name"] == "cluster"]
+    pods = [f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}:{port}"
+            for i in range(sts["spec"]["replicas"])]
+    assert routes == [f"nats://{ROUTE_USER}:{password}@{pod}" for pod in pods]
+
+    spec = sts["spec"]["template"]["spec"]
+    nats_container = next(c for c in spec["containers"] if c["name"] == "nats")
+    config_dir = posixpath.dirname(flag(nats_container["args"], "--config"))
+    block = cluster_block(nats_conf(rendered))
+    assert '"routes"' not in block and "authorization" not in block, block
+    files = mounted_files(rendered, spec, nats_container)
+    included = [files.get(posixpath.normpath(posixpath.join(config_dir, path)))
+                for path in re.findall(r"^\s*include (\S+);$", block, re.M)]
+    assert included == [("Secret", f"{RELEASE}-nats-auth", "cluster-auth.conf")], included
+    leaks = [o["metadata"]["name"] for o in objects(variant, "ConfigMap") if password in json.dumps(o)]
+    assert not leaks, f"the route password is in ConfigMaps {leaks}"
+
+
+def test_the_route_password_is_set_in_values_never_in_the_nats_charts() -> None:
+    chosen = "a-route-password-chosen-0451"
+    rendered = render_values({"natsAuth": {"routePassword": chosen}})
+    (secret,) = [o["stringData"] for o in rendered
+                 if o["kind"] == "Secret" and o["metadata"]["name"] == f"{RELEASE}-nats-auth"]
+    authorization, routes = cluster_auth(secret)
+    assert secret["route-password"] == authorization["password"] == chosen
+    assert all(url.startswith(f"nats://{ROUTE_USER}:{chosen}@") for url in routes)
+    # The NATS chart's own route credentials would be written into its ConfigMap; a password that
+    # a URL would need escaped would break the routes.
+    for overrides in ({"nats": {"config": {"cluster": {"routeURLs": {"user": "route", "password": chosen}}}}},
+                      {"natsAuth": {"routePassword": "with space/and@sign#0451"}},
+                      {"natsAuth": {"routePassword": "short"}}):
+        with pytest.raises(helm.HelmError, match="natsAuth.routePassword"):
+            render_values(overrides)
+
+
+def merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+@pytest.mark.parametrize("name, overrides", [
+    (RELEASE, {}),
+    ("nats", {}),                                       # the NATS chart's names drop its suffix
+    (RELEASE, {"nats": {"fullnameOverride": "mq", "config": {"cluster": {
+        "routeURLs": {"useFQDN": True}, "tls": {"enabled": True, "secretName": "route-certs"}}}}}),
+    (RELEASE, {"nats": {"nameOverride": "bus", "statefulSet": {"name": "ss"}, "headlessService": {"name": "hs"},
+                        "config": {"cluster": {"port": 7222, "replicas": 5}}}}),
+], ids=["default", "release-nats", "fullname-fqdn-tls", "names-port-replicas"])
+def test_route_urls_name_the_pods_the_nats_chart_names(name: str, overrides: dict) -> None:
+    """Ours (with credentials, in the Secret) against the NATS chart's own route list, rendered
+    by leaving its route list in place (no patch) under the same values."""
+    rendered = render_values(overrides, name=name)
+    (secret,) = [o["stringData"] for o in rendered
+                 if o["kind"] == "Secret" and o["metadata"]["name"] == f"{name}-nats-auth"]
+    ours = [re.sub(r"//[^@/]*@", "//", url) for url in cluster_auth(secret)[1]]
+    theirs = re.search(r'"routes": (\[.*?\])', nats_conf(render_values(
+        merged(overrides, {"nats": {"config": {"cluster": {"patch": []}}}}), name=name)), re.S)
+    assert theirs and ours == json.loads(theirs.group(1))
+
+
 # -- NATS accounts and the rendered NATS config, live ------------------------------------------
 def test_nats_accounts_file_matches_the_code() -> None:
     import importlib.util
@@ -494,6 +622,52 @@ def kubernetes_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[
     return env
 
 
+async def check_routes_refuse_a_server_without_the_password(tmp_path: Path, conf: str, servers: list,
+                                                            route_ports: list[int], http_ports: list[int]) -> None:
+    """Each node routes to the two others (its /routez names them); a 4th nats-server of the same
+    cluster name, routing to node 0 without credentials and to node 1 as the route user with a
+    wrong password, is refused by both (their logs say so) and no node gains a route to it."""
+    from broker.runtime.natsd import NatsServer
+    from broker.runtime.ports import free_port
+
+    names = [f"{RELEASE}-nats-{i}" for i in range(len(servers))]
+
+    def routed(i: int) -> set[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_ports[i]}/routez", timeout=5) as answer:
+            return {r.get("remote_name") for r in json.load(answer)["routes"]}
+
+    assert await eventually(lambda: all(routed(i) == set(names) - {n} for i, n in enumerate(names)), timeout=30), \
+        [routed(i) for i in range(len(servers))]
+    # nats-server logs a route it refused as `rid:N - authentication error` (+ ` - User "<user>"`
+    # if it named one; a client's refusal says cid:N).
+    no_user = re.compile(r"rid:\d+ - authentication error$", re.M)
+    wrong_password = re.compile(rf'rid:\d+ - authentication error - User "{ROUTE_USER}"$', re.M)
+    assert not [s.url for s in servers if re.search(r"rid:\d+ - authentication error", s.log_file.read_text())], \
+        "routes refused before any intruder"
+    cluster_name = re.search(r'"name": "([^"]+)"', cluster_block(conf)).group(1)
+    routes = [f"nats://127.0.0.1:{route_ports[0]}",
+              f"nats://{ROUTE_USER}:not-the-route-password@127.0.0.1:{route_ports[1]}"]
+    intruder_conf = tmp_path / "intruder.conf"
+    intruder_conf.write_text(f'server_name: "intruder"\ncluster {{ name: {json.dumps(cluster_name)}, '
+                             f"port: {free_port()}, routes: {json.dumps(routes)} }}\n")
+    intruder = NatsServer(tmp_path / "intruder", config_file=intruder_conf)
+    await intruder.start()
+    try:
+        def joined() -> bool:
+            return any("intruder" in routed(i) for i in range(len(servers)))
+
+        def refused() -> bool:
+            return bool(no_user.search(servers[0].log_file.read_text())
+                        and wrong_password.search(servers[1].log_file.read_text()))
+
+        assert await eventually(lambda: joined() or refused(), timeout=30), intruder.log_file.read_text()[-2000:]
+        assert not joined(), "the cluster took a route from a server without the route password"
+        assert refused()
+        assert [routed(i) for i in range(len(servers))] == [set(names) - {n} for n in names]
+    finally:
+        await intruder.stop()
+
+
 async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, monkeypatch) -> None:
     from broker.config import StreamLimits, load_settings
     from broker.provision import not_ready_yet, provision_at
@@ -504,30 +678,33 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
 
     secrets = {o["metadata"]["name"]: o["stringData"] for o in objects("default", "Secret")}
     conf = named("default", "ConfigMap", f"{RELEASE}-nats-config")["data"]["nats.conf"]
-    auth = secrets[f"{RELEASE}-nats-auth"]["auth.conf"]
     sts = named("default", "StatefulSet", f"{RELEASE}-nats")
     nats_container = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "nats")
     for name, value in kubernetes_env(nats_container, secrets).items():
         monkeypatch.setenv(name, value)      # nats-server inherits this process's environment
 
-    # The pod's file layout (/etc/nats-config, /etc/nats-laneway: the accounts Secret's volume)
-    # under tmp_path, loopback ports.
+    # The pod's file layout (/etc/nats-config, /etc/nats-laneway: the auth Secret's volume, a
+    # file per key) under tmp_path, loopback ports: the route URLs' pod names → 127.0.0.1.
+    route_ports, http_ports = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+
+    def on_loopback(text: str) -> str:
+        for j in range(3):
+            text = text.replace(f"{RELEASE}-nats-{j}.{RELEASE}-nats-headless:6222", f"127.0.0.1:{route_ports[j]}")
+        return text
+
     (tmp_path / "nats-laneway").mkdir()
-    (tmp_path / "nats-laneway" / "auth.conf").write_text(auth)
-    route_ports = [free_port() for _ in range(3)]
+    for key, text in secrets[f"{RELEASE}-nats-auth"].items():
+        (tmp_path / "nats-laneway" / key).write_text(on_loopback(text))
     servers = []
     for i in range(3):
         text = conf.replace("$SERVER_NAME", f'"{RELEASE}-nats-{i}"')
         text = text.replace('"port": 6222', f'"port": {route_ports[i]}')
-        text = text.replace('"http_port": 8222,', "")
+        text = text.replace('"http_port": 8222,', f'"http_port": {http_ports[i]},')   # on -a 127.0.0.1
         text = re.sub(r',\s*"store_dir": "/data"', "", text)     # NatsServer passes -sd (a duplicate fails)
         text = text.replace('"/var/run/nats/nats.pid"', json.dumps(str(tmp_path / f"n{i}.pid")))
-        for j in range(3):
-            text = text.replace(f"nats://{RELEASE}-nats-{j}.{RELEASE}-nats-headless:6222",
-                                f"nats://127.0.0.1:{route_ports[j]}")
         node_dir = tmp_path / f"nats-config-{i}"
         node_dir.mkdir()
-        (node_dir / "nats.conf").write_text(text)
+        (node_dir / "nats.conf").write_text(on_loopback(text))
         servers.append(NatsServer(tmp_path / f"n{i}", config_file=node_dir / "nats.conf"))
     await asyncio.gather(*(s.start() for s in servers))
     try:
@@ -574,6 +751,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(servers[0].url, user=role("bridge")[0], password="wrong",
                                allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        await check_routes_refuse_a_server_without_the_password(tmp_path, conf, servers, route_ports, http_ports)
     finally:
         await asyncio.gather(*(s.stop() for s in servers))
     stored = [p for s in servers for p in (s.store_dir / "jetstream").rglob("*") if p.is_file()]

@@ -40,6 +40,36 @@ release name only, because the subchart cannot call this chart's helpers with th
 {{- .Values.settings | default (.Files.Get "files/settings.toml") -}}
 {{- end -}}
 
+{{/*
+The NATS routes' URLs, the user and password in each: one per pod of the NATS chart's
+StatefulSet, named as its files/config/cluster.yaml names them (nats.fullname, statefulSet.name,
+headlessService.name, routeURLs.useFQDN, the cluster port, tls:// with cluster TLS), from the
+NATS values as the parent sees them (the NATS chart's defaults coalesced in). A JSON list.
+(dict "ctx" $ "user" U "password" P)
+*/}}
+{{- define "laneway.natsRouteURLs" -}}
+{{- $nats := .ctx.Values.nats -}}
+{{- $release := .ctx.Release.Name -}}
+{{- $full := printf "%s-%s" $release (default "nats" $nats.nameOverride) -}}
+{{- if $nats.fullnameOverride -}}
+{{- $full = $nats.fullnameOverride -}}
+{{- else if contains (default "nats" $nats.nameOverride) $release -}}
+{{- $full = $release -}}
+{{- end -}}
+{{- $full = $full | trunc 63 | trimSuffix "-" -}}
+{{- $cluster := $nats.config.cluster -}}
+{{- $domain := $nats.headlessService.name | default (printf "%s-headless" $full) -}}
+{{- if $cluster.routeURLs.useFQDN -}}
+{{- $domain = printf "%s.%s.svc.%s" $domain ($nats.namespaceOverride | default .ctx.Release.Namespace) $cluster.routeURLs.k8sClusterDomain -}}
+{{- end -}}
+{{- $proto := ternary "tls" "nats" $cluster.tls.enabled -}}
+{{- $urls := list -}}
+{{- range $i := until (int $cluster.replicas) -}}
+{{- $urls = append $urls (printf "%s://%s:%s@%s-%d.%s:%d" $proto $.user $.password ($nats.statefulSet.name | default $full) $i $domain (int $cluster.port)) -}}
+{{- end -}}
+{{- $urls | toRawJson -}}
+{{- end -}}
+
 {{/* The NATS chart's client Service, unless natsUrl points elsewhere. */}}
 {{- define "laneway.natsUrl" -}}
 {{- if .Values.natsUrl -}}
