@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from broker.config import DEFAULT_CONTEXT_TOKENS, LogicalModel, context_limit
 from broker.runtime.response_cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
-from broker.gate.quota import Quota
+from broker.gate.quota import Quota, QuotaUnavailable
 from broker.gate.route import route
 from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
 from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
@@ -140,6 +140,8 @@ class Gate:
                                            force=delivery.attempt > 1 or delivery.escalated)
         except QuotaExceeded as exc:
             raise Refusal(ErrorCode(exc.code), exc.message, None, rate_limit_headers(exc)) from None
+        except QuotaUnavailable as exc:     # contended, or down where the quota fails closed
+            raise Refusal(ErrorCode.overloaded, f"the tenant's quota could not be checked; retry later ({exc})") from None
         self.ledger.hold(tenant, request.request_id, grant, request.deadline, delivery.stream_seq)
         return rate_limit_headers(grant)
 

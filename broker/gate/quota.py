@@ -22,7 +22,8 @@ least what the request needs) and admits from the local lease with no I/O until 
 - If KV fails, `fail_open` admits (availability over exactness; logged; for a second after a
   failure admissions skip the store rather than each wait for a timeout: open `Quota` on a
   JetStream context with a short timeout, e.g. `nc.jetstream(timeout=1.0)`), else it raises
-  `QuotaUnavailable`.
+  `QuotaUnavailable`. A store that answers but where every write loses to other writers
+  (`QuotaContended`, after backing off) is not down: that refuses, fail_open or not.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from broker.gate.quota_store import (
-    CounterStore, QuotaUnavailable, decode_budget, decode_rate, decode_slots, ensure_quota_bucket,
+    CounterStore, QuotaContended, QuotaUnavailable, decode_budget, decode_rate, decode_slots, ensure_quota_bucket,
 )
 from broker.policy.quota import (
     BadQuotaPolicy, GrantLedger, LimitName, QuotaExceeded, QuotaGrant, QuotaPolicy, RateState, Take,
@@ -50,8 +51,8 @@ from broker.policy.quota import (
 from broker.runtime.tasks import cancel_and_wait
 from schemas.subjects import Subjects
 
-__all__ = ["BadQuotaPolicy", "GrantLedger", "LimitName", "Quota", "QuotaExceeded", "QuotaGrant",
-           "QuotaPolicy", "QuotaUnavailable", "ensure_quota_bucket", "parse_policy",
+__all__ = ["BadQuotaPolicy", "GrantLedger", "LimitName", "Quota", "QuotaContended", "QuotaExceeded",
+           "QuotaGrant", "QuotaPolicy", "QuotaUnavailable", "ensure_quota_bucket", "parse_policy",
            "rate_limit_headers"]
 
 log = logging.getLogger("laneway.quota")
@@ -230,6 +231,9 @@ class Quota:
             if not isinstance(failure, (QuotaUnavailable, nats.errors.Error, TimeoutError)):
                 raise failure   # cancelled, or a bug: not the store being unreachable
         if failures:
+            contended = next((f for f in failures if isinstance(f, QuotaContended)), None)
+            if contended is not None and not force:
+                raise contended         # the store is up: a limit under contention still holds
             if not self._fail_open:
                 raise QuotaUnavailable(str(failures[0])) from failures[0]
             # Admitted unmetered: the local lease goes negative and the next refill pays it back.

@@ -3,7 +3,9 @@ only by compare-and-set. The only module of the quota stage that talks to NATS."
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,10 @@ log = logging.getLogger("laneway.quota")
 QUOTA_BUCKET = "quota_use"
 _MONTH_S = 32 * 86400       # a counter untouched this long belongs to a month that is over
 MAX_ATTEMPTS = 64
+# After a lost compare-and-set a writer waits a random time up to this, doubling per loss to the
+# cap: a replica that writes from its cached revision (one round trip) would otherwise win every
+# race against one that must read first (two), and starve it.
+BACKOFF_S, BACKOFF_CAP_S = 0.001, 0.05
 
 _encode = msgspec.msgpack.Encoder().encode
 decode_rate = msgspec.msgpack.Decoder(RateDoc).decode
@@ -30,6 +36,11 @@ decode_slots = msgspec.msgpack.Decoder(SlotsDoc).decode
 
 class QuotaUnavailable(Exception):
     """The shared counters could not be read or written (and `fail_open` is off)."""
+
+
+class QuotaContended(QuotaUnavailable):
+    """The store answered, but every write lost to another writer: it is up, so this never fails
+    open (that would admit past a limit exactly when the limit is being fought over)."""
 
 
 async def ensure_quota_bucket(js: JetStreamContext, s: Subjects, replicas: int = 1) -> KeyValue:
@@ -50,7 +61,7 @@ class CounterStore:
         (`kv.update(key, value, last=revision)`). Starts from the revision of our own last
         write, usually still current: an uncontended change is ONE round trip."""
         known = self._known.get(key)
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             fresh = known is None
             if fresh:
                 known = await self._read(key, decode)
@@ -68,10 +79,11 @@ class CounterStore:
                 self.conflicts += 1
                 self._known.pop(key, None)
                 known = None
+                await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_S * 2 ** attempt)))
                 continue
             self._known[key] = (new_revision, take.doc)
             return take
-        raise QuotaUnavailable(f"{key}: too many conflicting writers")
+        raise QuotaContended(f"{key}: {MAX_ATTEMPTS} writes in a row lost to other writers")
 
     async def _read(self, key: str, decode: Callable[[bytes], Any]) -> tuple[int, Any]:
         self.reads += 1

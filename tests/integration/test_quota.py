@@ -15,7 +15,9 @@ from itertools import count
 import nats
 import pytest
 
-from broker.gate.quota import Quota, QuotaExceeded, QuotaUnavailable, ensure_quota_bucket, rate_limit_headers
+from broker.gate.quota import (
+    Quota, QuotaContended, QuotaExceeded, QuotaUnavailable, ensure_quota_bucket, rate_limit_headers,
+)
 from broker.policy.quota import INSUFFICIENT_QUOTA, RATE_LIMITED, LimitName, QuotaPolicy
 from schemas.subjects import Subjects
 from tests.clock import T0, Clock
@@ -180,6 +182,27 @@ async def test_store_down_fails_open_or_closed(nats_server) -> None:
             await Quota(kv, fail_open=False).admit("acme", policy, 1)
 
 
+async def test_a_limit_fought_over_refuses_even_when_failing_open(nats_server) -> None:
+    """Every write of ours loses to another writer on the real server: the store is up, so a
+    fail-open quota must not read that as "down" and admit past the limit."""
+    s = Subjects(f"q{next(_prefixes)}")
+    async with await nats.connect(nats_server.url) as nc:
+        kv = await ensure_quota_bucket(nc.jetstream(), s)
+        update = kv.update
+
+        async def update_after_a_rival(key, value, last=None):
+            await kv.put(key, value)        # a rival's write lands between our read and our write
+            return await update(key, value, last=last)
+
+        kv.update = update_after_a_rival
+        quota = Quota(kv, fail_open=True)
+        with pytest.raises(QuotaContended):
+            await quota.admit("acme", QuotaPolicy(max_concurrent=1), 1)
+        assert quota.store.conflicts > 1 and quota.admitted == 0
+        # Forced (a redelivery accepted long ago): a debt, never a refusal.
+        assert not (await quota.admit("acme", QuotaPolicy(max_concurrent=1), 1, force=True)).released
+
+
 @pytest.mark.parametrize("limit", [10, 100, 1000])
 async def test_two_replicas_never_admit_more_than_the_rate(replicas, limit) -> None:
     (a, b), _ = replicas
@@ -212,7 +235,7 @@ async def test_two_replicas_never_exceed_the_concurrency_limit(replicas) -> None
         for _ in range(10):
             try:
                 grant = await quota.admit("conc", policy, 10)
-            except QuotaExceeded:
+            except (QuotaExceeded, QuotaContended):     # a 429, or a 503 to retry
                 await asyncio.sleep(0.001)   # scenario, kept: a refused client backs off and retries
                 continue
             in_flight += 1
