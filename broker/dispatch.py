@@ -95,7 +95,7 @@ class Broker:
     async def start(self) -> None:
         n, cfg = self.config.nats, self.config
         self._stopping = False
-        self._nc = await connect(n.url, "laneway-broker", n.user, n.password)
+        self._nc = await connect(n, "laneway-broker")
         js = self._nc.jetstream()
         await wait_provisioned(js, self.s, "broker", consumer=True)   # `laneway up` / `ops provision`
         await self._start_gate(js)

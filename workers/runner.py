@@ -73,7 +73,7 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n = self.config.nats
-        self._nc = await connect(n.url, f"laneway-worker-{self.id}", n.user, n.password)
+        self._nc = await connect(n, f"laneway-worker-{self.id}")
         js = self._nc.jetstream()
         self._serving = Serving(self.id, self.config.pool, self.s, self.engine, self.metrics, self._outbox,
                                 self.usage, Escalator(js, self.s, self.metrics, self.config.pool),

@@ -68,7 +68,7 @@ class Bridge:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n = self.config.nats
-        self._nc = await connect(n.url, f"laneway-bridge-{self.edge_id}", n.user, n.password,
+        self._nc = await connect(n, f"laneway-bridge-{self.edge_id}",
                                  on_disconnect=self.losses.nats_lost)
         js = self._nc.jetstream()
         await wait_provisioned(js, self.s, "bridge")    # `laneway up` or `laneway ops provision`

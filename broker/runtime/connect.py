@@ -1,12 +1,15 @@
 """The two ways a Laneway process connects to NATS: a service reconnects forever and logs state
 changes; a one-shot command fails fast. Both reply on the inbox prefix the user's permissions
-allow (`schemas.subjects.service_inbox`)."""
+allow (`schemas.subjects.service_inbox`). Both speak TLS where the server requires it (as a
+`tls://` URL expects), trusting the CA in `tls_ca` alone, or the system's CAs without it; nats-py
+takes the server's word for it, so a `tls://` URL does not by itself refuse a plain-text server."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -24,6 +27,7 @@ class NatsSettings:
     prefix: str = "lw"
     user: str | None = None
     password: str | None = None
+    tls_ca: str | None = None       # PEM file of the CA to trust, instead of the system's
 
     @property
     def subjects(self) -> Subjects:
@@ -33,26 +37,32 @@ class NatsSettings:
     def from_env(cls) -> "NatsSettings":
         return cls(url=os.environ.get("LANEWAY_NATS_URL", cls.url), prefix=os.environ.get("LANEWAY_PREFIX", cls.prefix),
                    user=os.environ.get("LANEWAY_NATS_USER"),
-                   password=os.environ.get("LANEWAY_NATS_PASSWORD"))
+                   password=os.environ.get("LANEWAY_NATS_PASSWORD"),
+                   tls_ca=os.environ.get("LANEWAY_NATS_TLS_CA") or None)
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A context trusting `tls_ca` alone; None leaves nats-py's (the system's CAs)."""
+        return ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None
 
 
 def add_nats_flags(parser: "argparse.ArgumentParser") -> None:
-    """--nats-url, --prefix, --nats-user, --nats-password; defaults from the environment."""
+    """--nats-url, --prefix, --nats-user, --nats-password, --nats-tls-ca; defaults from the environment."""
     env = NatsSettings.from_env()
     g = parser.add_argument_group("NATS")
     g.add_argument("--nats-url", default=env.url, help="server URL(s), comma-separated [LANEWAY_NATS_URL]")
     g.add_argument("--prefix", default=env.prefix, help="subject prefix [LANEWAY_PREFIX]")
     g.add_argument("--nats-user", default=env.user, help="[LANEWAY_NATS_USER]")
     g.add_argument("--nats-password", default=env.password, help="[LANEWAY_NATS_PASSWORD]")
+    g.add_argument("--nats-tls-ca", default=env.tls_ca, metavar="PEM",
+                   help="trust only this CA for TLS (tls:// URLs), not the system's [LANEWAY_NATS_TLS_CA]")
 
 
 def nats_from_args(args: "argparse.Namespace") -> NatsSettings:
     return NatsSettings(url=args.nats_url, prefix=args.prefix, user=args.nats_user,
-                        password=args.nats_password)
+                        password=args.nats_password, tls_ca=args.nats_tls_ca)
 
 
-async def connect(url: str, name: str, user: str | None = None, password: str | None = None, *,
-                  on_disconnect: Callable[[], None] | None = None) -> Client:
+async def connect(n: NatsSettings, name: str, *, on_disconnect: Callable[[], None] | None = None) -> Client:
     """Connect with reconnects forever: Laneway processes outlive nats-server restarts.
     `on_disconnect` lets a process act on the loss (the bridge fails its open streams)."""
     async def disconnected() -> None:
@@ -67,11 +77,12 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
         log.warning("%s: NATS error: %s", name, exc)
 
     return await nats.connect(
-        servers=url.split(","),
+        servers=n.url.split(","),
         name=name,
-        user=user,
-        password=password,
-        inbox_prefix=service_inbox(user),
+        user=n.user,
+        password=n.password,
+        tls=n.tls_context(),
+        inbox_prefix=service_inbox(n.user),
         max_reconnect_attempts=-1,      # processes outlive server restarts
         reconnect_time_wait=0.5,
         connect_timeout=5,
@@ -90,5 +101,5 @@ async def connect_once(n: NatsSettings, name: str, *,
     """A command-line tool's connection: one try, no reconnects, so it fails loudly and at once."""
     kwargs = {"error_cb": error_cb} if error_cb is not None else {}
     return await nats.connect(servers=n.url.split(","), name=name, user=n.user, password=n.password,
-                              inbox_prefix=service_inbox(n.user), connect_timeout=5,
+                              tls=n.tls_context(), inbox_prefix=service_inbox(n.user), connect_timeout=5,
                               allow_reconnect=False, max_reconnect_attempts=1, **kwargs)

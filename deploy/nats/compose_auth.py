@@ -6,16 +6,20 @@ It writes, into the `nats-auth` volume that the NATS nodes include (deploy/nats/
 - nats-credentials.json: every user's password (hand the tenant users' out from here);
 - cluster-auth.conf: the routes' credentials and the route URLs that carry them (nats-server
   authenticates an explicitly listed route only by the credentials in its URL);
-and, for each `--login ROLE=DIR`, DIR/login.json with that role's user and password alone: each
-role's containers mount only their own (deploy/nats/login.py reads it), so a worker never holds
-the broker's or the operator's password. The bridge's also carries the secret every bridge
-replica must share (LANEWAY_IDEMPOTENCY_SECRET: Idempotency-Key → request id), kept in its
-login volume beside it, never in the volume the NATS nodes read.
+- ca.pem, nats-tls.crt, nats-tls.key: the nodes' TLS, for clients and routes (deploy/nats/certs.py:
+  a private CA, a certificate for every `--tls-names` name, kept across runs);
+and, for each `--login ROLE=DIR`, DIR/ca.pem (the CA the role's services trust) and DIR/login.json
+with that role's user and password alone: each role's containers mount only their own
+(deploy/nats/login.py reads it), so a worker never holds the broker's or the operator's password.
+The bridge's also carries the secret every bridge replica must share (LANEWAY_IDEMPOTENCY_SECRET:
+Idempotency-Key → request id), kept in its login volume beside it, never in the volume the NATS
+nodes read.
 
 Passwords are kept across runs (`up_auth`, as `laneway up` keeps them): a rerun after a settings
 change adds and removes tenants and leaves every other login valid. `laneway nats-config` would
 make new ones on every run and lock out the running services. Reload the nodes after a rerun
-(`docker compose kill -s HUP nats-1 nats-2 nats-3`).
+(`docker compose kill -s HUP nats-1 nats-2 nats-3`); the TLS certificate is kept too, and when a
+rerun replaces it (deploy/nats/certs.py), restart the nodes and the services instead.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import secrets
 from pathlib import Path
 
+import certs     # deploy/nats/certs.py, beside this script (mounted beside it in compose)
 from broker.config import load_settings
 from broker.runtime.natsd import encryption_key
 from laneway.cli import IDEMPOTENCY_SECRET_ENV
@@ -57,11 +62,13 @@ def write(args: argparse.Namespace) -> None:
     tenants = list(load_settings(args.settings).tenants) if args.settings else []
     auth = up_auth(Subjects(args.prefix), tenants, args.out)
     write_private(args.out / CLUSTER_FILE, cluster_auth(route_password(args.out), args.routes.split(",")))
+    ca = certs.ensure(args.out, args.tls_names.split(","))
     logins = {user_name(role): login for role, login in auth.services.items()}
     uid, gid = (int(n) for n in args.owner.split(":"))
     for role, directory in args.login:
         user, password = logins[user_name(role)]
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / certs.CA_FILE).write_bytes(ca)
         path = directory / LOGIN_FILE
         login = {"user": user, "password": password}
         if role == "bridge":        # made once, kept across runs: a retry maps to the same id
@@ -85,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="lw")
     parser.add_argument("--out", type=Path, required=True, help="the volume the NATS nodes include")
     parser.add_argument("--routes", required=True, help="HOST:PORT of every node, comma-separated")
+    parser.add_argument("--tls-names", required=True,
+                        help="the names clients and routes reach the nodes by, comma-separated (the certificate's)")
     parser.add_argument("--login", type=login, action="append", default=[], help="ROLE=DIR (repeat)")
     parser.add_argument("--owner", default="10001:10001", help="UID:GID of the login files (the image's laneway user)")
     write(parser.parse_args(argv))

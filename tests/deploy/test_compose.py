@@ -6,7 +6,8 @@ and the one-shot `nats-auth` service's script is run as compose runs it, its vol
 dir; then deploy/nats/nats-N.conf, with that volume where the nodes mount it, runs as a real
 3-node nats-server cluster (loopback ports), provisioned through deploy/nats/login.py as the ops
 user. On it: no anonymous client, no route without the route password, every role's login, and
-a tenant's user fenced into its own account.
+a tenant's user fenced into its own account, all over TLS with the CA each container is given
+(what TLS refuses: tests/deploy/test_compose_tls.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import functools
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
@@ -166,19 +171,31 @@ def test_the_bridge_gets_one_idempotency_secret_kept_across_runs(tmp_path: Path)
 
 
 # -- the cluster, live ----------------------------------------------------------------------------
+def on_host(svc: dict, tmp: Path) -> dict[str, Path]:
+    """A service's container paths → this repo (bind mounts) or tmp (named volumes)."""
+    return {t: (ROOT / s if s.startswith(".") else tmp / s) for s, t in volume_specs(svc)}
+
+
+def host_path(arg: str, where: dict[str, Path]) -> str | None:
+    for target, path in sorted(where.items(), key=lambda kv: -len(kv[0])):
+        if arg == target or arg.startswith(target + "/"):
+            return str(path) + arg[len(target):]
+    return None
+
+
 def run_nats_auth(tmp: Path, route_ports: dict[str, int]) -> dict[str, Path]:
-    """The one-shot as compose runs it: container paths → this repo (bind mounts) or tmp (volumes)."""
+    """The one-shot as compose runs it, its volumes in tmp; routes to loopback ports (by the
+    certificate's name for loopback: a route checks the name it dials)."""
     svc = raw_services()["nats-auth"]
-    where = {t: (ROOT / s if s.startswith(".") else tmp / s) for s, t in volume_specs(svc)}
+    where = on_host(svc, tmp)
 
     def host(arg: str) -> str:
-        for target, path in sorted(where.items(), key=lambda kv: -len(kv[0])):
-            if arg == target or arg.startswith(target + "/"):
-                return str(path) + arg[len(target):]
-            if "=" in arg and arg.split("=", 1)[1] == target:
-                return f"{arg.split('=', 1)[0]}={path}"
+        if (path := host_path(arg, where)) is not None:
+            return path
+        if "=" in arg and (path := host_path(arg.split("=", 1)[1], where)) is not None:
+            return f"{arg.split('=', 1)[0]}={path}"
         for node, port in route_ports.items():
-            arg = arg.replace(f"{node}:6222", f"127.0.0.1:{port}")
+            arg = arg.replace(f"{node}:6222", f"localhost:{port}")
         return arg
 
     assert svc["entrypoint"][0] == "python"
@@ -199,13 +216,63 @@ def write_node(tmp: Path, node: str, volumes: dict[str, Path], route_port: int, 
     text = node_conf(node)
     text = text.replace("http: 127.0.0.1:8222", f"http: 127.0.0.1:{http_port}")
     text = text.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route_port}")
+    text = text.replace('"/etc/nats/', f'"{directory}/')     # the certificate's paths
     text = re.sub(r"^\s*store_dir:.*$", "", text, flags=re.M)     # NatsServer passes -sd
     (directory / "nats.conf").write_text(text)
     return directory / "nats.conf"
 
 
-async def route_refused_without_password(port: int) -> bool:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+@dataclass
+class ComposeCluster:
+    """deploy/nats/nats-N.conf as 3 real nodes on loopback, with what `nats-auth` wrote for them."""
+    tmp: Path
+    volumes: dict[str, Path]
+    route_ports: dict[str, int]
+    http_ports: dict[str, int]
+    servers: list = field(default_factory=list)
+
+    def nats_url(self, service: str) -> str:
+        """The service's --nats-url, each node at its loopback port, by the certificate's name."""
+        command = [str(a) for a in raw_services()[service]["command"]]
+        url = command[command.index("--nats-url") + 1]
+        for node, server in zip(NODES, self.servers):
+            url = url.replace(f"{node}:4222", f"localhost:{server.port}")
+        return url
+
+    def env(self, service: str) -> dict[str, str]:
+        """The service's environment, its paths in its mounts on this host."""
+        svc = services()[service]
+        where = on_host(svc, self.tmp)
+        return {k: host_path(str(v), where) or str(v) for k, v in svc.get("environment", {}).items()}
+
+
+@asynccontextmanager
+async def compose_cluster(tmp: Path) -> AsyncIterator[ComposeCluster]:
+    from broker.runtime.natsd import NatsServer
+    from broker.runtime.ports import free_port
+
+    cluster = ComposeCluster(tmp, {}, {node: free_port() for node in NODES}, {node: free_port() for node in NODES})
+    cluster.volumes = run_nats_auth(tmp, cluster.route_ports)
+    cluster.servers = [NatsServer(tmp / f"store-{node}", config_file=write_node(
+        tmp, node, cluster.volumes, cluster.route_ports[node], cluster.http_ports[node])) for node in NODES]
+    await asyncio.gather(*(s.start() for s in cluster.servers))
+    try:
+        yield cluster
+    finally:
+        await asyncio.gather(*(s.stop() for s in cluster.servers))
+
+
+def trusting(ca: str | Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """A client's TLS trusting `ca` alone, showing `cert` (with `key`) if given."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+async def route_refused_without_password(port: int, node_tls: ssl.SSLContext) -> bool:
+    """Even with the nodes' own certificate, a route that knows no password is refused."""
+    reader, writer = await asyncio.open_connection("localhost", port, ssl=node_tls)
     try:
         assert (await reader.readline()).startswith(b"INFO ")
         writer.write(b'CONNECT {"verbose":false,"pedantic":false,"name":"intruder","cluster":"laneway"}\r\nPING\r\n')
@@ -215,32 +282,31 @@ async def route_refused_without_password(port: int) -> bool:
         writer.close()
 
 
-async def test_compose_nats_cluster_runs_with_the_generated_accounts(tmp_path: Path) -> None:
-    from broker.runtime.natsd import NatsServer
-    from broker.runtime.ports import free_port
-
-    route_ports = {node: free_port() for node in NODES}
-    volumes = run_nats_auth(tmp_path, route_ports)
-    credentials = json.loads((volumes["nats-auth"] / "nats-credentials.json").read_text())
-    accounts = parse_accounts((volumes["nats-auth"] / "nats-auth.conf").read_text())
-    assert set(accounts) == {"LANEWAY", "TENANT_demo"}, "the tenants of deploy/settings.toml"
-    servers = [NatsServer(tmp_path / f"store-{node}",
-                          config_file=write_node(tmp_path, node, volumes, route_ports[node], free_port()))
-               for node in NODES]
-    await asyncio.gather(*(s.start() for s in servers))
-    try:
-        urls = [s.url for s in servers]
+async def test_compose_nats_cluster_runs_with_the_generated_accounts(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    async with compose_cluster(tmp_path) as cluster:
+        volumes = cluster.volumes
+        credentials = json.loads((volumes["nats-auth"] / "nats-credentials.json").read_text())
+        accounts = parse_accounts((volumes["nats-auth"] / "nats-auth.conf").read_text())
+        assert set(accounts) == {"LANEWAY", "TENANT_demo"}, "the tenants of deploy/settings.toml"
+        url = cluster.nats_url("provision")
+        urls = url.split(",")
+        service_env = cluster.env("provision")
+        ca = service_env["LANEWAY_NATS_TLS_CA"]
+        tls = trusting(ca)
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-            await nats.connect(urls[0], allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
-        assert await route_refused_without_password(route_ports["nats-1"])
-        # The provision service's command, through the entrypoint it runs with: the streams at 3
-        # replicas need the routes up, which need the route password.
+            await nats.connect(urls[0], tls=tls, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        auth = volumes["nats-auth"]
+        node_tls = trusting(auth / "ca.pem", auth / "nats-tls.crt", auth / "nats-tls.key")
+        assert await route_refused_without_password(cluster.route_ports["nats-1"], node_tls)
+        # The provision service's command, through the entrypoint it runs with, in its environment:
+        # the streams at 3 replicas need the routes up, which need the route password.
         svc = raw_services()["provision"]
         command = [str(a) for a in svc["command"]]
-        command[command.index("--nats-url") + 1] = ",".join(urls)
+        command[command.index("--nats-url") + 1] = url
         command[command.index("--settings") + 1] = str(ROOT / "deploy" / "settings.toml")
         login = volumes["nats-login-ops"] / "login.json"
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        env = {**os.environ, **service_env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         result = await asyncio.to_thread(
             subprocess.run, [sys.executable, str(ROOT / "deploy" / "nats" / "login.py"), str(login), *command],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
@@ -249,9 +315,9 @@ async def test_compose_nats_cluster_runs_with_the_generated_accounts(tmp_path: P
             mine = json.loads((volumes[f"nats-login-{role}"] / "login.json").read_text())
             assert credentials[mine["user"]] == mine["password"]
             assert set(mine) == {"user", "password"} | ({"env"} if role == "bridge" else set()), role
-            nc = await nats.connect(urls, user=mine["user"], password=mine["password"])
+            nc = await nats.connect(urls, user=mine["user"], password=mine["password"], tls=tls)
             await nc.close()
         ops = json.loads(login.read_text())
+        # nats_checks connects with nats-py's default TLS context: the system's CAs, here the compose CA.
+        monkeypatch.setenv("SSL_CERT_FILE", ca)
         await check_tenant_is_fenced(urls, "demo", credentials["tenant-demo"], (ops["user"], ops["password"]))
-    finally:
-        await asyncio.gather(*(s.stop() for s in servers))
