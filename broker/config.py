@@ -24,6 +24,9 @@ from schemas.requests import Token
 
 # A model's context when its settings do not say: the docker-compose pools' --max-model-len.
 DEFAULT_CONTEXT_TOKENS = 16_384
+# The most text (characters) the PII stage analyses for one request; a request with more is
+# refused before analysis (pii_too_large). 256 Ki: ~64K tokens, four full default contexts.
+DEFAULT_PII_MAX_CHARS = 256 * 1024
 ContextTokens = Annotated[int, Meta(ge=1, le=10_000_000)]
 
 
@@ -115,6 +118,7 @@ class BrokerConfig:
     cache_ttl_s: float = 3600.0        # response cache TTL; 0 turns the cache off
     pii: str = "auto"                  # off | auto | regex | ner (see broker/gate/pii_service.py)
     pii_workers: int | None = None     # PII process pool size; None: one per core
+    pii_max_chars: int = DEFAULT_PII_MAX_CHARS   # a request's text the PII stage analyses at most
     lease_ttl_s: float = 3.0           # the scheduler lease: a dead holder's lapses after this
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' longest prompt, as the bridge's
 

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker.admitting import Admitting
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
 from broker.runtime.response_cache import CacheScope, ResponseCache, replay_entries
@@ -85,6 +86,7 @@ class Broker:
         self._lease: Lease | None = None
         self._intake: PullIntake | None = None
         self._retiring: set[asyncio.Task[None]] = set()     # intakes stopping (draining) in the background
+        self._admitting = Admitting(on_ended=self._poke_intake)   # what the intake handed over, in the gate
         self._stopping = False
         self._roles = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -144,7 +146,7 @@ class Broker:
         if cfg.cache_ttl_s > 0:
             self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
                                                       replicas=cfg.limits.replicas)
-        stage = await start_pii(cfg.pii, cfg.pii_workers)
+        stage = await start_pii(cfg.pii, cfg.pii_workers, cfg.pii_max_chars)
         self.gate.use_pii(stage.gate, self._publish_audit, stage.missing)
 
     async def _publish_audit(self, tenant: str, audit: PiiAudit) -> None:
@@ -163,6 +165,7 @@ class Broker:
             await intake.stop()
         if self._retiring:                  # their drains run the gate: with the sweep still up
             await asyncio.wait(set(self._retiring))
+        await self._admitting.wait_idle()   # what the intakes handed on goes through the gate
         await cancel_and_wait(*self._tasks)
         if self._nc.is_connected:    # peers stop counting on this broker to consume
             await self._nc.publish(self.s.broker_event(self.id), codec.encode(BrokerBeat(leaving=True)))
@@ -275,7 +278,7 @@ class Broker:
 
     # -- intake ---------------------------------------------------------------------------
     def _room(self) -> int:
-        return self.config.max_held - len(self.scheduler) - len(self._origin)
+        return self.config.max_held - len(self.scheduler) - len(self._origin) - len(self._admitting)
 
     def _poke_intake(self) -> None:
         if self._intake is not None and self._room() > 0:
@@ -294,8 +297,14 @@ class Broker:
             self.metrics.cancelled.labels(klass).inc()      # the cancel came first: it never runs
             await msg.term()
             return
-        began = time.time()
         delivery = Delivery(attempt, metadata.sequence.stream, (msg.headers or {}).get(MSG_ID_HEADER), escalated)
+        # Off the subscription's one task: another tenant's next message need not wait for this one.
+        self._admitting.submit(tenant, request.request_id,
+                               lambda: self._admit(msg, request, klass, tenant, delivery))
+
+    async def _admit(self, msg: Msg, request: GenerateRequest, klass: str, tenant: str,
+                     delivery: Delivery) -> None:
+        attempt, began = delivery.attempt, time.time()
         try:
             admission = await self.gate.admit(request, klass, tenant, delivery,
                                               self.live.tenants.get(tenant), self.live.routing())
@@ -316,6 +325,12 @@ class Broker:
         self.metrics.routing_decisions.labels(decision.pool, decision.reason.value).inc()
         if decision.spilled:
             self.metrics.routing_fallback.labels(decision.pool, decision.reason.value).inc()
+        if self._take_cancel(tenant, request.request_id):
+            # Cancelled while the gate had it (a PII analysis, a quota round trip): it never runs.
+            await self._release(tenant, request.request_id)
+            self.metrics.cancelled.labels(klass).inc()
+            await msg.term()
+            return
         if admission.hit is not None:
             await self._replay(msg, admission, attempt)
             return

@@ -126,12 +126,16 @@ def _context_flag(group) -> None:
 
 
 def _gate_flags(parser: argparse.ArgumentParser) -> None:
+    from broker.config import DEFAULT_PII_MAX_CHARS
     from broker.gate.pii_service import MODES
 
     g = parser.add_argument_group("admission gate")
     g.add_argument("--pii", choices=MODES, default=os.environ.get("LANEWAY_PII", "auto"),
                    help="PII stage: auto = Presidio if installed (NER if its model is) [LANEWAY_PII]")
     g.add_argument("--pii-workers", type=int, default=None, help="PII process pool size")
+    g.add_argument("--pii-max-chars", type=_at_least_one, default=DEFAULT_PII_MAX_CHARS,
+                   help="the most text (characters) of one request the PII stage analyses; a request "
+                        "with more is refused before analysis (413 pii_too_large)")
     g.add_argument("--no-quotas", action="store_true", help="do not enforce tenant quotas")
     g.add_argument("--cache-ttl", type=float, default=3600.0, help="response cache TTL; 0: off")
     _context_flag(g)
@@ -175,6 +179,7 @@ async def _run_broker(args: argparse.Namespace) -> int:
 
     broker = Broker(BrokerConfig(nats=_nats(args), limits=stream_limits(args), quotas=not args.no_quotas,
                                  cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers,
+                                 pii_max_chars=args.pii_max_chars,
                                  max_context_tokens=args.max_context_tokens))
     _serve_metrics(args, broker.metrics.registry)
     async with broker:

@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     insufficient_quota = "insufficient_quota"   # the tenant's monthly token budget is spent
     pii_blocked = "pii_blocked"          # the tenant's policy blocks an entity type found in the input
     pii_unavailable = "pii_unavailable"  # PII analysis failed and the policy fails closed
+    pii_too_large = "pii_too_large"      # more text than the broker's PII stage analyses for one request
     overloaded = "overloaded"            # the whole system is full
     no_worker = "no_worker"              # no ready worker serves the pool
     unavailable = "unavailable"          # the edge lost NATS: nothing can be accepted or answered now

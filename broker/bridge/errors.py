@@ -27,6 +27,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.insufficient_quota: (429, "insufficient_quota"),
     ErrorCode.pii_blocked: (400, "invalid_request_error"),
     ErrorCode.pii_unavailable: (503, "server_error"),
+    ErrorCode.pii_too_large: (413, "invalid_request_error"),
     ErrorCode.overloaded: (503, "server_error"),
     ErrorCode.no_worker: (503, "server_error"),
     ErrorCode.unavailable: (503, "server_error"),

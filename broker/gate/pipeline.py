@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from broker.config import DEFAULT_CONTEXT_TOKENS, LogicalModel, context_limit
 from broker.runtime.response_cache import CachedResponse, ResponseCache
-from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiUnavailable
+from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiTooLarge, PiiUnavailable
 from broker.gate.quota import Quota, QuotaUnavailable
 from broker.gate.route import route
 from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
@@ -175,6 +175,8 @@ class Gate:
         except PiiUnavailable as exc:
             raise Refusal(ErrorCode.pii_unavailable,
                           f"PII analysis is unavailable and this tenant's policy fails closed ({exc})") from None
+        except PiiTooLarge as exc:
+            raise Refusal(ErrorCode.pii_too_large, str(exc), exc.param) from None
         if (decision.findings or decision.unavailable) and self._publish_audit is not None:
             await self._publish_audit(tenant, decision.audit(request.request_id))
         try:
@@ -188,12 +190,12 @@ class Gate:
         """`request` with the tenant's PII policy applied, for a record kept after it failed (the
         DLQ): not audited again, blocked values redacted too, and an unknown tenant gets the
         default policy. None when PII is on but analysis is unavailable (even for a policy that
-        fails open: a record is a later copy, nobody waits on it): keep none of it then. Only
-        called with PII on."""
+        fails open: a record is a later copy, nobody waits on it), or the request's text is over
+        the stage's limit: keep none of it then. Only called with PII on."""
         policy = tenant_doc.pii if tenant_doc is not None else DEFAULT_POLICY
         try:
             decision, redacted = await self.pii.inspect_request(tenant, policy, request)
-        except PiiUnavailable:
+        except (PiiUnavailable, PiiTooLarge):
             return None
         return None if decision.unavailable else redacted
 

@@ -190,3 +190,18 @@ def fingerprint(policy: TenantPiiPolicy) -> str:
     """Stable id of a policy's content: the key of cached analyses and of built recognizers, so a
     changed policy never reuses results computed under the old one."""
     return hashlib.blake2b(encode(policy), digest_size=12).hexdigest()
+
+
+def mask(value: str) -> str:
+    """Letters and digits become '*', separators stay; long numbers keep their last 4 digits
+    (the usual card/account display), names and addresses keep nothing."""
+    digits = sum(c.isdigit() for c in value)
+    keep = 4 if digits >= 8 else 0
+    out = []
+    for c in reversed(value):
+        if c.isdigit() and keep:
+            out.append(c)
+            keep -= 1
+        else:
+            out.append("*" if c.isalnum() else c)
+    return "".join(reversed(out))

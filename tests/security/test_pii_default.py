@@ -23,9 +23,7 @@ import aiohttp
 import pytest
 
 from loadtest.processes import LanewayUp
-from schemas import codec
-from schemas.work import Credit
-from tests.wait import eventually
+from tests.security.engine_view import first_dispatched_prompt
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,31 +42,13 @@ async def chat(http: aiohttp.ClientSession, key: str, klass: str = "batch") -> t
         return resp.status, await resp.json(content_type=None)
 
 
-async def pulled_prompt(up: LanewayUp) -> str:
-    """The text of the first request the broker hands a worker of the batch class."""
-    nc = await up.connect_nats("svc-worker")
-    credit = codec.encode(Credit(worker_id="reader", pool="sim", free_slots=1, token_budget=10**6,
-                                 total_slots=1, classes=["batch"], wait_s=1.0))
-    taken = []
-
-    async def take() -> bool:
-        reply = await nc.request("lw.pull.sim", credit, timeout=5)
-        taken.extend(codec.decode_batch(reply.data).dispatches)
-        return bool(taken)
-    try:
-        assert await eventually(take, interval=0)
-    finally:
-        await nc.close()
-    return taken[0].request.chat.messages[0].content
-
-
 async def test_a_plain_laneway_up_redacts_before_the_engine(tmp_path):
     async with LanewayUp(tmp_path / "lw", KEY, CLASSES) as up:
         assert "PII         on (Presidio" in up.banner
         async with aiohttp.ClientSession(base_url=up.url) as http:
             answer = asyncio.create_task(chat(http, KEY))
             try:
-                seen = await pulled_prompt(up)
+                seen = await first_dispatched_prompt(up, "batch")
             finally:
                 answer.cancel()
     assert EMAIL not in seen and "<EMAIL_ADDRESS>" in seen

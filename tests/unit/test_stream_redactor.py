@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.policy.pii_stream import StreamRedactor
 from broker.policy.pii import Action, CustomPattern, CustomRecognizer, TenantPiiPolicy
 
 POLICY = TenantPiiPolicy()

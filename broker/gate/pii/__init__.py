@@ -2,15 +2,15 @@
 
     gate = PiiGate()                      # spawns and warms the analyzer pool
     await gate.start()
-    decision, request = await gate.inspect_request(tenant, policy, request)
+    decision, request = await gate.inspect_request(tenant, policy, request)   # PiiTooLarge: over max_chars
     publish(decision.audit(request.request_id))   # when decision.findings
     decision.raise_if_blocked()           # PiiBlocked(entity_types, param), or PiiRefused (an image)
     # request: every text an engine reads redacted (slots.py says where), extra fields included
 """
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit, decode_audit, encode_audit
-from broker.gate.pii.gate import Finding, PiiDecision, PiiGate
-from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.gate.pii.gate import Finding, PiiDecision, PiiGate, PiiTooLarge
+from broker.policy.pii_stream import StreamRedactor
 from broker.policy.pii import (
     DEFAULT_ACTIONS,
     DEFAULT_POLICY,
@@ -27,6 +27,6 @@ from broker.policy.pii_errors import PiiBlocked, PiiError, PiiRefused, PiiUnavai
 __all__ = [
     "Action", "AuditSpan", "CustomPattern", "CustomRecognizer", "DEFAULT_ACTIONS", "DEFAULT_POLICY",
     "Finding", "KNOWN_ENTITIES", "PiiAudit", "PiiBlocked", "PiiDecision", "PiiError", "PiiGate",
-    "PiiRefused", "PiiUnavailable", "PolicyError", "StreamRedactor", "TenantPiiPolicy", "decode", "decode_audit",
+    "PiiRefused", "PiiTooLarge", "PiiUnavailable", "PolicyError", "StreamRedactor", "TenantPiiPolicy", "decode", "decode_audit",
     "encode_audit", "fingerprint",
 ]

@@ -3,13 +3,16 @@
 Presidio holds the GIL for 5–600 ms per call, so it runs in processes (threads would stall the
 broker's event loop). Long text is cut at line/sentence breaks into pieces balanced across the
 workers, each piece carrying a short lead-in and lead-out so context words and entities at a
-cut are still seen. A call that outlives its timeout raises `PiiUnavailable` (the gate fails closed unless the
+cut are still seen. Each tenant's jobs hold at most its share of the processes (`broker/runtime/share.py`):
+a tenant's long text is cut into at most that many jobs, and its next analysis waits for one of
+them to end, so another tenant's job never queues behind a flood. A call that outlives its timeout raises `PiiUnavailable` (the gate fails closed unless the
 tenant says otherwise); a dead worker or a wedged one gets the whole pool replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import multiprocessing
@@ -22,6 +25,7 @@ from typing import Literal
 
 import broker.gate.pii.worker as worker
 from broker.gate.pii.plan import Hit, Plan, plan_for
+from broker.runtime.share import TenantShare, default_share
 from broker.gate.pii.spacy_model import DEFAULT_MODEL, model_installed
 from broker.policy.pii import Action, TenantPiiPolicy
 from broker.policy.pii_errors import PiiUnavailable
@@ -49,6 +53,7 @@ class PiiEngine:
         ner_model: str | None | Literal["auto"] = "auto",
         split_chars: int = 1500,
         stuck_after_s: float = 30.0,
+        share: int | None = None,
     ) -> None:
         if ner_model == "auto":
             ner_model = DEFAULT_MODEL if model_installed() else None
@@ -56,11 +61,15 @@ class PiiEngine:
             raise ValueError(f"spaCy model {ner_model!r} is not installed")
         self.ner_model = ner_model
         self.workers = workers or default_workers()
+        # Jobs of one tenant in the pool at once; None: half the processes, rounded up.
+        self.share = TenantShare(share or default_share(self.workers))
         self.split_chars = split_chars
         self.stuck_after_s = stuck_after_s
         self._pool: ProcessPoolExecutor | None = None
         self._warming: asyncio.Task[None] | None = None
-        self._inflight: dict[Future[Job], float] = {}   # submit times, for spotting a wedged worker
+        # Each job in the pool: when it was submitted (a wedged worker shows as an old one) and the
+        # tenant whose share it holds until it ends.
+        self._inflight: dict[Future[Job], tuple[float, str]] = {}
         self._inflight_lock = threading.Lock()          # futures complete on the pool's thread
         self.restarts = 0
 
@@ -109,46 +118,76 @@ class PiiEngine:
         pool = self._pool
         return list(pool._processes) if pool is not None and pool._processes else []  # type: ignore[attr-defined]
 
-    async def analyze(self, plan: Plan, texts: list[str], timeout_s: float) -> tuple[list[list[Hit]], float]:
+    async def analyze(self, tenant: str, plan: Plan, texts: list[str],
+                      timeout_s: float) -> tuple[list[list[Hit]], float]:
         """Findings per text (offsets in that text), and the CPU milliseconds of the slowest job:
-        the latency floor on idle cores. Raises `PiiUnavailable`."""
+        the latency floor on idle cores. The wait for the tenant's share counts in `timeout_s`.
+        Raises `PiiUnavailable`."""
         pool = self._pool
         if pool is None:
             raise PiiUnavailable("the analyzer pool is not running")
-        jobs = split(texts, self._jobs_for(texts), self.split_chars)
-        futures: list[Future[Job]] = []
+        loop = asyncio.get_running_loop()
+        units = 0                 # taken from the tenant's share and not yet held by a job
+        jobs: list[list[Piece]] = []
         try:
-            for job in jobs:
-                fut = pool.submit(worker.analyze, plan, [(t, lo, hi) for _, _, t, lo, hi in job])
-                with self._inflight_lock:
-                    self._inflight[fut] = time.monotonic()
-                fut.add_done_callback(self._forget)
-                futures.append(fut)
             async with asyncio.timeout(timeout_s):
+                units = await self.share.take(tenant, self._jobs_for(texts))
+                pool = self._pool          # replaced (or closed) while this waited
+                if pool is None:
+                    raise PiiUnavailable("the analyzer pool is not running")
+                jobs = split(texts, units, self.split_chars)
+                futures: list[Future[Job]] = []
+                for job in jobs:
+                    fut = pool.submit(worker.analyze, plan, [(t, lo, hi) for _, _, t, lo, hi in job])
+                    self._hold(fut, tenant, loop)
+                    units -= 1
+                    futures.append(fut)
                 results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except TimeoutError:
             self._restart_if_wedged(pool)
+            if not jobs:
+                raise PiiUnavailable(
+                    f"analysis exceeded {timeout_s * 1000:.0f} ms waiting behind this tenant's own analyses "
+                    f"(its share of the pool is {self.share.limit} of {self.workers} processes)") from None
             raise PiiUnavailable(f"analysis exceeded {timeout_s * 1000:.0f} ms") from None
+        except PiiUnavailable:
+            raise
         except BrokenProcessPool:
             self._restart(pool)
             raise PiiUnavailable("an analyzer worker died") from None
         except Exception as exc:  # noqa: BLE001 - the process boundary: anything a worker raises fails closed
             log.warning("PII analysis failed in a worker", exc_info=True)
             raise PiiUnavailable(f"analysis failed ({type(exc).__name__})") from None
+        finally:
+            if units:
+                self.share.give_back(tenant, units)   # taken, but no job holds them
         return merge(texts, jobs, [r for r, _ in results]), max(c for _, c in results) * 1000
 
     def _jobs_for(self, texts: list[str]) -> int:
         total = sum(len(t) for t in texts)
         return max(1, min(self.workers, total // self.split_chars))
 
-    def _forget(self, fut: Future[Job]) -> None:
+    def _hold(self, fut: Future[Job], tenant: str, loop: asyncio.AbstractEventLoop) -> None:
+        """`fut` holds one unit of the tenant's share until the job ends, in its process: a caller
+        that stopped waiting (a timeout, a cancel) does not free the process its job runs in."""
         with self._inflight_lock:
-            self._inflight.pop(fut, None)
+            self._inflight[fut] = (time.monotonic(), tenant)
+        fut.add_done_callback(functools.partial(self._ended, loop))
+
+    def _ended(self, loop: asyncio.AbstractEventLoop, fut: Future[Job]) -> None:
+        # On the pool's thread (or this one, for a job that ended before the callback was added).
+        with self._inflight_lock:
+            held = self._inflight.pop(fut, None)
+        if held is not None:
+            try:
+                loop.call_soon_threadsafe(self.share.give_back, held[1])
+            except RuntimeError:
+                pass     # the loop is closed, and every share with it
 
     def _restart_if_wedged(self, pool: ProcessPoolExecutor) -> None:
         """A timeout alone may be load; a job running for `stuck_after_s` is a wedged worker."""
         with self._inflight_lock:
-            oldest = min(self._inflight.values(), default=None)
+            oldest = min((at for at, _ in self._inflight.values()), default=None)
         if oldest is not None and time.monotonic() - oldest > self.stuck_after_s:
             self._restart(pool)
 
@@ -160,7 +199,9 @@ class PiiEngine:
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
         with self._inflight_lock:
-            self._inflight.clear()
+            killed, self._inflight = self._inflight, {}
+        for _, tenant in killed.values():    # their processes are gone: so are the jobs' units
+            self.share.give_back(tenant)
         self._pool = self._spawn()
         self._warming = asyncio.get_running_loop().create_task(self._warm(self._pool))
 

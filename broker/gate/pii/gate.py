@@ -8,6 +8,10 @@ image, audio, a file) is refused for a tenant whose policy looks for anything.
 Speed comes from not repeating work: a chat resends its whole history every turn, so results are
 cached by (tenant, policy version, text hash) and only texts never seen before go to the pool,
 each once however often the request repeats it. The cache holds offsets and scores, never text.
+
+Bounds, so that one tenant cannot take the stage from the others: a request whose texts add up
+to more than `max_chars` characters is refused before any of it is analysed (`PiiTooLarge`), and
+each tenant's jobs hold at most its share of the pool's processes (`broker/runtime/share.py`).
 """
 
 from __future__ import annotations
@@ -22,21 +26,35 @@ from typing import Any, Literal
 
 import msgspec
 
+from broker.config import DEFAULT_PII_MAX_CHARS
 from broker.gate.pii.audit import AuditSpan, PiiAudit
 from broker.gate.pii.edit import edited, edited_extra, split
 from broker.gate.pii.engine import PiiEngine
 from broker.gate.pii.plan import Hit, Plan, plan_for
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.slots import Found, Slot, collect
-from broker.gate.pii.stream_redactor import StreamRedactor
+from broker.policy.pii_stream import StreamRedactor
 from broker.policy.pii import Action, TenantPiiPolicy, fingerprint
-from broker.policy.pii_errors import PiiBlocked, PiiRefused, PiiUnavailable
+from broker.policy.pii_errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable
 from schemas import codec
 from schemas.openai import Body, ChatBody, Message
 from schemas.requests import GenerateRequest
 
 Verdict = Literal["pass", "redacted", "blocked"]
 _decode_value = msgspec.json.Decoder().decode       # a member of `extra`, as plain values
+
+
+class PiiTooLarge(PiiError):
+    """The texts a request puts before the model add up to more than the broker analyses for one
+    request: refused before analysis, whatever the policy says (its limit is the operator's)."""
+
+    code = "pii_too_large"
+
+    def __init__(self, chars: int, limit: int, param: str) -> None:
+        self.chars, self.limit = chars, limit
+        self.param = param      # the top-level field holding the most of that text
+        super().__init__(f"this request has {chars} characters of text to analyse for PII, most of them in "
+                         f"{param}; this broker analyses at most {limit} per request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +128,8 @@ class PiiGate:
 
     `hash_key` keys the `hash` action's pseudonyms; give every broker replica the same secret so
     a value maps to the same pseudonym whichever replica saw it (a random key is used if absent:
-    fine for one process, not for a fleet).
+    fine for one process, not for a fleet). `max_chars` bounds the text of one request;
+    `share` the pool's processes one tenant's jobs hold at once (None: half, rounded up).
     """
 
     def __init__(
@@ -122,9 +141,14 @@ class PiiGate:
         cache_entries: int = 100_000,    # ~ a few hundred bytes each: offsets and scores, no text
         split_chars: int = 1500,
         stuck_after_s: float = 30.0,
+        max_chars: int = DEFAULT_PII_MAX_CHARS,
+        share: int | None = None,
     ) -> None:
+        if max_chars < 1:
+            raise ValueError(f"max_chars is at least 1, not {max_chars}")
         self.engine = PiiEngine(workers=workers, ner_model=ner_model, split_chars=split_chars,
-                                stuck_after_s=stuck_after_s)
+                                stuck_after_s=stuck_after_s, share=share)
+        self.max_chars = max_chars
         self._hash_key = hash_key or os.urandom(32)
         self._cache: OrderedDict[tuple[str, str, bytes], tuple[Hit, ...]] = OrderedDict()
         self._cache_entries = cache_entries
@@ -165,8 +189,9 @@ class PiiGate:
 
     async def inspect_body(self, tenant: str, policy: TenantPiiPolicy, body: Body,
                            extra: bytes = b"") -> PiiDecision:
-        """Raises `PiiUnavailable` when analysis fails and the policy fails closed; a blocked
-        request is a decision (audit it, then `raise_if_blocked()`)."""
+        """Raises `PiiUnavailable` when analysis fails and the policy fails closed, `PiiTooLarge`
+        (before any analysis) when the texts are over `max_chars`; a blocked request is a decision
+        (audit it, then `raise_if_blocked()`)."""
         key = fingerprint(policy)
         plan = self._plan(key, policy) if policy.enabled else None
         if plan is None or plan.empty:      # nothing to look for: nothing to refuse either
@@ -178,6 +203,7 @@ class PiiGate:
             return PiiDecision("blocked", body, [], tenant, key, self.mode, extra=b"",
                                refusal=PiiRefused("extra is not a JSON object", "extra"))
         found = collect(body, decoded, lambda digest: (tenant, key, digest) in self._clean)
+        _check_size(found, self.max_chars)
         hits, analyzed, unavailable, cpu_ms = await self._analyze(tenant, key, plan, policy, found.texts)
         findings, edits = self._findings(tenant, policy, found, hits)
         if unavailable is None:
@@ -213,7 +239,8 @@ class PiiGate:
         cpu_ms = 0.0
         if todo:
             try:
-                results, cpu_ms = await self.engine.analyze(plan, [t for t, _ in todo], policy.timeout_ms / 1000)
+                results, cpu_ms = await self.engine.analyze(tenant, plan, [t for t, _ in todo],
+                                                            policy.timeout_ms / 1000)
             except PiiUnavailable as exc:
                 if not policy.fail_open:
                     raise
@@ -266,6 +293,17 @@ class PiiGate:
             if spans:
                 edits.append((slot, apply(text, spans, replace.name if slot.name else replace)))
         return findings, edits
+
+
+def _check_size(found: Found, limit: int) -> None:
+    """Raise `PiiTooLarge` when the texts `found` holds add up to more than `limit` characters."""
+    chars = sum(map(len, found.texts))
+    if chars <= limit:
+        return
+    per_part: dict[str, int] = {}
+    for slot, text in zip(found.slots, found.texts):
+        per_part[slot.part] = per_part.get(slot.part, 0) + len(text)
+    raise PiiTooLarge(chars, limit, max(per_part, key=per_part.__getitem__))
 
 
 def _written(body: Body, extra: bytes, raw: dict[str, msgspec.Raw], decoded: dict[str, Any], found: Found,

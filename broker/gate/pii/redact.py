@@ -6,7 +6,7 @@ import hashlib
 import hmac
 from collections.abc import Callable, Sequence
 
-from broker.policy.pii import STRENGTH, Action
+from broker.policy.pii import STRENGTH, Action, mask
 
 HASH_HEX = 12   # 48 bits of a keyed hash: stable pseudonyms, no collisions at chat scale
 Replace = Callable[[str, str, Action], str]     # (entity type, value, action) -> its replacement
@@ -41,21 +41,6 @@ class Replacer:
     def _pseudonym(self, entity_type: str, value: str) -> str:
         digest = hmac.new(self._key, f"{entity_type}\0{value}".encode(), hashlib.sha256)
         return f"{entity_type}_{digest.hexdigest()[:HASH_HEX]}"
-
-
-def mask(value: str) -> str:
-    """Letters and digits become '*', separators stay; long numbers keep their last 4 digits
-    (the usual card/account display), names and addresses keep nothing."""
-    digits = sum(c.isdigit() for c in value)
-    keep = 4 if digits >= 8 else 0
-    out = []
-    for c in reversed(value):
-        if c.isdigit() and keep:
-            out.append(c)
-            keep -= 1
-        else:
-            out.append("*" if c.isalnum() else c)
-    return "".join(reversed(out))
 
 
 def apply(text: str, spans: Sequence[tuple[int, int, str, Action]], replace: Replace) -> str:

@@ -20,8 +20,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from broker.gate.pii.redact import mask
-from broker.policy.pii import Action, TenantPiiPolicy
+from broker.policy.pii import Action, TenantPiiPolicy, mask
 
 Replace = Callable[[str, str], str]   # (entity_type, value) -> replacement
 
@@ -113,7 +112,11 @@ class StreamRedactor:
         # Without a keyed replacer `hash` falls back to redaction: an unkeyed hash is reversible.
         act = replace or (lambda etype, value, action: mask(value) if action is Action.mask else f"<{etype}>")
 
+        allowed = frozenset(policy.allow_list)     # exact values never flagged, as on input
+
         def rep(etype: str, value: str) -> str:
+            if value in allowed:
+                return value
             action = policy.action_for(etype)
             return act(etype, value, Action.redact if action is Action.block else action)
 
