@@ -39,6 +39,7 @@ class Held:
     escalate_to: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     origin: str = ""        # the broker whose gate admitted it: told when it settles
+    output_pii: str = ""    # the tenant's PII policy (JSON), for the worker to redact the answer
 
 
 @dataclass(slots=True)

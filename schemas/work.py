@@ -36,6 +36,7 @@ class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     cascade_min_logprob: float = 0.0        # mean logprob below this escalates
     cache_salt: str = ""                    # the engine's prefix-cache salt: the tenant's scope
     headers: dict[str, str] = {}            # for the client's answer (x-ratelimit-*): on the first delta
+    output_pii: str = ""                    # the tenant's PII policy (JSON): redact the answer with it
 
     @property
     def last_attempt(self) -> bool:
@@ -76,6 +77,7 @@ class Admitted(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     cache_model: str = ""
     escalate_to: str = ""
     headers: dict[str, str] = {}
+    output_pii: str = ""                    # the tenant's PII policy (JSON): the worker redacts the answer
 
 
 class AdmitAnswer(msgspec.Struct, array_like=True, gc=False):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.policy.cascade import StreamGate, Verdict
+from broker.policy.pii_errors import PolicyError
 from broker.runtime.tracing import tracer
 from schemas import codec
 from schemas.errors import ErrorCode
@@ -38,6 +39,7 @@ from workers.escalate import Escalator, stream_gate
 from workers.metering import UsageRecorder
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
+from workers.output_redaction import OutputRedaction
 
 log = logging.getLogger("laneway.worker")
 
@@ -61,6 +63,7 @@ class Active:
     task: asyncio.Task[None] | None = None
     tokens: int = 0
     parts: list[Delta] | None = None        # the answer's deltas, kept only when it will be cached
+    redaction: OutputRedaction | None = None   # the tenant's PII policy on the answer
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -110,6 +113,11 @@ class Serving:
             return  # a duplicate delivery of a request already running here
         active = Active(dispatch, time.monotonic(), parts=[] if dispatch.cache_key else None)
         self.active[key] = active
+        try:
+            active.redaction = OutputRedaction.for_dispatch(dispatch.output_pii)
+        except PolicyError as exc:     # the gate encoded it: a broker of another version?
+            self._fail(active, ErrorCode.internal_error, f"the tenant's PII policy is unreadable here ({exc})")
+            return
         if time.time() >= request.deadline:
             self._fail(active, ErrorCode.deadline_exceeded, "the deadline passed before the request started")
             return
@@ -163,6 +171,9 @@ class Serving:
                 if out.finish_reason is not None:
                     if gate is not None:
                         self._release_deltas(active, gate.finish())
+                    if active.redaction is not None:    # the text it held back, redacted
+                        for held in active.redaction.flush():
+                            self._emit(active, held)
                     reason = "cancelled" if active.cancelled else out.finish_reason
                     finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
                                         TokenUsage(out.prompt_tokens, out.completion_tokens), self.engine.model,
@@ -172,25 +183,34 @@ class Serving:
         return finished
 
     def _release_deltas(self, active: Active, outs: Iterable[EngineOutput]) -> None:
-        """Send engine deltas to the client (after the cascade let them through)."""
-        d, r = active.dispatch, active.dispatch.request
+        """Send engine deltas to the client (after the cascade let them through), redacted
+        where the tenant's policy says so."""
+        r = active.dispatch.request
         for out in outs:
             if active.first_token_at is None:
                 active.first_token_at = time.monotonic()
                 self.metrics.ttft.labels(self.pool, r.klass).observe(active.first_token_at - active.started)
-            plain = _plain(out)
-            if not (plain and self.outbox.extend((r.reply_to, r.request_id, d.attempt), out.text, out.token_ids)):
-                delta = Delta(r.request_id, d.attempt, active.next_seq(), out.text, list(out.token_ids))
-                if delta.seq == 0 and d.headers:
-                    delta.headers = d.headers
-                if not plain:
-                    delta.choice, delta.tool_calls, delta.logprobs = out.index, out.tool_calls, out.logprobs
-                    delta.refusal, delta.reasoning = out.refusal, out.reasoning
-                self.outbox.emit(r.reply_to, delta)
-                if active.parts is not None:
-                    active.parts.append(delta)     # the outbox extends this same object
-            active.streamed = True
             active.tokens += len(out.token_ids) or 1
+            if active.redaction is not None:
+                out = active.redaction.apply(out)
+                if not _carries(out):
+                    continue        # all of it held until it can be judged
+            self._emit(active, out)
+
+    def _emit(self, active: Active, out: EngineOutput) -> None:
+        d, r = active.dispatch, active.dispatch.request
+        plain = _plain(out)
+        if not (plain and self.outbox.extend((r.reply_to, r.request_id, d.attempt), out.text, out.token_ids)):
+            delta = Delta(r.request_id, d.attempt, active.next_seq(), out.text, list(out.token_ids))
+            if delta.seq == 0 and d.headers:
+                delta.headers = d.headers
+            if not plain:
+                delta.choice, delta.tool_calls, delta.logprobs = out.index, out.tool_calls, out.logprobs
+                delta.refusal, delta.reasoning = out.refusal, out.reasoning
+            self.outbox.emit(r.reply_to, delta)
+            if active.parts is not None:
+                active.parts.append(delta)     # the outbox extends this same object
+        active.streamed = True
 
     # -- the ends --------------------------------------------------------------------------
     def _finish(self, active: Active, finished: Finished | None) -> None:

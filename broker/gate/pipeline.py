@@ -25,6 +25,8 @@ from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiTo
 from broker.gate.quota import Quota, QuotaUnavailable
 from broker.gate.route import route
 from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
+from broker.policy.pii import encode as encode_pii_policy
+from broker.policy.pii_stream import redacts_output
 from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
 from broker.refusal import Refusal
 from broker.routing.rules import Decision, PoolHealth, RuleSet
@@ -44,6 +46,7 @@ class Admission:
     served_model: str = ""              # the model the chosen pool runs now (part of the key)
     hit: CachedResponse | None = None
     headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* for the client's answer
+    output_pii: str = ""                # the tenant's PII policy (JSON) when the worker redacts output
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +109,12 @@ class Gate:
         check_stored_as(request, tenant, delivery.escalated, delivery.stored_as)
         check_tenant(klass, tenant, tenant_doc)
         check_context(request, context_limit(routing.models, request.model, self.max_context_tokens))
+        output_pii = self._output_pii(request, tenant_doc)
         headers = await self._charge(request, tenant, delivery, tenant_doc)
         try:
             request = await self._pii(request, tenant, tenant_doc)
             decision = route(request, routing.models, routing.rules, routing.health)
-            admission = Admission(request, decision, headers=headers)
+            admission = Admission(request, decision, headers=headers, output_pii=output_pii)
             await self._lookup(admission, tenant, routing)
             return admission
         except Refusal:
@@ -160,6 +164,19 @@ class Gate:
             await self.quota.release(grant, grant.tokens)
 
     # -- PII --------------------------------------------------------------------------------
+    def _output_pii(self, request: GenerateRequest, tenant_doc: Tenant | None) -> str:
+        """The policy the worker redacts the answer with ("" for none). Log-probabilities carry
+        each generated token's text, which no redaction of the answer reaches: refused then."""
+        policy = tenant_doc.pii if tenant_doc is not None else None
+        if self.pii is None or policy is None or not redacts_output(policy):
+            return ""       # the stage is off (--pii off), or nothing of the output is redacted
+        body = request.chat or request.completion
+        if body is not None and (body.logprobs or getattr(body, "top_logprobs", None)):
+            raise Refusal(ErrorCode.invalid_request,
+                          "logprobs would return the answer's tokens unredacted, and this tenant's PII "
+                          "policy redacts model output (set its pii.output = false to get them)", "logprobs")
+        return encode_pii_policy(policy).decode()
+
     async def _pii(self, request: GenerateRequest, tenant: str, tenant_doc: Tenant | None) -> GenerateRequest:
         if tenant_doc is None or not tenant_doc.pii.enabled:
             return request

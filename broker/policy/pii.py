@@ -102,6 +102,9 @@ class TenantPiiPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     allow_list: Annotated[list[Word], Meta(max_length=1000)] = []  # exact values never flagged
     custom: Annotated[list[CustomRecognizer], Meta(max_length=32)] = []
     custom_action: Action = Action.redact   # for custom entity types not named in `entities`
+    # Model output too: the worker's stream detectors (validated patterns and the custom
+    # recognizers, no NER) redact what the input's actions do not allow, across chunk edges.
+    output: bool = True
 
     def action_for(self, entity_type: str) -> Action:
         action = self.entities.get(entity_type)

@@ -73,8 +73,17 @@ BUILT_IN = (   # order = precedence where matches overlap
         r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?|\d{1,4}[ .-])(?:\d{2,4}[ .-]){0,3}\d{2,8}(?!\w)"),
         _phone, "0123456789"),
 )
+STREAM_TYPES = frozenset(d.entity_type for d in BUILT_IN)   # what output redaction can find
 _FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL   # Presidio's flags for pattern recognizers
 _NUMERIC = set("0123456789+-().")
+
+
+def redacts_output(policy: TenantPiiPolicy) -> bool:
+    """Whether the policy has the answer redacted, with something output redaction can find."""
+    if not (policy.enabled and policy.output):
+        return False
+    findable = STREAM_TYPES | {c.entity_type for c in policy.custom}
+    return not findable.isdisjoint(policy.detected())
 
 
 def custom_detectors(policy: TenantPiiPolicy) -> list[Detector]:

@@ -167,7 +167,8 @@ class Scheduler:
         now = time.time()
         held = Held(ack, request, admitted.attempt, admitted.pool,
                     time.monotonic() if touched is None else touched, admitted.cache_key,
-                    admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin)
+                    admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin,
+                    admitted.output_pii)
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline, now,
                     payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens())
         verdict = pool.lanes.admit(item, now)
@@ -227,7 +228,8 @@ class Scheduler:
                                        max_deliver=self._max_deliver,
                                        cache_key=held.cache_key, cache_model=held.cache_model,
                                        cache_salt=prefix_salt(self._scopes().scope(item.tenant)),
-                                       headers=held.headers, **self._cascade(held)))
+                                       headers=held.headers, output_pii=held.output_pii,
+                                       **self._cascade(held)))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             self._tracing.record("laneway.broker.queue", held.request.traceparent, item.enqueued_at, now,
                                  request_id=item.request_id, tenant=item.tenant, pool=credit.pool,

@@ -1,0 +1,81 @@
+"""The tenant's PII policy on model output, applied where the output is made: every reader of the
+stream (the bridge, a tenant's own NATS client, the response cache) gets the redacted text.
+
+The gate sends the policy with the dispatch (`Dispatch.output_pii`) when the tenant's policy asks
+for it. Each text a choice streams (its content, refusal, reasoning, each tool call's arguments)
+goes through a `StreamRedactor` of its own: a value split across engine outputs is still caught,
+and text that may still be part of one is held until it can be judged (a word, a number in
+progress). At the end `flush()` releases what is held. Token ids are not passed on: they spell
+the unredacted text. Output cannot be refused mid-stream, so `block` redacts here, and `hash`
+(keyed by the brokers' secret, which workers do not hold) redacts too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+
+import msgspec
+
+from broker.policy.pii import TenantPiiPolicy
+from broker.policy.pii import decode as decode_policy
+from broker.policy.pii_stream import StreamRedactor, redacts_output
+from schemas.frames import ToolCallDelta
+from workers.engine import EngineOutput
+
+_Field = tuple[int, str, int]       # (choice, "content" | "refusal" | "reasoning" | "tool", call index)
+_ATTRIBUTE = {"content": "text", "refusal": "refusal", "reasoning": "reasoning"}   # of EngineOutput
+
+
+@lru_cache(maxsize=256)
+def _policy(document: str) -> TenantPiiPolicy:
+    """Decoded once per distinct policy: every request of a tenant carries the same one."""
+    return decode_policy(document)
+
+
+class OutputRedaction:
+    def __init__(self, policy: TenantPiiPolicy) -> None:
+        self._policy = policy
+        self._streams: dict[_Field, StreamRedactor] = {}
+
+    @classmethod
+    def for_dispatch(cls, document: str) -> OutputRedaction | None:
+        """None when the dispatch carries no policy (nothing to redact)."""
+        if not document:
+            return None
+        policy = _policy(document)
+        return cls(policy) if redacts_output(policy) else None
+
+    def apply(self, out: EngineOutput) -> EngineOutput:
+        """`out` with what can be released of each text redacted, the rest held; no token ids."""
+        i = out.index
+        return dataclasses.replace(
+            out, token_ids=[],
+            text=self._feed((i, "content", 0), out.text),
+            refusal=self._feed((i, "refusal", 0), out.refusal),
+            reasoning=self._feed((i, "reasoning", 0), out.reasoning),
+            tool_calls=[msgspec.structs.replace(c, arguments=self._feed((i, "tool", c.index), c.arguments))
+                        for c in out.tool_calls])
+
+    def flush(self) -> list[EngineOutput]:
+        """What is still held, one output per choice, released redacted."""
+        outs: dict[int, EngineOutput] = {}
+        for (choice, kind, call), stream in self._streams.items():
+            rest = stream.flush()
+            if not rest:
+                continue
+            out = outs.setdefault(choice, EngineOutput("", index=choice))
+            if kind == "tool":
+                out.tool_calls.append(ToolCallDelta(call, arguments=rest))
+            else:
+                attr = _ATTRIBUTE[kind]
+                setattr(out, attr, getattr(out, attr) + rest)
+        return [outs[c] for c in sorted(outs)]
+
+    def _feed(self, key: _Field, text: str) -> str:
+        if not text:
+            return ""
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = StreamRedactor.for_policy(self._policy)
+        return stream.feed(text)
