@@ -28,6 +28,7 @@ import functools
 import json
 import posixpath
 import re
+import ssl
 import tomllib
 import urllib.request
 from pathlib import Path
@@ -264,7 +265,7 @@ def test_streams_replicate_across_the_nats_cluster(variant: str) -> None:
     for workload, _, _, c in laneway_containers(variant):
         if c["args"][0] in ("broker", "ops"):        # the bridge creates no stream
             assert flag(c["args"], "--replicas") == "3", f"{workload}: streams need 3 replicas"
-        assert env_of(c)["LANEWAY_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222", workload
+        assert env_of(c)["LANEWAY_NATS_URL"]["value"] == f"tls://{RELEASE}-nats:4222", workload
     assert named(variant, "Service", f"{RELEASE}-nats")["spec"]["ports"][0]["port"] == 4222
 
 
@@ -512,9 +513,45 @@ def test_nats_routes_are_authenticated_from_a_secret_only(variant: str) -> None:
     files = mounted_files(rendered, spec, nats_container)
     included = [files.get(posixpath.normpath(posixpath.join(config_dir, path)))
                 for path in re.findall(r"^\s*include (\S+);$", block, re.M)]
-    assert included == [("Secret", f"{RELEASE}-nats-auth", "cluster-auth.conf")], included
+    assert included == [("Secret", f"{RELEASE}-nats-auth", "cluster-auth.conf"),
+                        ("Secret", f"{RELEASE}-nats-auth", "cluster-tls.conf")], included
     leaks = [o["metadata"]["name"] for o in objects(variant, "ConfigMap") if password in json.dumps(o)]
     assert not leaks, f"the route password is in ConfigMaps {leaks}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_nats_speaks_tls_to_clients_and_routes_and_laneway_trusts_its_ca(variant: str) -> None:
+    """The NATS config includes the auth Secret's tls.conf (top) and cluster-tls.conf (routes,
+    verified against the CA); the certificate names the client Service and every pod; each
+    Laneway container dials tls:// and trusts the CA from the <release>-nats-ca ConfigMap, which
+    holds no key. `natsTls.enabled: false` turns all of it off."""
+    from cryptography import x509
+
+    secret = named(variant, "Secret", f"{RELEASE}-nats-auth")["stringData"]
+    assert "cert_file" in secret["tls.conf"] and "ca_file" in secret["cluster-tls.conf"]
+    assert re.search(r"^\s*include \.\./nats-laneway/tls\.conf;$", nats_conf([o for _, o in render(variant)]), re.M)
+    cert = x509.load_pem_x509_certificate(secret["tls.crt"].encode())
+    ca = named(variant, "ConfigMap", f"{RELEASE}-nats-ca")["data"]
+    assert set(ca) == {"ca.crt"} and ca["ca.crt"] == secret["ca.crt"] and "PRIVATE KEY" not in ca["ca.crt"]
+    assert cert.issuer == x509.load_pem_x509_certificate(ca["ca.crt"].encode()).subject
+    names = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName))
+    assert {f"{RELEASE}-nats", f"*.{RELEASE}-nats-headless", f"{RELEASE}-nats.{NAMESPACE}.svc.cluster.local"} <= names
+    for workload, _, spec, container in laneway_containers(variant):
+        env = env_of(container)
+        assert env["LANEWAY_NATS_URL"]["value"] == f"tls://{RELEASE}-nats:4222", workload
+        path = env["LANEWAY_NATS_TLS_CA"]["value"]
+        (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert volume["configMap"]["name"] == f"{RELEASE}-nats-ca", workload
+
+    plain = render_values({**values(variant), "natsTls": {"enabled": False}})
+    assert not [o for o in plain if o["metadata"]["name"] == f"{RELEASE}-nats-ca"]
+    (auth,) = [o["stringData"] for o in plain if o["kind"] == "Secret" and o["metadata"]["name"] == f"{RELEASE}-nats-auth"]
+    assert "tls.crt" not in auth and "cert_file" not in auth["tls.conf"]
+    urls = {e["value"] for o in plain if o["kind"] in ("Deployment", "Job")
+            for c in o["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
+            if e["name"] == "LANEWAY_NATS_URL"}
+    assert urls == {f"nats://{RELEASE}-nats:4222"}
 
 
 def test_the_route_password_is_set_in_values_never_in_the_nats_charts() -> None:
@@ -645,11 +682,14 @@ async def check_routes_refuse_a_server_without_the_password(tmp_path: Path, conf
     assert not [s.url for s in servers if re.search(r"rid:\d+ - authentication error", s.log_file.read_text())], \
         "routes refused before any intruder"
     cluster_name = re.search(r'"name": "([^"]+)"', cluster_block(conf)).group(1)
-    routes = [f"nats://127.0.0.1:{route_ports[0]}",
-              f"nats://{ROUTE_USER}:not-the-route-password@127.0.0.1:{route_ports[1]}"]
+    routes = [f"nats://localhost:{route_ports[0]}",
+              f"nats://{ROUTE_USER}:not-the-route-password@localhost:{route_ports[1]}"]
+    # The routes are mutual TLS: the intruder shows the nodes' own certificate (as if stolen), so
+    # what keeps it out here is the route password alone.
+    tls = (tmp_path / "nats-laneway" / "cluster-tls.conf").read_text().strip()
     intruder_conf = tmp_path / "intruder.conf"
     intruder_conf.write_text(f'server_name: "intruder"\ncluster {{ name: {json.dumps(cluster_name)}, '
-                             f"port: {free_port()}, routes: {json.dumps(routes)} }}\n")
+                             f"port: {free_port()}, routes: {json.dumps(routes)}, {tls} }}\n")
     intruder = NatsServer(tmp_path / "intruder", config_file=intruder_conf)
     await intruder.start()
     try:
@@ -666,6 +706,21 @@ async def check_routes_refuse_a_server_without_the_password(tmp_path: Path, conf
         assert [routed(i) for i in range(len(servers))] == [set(names) - {n} for n in names]
     finally:
         await intruder.stop()
+
+
+async def plain_text_refused(port: int, user: str, password: str) -> bool:
+    """TLS only: a client that logs in without it, with a good password, gets an error, no PONG."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        info = json.loads((await reader.readline()).split(b" ", 1)[1])
+        assert info.get("tls_required") is True, info
+        writer.write(b"CONNECT " + json.dumps({"user": user, "pass": password, "verbose": False}).encode()
+                     + b"\r\nPING\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 10)
+        return b"PONG" not in answer and (not answer or b"-ERR" in answer)
+    finally:
+        writer.close()
 
 
 async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, monkeypatch) -> None:
@@ -687,14 +742,20 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
     # file per key) under tmp_path, loopback ports: the route URLs' pod names → 127.0.0.1.
     route_ports, http_ports = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
 
+    # Routes dial `localhost`, a name the chart's certificate carries, as a pod's name would be.
     def on_loopback(text: str) -> str:
         for j in range(3):
-            text = text.replace(f"{RELEASE}-nats-{j}.{RELEASE}-nats-headless:6222", f"127.0.0.1:{route_ports[j]}")
-        return text
+            text = text.replace(f"{RELEASE}-nats-{j}.{RELEASE}-nats-headless:6222", f"localhost:{route_ports[j]}")
+        return text.replace("/etc/nats-laneway/", f"{tmp_path}/nats-laneway/")
 
     (tmp_path / "nats-laneway").mkdir()
     for key, text in secrets[f"{RELEASE}-nats-auth"].items():
         (tmp_path / "nats-laneway" / key).write_text(on_loopback(text))
+    # What Laneway's pods trust: the CA in the <release>-nats-ca ConfigMap alone.
+    ca = tmp_path / "nats-ca.crt"
+    ca.write_text(named("default", "ConfigMap", f"{RELEASE}-nats-ca")["data"]["ca.crt"])
+    tls = ssl.create_default_context(cafile=str(ca))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))     # nats-py's default context, in nats_checks
     servers = []
     for i in range(3):
         text = conf.replace("$SERVER_NAME", f'"{RELEASE}-nats-{i}"')
@@ -708,18 +769,19 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
         servers.append(NatsServer(tmp_path / f"n{i}", config_file=node_dir / "nats.conf"))
     await asyncio.gather(*(s.start() for s in servers))
     try:
-        urls = [s.url for s in servers]
+        urls = [re.sub(r"^\w+://127\.0\.0\.1:", "tls://localhost:", s.url) for s in servers]
 
         def role(r: str) -> tuple[str, str]:
             secret = secrets[f"{RELEASE}-nats-{r}"]
             return secret["user"], secret["password"]
 
+        assert await plain_text_refused(servers[0].port, *role("ops"))
         # What the provisioning Job runs (`laneway ops provision`), as the ops user, with the
         # rendered settings; retried, as the command does, while the new cluster forms.
         settings_file = tmp_path / "settings.toml"
         settings_file.write_text(named("default", "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"])
         user, password = role("ops")
-        ops = NatsSettings(url=",".join(urls), user=user, password=password)
+        ops = NatsSettings(url=",".join(urls), user=user, password=password, tls_ca=str(ca))
 
         async def provisioned() -> bool:
             try:
@@ -732,7 +794,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
 
         assert await eventually(provisioned, timeout=60, interval=0.5)
         user, password = role("bridge")
-        nc = await nats.connect(urls, user=user, password=password, inbox_prefix=service_inbox(user))
+        nc = await nats.connect(urls, user=user, password=password, inbox_prefix=service_inbox(user), tls=tls)
         try:
             js = nc.jetstream()
             s = Subjects("lw")
@@ -745,11 +807,11 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
             assert [p for p in (server.store_dir / "jetstream").rglob(s.req_stream) if p.is_dir()], server.url
         for r in ("broker", "worker", "ops"):
             user, password = role(r)
-            other = await nats.connect(urls, user=user, password=password)
+            other = await nats.connect(urls, user=user, password=password, tls=tls)
             await other.close()
         await check_tenant_is_fenced(urls, "demo", secrets[f"{RELEASE}-nats-tenants"]["tenant-demo"], role("ops"))
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-            await nats.connect(servers[0].url, user=role("bridge")[0], password="wrong",
+            await nats.connect(urls[0], user=role("bridge")[0], password="wrong", tls=tls,
                                allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
         await check_routes_refuse_a_server_without_the_password(tmp_path, conf, servers, route_ports, http_ports)
     finally:

@@ -49,14 +49,7 @@ NATS values as the parent sees them (the NATS chart's defaults coalesced in). A 
 */}}
 {{- define "laneway.natsRouteURLs" -}}
 {{- $nats := .ctx.Values.nats -}}
-{{- $release := .ctx.Release.Name -}}
-{{- $full := printf "%s-%s" $release (default "nats" $nats.nameOverride) -}}
-{{- if $nats.fullnameOverride -}}
-{{- $full = $nats.fullnameOverride -}}
-{{- else if contains (default "nats" $nats.nameOverride) $release -}}
-{{- $full = $release -}}
-{{- end -}}
-{{- $full = $full | trunc 63 | trimSuffix "-" -}}
+{{- $full := include "laneway.natsFullname" .ctx -}}
 {{- $cluster := $nats.config.cluster -}}
 {{- $domain := $nats.headlessService.name | default (printf "%s-headless" $full) -}}
 {{- if $cluster.routeURLs.useFQDN -}}
@@ -70,15 +63,71 @@ NATS values as the parent sees them (the NATS chart's defaults coalesced in). A 
 {{- $urls | toRawJson -}}
 {{- end -}}
 
-{{/* The NATS chart's client Service, unless natsUrl points elsewhere. */}}
+{{/* The NATS chart's fullname (its StatefulSet and client Service), as that chart computes it. */}}
+{{- define "laneway.natsFullname" -}}
+{{- $nats := .Values.nats -}}
+{{- $full := printf "%s-%s" .Release.Name (default "nats" $nats.nameOverride) -}}
+{{- if $nats.fullnameOverride -}}
+{{- $full = $nats.fullnameOverride -}}
+{{- else if contains (default "nats" $nats.nameOverride) .Release.Name -}}
+{{- $full = .Release.Name -}}
+{{- end -}}
+{{- $full | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The bundled NATS speaks TLS (natsTls.enabled), so Laneway's pods trust its CA. */}}
+{{- define "laneway.natsTlsOn" -}}
+{{- if and .Values.nats.enabled .Values.natsTls.enabled (not .Values.natsUrl) }}true{{ end -}}
+{{- end -}}
+{{- define "laneway.natsCaName" -}}{{ .Release.Name }}-nats-ca{{- end -}}
+
+{{/* The NATS chart's client Service, unless natsUrl points elsewhere; tls:// with natsTls. */}}
 {{- define "laneway.natsUrl" -}}
 {{- if .Values.natsUrl -}}
 {{- .Values.natsUrl -}}
-{{- else if contains "nats" .Release.Name -}}
-nats://{{ .Release.Name }}:4222
 {{- else -}}
-nats://{{ .Release.Name }}-nats:4222
+{{ ternary "tls" "nats" (eq (include "laneway.natsTlsOn" .) "true") }}://{{ include "laneway.natsFullname" . }}:4222
 {{- end -}}
+{{- end -}}
+
+{{/*
+The bundled NATS's TLS: a private CA and one certificate for the client Service and every pod
+(routes are mutual TLS: the certificate is both server and client), kept across upgrades in the
+auth Secret like the passwords. A JSON object: ca, crt, key (PEM).
+*/}}
+{{- define "laneway.natsTls" -}}
+{{- $live := lookup "v1" "Secret" .Release.Namespace (include "laneway.natsAuthName" .) -}}
+{{- if and $live $live.data (hasKey $live.data "tls.crt") (hasKey $live.data "tls.key") (hasKey $live.data "ca.crt") -}}
+{{- dict "ca" (index $live.data "ca.crt" | b64dec) "crt" (index $live.data "tls.crt" | b64dec) "key" (index $live.data "tls.key" | b64dec) | toJson -}}
+{{- else -}}
+{{- $full := include "laneway.natsFullname" . -}}
+{{- $headless := .Values.nats.headlessService.name | default (printf "%s-headless" $full) -}}
+{{- $ns := .Values.nats.namespaceOverride | default .Release.Namespace -}}
+{{- $domain := .Values.nats.config.cluster.routeURLs.k8sClusterDomain | default "cluster.local" -}}
+{{- $names := list "localhost" -}}
+{{- range $host := list $full (printf "*.%s" $headless) -}}
+{{- $names = concat $names (list $host (printf "%s.%s" $host $ns) (printf "%s.%s.svc" $host $ns) (printf "%s.%s.svc.%s" $host $ns $domain)) -}}
+{{- end -}}
+{{- $ca := genCA (printf "%s NATS CA" .Release.Name) 3650 -}}
+{{- $cert := genSignedCert $full nil $names 3650 $ca -}}
+{{- dict "ca" $ca.Cert "crt" $cert.Cert "key" $cert.Key | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The CA's volume and its mount, for a Laneway pod that connects to the bundled NATS. */}}
+{{- define "laneway.natsCaVolume" -}}
+{{- if eq (include "laneway.natsTlsOn" .) "true" }}
+- name: nats-ca
+  configMap:
+    name: {{ include "laneway.natsCaName" . }}
+{{- end }}
+{{- end -}}
+{{- define "laneway.natsCaMount" -}}
+{{- if eq (include "laneway.natsTlsOn" .) "true" }}
+- name: nats-ca
+  mountPath: /etc/laneway-nats-ca
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{/* Environment every Laneway process shares: NATS URL and the role's credentials, log level, OTLP.
@@ -86,6 +135,10 @@ nats://{{ .Release.Name }}-nats:4222
 {{- define "laneway.env" -}}
 - name: LANEWAY_NATS_URL
   value: {{ include "laneway.natsUrl" .ctx | quote }}
+{{- if eq (include "laneway.natsTlsOn" .ctx) "true" }}
+- name: LANEWAY_NATS_TLS_CA          # the bundled NATS's CA, trusted alone (laneway.natsCaVolume)
+  value: /etc/laneway-nats-ca/ca.crt
+{{- end }}
 {{- if .ctx.Values.natsAuth.enabled }}
 - name: LANEWAY_NATS_USER
   valueFrom:
