@@ -15,6 +15,7 @@ request's deadline is long past (a worker that died without a word).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -225,6 +226,8 @@ class Gate:
         if not served:
             return   # no worker has said what it runs yet: a version-less key could go stale
         admission.served_model = served
-        admission.cache_key = self.cache.key(tenant, request.model, f"{admission.decision.pool}:{served}",
-                                             request.body, request.extra)
+        version = f"{admission.decision.pool}:{served}"
+        if admission.output_pii:    # an answer redacted under one policy is no answer under another
+            version += ":" + hashlib.blake2b(admission.output_pii.encode(), digest_size=12).hexdigest()
+        admission.cache_key = self.cache.key(tenant, request.model, version, request.body, request.extra)
         admission.hit = await self.cache.lookup(admission.cache_key)

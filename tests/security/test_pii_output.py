@@ -25,6 +25,7 @@ from schemas.openai import JsonSchemaFormat, ResponseFormat
 from tests.requests import chat
 from tests.security.conftest import KEYS
 from tests.security.publisher import Publisher
+from tests.wait import eventually
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -114,3 +115,24 @@ async def test_a_tenants_own_nats_client_reads_no_raw_output_nor_token_ids(up):
     text = "".join(d.text for d in deltas if isinstance(d, Delta))
     assert EMAIL not in text and json.loads(text) == {"contact": "<EMAIL_ADDRESS>"}
     assert all(not d.token_ids for d in deltas)
+
+
+async def test_a_cached_raw_answer_is_not_replayed_once_the_policy_redacts_output(up):
+    """globex caches a raw answer (temperature 0: the response cache keeps it), then its operator
+    turns output redaction on: the same request must not replay the raw answer from the cache."""
+    body = {**json_answer(), "temperature": 0}
+    raw = (await client(up, "globex").chat.completions.create(**body)).choices[0].message.content
+    assert EMAIL in raw
+    ops = await up.connect_nats("ops")
+    try:
+        tenants = await ops.jetstream().key_value("lw_tenants")
+        doc = json.loads((await tenants.get("globex")).value)
+        doc["pii"]["output"] = True
+        await tenants.put("globex", json.dumps(doc).encode())
+    finally:
+        await ops.close()
+
+    async def redacted() -> bool:
+        answer = await client(up, "globex").chat.completions.create(**body)
+        return "<EMAIL_ADDRESS>" in answer.choices[0].message.content
+    assert await eventually(redacted, timeout=60, interval=0.5), "the cached raw answer kept coming back"
