@@ -4,6 +4,8 @@ takes (so nothing else pulls it first)."""
 
 from __future__ import annotations
 
+import nats.errors
+
 from loadtest.processes import LanewayUp
 from schemas import codec
 from schemas.work import Credit
@@ -18,7 +20,10 @@ async def first_dispatched_prompt(up: LanewayUp, klass: str) -> str:
     taken = []
 
     async def take() -> bool:
-        reply = await nc.request("lw.pull.sim", credit, timeout=5)
+        try:
+            reply = await nc.request("lw.pull.sim", credit, timeout=5)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False        # no scheduler yet (it is taking its lease), or nothing in time
         taken.extend(codec.decode_batch(reply.data).dispatches)
         return bool(taken)
     try:
