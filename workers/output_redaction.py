@@ -12,7 +12,6 @@ the unredacted text. Output cannot be refused mid-stream, so `block` redacts her
 
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 
 import msgspec
@@ -47,15 +46,19 @@ class OutputRedaction:
         return cls(policy) if redacts_output(policy) else None
 
     def apply(self, out: EngineOutput) -> EngineOutput:
-        """`out` with what can be released of each text redacted, the rest held; no token ids."""
+        """`out`, changed in place (it is the caller's from here on): what can be released of each
+        text redacted, the rest held; no token ids."""
         i = out.index
-        return dataclasses.replace(
-            out, token_ids=[],
-            text=self._feed((i, "content", 0), out.text),
-            refusal=self._feed((i, "refusal", 0), out.refusal),
-            reasoning=self._feed((i, "reasoning", 0), out.reasoning),
-            tool_calls=[msgspec.structs.replace(c, arguments=self._feed((i, "tool", c.index), c.arguments))
-                        for c in out.tool_calls])
+        out.token_ids = []
+        out.text = self._feed((i, "content", 0), out.text)
+        if out.refusal:
+            out.refusal = self._feed((i, "refusal", 0), out.refusal)
+        if out.reasoning:
+            out.reasoning = self._feed((i, "reasoning", 0), out.reasoning)
+        if out.tool_calls:
+            out.tool_calls = [msgspec.structs.replace(c, arguments=self._feed((i, "tool", c.index), c.arguments))
+                              for c in out.tool_calls]
+        return out
 
     def flush(self) -> list[EngineOutput]:
         """What is still held, one output per choice, released redacted."""

@@ -103,6 +103,12 @@ class StreamRedactor:
         self.detectors = list(detectors)
         self.replace = replace
         self.custom = any(d.triggers is None for d in self.detectors)
+        # One scan in C per release, not one per detector and character: most text (prose) has
+        # no trigger at all, and then no detector can match.
+        self._triggers = [None if d.triggers is None else re.compile(f"[{re.escape(d.triggers)}]")
+                          for d in self.detectors]
+        every = "".join(sorted({c for d in self.detectors for c in d.triggers or ""}))
+        self._any_trigger = re.compile(f"[{re.escape(every)}]") if every else None
         self.hold = hold
         self.max_hold = max_hold
         self.found: list[tuple[str, int, int]] = []   # (entity_type, start, end) in the raw stream
@@ -184,10 +190,13 @@ class StreamRedactor:
         return max(i, len(buf) - self.max_hold, 0)
 
     def _matches(self, buf: str) -> list[tuple[int, int, str]]:
+        if not self.custom and (self._any_trigger is None or self._any_trigger.search(buf) is None):
+            return []
         text, base = self._left + buf, len(self._left)
         found = []
         for rank, det in enumerate(self.detectors):
-            if det.triggers is not None and not any(c in buf for c in det.triggers):
+            trigger = self._triggers[rank]
+            if trigger is not None and trigger.search(buf) is None:
                 continue
             for m in det.pattern.finditer(text, base):
                 if m.end() > m.start() and (det.valid is None or det.valid(m.group())):
