@@ -16,7 +16,6 @@ from functools import lru_cache
 
 import msgspec
 
-from broker.policy.pii import TenantPiiPolicy
 from broker.policy.pii import decode as decode_policy
 from broker.policy.pii_stream import StreamRedactor, redacts_output
 from schemas.frames import ToolCallDelta
@@ -27,23 +26,23 @@ _ATTRIBUTE = {"content": "text", "refusal": "refusal", "reasoning": "reasoning"}
 
 
 @lru_cache(maxsize=256)
-def _policy(document: str) -> TenantPiiPolicy:
-    """Decoded once per distinct policy: every request of a tenant carries the same one."""
-    return decode_policy(document)
+def _prototype(document: str) -> StreamRedactor | None:
+    """The policy's detectors and replacements, built once per distinct policy (every request of
+    a tenant carries the same one); None when it redacts nothing in output."""
+    policy = decode_policy(document)
+    return StreamRedactor.for_policy(policy) if redacts_output(policy) else None
 
 
 class OutputRedaction:
-    def __init__(self, policy: TenantPiiPolicy) -> None:
-        self._policy = policy
+    def __init__(self, prototype: StreamRedactor) -> None:
+        self._prototype = prototype
         self._streams: dict[_Field, StreamRedactor] = {}
 
     @classmethod
     def for_dispatch(cls, document: str) -> OutputRedaction | None:
         """None when the dispatch carries no policy (nothing to redact)."""
-        if not document:
-            return None
-        policy = _policy(document)
-        return cls(policy) if redacts_output(policy) else None
+        prototype = _prototype(document) if document else None
+        return cls(prototype) if prototype is not None else None
 
     def apply(self, out: EngineOutput) -> EngineOutput:
         """`out`, changed in place (it is the caller's from here on): what can be released of each
@@ -80,5 +79,6 @@ class OutputRedaction:
             return ""
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = StreamRedactor.for_policy(self._policy)
+            p = self._prototype
+            stream = self._streams[key] = StreamRedactor(p.detectors, p.replace, hold=p.hold, max_hold=p.max_hold)
         return stream.feed(text)

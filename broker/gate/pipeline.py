@@ -15,7 +15,6 @@ request's deadline is long past (a worker that died without a word).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiTo
 from broker.gate.quota import Quota, QuotaUnavailable
 from broker.gate.route import route
 from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
+from broker.policy.pii import document_fingerprint
 from broker.policy.pii import encode as encode_pii_policy
 from broker.policy.pii_stream import redacts_output
 from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
@@ -228,6 +228,6 @@ class Gate:
         admission.served_model = served
         version = f"{admission.decision.pool}:{served}"
         if admission.output_pii:    # an answer redacted under one policy is no answer under another
-            version += ":" + hashlib.blake2b(admission.output_pii.encode(), digest_size=12).hexdigest()
+            version += ":" + document_fingerprint(admission.output_pii.encode())
         admission.cache_key = self.cache.key(tenant, request.model, version, request.body, request.extra)
         admission.hit = await self.cache.lookup(admission.cache_key)

@@ -19,6 +19,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from broker.policy.pii import Action, TenantPiiPolicy, mask
 
@@ -97,18 +98,23 @@ def custom_detectors(policy: TenantPiiPolicy) -> list[Detector]:
     return out
 
 
+@lru_cache(maxsize=256)
+def _trigger_patterns(detectors: tuple[Detector, ...]) -> tuple[list[re.Pattern[str] | None], re.Pattern[str] | None]:
+    """Each detector's trigger characters as one class, and all of them as one: one scan in C per
+    release, not one per detector and character. Most text (prose) has no trigger at all, and
+    then no detector can match. Built once per set of detectors, not per stream."""
+    each = [None if d.triggers is None else re.compile(f"[{re.escape(d.triggers)}]") for d in detectors]
+    every = "".join(sorted({c for d in detectors for c in d.triggers or ""}))
+    return each, re.compile(f"[{re.escape(every)}]") if every else None
+
+
 class StreamRedactor:
     def __init__(self, detectors: Iterable[Detector], replace: Replace, *, hold: int = 64,
                  max_hold: int = 1024) -> None:
         self.detectors = list(detectors)
         self.replace = replace
         self.custom = any(d.triggers is None for d in self.detectors)
-        # One scan in C per release, not one per detector and character: most text (prose) has
-        # no trigger at all, and then no detector can match.
-        self._triggers = [None if d.triggers is None else re.compile(f"[{re.escape(d.triggers)}]")
-                          for d in self.detectors]
-        every = "".join(sorted({c for d in self.detectors for c in d.triggers or ""}))
-        self._any_trigger = re.compile(f"[{re.escape(every)}]") if every else None
+        self._triggers, self._any_trigger = _trigger_patterns(tuple(self.detectors))
         self.hold = hold
         self.max_hold = max_hold
         self.found: list[tuple[str, int, int]] = []   # (entity_type, start, end) in the raw stream
