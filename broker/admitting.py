@@ -6,7 +6,7 @@ other tenant's request at the gate behind the whole flood, whatever share of the
 tenant's jobs may take. So each message is admitted in a task of its own:
 
 - a tenant has at most `per_tenant` admissions running; its others wait in arrival order
-  (`broker/runtime/share.py`), so one tenant cannot start unbounded gate work;
+  (`broker/share.py`), so one tenant cannot start unbounded gate work;
 - messages with the same (tenant, request id) are admitted one after another, so the gate's
   duplicate check sees how the earlier one ended;
 - `len()` counts every message not yet through, so the intake's room covers them: no pull brings
@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from broker.runtime.share import TenantShare
+from broker.share import TenantShare
 
 log = logging.getLogger("laneway.intake")
 

@@ -24,8 +24,8 @@ from nats.aio.msg import Msg
 from broker.gate.pipeline import Gate
 from broker.gate.validate import validate
 from broker.metrics import BrokerMetrics
-from broker.refusal import Refusal
-from broker.tenants import TenantDirectory
+from core.policy.refusal import Refusal
+from core.policy.tenants import TenantDirectory
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame

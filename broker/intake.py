@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.runtime.tasks import cancel_and_wait, wait_event
+from core.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger("laneway.intake")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from broker.classes import ClassPolicy
+from core.policy.classes import ClassPolicy
 
 
 class State(Enum):

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
-from broker.catalogue import Catalogue
 from broker.gate.pipeline import Routing
-from broker.routing.health import HealthBoard
-from broker.routing.rules import PoolHealth
+from core.catalogue import Catalogue
+from core.routing.health import HealthBoard
+from core.routing.rules import PoolHealth
 from schemas import codec
 
 

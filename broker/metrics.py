@@ -1,16 +1,25 @@
-"""Every Prometheus metric of the broker and the bridge, in one place, with bounded labels.
+"""The broker's Prometheus metrics (labels bounded: see `core/metrics.py`), and the usage
+counters it feeds from the metering records.
 
-Labels are drawn from configured sets only: class names, pool names, error codes, finish
-reasons. Never tenant-supplied strings, request ids or prompts. Each component gets its own
-registry, so tests (and `laneway up` running several components) never collide.
+Usage labels stay bounded too: `tenant` takes only names of configured tenants and `model` only
+names of configured logical models (both fed from the live `lw_tenants` / `lw_routing` config
+through `set_known`); any other value is counted under `other`. So the series count is at most
+(tenants + 1) x (models + 1) x a few, whatever a publisher puts in a record. Served model
+versions, pools and request ids are never labels here: `laneway usage` has those details.
+
+Feed `UsageMetrics` from ONE consumer of `lw.usage.*` per deployment (a queue-group subscription
+shared by the broker replicas), or sums across replicas count each request more than once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# Latency buckets around the SLOs: chat TTFT p95 < 0.8 s, end-to-end p95 < 1 s (and long tails).
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 2.5, 5, 10, 30, 60, 300)
+from core.metrics import LATENCY_BUCKETS
+from schemas.usage import Usage
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -46,29 +55,36 @@ class BrokerMetrics:
                                        "Admitted requests here whose scheduler has not settled them", registry=r)
 
 
-class BridgeMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+OTHER = "other"
+
+
+class UsageMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None, tenants: Iterable[str] = (),
+                 models: Iterable[str] = ()) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("laneway_http_requests_total", "Chat completion requests by outcome",
-                                ["class", "status"], registry=r)
-        self.ttft = Histogram("laneway_ttft_seconds", "Time to first token as the client sees it",
-                              ["class"], buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("laneway_request_seconds", "End-to-end request time", ["class"],
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.tokens = Counter("laneway_output_tokens_total", "Tokens streamed to clients", ["class"], registry=r)
-        self.rejected = Counter("laneway_edge_rejected_total", "Requests refused at the edge", ["reason"], registry=r)
-        self.publish_retries = Counter("laneway_publish_retries_total",
-                                       "Publishes of a request repeated after a PubAck timed out", registry=r)
-        self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)
-        self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
-        self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",
-                                   buckets=LATENCY_BUCKETS, registry=r)
-        self.eval_quality = Gauge("laneway_eval_quality", "Golden-set quality of the live routing rules (0-100)",
-                                  ["ruleset_version"], registry=r)
-        self.stale_entries = Counter("laneway_stale_entries_total",
-                                     "Frame entries dropped (stale attempt or unknown request)", registry=r)
-        self.slow_readers = Counter("laneway_slow_readers_total",
-                                    "Streams ended because their client stopped reading, by the limit "
-                                    "that ended them (stream, tenant buffered bytes, write timeout)",
-                                    ["limit"], registry=r)
+        self.tokens = Counter("laneway_usage_tokens_total", "Tokens metered, by tenant, model and kind",
+                              ["tenant", "model", "kind"], registry=r)
+        self.cost = Counter("laneway_usage_cost_usd_total", "Cost metered in US dollars",
+                            ["tenant", "model"], registry=r)
+        self.requests = Counter("laneway_usage_requests_total", "Finished requests metered",
+                                ["tenant", "model", "cached"], registry=r)
+        self._tenants: frozenset[str] = frozenset()
+        self._models: frozenset[str] = frozenset()
+        self.set_known(tenants, models)
+
+    def set_known(self, tenants: Iterable[str] | None = None, models: Iterable[str] | None = None) -> None:
+        """Which label values are allowed; call on every tenant or routing change."""
+        if tenants is not None:
+            self._tenants = frozenset(tenants)
+        if models is not None:
+            self._models = frozenset(models)
+
+    def observe(self, usage: Usage) -> None:
+        tenant = usage.tenant if usage.tenant in self._tenants else OTHER
+        model = usage.model if usage.model in self._models else OTHER
+        self.tokens.labels(tenant, model, "prompt").inc(max(0, usage.prompt_tokens))
+        self.tokens.labels(tenant, model, "completion").inc(max(0, usage.completion_tokens))
+        self.cost.labels(tenant, model).inc(max(0.0, usage.cost_usd))
+        self.requests.labels(tenant, model, "true" if usage.cached else "false").inc()

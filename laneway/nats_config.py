@@ -45,10 +45,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.runtime.response_cache import CACHE_BUCKET
-from broker.gate.quota_store import QUOTA_BUCKET
+from broker.gate.quota.store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
-from broker.topology import BUCKETS as LIVE_BUCKETS    # classes, tenants, routing: watched live
+from core.cache import CACHE_BUCKET
+from core.topology import BUCKETS as LIVE_BUCKETS  # classes, tenants, routing: watched live
 from schemas.subjects import Subjects, check_token, service_inbox
 
 SERVICE_ROLES = ("broker", "worker", "bridge")
@@ -98,7 +98,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
-    # Provisioning (broker/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
+    # Provisioning (core/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
     # or (limits changed) update the streams, open the buckets, create the broker's durable
     # (nats-py's legacy DURABLE.CREATE, or the named form), write the default classes (`kv.create`
     # reads the key when it exists: found on a rerun) and the settings file's documents.
@@ -301,7 +301,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     tenants = list(args.tenant)
     if args.settings:
-        from broker.config import load_settings
+        from core.settings import load_settings
 
         tenants += list(load_settings(Path(args.settings)).tenants)
     tenants = list(dict.fromkeys(tenants))

@@ -19,9 +19,10 @@ import msgspec
 import nats
 import nats.js.errors
 
-from broker import classes as class_docs
-from broker import tenants as tenant_docs
-from broker.runtime.connect import add_nats_flags, connect_once, nats_from_args
+from core.connect import connect_once
+from core.policy import classes as class_docs
+from core.policy import tenants as tenant_docs
+from laneway.flags import add_nats_flags, nats_from_args
 
 _CLASS_FLAGS = {"rank": int, "max_queue_wait_s": float, "max_tenant_depth": int,
                 "max_slot_share": float, "starve_after_s": float}

@@ -7,28 +7,28 @@ services wait for it.
     laneway ops provision --settings deploy/settings.toml --overwrite    # the file wins over KV
 
 Without --overwrite a settings document is written only where KV never had the key, so a second
-run never undoes an operator's live edit or delete (broker/provision.py).
+run never undoes an operator's live edit or delete (core/provision.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 
 import nats.errors
 
-from broker.config import BadSettings, Settings, StreamLimits, load_settings
-from broker.provision import not_ready_yet, provision_at
-from broker.runtime.connect import nats_from_args
-from broker.topology import StorageRefused
+from core import env
+from core.provision import not_ready_yet, provision_at
+from core.settings import BadSettings, Settings, load_settings
+from core.topology import StorageRefused, StreamLimits
+from laneway.flags import nats_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Its own flags; the NATS and stream-limit flags are the CLI's shared ones."""
-    parser.add_argument("--settings", default=os.environ.get("LANEWAY_SETTINGS"),
+    parser.add_argument("--settings", default=env.SETTINGS.get(),
                         help="settings TOML: tenants, models, prices to put into KV [LANEWAY_SETTINGS]")
     parser.add_argument("--overwrite", action="store_true",
                         help="write the settings file over KV (default: only the keys KV never had)")

@@ -6,7 +6,7 @@
     laneway routing history
 
 Talks to NATS directly (`--nats-url`, `--prefix`), and `set` goes through the same eval gate as
-`POST /v1/admin/routing` (`broker/bridge/admin.change_rules`): it scores the candidate from
+`POST /v1/admin/routing` (`bridge/admin.change_rules`): it scores the candidate from
 saved golden-set answers (`--scores`) or a running bridge (`--base-url`); with neither it can
 only apply the change with `--force-reason`, which is recorded with the new version.
 Exit status: 0 done, 2 invalid input, 3 refused by the gate, 4 version conflict, 5 no such version.
@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from broker.runtime.connect import add_nats_flags
+from core import env
+from laneway.flags import add_nats_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,16 +34,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, help="rule set JSON")
     p.add_argument("--force-reason", help="apply even if the eval gate refuses; recorded with the version")
     p.add_argument("--expected-version", type=int, help="refuse if the current version is not this one")
-    p.add_argument("--author", default=os.environ.get("LANEWAY_ADMIN_NAME") or _user())
+    p.add_argument("--author", default=env.ADMIN_NAME.get() or _user())
     p.add_argument("--reason", help="why (overrides the file's `reason`)")
     p.add_argument("--scores", type=Path, help="saved golden-set answers per pool (laneway eval --save-scores)")
     p.add_argument("--base-url", help="a running bridge, to get missing golden-set answers")
-    p.add_argument("--api-key", default=os.environ.get("LANEWAY_API_KEY"), help="[LANEWAY_API_KEY]")
+    p.add_argument("--api-key", default=env.API_KEY.get(), help=f"[{env.API_KEY.name}]")
     p.add_argument("--pool-model", action="append", default=[], metavar="POOL=MODEL")
     p = sub.add_parser("rollback", help="make an earlier version current again (as a new version)")
     p.add_argument("version", type=int)
     p.add_argument("--reason", default="")
-    p.add_argument("--author", default=os.environ.get("LANEWAY_ADMIN_NAME") or _user())
+    p.add_argument("--author", default=env.ADMIN_NAME.get() or _user())
     p.add_argument("--expected-version", type=int)
     sub.add_parser("history", help="every version, oldest first")
 
@@ -56,7 +56,7 @@ def _user() -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from broker.routing.store import VersionConflict, VersionNotFound, connect_store
+    from core.routing.store import VersionConflict, VersionNotFound, connect_store
 
     try:
         async with connect_store(args.nats_url, args.prefix, args.nats_user, args.nats_password) as store:
@@ -78,7 +78,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _show(store, args: argparse.Namespace) -> int:
-    from broker.routing.rules import encode
+    from core.routing.rules import encode
 
     current = await store.get_current()
     if current is None:
@@ -94,8 +94,8 @@ async def _show(store, args: argparse.Namespace) -> int:
 async def _set(store, args: argparse.Namespace) -> int:
     import msgspec
 
-    from broker.bridge.admin import GateRefused, change_rules
-    from broker.routing.rules import RuleSetError, decode
+    from bridge.admin import GateRefused, change_rules
+    from core.routing.rules import RuleSetError, decode
 
     try:
         candidate = decode(args.file.read_bytes())
@@ -116,8 +116,8 @@ async def _set(store, args: argparse.Namespace) -> int:
 
 
 def _evaluator(args: argparse.Namespace):
-    from broker.routing.eval_gate import EvalOutcome, assess, load_golden, load_results, pools_needed
-    from loadtest.eval_run import collect, parse_pool_models
+    from core.routing.eval_gate import EvalOutcome, assess, load_golden, load_results, pools_needed
+    from laneway.ops_eval import collect, parse_pool_models
 
     golden = load_golden()
     saved = load_results(args.scores) if args.scores else {}

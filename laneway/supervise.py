@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from broker.runtime.tasks import cancel_and_wait, wait_event
+from core.tasks import cancel_and_wait, wait_event
 
 Start = Callable[[], Awaitable[asyncio.subprocess.Process]]
 

@@ -1,7 +1,7 @@
 """`laneway up`: the whole system on one machine, one command, no Docker.
 
 An embedded nats-server (JetStream on disk under --data-dir), provisioned in this process
-(streams, buckets, the settings file into KV: broker/provision.py), then broker, worker and bridge
+(streams, buckets, the settings file into KV: core/provision.py), then broker, worker and bridge
 as child processes, exactly as they run in production (each `laneway <role> --nats-url ...`);
 `--brokers N` and `--workers N` start several of those two, each kept and restarted alone.
 Children run in their own sessions so Ctrl-C reaches only this process, which stops them in
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import signal
 import sys
@@ -23,13 +22,15 @@ from pathlib import Path
 import aiohttp
 from nats.errors import Error as NatsError
 
-from broker.config import BadSettings, LogicalModel, Settings, load_serving_settings
-from broker.provision import provision_at
-from broker.runtime.connect import NatsSettings
-from broker.runtime.lifetime import tied_to_this_process
-from broker.runtime.natsd import NatsServer, encryption_key
-from broker.runtime.ports import free_port
-from broker.tenants import Tenant, hash_key
+from core import env
+from core.connect import NatsSettings
+from core.lifetime import tied_to_this_process
+from core.natsd import NatsServer, encryption_key
+from core.policy.tenants import Tenant, hash_key
+from core.ports import free_port
+from core.provision import provision_at
+from core.settings import BadSettings, LogicalModel, Settings, load_serving_settings
+from laneway.flags import stream_limits
 from laneway.nats_config import UpAuth, up_auth, write_private
 from laneway.supervise import Supervisor
 from schemas.subjects import Subjects
@@ -60,14 +61,14 @@ def _engine_defaults(args: argparse.Namespace) -> tuple[str, str]:
 async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
                  name: str | None = None, secrets_env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     """`name` tells apart several children of one role (`broker-2`): their logs and restarts."""
-    env = dict(os.environ) | (secrets_env or {})
+    child_env = env.child(secrets_env)
     if auth is not None:    # in the environment, not argv, where any local user could read it
-        env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = auth.services[role]
+        child_env[env.NATS_USER.name], child_env[env.NATS_PASSWORD.name] = auth.services[role]
     with open(log_dir / f"{name or role}.log", "ab") as log:    # the child keeps its own copy
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "laneway.cli", role, *argv,
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            preexec_fn=tied_to_this_process(), env=env)
+            preexec_fn=tied_to_this_process(), env=child_env)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -139,9 +140,7 @@ IDEMPOTENCY_KEY_FILE = "idempotency.key"
 def _bridge_secrets(data_dir: Path) -> dict[str, str]:
     """The bridge's HMAC key for Idempotency-Key request ids: made once and kept in the data dir
     (0600) as the JetStream key is, so a restarted bridge maps a client's retry to the same id."""
-    from laneway.cli import IDEMPOTENCY_SECRET_ENV
-
-    return {IDEMPOTENCY_SECRET_ENV: encryption_key(data_dir / IDEMPOTENCY_KEY_FILE)}
+    return {env.IDEMPOTENCY_SECRET.name: encryption_key(data_dir / IDEMPOTENCY_KEY_FILE)}
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -157,7 +156,7 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 def _prefix(forwarded: dict[str, list[str]]) -> str:
     """The subject prefix the children were given, else "lw"."""
-    return _flag_value(forwarded["broker"], "--prefix") or os.environ.get("LANEWAY_PREFIX", "lw")
+    return _flag_value(forwarded["broker"], "--prefix") or env.PREFIX.get()
 
 
 def instances(role: str, n: int) -> list[str]:
@@ -359,8 +358,6 @@ async def _provision(args: argparse.Namespace, forwarded: dict[str, list[str]], 
                      auth: UpAuth | None, settings: Settings, overwrite: bool) -> None:
     """Streams, buckets and the settings file into KV, as the ops user, before any service starts
     (they would wait for it). The stream limits are the broker's flags, as `up` forwards them."""
-    from laneway.cli import stream_limits
-
     limits = stream_limits(args.subcommands["broker"].parse_args(forwarded["broker"]))
     user, password = auth.services["ops"] if auth else (None, None)
     try:

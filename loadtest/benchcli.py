@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from broker.runtime import heap
+from core import heap
 from loadtest.results import to_json
 
 
@@ -36,7 +36,7 @@ def main(description: str | None, configure: Callable[[argparse.ArgumentParser],
 def add_fleet_flags(parser: argparse.ArgumentParser, *, duration: float, warmup: float,
                     max_seqs: int) -> None:
     """The simulated fleet and phase timing every phase-based benchmark takes."""
-    from workers.sim import PROFILES
+    from workers.engines.sim.roofline import PROFILES
 
     parser.add_argument("--duration", type=float, default=duration, help="seconds per phase")
     parser.add_argument("--warmup", type=float, default=warmup, help="seconds before measuring, per phase")

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import nats
 
-from broker.config import StreamLimits
-from broker.runtime.natsd import NatsServer
-from broker.topology import ensure_topology
+from core.natsd import NatsServer
+from core.topology import StreamLimits, ensure_topology
 from loadtest.stats import ms, summary
 from schemas.subjects import Subjects
 

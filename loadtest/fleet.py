@@ -17,8 +17,8 @@ from pathlib import Path
 
 import aiohttp
 
-from broker.runtime.ports import free_port
-from broker.tenants import Tenant, hash_key
+from core.policy.tenants import Tenant, hash_key
+from core.ports import free_port
 from loadtest.processes import LanewayUp
 from loadtest.promtext import Scrape, parse
 from loadtest.scenarios import PoolSpec, TenantSpec
@@ -202,7 +202,7 @@ class Fleet:
 
     async def set_class(self, policy) -> None:
         """Change a priority class live: its document in the `lw_classes` KV bucket."""
-        from broker import classes
+        from core.policy import classes
         from schemas.subjects import Subjects
 
         nc = await self.up.connect_nats("ops")
@@ -216,7 +216,7 @@ class Fleet:
     async def set_weights(self, weights: dict[str, float]) -> None:
         """Change tenants' fair-share weights live, as an operator would: rewrite their
         documents in the `lw_tenants` KV bucket, which the broker watches."""
-        from broker.topology import put_tenants
+        from core.topology import put_tenants
         from schemas.subjects import Subjects
 
         docs = []

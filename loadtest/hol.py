@@ -15,7 +15,7 @@ running meanwhile), so TTFTs are never censored. Every prompt is distinct (a tag
 so the engine's prefix cache never serves it: each prompt is prefilled in full. Figures:
 interactive TTFT p95 flooded ÷ unloaded (target ≤ 1.25× with lanes), how much worse FIFO is,
 and batch throughput with lanes ÷ the uncapped engine's (target ≥ 90%). Engine: SIMULATION
-(llama-8b-h100, scheduled as vLLM V1: `workers/sim_scheduler.py`).
+(llama-8b-h100, scheduled as vLLM V1: `workers/engines/sim/scheduler.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import msgspec
 
-from broker.classes import DEFAULT_CLASSES, ClassPolicy
+from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
 from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
 from loadtest.fleet import Fleet
 from loadtest.phases import Phase, run_phase

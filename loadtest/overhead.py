@@ -29,7 +29,8 @@ from loadtest.processes import LanewayUp
 from loadtest.stats import ms, summary
 from schemas.openai import ChatBody
 from workers.engine import EngineRequest
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-bench-overhead"
 PROMPT = ("Summarise the following support conversation for the account team. " * 90)[:6144]

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import aiohttp
 
-from broker.runtime.ports import free_port
+from core import env as core_env
+from core.ports import free_port
 from loadtest.benchcli import main
 from loadtest.http_client import Result, stream_chat
 from loadtest.overhead import PROMPT, _bounded
@@ -110,8 +111,8 @@ def _litellm_config(path: Path, upstream: str) -> Path:
 
 def _litellm(tmp: Path, upstream: str, proxy_path: Path | None) -> Server:
     port = free_port()
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
-           "LITELLM_TELEMETRY": "False"}
+    env = core_env.child({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
+                          "LITELLM_TELEMETRY": "False"})
     if proxy_path is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(proxy_path.resolve()), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--host", "127.0.0.1", "--port", str(port),

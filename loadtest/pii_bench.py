@@ -27,7 +27,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")   # before Presidio is imported
+from core import env
+
+env.library_defaults({"TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": ""})   # before Presidio is imported
 
 import msgspec  # noqa: E402
 

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from loadtest.planner_model import (HOURS_PER_YEAR, QUANT_BYTES, Fleet,
-                                    LoadFigures, MixOption, Model, PlanInput, load_figures,
-                                    plan_fleet, replica_for, search_mix)
+from loadtest.planner_model import (
+    HOURS_PER_YEAR,
+    QUANT_BYTES,
+    Fleet,
+    LoadFigures,
+    MixOption,
+    Model,
+    PlanInput,
+    load_figures,
+    plan_fleet,
+    replica_for,
+    search_mix,
+)
 
 # The documents' own figures, shown beside ours (reference/000 "Capacity math",
 # reference/004 "Back-of-envelope Estimation").

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import aiohttp
 
-from broker.runtime.ports import free_port
+from core import env as core_env
+from core.ports import free_port
 from schemas.subjects import service_inbox
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -146,7 +147,7 @@ class LanewayUp:
 
     def nats_env(self, user: str) -> dict[str, str]:
         """The environment for a `laneway` process joining this stack as `user`."""
-        env = dict(os.environ)
+        env = core_env.child()
         user_password = self.credentials(user)
         if user_password is not None:
             env["LANEWAY_NATS_USER"], env["LANEWAY_NATS_PASSWORD"] = user_password

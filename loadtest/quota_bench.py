@@ -24,10 +24,10 @@ from pathlib import Path
 
 import nats
 
-from broker.runtime.response_cache import CachedResponse, ResponseCache, cache_key
 from broker.gate.quota import Quota, QuotaExceeded, ensure_quota_bucket
-from broker.policy.quota import QuotaPolicy
-from broker.runtime.natsd import NatsServer
+from core.cache import CachedResponse, ResponseCache, cache_key
+from core.natsd import NatsServer
+from core.policy.quota import QuotaPolicy
 from loadtest.stats import ms, summary
 from schemas.frames import Delta
 from schemas.openai import ChatBody, Message

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker.config import BridgeConfig
+from bridge.config import BridgeConfig
 from loadtest.benchcli import add_output_flags, main, run_and_report
 from loadtest.fleet import ROLES, Fleet, rss_bytes
 from loadtest.generator import raise_fd_limit
@@ -46,7 +46,7 @@ from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
 from loadtest.swarm import Swarm
 from loadtest.traffic import sampler
-from workers.sim import PROFILES, step_seconds
+from workers.engines.sim.roofline import PROFILES, step_seconds
 
 LAG = "laneway_frame_lag_seconds"
 SIM_MODEL_LEN = 8192     # the sim worker's max_model_len (prompt + output)

@@ -11,16 +11,20 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 
-from broker.bridge.admin import AdminConfig
-from broker.bridge.app import Bridge
-from broker.config import BridgeConfig, BrokerConfig, LogicalModel, Settings, StreamLimits
-from broker.dispatch import Broker
-from broker.provision import provision_at
-from broker.runtime.connect import NatsSettings
-from broker.tenants import Tenant, hash_key
+from bridge.admin import AdminConfig
+from bridge.app import Bridge
+from bridge.config import BridgeConfig
+from broker.app import Broker
+from broker.config import BrokerConfig
+from core.connect import NatsSettings
+from core.policy.tenants import Tenant, hash_key
+from core.provision import provision_at
+from core.settings import LogicalModel, Settings
+from core.topology import StreamLimits
 from workers.engine import Engine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 from workers.runner import Worker, WorkerConfig
-from workers.sim import PROFILES, SimEngine
 
 
 def demo_settings(api_key: str, model: str = "laneway-sim", pool: str = "sim",

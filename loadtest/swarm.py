@@ -208,7 +208,7 @@ async def _child() -> None:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    from broker.runtime import heap
+    from core import heap
     from loadtest.generator import raise_fd_limit
 
     raise_fd_limit(1 << 20)

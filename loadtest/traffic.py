@@ -1,5 +1,5 @@
 """Drive traffic: open-loop (Poisson arrivals) and closed-loop (users with think time) flows,
-over HTTP (the bridge, SSE) or straight over NATS (`broker/client.py`).
+over HTTP (the bridge, SSE) or straight over NATS (`bridge/client.py`).
 
 Every request is a `Result` registered with the `Recorder` before it is sent and filled as
 tokens arrive, so a request still running when a phase ends (and is cut) keeps what it got.
@@ -101,7 +101,7 @@ class NatsTarget:
             await self._nc.close()
 
     async def _client(self, tenant: str):
-        from broker.client import LanewayClient
+        from bridge.client import LanewayClient
 
         client = self._clients.get(tenant)
         if client is None:
@@ -113,7 +113,7 @@ class NatsTarget:
         return client
 
     async def send(self, call: Call, result: Result) -> None:
-        from broker.client import LanewayError
+        from bridge.client import LanewayError
         from schemas.openai import ChatBody, Message
 
         client = await self._client(call.tenant)

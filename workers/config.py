@@ -6,7 +6,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from broker.runtime.connect import NatsSettings
+from core.connect import NatsSettings
 
 
 @dataclass(frozen=True)

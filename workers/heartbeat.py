@@ -3,11 +3,10 @@ its readiness and free capacity (what the bridge's readiness and the pools' heal
 
 from __future__ import annotations
 
+from schemas.work import Heartbeat
 from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.metrics import WorkerMetrics
-from schemas.work import Heartbeat
-
 
 
 def heartbeat(worker_id: str, config: WorkerConfig, engine: Engine, metrics: WorkerMetrics, *,

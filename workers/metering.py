@@ -15,8 +15,8 @@ import time
 
 from nats.js import JetStreamContext
 
-from broker.runtime.kvwatch import BucketWatch
-from broker.usage.meter import PRICES_KEY, Meter, parse_price_book
+from core.kvwatch import BucketWatch
+from core.metering import PRICES_KEY, Meter, parse_price_book
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.usage import Usage

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from nats.aio.client import Client
-from nats.errors import Error as NatsError, NoRespondersError
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from schemas import codec

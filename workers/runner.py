@@ -4,7 +4,7 @@ Each job has its own module; this one wires them and owns the worker's lifecycle
 - Pull (`workers/pulling.py`): a `Credit` goes to `lw.pull.<pool>` only while the engine has a
   free slot; the answer is a `Batch` of dispatches.
 - Serve (`workers/serve.py`): one request's life, from its dispatch to its ack; the cascade's
-  hold-or-escalate (`workers/escalate.py`) and the answer cache (`workers/caching.py`) on the way.
+  hold-or-escalate (`workers/cascade.py`) and the answer cache (`workers/cache.py`) on the way.
 - Frames (`workers/outbox.py`): each stream's deltas go into an outbox keyed by reply subject; a
   flusher publishes ONE `TokenFrame` per inbox per event-loop turn (and at most one per
   `frame_interval_s`). An engine step wakes every stream it produced a token for in the same
@@ -29,16 +29,16 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.provision import wait_provisioned
-from broker.runtime.connect import connect
-from broker.runtime.tasks import beat_forever, cancel_and_wait
+from core.connect import connect
+from core.provision import wait_provisioned
+from core.tasks import beat_forever, cancel_and_wait
 from schemas import codec
 from schemas.subjects import BadToken
 from schemas.work import Dispatch
-from workers.caching import AnswerStore
+from workers.cache import AnswerStore
+from workers.cascade import Escalator
 from workers.config import WorkerConfig
 from workers.engine import Engine, RequestKey
-from workers.escalate import Escalator
 from workers.heartbeat import heartbeat
 from workers.metering import UsageRecorder
 from workers.metrics import WorkerMetrics

@@ -17,15 +17,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from broker.policy.cascade import StreamGate, Verdict
-from broker.policy.pii_errors import PolicyError
-from broker.runtime.tracing import tracer
+from core.policy.cascade import StreamGate, Verdict
+from core.policy.pii.errors import PolicyError
+from core.tracing import tracer
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.subjects import Subjects
 from schemas.work import Dispatch
-from workers.caching import AnswerStore
+from workers.cache import AnswerStore
+from workers.cascade import Escalator, stream_gate
 from workers.engine import (
     Engine,
     EngineDead,
@@ -35,11 +36,10 @@ from workers.engine import (
     RequestKey,
     UnsupportedRequest,
 )
-from workers.escalate import Escalator, stream_gate
 from workers.metering import UsageRecorder
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
-from workers.output_redaction import OutputRedaction
+from workers.pii import OutputRedaction
 
 log = logging.getLogger("laneway.worker")
 

@@ -4,9 +4,8 @@ Every entry path (the bridge and direct publishers) passes through here in the b
 any engine or hosted API sees a request. A stage refuses with `Refusal` (code, message, param,
 headers); the dispatcher turns that into a `StreamError` and a `term` of the message.
 
-The cache comes last although the issue lists it earlier: its key is built from the redacted
-messages (never raw PII) and the resolved model (which routing decides), so it can only be
-computed once both are known. A request PII blocks can therefore never get a cached answer.
+The cache comes last: its key is built from the redacted messages (never raw PII) and the
+resolved model (which routing decides), so it can only be computed once both are known. A request PII blocks can therefore never get a cached answer.
 
 The quota grant taken here is given back when the request ends: by a refusal in a later
 stage, by the worker's `Usage` record (with the real token count), or by the sweep once the
@@ -19,19 +18,19 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from broker.config import DEFAULT_CONTEXT_TOKENS, LogicalModel, context_limit
-from broker.runtime.response_cache import CachedResponse, ResponseCache
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiTooLarge, PiiUnavailable
 from broker.gate.quota import Quota, QuotaUnavailable
 from broker.gate.route import route
 from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
-from broker.policy.pii import document_fingerprint
-from broker.policy.pii import encode as encode_pii_policy
-from broker.policy.pii_stream import redacts_output
-from broker.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
-from broker.refusal import Refusal
-from broker.routing.rules import Decision, PoolHealth, RuleSet
-from broker.tenants import Tenant
+from core.cache import CachedResponse, ResponseCache
+from core.policy.pii import document_fingerprint
+from core.policy.pii import encode as encode_pii_policy
+from core.policy.pii.stream import redacts_output
+from core.policy.quota import GrantLedger, QuotaExceeded, QuotaPolicy, rate_limit_headers
+from core.policy.refusal import Refusal
+from core.policy.tenants import Tenant
+from core.routing.rules import Decision, PoolHealth, RuleSet
+from core.settings import DEFAULT_CONTEXT_TOKENS, LogicalModel, context_limit
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects

@@ -9,17 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.config import LogicalModel
-from broker.refusal import Refusal
-from broker.routing import classifier
-from broker.routing.rules import (
-    Decision,
-    PoolHealth,
-    Reason,
-    RuleSet,
-    decide_request,
-    escalated_decision,
-)
+from core.policy.refusal import Refusal
+from core.routing import classifier
+from core.routing.rules import Decision, PoolHealth, Reason, RuleSet, decide_request, escalated_decision
+from core.settings import LogicalModel
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 

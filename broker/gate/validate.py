@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from broker.refusal import Refusal
-from broker.tenants import Tenant
+from core.policy.refusal import Refusal
+from core.policy.tenants import Tenant
 from schemas import checks, codec
 from schemas.checks import Invalid, check_deadline
 from schemas.errors import ErrorCode

@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from broker.runtime.tasks import wait_event
+from core.tasks import wait_event
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.lease")

@@ -23,9 +23,9 @@ from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Acks, Held, ParkedPull, Pool
-from broker.runtime.response_cache import CacheScope, prefix_salt
-from broker.runtime.tracing import tracer
 from broker.scheduler.answers import AckHandle, refuse
+from core.cache import CacheScope, prefix_salt
+from core.tracing import tracer
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.subjects import Subjects

@@ -30,7 +30,13 @@ def _without_passwords(account: dict) -> dict:
 def generate() -> str:
     sys.path.insert(0, str(ROOT))
     from laneway.nats_config import (
-        ROLES, SERVICE_ACCOUNT, accounts, tenant_account, tenant_exports, user_name, user_names,
+        ROLES,
+        SERVICE_ACCOUNT,
+        accounts,
+        tenant_account,
+        tenant_exports,
+        user_name,
+        user_names,
     )
     from schemas.subjects import Subjects
 

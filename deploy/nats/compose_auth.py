@@ -30,10 +30,11 @@ import os
 import secrets
 from pathlib import Path
 
-import certs     # deploy/nats/certs.py, beside this script (mounted beside it in compose)
-from broker.config import load_settings
-from broker.runtime.natsd import encryption_key
-from laneway.cli import IDEMPOTENCY_SECRET_ENV
+import certs  # deploy/nats/certs.py, beside this script (mounted beside it in compose)
+
+from core import env
+from core.natsd import encryption_key
+from core.settings import load_settings
 from laneway.nats_config import ROLES, up_auth, user_name, write_private
 from schemas.subjects import Subjects
 
@@ -72,7 +73,7 @@ def write(args: argparse.Namespace) -> None:
         path = directory / LOGIN_FILE
         login = {"user": user, "password": password}
         if role == "bridge":        # made once, kept across runs: a retry maps to the same id
-            login["env"] = {IDEMPOTENCY_SECRET_ENV: encryption_key(directory / IDEMPOTENCY_FILE)}
+            login["env"] = {env.IDEMPOTENCY_SECRET.name: encryption_key(directory / IDEMPOTENCY_FILE)}
         write_private(path, json.dumps(login))
         if os.geteuid() == 0:       # root in the container: hand it to the service's user
             os.chown(path, uid, gid)

@@ -248,8 +248,8 @@ class ComposeCluster:
 
 @asynccontextmanager
 async def compose_cluster(tmp: Path) -> AsyncIterator[ComposeCluster]:
-    from broker.runtime.natsd import NatsServer
-    from broker.runtime.ports import free_port
+    from core.natsd import NatsServer
+    from core.ports import free_port
 
     cluster = ComposeCluster(tmp, {}, {node: free_port() for node in NODES}, {node: free_port() for node in NODES})
     cluster.volumes = run_nats_auth(tmp, cluster.route_ports)

@@ -21,9 +21,19 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from broker.runtime.connect import NatsSettings, connect, connect_once
-from tests.deploy.test_compose import (LOGIN_MOUNT, NODES, ROOT, ComposeCluster, compose_cluster, raw_services,
-                                       run_nats_auth, services, trusting, volume_specs)
+from core.connect import NatsSettings, connect, connect_once
+from tests.deploy.test_compose import (
+    LOGIN_MOUNT,
+    NODES,
+    ROOT,
+    ComposeCluster,
+    compose_cluster,
+    raw_services,
+    run_nats_auth,
+    services,
+    trusting,
+    volume_specs,
+)
 from tests.unit.test_deploy_stack import flag_value, laneway_services
 from tests.wait import eventually
 

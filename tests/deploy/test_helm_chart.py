@@ -343,7 +343,7 @@ def test_probes_hit_what_each_process_serves_and_drains_fit(variant: str) -> Non
         role, args = c["args"][0], c["args"]
         ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
         if role == "bridge":
-            # broker/bridge/app.py serves /readyz and /healthz on its HTTP port (--port).
+            # bridge/app.py serves /readyz and /healthz on its HTTP port (--port).
             assert str(ports["http"]) == flag(args, "--port")
             assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
             assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -391,7 +391,7 @@ def test_worker_pools_get_gpus_models_and_keys(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_pool_the_settings_name_has_workers(variant: str, tmp_path: Path) -> None:
-    from broker.config import load_settings
+    from core.settings import load_settings
 
     path = tmp_path / "settings.toml"
     path.write_text(named(variant, "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"])
@@ -664,8 +664,8 @@ async def check_routes_refuse_a_server_without_the_password(tmp_path: Path, conf
     """Each node routes to the two others (its /routez names them); a 4th nats-server of the same
     cluster name, routing to node 0 without credentials and to node 1 as the route user with a
     wrong password, is refused by both (their logs say so) and no node gains a route to it."""
-    from broker.runtime.natsd import NatsServer
-    from broker.runtime.ports import free_port
+    from core.natsd import NatsServer
+    from core.ports import free_port
 
     names = [f"{RELEASE}-nats-{i}" for i in range(len(servers))]
 
@@ -724,11 +724,12 @@ async def plain_text_refused(port: int, user: str, password: str) -> bool:
 
 
 async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, monkeypatch) -> None:
-    from broker.config import StreamLimits, load_settings
-    from broker.provision import not_ready_yet, provision_at
-    from broker.runtime.connect import NatsSettings
-    from broker.runtime.natsd import NatsServer
-    from broker.runtime.ports import free_port
+    from core.connect import NatsSettings
+    from core.natsd import NatsServer
+    from core.ports import free_port
+    from core.provision import not_ready_yet, provision_at
+    from core.settings import load_settings
+    from core.topology import StreamLimits
     from schemas.subjects import Subjects
 
     secrets = {o["metadata"]["name"]: o["stringData"] for o in objects("default", "Secret")}

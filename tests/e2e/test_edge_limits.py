@@ -12,11 +12,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from broker.bridge.app import Bridge
-from broker.bridge.server import HttpServer
-from broker.config import BridgeConfig, LogicalModel, Settings
-from broker.metrics import BridgeMetrics
-from broker.runtime.connect import NatsSettings
+from bridge.app import Bridge
+from bridge.config import BridgeConfig
+from bridge.metrics import BridgeMetrics
+from bridge.server import HttpServer
+from core.connect import NatsSettings
+from core.settings import LogicalModel, Settings
 from loadtest.stack import Stack, demo_settings
 from schemas.codec import MAX_JSON_DEPTH
 from tests.wait import eventually

@@ -15,7 +15,7 @@ import pytest
 from tests.e2e.conftest import KEY
 
 MODEL = "laneway-sim"
-SIM_DIMS = 384          # workers.sim_embed.NATIVE_DIMENSIONS
+SIM_DIMS = 384          # workers.engines.sim.embed.NATIVE_DIMENSIONS
 
 
 

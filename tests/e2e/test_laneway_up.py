@@ -10,7 +10,7 @@ import sys
 import openai
 import pytest
 
-from broker.runtime.ports import free_port
+from core.ports import free_port
 from loadtest.processes import pids_mentioning
 from tests.wait import eventually
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 
 
-
-
 async def test_streaming_chat(client):
     stream = await client.chat.completions.create(
         model="laneway-sim", messages=[{"role": "user", "content": "Hello there"}],

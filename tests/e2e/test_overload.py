@@ -12,13 +12,14 @@ import aiohttp
 import orjson
 import pytest
 
-from broker.bridge.app import Bridge
-from broker.config import BridgeConfig
-from broker.runtime.connect import NatsSettings
+from bridge.app import Bridge
+from bridge.config import BridgeConfig
+from core.connect import NatsSettings
 from loadtest.stack import Stack, demo_settings
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-test-overload"
 PREFIX = "over"

@@ -9,16 +9,14 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 
-from broker.policy.pii import DEFAULT_ACTIONS, Action
+from core.policy.pii import DEFAULT_ACTIONS, Action
 from loadtest.processes import LanewayUp
 from schemas import codec
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
 from tests.requests import chat as chat_body
 from tests.wait import eventually
-
 
 KEY = "sk-pii-at-rest"
 # One value per entity type the default policy redacts. Found with no context at all, so they

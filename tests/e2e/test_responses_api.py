@@ -247,8 +247,8 @@ def test_reasoning_refusal_and_a_mid_stream_failure_render_as_the_client_expects
     straight through the renderer: every event validates, sequence numbers run on."""
     from openai.types.responses import Response, ResponseStreamEvent
 
-    from broker.bridge.errors import from_code
-    from broker.bridge.render_responses import ResponsesRenderer
+    from bridge.errors import from_code
+    from bridge.render_responses import ResponsesRenderer
     from schemas.frames import Delta, Finished, TokenUsage, ToolCallDelta
     from schemas.requests import GenerateRequest
     from schemas.responses import ResponsesBody

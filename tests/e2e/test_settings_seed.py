@@ -8,12 +8,14 @@ import json
 
 import aiohttp
 
-from broker import tenants as tenant_docs
-from broker.bridge.app import Bridge
-from broker.config import BridgeConfig, LogicalModel, Settings, StreamLimits
-from broker.provision import provision_at
-from broker.runtime.connect import NatsSettings
-from broker.tenants import Tenant, hash_key
+from bridge.app import Bridge
+from bridge.config import BridgeConfig
+from core.connect import NatsSettings
+from core.policy import tenants as tenant_docs
+from core.policy.tenants import Tenant, hash_key
+from core.provision import provision_at
+from core.settings import LogicalModel, Settings
+from core.topology import StreamLimits
 
 SETTINGS = Settings(
     tenants={"acme": Tenant(name="acme", api_key_sha256=[hash_key("sk-acme")]),

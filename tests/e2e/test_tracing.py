@@ -97,8 +97,8 @@ async def test_one_trace_crosses_bridge_broker_and_worker(tmp_path, monkeypatch)
 
 def test_tracing_off_loads_no_opentelemetry():
     """Off (the default), the product's processes never import OpenTelemetry."""
-    code = ("import sys, broker.dispatch, broker.bridge.app, workers.runner, laneway.cli; "
-            "from broker.runtime.tracing import configure; configure('x', None); "
+    code = ("import sys, broker.app, bridge.app, workers.runner, laneway.cli; "
+            "from core.tracing import configure; configure('x', None); "
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -106,7 +106,7 @@ def test_tracing_off_loads_no_opentelemetry():
 
 def test_an_endpoint_without_opentelemetry_installed_leaves_tracing_off_and_says_so():
     code = ("import sys, logging; sys.modules['opentelemetry'] = None; logging.basicConfig(); "
-            "from broker.runtime.tracing import configure; "
+            "from core.tracing import configure; "
             "print(configure('laneway-broker', 'http://127.0.0.1:1').enabled)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False" and "pip install 'laneway[otel]'" in out.stderr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import msgspec
 
-from broker import tenants as tenant_docs
+from core.policy import tenants as tenant_docs
 from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
 

@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from broker.runtime.ports import free_port
+from core.ports import free_port
 from loadtest.processes import LanewayUp, metrics_port
 from schemas.subjects import Subjects
 from tests.wait import eventually

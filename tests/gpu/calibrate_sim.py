@@ -1,5 +1,5 @@
 """Measure a real GPU's decode step and prefill cost for a Llama-3.1-8B-shaped model, to check the
-sim engine's roofline profile (`workers/sim.py`, `llama-8b-h100`) against hardware.
+sim engine's roofline profile (`workers/engines/sim/engine.py`, `llama-8b-h100`) against hardware.
 
 Random weights (no download): the timings depend on shapes and dtype, not on the values. Uses
 transformers' Llama in bf16 with SDPA attention and a static-size KV cache built by a prefill;
@@ -8,7 +8,7 @@ vLLM's paged kernels are faster, so these are an upper bound on a step's time.
     python tests/gpu/calibrate_sim.py [--json out.json] [--tiny]   (--tiny: a CPU smoke run)
 
 Beside each measurement it prints what the profile predicts with the sim's step-time model
-(`workers.sim.step_seconds`, a roofline): `max(decode_base_s + sequences × decode_s_per_seq,
+(`workers.engines.sim.roofline.step_seconds`, a roofline): `max(decode_base_s + sequences × decode_s_per_seq,
 tokens × prefill_s_per_token)`, plus the step a full `max_num_batched_tokens` prefill chunk would
 take. The chunk sweep (one forward of M new tokens) shows where the roofline's knee is: flat while
 the weight reads dominate, then linear in M.
@@ -29,7 +29,8 @@ def predicted(profile_name: str, batches: list[int], context: int, chunks: list[
     """The sim profile's figures for the same shapes (KV reads scale with the context)."""
     from dataclasses import replace
 
-    from workers.sim import _CTX, PROFILES, step_seconds
+    from workers.engines.sim.engine import _CTX
+    from workers.engines.sim.roofline import PROFILES, step_seconds
 
     p = PROFILES[profile_name]
     at_context = replace(p, decode_s_per_seq=p.decode_s_per_seq * context / _CTX)

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run from a plai
 
 from schemas.openai import ChatBody, Message
 from workers.engine import EngineRequest
-from workers.vllm_config import VllmConfig
-from workers.vllm_engine import VllmEngine
+from workers.engines.vllm.config import VllmConfig
+from workers.engines.vllm.engine import VllmEngine
 
 PROMPTS = [
     "What is the capital of France?",

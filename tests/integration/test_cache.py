@@ -8,8 +8,13 @@ from itertools import count
 import nats
 import pytest
 
-from broker.runtime.response_cache import (
-    CachedResponse, CacheScope, ResponseCache, ensure_cache_bucket, parse_scope, replay_entries,
+from core.cache import (
+    CachedResponse,
+    CacheScope,
+    ResponseCache,
+    ensure_cache_bucket,
+    parse_scope,
+    replay_entries,
 )
 from schemas.frames import Delta, Finished, ToolCallDelta
 from schemas.openai import ChatBody, CompletionBody, Message

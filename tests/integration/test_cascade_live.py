@@ -9,12 +9,13 @@ import json
 import aiohttp
 import pytest
 
-from broker.routing.rules import decode
-from broker.routing.store import RuleStore
+from core.routing.rules import decode
+from core.routing.store import RuleStore
 from loadtest.stack import Stack, demo_settings
 from tests.wait import eventually
 from workers.engine import EngineRequest
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-cascade"
 

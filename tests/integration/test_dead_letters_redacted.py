@@ -12,10 +12,10 @@ import msgspec
 import nats
 import pytest
 
-from broker.client import LanewayClient, LanewayError
-from broker.config import StreamLimits
+from bridge.client import LanewayClient, LanewayError
 from broker.gate.pii import TenantPiiPolicy
-from broker.tenants import Tenant, hash_key
+from core.policy.tenants import Tenant, hash_key
+from core.topology import StreamLimits
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.requests import GenerateRequest
@@ -23,8 +23,7 @@ from schemas.work import Credit
 from tests.integration.test_poison_and_overload import PoisonableEngine
 from tests.requests import chat
 from tests.wait import eventually
-from workers.sim import PROFILES
-
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-dlq-pii"
 EMAIL, SSN, CARD, PHONE = "maria.garcia@example.com", "536-22-8726", "4111 1111 1111 1111", "(415) 555-0132"

@@ -8,7 +8,7 @@ import aiohttp
 import nats
 import pytest
 
-from broker.runtime.natsd import NatsServer
+from core.natsd import NatsServer
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.frames import Finished

@@ -12,7 +12,7 @@ import nats
 import nats.errors
 import pytest
 
-from broker.runtime.natsd import NatsServer, NatsServerError, encryption_key
+from core.natsd import NatsServer, NatsServerError, encryption_key
 
 SECRET = b"SEEDED-AT-REST-4111111111111111"
 HEADER_SECRET = "SEEDED-HEADER-536228726"

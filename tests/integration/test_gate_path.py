@@ -12,17 +12,17 @@ import nats
 import nats.js.errors
 import pytest
 
-from broker.config import LogicalModel, Settings
-from broker.policy.pii import Action, TenantPiiPolicy
-from broker.policy.quota import QuotaPolicy
-from broker.tenants import Tenant, hash_key
+from core.policy.pii import Action, TenantPiiPolicy
+from core.policy.quota import QuotaPolicy
+from core.policy.tenants import Tenant, hash_key
+from core.settings import LogicalModel, Settings
 from loadtest.stack import Stack
 from schemas import codec
 from tests.clock import Clock
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
-from workers.sim import PROFILES, SimEngine
-
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEYS = {"acme": "sk-acme", "globex": "sk-globex", "tight": "sk-tight", "strict": "sk-strict"}
 

@@ -10,13 +10,14 @@ import aiohttp
 import nats
 import pytest
 
-from broker.client import LanewayClient, LanewayError
-from broker.config import StreamLimits
+from bridge.client import LanewayClient, LanewayError
+from core.topology import StreamLimits
 from loadtest.stack import Stack, demo_settings
 from tests.requests import chat
 from tests.wait import eventually
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 from workers.runner import WorkerConfig
-from workers.sim import PROFILES, SimEngine
 
 KEY = "sk-lanes"
 CHAT = "/v1/chat/completions"

@@ -19,17 +19,18 @@ import aiohttp
 import nats
 import pytest
 
-from broker.bridge.admin import AdminConfig
-from broker.client import LanewayClient, LanewayError
-from broker.config import LogicalModel, Settings, StreamLimits
-from broker.models import put_models
-from broker.policy.pii import Action, TenantPiiPolicy
-from broker.policy.quota import QuotaPolicy
-from broker.routing.store import connect_store
-from broker.runtime.natsd import NatsServer
-from broker.tenants import Tenant, hash_key
-from broker.usage.report import read_usage
+from bridge.admin import AdminConfig
+from bridge.client import LanewayClient, LanewayError
+from core.models import put_models
+from core.natsd import NatsServer
+from core.policy.pii import Action, TenantPiiPolicy
+from core.policy.quota import QuotaPolicy
+from core.policy.tenants import Tenant, hash_key
+from core.routing.store import connect_store
+from core.settings import LogicalModel, Settings
+from core.topology import StreamLimits
 from laneway.nats_config import UpAuth, up_auth
+from laneway.ops_usage import read_usage
 from loadtest.stack import Stack
 from schemas import codec
 from schemas.subjects import Subjects, service_inbox
@@ -39,8 +40,9 @@ from tests.integration.test_cascade_live import UnsureOnHardPrompts
 from tests.integration.test_poison_and_overload import PoisonableEngine
 from tests.requests import chat
 from tests.wait import eventually
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 from workers.runner import WorkerConfig
-from workers.sim import PROFILES, SimEngine
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -17,13 +17,14 @@ import aiohttp
 import nats
 import pytest
 
-from broker.config import BridgeConfig
-from broker.runtime.natsd import NatsServer
+from bridge.config import BridgeConfig
+from core.natsd import NatsServer
 from loadtest.http_client import Result, stream_chat
 from loadtest.stack import Stack, demo_settings
-from tests.wait import eventually
 from schemas.subjects import Subjects
-from workers.sim import PROFILES, SimEngine
+from tests.wait import eventually
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,17 +15,18 @@ from collections import Counter
 import aiohttp
 import nats
 
+from broker.app import Broker
 from broker.config import BrokerConfig
-from broker.dispatch import Broker
-from broker.provision import provision_at
-from broker.runtime.connect import NatsSettings
 from broker.scheduler.lease import LEASE_BUCKET, LEASE_KEY
+from core.connect import NatsSettings
+from core.provision import provision_at
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.requests import Cancel
 from tests.wait import eventually
 from workers.config import WorkerConfig
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-one-schedule"
 CHAT = "/v1/chat/completions"

@@ -19,13 +19,13 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from broker.runtime.ports import free_port
+from core.ports import free_port
 from schemas.frames import TokenLogprob, ToolCallDelta, TopLogprob
 from schemas.openai import ChatBody, CompletionBody, Message, Tool
-from workers.circuit import BreakerConfig, BreakerState
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest, RequestKey
-from workers.openai_engine import (
+from workers.engines.openai.circuit import BreakerConfig, BreakerState
+from workers.engines.openai.engine import (
     CircuitOpen,
     OpenAIUpstreamConfig,
     OpenAIUpstreamEngine,

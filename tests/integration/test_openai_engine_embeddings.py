@@ -20,9 +20,9 @@ from aiohttp import web
 
 from schemas.openai import EmbeddingBody
 from tests.wait import eventually
-from workers.circuit import BreakerConfig
 from workers.engine import EngineOutput, EngineRequest, RequestKey
-from workers.openai_engine import (
+from workers.engines.openai.circuit import BreakerConfig
+from workers.engines.openai.engine import (
     CircuitOpen,
     OpenAIUpstreamConfig,
     OpenAIUpstreamEngine,
@@ -283,7 +283,7 @@ async def test_the_breaker_counts_embedding_faults(upstream: FakeUpstream, make_
 async def test_chat_and_embeddings_share_one_engine(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     """The same engine still sends generation bodies to the streaming endpoints."""
     from schemas.openai import ChatBody, Message
-    from workers.openai_wire import encode_body, path_of
+    from workers.engines.openai_wire import encode_body, path_of
 
     body = ChatBody(model="m", messages=[Message(role="user", content="hi")])
     assert path_of(body) == "/chat/completions" and b'"stream":true' in encode_body(body, "up")

@@ -14,7 +14,6 @@ import signal
 import msgspec
 import pytest
 
-
 from broker.gate.pii import (  # noqa: E402
     KNOWN_ENTITIES,
     Action,
@@ -353,7 +352,7 @@ def test_pattern_findings_equal_stock_presidio() -> None:
     from presidio_analyzer.nlp_engine import NlpEngineProvider
 
     from broker.gate.pii.recognize import Recognizers, finalize
-    from broker.policy.pii import PATTERN_ENTITIES
+    from core.policy.pii import PATTERN_ENTITIES
     from loadtest.pii_dataset import generate
 
     stock = AnalyzerEngine(nlp_engine=NlpEngineProvider(nlp_configuration={

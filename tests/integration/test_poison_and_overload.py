@@ -11,15 +11,16 @@ import aiohttp
 import nats
 import pytest
 
-from broker.client import LanewayClient, LanewayError
-from broker.config import StreamLimits
+from bridge.client import LanewayClient, LanewayError
+from core.topology import StreamLimits
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.work import Credit
 from tests.requests import chat
 from tests.wait import eventually
 from workers.engine import EngineError, EngineOutput, EngineRequest
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-faults"
 

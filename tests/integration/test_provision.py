@@ -14,21 +14,24 @@ import aiohttp
 import nats
 import pytest
 
-from broker import tenants as tenant_docs
-from broker.bridge.app import Bridge
-from broker.classes import DEFAULT_CLASSES
-from broker.config import BridgeConfig, BrokerConfig, StreamLimits
-from broker.dispatch import Broker
-from broker.models import MODELS_KEY
-from broker.provision import provision_at
-from broker.runtime.connect import NatsSettings
-from broker.runtime.natsd import NatsServer
-from broker.tenants import Tenant, hash_key
+from bridge.app import Bridge
+from bridge.config import BridgeConfig
+from broker.app import Broker
+from broker.config import BrokerConfig
+from core.connect import NatsSettings
+from core.models import MODELS_KEY
+from core.natsd import NatsServer
+from core.policy import tenants as tenant_docs
+from core.policy.classes import DEFAULT_CLASSES
+from core.policy.tenants import Tenant, hash_key
+from core.provision import provision_at
+from core.topology import StreamLimits
 from loadtest.stack import demo_settings
 from schemas.subjects import Subjects
 from tests.wait import eventually
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 from workers.runner import Worker, WorkerConfig
-from workers.sim import PROFILES, SimEngine
 
 KEY = "sk-provision"
 SETTINGS_TOML = f"""

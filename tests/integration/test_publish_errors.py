@@ -1,4 +1,4 @@
-"""The publish refusals `broker.runtime.publish_errors` classifies, provoked on a real nats-server:
+"""The publish refusals `bridge.publish_errors` classifies, provoked on a real nats-server:
 the codes and texts it relies on are the server's, not guesses."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import nats.js.errors
 import pytest
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
-from broker.runtime.publish_errors import PER_SUBJECT_FULL, STREAM_STORE_FAILED, refusal
+from bridge.publish_errors import PER_SUBJECT_FULL, STREAM_STORE_FAILED, refusal
 from schemas.errors import ErrorCode
 
 

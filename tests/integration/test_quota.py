@@ -16,9 +16,14 @@ import nats
 import pytest
 
 from broker.gate.quota import (
-    Quota, QuotaContended, QuotaExceeded, QuotaUnavailable, ensure_quota_bucket, rate_limit_headers,
+    Quota,
+    QuotaContended,
+    QuotaExceeded,
+    QuotaUnavailable,
+    ensure_quota_bucket,
+    rate_limit_headers,
 )
-from broker.policy.quota import INSUFFICIENT_QUOTA, RATE_LIMITED, LimitName, QuotaPolicy
+from core.policy.quota import INSUFFICIENT_QUOTA, RATE_LIMITED, LimitName, QuotaPolicy
 from schemas.subjects import Subjects
 from tests.clock import T0, Clock
 

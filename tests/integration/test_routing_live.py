@@ -10,12 +10,13 @@ import json
 import aiohttp
 import pytest
 
-from broker.bridge.admin import AdminConfig
-from broker.routing.rules import decode
-from broker.routing.store import RuleStore
+from bridge.admin import AdminConfig
+from core.routing.rules import decode
+from core.routing.store import RuleStore
 from loadtest.stack import Stack, demo_settings
 from tests.wait import eventually
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-routing"
 ADMIN_KEY = "admin-secret"

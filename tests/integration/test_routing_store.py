@@ -14,10 +14,10 @@ import msgspec
 import nats
 import pytest
 
-from broker.config import StreamLimits
-from broker.routing import rules as rule_docs
-from broker.routing.rules import RuleSet, decode
-from broker.routing.store import (
+from core.kvwatch import BucketWatch
+from core.routing import rules as rule_docs
+from core.routing.rules import RuleSet, decode
+from core.routing.store import (
     ROUTING_HISTORY,
     RULES_KEY,
     RuleStore,
@@ -26,8 +26,7 @@ from broker.routing.store import (
     is_rules_key,
     version_key,
 )
-from broker.runtime.kvwatch import BucketWatch
-from broker.topology import ensure_topology
+from core.topology import StreamLimits, ensure_topology
 from laneway import ops_routing
 from schemas.subjects import Subjects
 from tests.wait import eventually

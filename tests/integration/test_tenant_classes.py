@@ -7,9 +7,9 @@ from __future__ import annotations
 import nats
 import pytest
 
-from broker.client import LanewayClient, LanewayError
-from broker.config import LogicalModel, Settings
-from broker.tenants import Tenant, hash_key
+from bridge.client import LanewayClient, LanewayError
+from core.policy.tenants import Tenant, hash_key
+from core.settings import LogicalModel, Settings
 from loadtest.stack import Stack
 from tests.integration.test_poison_and_overload import stored_is
 from tests.requests import chat

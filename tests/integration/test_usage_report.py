@@ -13,9 +13,8 @@ from itertools import count
 import nats
 import pytest
 
-from broker.config import StreamLimits
-from broker.topology import ensure_topology
-from broker.usage import report
+from core.topology import StreamLimits, ensure_topology
+from laneway import ops_usage as report
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.usage import Usage

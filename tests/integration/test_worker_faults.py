@@ -13,11 +13,10 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from broker.client import LanewayClient, LanewayError
-from broker.config import StreamLimits
-from broker.runtime.connect import NatsSettings
-from broker.runtime.natsd import NatsServer
-from broker.topology import ensure_topology
+from bridge.client import LanewayClient, LanewayError
+from core.connect import NatsSettings
+from core.natsd import NatsServer
+from core.topology import StreamLimits, ensure_topology
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
 from schemas.subjects import Subjects
@@ -26,8 +25,9 @@ from tests.integration.test_poison_and_overload import PoisonableEngine, dlq_mes
 from tests.requests import chat
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 from workers.runner import Worker, WorkerConfig
-from workers.sim import PROFILES, SimEngine
 
 KEY = "sk-worker-faults"
 

@@ -14,7 +14,7 @@ import time
 import msgspec
 import pytest
 
-from broker.config import DEFAULT_CONTEXT_TOKENS
+from core.settings import DEFAULT_CONTEXT_TOKENS
 from schemas.frames import Finished, StreamError
 from schemas.openai import Message, NamedFunction, NamedToolChoice
 from tests.requests import chat

@@ -18,7 +18,7 @@ from schemas import codec
 from schemas.frames import Delta, Finished, StreamError
 from schemas.requests import Cancel
 from schemas.subjects import MSG_ID_HEADER
-from tests.security.publisher import S, Publisher
+from tests.security.publisher import Publisher, S
 
 pytestmark = pytest.mark.timeout(600)
 

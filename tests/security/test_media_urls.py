@@ -5,7 +5,7 @@ names (`MediaConnector`, any host unless `allowed_media_domains` is set): before
 could point one at the NATS monitoring port, cloud metadata (169.254.169.254) or any internal
 service, and the worker fetched it. Now the engine adapter refuses every remote media URL by
 default, before vLLM sees the request, with a 400 `invalid_request` naming the field and the host
-(`workers/media_urls.py`); `--allowed-media-domains` names the hosts it may fetch from. vLLM's own
+(`workers/engines/vllm/media_urls.py`); `--allowed-media-domains` names the hosts it may fetch from. vLLM's own
 allow-list is set too, so that vLLM itself fetches nothing by default either.
 
 The target is a real HTTP server per test (port 0) that records every hit. The adapter is driven
@@ -56,8 +56,8 @@ def engine(*flags: str):
     import argparse
 
     pytest.importorskip("vllm")
-    from workers.vllm_config import VllmConfig
-    from workers.vllm_engine import VllmEngine
+    from workers.engines.vllm.config import VllmConfig
+    from workers.engines.vllm.engine import VllmEngine
 
     parser = argparse.ArgumentParser()
     VllmConfig.configure(parser)
@@ -114,7 +114,7 @@ async def test_vllms_own_fetcher_as_the_worker_configures_it_fetches_nothing(tar
     from vllm.multimodal.media.connector import MediaConnector
     from vllm.multimodal.media.image import ImageMediaIO
 
-    from workers.vllm_config import VllmConfig
+    from workers.engines.vllm.config import VllmConfig
 
     base, hits = target
     args = VllmConfig(model=str(vllm_model_dir())).engine_args()

@@ -27,13 +27,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from broker.config import LogicalModel, Settings
-from broker.tenants import Tenant, hash_key
+from core.policy.tenants import Tenant, hash_key
+from core.settings import LogicalModel, Settings
 from loadtest.stack import Stack
 from tests.integration.test_openai_engine import FakeUpstream, collect
 from tests.requests import chat as chat_body
 from workers.engine import EngineRequest, UnsupportedRequest
-from workers.openai_engine import OpenAIUpstreamConfig, OpenAIUpstreamEngine
+from workers.engines.openai.engine import OpenAIUpstreamConfig, OpenAIUpstreamEngine
 
 pytestmark = pytest.mark.timeout(120)
 

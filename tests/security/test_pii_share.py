@@ -29,7 +29,7 @@ from loadtest.processes import LanewayUp
 from tests.requests import chat
 from tests.security.conftest import KEYS
 from tests.security.engine_view import first_dispatched_prompt
-from tests.security.publisher import S, Publisher
+from tests.security.publisher import Publisher, S
 from tests.security.test_reply_subjects import stream_messages
 from tests.wait import eventually
 

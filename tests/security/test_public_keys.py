@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from broker import tenants as tenant_docs
-from broker.tenants import Tenant, hash_key
+from core.policy import tenants as tenant_docs
+from core.policy.tenants import Tenant, hash_key
 from schemas.subjects import Subjects
 from tests.wait import eventually
 

@@ -24,7 +24,7 @@ from schemas import codec
 from schemas.frames import Delta, Finished
 from schemas.requests import Cancel
 from tests.security.conftest import KEYS
-from tests.security.publisher import S, Publisher
+from tests.security.publisher import Publisher, S
 
 pytestmark = pytest.mark.timeout(600)
 

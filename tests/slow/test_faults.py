@@ -14,9 +14,9 @@ import aiohttp
 import nats
 import pytest
 
-from broker.client import LanewayClient
-from broker.config import StreamLimits
-from broker.runtime.natsd import NatsServer
+from bridge.client import LanewayClient
+from core.natsd import NatsServer
+from core.topology import StreamLimits
 from loadtest.http_client import stream_chat
 from loadtest.stack import Stack, demo_settings
 from tests.requests import chat

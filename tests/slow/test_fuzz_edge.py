@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from broker.runtime.ports import free_port
+from core.ports import free_port
 
 pytestmark = pytest.mark.slow
 

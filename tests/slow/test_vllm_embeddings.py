@@ -35,8 +35,8 @@ SAME = 0.999
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    from workers.vllm_config import VllmConfig
-    from workers.vllm_engine import VllmEngine
+    from workers.engines.vllm.config import VllmConfig
+    from workers.engines.vllm.engine import VllmEngine
 
     config = VllmConfig(model=str(vllm_model_dir()), served_model_name="smollm2-embed",
                         max_model_len=512, max_num_seqs=SLOTS, kv_cache_bytes=128 * 1024**2,
@@ -161,8 +161,8 @@ async def test_a_generation_body_is_refused_naming_model(engine):
 
 
 async def test_a_generation_worker_refuses_embeddings_naming_model():
-    from workers.vllm_config import VllmConfig
-    from workers.vllm_engine import VllmEngine
+    from workers.engines.vllm.config import VllmConfig
+    from workers.engines.vllm.engine import VllmEngine
 
     generation = VllmEngine(VllmConfig(model=str(vllm_model_dir())))      # not started: no engine needed
     with pytest.raises(UnsupportedRequest) as err:
@@ -173,7 +173,7 @@ async def test_a_generation_worker_refuses_embeddings_naming_model():
 async def test_the_embedding_flag_selects_the_pooling_runner():
     import argparse
 
-    from workers.vllm_config import VllmConfig
+    from workers.engines.vllm.config import VllmConfig
 
     parser = argparse.ArgumentParser()
     VllmConfig.configure(parser)

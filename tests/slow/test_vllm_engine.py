@@ -41,8 +41,8 @@ SLOTS = 16          # small enough that 8 running streams visibly halve the free
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    from workers.vllm_config import VllmConfig
-    from workers.vllm_engine import VllmEngine
+    from workers.engines.vllm.config import VllmConfig
+    from workers.engines.vllm.engine import VllmEngine
 
     config = VllmConfig(
         model=str(vllm_model_dir()), served_model_name="smollm2", max_model_len=2048,
@@ -349,7 +349,7 @@ async def test_extra_top_k_is_honoured(engine) -> None:
 
 
 async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
-    from workers.vllm_openai import build_request
+    from workers.engines.vllm.wire import build_request
 
     request = chat("salted", "Hi", max_tokens=4, priority=3,
                    extra={"cache_salt": "client's", "request_id": "client's", "priority": -9})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.bridge.admission import admit
-from broker.bridge.errors import EdgeError
-from broker.demux import LAG_FRESH_S, DeliveryLag
+from bridge.admission import admit
+from bridge.demux import LAG_FRESH_S, DeliveryLag
+from bridge.errors import EdgeError
 from schemas.errors import ErrorCode
 
 

@@ -1,5 +1,5 @@
 """Stopping a background task never swallows a cancellation of the caller doing the stopping
-(`broker.runtime.tasks.cancel_and_wait`, used by the broker, its intake, the KV watches and the sim
+(`core.tasks.cancel_and_wait`, used by the broker, its intake, the KV watches and the sim
 engine). Only asyncio runs here: no server is needed to cancel a task."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.runtime.tasks import cancel_and_wait, wait_event
-from workers.sim import PROFILES, SimEngine
+from core.tasks import cancel_and_wait, wait_event
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 
 async def test_a_caller_cancelled_while_stopping_still_sees_cancelled_error():
@@ -96,6 +97,6 @@ async def test_wait_event_says_whether_the_event_was_set():
 def test_no_process_waits_with_asyncio_wait_for():
     """Each of its uses was a loop or a stop path that a cancel must end (see wait_event)."""
     root = Path(__file__).resolve().parents[2]
-    users = [str(path.relative_to(root)) for package in ("broker", "workers", "laneway", "schemas")
+    users = [str(path.relative_to(root)) for package in ("schemas", "core", "bridge", "broker", "workers", "laneway")
              for path in (root / package).rglob("*.py") if "wait_for(" in path.read_text()]
     assert users == []

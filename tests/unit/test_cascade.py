@@ -5,22 +5,20 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from broker.policy.cascade import (
+from core.policy.cascade import (
+    CascadeSample,
     CascadeSettings,
     StreamGate,
     Verdict,
-    decide,
-)
-from broker.routing.cascade import (
-    CascadeSample,
     cascade_report,
+    decide,
     format_report,
     pick_threshold,
 )
 from schemas.openai import ChatBody
 from schemas.requests import GenerateRequest
 from schemas.work import Dispatch
-from workers.escalate import stream_gate
+from workers.cascade import stream_gate
 
 S = CascadeSettings(min_mean_logprob=-1.0, window=4)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.circuit import BreakerConfig, BreakerState, CircuitBreaker, Permit
+from workers.engines.openai.circuit import BreakerConfig, BreakerState, CircuitBreaker, Permit
 
 
 class FakeClock:

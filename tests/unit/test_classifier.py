@@ -7,17 +7,9 @@ from collections import Counter
 
 import pytest
 
-from broker.routing import classifier
-from broker.routing.classifier import IntentModel, features, predict, prompt_text
-from broker.routing.train_classifier import (
-    LABELS,
-    data_digest,
-    evaluate,
-    fit,
-    load_examples,
-    split,
-    to_model,
-)
+from core.routing import classifier
+from core.routing.classifier import IntentModel, features, predict, prompt_text
+from core.routing.train_classifier import LABELS, data_digest, evaluate, fit, load_examples, split, to_model
 from schemas.openai import Message
 from schemas.requests import GenerateRequest
 from tests.requests import chat

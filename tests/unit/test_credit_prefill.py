@@ -10,9 +10,10 @@ from schemas.requests import GenerateRequest
 from schemas.work import Dispatch
 from tests.requests import chat
 from workers.config import WorkerConfig
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 from workers.metrics import WorkerMetrics
 from workers.pulling import Puller
-from workers.sim import PROFILES, SimEngine
 
 
 @dataclass

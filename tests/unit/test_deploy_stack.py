@@ -39,7 +39,7 @@ SETTINGS = DEPLOY / "settings.toml"
 PLACEHOLDER_KEY = "lw-demo-key-CHANGE-ME"      # documented in deploy/settings.toml
 ROLES = ("broker", "worker", "bridge")
 PROVISION = ["ops", "provision"]           # the one-shot service's subcommand
-METRICS_PACKAGES = ("broker", "workers", "laneway", "loadtest")
+METRICS_PACKAGES = ("core", "bridge", "broker", "workers", "laneway", "loadtest")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_provisioning_runs_once_before_every_service() -> None:
 
 
 def test_workers_pools_gpus_and_settings_agree() -> None:
-    from broker.config import load_settings
+    from core.settings import load_settings
 
     workers = {name: c for name, c in laneway_services().items() if c[0] == "worker"}
     pools = {flag_value(c, "--pool"): name for name, c in workers.items()}
@@ -250,7 +250,7 @@ _SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_
 
 
 def metrics_classes() -> list[type]:
-    """Every class named `*Metrics` in broker/, workers/, laneway/ and loadtest/ that takes a
+    """Every class named `*Metrics` in the product, laneway/ and loadtest/ that takes a
     `registry` (found in the source text first, so modules without one are never imported)."""
     found = []
     for package in METRICS_PACKAGES:

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from broker.routing.cascade import cascade_report
-from broker.routing.eval_gate import (
+from core.policy.cascade import cascade_report
+from core.routing.eval_gate import (
     Completion,
     EvalUnavailable,
     GoldenItem,
@@ -35,8 +35,8 @@ from broker.routing.eval_gate import (
     score_answer,
     token_f1,
 )
-from broker.routing.rules import RuleSet, decode
-from loadtest import eval_run
+from core.routing.rules import RuleSet, decode
+from laneway import ops_eval
 
 GOLDEN = load_golden()
 HARD = {"reasoning"}
@@ -194,12 +194,12 @@ async def test_evaluator_blocks_a_bad_change(results) -> None:
 
 
 def _args(tmp_path: Path, candidate: RuleSet, baseline: RuleSet, **extra) -> argparse.Namespace:
-    from broker.routing.rules import encode
+    from core.routing.rules import encode
 
     (tmp_path / "candidate.json").write_bytes(encode(candidate))
     (tmp_path / "baseline.json").write_bytes(encode(baseline))
     parser = argparse.ArgumentParser()
-    eval_run.configure(parser)
+    ops_eval.configure(parser)
     argv = ["--rules", str(tmp_path / "candidate.json"), "--baseline", str(tmp_path / "baseline.json")]
     for key, value in extra.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
@@ -210,14 +210,14 @@ async def test_eval_command_prints_side_by_side_and_exits_by_the_gate(tmp_path: 
     save_results(tmp_path / "scores.json", results)
     good = _args(tmp_path, rules({"large": 1}, simple_pools={"small": 1}, escalate="large"), rules({"large": 1}),
                  scores=tmp_path / "scores.json", cascade="small:large")
-    assert await eval_run.run(good) == 0
+    assert await ops_eval.run(good) == 0
     out = capsys.readouterr().out
     assert "candidate" in out and "current" in out and "gate: PASS" in out and "kept off large" in out
     bad = _args(tmp_path, rules({"small": 1}), rules({"large": 1}), scores=tmp_path / "scores.json")
-    assert await eval_run.run(bad) == 3
+    assert await ops_eval.run(bad) == 3
     assert "gate: BLOCKED" in capsys.readouterr().out
     missing = _args(tmp_path, rules({"api": 1}), rules({"large": 1}))
-    assert await eval_run.run(missing) == 2
+    assert await ops_eval.run(missing) == 2
 
 
 async def test_http_runner_pins_pools_through_logical_models() -> None:
@@ -244,7 +244,7 @@ async def test_http_runner_pins_pools_through_logical_models() -> None:
     item = GoldenItem("q", "factual", "Capital of France?", "Paris")
     try:
         async with aiohttp.ClientSession() as session:
-            complete = eval_run.http_completer(session, url, "k", {"large": "pool-large", "small": "pool-small",
+            complete = ops_eval.http_completer(session, url, "k", {"large": "pool-large", "small": "pool-small",
                                                                    "broken": "pool-broken"}, logprobs=True)
             got = await run_pools([item], ["large", "small"], complete)
             with pytest.raises(EvalUnavailable):

@@ -10,10 +10,10 @@ import pytest
 
 from schemas.openai import ChatBody, EmbeddingBody, Message
 from schemas.openai_extra import ACCOUNT_FIELDS, OPENAI_TENANT, VLLM_SAMPLING
-from workers import openai_wire as wire
 from workers.engine import EngineRequest, UnsupportedRequest
-from workers.openai_config import OpenAIUpstreamConfig
-from workers.vllm_openai import _CHAT, refused_extra
+from workers.engines import openai_wire as wire
+from workers.engines.openai.config import OpenAIUpstreamConfig
+from workers.engines.vllm.wire import _CHAT, refused_extra
 
 CHAT = ChatBody(model="m", messages=[Message("user", "hi")])
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from broker.bridge.chat import idempotent_id
-from broker.config import BridgeConfig
+from bridge.chat import idempotent_id
+from bridge.config import BridgeConfig
 
 SECRET = "s" * 64
 

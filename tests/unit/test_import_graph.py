@@ -1,11 +1,16 @@
-"""Imports run one way: schemas ← policy and engines ← I/O loops ← processes ← the `laneway`
-CLI, with `loadtest/` beside, importing the product and never imported by it.
+"""The layout's rules, read from the source with `ast` so nothing is imported: every `import x`
+and `from x import y`, those inside functions and `TYPE_CHECKING` blocks too (a lazy import is
+still a dependency).
 
-Read from the source with `ast`, so nothing is imported: every `import x` and `from x import y`,
-those inside functions and `TYPE_CHECKING` blocks too (a lazy import is still a dependency).
-Modules map to packages: each sub-package and top-level module of `broker/` is one
-(`broker.gate`, `broker.config`, ...), every other top-level folder is one. `pytest -s` prints
-the package dependency list.
+- Ranks: each top-level folder has one, in the order a request meets them. A module imports only
+  its own folder and folders of a lower rank; folders of one rank (the three processes) never
+  import each other.
+- Purity: the policy documents and decisions, the lanes, the sim scheduler and roofline, the
+  breaker and the wire types import only the standard library's pure modules, msgspec, regex and
+  each other: no I/O library, no clock-free code reaching for a socket.
+- One environment registry: `os.environ` and `os.getenv` appear in `core/env.py` alone.
+- No module over 400 lines; no import cycle between packages (each sub-package and top-level
+  module of a folder is one). `pytest -s` prints the package dependency list.
 """
 
 from __future__ import annotations
@@ -17,9 +22,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPS = ("schemas", "broker", "workers", "laneway", "loadtest")
-PRODUCT = ("schemas", "broker", "workers")
-ABOVE_PRODUCT = ("laneway", "loadtest")
+RANK = {
+    "schemas": 0,       # the wire contract
+    "core": 1,          # what every process shares
+    "bridge": 2,        # the HTTP edge process
+    "broker": 2,        # the gate, the lanes, the scheduler
+    "workers": 2,       # the worker loop and its engines
+    "loadtest": 3,      # benchmarks and the planner, over the product
+    "laneway": 4,       # the command line, over everything it can start
+}
+TOPS = tuple(RANK)
+# Pure: a module named here, or inside a package named here.
+PURE = ("schemas", "core.policy", "core.routing.rules", "core.routing.health", "broker.lanes",
+        "broker.pools", "workers.engines.sim.scheduler", "workers.engines.sim.roofline",
+        "workers.engines.openai.circuit")
+PURE_OUTSIDE = {"__future__", "abc", "bisect", "collections", "collections.abc", "dataclasses",
+                "datetime", "enum", "functools", "hashlib", "heapq", "hmac", "ipaddress", "itertools",
+                "math", "numbers", "operator", "re", "string", "time", "typing", "msgspec", "regex"}
+ENV_REGISTRY = "core.env"
+MAX_LINES = 400
 
 # Package cycles that exist today, each as the set of packages in one strongly connected
 # component. This set may only shrink: a new cycle fails, and so does one listed here that is gone.
@@ -39,10 +60,11 @@ def _modules() -> dict[str, tuple[Path, bool]]:
 
 def package_of(module: str) -> str:
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "broker" and len(parts) > 1 else parts[0]
+    return ".".join(parts[:2]) if parts[0] != "schemas" and len(parts) > 1 else parts[0]
 
 
 def _imports(module: str, path: Path, is_pkg: bool, known: dict) -> Iterator[str]:
+    """Every module `module` imports, ours by their dotted names and others' as written."""
     here = module.split(".") if is_pkg else module.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -54,21 +76,56 @@ def _imports(module: str, path: Path, is_pkg: bool, known: dict) -> Iterator[str
             else:
                 target = node.module or ""
             for alias in node.names:
-                sub = f"{target}.{alias.name}"    # `from broker import config` names a module
+                sub = f"{target}.{alias.name}"    # `from core import env` names a module
                 yield sub if sub in known else target
 
 
-def _edges() -> list[tuple[str, str]]:
-    """(importing module, imported module of ours), one per distinct pair."""
+def _all_imports() -> list[tuple[str, str]]:
     known = _modules()
     return sorted({(mod, target) for mod, (path, is_pkg) in known.items()
-                   for target in _imports(mod, path, is_pkg, known)
-                   if target.split(".")[0] in TOPS})
+                   for target in _imports(mod, path, is_pkg, known)})
+
+
+def ours(edges: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(importing module, imported module of ours), one per distinct pair."""
+    return [(src, dst) for src, dst in edges if dst.split(".")[0] in TOPS]
+
+
+def rank_violations(edges: list[tuple[str, str]]) -> list[str]:
+    wrong = []
+    for src, dst in ours(edges):
+        a, b = src.split(".")[0], dst.split(".")[0]
+        if a != b and RANK[b] >= RANK[a]:
+            wrong.append(f"{src} (rank {RANK[a]}) imports {dst} (rank {RANK[b]})")
+    return wrong
+
+
+def _is_pure(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in PURE)
+
+
+def purity_violations(edges: list[tuple[str, str]]) -> list[str]:
+    return [f"{src} is pure but imports {dst}" for src, dst in edges
+            if _is_pure(src) and not (_is_pure(dst) or dst in PURE_OUTSIDE)]
+
+
+def environ_reads(module: str, source: str) -> list[str]:
+    """Where `source` touches the process environment through `os` (`os.environ`, `os.getenv`,
+    `from os import environ`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "unsetenv")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            found.append(f"{module}:{node.lineno} os.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"{module}:{node.lineno} from os import {a.name}" for a in node.names
+                      if a.name in ("environ", "getenv", "putenv", "unsetenv")]
+    return found
 
 
 def dependencies(edges: list[tuple[str, str]]) -> dict[str, set[str]]:
     deps: dict[str, set[str]] = {package_of(m): set() for m in _modules()}
-    for src, dst in edges:
+    for src, dst in ours(edges):
         if package_of(src) != package_of(dst):
             deps[package_of(src)].add(package_of(dst))
     return deps
@@ -118,19 +175,29 @@ def cycles(deps: dict[str, set[str]]) -> set[frozenset[str]]:
 
 @pytest.fixture(scope="module")
 def edges() -> list[tuple[str, str]]:
-    return _edges()
+    return _all_imports()
 
 
-def test_the_product_never_imports_the_cli_or_the_benchmarks(edges) -> None:
-    wrong = [f"{src} imports {dst}" for src, dst in edges
-             if src.split(".")[0] in PRODUCT and dst.split(".")[0] in ABOVE_PRODUCT]
+def test_each_folder_imports_only_folders_of_a_lower_rank(edges) -> None:
+    wrong = rank_violations(edges)
     assert not wrong, "\n".join(wrong)
 
 
-def test_schemas_import_nothing_of_ours(edges) -> None:
-    wrong = [f"{src} imports {dst}" for src, dst in edges
-             if src.split(".")[0] == "schemas" and dst.split(".")[0] != "schemas"]
+def test_pure_modules_import_no_io(edges) -> None:
+    wrong = purity_violations(edges)
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_environment_is_read_in_the_registry_alone() -> None:
+    reads = [hit for mod, (path, _) in _modules().items() if mod != ENV_REGISTRY
+             for hit in environ_reads(mod, path.read_text())]
+    assert not reads, "read these through core/env.py:\n" + "\n".join(reads)
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path, _ in _modules().values()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    assert not long, "\n".join(long)
 
 
 def test_no_cycles_between_packages_but_the_known_ones(edges) -> None:
@@ -148,11 +215,20 @@ def test_no_cycles_between_packages_but_the_known_ones(edges) -> None:
         " ↔ ".join(sorted(c)) for c in gone)
 
 
-def test_the_walk_sees_the_tree(edges) -> None:
+def test_the_checks_see_the_tree_and_catch_a_wrong_import(edges) -> None:
     """Guards the test itself: a walk that found nothing would pass everything above."""
     deps = dependencies(edges)
-    assert {"schemas", "broker.gate", "broker.routing", "broker.runtime", "workers", "laneway",
-            "loadtest"} <= set(deps)
-    assert "broker.routing" in deps["broker.gate"]
-    assert ("broker.demux", "schemas.codec") in edges     # `from schemas import codec`
+    assert {"schemas", "core.policy", "core.routing", "bridge.app", "broker.gate", "broker.app",
+            "workers.engines", "laneway.cli", "loadtest.stack"} <= set(deps)
+    assert "core.routing" in deps["broker.gate"]
+    assert ("bridge.demux", "schemas.codec") in edges     # `from schemas import codec`
+    assert ("broker.lanes", "heapq") in edges             # others' modules, as written
+    # A lower layer importing a higher one, peers importing each other, a pure module's I/O:
+    assert rank_violations([("core.settings", "broker.config")])
+    assert rank_violations([("workers.serve", "broker.gate.pii")])
+    assert rank_violations([("bridge.chat", "laneway.flags")])
+    assert not rank_violations([("laneway.cli", "loadtest.planner"), ("broker.gate.route", "core.routing")])
+    assert purity_violations([("core.policy.quota", "nats.js"), ("broker.lanes", "asyncio")]) == [
+        "core.policy.quota is pure but imports nats.js", "broker.lanes is pure but imports asyncio"]
+    assert environ_reads("x", "import os\nkey = os.environ.get('K')\nfrom os import getenv")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}

@@ -5,12 +5,11 @@ from __future__ import annotations
 import itertools
 
 import msgspec
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.classes import DEFAULT_CLASSES, ClassPolicy
 from broker.lanes import Admit, Item, Lanes, State
+from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
 
 _ids = itertools.count()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import tomllib
 
-from broker.tenants import hash_key
+from core.policy.tenants import hash_key
 from loadtest import scenarios
 from loadtest.fleet import api_key, settings_toml
 from loadtest.http_client import Result

@@ -1,4 +1,4 @@
-"""Which media URLs a vLLM worker lets vLLM fetch (`workers/media_urls.py`): none but data: URLs
+"""Which media URLs a vLLM worker lets vLLM fetch (`workers/engines/vllm/media_urls.py`): none but data: URLs
 by default, and with `--allowed-media-domains` only the hosts named, exactly. Pure: no vLLM."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import argparse
 
 import pytest
 
-from workers.media_urls import (
+from workers.engines.vllm.config import VllmConfig
+from workers.engines.vllm.media_urls import (
     MediaFetchPolicy,
     first_refused_media_url,
     media_url_refusal,
     parse_media_domains,
 )
-from workers.vllm_config import VllmConfig
 
 NONE = MediaFetchPolicy()
 EXAMPLE = MediaFetchPolicy(frozenset({"example.com"}))

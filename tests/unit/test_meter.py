@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.usage.meter import BadPrice, Meter, PoolPrice, PriceBook, parse_price_book, rates
-from broker.usage.metrics import UsageMetrics
+from broker.metrics import UsageMetrics
+from core.metering import BadPrice, Meter, PoolPrice, PriceBook, parse_price_book, rates
 from schemas.usage import Usage
 
 

@@ -12,10 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from broker.runtime.natsd import server_binary
+from core.natsd import server_binary
 from laneway.nats_config import (
-    ROLES, SERVICE_ACCOUNT, TenantLimits, accounts, accounts_block, generate_passwords, render,
-    service_permissions, tenant_permissions, up_auth, user_name,
+    ROLES,
+    SERVICE_ACCOUNT,
+    TenantLimits,
+    accounts,
+    accounts_block,
+    generate_passwords,
+    render,
+    service_permissions,
+    tenant_permissions,
+    up_auth,
+    user_name,
 )
 from schemas.subjects import BadToken, Subjects, service_inbox
 

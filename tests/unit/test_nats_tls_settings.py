@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from broker.runtime.connect import NatsSettings, add_nats_flags, nats_from_args
+from core.connect import NatsSettings
+from laneway.flags import add_nats_flags, nats_from_args, nats_from_env
 
 
 def parsed(*argv: str) -> NatsSettings:
@@ -39,11 +40,11 @@ def ca(tmp_path: Path) -> Path:
 
 def test_the_ca_comes_from_the_environment_or_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LANEWAY_NATS_TLS_CA", raising=False)
-    assert NatsSettings.from_env().tls_ca is None and parsed().tls_ca is None
+    assert nats_from_env().tls_ca is None and parsed().tls_ca is None
     monkeypatch.setenv("LANEWAY_NATS_TLS_CA", "")
-    assert NatsSettings.from_env().tls_ca is None, "an empty variable sets no CA"
+    assert nats_from_env().tls_ca is None, "an empty variable sets no CA"
     monkeypatch.setenv("LANEWAY_NATS_TLS_CA", "/run/laneway/nats/ca.pem")
-    assert NatsSettings.from_env().tls_ca == "/run/laneway/nats/ca.pem"
+    assert nats_from_env().tls_ca == "/run/laneway/nats/ca.pem"
     assert parsed().tls_ca == "/run/laneway/nats/ca.pem"
     assert parsed("--nats-tls-ca", "/elsewhere/ca.pem").tls_ca == "/elsewhere/ca.pem", "the flag wins"
 

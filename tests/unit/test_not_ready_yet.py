@@ -6,7 +6,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from broker.provision import NO_SUITABLE_PEERS, not_ready_yet
+from core.provision import NO_SUITABLE_PEERS, not_ready_yet
 
 
 @pytest.mark.parametrize("exc", [

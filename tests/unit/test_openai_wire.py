@@ -8,8 +8,8 @@ import pytest
 
 from schemas.frames import ToolCallDelta
 from schemas.openai import ChatBody, CompletionBody, Message
-from workers import openai_wire as wire
-from workers.sse import EventSplitter, EventTooLarge
+from workers.engines import openai_wire as wire
+from workers.engines.openai.sse import EventSplitter, EventTooLarge
 
 CHAT = ChatBody(model="client", messages=[Message(role="user", content="hi")], max_tokens=5)
 

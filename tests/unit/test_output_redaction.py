@@ -1,14 +1,14 @@
-"""The worker's redaction of model output (`workers/output_redaction.py`): each text of each choice
+"""The worker's redaction of model output (`workers/pii.py`): each text of each choice
 through a stream redactor of its own, values split across engine outputs caught, what is held
 released at the end, and no token ids passed on."""
 
 from __future__ import annotations
 
-from broker.policy.pii import Action, TenantPiiPolicy, encode
-from broker.policy.pii_stream import STREAM_TYPES, redacts_output
+from core.policy.pii import Action, TenantPiiPolicy, encode
+from core.policy.pii.stream import STREAM_TYPES, redacts_output
 from schemas.frames import ToolCallDelta
 from workers.engine import EngineOutput
-from workers.output_redaction import OutputRedaction
+from workers.pii import OutputRedaction
 
 EMAIL = "maria.garcia@example.com"
 

@@ -8,7 +8,7 @@ import pytest
 
 from broker.gate.pii.plan import plan_for
 from broker.gate.pii.redact import Replacer, apply, mask
-from broker.policy.pii import (
+from core.policy.pii import (
     DEFAULT_ACTIONS,
     DEFAULT_POLICY,
     KNOWN_ENTITIES,
@@ -18,7 +18,7 @@ from broker.policy.pii import (
     encode,
     fingerprint,
 )
-from broker.policy.pii_errors import PiiBlocked, PolicyError
+from core.policy.pii.errors import PiiBlocked, PolicyError
 
 
 def _doc(**fields: object) -> str:

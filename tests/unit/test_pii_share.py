@@ -1,5 +1,5 @@
 """A tenant's bounded share of the PII stage: the pool's processes its jobs hold at once
-(`broker/runtime/share.py`, and the engine that holds a unit per job until the job ends), and
+(`broker/share.py`, and the engine that holds a unit per job until the job ends), and
 the most text of one request the stage analyses.
 
 Before, the analyzer pool was one FIFO queue for everybody: a tenant sending many large prompts
@@ -18,10 +18,10 @@ import pytest
 from broker.gate.pii import PiiGate, PiiTooLarge, PiiUnavailable, TenantPiiPolicy
 from broker.gate.pii.engine import PiiEngine
 from broker.gate.pii.plan import plan_for
-from broker.runtime.share import TenantShare, default_share
 from broker.gate.pipeline import Gate
-from broker.refusal import Refusal
-from broker.tenants import Tenant
+from broker.share import TenantShare, default_share
+from core.policy.refusal import Refusal
+from core.policy.tenants import Tenant
 from schemas.errors import ErrorCode
 from schemas.openai import ChatBody, FunctionDef, Message, Tool
 from schemas.requests import GenerateRequest

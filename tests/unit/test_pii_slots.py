@@ -11,7 +11,7 @@ import pytest
 from broker.gate.pii.edit import edited, edited_extra, split
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.slots import FIELDS, NOT_TEXT, Slot, collect
-from broker.policy.pii import Action
+from core.policy.pii import Action
 from schemas import codec
 from schemas.openai import ChatBody, CompletionBody, EmbeddingBody, Message
 from schemas.openai_extra import NAMED

@@ -13,8 +13,16 @@ import msgspec
 import pytest
 
 from loadtest import planner
-from loadtest.planner_model import (QUANT_BYTES, Gpu, PlanInput, check_input, load_figures,
-                                    plan_fleet, replica_for, search_mix)
+from loadtest.planner_model import (
+    QUANT_BYTES,
+    Gpu,
+    PlanInput,
+    check_input,
+    load_figures,
+    plan_fleet,
+    replica_for,
+    search_mix,
+)
 from loadtest.planner_presets import GPU_PRESETS, SCENARIOS
 from loadtest.planner_report import Report, build_report
 

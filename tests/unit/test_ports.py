@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from broker.runtime import ports
-from broker.runtime.ports import ephemeral_range, free_port
+from core import ports
+from core.ports import ephemeral_range, free_port
 
 
 def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:

@@ -7,11 +7,30 @@ from datetime import datetime, timezone
 import pytest
 
 from broker.gate.quota import GrantLedger
-from broker.policy.quota import (
-    INSUFFICIENT_QUOTA, RATE_LIMITED, BadQuotaPolicy, BudgetDoc, LimitName, QuotaExceeded, QuotaGrant,
-    QuotaPolicy, RateDoc, RateState, SlotsDoc, format_reset, lease_chunk, minute_of, month_of,
-    parse_policy, rate_limit_headers, return_budget, return_rate, seconds_to_month_end, set_slots,
-    take_budget, take_rate,
+from core.policy.quota import (
+    INSUFFICIENT_QUOTA,
+    RATE_LIMITED,
+    BadQuotaPolicy,
+    BudgetDoc,
+    LimitName,
+    QuotaExceeded,
+    QuotaGrant,
+    QuotaPolicy,
+    RateDoc,
+    RateState,
+    SlotsDoc,
+    format_reset,
+    lease_chunk,
+    minute_of,
+    month_of,
+    parse_policy,
+    rate_limit_headers,
+    return_budget,
+    return_rate,
+    seconds_to_month_end,
+    set_slots,
+    take_budget,
+    take_rate,
 )
 
 

@@ -8,9 +8,9 @@ from collections import Counter
 import msgspec
 import pytest
 
-from broker.refusal import Refusal
-from broker.routing.health import HealthBoard
-from broker.routing.rules import (
+from core.policy.refusal import Refusal
+from core.routing.health import HealthBoard
+from core.routing.rules import (
     Features,
     PoolHealth,
     PoolSpec,

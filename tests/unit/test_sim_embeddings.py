@@ -14,10 +14,11 @@ import msgspec
 import pytest
 
 from schemas.openai import ChatBody, EmbeddingBody, Message
-from workers.engine import EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
-from workers.sim import PROFILES, SimEngine, SimProfile
-from workers.sim_embed import NATIVE_DIMENSIONS, vector
 from tests.wait import eventually
+from workers.engine import EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
+from workers.engines.sim.embed import NATIVE_DIMENSIONS, vector
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES, SimProfile
 
 
 def body(input: Any, **fields: Any) -> EmbeddingBody:

@@ -11,7 +11,8 @@ import pytest
 
 from schemas.openai import ChatBody, Message
 from workers.engine import EngineError, EngineOutput, EngineRequest, RequestKey
-from workers.sim import PROFILES, SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
 
 pytestmark = pytest.mark.timeout(60)
 

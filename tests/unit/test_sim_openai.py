@@ -14,10 +14,11 @@ import msgspec
 import pytest
 
 from schemas.openai import ChatBody, CompletionBody
-from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
-from workers.sim import PROFILES, SimEngine
 from tests.wait import eventually
-from workers.sim_schema import SchemaUnsupported, instance
+from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
+from workers.engines.sim.schema import SchemaUnsupported, instance
 
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
@@ -365,7 +366,7 @@ async def test_waiting_requests_are_admitted_by_priority_then_arrival():
 def test_a_schema_the_sim_cannot_or_should_not_expand_is_refused_by_name(schema) -> None:
     import random
 
-    from workers.sim_schema import SchemaUnsupported, instance
+    from workers.engines.sim.schema import SchemaUnsupported, instance
 
     with pytest.raises(SchemaUnsupported):
         instance(schema, random.Random(0))

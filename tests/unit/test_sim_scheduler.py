@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from schemas.openai import CompletionBody
 from workers.engine import EngineRequest
-from workers.sim import PROFILES, SimEngine
-from workers.sim_scheduler import BLOCK, Scheduler, SchedulerConfig, Sequence, Step, block_hashes
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
+from workers.engines.sim.scheduler import BLOCK, Scheduler, SchedulerConfig, Sequence, Step, block_hashes
 
 _arrivals = itertools.count()
 

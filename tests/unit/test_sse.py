@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.sse import DataEvents
+from workers.engines.openai.sse import DataEvents
 
 
 def events(*lines: bytes) -> list[bytes | None]:

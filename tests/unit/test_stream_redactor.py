@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.policy.pii_stream import StreamRedactor
-from broker.policy.pii import Action, CustomPattern, CustomRecognizer, TenantPiiPolicy
+from core.policy.pii import Action, CustomPattern, CustomRecognizer, TenantPiiPolicy
+from core.policy.pii.stream import StreamRedactor
 
 POLICY = TenantPiiPolicy()
 VALUES = {

@@ -10,8 +10,7 @@
 
 from broker.gate.pii.audit import AuditSpan, PiiAudit, decode_audit, encode_audit
 from broker.gate.pii.gate import Finding, PiiDecision, PiiGate, PiiTooLarge
-from broker.policy.pii_stream import StreamRedactor
-from broker.policy.pii import (
+from core.policy.pii import (
     DEFAULT_ACTIONS,
     DEFAULT_POLICY,
     KNOWN_ENTITIES,
@@ -22,7 +21,8 @@ from broker.policy.pii import (
     decode,
     fingerprint,
 )
-from broker.policy.pii_errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable, PolicyError
+from core.policy.pii.errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable, PolicyError
+from core.policy.pii.stream import StreamRedactor
 
 __all__ = [
     "Action", "AuditSpan", "CustomPattern", "CustomRecognizer", "DEFAULT_ACTIONS", "DEFAULT_POLICY",

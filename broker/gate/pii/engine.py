@@ -3,7 +3,7 @@
 Presidio holds the GIL for 5–600 ms per call, so it runs in processes (threads would stall the
 broker's event loop). Long text is cut at line/sentence breaks into pieces balanced across the
 workers, each piece carrying a short lead-in and lead-out so context words and entities at a
-cut are still seen. Each tenant's jobs hold at most its share of the processes (`broker/runtime/share.py`):
+cut are still seen. Each tenant's jobs hold at most its share of the processes (`broker/share.py`):
 a tenant's long text is cut into at most that many jobs, and its next analysis waits for one of
 them to end, so another tenant's job never queues behind a flood. A call that outlives its timeout raises `PiiUnavailable` (the gate fails closed unless the
 tenant says otherwise); a dead worker or a wedged one gets the whole pool replaced.
@@ -25,10 +25,10 @@ from typing import Literal
 
 import broker.gate.pii.worker as worker
 from broker.gate.pii.plan import Hit, Plan, plan_for
-from broker.runtime.share import TenantShare, default_share
 from broker.gate.pii.spacy_model import DEFAULT_MODEL, model_installed
-from broker.policy.pii import Action, TenantPiiPolicy
-from broker.policy.pii_errors import PiiUnavailable
+from broker.share import TenantShare, default_share
+from core.policy.pii import Action, TenantPiiPolicy
+from core.policy.pii.errors import PiiUnavailable
 
 log = logging.getLogger("laneway.gate")
 

@@ -11,7 +11,7 @@ each once however often the request repeats it. The cache holds offsets and scor
 
 Bounds, so that one tenant cannot take the stage from the others: a request whose texts add up
 to more than `max_chars` characters is refused before any of it is analysed (`PiiTooLarge`), and
-each tenant's jobs hold at most its share of the pool's processes (`broker/runtime/share.py`).
+each tenant's jobs hold at most its share of the pool's processes (`broker/share.py`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from broker.gate.pii.engine import PiiEngine
 from broker.gate.pii.plan import Hit, Plan, plan_for
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.slots import Found, Slot, collect
-from broker.policy.pii_stream import StreamRedactor
-from broker.policy.pii import Action, TenantPiiPolicy, fingerprint
-from broker.policy.pii_errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable
+from core.policy.pii import Action, TenantPiiPolicy, fingerprint
+from core.policy.pii.errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable
+from core.policy.pii.stream import StreamRedactor
 from schemas import codec
 from schemas.openai import Body, ChatBody, Message
 from schemas.requests import GenerateRequest

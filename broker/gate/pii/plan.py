@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from broker.policy.pii import (
-    NER_ENTITIES,
-    PATTERN_ENTITIES,
-    CustomRecognizer,
-    TenantPiiPolicy,
-    fingerprint,
-)
+from core.policy.pii import NER_ENTITIES, PATTERN_ENTITIES, CustomRecognizer, TenantPiiPolicy, fingerprint
 
 # A finding inside a worker, relative to the analyzed text: (entity_type, start, end, score).
 Hit = tuple[str, int, int, float]

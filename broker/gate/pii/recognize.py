@@ -26,7 +26,7 @@ from presidio_analyzer.predefined_recognizers import PhoneRecognizer
 from presidio_analyzer.recognizer_registry import RecognizerRegistryProvider
 from spacy.lang.en.stop_words import STOP_WORDS
 
-from broker.policy.pii import PATTERN_FLAGS, CustomRecognizer
+from core.policy.pii import PATTERN_FLAGS, CustomRecognizer
 
 CONTEXT_FACTOR = 0.35          # LemmaContextAwareEnhancer defaults
 CONTEXT_MIN_SCORE = 0.4

@@ -6,7 +6,7 @@ import hashlib
 import hmac
 from collections.abc import Callable, Sequence
 
-from broker.policy.pii import STRENGTH, Action, mask
+from core.policy.pii import STRENGTH, Action, mask
 
 HASH_HEX = 12   # 48 bits of a keyed hash: stable pseudonyms, no collisions at chat scale
 Replace = Callable[[str, str, Action], str]     # (entity type, value, action) -> its replacement

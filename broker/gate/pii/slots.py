@@ -22,8 +22,20 @@ from typing import Any, NamedTuple
 import msgspec
 
 from schemas.codec import MAX_JSON_DEPTH
-from schemas.openai import (ChatBody, CompletionBody, EmbeddingBody, FunctionCall, FunctionDef, JsonSchemaFormat,
-                            Message, NamedFunction, NamedToolChoice, ResponseFormat, Tool, ToolCall)
+from schemas.openai import (
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    FunctionCall,
+    FunctionDef,
+    JsonSchemaFormat,
+    Message,
+    NamedFunction,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+)
 from schemas.openai_extra import NAMED
 
 _encode = msgspec.json.Encoder().encode

@@ -9,7 +9,8 @@ import time
 from collections import OrderedDict
 
 from broker.gate.pii.plan import Hit, Plan
-from broker.runtime.lifetime import die_with_parent
+from core import env
+from core.lifetime import die_with_parent
 
 BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
 
@@ -52,8 +53,7 @@ def init(ner_model: str | None, parent_pid: int) -> None:
     # Set here, in the pool process, not at import (importing this module must change nothing),
     # and before _State imports Presidio: tldextract would fetch the public-suffix list over the
     # network on the first e-mail match; Presidio would give a stuck regex 60 s.
-    os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
-    os.environ.setdefault("REGEX_TIMEOUT_SECONDS", "2")
+    env.library_defaults({"TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": "", "REGEX_TIMEOUT_SECONDS": "2"})
     _state = _State(ner_model)
 
 

@@ -154,7 +154,7 @@ auth Secret like the passwords. A JSON object: ca, crt, key (PEM).
 - name: LANEWAY_LOG_LEVEL
   value: {{ .ctx.Values.logLevel | quote }}
 {{- with .ctx.Values.otel.endpoint }}
-# Spans go over OTLP/HTTP (broker/runtime/tracing.py); the CLI names the service laneway-<command>.
+# Spans go over OTLP/HTTP (core/tracing.py); the CLI names the service laneway-<command>.
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ . | quote }}
 {{- end }}

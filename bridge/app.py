@@ -1,0 +1,237 @@
+"""The bridge process: OpenAI-compatible HTTP in, `GenerateRequest` on JetStream, frames back out.
+
+This module starts and stops the pieces and serves the small routes; `chat.py` serves
+`/v1/chat/completions`, `losses.py` ends streams whose NATS or worker went away, and the shared
+`core.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV. The bridge
+creates no stream or bucket: it waits for provisioning (`core/provision.py`) to have made them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import nats.errors
+from aiohttp import web
+from nats.aio.client import Client
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bridge import openapi
+from bridge.admin import AdminConfig, Evaluator, admin_app
+from bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate, bearer_key, tenant_of
+from bridge.config import BridgeConfig
+from bridge.demux import BufferLimits, Demux
+from bridge.errors import EdgeError, body_timeout
+from bridge.losses import Losses
+from bridge.metrics import BridgeMetrics
+from bridge.readiness import Readiness
+from bridge.responses import Responses, decode_responses
+from bridge.server import HttpServer
+from core.catalogue import Catalogue
+from core.connect import connect
+from core.provision import wait_provisioned
+from core.routing.rules import RuleSet
+from core.routing.store import RuleStore
+from core.settings import Settings
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.openai_out import Model, ModelList
+from schemas.requests import Cancel
+
+log = logging.getLogger("laneway.bridge")
+
+
+class Bridge:
+    def __init__(self, config: BridgeConfig, settings: Settings | None = None,
+                 metrics: BridgeMetrics | None = None, *, admin: AdminConfig | None = None,
+                 evaluator: Evaluator | None = None) -> None:
+        self.config = config
+        self.settings = settings or Settings()
+        self.s = config.nats.subjects
+        self.metrics = metrics or BridgeMetrics()
+        self.edge_id = uuid.uuid4().hex[:12]
+        self.catalogue = Catalogue(on_rules=self._rules_changed)
+        self.admin = admin or AdminConfig()
+        self.evaluator = evaluator
+        self.rule_store: RuleStore | None = None
+        self.readiness = Readiness(config.worker_stale_s)
+        self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
+        self.losses = Losses(self.demux, self.readiness)
+        self.url = ""
+        self._nc: Client | None = None
+        self._server: HttpServer | None = None
+
+    @property
+    def rules(self) -> RuleSet | None:
+        return self.catalogue.rules
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        n = self.config.nats
+        self._nc = await connect(n, f"laneway-bridge-{self.edge_id}",
+                                 on_disconnect=self.losses.nats_lost)
+        js = self._nc.jetstream()
+        await wait_provisioned(js, self.s, "bridge")    # `laneway up` or `laneway ops provision`
+        await self.catalogue.start(js, self.s)
+        self.rule_store = await RuleStore.open(js, self.s)
+        # Subscribe first: frames for a request can never arrive before we listen.
+        await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
+                                 pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
+        await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
+        await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
+        await self._nc.publish(self.s.worker_ping, b"")
+        self.losses.start()
+        self._server = HttpServer(self.build_app(), self.metrics, max_connections=self.config.max_connections,
+                                  header_timeout_s=self.config.header_timeout_s)
+        port = await self._server.start(self.config.host, self.config.port)
+        self.url = f"http://{self.config.host}:{port}"
+        log.info("bridge listening on %s (edge %s)", self.url, self.edge_id)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+        await self.losses.stop()
+        await self.catalogue.stop()
+        if self._nc is not None:
+            await self._nc.close()
+            self._nc = None
+
+    async def __aenter__(self) -> "Bridge":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every configured pool has a ready worker (start-up ordering in tests and `up`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            pools = self.readiness.ready_pools()
+            models = self.catalogue.models
+            if models and all(pools.get(m.pool) for m in models.values()) and self.readiness.brokers():
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"no ready worker for some pool after {timeout}s: {pools}")
+            await self._nc.publish(self.s.worker_ping, b"")
+            await asyncio.sleep(0.1)
+
+    def _rules_changed(self, rules: RuleSet | None) -> None:
+        self.metrics.eval_quality.clear()
+        quality = rules.gate.candidate_quality if rules is not None and rules.gate else None
+        if quality is not None:
+            self.metrics.eval_quality.labels(str(rules.version)).set(quality)
+
+    def model_names(self) -> list[str]:
+        return sorted(self.catalogue.model_names())
+
+    async def _cancel(self, tenant: str, request_id: str) -> None:
+        """While NATS is away nats-py buffers the cancel and sends it on reconnect."""
+        if self._nc is None or self._nc.is_closed:
+            return
+        try:
+            await self._nc.publish(self.s.cancel(tenant, request_id),
+                                   codec.encode(Cancel(request_id=request_id, tenant=tenant)))
+        except nats.errors.Error as exc:    # the reconnect buffer full, the connection closing
+            log.warning("cancel for %s dropped: %s", request_id, type(exc).__name__)
+
+    # -- the app --------------------------------------------------------------------------
+    def build_app(self) -> web.Application:
+        shared = (self._nc, self.edge_id, self.config, self.settings, self.catalogue, self.readiness,
+                  self.demux, self.metrics, self._cancel)
+        chat = Generations(codec.decode_chat_request, *shared)
+        completions = Generations(codec.decode_completion_request, *shared)
+        responses = Responses(decode_responses, *shared)
+        embeddings = Generations(codec.decode_embedding_request, *shared)
+        app = web.Application(client_max_size=self.config.max_body_bytes,
+                              middlewares=[self._errors_middleware, self._read_body])
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_post("/v1/responses", responses)
+        app.router.add_post("/v1/embeddings", embeddings)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{model:.+}", self.get_model)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_get("/openapi.json", self.openapi_spec)
+        app.add_subapp("/v1/admin", admin_app(self.rule_store, self.evaluator, self.admin))
+        return app
+
+    @web.middleware
+    async def _errors_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        response = await self._answer_or_error(request, handler)
+        if not response.prepared and REQUEST_ID_HEADER not in response.headers:
+            # Every answer carries one; the generation routes set theirs before streaming.
+            response.headers[REQUEST_ID_HEADER] = answer_id(request, uuid.uuid4().hex)
+        return response
+
+    async def _answer_or_error(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except EdgeError as exc:
+            self.metrics.rejected.labels(exc.code.value if exc.code else str(exc.status)).inc()
+            return exc.response()
+        except web.HTTPException as exc:  # aiohttp's own: 404 route, 405 method, 413 body size
+            if exc.status < 400:
+                raise
+            code = ErrorCode.payload_too_large if exc.status == 413 else ErrorCode.invalid_request
+            err = EdgeError(code, exc.reason or "request refused", status=exc.status,
+                            code_name="not_found" if exc.status == 404 else None)
+            return err.response()
+
+    @web.middleware
+    async def _read_body(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every body is read whole within --body-timeout before a handler (admin's too) sees it: a
+        client trickling its body holds a connection no longer than that. Only a caller with a
+        valid key gets its body read: an anonymous one is answered 401 (by the handler, which
+        authenticates first) without a byte of its body held."""
+        if request.body_exists and self._known_key(request):
+            try:
+                async with asyncio.timeout(self.config.body_timeout_s):
+                    await request.read()    # kept by aiohttp: the handler's read() returns it
+            except TimeoutError:
+                raise body_timeout(self.config.body_timeout_s) from None
+        return await handler(request)
+
+    def _known_key(self, request: web.Request) -> bool:
+        """The bearer key is a tenant's, or an admin's on the admin API: from the headers alone."""
+        if request.path.startswith("/v1/admin/"):
+            return (key := bearer_key(request)) != "" and self.admin.authenticate(key) is not None
+        return tenant_of(request, self.catalogue.tenants) is not None
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        pools = self.readiness.ready_pools()
+        wanted = sorted({m.pool for m in self.catalogue.models.values()})
+        status = {pool: pools.get(pool, 0) for pool in wanted}
+        brokers = self.readiness.brokers()
+        ready = (bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status)
+                 and brokers > 0)
+        return web.json_response({"ready": ready, "nats": bool(self._nc and self._nc.is_connected),
+                                  "brokers": brokers, "pools": status, "pii": self.readiness.pii_stages()},
+                                 status=200 if ready else 503)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def openapi_spec(self, request: web.Request) -> web.Response:
+        return web.Response(body=openapi.spec(tuple(self.model_names())), content_type="application/json")
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        authenticate(request, self.catalogue.tenants)
+        data = [Model(id=name, created=0) for name in self.model_names()]
+        return web.Response(body=codec.encode_json(ModelList(data)), content_type="application/json")
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        authenticate(request, self.catalogue.tenants)
+        name = request.match_info["model"]
+        if name not in self.model_names():
+            raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
+        return web.Response(body=codec.encode_json(Model(id=name, created=0)), content_type="application/json")

@@ -1,0 +1,48 @@
+"""The bridge process's configuration, built by `laneway bridge` (and `laneway up`) from its flags."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from bridge.demux import STREAM_BUFFER_BYTES, TENANT_BUFFER_BYTES
+from core.connect import NatsSettings
+from core.settings import DEFAULT_CONTEXT_TOKENS
+
+MIN_SECRET_CHARS = 32      # the bridge's idempotency secret: 128 bits as hex, at the least
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    nats: NatsSettings = field(default_factory=NatsSettings)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 4 * 1024 * 1024
+    worker_stale_s: float = 15.0        # a worker silent this long no longer counts as ready
+    header_timeout_s: float = 30.0      # a connection without a whole request head this long is closed
+    body_timeout_s: float = 60.0        # a body not read whole by then gets 408
+    max_connections: int = 10_000       # open connections at most; past it, 503 and closed
+    max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
+    max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
+    # One tenant's share of this bridge (0: no cap): open streams, then bytes its slow readers may
+    # hold (bridge/demux.py), and how long one SSE write may wait on a client that does not read.
+    tenant_max_streams: int = 5_000     # the reference's whole concurrency; past it, 429 before storing
+    stream_buffer_bytes: int = STREAM_BUFFER_BYTES
+    tenant_buffer_bytes: int = TENANT_BUFFER_BYTES
+    write_timeout_s: float = 30.0
+    max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
+    # A PubAck later than this: the request is published again under the same Nats-Msg-Id (JetStream
+    # stores it once), up to `publish_tries` times, before the client gets 503. The tries must fit
+    # in the request stream's duplicate window (120 s), or a late try could be stored again.
+    publish_timeout_s: float = 5.0
+    publish_tries: int = 3
+    # The HMAC key of Idempotency-Key → request id (bridge/chat.py), the same on every
+    # replica so that a retry to another maps to the same id. `laneway bridge` requires it; a
+    # bridge built in-process (tests, benchmarks) gets a random one, never a known constant.
+    idempotency_secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.publish_tries < 1 or self.publish_timeout_s <= 0:
+            raise ValueError("the bridge publishes a request at least once, with a timeout above 0")
+        if len(self.idempotency_secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"the idempotency secret must be at least {MIN_SECRET_CHARS} characters")

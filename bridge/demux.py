@@ -1,0 +1,262 @@
+"""One subscription per bridge instance, demultiplexed into per-request streams.
+
+Entries are checked here so the routes only see a clean, ordered stream:
+- an entry from an older delivery attempt than the newest seen is dropped (stale);
+- a newer attempt after tokens already reached the client cannot be spliced into what the
+  client saw, so the stream ends with `worker_lost` (the promise: never a silent truncation);
+- a gap in `seq` (a lost frame) ends the stream with an error rather than skipping text.
+
+What a slow reader may hold is bounded: a stream whose client does not read lets entries pile up
+here, so past `BufferLimits.stream_bytes` buffered, or when its tenant's streams together pass
+`BufferLimits.tenant_bytes`, the stream (the tenant's largest) ends with `slow_reader` and its
+buffer is dropped. One tenant's stalled clients cannot fill the bridge's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+
+from bridge.metrics import BridgeMetrics
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.frames import Delta, Entry, StreamError, Terminal
+
+# Past its deadline a worker aborts the request; this grace covers its error frame's way back.
+REPLY_GRACE_S = 5.0
+LAG_WEIGHT = 0.1      # each frame's share of the smoothed lag: one late frame is not a trend
+LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says nothing about now
+STREAM_BUFFER_BYTES = 1024 * 1024     # ~250k tokens of text waiting: only a reader that stopped
+TENANT_BUFFER_BYTES = 32 * 1024 * 1024
+
+
+class DeliveryLag:
+    """Frame lag, smoothed over frames (an exponentially weighted mean); times are monotonic."""
+
+    __slots__ = ("smoothed_s", "_at")
+
+    def __init__(self) -> None:
+        self.smoothed_s = 0.0
+        self._at = float("-inf")
+
+    def observe(self, lag_s: float, now: float) -> None:
+        if now - self._at > LAG_FRESH_S:
+            self.smoothed_s = lag_s
+        else:
+            self.smoothed_s += LAG_WEIGHT * (lag_s - self.smoothed_s)
+        self._at = now
+
+    def current(self, now: float) -> float:
+        """The smoothed lag; 0 when no frame arrived lately (nothing is waiting on delivery)."""
+        return self.smoothed_s if now - self._at <= LAG_FRESH_S else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BufferLimits:
+    """Bytes of frames waiting for a client's reader: per stream, and over one tenant's streams."""
+
+    stream_bytes: int = STREAM_BUFFER_BYTES
+    tenant_bytes: int = TENANT_BUFFER_BYTES
+
+
+class TenantShare:
+    """What one tenant holds at this edge: its open streams and the bytes they buffer."""
+
+    __slots__ = ("streams", "buffered", "on_overflow")
+
+    def __init__(self, on_overflow: Callable[[str], None] = lambda reason: None) -> None:
+        self.streams: set[ResponseStream] = set()
+        self.buffered = 0
+        self.on_overflow = on_overflow      # told "stream" or "tenant": which limit ended a stream
+
+
+class ResponseStream:
+    __slots__ = ("request_id", "tenant", "attempt", "next_seq", "streamed", "closed", "_buffer",
+                 "_waiter", "source", "edge_failed", "expired", "_timer", "_share", "_limits", "buffered",
+                 "__weakref__")
+
+    def __init__(self, request_id: str, tenant: str, expires_at: float, share: TenantShare | None = None,
+                 limits: BufferLimits = BufferLimits()) -> None:
+        self.request_id = request_id
+        self.tenant = tenant
+        self.attempt = 0
+        self.next_seq = 0
+        self.streamed = False        # a delta has been handed to the route
+        self.closed = False          # a terminal entry has been queued
+        self.source = ""             # the worker serving the current attempt
+        self.edge_failed = False     # ended here, not by its worker: the request may still run
+        self._buffer: deque[Entry] = deque()
+        self.buffered = 0            # bytes of frames in `_buffer`, as they came off the wire
+        self._share = share or TenantShare()
+        self._limits = limits
+        self._waiter: asyncio.Future[None] | None = None
+        # One timer per stream for its whole life, not a `wait_for` per wait: at thousands of
+        # open streams a timer handle per token is a measurable share of the bridge's CPU.
+        self.expired = False
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expire)
+
+    def feed(self, entry: Entry, source: str, size: int = 0) -> bool:
+        """Queue an entry of `size` bytes; False if it was dropped as stale or after the end."""
+        if self.closed or entry.attempt < self.attempt:
+            return False
+        if entry.attempt > self.attempt:
+            if self.streamed:
+                self.edge_failed = True
+                entry = StreamError(self.request_id, entry.attempt, 0, ErrorCode.worker_lost.value,
+                                    "the worker serving this request was lost after the stream started")
+            self.attempt = entry.attempt
+            self.next_seq = 0
+        if entry.seq != self.next_seq and not isinstance(entry, StreamError):
+            # Frames were lost on the way (a worker's failed publish, a slow-consumer drop): a
+            # delivery failure, worth a retry, not a fault in Laneway's code.
+            self.edge_failed = True
+            entry = StreamError(self.request_id, entry.attempt, entry.seq, ErrorCode.unavailable.value,
+                                f"lost part of the stream (expected chunk {self.next_seq}, got {entry.seq})")
+        self.next_seq = entry.seq + 1
+        self.source = source
+        if isinstance(entry, Delta):
+            self.streamed = True
+        elif isinstance(entry, Terminal):
+            self.closed = True
+        self._buffer.append(entry)
+        self._hold(size)
+        if self.buffered > self._limits.stream_bytes:
+            self.overflow("stream")
+        elif self._share.buffered > self._limits.tenant_bytes:
+            max(self._share.streams, key=lambda s: s.buffered, default=self).overflow("tenant")
+        self._wake()
+        return True
+
+    def _hold(self, size: int) -> None:
+        self.buffered += size
+        self._share.buffered += size
+
+    def overflow(self, limit: str) -> None:
+        """The client is not reading: drop what waits for it and end the stream (its route cancels
+        the generation). The text already written stays written; the error says why it stops."""
+        self._hold(-self.buffered)
+        self._buffer.clear()
+        self._buffer.append(StreamError(
+            self.request_id, self.attempt, self.next_seq, ErrorCode.slow_reader.value,
+            f"the client did not read the stream: over {self._limits.stream_bytes} bytes waited for it"
+            if limit == "stream" else
+            f"the client did not read the stream: this tenant's streams held over "
+            f"{self._limits.tenant_bytes} bytes at this edge"))
+        self.closed = self.edge_failed = True
+        self._share.on_overflow(limit)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._wake()
+
+    def fail(self, code: ErrorCode, message: str) -> None:
+        """End the stream from the edge's side (e.g. its worker stopped heartbeating)."""
+        if not self.closed:
+            self.edge_failed = True
+            self.feed(StreamError(self.request_id, self.attempt, self.next_seq, code.value, message),
+                      self.source)
+
+    async def next_entries(self) -> list[Entry]:
+        """Everything queued so far (at least one entry); TimeoutError once `expires_at` passed."""
+        if not self._buffer:
+            if self.expired:
+                raise TimeoutError
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+            if not self._buffer:
+                raise TimeoutError
+        entries = list(self._buffer)
+        self._buffer.clear()
+        self._hold(-self.buffered)
+        return entries
+
+    def release(self) -> None:
+        """Stop counting this stream against its tenant (its route is done with it)."""
+        self._timer.cancel()
+        self._hold(-self.buffered)
+        self._share.streams.discard(self)
+
+
+class Demux:
+    def __init__(self, metrics: BridgeMetrics | None = None, limits: BufferLimits = BufferLimits()) -> None:
+        self._streams: dict[str, ResponseStream] = {}
+        self._tenants: dict[str, TenantShare] = {}
+        self._metrics = metrics or BridgeMetrics()
+        self._limits = limits
+        self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
+
+    def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
+        """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
+        share = self._tenants.get(tenant)
+        if share is None:
+            share = self._tenants[tenant] = TenantShare(self._slow_reader)
+        stream = ResponseStream(request_id, tenant, expires_at, share, self._limits)
+        share.streams.add(stream)
+        self._streams[request_id] = stream
+        self._metrics.open_streams.set(len(self._streams))
+        return stream
+
+    def close(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.release()
+            share = self._tenants.get(stream.tenant)
+            if share is not None and not share.streams:
+                del self._tenants[stream.tenant]
+        self._metrics.open_streams.set(len(self._streams))
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def _slow_reader(self, limit: str) -> None:
+        self._metrics.slow_readers.labels(limit).inc()
+
+    def held_by(self, tenant: str) -> int:
+        """Open streams of one tenant at this edge."""
+        share = self._tenants.get(tenant)
+        return len(share.streams) if share else 0
+
+    def buffered_by(self, tenant: str) -> int:
+        share = self._tenants.get(tenant)
+        return share.buffered if share else 0
+
+    def streams(self) -> list[ResponseStream]:
+        return list(self._streams.values())
+
+    def fail_all(self, code: ErrorCode, message: str) -> int:
+        """End every open stream from the edge's side; how many were still open."""
+        failed = [s for s in self._streams.values() if not s.closed]
+        for stream in failed:
+            stream.fail(code, message)
+        return len(failed)
+
+    async def on_frame(self, msg: Msg) -> None:
+        try:
+            frame = codec.decode_frame(msg.data)
+        except codec.DecodeError:
+            return
+        self._metrics.frames.inc()
+        if frame.sent_at:
+            lag = max(0.0, time.time() - frame.sent_at)
+            self._metrics.frame_lag.observe(lag)
+            self.lag.observe(lag, time.monotonic())
+        # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
+        tenant = msg.subject.split(".")[-2]
+        streams = self._streams
+        size = len(msg.data) // max(1, len(frame.entries))    # each entry's share of the frame's bytes
+        for entry in frame.entries:
+            stream = streams.get(entry.request_id)
+            if stream is None or stream.tenant != tenant or not stream.feed(entry, frame.source, size):
+                self._metrics.stale_entries.inc()

@@ -1,0 +1,35 @@
+"""The bridge's Prometheus metrics (labels bounded: see `core/metrics.py`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from core.metrics import LATENCY_BUCKETS
+
+
+class BridgeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("laneway_http_requests_total", "Chat completion requests by outcome",
+                                ["class", "status"], registry=r)
+        self.ttft = Histogram("laneway_ttft_seconds", "Time to first token as the client sees it",
+                              ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("laneway_request_seconds", "End-to-end request time", ["class"],
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("laneway_output_tokens_total", "Tokens streamed to clients", ["class"], registry=r)
+        self.rejected = Counter("laneway_edge_rejected_total", "Requests refused at the edge", ["reason"], registry=r)
+        self.publish_retries = Counter("laneway_publish_retries_total",
+                                       "Publishes of a request repeated after a PubAck timed out", registry=r)
+        self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)
+        self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
+        self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",
+                                   buckets=LATENCY_BUCKETS, registry=r)
+        self.eval_quality = Gauge("laneway_eval_quality", "Golden-set quality of the live routing rules (0-100)",
+                                  ["ruleset_version"], registry=r)
+        self.stale_entries = Counter("laneway_stale_entries_total",
+                                     "Frame entries dropped (stale attempt or unknown request)", registry=r)
+        self.slow_readers = Counter("laneway_slow_readers_total",
+                                    "Streams ended because their client stopped reading, by the limit "
+                                    "that ended them (stream, tenant buffered bytes, write timeout)",
+                                    ["limit"], registry=r)

@@ -1,0 +1,73 @@
+"""The bridge's OpenAPI document, generated from the same msgspec types that parse requests."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import msgspec
+
+from schemas.openai import ChatBody, CompletionBody, EmbeddingBody
+from schemas.openai_out import ChatCompletion, ErrorResponse, Model, ModelList, TextCompletion
+from schemas.responses import ResponsesBody
+
+
+def _post(operation: str, request: dict, answer: dict, errors: dict, security: list) -> dict:
+    return {"post": {
+        "operationId": operation, "security": security,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {"200": {"description": "an answer, or an SSE stream when stream=true",
+                              "content": {"application/json": {"schema": answer},
+                                          "text/event-stream": {"schema": {"type": "string"}}}},
+                      **errors},
+    }}
+
+
+def _spec(model_names: tuple[str, ...]) -> dict:
+    (chat, completion, text, text_completion, embed, responses, models, model, error), components = \
+        msgspec.json.schema_components(
+            [ChatBody, ChatCompletion, CompletionBody, TextCompletion, EmbeddingBody, ResponsesBody,
+             ModelList, Model, ErrorResponse],
+            ref_template="#/components/schemas/{name}")
+    # Answers Laneway writes from byte templates; their shape is OpenAI's (see the README).
+    answer = {"type": "object"}
+    if model_names:  # the live logical models, so generated requests can name a real one
+        for body in ("ChatBody", "CompletionBody", "EmbeddingBody", "ResponsesBody"):
+            components[body]["properties"]["model"]["enum"] = list(model_names)
+    errors = {str(status): {"description": text, "content": {"application/json": {"schema": error}}}
+              for status, text in [(400, "invalid request"), (401, "missing or wrong API key"),
+                                   (403, "class not allowed"), (404, "unknown model"),
+                                   (413, "request too large"), (429, "backlog full"),
+                                   (503, "no worker or overloaded"), (504, "deadline exceeded")]}
+    security = [{"bearer": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Laneway", "version": "0.1.0",
+                 "description": "OpenAI-compatible chat and text completions served through Laneway."},
+        "paths": {
+            "/v1/chat/completions": _post("createChatCompletion", chat, completion, errors, security),
+            "/v1/completions": _post("createCompletion", text, text_completion, errors, security),
+            "/v1/embeddings": _post("createEmbedding", embed, answer, errors, security),
+            "/v1/responses": _post("createResponse", responses, answer, errors, security),
+            "/v1/models": {"get": {
+                "operationId": "listModels", "security": security,
+                "responses": {"200": {"description": "logical models",
+                                      "content": {"application/json": {"schema": models}}},
+                              "401": errors["401"]},
+            }},
+            "/v1/models/{model}": {"get": {
+                "operationId": "retrieveModel", "security": security,
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "a logical model",
+                                      "content": {"application/json": {"schema": model}}},
+                              "401": errors["401"], "404": errors["404"]},
+            }},
+            "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
+        },
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
+
+
+@lru_cache(maxsize=8)
+def spec(models: tuple[str, ...]) -> bytes:
+    return msgspec.json.encode(_spec(models))

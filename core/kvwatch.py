@@ -1,0 +1,78 @@
+"""Live configuration: watch a KV bucket and apply each change as it lands, without a restart.
+
+A document that fails validation is logged and skipped: the last good value stays in force, so
+a typo by an operator can never take the broker down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE
+
+from core.tasks import cancel_and_wait
+
+log = logging.getLogger("laneway.config")
+
+
+class BucketWatch:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        on_put: Callable[[str, bytes], None],
+        on_delete: Callable[[str], None],
+    ) -> None:
+        self._js = js
+        self._bucket = bucket
+        self._on_put = on_put
+        self._on_delete = on_delete
+        self._task: asyncio.Task[None] | None = None
+        self.loaded = asyncio.Event()   # set once the current values have all been applied
+
+    async def start(self, wait_s: float = 60.0) -> None:
+        """`wait_s`: how long to wait for the bucket to exist (provisioning creates it;
+        a worker or bridge may start first)."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                kv = await self._js.key_value(self._bucket)
+                break
+            except BucketNotFoundError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
+        watcher = await kv.watchall()
+        self._task = asyncio.create_task(self._run(watcher), name=f"watch-{self._bucket}")
+        async with asyncio.timeout(10):
+            await self.loaded.wait()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def _run(self, watcher) -> None:
+        try:
+            async for entry in watcher:
+                if entry is None:             # end of the initial values
+                    self.loaded.set()
+                    continue
+                try:
+                    if entry.operation in (KV_DEL, KV_PURGE):
+                        self._on_delete(entry.key)
+                    else:
+                        self._on_put(entry.key, entry.value)
+                except ValueError as exc:
+                    log.error("ignored invalid %s/%s: %s", self._bucket, entry.key, exc)
+                if entry.delta == 0:
+                    self.loaded.set()
+        finally:
+            try:
+                await watcher.stop()
+            except nats.errors.Error:   # connection closed or draining: the watch is gone anyway
+                pass

@@ -1,0 +1,137 @@
+"""Streams, the broker's durable consumer and KV buckets, created idempotently.
+
+Provisioning (`core/provision.py`: `laneway up`, `laneway ops provision`) calls
+`ensure_topology`; creating what exists is a no-op, and a changed limit is applied with an update
+(JetStream allows raising/lowering limits in place). The services only open what it made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from core.policy import classes as class_docs
+from core.policy import tenants as tenant_docs
+from core.policy.classes import DEFAULT_CLASSES
+from core.policy.tenants import Tenant
+from schemas.subjects import Subjects
+
+BUCKETS = ("classes", "tenants", "routing")
+NO_STORAGE = 10047      # JetStream: "insufficient storage resources available"
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """LW_REQ limits. The per-subject cap is the per-(class, tenant) backlog: publishes beyond
+    it are refused by JetStream itself (discard-new per subject), which the edge turns into 429."""
+
+    max_age_s: float = 3600.0
+    dedup_window_s: float = 120.0
+    max_msgs_per_subject: int = 2048
+    max_msgs: int = 1_000_000
+    max_bytes: int = 4 * 1024**3
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    max_ack_pending: int = 50_000
+    replicas: int = 1
+    # LW_DLQ keeps a dead letter this long: long enough to look into a failure, short enough that
+    # what a record holds (redacted when the PII stage is on) does not pile up.
+    dlq_max_age_s: float = 7 * 86400.0
+
+
+class StorageRefused(RuntimeError):
+    """JetStream could not reserve a stream's storage: it reserves each stream's `max_bytes` at
+    creation against its file-storage limit, by default 75% of the disk's free space at start."""
+
+    def __init__(self, stream: str, max_bytes: int | None) -> None:
+        asked = (f"it could not reserve max_bytes={max_bytes / 1024**3:.2f} GiB of file storage"
+                 if max_bytes and max_bytes > 0 else "no file storage was left for it")
+        super().__init__(
+            f"JetStream refused stream {stream}: {asked}. Free disk space where nats-server stores "
+            "its data, raise its jetstream max_file_store, or lower --max-stream-gib (the request "
+            "stream's reservation)")
+        self.stream, self.max_bytes = stream, max_bytes
+
+
+def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
+    return StreamConfig(
+        name=s.req_stream,
+        subjects=s.req_stream_subjects,
+        retention=RetentionPolicy.WORK_QUEUE,   # a message lives until acked or terminated
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,              # a full stream refuses new work: nothing accepted is dropped
+        discard_new_per_subject=True,
+        max_msgs_per_subject=limits.max_msgs_per_subject,
+        max_msgs=limits.max_msgs,
+        max_bytes=limits.max_bytes,
+        max_age=limits.max_age_s,
+        duplicate_window=limits.dedup_window_s,
+        num_replicas=limits.replicas,
+    )
+
+
+def broker_consumer(s: Subjects, limits: StreamLimits) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=s.broker_durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=limits.ack_wait_s,
+        max_deliver=limits.max_deliver,
+        max_ack_pending=limits.max_ack_pending,
+        max_waiting=64,
+        filter_subjects=s.req_stream_subjects,
+    )
+
+
+def _log_stream(s: Subjects, name: str, subject: str, limits: StreamLimits, max_age: float) -> StreamConfig:
+    return StreamConfig(name=name, subjects=[subject], retention=RetentionPolicy.LIMITS,
+                        storage=StorageType.FILE, max_age=max_age, num_replicas=limits.replicas)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:
+            # "stream name already in use with a different configuration": apply the new limits.
+            if exc.err_code != 10058:
+                raise
+            await js.update_stream(config)
+    except nats.js.errors.ServerError as exc:
+        if exc.err_code != NO_STORAGE:
+            raise
+        raise StorageRefused(config.name, config.max_bytes) from None
+
+
+async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:
+    await _ensure_stream(js, request_stream(s, limits))
+    await _ensure_stream(js, _log_stream(s, s.usage_stream, s.usage_all, limits, 90 * 86400))
+    await _ensure_stream(js, _log_stream(s, s.dlq_stream, s.dlq_all, limits, limits.dlq_max_age_s))
+    await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
+    await js.add_consumer(s.req_stream, broker_consumer(s, limits))
+    for name in BUCKETS:
+        await js.create_key_value(KeyValueConfig(
+            bucket=s.bucket(name), history=16 if name == "routing" else 5,
+            storage=StorageType.FILE, replicas=limits.replicas))
+    classes = await js.key_value(s.bucket("classes"))
+    for policy in DEFAULT_CLASSES:
+        try:
+            await classes.create(policy.name, class_docs.encode(policy))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass  # an operator's value wins over the defaults
+
+
+async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) -> None:
+    kv = await js.key_value(s.bucket("tenants"))
+    for tenant in tenants:
+        await kv.put(tenant.name, tenant_docs.encode(tenant))

@@ -1,0 +1,199 @@
+"""`laneway usage`: one tenant's metered usage from `LW_USAGE`, as a table or CSV.
+
+  laneway usage --tenant acme --since 2026-11-01 [--until 2026-12-01] [--csv] [--group-by day]
+
+Reads with an ordered, ephemeral consumer filtered to `lw.usage.<tenant>`, starting at the
+stream time `--since` (less a minute of clock-skew slack: a record's `finished_at` is the
+worker's clock, its stream time the server's) and stopping once nothing is pending. Records are
+then kept by `finished_at` in [since, until). Times are UTC unless they name a zone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import sys
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TextIO
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from core.connect import NatsSettings, connect_once
+from laneway.flags import nats_from_env
+from schemas import codec
+from schemas.subjects import Subjects, check_token
+from schemas.usage import Usage
+
+GROUPS = ("model", "served_model", "pool", "class", "day")
+COLUMNS = ("requests", "cached", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd")
+SKEW = timedelta(seconds=60)
+
+
+def parse_time(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date or date-time") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = "A tenant's metered usage (tokens, cost) from the LW_USAGE stream."
+    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--since", required=True, type=parse_time, help="ISO date or date-time (UTC default)")
+    parser.add_argument("--until", type=parse_time, help="exclusive end (default: now)")
+    parser.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
+    parser.add_argument("--group-by", choices=GROUPS, default="model")
+    parser.add_argument("--idle-timeout", type=float, default=5.0, help=argparse.SUPPRESS)
+
+
+# -- reading --------------------------------------------------------------------------------
+async def read_usage(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
+                     until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage]:
+    """Every `Usage` of `tenant` that finished in [since, until), in stream order, up to the
+    tenant's last record when the read began (a snapshot: later records are not waited for)."""
+    check_token("tenant", tenant)
+    lo, hi = since.timestamp(), until.timestamp() if until else float("inf")
+    subject = s.usage(tenant)
+    try:
+        last = await js.get_last_msg(s.usage_stream, subject)
+    except nats.js.errors.NotFoundError:
+        return
+    if last.time is not None and last.time < since - SKEW:
+        return
+    sub = await js.subscribe(subject, stream=s.usage_stream, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.BY_START_TIME,
+                             config=ConsumerConfig(opt_start_time=since - SKEW))
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_timeout)
+            except nats.errors.TimeoutError:
+                print("laneway usage: the stream went quiet before the end; output may be partial",
+                      file=sys.stderr)
+                return
+            try:
+                usage = codec.decode_usage(msg.data)
+            except codec.DecodeError:
+                usage = None        # a record we cannot read is skipped, not fatal
+            if usage is not None and lo <= usage.finished_at < hi:
+                yield usage
+            meta = msg.metadata
+            if meta.sequence.stream >= last.seq or meta.timestamp.timestamp() > hi + SKEW.total_seconds():
+                return
+    finally:
+        await sub.unsubscribe()
+
+
+# -- summing (pure) -------------------------------------------------------------------------
+@dataclass(slots=True)
+class Row:
+    group: str
+    requests: int = 0
+    cached: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add(self, u: Usage) -> None:
+        self.requests += 1
+        self.cached += int(u.cached)
+        self.prompt_tokens += u.prompt_tokens
+        self.completion_tokens += u.completion_tokens
+        self.cost_usd += u.cost_usd
+
+
+def group_of(u: Usage, group_by: str) -> str:
+    if group_by == "day":
+        return datetime.fromtimestamp(u.finished_at, timezone.utc).date().isoformat()
+    return {"model": u.model, "served_model": u.served_model, "pool": u.pool, "class": u.klass}[group_by]
+
+
+def summarize(records: Iterable[Usage], group_by: str) -> tuple[list[Row], Row]:
+    """Rows sorted by group, and the total."""
+    rows: dict[str, Row] = {}
+    total = Row("total")
+    for u in records:
+        key = group_of(u, group_by)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = Row(key)
+        row.add(u)
+        total.add(u)
+    return [rows[k] for k in sorted(rows)], total
+
+
+def _cells(row: Row) -> list[str]:
+    return [row.group, str(row.requests), str(row.cached), str(row.prompt_tokens),
+            str(row.completion_tokens), str(row.total_tokens), f"{row.cost_usd:.6f}"]
+
+
+def write_csv(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None:
+    writer = csv.writer(out)
+    writer.writerow([group_by, *COLUMNS])
+    for row in [*rows, total]:
+        writer.writerow(_cells(row))
+
+
+def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None:
+    table = [[group_by, *COLUMNS], *(_cells(r) for r in rows), _cells(total)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out.write(line(table[0]) + "\n" + "  ".join("-" * w for w in widths) + "\n")
+    for cells in table[1:-1]:
+        out.write(line(cells) + "\n")
+    out.write("  ".join("-" * w for w in widths) + "\n" + line(table[-1]) + "\n")
+
+
+# -- the command ----------------------------------------------------------------------------
+async def _quiet(exc: Exception) -> None:
+    pass    # the one failure that matters is reported below, once
+
+
+async def report(args: argparse.Namespace, out: TextIO) -> int:
+    check_token("tenant", args.tenant)      # before any connection: a bad name is a usage error
+    env = nats_from_env()
+    n = NatsSettings(url=getattr(args, "nats_url", None) or env.url,
+                     prefix=getattr(args, "prefix", None) or env.prefix,
+                     user=getattr(args, "nats_user", None) or env.user,
+                     password=getattr(args, "nats_password", None) or env.password)
+    try:    # a one-shot command: fail fast instead of reconnecting forever like the services
+        nc = await connect_once(n, "laneway-usage", error_cb=_quiet)
+    except (OSError, nats.errors.Error) as exc:
+        print(f"laneway usage: cannot reach NATS at {n.url}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        records = [u async for u in read_usage(nc.jetstream(), n.subjects, args.tenant, args.since,
+                                               args.until, args.idle_timeout)]
+    finally:
+        await nc.close()
+    rows, total = summarize(records, args.group_by)
+    if args.csv:
+        write_csv(rows, total, args.group_by, out)
+    elif not rows:
+        out.write(f"no usage for tenant {args.tenant!r} since {args.since.isoformat()}\n")
+    else:
+        write_table(rows, total, args.group_by, out)
+    return 0
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    try:
+        return asyncio.run(report(args, out or sys.stdout))
+    except ValueError as exc:         # a tenant name that is not a subject token
+        print(f"laneway usage: {exc}", file=sys.stderr)
+        return 2

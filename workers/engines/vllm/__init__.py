@@ -1,0 +1,1 @@
+"""The vLLM engine: an in-process AsyncLLM behind the Engine contract."""
