@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import openapi
 from bridge.admin import AdminConfig, Evaluator, admin_app
+from bridge.admission import EdgeAdmission
 from bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate, bearer_key, tenant_of
 from bridge.config import BridgeConfig
 from bridge.demux import BufferLimits, Demux
@@ -30,10 +31,12 @@ from bridge.responses import Responses, decode_responses
 from bridge.server import HttpServer
 from core.catalogue import Catalogue
 from core.connect import connect
+from core.looplag import LoopLag
 from core.provision import wait_provisioned
 from core.routing.rules import RuleSet
 from core.routing.store import RuleStore
 from core.settings import Settings
+from core.tasks import cancel_and_wait
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai_out import Model, ModelList
@@ -57,10 +60,13 @@ class Bridge:
         self.rule_store: RuleStore | None = None
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
-        self.losses = Losses(self.demux, self.readiness)
+        self.loop_lag = LoopLag()
+        self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics)
+        self.losses = Losses(self.demux, self.readiness, self.loop_lag)
         self.url = ""
         self._nc: Client | None = None
         self._server: HttpServer | None = None
+        self._loop_lag_task: asyncio.Task[None] | None = None
 
     @property
     def rules(self) -> RuleSet | None:
@@ -81,6 +87,7 @@ class Bridge:
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
         await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
+        self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
         self.losses.start()
         self._server = HttpServer(self.build_app(), self.metrics, max_connections=self.config.max_connections,
                                   header_timeout_s=self.config.header_timeout_s)
@@ -93,6 +100,9 @@ class Bridge:
             await self._server.stop()
             self._server = None
         await self.losses.stop()
+        if self._loop_lag_task is not None:
+            await cancel_and_wait(self._loop_lag_task)
+            self._loop_lag_task = None
         await self.catalogue.stop()
         if self._nc is not None:
             await self._nc.close()
@@ -141,7 +151,7 @@ class Bridge:
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
         shared = (self._nc, self.edge_id, self.config, self.settings, self.catalogue, self.readiness,
-                  self.demux, self.metrics, self._cancel)
+                  self.demux, self.metrics, self._cancel, self.admission)
         chat = Generations(codec.decode_chat_request, *shared)
         completions = Generations(codec.decode_completion_request, *shared)
         responses = Responses(decode_responses, *shared)

@@ -20,7 +20,7 @@ from aiohttp import web
 from nats.aio.client import Client
 
 from bridge import publish_errors
-from bridge.admission import admit
+from bridge.admission import EdgeAdmission
 from bridge.config import BridgeConfig
 from bridge.demux import REPLY_GRACE_S, Demux, ResponseStream
 from bridge.errors import EdgeError, from_code, unauthorized
@@ -102,7 +102,7 @@ class Generations:
 
     def __init__(self, decode: Decode, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
                  catalogue: Catalogue, readiness: Readiness, demux: Demux, metrics: BridgeMetrics,
-                 cancel: Callable[[str, str], Awaitable[None]]) -> None:
+                 cancel: Callable[[str, str], Awaitable[None]], admission: EdgeAdmission) -> None:
         self._decode = decode
         self._nc = nc
         self.edge_id = edge_id
@@ -114,6 +114,7 @@ class Generations:
         self.demux = demux
         self.metrics = metrics
         self._cancel = cancel
+        self._admit = admission
         self._tracing = tracer()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
@@ -122,9 +123,7 @@ class Generations:
         tenant = authenticate(request, self.catalogue.tenants)
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
-        admit(len(self.demux), self.demux.lag.current(time.monotonic()), self.demux.held_by(tenant.name),
-              max_streams=self.config.max_streams, max_delivery_lag_s=self.config.max_delivery_lag_s,
-              tenant_max_streams=self.config.tenant_max_streams)
+        self._admit(tenant.name)
         body, extra = await self._parse(request)
         klass = self._class_for(request, tenant)
         self._check_model(body.model)

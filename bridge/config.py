@@ -23,6 +23,8 @@ class BridgeConfig:
     body_timeout_s: float = 60.0        # a body not read whole by then gets 408
     max_connections: int = 10_000       # open connections at most; past it, 503 and closed
     max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
+    # Where the measured stream limit starts (bridge/admission.py StreamLimit; 0: not measured).
+    initial_stream_limit: int = 256
     max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
     # One tenant's share of this bridge (0: no cap): open streams, then bytes its slow readers may
     # hold (bridge/demux.py), and how long one SSE write may wait on a client that does not read.

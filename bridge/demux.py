@@ -196,6 +196,7 @@ class Demux:
         self._metrics = metrics or BridgeMetrics()
         self._limits = limits
         self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
+        self.heard: dict[str, float] = {}     # worker id → when its last frame came (monotonic)
 
     def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
         """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
@@ -248,10 +249,13 @@ class Demux:
         except codec.DecodeError:
             return
         self._metrics.frames.inc()
+        now = time.monotonic()
+        if frame.source:
+            self.heard[frame.source] = now      # a worker whose tokens arrive is alive
         if frame.sent_at:
             lag = max(0.0, time.time() - frame.sent_at)
             self._metrics.frame_lag.observe(lag)
-            self.lag.observe(lag, time.monotonic())
+            self.lag.observe(lag, now)
         # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         streams = self._streams

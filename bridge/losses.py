@@ -1,25 +1,34 @@
 """What the bridge does when something under an open stream goes away: NATS (every stream ends
 with `unavailable` at once; the routes' cancels wait in nats-py's reconnect buffer) or the
-stream's worker (`worker_lost` once its heartbeats stop)."""
+stream's worker (`worker_lost` once it falls silent: no heartbeat and no frame).
+
+A busy worker is not a dead one. Its silence is judged against `stale_after` (3 missed beats,
+stretched by the loop lag the worker itself last reported) plus this bridge's own lateness (its
+loop lag, its frames' delivery lag): a beat may be sitting in this bridge's buffers, unread. A
+SIGKILLed worker on an unloaded bridge is still found within `stale_after` + one check."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from bridge.demux import Demux
 from bridge.readiness import Readiness
+from core.looplag import LoopLag
 from schemas.errors import ErrorCode
 
 log = logging.getLogger("laneway.bridge")
 
 WORKER_LOST_CHECK_S = 1.0
+HEARD_KEEP_S = 600.0        # a worker silent this long is forgotten by the frame record
 
 
 class Losses:
-    def __init__(self, demux: Demux, readiness: Readiness) -> None:
+    def __init__(self, demux: Demux, readiness: Readiness, loop_lag: LoopLag) -> None:
         self.demux = demux
         self.readiness = readiness
+        self.loop_lag = loop_lag
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -45,11 +54,22 @@ class Losses:
     async def _watch_workers(self) -> None:
         """A stream whose worker stopped heartbeating ends with `worker_lost` instead of hanging
         until JetStream redelivers (which cannot help once tokens reached the client)."""
+        heard = self.demux.heard
         while True:
             await asyncio.sleep(WORKER_LOST_CHECK_S)
+            now = time.monotonic()
+            slack = max(self.loop_lag.current(now), self.demux.lag.current(now))
+            lost: set[str] = set()
             for stream in self.demux.streams():
-                if (stream.streamed and not stream.closed and stream.source
-                        and self.readiness.known(stream.source)
-                        and not self.readiness.alive(stream.source)):
+                source = stream.source
+                if (stream.streamed and not stream.closed and source and self.readiness.known(source)
+                        and not self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack)):
+                    lost.add(source)
                     stream.fail(ErrorCode.worker_lost,
                                 "the worker serving this request was lost after the stream started")
+            for worker in lost:
+                log.warning("worker %s silent past its bound (this bridge %.1f s late): its streams ended",
+                            worker, slack)
+            for worker, at in list(heard.items()):
+                if now - at > HEARD_KEEP_S:
+                    del heard[worker]

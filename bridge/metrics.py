@@ -22,6 +22,10 @@ class BridgeMetrics:
         self.publish_retries = Counter("laneway_publish_retries_total",
                                        "Publishes of a request repeated after a PubAck timed out", registry=r)
         self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)
+        self.stream_limit = Gauge("laneway_stream_limit",
+                                  "Open streams this edge takes now, as measured from its delivery lag", registry=r)
+        self.loop_lag = Gauge("laneway_event_loop_lag_seconds",
+                              "How late this edge's event loop runs (mean over 2 s)", registry=r)
         self.frames = Counter("laneway_frames_received_total", "Token frames demultiplexed", registry=r)
         self.frame_lag = Histogram("laneway_frame_lag_seconds", "Worker publish to edge receipt of a token frame",
                                    buckets=LATENCY_BUCKETS, registry=r)

@@ -53,13 +53,17 @@ class Readiness:
             return
         self._workers[beat.worker_id] = _Seen(beat, time.monotonic())
 
-    def alive(self, worker_id: str, now: float | None = None) -> bool:
-        """Heard from recently; a draining worker is still alive (it finishes its streams)."""
+    def alive(self, worker_id: str, now: float | None = None, *, heard_at: float | None = None,
+              slack_s: float = 0.0) -> bool:
+        """Heard from recently (a beat, or at `heard_at` by other means: its frames); a draining
+        worker is still alive (it finishes its streams). `slack_s`: how late this process reads
+        what arrives, so silence that is only its own backlog is not read as a death."""
         seen = self._workers.get(worker_id)
         if seen is None:
             return False
         now = time.monotonic() if now is None else now
-        return now - seen.at <= stale_after(seen.beat, self._stale_after_s)
+        last = seen.at if heard_at is None else max(seen.at, heard_at)
+        return now - last <= stale_after(seen.beat, self._stale_after_s) + slack_s
 
     def known(self, worker_id: str) -> bool:
         return worker_id in self._workers

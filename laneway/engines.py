@@ -26,6 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="tokens per engine step (vLLM's max_num_batched_tokens); default: the profile's")
     g.add_argument("--sim-long-prefill-token-threshold", type=int, default=None,
                    help="most prompt tokens one request computes per step (vLLM's); default: the profile's")
+    g.add_argument("--sim-min-step", type=float, default=0.0, metavar="SECONDS",
+                   help="no engine step shorter than this: streams at most 1/SECONDS tok/s at any occupancy")
 
 
 def configure_all(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +45,8 @@ def build(args: argparse.Namespace) -> Engine:
         return SimEngine(PROFILES[args.sim_profile], speed=args.sim_speed,
                          max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens,
                          max_num_batched_tokens=args.sim_max_num_batched_tokens,
-                         long_prefill_token_threshold=args.sim_long_prefill_token_threshold)
+                         long_prefill_token_threshold=args.sim_long_prefill_token_threshold,
+                         min_step_s=args.sim_min_step)
     if args.engine == "vllm":
         from workers.engines.vllm.config import VllmConfig
         from workers.engines.vllm.engine import VllmEngine

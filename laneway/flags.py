@@ -81,6 +81,9 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
                    help="open connections at most; past it a connection gets 503 and is closed")
     g.add_argument("--max-streams", type=int, default=d.max_streams,
                    help="open streams at most (0: no cap); past it a request gets 503 before it is stored")
+    g.add_argument("--initial-stream-limit", type=int, default=d.initial_stream_limit,
+                   help="open streams the bridge takes at first; it then finds how many it delivers on "
+                        "time from its own lag, above or below (0: off, --max-streams alone)")
     g.add_argument("--max-delivery-lag", type=float, default=d.max_delivery_lag_s,
                    help="seconds late (smoothed) the bridge's token frames may run before it takes no "
                         "new stream (503) until it catches up; 0: off")

@@ -176,11 +176,15 @@ class Fleet:
             return parse(await resp.text())
 
     async def open_streams(self) -> float:
-        """`laneway_open_streams` without parsing the whole exposition."""
+        return await self.gauge("laneway_open_streams")
+
+    async def gauge(self, name: str) -> float:
+        """One unlabelled metric of the bridge's without parsing the whole exposition."""
         assert self._http is not None
+        prefix = name.encode() + b" "
         async with self._http.get(f"{self.url}/metrics") as resp:
             async for line in resp.content:
-                if line.startswith(b"laneway_open_streams "):
+                if line.startswith(prefix):
                     return float(line.split()[1])
         return float("nan")
 

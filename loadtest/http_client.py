@@ -29,6 +29,7 @@ class Result:
     last_at: float = 0.0                                 # perf_counter of the latest content chunk
     request_id: str = ""                                 # Laneway's (x-request-id): usage records name it
     finish_reason: str | None = None                     # the last choice chunk's, once the stream ends
+    retry_after: float | None = None                     # a refusal's Retry-After, seconds
 
     @property
     def ok(self) -> bool:
@@ -59,6 +60,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
             result.status = resp.status
             result.request_id = resp.headers.get("x-request-id", "")
             if resp.status != 200:
+                result.retry_after = retry_after(resp.headers.get("Retry-After"))
                 payload = await resp.json(content_type=None)
                 result.error = (payload.get("error") or {}).get("code") or str(resp.status)
                 return result
@@ -89,3 +91,12 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
     finally:
         result.e2e = time.perf_counter() - start
     return result
+
+
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After in seconds, as the OpenAI SDK takes it: a number in (0, 60], else None."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds <= 60 else None

@@ -62,6 +62,7 @@ class PoolSpec:
     max_seqs: int | None = None
     kv_tokens: int | None = None
     long_prefill_token_threshold: int | None = None   # vLLM's per-request chunk cap; None: the profile's
+    min_step_s: float = 0.0                           # a floor on the step: a fixed stream rate
 
     def sim_flags(self) -> list[str]:
         flags = ["--sim-profile", self.profile, "--sim-speed", str(self.speed)]
@@ -71,6 +72,8 @@ class PoolSpec:
             flags += ["--sim-kv-tokens", str(self.kv_tokens)]
         if self.long_prefill_token_threshold is not None:
             flags += ["--sim-long-prefill-token-threshold", str(self.long_prefill_token_threshold)]
+        if self.min_step_s:
+            flags += ["--sim-min-step", str(self.min_step_s)]
         return flags
 
 

@@ -226,9 +226,11 @@ async def closed_loop(target: Target, rec: Recorder, flow: Flow, until: float, r
             if flow.think_s > 0:
                 await asyncio.sleep(rng.expovariate(1.0 / flow.think_s))
             elif result.error is not None:
-                # A failed request can fail without ever suspending: back off like a client
-                # would, or a few thousand users spin and starve the event loop.
-                await asyncio.sleep(rng.uniform(0.5, 1.5))
+                # A failed request can fail without ever suspending: back off as the OpenAI SDK
+                # does (the server's Retry-After when it gives one, jittered here so that users
+                # refused together do not come back together), or a few thousand users spin.
+                wait = result.retry_after or 1.0
+                await asyncio.sleep(wait * rng.uniform(1.0, 1.5))
             else:
                 await asyncio.sleep(0)
 

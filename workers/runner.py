@@ -30,6 +30,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from core.connect import connect
+from core.looplag import LoopLag
 from core.provision import wait_provisioned
 from core.tasks import beat_forever, cancel_and_wait
 from schemas import codec
@@ -69,6 +70,7 @@ class Worker:
         self._flusher: asyncio.Task[None] | None = None
         self._serving: Serving | None = None
         self.usage = UsageRecorder(self._outbox, self.s, self.config.pool, self.id)
+        self.loop_lag = LoopLag()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -78,6 +80,7 @@ class Worker:
         self._serving = Serving(self.id, self.config.pool, self.s, self.engine, self.metrics, self._outbox,
                                 self.usage, Escalator(js, self.s, self.metrics, self.config.pool),
                                 AnswerStore(js, self.s), self._active, self._room, self._die)
+        self._tasks.append(self._watched(self.loop_lag.run(), "loop-lag"))
         self._tasks.append(self._watched(beat_forever(self._heartbeat, self.config.heartbeat_s), "heartbeats"))
         # Like the broker and the bridge: a worker may start before provisioning ran, and waits
         # for the one bucket it reads (prices, for metering), the one its NATS user may look up.
@@ -200,5 +203,5 @@ class Worker:
     async def _heartbeat(self) -> None:
         assert self._nc is not None
         beat = heartbeat(self.id, self.config, self.engine, self.metrics, ready=self.ready,
-                         stopping=self._stopping.is_set())
+                         stopping=self._stopping.is_set(), loop_lag_s=self.loop_lag.current())
         await self._nc.publish(self.s.worker_event(self.id), codec.encode(beat))

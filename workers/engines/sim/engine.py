@@ -107,10 +107,13 @@ class SimEngine(Engine):
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
                  max_seqs: int | None = None, kv_tokens: int | None = None,
                  max_model_len: int = 8192, max_num_batched_tokens: int | None = None,
-                 long_prefill_token_threshold: int | None = None) -> None:
+                 long_prefill_token_threshold: int | None = None, min_step_s: float = 0.0) -> None:
         self.profile = profile
         self.model = model or f"sim/{profile.name}"
         self.speed = speed                  # >1 runs the same model faster (tests)
+        # No step shorter than this: streams at most 1 / min_step_s tokens a second however few
+        # run (benchmarks that model streams at a fixed rate, e.g. 30 tok/s, at any occupancy).
+        self.min_step_s = min_step_s
         self.max_seqs = max_seqs or profile.max_seqs
         self.kv_tokens = kv_tokens or profile.kv_tokens
         self.max_model_len = max_model_len  # prompt + output, per sequence
@@ -250,7 +253,7 @@ class SimEngine(Engine):
                     self._decode_one(seq)
 
     def step_time(self, step: Step) -> float:
-        return step_seconds(self.profile, len(step.scheduled), step.tokens) / self.speed
+        return max(self.min_step_s, step_seconds(self.profile, len(step.scheduled), step.tokens) / self.speed)
 
     def confidence(self, request: EngineRequest) -> float:
         """The SIMULATED model's mean token logprob for a request: a stable number per prompt in
