@@ -15,10 +15,10 @@ from schemas.work import Heartbeat
 
 def stale_after(beat: Heartbeat, cap_s: float) -> float:
     """Seconds of silence after which a worker counts as gone: 3 missed beats, at most `cap_s`,
-    and 3 times more the lateness its loop last reported (a starved worker beats late, a dead one
-    not at all). The one rule for the broker's routing and the bridge's readiness and worker-loss
-    checks."""
-    return min(cap_s, 3 * beat.interval_s + 1) + 3 * beat.loop_lag_s
+    and 3 times more the lateness its loop last reported, at most `cap_s` again (a starved worker
+    beats late, a dead one not at all). The one rule for the broker's routing and the bridge's
+    readiness and worker-loss checks."""
+    return min(cap_s, 3 * beat.interval_s + 1) + min(cap_s, 3 * beat.loop_lag_s)
 
 
 def serving(beat: Heartbeat) -> bool:

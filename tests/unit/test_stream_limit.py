@@ -92,6 +92,7 @@ async def test_silence_is_judged_against_the_workers_and_the_bridges_own_latenes
     assert readiness.alive("w1", heard + bound + 0.5, heard_at=heard + 1.0), "its frames say it is alive"
     assert readiness.alive("w1", heard + bound + 0.5, slack_s=1.0), "this bridge reads its messages late"
     assert stale_after(beat(loop_lag_s=2.0), 15.0) == 13.0, "a worker that runs late beats late"
+    assert stale_after(beat(loop_lag_s=60.0), 15.0) == 22.0, "one long stall stretches it by the cap at most"
 
 
 def test_retry_after_spreads_the_refused_clients_to_a_budget_a_second() -> None:
