@@ -123,20 +123,22 @@ class EdgeAdmission:
         self.config = config
         self.demux = demux
         self.loop_lag = loop_lag
-        self.metrics = metrics
         self.limit = (StreamLimit(limit=float(config.initial_stream_limit), ceiling=config.max_streams)
                       if config.initial_stream_limit else None)
         self.retry_after = RetryAfter()
+        # Read at scrape time, not written on every admission.
+        metrics.loop_lag.set_function(loop_lag.current)
+        if self.limit is not None:
+            limit = self.limit
+            metrics.stream_limit.set_function(lambda: int(limit.limit))
 
     def __call__(self, tenant: str) -> None:
         now = time.monotonic()
         open_streams, lag = len(self.demux), self.demux.lag.current(now)
         measured = 0
         if self.limit is not None:
-            loop_lag = self.loop_lag.current(now)
-            measured = self.limit.observe(now, open_streams=open_streams, lag_s=lag, loop_lag_s=loop_lag)
-            self.metrics.stream_limit.set(measured)
-            self.metrics.loop_lag.set(loop_lag)
+            measured = self.limit.observe(now, open_streams=open_streams, lag_s=lag,
+                                          loop_lag_s=self.loop_lag.current(now))
         try:
             admit(open_streams, lag, self.demux.held_by(tenant), max_streams=self.config.max_streams,
                   max_delivery_lag_s=self.config.max_delivery_lag_s,

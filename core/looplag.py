@@ -15,6 +15,7 @@ class LoopLag:
         self.interval_s = interval_s
         self.window_s = window_s
         self._late: deque[tuple[float, float]] = deque()    # (woke at, seconds late), monotonic
+        self._sum = 0.0                                      # of the lateness in `_late`
 
     async def run(self) -> None:
         """Tick until cancelled."""
@@ -26,14 +27,15 @@ class LoopLag:
 
     def observe(self, now: float, late_s: float) -> None:
         self._late.append((now, late_s))
-        while self._late and now - self._late[0][0] > self.window_s:
-            self._late.popleft()
+        self._sum += late_s
+        while now - self._late[0][0] > self.window_s:
+            self._sum -= self._late.popleft()[1]
 
     def current(self, now: float | None = None) -> float:
-        """The mean lateness over the last `window_s` (one collector pause is not a starved
-        loop), or the tick overdue right now if that is later."""
+        """The mean lateness over the last window of ticks (one collector pause is not a starved
+        loop), or the tick overdue right now if that is later. O(1): asked on every admission."""
+        if not self._late:
+            return 0.0
         now = time.monotonic() if now is None else now
-        recent = [late for at, late in self._late if now - at <= self.window_s]
-        mean = sum(recent) / len(recent) if recent else 0.0
-        overdue = now - self._late[-1][0] - self.interval_s if self._late else 0.0
-        return max(mean, overdue, 0.0)
+        overdue = now - self._late[-1][0] - self.interval_s
+        return max(self._sum / len(self._late), overdue, 0.0)

@@ -79,6 +79,5 @@ class OutputRedaction:
             return ""
         stream = self._streams.get(key)
         if stream is None:
-            p = self._prototype
-            stream = self._streams[key] = StreamRedactor(p.detectors, p.replace, hold=p.hold, max_hold=p.max_hold)
+            stream = self._streams[key] = self._prototype.fresh()
         return stream.feed(text)

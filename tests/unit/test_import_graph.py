@@ -36,7 +36,7 @@ TOPS = tuple(RANK)
 PURE = ("schemas", "core.policy", "core.routing.rules", "core.routing.health", "broker.lanes",
         "broker.pools", "workers.engines.sim.scheduler", "workers.engines.sim.roofline",
         "workers.engines.openai.circuit")
-PURE_OUTSIDE = {"__future__", "abc", "bisect", "collections", "collections.abc", "dataclasses",
+PURE_OUTSIDE = {"__future__", "abc", "bisect", "collections", "collections.abc", "copy", "dataclasses",
                 "datetime", "enum", "functools", "hashlib", "heapq", "hmac", "ipaddress", "itertools",
                 "math", "numbers", "operator", "re", "string", "time", "typing", "msgspec", "regex"}
 ENV_REGISTRY = "core.env"

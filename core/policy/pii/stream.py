@@ -15,6 +15,7 @@ checked only when their trigger character is in the buffer: cheap enough per fra
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
 from collections.abc import Callable, Iterable
@@ -142,6 +143,13 @@ class StreamRedactor:
             return act(etype, value, Action.redact if action is Action.block else action)
 
         return cls(dets, rep, **kw)
+
+    def fresh(self) -> StreamRedactor:
+        """Another stream with this one's detectors, trigger patterns and replacements (built once
+        per policy), and nothing fed yet."""
+        new = copy.copy(self)
+        new.found, new._buf, new._left, new._offset = [], "", "", 0
+        return new
 
     def feed(self, delta: str) -> str:
         self._buf += delta
