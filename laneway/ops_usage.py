@@ -14,26 +14,23 @@ import argparse
 import asyncio
 import csv
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import TextIO
 
 import nats
 import nats.errors
 import nats.js.errors
-from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from core.connect import NatsSettings, connect_once
+from core.usage_log import read_usage
 from laneway.flags import nats_from_env
-from schemas import codec
-from schemas.subjects import Subjects, check_token
+from schemas.subjects import check_token
 from schemas.usage import Usage
 
 GROUPS = ("model", "served_model", "pool", "class", "day")
 COLUMNS = ("requests", "cached", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd")
-SKEW = timedelta(seconds=60)
 
 
 def parse_time(text: str) -> datetime:
@@ -52,44 +49,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
     parser.add_argument("--group-by", choices=GROUPS, default="model")
     parser.add_argument("--idle-timeout", type=float, default=5.0, help=argparse.SUPPRESS)
-
-
-# -- reading --------------------------------------------------------------------------------
-async def read_usage(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
-                     until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage]:
-    """Every `Usage` of `tenant` that finished in [since, until), in stream order, up to the
-    tenant's last record when the read began (a snapshot: later records are not waited for)."""
-    check_token("tenant", tenant)
-    lo, hi = since.timestamp(), until.timestamp() if until else float("inf")
-    subject = s.usage(tenant)
-    try:
-        last = await js.get_last_msg(s.usage_stream, subject)
-    except nats.js.errors.NotFoundError:
-        return
-    if last.time is not None and last.time < since - SKEW:
-        return
-    sub = await js.subscribe(subject, stream=s.usage_stream, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.BY_START_TIME,
-                             config=ConsumerConfig(opt_start_time=since - SKEW))
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=idle_timeout)
-            except nats.errors.TimeoutError:
-                print("laneway usage: the stream went quiet before the end; output may be partial",
-                      file=sys.stderr)
-                return
-            try:
-                usage = codec.decode_usage(msg.data)
-            except codec.DecodeError:
-                usage = None        # a record we cannot read is skipped, not fatal
-            if usage is not None and lo <= usage.finished_at < hi:
-                yield usage
-            meta = msg.metadata
-            if meta.sequence.stream >= last.seq or meta.timestamp.timestamp() > hi + SKEW.total_seconds():
-                return
-    finally:
-        await sub.unsubscribe()
 
 
 # -- summing (pure) -------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from core.policy.tenants import Tenant, hash_key
 from core.routing.store import connect_store
 from core.settings import LogicalModel, Settings
 from core.topology import StreamLimits
+from core.usage_log import read_usage
 from laneway.nats_config import UpAuth, up_auth
-from laneway.ops_usage import read_usage
 from loadtest.stack import Stack
 from schemas import codec
 from schemas.subjects import Subjects, service_inbox

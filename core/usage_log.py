@@ -1,0 +1,61 @@
+"""Reading the metered usage log (`LW_USAGE`): one tenant's `Usage` records over a time range.
+
+Reads with an ordered, ephemeral consumer filtered to `lw.usage.<tenant>`, starting at the stream
+time `since` less a minute of clock-skew slack (a record's `finished_at` is the worker's clock,
+its stream time the server's), stopping once nothing is pending. Used by `laneway usage` and by
+the benchmarks that need to know which worker served what.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from schemas import codec
+from schemas.subjects import Subjects, check_token
+from schemas.usage import Usage
+
+log = logging.getLogger("laneway.usage")
+SKEW = timedelta(seconds=60)
+
+
+async def read_usage(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
+                     until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage]:
+    """Every `Usage` of `tenant` that finished in [since, until), in stream order, up to the
+    tenant's last record when the read began (a snapshot: later records are not waited for)."""
+    check_token("tenant", tenant)
+    lo, hi = since.timestamp(), until.timestamp() if until else float("inf")
+    subject = s.usage(tenant)
+    try:
+        last = await js.get_last_msg(s.usage_stream, subject)
+    except nats.js.errors.NotFoundError:
+        return
+    if last.time is not None and last.time < since - SKEW:
+        return
+    sub = await js.subscribe(subject, stream=s.usage_stream, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.BY_START_TIME,
+                             config=ConsumerConfig(opt_start_time=since - SKEW))
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_timeout)
+            except nats.errors.TimeoutError:
+                log.warning("the usage stream went quiet before the end; the records may be partial")
+                return
+            try:
+                usage = codec.decode_usage(msg.data)
+            except codec.DecodeError:
+                usage = None        # a record we cannot read is skipped, not fatal
+            if usage is not None and lo <= usage.finished_at < hi:
+                yield usage
+            meta = msg.metadata
+            if meta.sequence.stream >= last.seq or meta.timestamp.timestamp() > hi + SKEW.total_seconds():
+                return
+    finally:
+        await sub.unsubscribe()
