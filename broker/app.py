@@ -103,7 +103,8 @@ class Broker:
                                  self._release, self.gate, self.live.tenants)
         await self.live.start(js, self.s)
         self.scheduler = Scheduler(self._nc, self.s, self.id, cfg.limits.max_deliver, self.live, self.metrics,
-                                   lambda: self._scopes, self._release, self._take_cancel)
+                                   lambda: self._scopes, self._release, self._take_cancel,
+                                   affinity=cfg.prefix_affinity)
         self._origin = Origin(self._nc, self.s, self.id, self.metrics, self.scheduler, self._release)
         await self._origin.start()
         self._subs = [

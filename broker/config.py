@@ -26,3 +26,4 @@ class BrokerConfig:
     pii_max_chars: int = DEFAULT_PII_MAX_CHARS   # a request's text the PII stage analyses at most
     lease_ttl_s: float = 3.0           # the scheduler lease: a dead holder's lapses after this
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' longest prompt, as the bridge's
+    prefix_affinity: bool = True       # a pull prefers requests whose prompt prefix its worker holds

@@ -11,6 +11,10 @@
   estimate + max_tokens) divided by the tenant's weight. A tenant that goes idle cannot bank
   credit: on becoming backlogged again its virtual time is lifted to the class clock.
 - Within a tenant: earliest deadline first.
+- Prefix affinity (`select(prefer=...)`): among the items the rules above would serve next, within
+  AFFINITY_SLACK_S of the head's deadline and AFFINITY_SLACK_COST of the fair tenant's virtual
+  time (never an expired one, never another class), the one the worker scores highest goes first.
+  The slack bounds what affinity may reorder: a tenant passed over falls at most one slack behind.
 - Every admitted item ends in exactly one terminal state: dispatched, expired or cancelled
   (or `forget`, when a redelivery supersedes it).
 
@@ -28,6 +32,10 @@ from enum import Enum
 from typing import Any
 
 from core.policy.classes import ClassPolicy
+
+AFFINITY_SLACK_S = 0.25         # deadline order an affinity choice may skip within a tenant
+AFFINITY_SLACK_COST = 4096.0    # fair-share virtual time (tokens / weight) it may skip across tenants
+HEAD_CANDIDATES = 3             # a tenant's heap entries looked at: its root and the root's children
 
 
 class State(Enum):
@@ -60,6 +68,7 @@ class Item:
     order: int = 0              # admission order; ties in EDF
     slots: int = 1              # sequence slots it takes in an engine (OpenAI's n)
     prompt: int = 0             # prompt tokens: what the engine must prefill
+    prefix: tuple[int, ...] = ()    # the prompt's chained chunk hashes (broker/affinity.py)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -201,12 +210,14 @@ class Lanes:
         max_bytes: int | None = None,
         step_tokens: int = 0,
         prefill: dict[str, int] | None = None,
+        prefer: Callable[[Item], float] | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would
         otherwise never run anywhere). `max_bytes` bounds the batch's message size (NATS
         max_payload); the first item always goes. `step_tokens` and `prefill` (the worker's
-        unstarted prompt tokens per class) apply the classes' prefill caps."""
+        unstarted prompt tokens per class) apply the classes' prefill caps. `prefer` scores an
+        item for this worker (prefix affinity), within the slack the module's top describes."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
         held = dict(running)
@@ -223,16 +234,24 @@ class Lanes:
             queue, item = head
             first = worker_empty and not out.dispatch
             room = min(free_slots, lane.policy.slot_cap(total_slots) - held.get(lane.policy.name, 0))
-            fits = (item.cost <= token_budget and item.slots <= room
-                    and self._prefill_fits(lane.policy, item, pending, step_tokens)) or first
-            if not fits:
+
+            def fits(item: Item) -> bool:
+                return (item.cost <= token_budget and item.slots <= room
+                        and self._prefill_fits(lane.policy, item, pending, step_tokens)) or first
+
+            if prefer is not None:
+                chosen = self._preferred(lane, queue, item, now, prefer)
+                if fits(chosen[1]):
+                    queue, item = chosen
+            if not fits(item):
                 blocked.add(lane.policy.name)
                 continue
             if max_bytes is not None and out.dispatch and item.size > max_bytes:
                 break   # the message is full; the rest go in the next pull's batch
             if max_bytes is not None:
                 max_bytes -= item.size
-            heapq.heappop(queue.heap)
+            if queue.heap[0][2] is item:
+                heapq.heappop(queue.heap)       # else an affinity pick: dropped lazily by _head
             self._settle(lane, queue, item, State.DISPATCHED)
             lane.vclock = queue.vtime
             queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
@@ -293,6 +312,36 @@ class Lanes:
                 else:
                     return tenant, item
         return None
+
+    def _preferred(self, lane: _ClassLane, queue: _TenantQueue, head: Item, now: float,
+                   prefer: Callable[[Item], float]) -> tuple[_TenantQueue, Item]:
+        """The best-scored item within the affinity slack of `head` (which wins ties)."""
+        best, best_score = (queue, head), prefer(head)
+        for q in lane.tenants.values():
+            if not q.waiting or q.vtime > queue.vtime + AFFINITY_SLACK_COST:
+                continue
+            for _, _, item in q.heap[:HEAD_CANDIDATES]:
+                if (item is head or item.state is not State.WAITING
+                        or item.enqueued_at - head.enqueued_at > AFFINITY_SLACK_S
+                        or self._expired(item, lane.policy, now)):
+                    continue
+                score = prefer(item)
+                if score > best_score:
+                    best, best_score = (q, item), score
+        return best
+
+    def peek(self, now: float, classes: Iterable[str] = ()) -> Item | None:
+        """The item a pull would most likely take first (the lane by rank or age, the fair tenant,
+        its earliest deadline), or None; never changes a thing (an expired head: None)."""
+        lane = self._pick_lane(now, {}, 1 << 30, set(classes) or set(self._lanes))
+        if lane is None:
+            return None
+        queue = min((t for t in lane.tenants.values() if t.waiting), key=lambda t: t.vtime, default=None)
+        if queue is None:
+            return None
+        live = [e[2] for e in queue.heap[:HEAD_CANDIDATES] if e[2].state is State.WAITING]
+        item = min(live, key=lambda i: (i.deadline, i.order), default=None)
+        return None if item is None or self._expired(item, lane.policy, now) else item
 
     def _remove(self, tenant: str, request_id: str, state: State) -> Item | None:
         item = self._items.get((tenant, request_id))

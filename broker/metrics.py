@@ -33,6 +33,13 @@ class BrokerMetrics:
         self.dispatched = Counter("laneway_dispatched_total", "Requests handed to workers", ["pool", "class"], registry=r)
         self.batch_size = Histogram("laneway_dispatch_batch_size", "Requests per answered pull",
                                     ["pool"], buckets=BATCH_BUCKETS, registry=r)
+        self.affinity = Counter("laneway_prefix_affinity_total",
+                                "Requests dispatched with a prompt prefix, by where the index said it was cached: "
+                                "hit (on the worker it went to), miss (more on another worker), cold (nowhere)",
+                                ["pool", "outcome"], registry=r)
+        self.affinity_tokens = Counter("laneway_prefix_affinity_tokens_total",
+                                       "Prompt tokens the index expected cached on the worker a request went to",
+                                       ["pool"], registry=r)
         self.expired = Counter("laneway_expired_total", "Requests that expired before starting", ["class"], registry=r)
         self.rejected = Counter("laneway_rejected_total", "Requests refused by the broker", ["reason"], registry=r)
         self.cancelled = Counter("laneway_cancelled_total", "Requests cancelled before they ran", ["class"], registry=r)

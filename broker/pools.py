@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from broker.affinity import PrefixIndex
 from broker.lanes import Lanes
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
@@ -53,3 +54,4 @@ class ParkedPull:
 class Pool:
     lanes: Lanes
     parked: list[ParkedPull] = field(default_factory=list)
+    index: PrefixIndex = field(default_factory=PrefixIndex)    # which worker holds which prefix

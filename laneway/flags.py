@@ -123,6 +123,10 @@ def gate_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-quotas", action="store_true", help="do not enforce tenant quotas")
     g.add_argument("--cache-ttl", type=float, default=3600.0, help="response cache TTL; 0: off")
     context_flag(g)
+    s = parser.add_argument_group("scheduler")
+    s.add_argument("--no-prefix-affinity", action="store_true",
+                   help="give a pull the most urgent request regardless of which worker holds its prompt "
+                        "prefix (the baseline the affinity benchmark compares with)")
 
 
 def at_least_one(text: str) -> int:

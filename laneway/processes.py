@@ -34,7 +34,8 @@ async def run_broker(args: argparse.Namespace) -> int:
     broker = Broker(BrokerConfig(nats=nats_from_args(args), limits=stream_limits(args), quotas=not args.no_quotas,
                                  cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers,
                                  pii_max_chars=args.pii_max_chars,
-                                 max_context_tokens=args.max_context_tokens))
+                                 max_context_tokens=args.max_context_tokens,
+                                 prefix_affinity=not args.no_prefix_affinity))
     serve_metrics(args, broker.metrics.registry)
     async with broker:
         heap.settle()

@@ -20,6 +20,7 @@ class Credit(msgspec.Struct, omit_defaults=True, gc=False):
     wait_s: float = 5.0                     # how long the broker may hold the pull open
     step_tokens: int = 0                    # the engine's tokens per step (max_num_batched_tokens); 0 = unknown
     prefill: dict[str, int] = {}            # prompt tokens accepted, not yet started, per class
+    kv_tokens: int = 0                      # the engine's whole KV cache (prefix affinity); 0 = unknown
 
 
 class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):

@@ -111,6 +111,7 @@ class Capacity:
     token_budget: int                  # KV-cache tokens free for new sequences
     running: dict[str, int] = field(default_factory=dict)   # slots held per class
     step_tokens: int = 0               # tokens one engine step computes at most; 0 = not known
+    kv_tokens: int = 0                 # the whole KV cache: what its prefix cache can hold; 0 = none
 
 
 class Engine(abc.ABC):

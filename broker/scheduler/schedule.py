@@ -19,6 +19,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker.affinity import Offer, choose, prefix_hashes
 from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
@@ -50,7 +51,8 @@ class Scheduler:
     def __init__(self, nc: Client, s: Subjects, broker_id: str, max_deliver: int, live: LiveConfig,
                  metrics: BrokerMetrics, scopes: Callable[[], CacheScope],
                  release: Callable[[str, str], Awaitable[None]],
-                 cancelled: Callable[[str, str], bool] = lambda tenant, request_id: False) -> None:
+                 cancelled: Callable[[str, str], bool] = lambda tenant, request_id: False,
+                 affinity: bool = True) -> None:
         self._nc = nc
         self.s = s
         self.id = broker_id
@@ -60,6 +62,7 @@ class Scheduler:
         self._scopes = scopes
         self._release = release                 # this broker's own quota grants
         self._cancelled = cancelled             # a cancel that came before its request (consumed)
+        self.affinity = affinity                # prefer the worker that holds a prompt's prefix
         self.pools: dict[str, Pool] = {}        # the sweep holds this very dict: cleared, never replaced
         self.active = False
         self._subs: list = []
@@ -170,7 +173,8 @@ class Scheduler:
                     admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin,
                     admitted.output_pii)
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline, now,
-                    payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens())
+                    payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens(),
+                    prefix=self._prefix(request))
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:
             code, text = _ADMIT_ERRORS[verdict]
@@ -193,6 +197,7 @@ class Scheduler:
         if not msg.reply:
             return
         pool = self.pool(credit.pool)
+        pool.index.heard(credit.worker_id, credit.kv_tokens, time.monotonic())
         # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
         superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
         if superseded:
@@ -213,6 +218,7 @@ class Scheduler:
             total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
             now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
             step_tokens=credit.step_tokens, prefill=credit.prefill,
+            prefer=self._preference(pool, credit.worker_id) if self.affinity else None,
         )
         for item in selection.expired:
             await self.expire(item)
@@ -235,6 +241,7 @@ class Scheduler:
                                  request_id=item.request_id, tenant=item.tenant, pool=credit.pool,
                                  worker=credit.worker_id, queued_s=queued)
             self.metrics.dispatched.labels(credit.pool, item.klass).inc()
+        self._placed(pool, credit, selection.dispatch)
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
         await self._settle(selection.dispatch, release=False)     # before the Batch: see the top
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
@@ -251,11 +258,61 @@ class Scheduler:
 
     async def serve_parked(self, name: str, pool: Pool) -> None:
         while self.active and pool.parked and len(pool.lanes):
-            parked = pool.parked.pop(0)
+            at = self._best_parked(pool)
+            parked = pool.parked.pop(at)
             if not await self._answer(pool, parked.credit, parked.reply):
-                pool.parked.insert(0, parked)
+                pool.parked.insert(at, parked)
                 break
         self.metrics.parked_pulls.labels(name).set(len(pool.parked))
+
+    # -- prefix affinity (broker/affinity.py) -------------------------------------------------
+    def _prefix(self, request) -> tuple[int, ...]:
+        if not self.affinity or request.embedding is not None:
+            return ()
+        return prefix_hashes(request.body.texts(), prefix_salt(self._scopes().scope(request.tenant)))
+
+    def _best_parked(self, pool: Pool) -> int:
+        """Which parked pull takes the next request: the one whose worker reaches its first token
+        soonest (its cached prefix, its queued prefill), within the load balance; else the oldest."""
+        if not self.affinity or len(pool.parked) < 2:
+            return 0
+        head = pool.lanes.peek(time.time())
+        if head is None or not head.prefix:
+            return 0
+        able = [i for i, p in enumerate(pool.parked) if not p.credit.classes or head.klass in p.credit.classes]
+        if not able:
+            return 0
+        now = time.monotonic()
+        offers = [offer(pool.parked[i].credit, pool.index.share(pool.parked[i].credit.worker_id, now))
+                  for i in able]
+        overlaps = [pool.index.overlap(o.worker, head.prefix) for o in offers]
+        return able[choose(offers, head.prompt, overlaps)]
+
+    @staticmethod
+    def _preference(pool: Pool, worker: str) -> Callable[[Item], float]:
+        """An item's score for this worker: the prefix it holds, less the most another holds (a
+        request cached elsewhere is left for that worker's pull, one cached nowhere taken first)."""
+        now = time.monotonic()
+
+        def score(item: Item) -> float:
+            if not item.prefix:
+                return 0.0
+            return pool.index.overlap(worker, item.prefix) - pool.index.best_elsewhere(worker, item.prefix, now)
+        return score
+
+    def _placed(self, pool: Pool, credit: Credit, items: list[Item]) -> None:
+        now = time.monotonic()
+        for item in items:
+            if not item.prefix:
+                continue
+            here = pool.index.overlap(credit.worker_id, item.prefix)
+            elsewhere = pool.index.best_elsewhere(credit.worker_id, item.prefix, now)
+            outcome = "cold" if not (here or elsewhere) else ("hit" if here >= elsewhere else "miss")
+            self.metrics.affinity.labels(credit.pool, outcome).inc()
+            self.metrics.affinity_tokens.labels(credit.pool).inc(here)
+            pool.index.record(credit.worker_id, item.prefix, now)
+        if items:
+            pool.index.forget_silent(now)
 
     # -- leaving the lanes otherwise ----------------------------------------------------------
     async def cancel(self, tenant: str, request_id: str) -> bool:
@@ -306,3 +363,7 @@ def same_message(ack_subject: str, other: str) -> bool:
                 == Msg.Metadata._from_reply(other).sequence.stream)
     except (nats.errors.Error, ValueError, IndexError):
         return ack_subject == other
+
+
+def offer(credit: Credit, share: float) -> Offer:
+    return Offer(credit.worker_id, sum(credit.running.values()), sum(credit.prefill.values()), share)

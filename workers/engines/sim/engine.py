@@ -149,7 +149,8 @@ class SimEngine(Engine):
         return Capacity(total_slots=self.max_seqs,
                         free_slots=max(0, self.max_seqs - self._held),
                         token_budget=max(0, self.kv_tokens - self._reserved),
-                        running=running, step_tokens=self.scheduler.config.max_num_batched_tokens)
+                        running=running, step_tokens=self.scheduler.config.max_num_batched_tokens,
+                        kv_tokens=self.scheduler.config.num_blocks * BLOCK)
 
     def num_running(self) -> int:
         """Sequences held: every unfinished choice of every request, waiting or decoding."""

@@ -119,6 +119,7 @@ class VllmEngine(Engine):
         self._max_num_seqs = 0
         self._step_tokens = 0
         self._kv_tokens = 0
+        self._prefix_caching = False     # vLLM's prefix cache is on (its default for generation)
         self._max_model_len = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -141,6 +142,7 @@ class VllmEngine(Engine):
         self._max_model_len = vc.model_config.max_model_len
         # num_gpu_blocks is what the engine core actually allocated (sent back at start-up).
         self._kv_tokens = (vc.cache_config.num_gpu_blocks or 0) * vc.cache_config.block_size
+        self._prefix_caching = bool(vc.cache_config.enable_prefix_caching) and not self.config.embedding
         if self.config.embedding:
             self._embedding = embedding_serving(self.config, self._llm)
         else:
@@ -198,7 +200,8 @@ class VllmEngine(Engine):
         for live in self._live.values():
             running[live.klass] = running.get(live.klass, 0) + live.slots
         return Capacity(total_slots=self._max_num_seqs, free_slots=free_slots,
-                        token_budget=budget, running=running, step_tokens=self._step_tokens)
+                        token_budget=budget, running=running, step_tokens=self._step_tokens,
+                        kv_tokens=self._kv_tokens if self._prefix_caching else 0)
 
     def _reserved(self, live: _Live) -> int:
         if live.pooling:
