@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from prometheus_client import CollectorRegistry
 
 from bridge.render import usage_of
+from broker.metrics import UsageMetrics
 from core.metering import BadPrice, Meter, PoolPrice, PriceBook, parse_price_book
 from schemas import codec
 from schemas.frames import Finished, TokenFrame, TokenUsage
@@ -124,3 +126,18 @@ def test_chat_usage_carries_prompt_tokens_details() -> None:
     usage = msgspec.to_builtins(usage_of(Finished("r", 1, 0, "stop", TokenUsage(1500, 40, 1024))))
     assert usage == {"prompt_tokens": 1500, "completion_tokens": 40, "total_tokens": 1540,
                      "prompt_tokens_details": {"cached_tokens": 1024}}
+
+
+# -- metrics: the board's hit rate and money saved --------------------------------------------------
+def test_usage_metrics_count_hits_and_savings_apart_from_tokens() -> None:
+    registry = CollectorRegistry()
+    metrics = UsageMetrics(registry, tenants=["acme"], models=["chat"])
+    base = Usage(request_id="r", tenant="acme", klass="chat", model="chat", served_model="m", pool="p",
+                 worker_id="w", prompt_tokens=1000, completion_tokens=10, finish_reason="stop",
+                 queued_s=0.0, ttft_s=0.1, total_s=1.0, finished_at=1.0)
+    metrics.observe(msgspec.structs.replace(base, cached_tokens=768, prefix_saved_usd=0.25))
+    metrics.observe(base)
+    get, labels = registry.get_sample_value, {"tenant": "acme", "model": "chat"}
+    assert get("laneway_usage_tokens_total", {**labels, "kind": "prompt"}) == 2000   # hits stay within
+    assert get("laneway_usage_cached_prompt_tokens_total", labels) == 768
+    assert get("laneway_usage_prefix_saved_usd_total", labels) == pytest.approx(0.25)
