@@ -72,3 +72,9 @@ async def test_a_repeated_prompt_is_read_from_the_prefix_cache_per_tenant(stack,
         assert await eventually(recorded)
     finally:
         await nc.close()
+    # The worker's counters behind the board's hit rate per pool.
+    registry = stack.workers[0].metrics.registry
+    labels = {"pool": "sim", "class": "interactive"}
+    assert registry.get_sample_value("laneway_worker_cached_prompt_tokens_total", labels) == told
+    assert registry.get_sample_value("laneway_worker_prompt_tokens_total", labels) == sum(
+        u.prompt_tokens for u in (first, again, streamed, theirs))
