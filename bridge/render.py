@@ -24,6 +24,7 @@ from schemas.openai_out import (
     ChoiceLogprobs,
     ChoiceMessage,
     CompletionUsage,
+    PromptTokensDetails,
     TextChoice,
     TextCompletion,
     TextLogprobs,
@@ -116,7 +117,8 @@ class Renderer:
 
 def usage_of(finished: Finished) -> CompletionUsage:
     u = finished.usage
-    return CompletionUsage(u.prompt_tokens, u.completion_tokens, u.prompt_tokens + u.completion_tokens)
+    return CompletionUsage(u.prompt_tokens, u.completion_tokens, u.prompt_tokens + u.completion_tokens,
+                           PromptTokensDetails(u.cached_tokens))
 
 
 class ChatRenderer(Renderer):

@@ -248,7 +248,7 @@ class ResponsesRenderer:
     def _usage(self, finished: Finished) -> dict[str, Any]:
         u = finished.usage
         return {"input_tokens": u.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
                 "output_tokens": u.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": min(self._reasoning_tokens, u.completion_tokens)},
                 "total_tokens": u.prompt_tokens + u.completion_tokens}

@@ -75,6 +75,13 @@ class UsageMetrics:
                               ["tenant", "model", "kind"], registry=r)
         self.cost = Counter("laneway_usage_cost_usd_total", "Cost metered in US dollars",
                             ["tenant", "model"], registry=r)
+        # Apart from `tokens` (they are part of its prompt tokens): hit rate = these ÷ kind="prompt".
+        self.cached_tokens = Counter("laneway_usage_cached_prompt_tokens_total",
+                                     "Prompt tokens served from the engines' prefix cache",
+                                     ["tenant", "model"], registry=r)
+        self.prefix_saved = Counter("laneway_usage_prefix_saved_usd_total",
+                                    "US dollars the prefix-cache hits saved against the full prompt price",
+                                    ["tenant", "model"], registry=r)
         self.requests = Counter("laneway_usage_requests_total", "Finished requests metered",
                                 ["tenant", "model", "cached"], registry=r)
         self._tenants: frozenset[str] = frozenset()
@@ -94,4 +101,7 @@ class UsageMetrics:
         self.tokens.labels(tenant, model, "prompt").inc(max(0, usage.prompt_tokens))
         self.tokens.labels(tenant, model, "completion").inc(max(0, usage.completion_tokens))
         self.cost.labels(tenant, model).inc(max(0.0, usage.cost_usd))
+        if usage.cached_tokens > 0:
+            self.cached_tokens.labels(tenant, model).inc(usage.cached_tokens)
+            self.prefix_saved.labels(tenant, model).inc(max(0.0, usage.prefix_saved_usd))
         self.requests.labels(tenant, model, "true" if usage.cached else "false").inc()

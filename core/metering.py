@@ -7,6 +7,12 @@ Two ways to price a pool:
   needs for it, a completion token those decode needs: $/s ÷ tokens/s each, divided by
   `utilization` because idle paid hours are part of the price of the busy ones.
 
+Prefix-cache hits (`cached_tokens`, counted within the prompt tokens, as OpenAI counts them)
+skip prefill. Per token they cost `usd_per_1m_cached_prompt` (a hosted API's cached-input price;
+absent: the full prompt price, no discount assumed); it may not exceed the prompt price. From GPU
+rental they cost nothing: no prefill GPU-seconds (their KV memory is held by the decode anyway),
+so that field is refused there. `prefix_saved` is what the hits saved against the full prompt rate.
+
 A cached response used no GPU; it is charged `cached_fraction` of the price (default nothing).
 A price book is JSON (`lw_routing` key `prices`) or a TOML table `[prices.pools.<pool>]`.
 """
@@ -29,6 +35,7 @@ Throughput = Annotated[float, Meta(gt=0, le=1e9)]
 class PoolPrice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     usd_per_1m_prompt: Price | None = None
     usd_per_1m_completion: Price | None = None
+    usd_per_1m_cached_prompt: Price | None = None       # prefix-cache hits; absent: the prompt price
     gpu_usd_per_hour: Price | None = None
     tokens_per_s: Throughput | None = None              # both kinds, unless given apart below
     prompt_tokens_per_s: Throughput | None = None       # prefill throughput
@@ -53,6 +60,7 @@ class Rates(NamedTuple):
 
     prompt: float
     completion: float
+    cached_prompt: float            # a prompt token read from the prefix cache
 
 
 def rates(pool: str, price: PoolPrice) -> Rates:
@@ -60,13 +68,22 @@ def rates(pool: str, price: PoolPrice) -> Rates:
     per_token = price.usd_per_1m_prompt is not None or price.usd_per_1m_completion is not None
     per_gpu = price.gpu_usd_per_hour is not None
     where = f"pools.{pool}"
+    if price.usd_per_1m_cached_prompt is not None and not per_token:
+        raise BadPrice(f"{where}.usd_per_1m_cached_prompt",
+                       f"pool {pool!r}: usd_per_1m_cached_prompt goes with per-token prices; "
+                       "from GPU hours a cached prompt token costs no prefill")
     if per_token and per_gpu:
         raise BadPrice(f"{where}.gpu_usd_per_hour", f"pool {pool!r}: price per token or per GPU hour, not both")
     if per_token:
         for name in ("usd_per_1m_prompt", "usd_per_1m_completion"):
             if getattr(price, name) is None:
                 raise BadPrice(f"{where}.{name}", f"pool {pool!r}: {name} is missing")
-        return Rates(price.usd_per_1m_prompt / 1e6, price.usd_per_1m_completion / 1e6)
+        cached = price.usd_per_1m_cached_prompt
+        if cached is not None and cached > price.usd_per_1m_prompt:
+            raise BadPrice(f"{where}.usd_per_1m_cached_prompt",
+                           f"pool {pool!r}: usd_per_1m_cached_prompt exceeds usd_per_1m_prompt")
+        prompt = price.usd_per_1m_prompt / 1e6
+        return Rates(prompt, price.usd_per_1m_completion / 1e6, prompt if cached is None else cached / 1e6)
     if not per_gpu:
         raise BadPrice(where, f"pool {pool!r}: set usd_per_1m_prompt/_completion or gpu_usd_per_hour")
     prompt_tps = price.prompt_tokens_per_s or price.tokens_per_s
@@ -75,7 +92,7 @@ def rates(pool: str, price: PoolPrice) -> Rates:
         missing = "prompt_tokens_per_s" if prompt_tps is None else "completion_tokens_per_s"
         raise BadPrice(f"{where}.{missing}", f"pool {pool!r}: GPU pricing needs tokens_per_s or {missing}")
     usd_per_s = price.gpu_usd_per_hour / 3600 / price.utilization
-    return Rates(usd_per_s / prompt_tps, usd_per_s / completion_tps)
+    return Rates(usd_per_s / prompt_tps, usd_per_s / completion_tps, 0.0)
 
 
 _AT = re.compile(r"at `\$\.([A-Za-z0-9_.]+)`")
@@ -121,10 +138,18 @@ class Meter:
     def rates(self, pool: str) -> Rates | None:
         return self._rates.get(pool)
 
-    def cost(self, pool: str, prompt_tokens: int, completion_tokens: int, cached: bool = False) -> float:
-        """US dollars; 0.0 for a pool without a price (`priced` tells that apart from free)."""
+    def cost(self, pool: str, prompt_tokens: int, completion_tokens: int, cached: bool = False,
+             cached_tokens: int = 0) -> float:
+        """US dollars; 0.0 for a pool without a price (`priced` tells that apart from free).
+        `cached_tokens` of the prompt tokens came from the prefix cache."""
         r = self._rates.get(pool)
         if r is None:
             return 0.0
-        usd = prompt_tokens * r.prompt + completion_tokens * r.completion
+        hits = min(max(cached_tokens, 0), prompt_tokens)
+        usd = (prompt_tokens - hits) * r.prompt + hits * r.cached_prompt + completion_tokens * r.completion
         return usd * self.book.cached_fraction if cached else usd
+
+    def prefix_saved(self, pool: str, cached_tokens: int) -> float:
+        """What `cached_tokens` prefix-cache hits saved: the full prompt rate less the cached one."""
+        r = self._rates.get(pool)
+        return 0.0 if r is None else max(cached_tokens, 0) * (r.prompt - r.cached_prompt)

@@ -30,7 +30,11 @@ from schemas.subjects import check_token
 from schemas.usage import Usage
 
 GROUPS = ("model", "served_model", "pool", "class", "day")
-COLUMNS = ("requests", "cached", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd")
+# `cached`: requests answered from the response cache. The last three are the engines' prefix-cache
+# hits: prompt tokens read from KV cache, their share of prompt tokens, and what they saved
+# against the full prompt price (appended: CSV readers of the first columns are unaffected).
+COLUMNS = ("requests", "cached", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
+           "cached_tokens", "prefix_hit_rate", "prefix_saved_usd")
 
 
 def parse_time(text: str) -> datetime:
@@ -42,7 +46,8 @@ def parse_time(text: str) -> datetime:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = "A tenant's metered usage (tokens, cost) from the LW_USAGE stream."
+    parser.description = ("A tenant's metered usage (tokens, cost, prefix-cache hits and what they saved) "
+                          "from the LW_USAGE stream.")
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--since", required=True, type=parse_time, help="ISO date or date-time (UTC default)")
     parser.add_argument("--until", type=parse_time, help="exclusive end (default: now)")
@@ -60,10 +65,16 @@ class Row:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    cached_tokens: int = 0
+    prefix_saved_usd: float = 0.0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def add(self, u: Usage) -> None:
         self.requests += 1
@@ -71,6 +82,8 @@ class Row:
         self.prompt_tokens += u.prompt_tokens
         self.completion_tokens += u.completion_tokens
         self.cost_usd += u.cost_usd
+        self.cached_tokens += u.cached_tokens
+        self.prefix_saved_usd += u.prefix_saved_usd
 
 
 def group_of(u: Usage, group_by: str) -> str:
@@ -93,9 +106,11 @@ def summarize(records: Iterable[Usage], group_by: str) -> tuple[list[Row], Row]:
     return [rows[k] for k in sorted(rows)], total
 
 
-def _cells(row: Row) -> list[str]:
+def _cells(row: Row, percent: bool = False) -> list[str]:
+    rate = f"{row.prefix_hit_rate:.1%}" if percent else f"{row.prefix_hit_rate:.4f}"
     return [row.group, str(row.requests), str(row.cached), str(row.prompt_tokens),
-            str(row.completion_tokens), str(row.total_tokens), f"{row.cost_usd:.6f}"]
+            str(row.completion_tokens), str(row.total_tokens), f"{row.cost_usd:.6f}",
+            str(row.cached_tokens), rate, f"{row.prefix_saved_usd:.6f}"]
 
 
 def write_csv(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None:
@@ -106,7 +121,7 @@ def write_csv(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None:
 
 
 def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None:
-    table = [[group_by, *COLUMNS], *(_cells(r) for r in rows), _cells(total)]
+    table = [[group_by, *COLUMNS], *(_cells(r, percent=True) for r in rows), _cells(total, percent=True)]
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
 
     def line(cells: list[str]) -> str:

@@ -25,7 +25,7 @@ FLAGS: dict[str, str] = {
     "qps": "load.qps", "dau": "load.dau", "requests_per_user": "load.requests_per_user_day",
     "peak_factor": "load.peak_factor", "concurrency": "load.concurrency",
     "think_time": "load.think_time_s", "tokens_in": "load.tokens_in",
-    "tokens_out": "load.tokens_out",
+    "tokens_out": "load.tokens_out", "prefix_hit_rate": "load.prefix_hit_rate",
     "gpu_memory_gb": "gpu.memory_gb", "gpu_bandwidth_tbs": "gpu.bandwidth_tbs",
     "gpu_tflops_bf16": "gpu.tflops_bf16", "gpu_tflops_fp8": "gpu.tflops_fp8",
     "gpu_tflops_fp4": "gpu.tflops_fp4", "gpu_usd_per_hour": "gpu.usd_per_hour",

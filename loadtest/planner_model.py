@@ -7,7 +7,9 @@ Roofline model, one pool per model in the routing mix:
   decode    memory-bandwidth bound: a step reads the weights the batch touches plus every
             sequence's KV cache. The batch is the largest that fits the KV room and keeps a step
             under 1 / min_stream_tps (the per-user streaming speed we promise).
-  prefill   compute bound: 2 × active params FLOPs per prompt token at `mfu`.
+  prefill   compute bound: 2 × active params FLOPs per prompt token at `mfu`, for the prompt
+            tokens not read from the prefix cache (`prefix_hit_rate`: vLLM's cached_tokens ÷
+            prompt_tokens, what `laneway usage` reports). Cached tokens still hold KV memory.
   replicas  decode replicas + prefill replicas (chunked prefill shares the same GPUs).
 No queueing model: figures are what the hardware sustains at full use, not p95 under bursts.
 """
@@ -18,6 +20,7 @@ import math
 from itertools import combinations
 from typing import Annotated, Literal
 
+import msgspec
 from msgspec import Meta, Struct, field
 
 Pos = Annotated[float, Meta(gt=0)]
@@ -97,6 +100,11 @@ class Load(Struct, kw_only=True, forbid_unknown_fields=True):
     think_time_s: NonNeg = 0.0  # 0: every concurrent user has a request in flight
     tokens_in: PosInt = 1500
     tokens_out: PosInt = 400
+    prefix_hit_rate: Annotated[float, Meta(ge=0, lt=1)] = 0.0  # of prompt tokens, from the prefix cache
+
+    def prefill_tokens(self) -> float:
+        """Prompt tokens a request really prefills: the cache hits skip it."""
+        return self.tokens_in * (1 - self.prefix_hit_rate)
 
 
 class Efficiency(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -236,7 +244,7 @@ def replica_for(m: Model, inp: PlanInput) -> Replica:
             hi = mid - 1
     batch = lo
     step, bound = _step_s(m, gpu, inp, gpus, batch)
-    prefill_s = ld.tokens_in * 2 * m.active_params_b * 1e9 / (
+    prefill_s = ld.prefill_tokens() * 2 * m.active_params_b * 1e9 / (
         gpus * gpu.tflops_for(m.quant) * 1e12 * inp.efficiency.mfu)
     ttft = prefill_s + step
     return Replica(model=m.name, weight_gb=m.weight_bytes() / 1e9,
@@ -270,7 +278,7 @@ def pool_for(m: Model, rep: Replica, share: float, inp: PlanInput, lf: LoadFigur
     in_flight = max(little, (lf.in_flight or 0.0) * share)
     kv_bytes = in_flight * (ld.tokens_in + ld.tokens_out) * rep.kv_bytes_per_token
     decode = in_flight / rep.batch
-    prefill_gpu_s = qps * ld.tokens_in * 2 * m.active_params_b * 1e9 / (
+    prefill_gpu_s = qps * ld.prefill_tokens() * 2 * m.active_params_b * 1e9 / (
         gpu.tflops_for(m.quant) * 1e12 * inp.efficiency.mfu)
     prefill = prefill_gpu_s / rep.gpus
     replicas = max(1, math.ceil(decode + prefill - 1e-9))
@@ -312,6 +320,11 @@ def plan_fleet(inp: PlanInput, shares: dict[str, float] | None = None,
                  api_usd_per_day=api_day, usd_per_day=gpu_day + api_day, usd_per_year=year,
                  latency_ok=all(p.replica.latency_ok for p in pools),
                  fits_budget=None if inp.budget_usd_year is None else year <= inp.budget_usd_year)
+
+
+def without_prefix_cache(inp: PlanInput) -> PlanInput:
+    """The same plan with every prompt token prefilled: the baseline the cache's savings are against."""
+    return msgspec.structs.replace(inp, load=msgspec.structs.replace(inp.load, prefix_hit_rate=0.0))
 
 
 class MixOption(Struct, kw_only=True):

@@ -17,6 +17,7 @@ from loadtest.planner_model import (
     plan_fleet,
     replica_for,
     search_mix,
+    without_prefix_cache,
 )
 
 # The documents' own figures, shown beside ours (reference/000 "Capacity math",
@@ -153,7 +154,7 @@ def _fleet_rows(inp: PlanInput, lf: LoadFigures, fleet: Fleet, doc: str) -> list
 
     rows: list[Row] = []
     add("Latency SLO",
-        f"p95 read as TTFT (streamed) = {_n(ld.tokens_in)} × 2 × {_params(big.active_params_b)} "
+        f"p95 read as TTFT (streamed) = {_n(ld.prefill_tokens())} × 2 × {_params(big.active_params_b)} "
         f"÷ ({rep.gpus} × {_n(gpu.tflops_for(big.quant))} TFLOPS × {inp.efficiency.mfu:g}) + 1 step",
         f"{rep.ttft_s:.3f} s vs {inp.slo.ttft_s:g} s (no queueing)",
         DOC_COST["slo"] if cost else DOC_B2B["slo"] if doc == "b2b" else "")
@@ -184,6 +185,12 @@ def _fleet_rows(inp: PlanInput, lf: LoadFigures, fleet: Fleet, doc: str) -> list
             f"{_si(fleet.api_tokens_per_day)} tokens/day", DOC_COST["api_tokens"] if cost else "")
         add(f"API cost @ ${price:g}/1M", f"{_si(fleet.api_tokens_per_day)} × ${price:g}/1M",
             f"${_n(fleet.api_usd_per_day)}/day", DOC_COST["api_cost"] if cost else "")
+    if ld.prefix_hit_rate > 0:      # what the cache saves: the same plan with every token prefilled
+        cold = plan_fleet(without_prefix_cache(inp))
+        add(f"Prefix cache {ld.prefix_hit_rate:.0%}",
+            f"prefill {_n(ld.tokens_in)} × (1 − {ld.prefix_hit_rate:g}) = {_n(ld.prefill_tokens())} tok/request; "
+            f"{cold.gpus} → {fleet.gpus} {gpu.name}",
+            f"{cold.gpus - fleet.gpus} GPUs, {_usd(cold.usd_per_year - fleet.usd_per_year)}/yr saved")
     add("Mix cost (GPUs)", f"{fleet.gpus} {gpu.name} × 24 h × ${gpu.usd_per_hour:.2f}/h",
         f"${_n(fleet.gpu_usd_per_day)}/day", DOC_COST["mix_cost"] if cost else "")
     if fleet.api_usd_per_day:
@@ -249,7 +256,7 @@ def _verdict_rows(inp: PlanInput, v: Verdict, lf: LoadFigures) -> list[Row]:
     step_kv_gb = rep.batch * (ld.tokens_in + ld.tokens_out / 2) * rep.kv_bytes_per_token / 1e9
     step_w_gb = min(big.weight_bytes(), rep.batch * big.active_bytes()) / 1e9
     tflops = gpu.tflops_for(big.quant)
-    prefill_gpus = lf.peak_qps * ld.tokens_in * 2 * big.active_params_b * 1e9 / (
+    prefill_gpus = lf.peak_qps * ld.prefill_tokens() * 2 * big.active_params_b * 1e9 / (
         tflops * 1e12 * eff.mfu)
     year = f"${gpu.usd_per_hour:.2f} × 8,760 h"
     rows = [
@@ -267,7 +274,7 @@ def _verdict_rows(inp: PlanInput, v: Verdict, lf: LoadFigures) -> list[Row]:
          f"{v.step_ms:.1f} ms/step = {v.stream_tps:.0f} tok/s/user "
          f"{'≥' if v.latency_ok else '<'} {inp.slo.min_stream_tps:g}"),
         ("Prefill",
-         f"{lf.peak_qps:g} QPS × {_n(ld.tokens_in)} × 2 × {_params(big.active_params_b)} "
+         f"{lf.peak_qps:g} QPS × {_n(ld.prefill_tokens())} × 2 × {_params(big.active_params_b)} "
          f"÷ ({_n(tflops)} TFLOPS × {eff.mfu:g})",
          f"{prefill_gpus:.1f} GPU-equivalents"),
         ("Fleet cost", f"{v.fleet_gpus} {gpu.name} × {year}",

@@ -14,6 +14,7 @@ import msgspec
 class TokenUsage(msgspec.Struct, array_like=True, gc=False):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0          # of prompt_tokens, read from the engine's prefix cache (as OpenAI counts)
 
 
 class TopLogprob(msgspec.Struct, array_like=True, gc=False):

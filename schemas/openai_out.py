@@ -11,10 +11,15 @@ import msgspec
 from schemas.openai import ToolCall
 
 
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0          # of prompt_tokens, read from the engine's prefix cache
+
+
 class CompletionUsage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class ChoiceMessage(msgspec.Struct):

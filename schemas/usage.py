@@ -28,3 +28,7 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     # client never got its end, and `completion_tokens` counts only the tokens it was sent.
     interrupted: bool = False
     undelivered_tokens: int = 0     # generated but never published
+    # Prefix-cache hits: of `prompt_tokens`, those the engine read from its KV cache instead of
+    # prefilling, and what that saved at the prices in force (full prompt rate less cached rate).
+    cached_tokens: int = 0
+    prefix_saved_usd: float = 0.0

@@ -92,6 +92,7 @@ class EngineOutput:
     finish_reason: str | None = None   # set on the last output: "stop" | "length" | "tool_calls" | "abort"
     prompt_tokens: int = 0             # exact counts, reported with the last output
     completion_tokens: int = 0
+    cached_tokens: int = 0             # of prompt_tokens, from the prefix cache (last output)
     index: int = 0                     # the choice this delta belongs to (n > 1)
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)   # when the client asked for them

@@ -46,7 +46,8 @@ class UsageRecorder:
             self.meter = Meter(parse_price_book(value))
 
     def record(self, dispatch: Dispatch, started: float, first_token_at: float | None,
-               finish_reason: str, prompt_tokens: int, completion_tokens: int, served_model: str) -> None:
+               finish_reason: str, prompt_tokens: int, completion_tokens: int, served_model: str,
+               cached_tokens: int = 0) -> None:
         """Call after the stream's last entry: the record goes out with the flush that carries it."""
         r = dispatch.request
         total_s, finished_at = time.monotonic() - started, time.time()
@@ -59,8 +60,9 @@ class UsageRecorder:
                 served_model=served_model, pool=self._pool, worker_id=self._worker_id,
                 prompt_tokens=prompt_tokens, completion_tokens=sent, finish_reason=finish_reason,
                 queued_s=dispatch.queued_s, ttft_s=ttft_s, total_s=total_s, finished_at=finished_at,
-                cost_usd=self.meter.cost(self._pool, prompt_tokens, sent),
+                cost_usd=self.meter.cost(self._pool, prompt_tokens, sent, cached_tokens=cached_tokens),
                 interrupted=delivery.lost, undelivered_tokens=completion_tokens - sent,
+                cached_tokens=cached_tokens, prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens),
             ))
 
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.

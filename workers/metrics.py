@@ -14,6 +14,12 @@ class WorkerMetrics:
         self.slots_in_use = Gauge("laneway_worker_slots_in_use", "Sequences running in the engine", ["pool"], registry=r)
         self.slots_total = Gauge("laneway_worker_slots_total", "Engine sequence slots", ["pool"], registry=r)
         self.tokens = Counter("laneway_worker_tokens_total", "Tokens generated", ["pool", "class"], registry=r)
+        self.prompt_tokens = Counter("laneway_worker_prompt_tokens_total", "Prompt tokens of metered requests",
+                                     ["pool", "class"], registry=r)
+        # Their prefix-cache hits: ÷ prompt tokens is the hit rate (prefill the engine skipped).
+        self.cached_prompt_tokens = Counter("laneway_worker_cached_prompt_tokens_total",
+                                            "Prompt tokens read from the engine's prefix cache",
+                                            ["pool", "class"], registry=r)
         self.finished = Counter("laneway_worker_finished_total", "Requests finished", ["pool", "reason"], registry=r)
         self.frames = Counter("laneway_worker_frames_total", "Token frames published", ["pool"], registry=r)
         self.entries_per_frame = Histogram("laneway_worker_entries_per_frame", "Stream entries carried per frame",

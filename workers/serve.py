@@ -176,7 +176,8 @@ class Serving:
                             self._emit(active, held)
                     reason = "cancelled" if active.cancelled else out.finish_reason
                     finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
-                                        TokenUsage(out.prompt_tokens, out.completion_tokens), self.engine.model,
+                                        TokenUsage(out.prompt_tokens, out.completion_tokens, out.cached_tokens),
+                                        self.engine.model,
                                         out.finish_reasons, out.vectors)
                 if gate is not None and gate.verdict is Verdict.ESCALATE:
                     break   # leaving the iterator aborts the small request in the engine
@@ -222,8 +223,9 @@ class Serving:
         self.outbox.emit(active.dispatch.request.reply_to, finished)
         self._release(active, ACK)
         self.metrics.finished.labels(self.pool, finished.finish_reason).inc()
-        self._record_usage(active, finished.finish_reason, finished.usage.prompt_tokens,
-                           finished.usage.completion_tokens, finished.model)
+        u = finished.usage
+        self._record_usage(active, finished.finish_reason, u.prompt_tokens, u.completion_tokens, finished.model,
+                           u.cached_tokens)
         self.answers.keep(active.dispatch, active.parts, active.cancelled, finished)
 
     def _engine_failed(self, active: Active, exc: EngineError) -> None:
@@ -275,9 +277,13 @@ class Serving:
         self._room.set()
 
     def _record_usage(self, active: Active, finish_reason: str, prompt_tokens: int,
-                      completion_tokens: int, served_model: str) -> None:
+                      completion_tokens: int, served_model: str, cached_tokens: int = 0) -> None:
         self.usage.record(active.dispatch, active.started, active.first_token_at, finish_reason,
-                          prompt_tokens, completion_tokens, served_model)
+                          prompt_tokens, completion_tokens, served_model, cached_tokens)
+        klass = active.dispatch.request.klass
+        self.metrics.prompt_tokens.labels(self.pool, klass).inc(prompt_tokens)
+        if cached_tokens:
+            self.metrics.cached_prompt_tokens.labels(self.pool, klass).inc(cached_tokens)
         if self._tracing.enabled:
             now, r = time.monotonic(), active.dispatch.request
             ttft = None if active.first_token_at is None else active.first_token_at - active.started

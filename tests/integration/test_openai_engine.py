@@ -260,6 +260,22 @@ async def test_counts_streamed_tokens_without_a_usage_chunk(upstream: FakeUpstre
     assert final.prompt_tokens > 0
 
 
+async def test_upstream_prefix_cache_hits_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+    """OpenAI's `usage.prompt_tokens_details.cached_tokens` reaches the final output; a null or
+    absent detail (vLLM without prompt-token details, other upstreams) is 0."""
+    def usage(details: Any) -> dict[str, Any]:
+        return {"prompt_tokens": 2048, "completion_tokens": 1, "total_tokens": 2049, "prompt_tokens_details": details}
+
+    engine = await make_engine()
+    for details, hits in (({"cached_tokens": 1920, "audio_tokens": 0}, 1920), ({"cached_tokens": None}, 0), (None, 0)):
+        upstream.script(Plan(chunks=(
+            chunk({"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}),
+            chunk(usage=usage(details)),
+        )))
+        final = (await collect(engine, request()))[-1]
+        assert (final.prompt_tokens, final.cached_tokens) == (2048, hits)
+
+
 async def test_completion_bodies_use_the_completions_endpoint(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     engine = await make_engine()
     body = CompletionBody(model="client-model", prompt="Once upon", echo=False, suffix="The end.", best_of=2)

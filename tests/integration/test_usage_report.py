@@ -24,11 +24,12 @@ _ids = count()
 
 
 def usage(tenant: str, model: str, prompt: int, completion: int, cost: float, *, pool: str = "sim",
-          cached: bool = False, finished_at: float | None = None) -> Usage:
+          cached: bool = False, finished_at: float | None = None, hits: int = 0, saved: float = 0.0) -> Usage:
     return Usage(request_id=f"r{next(_ids)}", tenant=tenant, klass="interactive", model=model,
                  served_model=f"{model}@1", pool=pool, worker_id="w1", prompt_tokens=prompt,
                  completion_tokens=completion, finish_reason="stop", queued_s=0.01, ttft_s=0.05,
-                 total_s=0.5, finished_at=finished_at or time.time(), cached=cached, cost_usd=cost)
+                 total_s=0.5, finished_at=finished_at or time.time(), cached=cached, cost_usd=cost,
+                 cached_tokens=hits, prefix_saved_usd=saved)
 
 
 def args_for(url: str, prefix: str, *argv: str) -> argparse.Namespace:
@@ -72,15 +73,33 @@ async def test_table_and_csv_sums(nats_server, stream) -> None:
     lines = text.splitlines()
     assert lines[0].split() == ["model", *report.COLUMNS]
     chat = next(line for line in lines if line.startswith("chat")).split()
-    assert chat == ["chat", "3", "1", "3500", "800", "4300", "0.015000"]
+    assert chat == ["chat", "3", "1", "3500", "800", "4300", "0.015000", "0", "0.0%", "0.000000"]
     total = lines[-1].split()
-    assert total == ["total", "4", "1", "6500", "1800", "8300", "0.065000"]
+    assert total == ["total", "4", "1", "6500", "1800", "8300", "0.065000", "0", "0.0%", "0.000000"]
 
     rows = list(csv.DictReader(io.StringIO(
         await run_report(nats_server.url, s, "--tenant", "acme", "--since", since, "--csv", "--group-by", "pool"))))
     assert [r["pool"] for r in rows] == ["big", "sim", "total"]
     assert int(rows[1]["prompt_tokens"]) == 3500 and float(rows[2]["cost_usd"]) == pytest.approx(0.065)
     assert sum(int(r["requests"]) for r in rows[:-1]) == int(rows[-1]["requests"]) == 4
+
+
+async def test_prefix_cache_hits_their_rate_and_savings(nats_server, stream) -> None:
+    s, publish = stream
+    await publish(usage("acme", "chat", 2000, 100, 0.003, hits=1536, saved=0.0023),
+                  usage("acme", "chat", 2000, 100, 0.004, hits=512, saved=0.0007),
+                  usage("acme", "code", 1000, 50, 0.002))                 # no hits: 0 saved, 0%
+    since = datetime.fromtimestamp(time.time() - 3600, timezone.utc).isoformat()
+    lines = (await run_report(nats_server.url, s, "--tenant", "acme", "--since", since)).splitlines()
+    chat = next(line for line in lines if line.startswith("chat")).split()
+    assert chat[-3:] == ["2048", "51.2%", "0.003000"]
+    assert next(line for line in lines if line.startswith("code")).split()[-3:] == ["0", "0.0%", "0.000000"]
+    assert lines[-1].split()[-3:] == ["2048", "41.0%", "0.003000"]
+    rows = list(csv.DictReader(io.StringIO(
+        await run_report(nats_server.url, s, "--tenant", "acme", "--since", since, "--csv"))))
+    total = rows[-1]
+    assert (int(total["cached_tokens"]), float(total["prefix_hit_rate"])) == (2048, pytest.approx(0.4096, abs=1e-4))
+    assert float(total["prefix_saved_usd"]) == pytest.approx(0.003)
 
 
 async def test_since_and_until_filter(nats_server, stream) -> None:
@@ -120,7 +139,7 @@ async def test_no_usage_and_the_command_entry_point(nats_server, stream) -> None
     # `run` is what `laneway usage` calls: it owns its event loop, so it runs in a thread here.
     rc = await asyncio.to_thread(report.run, args_for(nats_server.url, s.prefix, "--tenant", "acme",
                                                       "--since", "2026-01-01", "--csv"), out)
-    assert rc == 0 and out.getvalue().splitlines()[-1] == "total,1,0,7,3,10,0.500000"
+    assert rc == 0 and out.getvalue().splitlines()[-1] == "total,1,0,7,3,10,0.500000,0,0.0000,0.000000"
 
 
 def test_bad_arguments() -> None:

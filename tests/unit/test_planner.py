@@ -173,6 +173,26 @@ def test_decode_batch_respects_kv_room_and_step_time() -> None:
 
 # --- the CLI: text, JSON, TOML, errors ----------------------------------------------------------
 
+def test_a_prefix_hit_rate_shrinks_prefill_and_reports_the_savings(capsys: pytest.CaptureFixture[str]) -> None:
+    cold = scenario("cost-stack-120qps")
+    warm = msgspec.structs.replace(cold, load=msgspec.structs.replace(cold.load, prefix_hit_rate=0.6))
+    big = max(cold.models, key=lambda m: m.active_params_b)
+    cold_fleet, warm_fleet = plan_fleet(cold), plan_fleet(warm)
+    for c, w in zip(cold_fleet.pools, warm_fleet.pools):
+        assert w.prefill_replicas == pytest.approx(0.4 * c.prefill_replicas)    # 40% of the prompt prefilled
+        assert w.decode_replicas == pytest.approx(c.decode_replicas)            # decode and KV unchanged
+        assert w.kv_gb_at_peak == pytest.approx(c.kv_gb_at_peak)
+    assert replica_for(big, warm).ttft_s < replica_for(big, cold).ttft_s
+    assert warm_fleet.gpus < cold_fleet.gpus
+    saved = row(build_report(warm), "Prefix cache 60%")
+    assert saved.result.startswith(f"{cold_fleet.gpus - warm_fleet.gpus} GPUs, $")
+    assert not any(r.metric.startswith("Prefix cache") for r in build_report(cold).rows)   # default 0
+    rc, out, _ = cli(capsys, "--scenario", "cost-stack-120qps", "--prefix-hit-rate", "0.6")
+    assert rc == 0 and "Prefix cache 60%" in out
+    rc, _, err = cli(capsys, "--scenario", "cost-stack-120qps", "--prefix-hit-rate", "1")
+    assert rc == 2 and "--prefix-hit-rate" in err         # the last prompt token is always computed
+
+
 def test_text_output_has_every_reference_row(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = cli(capsys, "--scenario", "cost-stack-120qps")
     assert rc == 0

@@ -192,9 +192,21 @@ class Choice(msgspec.Struct):
     prompt_token_ids: list[int] | None = None   # ... completions: on a choice's first chunk
 
 
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int | None = None        # vLLM may send null
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None   # vLLM: with enable_prompt_tokens_details
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prefix-cache hits within the prompt tokens; 0 when the upstream does not say."""
+        details = self.prompt_tokens_details
+        hits = details.cached_tokens if details is not None else None
+        return min(max(hits or 0, 0), self.prompt_tokens)
 
 
 class ErrorBody(msgspec.Struct):

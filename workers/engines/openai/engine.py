@@ -207,8 +207,10 @@ class OpenAIUpstreamEngine(Engine):
                 max(1, sum(len(t) for t in body.texts()) // 4 + body.token_count())
             return EngineOutput(text="", finish_reason="abort" if aborted else "stop",
                                 prompt_tokens=prompt_tokens, vectors=[] if aborted else call.vectors)
+        cached_tokens = 0
         if usage is not None:
             prompt_tokens, completion_tokens = usage.prompt_tokens, usage.completion_tokens
+            cached_tokens = usage.cached_tokens     # the upstream's prefix-cache hits, relayed
         else:
             # No usage chunk (an aborted stream, or an upstream that ignores include_usage):
             # count streamed deltas (about one token each) and estimate the prompt.
@@ -216,7 +218,7 @@ class OpenAIUpstreamEngine(Engine):
             prompt_tokens, completion_tokens = max(1, chars // 4), call.streamed
         reasons = ["abort" if aborted else wire.finish_reason(call.finishes.get(i)) for i in range(call.choices)]
         return EngineOutput(text="", finish_reason=reasons[0], prompt_tokens=prompt_tokens,
-                            completion_tokens=completion_tokens,
+                            completion_tokens=completion_tokens, cached_tokens=cached_tokens,
                             finish_reasons=reasons if call.choices > 1 else [])
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:

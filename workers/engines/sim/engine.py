@@ -337,8 +337,10 @@ class SimEngine(Engine):
         self._reqs.pop(req.request.key, None)
         self._reserved -= req.reserve
         reasons = [seq.finish or reason for seq in req.choices]
+        # The prompt is counted once, so are its cache hits: choice 0's (choices queue in order: it starts first).
+        hits = [seq.sched.first_hit for seq in req.choices if seq.sched and seq.sched.first_hit is not None]
         req.push(EngineOutput("", [], finish_reason="abort" if reason == "abort" else reasons[0],
-                              prompt_tokens=req.sim.prompt_tokens,
+                              prompt_tokens=req.sim.prompt_tokens, cached_tokens=hits[0] if hits else 0,
                               completion_tokens=sum(seq.produced for seq in req.choices),
                               finish_reasons=reasons if len(reasons) > 1 else [],
                               vectors=(req.vectors or []) if reason != "abort" else []))

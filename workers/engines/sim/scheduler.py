@@ -79,6 +79,7 @@ class Sequence:
     hashed: int = 0                     # leading blocks registered in the prefix cache
     preemptions: int = 0
     cached_tokens: int = 0              # prompt tokens taken from the prefix cache, all starts
+    first_hit: int | None = None        # ... at its first start: what vLLM reports (num_cached_tokens)
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -226,6 +227,8 @@ class Scheduler:
             self._queued -= 1
             seq.blocks, seq.computed, seq.hashed = hits + blocks, computed, len(hits)
             seq.cached_tokens += computed
+            if seq.first_hit is None:
+                seq.first_hit = computed
             self._cache_full_blocks(seq, computed + n)
             self.running.append(seq)
             step.scheduled[seq] = n

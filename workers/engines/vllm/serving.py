@@ -46,8 +46,12 @@ def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any]:
                               request_logger=None, chat_template=template,
                               chat_template_content_format="auto", **parsers)
     renderer.warmup()
+    # Prompt-token details on: usage then carries `cached_tokens`, the request's prefix-cache hits
+    # (metered and priced apart). vLLM leaves them off by default (--enable-prompt-tokens-details).
     chat = OpenAIServingChat(llm, models, "assistant", online_renderer=renderer,
                              request_logger=None, chat_template=template,
-                             chat_template_content_format="auto", **parsers)
-    completion = OpenAIServingCompletion(llm, models, online_renderer=renderer, request_logger=None)
+                             chat_template_content_format="auto", enable_prompt_tokens_details=True,
+                             **parsers)
+    completion = OpenAIServingCompletion(llm, models, online_renderer=renderer, request_logger=None,
+                                         enable_prompt_tokens_details=True)
     return chat, completion

@@ -202,6 +202,7 @@ class ChunkReader:
         if self.usage is not None:
             out.prompt_tokens = self.usage.prompt_tokens
             out.completion_tokens = self.usage.completion_tokens
+            out.cached_tokens = self.usage.cached_tokens
         return out
 
 
