@@ -361,6 +361,24 @@ async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
     assert outs[-1].finish_reason in ("stop", "length")
 
 
+async def test_prefix_cache_hits_are_reported_per_cache_salt(engine) -> None:
+    """prompt_tokens_details is on: a repeated long prompt reports the blocks it found in vLLM's
+    prefix cache; the same prompt under another salt (another tenant scope) finds none."""
+    text = "Tell me about the sea and its tides, the moon and the wind. " * 20
+
+    async def hits(rid: str, salt: str) -> tuple[int, int]:
+        request = chat(rid, text, max_tokens=2)
+        request.cache_salt, request.tenant = salt, salt
+        last = (await collect(engine, request))[-1]
+        return last.prompt_tokens, last.cached_tokens
+
+    prompt, first = await hits("warm-1", "salt-a")
+    assert prompt > 64 and first == 0
+    _, again = await hits("warm-2", "salt-a")
+    assert 0 < again < prompt
+    assert (await hits("warm-3", "salt-b"))[1] == 0
+
+
 async def test_engine_death_is_engine_dead(engine) -> None:
     """Runs last: kills the engine core process, as an OOM kill or a crash would."""
     import psutil
