@@ -47,7 +47,7 @@ class Puller:
         self.metrics = metrics
         self._accepted = accepted
         self._on_batch = on_batch
-        self._room = room                   # set whenever a slot may have been freed
+        self._room = room                   # set whenever the credit may have changed (a slot, a prefill)
         self._stopping = stopping
         self._late: set[asyncio.Task[None]] = set()
 

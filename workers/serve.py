@@ -191,6 +191,9 @@ class Serving:
             if active.first_token_at is None:
                 active.first_token_at = time.monotonic()
                 self.metrics.ttft.labels(self.pool, r.klass).observe(active.first_token_at - active.started)
+                # Its prompt is no longer pending prefill: a fresh credit says so (the lanes' prefill
+                # caps and the affinity choice would otherwise read a parked credit's stale queue).
+                self._room.set()
             active.tokens += len(out.token_ids) or 1
             if active.redaction is not None:
                 out = active.redaction.apply(out)
