@@ -25,7 +25,7 @@ from dataclasses import dataclass
 CHUNK_CHARS = 256                   # ~64 tokens at the ~4 characters a token estimates use
 CHUNK_TOKENS = CHUNK_CHARS // 4
 BALANCE = 0.2                       # a worker this far above the others (load, or share of dispatches) is passed over
-BALANCE_FLOOR = 2                   # ... or this many sequences more than the least loaded, whichever is larger
+BALANCE_FLOOR = 1 / 16              # ... or this part of its slots more than the least loaded, whichever is larger
 SHARE_HALF_LIFE_S = 20.0            # how fast a worker's recent share of the dispatches forgets
 FORGET_AFTER_S = 60.0               # a worker not heard from in this long holds nothing
 
@@ -132,23 +132,35 @@ class Offer:
     load: int                       # sequences it holds (running and accepted)
     pending_prefill: int            # prompt tokens it accepted and has not started
     share: float = 1.0              # its recent share of the dispatches (PrefixIndex.share)
+    slots: int = 0                  # sequences it can hold
+    step_tokens: int = 0            # tokens one engine step computes (0: not known)
 
 
 def choose(offers: Sequence[Offer], prompt_tokens: int, overlaps: Sequence[int]) -> int:
-    """The index of the offer that should take a request: among workers within the balance (not
-    more than BALANCE above the least loaded, nor above their share of recent dispatches), the
-    least prefill before its first token (its own uncached part plus what the worker has queued),
-    then the least loaded, then the least share, then the first (the longest waiting)."""
+    """The index of the offer that should take a request. Among workers within the balance, the
+    fewest engine steps of prefill before its first token (its own uncached part after what the
+    worker has queued: prompts that share a step cost it nothing), then the least uncached
+    prefill (what the pool computes again), then the least loaded, the least share of recent
+    dispatches, and the first (the longest parked).
+
+    The balance: not more than BALANCE above the least loaded (or 1/16 of its slots: a few more
+    sequences in a step cost a first token far less than a prefill), and, while it is busier than
+    the least loaded, not above 1 + BALANCE of its share of recent dispatches. Sessions stay where
+    their history is, so the share is how a pool keeps a hot prefix from piling onto one worker;
+    a worker no busier than the rest keeps its sessions, as moving them would gain nothing."""
     least = min(o.load for o in offers)
-    bound = least + max(BALANCE_FLOOR, BALANCE * least)
-    balanced = [o.load <= bound and o.share <= 1 + BALANCE for o in offers]
+    within = [o.load <= least + max(1, BALANCE * least, BALANCE_FLOOR * o.slots) for o in offers]
+    balanced = [w and (o.load <= least or o.share <= 1 + BALANCE) for w, o in zip(within, offers, strict=True)]
     if not any(balanced):
-        balanced = [o.load <= bound for o in offers]
+        balanced = within
     best, best_key = 0, None
     for i, (offer, cached) in enumerate(zip(offers, overlaps, strict=True)):
         if not balanced[i]:
             continue
-        key = (max(0, prompt_tokens - cached) + offer.pending_prefill, offer.load, offer.share)
+        uncached = max(0, prompt_tokens - cached)
+        before = uncached + offer.pending_prefill
+        steps = -(-before // offer.step_tokens) if offer.step_tokens else before
+        key = (steps, uncached, offer.load, offer.share)
         if best_key is None or key < best_key:
             best, best_key = i, key
     return best

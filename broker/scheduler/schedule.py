@@ -366,4 +366,5 @@ def same_message(ack_subject: str, other: str) -> bool:
 
 
 def offer(credit: Credit, share: float) -> Offer:
-    return Offer(credit.worker_id, sum(credit.running.values()), sum(credit.prefill.values()), share)
+    return Offer(credit.worker_id, sum(credit.running.values()), sum(credit.prefill.values()), share,
+                 credit.total_slots, credit.step_tokens)

@@ -3,6 +3,8 @@ lanes' bounded preference (broker/affinity.py, broker/lanes.py)."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from broker.affinity import (
     CHUNK_CHARS,
     CHUNK_TOKENS,
@@ -135,7 +137,7 @@ def test_peek_is_what_a_pull_takes_first_and_changes_nothing():
 
 
 def test_sessions_stay_with_their_history_and_spread_evenly():
-    """A trickle (no load to balance) of sessions sharing one system prompt: without the share of
+    """Sessions sharing one system prompt, a few requests running at a time: without the share of
     recent dispatches every session would follow the system prompt to the first worker."""
     index, workers, sessions = PrefixIndex(), ["w0", "w1", "w2", "w3"], 40
     for w in workers:
@@ -143,6 +145,7 @@ def test_sessions_stay_with_their_history_and_spread_evenly():
     history = {s: SYSTEM for s in range(sessions)}
     home: dict[int, str] = {}
     served = dict.fromkeys(workers, 0)
+    running: deque[str] = deque(maxlen=6)       # the last few dispatches are still running
     stayed = follow_ups = 0
     now = 0.0
     for turn in range(6):
@@ -150,14 +153,30 @@ def test_sessions_stay_with_their_history_and_spread_evenly():
             now += 0.05
             history[s] += f" session {s} turn {turn} " + "q" * CHUNK_CHARS
             prefix = prefix_hashes([history[s]], "t")
-            offers = [Offer(w, 0, 0, index.share(w, now)) for w in workers]
+            offers = [Offer(w, running.count(w), 0, index.share(w, now), 256, 8192) for w in workers]
             chosen = workers[choose(offers, len(history[s]) // 4, [index.overlap(w, prefix) for w in workers])]
             if s in home:
                 follow_ups += 1
                 stayed += home[s] == chosen
             home[s] = chosen
             served[chosen] += 1
+            running.append(chosen)
             index.record(chosen, prefix, now)
     mean = sessions * 6 / len(workers)
     assert all(abs(n / mean - 1) <= 0.25 for n in served.values()), served
     assert stayed / follow_ups >= 0.9, (stayed, follow_ups)
+
+
+def test_an_idle_pool_keeps_a_conversation_where_it_is():
+    """One conversation, nothing else running: it never moves for the sake of balance."""
+    index, workers = PrefixIndex(), ["w0", "w1"]
+    for w in workers:
+        index.heard(w, kv_tokens=10**6, now=0.0)
+    history, homes = SYSTEM, []
+    for turn in range(8):
+        history += f" turn {turn} " + "q" * CHUNK_CHARS
+        prefix = prefix_hashes([history], "t")
+        offers = [Offer(w, 0, 0, index.share(w, float(turn)), 256, 8192) for w in workers]
+        homes.append(workers[choose(offers, len(history) // 4, [index.overlap(w, prefix) for w in workers])])
+        index.record(homes[-1], prefix, float(turn))
+    assert len(set(homes)) == 1, homes
