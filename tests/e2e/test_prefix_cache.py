@@ -11,7 +11,7 @@ import nats
 import openai
 import pytest
 
-from laneway.ops_usage import read_usage
+from core.usage_log import read_usage
 from loadtest.stack import Stack, demo_settings
 from schemas.subjects import Subjects
 from tests.wait import eventually

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from loadtest import fairness, generator, hol, multibroker, overhead, report, scale, scenarios
+from loadtest import affinity, fairness, generator, hol, multibroker, overhead, report, scale, scenarios
 from loadtest.results import to_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -111,6 +111,25 @@ async def test_fairness_short():
         assert 0 <= f["both_backlogged"] <= 1
     assert doc["figures"]["weighted"]["weights"]["light"] == 3.0
     assert "served share" in fairness.render(doc)
+
+
+async def test_affinity_short():
+    """Two workers, a few sessions: every turn metered with the worker that served it, and with
+    affinity on, a conversation's next turn is served where its history was."""
+    args = _args(affinity, "--workers", "2", "--sessions", "3", "--duration", "12", "--warmup", "0",
+                 "--turns", "4", "--think", "0.3", "--quiet")
+    doc = await affinity.run_benchmark(args)
+    runs = doc["runs"]
+    assert set(runs) == {"one", "on", "off"}
+    for r in runs.values():
+        assert r["turns"] > 0 and r["errors"] == 0
+        assert r["metered"] == r["turns"]                   # every turn's usage record was read back
+        assert 0 < r["hit_rate"] < 1 and r["cached_tokens"] > 0
+        assert sum(r["per_worker"].values()) == r["metered"] and len(r["per_worker"]) <= r["workers"]
+    assert runs["one"]["stayed"] == 1.0
+    assert runs["on"]["stayed"] >= 0.75, runs["on"]
+    assert set(doc["figures"]) >= {"on_ttft_p95_ratio", "on_hit_points_below_one", "on_imbalance"}
+    assert "Affinity on, 2 workers vs 1" in affinity.render(doc)
 
 
 async def test_multibroker_short():

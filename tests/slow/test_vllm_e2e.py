@@ -16,7 +16,8 @@ import openai
 import pytest
 import pytest_asyncio
 
-from loadtest.processes import LanewayUp
+from loadtest.processes import LanewayUp, metrics_port
+from loadtest.promtext import parse
 from schemas import codec
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
@@ -40,7 +41,7 @@ async def up(tmp_path_factory):
     model = vllm_model_dir()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     extra = ["--engine", "vllm", "--model", str(model), "--kv-cache-bytes", "256MiB",
-             "--max-model-len", "2048", "--max-num-seqs", "16"]
+             "--max-model-len", "2048", "--max-num-seqs", "16", "--metrics"]
     async with LanewayUp(tmp_path_factory.mktemp("vllm-up") / "lw", KEY, extra) as running:
         yield running
 
@@ -136,3 +137,28 @@ async def test_deadline_mid_generation_aborts_with_deadline_exceeded(up, engine_
 
     assert await eventually(idle, timeout=ABORT_BOUND_S), \
         f"vLLM still runs the request {ABORT_BOUND_S:.0f} s after its deadline"
+
+
+async def test_a_repeated_prefix_is_named_by_the_index_and_read_from_vllm_cache(up):
+    """A long system prompt sent twice: the scheduler's index says the worker holds its prefix,
+    and vLLM's own prefix cache, reported through Laneway, agrees (cached_tokens > 0)."""
+    client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0)
+    system = "You are the support agent of a parcel company; answer briefly and politely. " * 25
+
+    async def ask(question: str):
+        # Sampled (temperature): never the response cache, always the engine.
+        return await client.chat.completions.create(
+            model="smollm2", max_tokens=4, temperature=0.8,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+
+    first = await ask("Where is my parcel?")
+    again = await ask("Can I change the delivery address?")
+    assert first.usage.prompt_tokens > 300
+    assert 0 < again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens, again.usage
+    [broker] = up.role_pids("broker")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{metrics_port(broker)}/metrics") as resp:
+            scrape = parse(await resp.text())
+    pool = next(dict(labels)["pool"] for (name, labels) in scrape.samples if name == "laneway_prefix_affinity_total")
+    assert scrape.value("laneway_prefix_affinity_total", pool=pool, outcome="hit") >= 1
+    assert scrape.value("laneway_prefix_affinity_tokens_total", pool=pool) > 0
