@@ -28,6 +28,9 @@ BALANCE = 0.2                       # a worker this far above the others (load, 
 BALANCE_FLOOR = 1 / 16              # ... or this part of its slots more than the least loaded, whichever is larger
 SHARE_HALF_LIFE_S = 20.0            # how fast a worker's recent share of the dispatches forgets
 FORGET_AFTER_S = 60.0               # a worker not heard from in this long holds nothing
+# What a loaded LoRA adapter is worth in a backlog's order, in prompt tokens: loading one takes an
+# engine hundreds of milliseconds (from disk, in its step), several long prefills' worth.
+ADAPTER_TOKENS = 8192
 
 
 def prefix_hashes(texts: Iterable[str], salt: str) -> tuple[int, ...]:
@@ -136,8 +139,10 @@ class Offer:
     step_tokens: int = 0            # tokens one engine step computes (0: not known)
 
 
-def choose(offers: Sequence[Offer], prompt_tokens: int, overlaps: Sequence[int]) -> int:
-    """The index of the offer that should take a request. Among workers within the balance, the
+def choose(offers: Sequence[Offer], prompt_tokens: int, overlaps: Sequence[int],
+           unloaded: Sequence[bool] | None = None) -> int:
+    """The index of the offer that should take a request. Among workers within the balance, one
+    that holds the request's LoRA adapter loaded (`unloaded[i]`: it would load it first), the
     fewest engine steps of prefill before its first token (its own uncached part after what the
     worker has queued: prompts that share a step cost it nothing), then the least uncached
     prefill (what the pool computes again), then the least loaded, the least share of recent
@@ -160,7 +165,7 @@ def choose(offers: Sequence[Offer], prompt_tokens: int, overlaps: Sequence[int])
         uncached = max(0, prompt_tokens - cached)
         before = uncached + offer.pending_prefill
         steps = -(-before // offer.step_tokens) if offer.step_tokens else before
-        key = (steps, uncached, offer.load, offer.share)
+        key = (unloaded[i] if unloaded else False, steps, uncached, offer.load, offer.share)
         if best_key is None or key < best_key:
             best, best_key = i, key
     return best

@@ -338,7 +338,8 @@ class Broker:
     def _admitted(self, msg: Msg, admission: Admission, attempt: int) -> Admitted:
         return Admitted(admission.request, msg.reply, attempt, admission.decision.pool, self.id,
                         admission.cache_key or "", admission.served_model,
-                        admission.decision.escalate_to or "", admission.headers, admission.output_pii)
+                        admission.decision.escalate_to or "", admission.headers, admission.output_pii,
+                        admission.adapter)
 
     async def _replay(self, msg: Msg, admission: Admission, attempt: int) -> None:
         """A cache hit streams back as a normal stream, and is metered as cached."""

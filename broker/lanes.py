@@ -69,6 +69,7 @@ class Item:
     slots: int = 1              # sequence slots it takes in an engine (OpenAI's n)
     prompt: int = 0             # prompt tokens: what the engine must prefill
     prefix: tuple[int, ...] = ()    # the prompt's chained chunk hashes (broker/affinity.py)
+    adapter: str = ""           # the LoRA adapter it needs loaded: its logical model's name
 
     @property
     def key(self) -> tuple[str, str]:

@@ -41,6 +41,7 @@ class Held:
     headers: dict[str, str] = field(default_factory=dict)
     origin: str = ""        # the broker whose gate admitted it: told when it settles
     output_pii: str = ""    # the tenant's PII policy (JSON), for the worker to redact the answer
+    adapter: str = ""       # its model's LoRA adapter (path)
 
 
 @dataclass(slots=True)
@@ -55,3 +56,4 @@ class Pool:
     lanes: Lanes
     parked: list[ParkedPull] = field(default_factory=list)
     index: PrefixIndex = field(default_factory=PrefixIndex)    # which worker holds which prefix
+    adapters: dict[str, frozenset[str]] = field(default_factory=dict)   # worker → LoRA adapters loaded

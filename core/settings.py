@@ -30,6 +30,9 @@ class LogicalModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     pool: Token
     description: str = ""
     max_context_tokens: ContextTokens = DEFAULT_CONTEXT_TOKENS  # a longer prompt is refused at the edge
+    # A LoRA adapter on the pool's base model (a directory on the workers' disk): the workers
+    # load it on first use under this logical model's name (vLLM: --enable-lora).
+    adapter: Annotated[str, Meta(max_length=1024)] = ""
 
 
 def context_limit(models: Mapping[str, LogicalModel], name: str, default: int) -> int:

@@ -21,6 +21,7 @@ class Credit(msgspec.Struct, omit_defaults=True, gc=False):
     step_tokens: int = 0                    # the engine's tokens per step (max_num_batched_tokens); 0 = unknown
     prefill: dict[str, int] = {}            # prompt tokens accepted, not yet started, per class
     kv_tokens: int = 0                      # the engine's whole KV cache (prefix affinity); 0 = unknown
+    adapters: list[str] = []                # LoRA adapters it holds loaded (their logical model names)
 
 
 class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
@@ -38,6 +39,7 @@ class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     cache_salt: str = ""                    # the engine's prefix-cache salt: the tenant's scope
     headers: dict[str, str] = {}            # for the client's answer (x-ratelimit-*): on the first delta
     output_pii: str = ""                    # the tenant's PII policy (JSON): redact the answer with it
+    adapter: str = ""                       # a LoRA adapter's path, named as `request.model`
 
     @property
     def last_attempt(self) -> bool:
@@ -80,6 +82,7 @@ class Admitted(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     escalate_to: str = ""
     headers: dict[str, str] = {}
     output_pii: str = ""                    # the tenant's PII policy (JSON): the worker redacts the answer
+    adapter: str = ""                       # the model's LoRA adapter (its path on the workers)
 
 
 class AdmitAnswer(msgspec.Struct, array_like=True, gc=False):

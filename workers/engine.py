@@ -79,6 +79,7 @@ class EngineRequest:
     # The engine's own requests (warm-up, benchmarks) have none: "" is no tenant's name (a
     # subject token has 1-64 characters), so they never share a key with a tenant's.
     tenant: str = ""
+    adapter: str = ""               # a LoRA adapter's path: serve `body.model` with it on the base model
 
     @property
     def key(self) -> RequestKey:
@@ -113,6 +114,7 @@ class Capacity:
     running: dict[str, int] = field(default_factory=dict)   # slots held per class
     step_tokens: int = 0               # tokens one engine step computes at most; 0 = not known
     kv_tokens: int = 0                 # the whole KV cache: what its prefix cache can hold; 0 = none
+    adapters: tuple[str, ...] = ()     # LoRA adapters loaded now (their logical model names)
 
 
 class Engine(abc.ABC):

@@ -76,7 +76,8 @@ class Puller:
                       token_budget=max(0, cap.token_budget - unstarted_cost),
                       total_slots=cap.total_slots, classes=list(self.config.classes),
                       running=running, wait_s=self.config.pull_wait_s,
-                      step_tokens=cap.step_tokens, prefill=prefill, kv_tokens=cap.kv_tokens)
+                      step_tokens=cap.step_tokens, prefill=prefill, kv_tokens=cap.kv_tokens,
+                      adapters=list(cap.adapters))
 
     async def run(self) -> None:
         while not self._stopping.is_set():

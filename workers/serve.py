@@ -160,7 +160,8 @@ class Serving:
         """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
         d, r = active.dispatch, active.dispatch.request
         request = EngineRequest(r.request_id, r.body, r.extra, priority=d.priority, klass=r.klass,
-                                confidence=gate is not None, cache_salt=d.cache_salt, tenant=r.tenant)
+                                confidence=gate is not None, cache_salt=d.cache_salt, tenant=r.tenant,
+                                adapter=d.adapter)
         finished: Finished | None = None
         async with asyncio.timeout(max(0.0, r.deadline - time.time())):
             async for out in self.engine.generate(request):

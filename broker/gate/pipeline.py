@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiTooLarge, PiiUnavailable
 from broker.gate.quota import Quota, QuotaUnavailable
-from broker.gate.route import route
+from broker.gate.route import adapter_of, route
 from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
 from core.cache import CachedResponse, ResponseCache
 from core.policy.pii import document_fingerprint
@@ -47,6 +47,7 @@ class Admission:
     hit: CachedResponse | None = None
     headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* for the client's answer
     output_pii: str = ""                # the tenant's PII policy (JSON) when the worker redacts output
+    adapter: str = ""                   # the model's LoRA adapter (core.settings.LogicalModel.adapter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,8 @@ class Gate:
         try:
             request = await self._pii(request, tenant, tenant_doc)
             decision = route(request, routing.models, routing.rules, routing.health)
-            admission = Admission(request, decision, headers=headers, output_pii=output_pii)
+            admission = Admission(request, decision, headers=headers, output_pii=output_pii,
+                                  adapter=adapter_of(request, routing.models, routing.rules))
             await self._lookup(admission, tenant, routing)
             return admission
         except Refusal:

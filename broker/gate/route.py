@@ -17,6 +17,14 @@ from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 
 
+def adapter_of(request: GenerateRequest, models: Mapping[str, LogicalModel], rules: RuleSet | None = None) -> str:
+    """The LoRA adapter of a models-table model ("" for none, and for a rule-routed model)."""
+    if rules is not None and rules.serves(request.model):
+        return ""
+    model = models.get(request.model)
+    return model.adapter if model is not None else ""
+
+
 def route(request: GenerateRequest, models: Mapping[str, LogicalModel], rules: RuleSet | None = None,
           health: Mapping[str, PoolHealth] | None = None) -> Decision:
     if rules is not None and rules.serves(request.model):

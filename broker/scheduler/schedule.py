@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.affinity import Offer, choose, prefix_hashes
+from broker.affinity import ADAPTER_TOKENS, Offer, choose, prefix_hashes
 from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
@@ -171,10 +171,11 @@ class Scheduler:
         held = Held(ack, request, admitted.attempt, admitted.pool,
                     time.monotonic() if touched is None else touched, admitted.cache_key,
                     admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin,
-                    admitted.output_pii)
+                    admitted.output_pii, admitted.adapter)
         item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline, now,
                     payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens(),
-                    prefix=self._prefix(request))
+                    prefix=self._prefix(request, admitted.adapter),
+                    adapter=request.model if admitted.adapter else "")
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:
             code, text = _ADMIT_ERRORS[verdict]
@@ -198,6 +199,7 @@ class Scheduler:
             return
         pool = self.pool(credit.pool)
         pool.index.heard(credit.worker_id, credit.kv_tokens, time.monotonic())
+        pool.adapters[credit.worker_id] = frozenset(credit.adapters)
         # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
         superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
         if superseded:
@@ -218,7 +220,7 @@ class Scheduler:
             total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
             now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
             step_tokens=credit.step_tokens, prefill=credit.prefill,
-            prefer=self._preference(pool, credit.worker_id) if self.affinity else None,
+            prefer=self._preference(pool, credit) if self.affinity else None,
         )
         for item in selection.expired:
             await self.expire(item)
@@ -235,7 +237,7 @@ class Scheduler:
                                        cache_key=held.cache_key, cache_model=held.cache_model,
                                        cache_salt=prefix_salt(self._scopes().scope(item.tenant)),
                                        headers=held.headers, output_pii=held.output_pii,
-                                       **self._cascade(held)))
+                                       adapter=held.adapter, **self._cascade(held)))
             self.metrics.queue_wait.labels(item.klass).observe(queued)
             self._tracing.record("laneway.broker.queue", held.request.traceparent, item.enqueued_at, now,
                                  request_id=item.request_id, tenant=item.tenant, pool=credit.pool,
@@ -266,10 +268,13 @@ class Scheduler:
         self.metrics.parked_pulls.labels(name).set(len(pool.parked))
 
     # -- prefix affinity (broker/affinity.py) -------------------------------------------------
-    def _prefix(self, request) -> tuple[int, ...]:
+    def _prefix(self, request, adapter: str) -> tuple[int, ...]:
+        """The prompt's chunk hashes from the tenant scope's salt (and the adapter: an adapter's
+        KV is its own, as in vLLM's block hashes)."""
         if not self.affinity or request.embedding is not None:
             return ()
-        return prefix_hashes(request.body.texts(), prefix_salt(self._scopes().scope(request.tenant)))
+        salt = prefix_salt(self._scopes().scope(request.tenant))
+        return prefix_hashes(request.body.texts(), f"{salt}\0{adapter}" if adapter else salt)
 
     def _best_parked(self, pool: Pool) -> int:
         """Which parked pull takes the next request: the one whose worker reaches its first token
@@ -277,7 +282,7 @@ class Scheduler:
         if not self.affinity or len(pool.parked) < 2:
             return 0
         head = pool.lanes.peek(time.time())
-        if head is None or not head.prefix:
+        if head is None or not (head.prefix or head.adapter):
             return 0
         able = [i for i, p in enumerate(pool.parked) if not p.credit.classes or head.klass in p.credit.classes]
         if not able:
@@ -286,18 +291,26 @@ class Scheduler:
         offers = [offer(pool.parked[i].credit, pool.index.share(pool.parked[i].credit.worker_id, now))
                   for i in able]
         overlaps = [pool.index.overlap(o.worker, head.prefix) for o in offers]
-        return able[choose(offers, head.prompt, overlaps)]
+        unloaded = [bool(head.adapter) and head.adapter not in pool.parked[i].credit.adapters for i in able]
+        return able[choose(offers, head.prompt, overlaps, unloaded)]
 
     @staticmethod
-    def _preference(pool: Pool, worker: str) -> Callable[[Item], float]:
+    def _preference(pool: Pool, credit: Credit) -> Callable[[Item], float]:
         """An item's score for this worker: the prefix it holds, less the most another holds (a
-        request cached elsewhere is left for that worker's pull, one cached nowhere taken first)."""
-        now = time.monotonic()
+        request cached elsewhere is left for that worker's pull, one cached nowhere taken first),
+        and likewise its LoRA adapter, loaded here or elsewhere."""
+        now, worker, loaded = time.monotonic(), credit.worker_id, frozenset(credit.adapters)
 
         def score(item: Item) -> float:
-            if not item.prefix:
-                return 0.0
-            return pool.index.overlap(worker, item.prefix) - pool.index.best_elsewhere(worker, item.prefix, now)
+            value = 0.0
+            if item.prefix:
+                value = pool.index.overlap(worker, item.prefix) - pool.index.best_elsewhere(worker, item.prefix, now)
+            if item.adapter:
+                if item.adapter in loaded:
+                    value += ADAPTER_TOKENS
+                elif any(item.adapter in held for w, held in pool.adapters.items() if w != worker):
+                    value -= ADAPTER_TOKENS
+            return value
         return score
 
     def _placed(self, pool: Pool, credit: Credit, items: list[Item]) -> None:
@@ -312,7 +325,8 @@ class Scheduler:
             self.metrics.affinity_tokens.labels(credit.pool).inc(here)
             pool.index.record(credit.worker_id, item.prefix, now)
         if items:
-            pool.index.forget_silent(now)
+            for gone in pool.index.forget_silent(now):
+                pool.adapters.pop(gone, None)
 
     # -- leaving the lanes otherwise ----------------------------------------------------------
     async def cancel(self, tenant: str, request_id: str) -> bool:
