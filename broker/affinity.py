@@ -76,10 +76,13 @@ class PrefixIndex:
         self._trim(w)
 
     def record(self, worker: str, prefix: Sequence[int], now: float) -> None:
+        """A request was dispatched to the worker: counted in its share, its prefix kept."""
         w = self._workers.get(worker)
-        if w is None or not w.capacity:
+        if w is None:
             return
         w.rate, w.rate_at = w.decayed(now) + 1.0, now
+        if not w.capacity:
+            return
         for h in prefix:
             w.chunks[h] = None
             w.chunks.move_to_end(h)
@@ -107,7 +110,7 @@ class PrefixIndex:
     def share(self, worker: str, now: float) -> float:
         """The worker's recent dispatches over the live workers' mean (1.0: its fair part). Sessions
         stay where their history is, so this is how a pool keeps from piling onto one worker."""
-        live = [w for w in self._workers.values() if now - w.seen < FORGET_AFTER_S and w.capacity]
+        live = [w for w in self._workers.values() if now - w.seen < FORGET_AFTER_S]
         w = self._workers.get(worker)
         total = sum(x.decayed(now) for x in live)
         if w is None or len(live) < 2 or total <= 0:

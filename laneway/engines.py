@@ -28,6 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="most prompt tokens one request computes per step (vLLM's); default: the profile's")
     g.add_argument("--sim-min-step", type=float, default=0.0, metavar="SECONDS",
                    help="no engine step shorter than this: streams at most 1/SECONDS tok/s at any occupancy")
+    g.add_argument("--sim-max-loras", type=int, default=4,
+                   help="LoRA adapters the simulated engine holds loaded (the least recently used makes room)")
+    g.add_argument("--sim-lora-load-s", type=float, default=0.2, metavar="SECONDS",
+                   help="what loading an adapter adds to the step that first needs it")
 
 
 def configure_all(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +50,8 @@ def build(args: argparse.Namespace) -> Engine:
                          max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens,
                          max_num_batched_tokens=args.sim_max_num_batched_tokens,
                          long_prefill_token_threshold=args.sim_long_prefill_token_threshold,
-                         min_step_s=args.sim_min_step)
+                         min_step_s=args.sim_min_step, max_loras=args.sim_max_loras,
+                         lora_load_s=args.sim_lora_load_s)
     if args.engine == "vllm":
         from workers.engines.vllm.config import VllmConfig
         from workers.engines.vllm.engine import VllmEngine

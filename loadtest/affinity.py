@@ -2,7 +2,7 @@
 N workers at N·L, with the scheduler's prefix affinity on and off, in ONE run.
 
     python -m loadtest.affinity [--workers 4] [--sessions 20] [--duration 60] [--warmup 10]
-                                [--profile llama-8b-h100] [--json out.json]
+                                [--profile llama-8b-h100] [--adapters 8 --max-loras 2] [--json out.json]
 
 Runs, each on a fresh `laneway up` (--pii off by default: the same for all three, and the PII
 stage's CPU on a 2-core machine would be the figure instead of the dispatch):
@@ -13,6 +13,9 @@ Sessions (loadtest/sessions.py): a 1,500-token system prompt shared by the tenan
 120-token turns, 80-token answers, 4 s think time, 12 turns a conversation. Turns sent inside
 the measured window count. From the usage records (`LW_USAGE`): the prefix hit rate (cached ÷
 prompt tokens, as each engine reported it) and each worker's share of the turns.
+With --adapters K, session n talks to logical model `support-{n % K}`, each a LoRA adapter on the
+pool; a worker holds --max-loras of them and a load adds --lora-load-s to its step (the sim's
+model of vLLM loading an adapter inside the step that needs it).
 Targets (affinity on vs one worker): chat TTFT p50 and p95 within 1.15×, hit rate within 10
 points, every worker within ±20% of the mean share. The off run shows what affinity saves.
 Engine: SIMULATION (vLLM V1's scheduler and prefix cache, `workers/engines/sim/scheduler.py`).
@@ -44,8 +47,10 @@ TTFT_RATIO, HIT_POINTS, BALANCE = 1.15, 10.0, 0.20
 
 
 async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: bool, tmp: Path) -> dict:
+    adapters = tuple(f"support-{i}" for i in range(args.adapters))
     pool = PoolSpec(model=MODEL, profile=args.profile, workers=workers, speed=args.sim_speed,
-                    max_seqs=args.max_seqs)
+                    max_seqs=args.max_seqs, adapters=adapters, max_loras=args.max_loras,
+                    lora_load_s=args.lora_load_s)
     flags = ["--pii", args.pii] + ([] if affinity else ["--no-prefix-affinity"])
     shape = SessionShape(args.system_tokens, args.turn_tokens, args.answer_tokens, args.turns, args.think)
     turns: list[Turn] = []
@@ -53,7 +58,7 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
         since = datetime.now(timezone.utc)
         t0 = time.time()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
-            await run_sessions(http, fleet.url, fleet.keys[TENANT], MODEL, TENANT, shape,
+            await run_sessions(http, fleet.url, fleet.keys[TENANT], adapters or (MODEL,), TENANT, shape,
                                args.sessions * workers, t0 + args.duration, args.seed, turns)
         await settle(fleet)
         nc = await fleet.up.connect_nats("ops")
@@ -127,7 +132,9 @@ def render(doc: dict) -> str:
     lines = [f"Prefix affinity: sim/{c['profile']} (SIMULATION), sessions of {c['turns']} turns: "
              f"{c['system_tokens']}-token shared system prompt, {c['turn_tokens']}-token turns, "
              f"{c['answer_tokens']}-token answers, {c['think']:g} s think; {c['sessions']} sessions a worker; "
-             f"{c['duration']:.0f} s runs ({c['warmup']:.0f} s warm-up); PII stage {c['pii']}",
+             f"{c['duration']:.0f} s runs ({c['warmup']:.0f} s warm-up); PII stage {c['pii']}"
+             + (f"; sessions over {c['adapters']} LoRA adapters (a worker holds {c['max_loras']}, a load adds "
+                f"{c['lora_load_s']:g} s to its step)" if c.get("adapters") else ""),
              f"  {'run':<5} {'workers':>7} {'turns':>6} {'err':>4} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
              f"{'hit rate':>8} {'stayed':>6} | {'worker shares (turns)'}"]
     for label, r in runs.items():
@@ -163,6 +170,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-tokens", type=int, default=80)
     parser.add_argument("--turns", type=int, default=12, help="turns per conversation")
     parser.add_argument("--think", type=float, default=4.0, help="mean seconds between turns")
+    parser.add_argument("--adapters", type=int, default=0,
+                        help="sessions spread over this many logical models, each a LoRA adapter on the pool")
+    parser.add_argument("--max-loras", type=int, default=2, help="adapters a worker holds loaded (with --adapters)")
+    parser.add_argument("--lora-load-s", type=float, default=0.2,
+                        help="seconds loading an adapter adds to the engine step that needs it (with --adapters)")
     parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="off")
     add_output_flags(parser)
 

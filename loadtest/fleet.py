@@ -40,6 +40,9 @@ def settings_toml(tenants: tuple[TenantSpec, ...] | list[TenantSpec], pools: tup
                   f"weight = {float(t.weight)}", ""]
     for model, pool in sorted({(p.model, p.pool) for p in pools}):
         lines += [f'[models."{model}"]', f'pool = "{pool}"', ""]
+    for p in pools:     # LoRA adapters on the pool's model (the sim loads any path: it has no weights)
+        for name in p.adapters:
+            lines += [f'[models."{name}"]', f'pool = "{p.pool}"', f'adapter = "/adapters/{name}"', ""]
     return "\n".join(lines)
 
 

@@ -63,6 +63,9 @@ class PoolSpec:
     kv_tokens: int | None = None
     long_prefill_token_threshold: int | None = None   # vLLM's per-request chunk cap; None: the profile's
     min_step_s: float = 0.0                           # a floor on the step: a fixed stream rate
+    adapters: tuple[str, ...] = ()                    # logical models that are LoRA adapters on this pool
+    max_loras: int | None = None                      # adapters a worker holds loaded; None: the sim's default
+    lora_load_s: float | None = None                  # what loading one adds to a step; None: the sim's
 
     def sim_flags(self) -> list[str]:
         flags = ["--sim-profile", self.profile, "--sim-speed", str(self.speed)]
@@ -74,6 +77,10 @@ class PoolSpec:
             flags += ["--sim-long-prefill-token-threshold", str(self.long_prefill_token_threshold)]
         if self.min_step_s:
             flags += ["--sim-min-step", str(self.min_step_s)]
+        if self.max_loras is not None:
+            flags += ["--sim-max-loras", str(self.max_loras)]
+        if self.lora_load_s is not None:
+            flags += ["--sim-lora-load-s", str(self.lora_load_s)]
         return flags
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -53,13 +54,15 @@ def system_prompt(tenant: str, tokens: int) -> str:
     return prose(random.Random(f"system:{tenant}"), tokens, f"You are {tenant}'s support assistant.")
 
 
-async def run_sessions(http: aiohttp.ClientSession, url: str, api_key: str, model: str, tenant: str,
+async def run_sessions(http: aiohttp.ClientSession, url: str, api_key: str, models: Sequence[str], tenant: str,
                        shape: SessionShape, sessions: int, until: float, seed: int, out: list[Turn],
                        klass: str = "interactive") -> None:
-    """`sessions` concurrent sessions until `until` (time.time()); each turn lands in `out` as sent."""
+    """`sessions` concurrent sessions until `until` (time.time()), session n on `models[n % len]`
+    (several: an assistant per product, each a LoRA adapter); each turn lands in `out` as sent."""
     system = system_prompt(tenant, shape.system_tokens)
 
     async def session(n: int) -> None:
+        model = models[n % len(models)]
         rng = random.Random(f"{seed}:{n}")
         await asyncio.sleep(rng.uniform(0, shape.think_s))       # sessions start spread out
         conversation = 0

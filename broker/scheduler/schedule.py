@@ -316,13 +316,12 @@ class Scheduler:
     def _placed(self, pool: Pool, credit: Credit, items: list[Item]) -> None:
         now = time.monotonic()
         for item in items:
-            if not item.prefix:
-                continue
-            here = pool.index.overlap(credit.worker_id, item.prefix)
-            elsewhere = pool.index.best_elsewhere(credit.worker_id, item.prefix, now)
-            outcome = "cold" if not (here or elsewhere) else ("hit" if here >= elsewhere else "miss")
-            self.metrics.affinity.labels(credit.pool, outcome).inc()
-            self.metrics.affinity_tokens.labels(credit.pool).inc(here)
+            if item.prefix:
+                here = pool.index.overlap(credit.worker_id, item.prefix)
+                elsewhere = pool.index.best_elsewhere(credit.worker_id, item.prefix, now)
+                outcome = "cold" if not (here or elsewhere) else ("hit" if here >= elsewhere else "miss")
+                self.metrics.affinity.labels(credit.pool, outcome).inc()
+                self.metrics.affinity_tokens.labels(credit.pool).inc(here)
             pool.index.record(credit.worker_id, item.prefix, now)
         if items:
             for gone in pool.index.forget_silent(now):

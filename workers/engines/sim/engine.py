@@ -35,6 +35,7 @@ from core.tasks import cancel_and_wait
 from schemas.frames import ToolCallDelta
 from schemas.openai import ChatBody, EmbeddingBody
 from workers.engine import Capacity, Engine, EngineError, EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
+from workers.engines.sim.adapters import Adapters
 from workers.engines.sim.embed import accept_embedding
 from workers.engines.sim.output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
 from workers.engines.sim.request import SimRequest, accept
@@ -107,7 +108,8 @@ class SimEngine(Engine):
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
                  max_seqs: int | None = None, kv_tokens: int | None = None,
                  max_model_len: int = 8192, max_num_batched_tokens: int | None = None,
-                 long_prefill_token_threshold: int | None = None, min_step_s: float = 0.0) -> None:
+                 long_prefill_token_threshold: int | None = None, min_step_s: float = 0.0,
+                 max_loras: int = 4, lora_load_s: float = 0.2) -> None:
         self.profile = profile
         self.model = model or f"sim/{profile.name}"
         self.speed = speed                  # >1 runs the same model faster (tests)
@@ -124,6 +126,7 @@ class SimEngine(Engine):
             num_blocks=max(1, self.kv_tokens // BLOCK),
             long_prefill_token_threshold=threshold if long_prefill_token_threshold is None
             else long_prefill_token_threshold))
+        self.adapters = Adapters(max_loras, lora_load_s)     # LoRA adapters: held, and their load time
         self._reqs: dict[RequestKey, _Req] = {}
         self._held = 0                      # sequences (choices) admitted and not finished
         self._reserved = 0
@@ -150,7 +153,7 @@ class SimEngine(Engine):
                         free_slots=max(0, self.max_seqs - self._held),
                         token_budget=max(0, self.kv_tokens - self._reserved),
                         running=running, step_tokens=self.scheduler.config.max_num_batched_tokens,
-                        kv_tokens=self.scheduler.config.num_blocks * BLOCK)
+                        kv_tokens=self.scheduler.config.num_blocks * BLOCK, adapters=self.adapters.held())
 
     def num_running(self) -> int:
         """Sequences held: every unfinished choice of every request, waiting or decoding."""
@@ -172,7 +175,9 @@ class SimEngine(Engine):
         self._reqs[request.key] = req
         self._held += req.open
         self._reserved += req.reserve + sum(seq.reserve for seq in req.choices)
-        hashes = block_hashes("".join(request.body.texts()), req.sim.prompt_tokens, request.cache_salt)
+        # An adapter's KV is its own (vLLM puts the LoRA in the block hashes' extra keys).
+        salt = f"{request.cache_salt}\0{request.body.model}" if request.adapter else request.cache_salt
+        hashes = block_hashes("".join(request.body.texts()), req.sim.prompt_tokens, salt)
         for seq in req.choices:
             seq.sched = Sequence(seq, request.priority, req.order, req.sim.prompt_tokens, hashes)
             self.scheduler.add(seq.sched)
@@ -243,7 +248,9 @@ class SimEngine(Engine):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await asyncio.sleep(self.step_time(step))
+            loading = self.adapters.activate({s.owner.req.request.body.model for s in step.scheduled
+                                              if s.owner.req.request.adapter})
+            await asyncio.sleep(self.step_time(step) + loading / self.speed)
             self.steps += 1
             for sched in self.scheduler.finish_step(step):
                 seq = sched.owner
