@@ -340,6 +340,16 @@ async def test_unknown_extra_field_is_refused_by_name(engine) -> None:
     assert info.value.request_id == "unknown-field"
 
 
+async def test_lora_adapter_is_refused_without_enable_lora(engine) -> None:
+    request = chat("lora-off", "Hi")
+    request.body.model, request.adapter = "support-bot", "/srv/adapters/support-bot"
+    with pytest.raises(UnsupportedRequest) as info:
+        await collect(engine, request)
+    assert info.value.param == "model"
+    assert "'support-bot'" in info.value.message and "--enable-lora" in info.value.message
+    assert engine.capacity().adapters == ()
+
+
 async def test_extra_top_k_is_honoured(engine) -> None:
     # top_k=1 leaves only the most likely token, so sampling hot gives the greedy answer.
     greedy = await collect(engine, chat("greedy", "Describe the sea.", max_tokens=16))

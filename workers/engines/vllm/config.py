@@ -61,6 +61,11 @@ class VllmConfig:
                                               # generative ones converted to embed)
     allowed_media_domains: frozenset[str] = frozenset()   # hosts whose media URLs the engine
                                               # fetches (workers/engines/vllm/media_urls.py); empty: none
+    # LoRA adapters (the models table's `adapter`), loaded on first use; None: vLLM's default.
+    enable_lora: bool = False
+    max_loras: int | None = None              # adapters in one batch (vLLM's GPU slots; default 1)
+    max_lora_rank: int | None = None          # the largest adapter rank served (default 16)
+    max_cpu_loras: int | None = None          # adapters kept in host memory (default max_loras)
 
     @property
     def name(self) -> str:
@@ -108,11 +113,23 @@ class VllmConfig:
                        metavar="HOST,HOST", help="hosts whose image/audio/video URLs the engine "
                        "may fetch, matched exactly (example.com admits no subdomain); default "
                        "none: only data: URLs")
+        g.add_argument("--enable-lora", action="store_true",
+                       help="serve LoRA adapters (a models-table model's `adapter`), loaded on first use")
+        g.add_argument("--max-loras", type=int, default=None,
+                       help="with --enable-lora: adapters in one batch (default vLLM's, 1)")
+        g.add_argument("--max-lora-rank", type=int, default=None,
+                       help="with --enable-lora: the largest adapter rank (default vLLM's, 16)")
+        g.add_argument("--max-cpu-loras", type=int, default=None,
+                       help="with --enable-lora: adapters kept in host memory (default --max-loras)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VllmConfig:
         if not args.model:
             raise ValueError("--model is required for the vllm engine")
+        lora_sizes = [f"--{n.replace('_', '-')}" for n in ("max_loras", "max_lora_rank", "max_cpu_loras")
+                      if getattr(args, n, None) is not None]
+        if lora_sizes and not getattr(args, "enable_lora", False):
+            raise ValueError(f"{', '.join(lora_sizes)} without --enable-lora: add it, or drop them")
         return cls(model=args.model, served_model_name=args.served_model_name,
                    quantization=args.quantization,
                    tensor_parallel_size=args.tensor_parallel_size,
@@ -127,7 +144,11 @@ class VllmConfig:
                    reasoning_parser=args.reasoning_parser, chat_template=args.chat_template,
                    embedding=getattr(args, "embedding", False),
                    convert=getattr(args, "convert", "auto"),
-                   allowed_media_domains=getattr(args, "allowed_media_domains", frozenset()))
+                   allowed_media_domains=getattr(args, "allowed_media_domains", frozenset()),
+                   enable_lora=getattr(args, "enable_lora", False),
+                   max_loras=getattr(args, "max_loras", None),
+                   max_lora_rank=getattr(args, "max_lora_rank", None),
+                   max_cpu_loras=getattr(args, "max_cpu_loras", None))
 
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -163,6 +184,11 @@ class VllmConfig:
             kwargs["reasoning_parser"] = self.reasoning_parser
         if self.seed is not None:
             kwargs["seed"] = self.seed
+        if self.enable_lora:
+            kwargs["enable_lora"] = True
+            lora = {"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                    "max_cpu_loras": self.max_cpu_loras}
+            kwargs.update((k, v) for k, v in lora.items() if v is not None)
         kwargs.update(self.extra)
         return AsyncEngineArgs(**kwargs)
 

@@ -32,6 +32,10 @@ and `vllm/entrypoints/generate/api_router.py:init_generate_state`):
   `vllm/entrypoints/pooling/factories.py:init_pooling_state` builds it. Each input is one vLLM
   request (`embd-{id}-{i}`), one sequence slot. Such a worker refuses generation bodies, and a
   generation worker refuses embedding bodies, naming `model`.
+- LoRA adapters (`EngineRequest.adapter`, `--enable-lora`): loaded on a name's first request
+  through the serving layer's dynamic loading, then served under that name
+  (`workers.engines.vllm.lora`); `capacity().adapters` lists the ones in vLLM's batch slots.
+  Without `--enable-lora` such a request is refused naming `model`.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from workers.engine import (
 )
 from workers.engines.vllm.config import VllmConfig
 from workers.engines.vllm.errors import refused, translate
+from workers.engines.vllm.lora import Adapters
 from workers.engines.vllm.serving import embedding_serving, generation_serving
 
 
@@ -113,6 +118,7 @@ class VllmEngine(Engine):
         self._chat: Any = None           # vLLM's OpenAIServingChat
         self._completion: Any = None     # vLLM's OpenAIServingCompletion
         self._embedding: Any = None      # vLLM's ServingEmbedding (an embedding worker)
+        self._adapters: Adapters | None = None   # LoRA adapters (--enable-lora)
         self._view = _SchedulerView()
         self._live: dict[RequestKey, _Live] = {}
         self._vllm_ids: dict[RequestKey, str | list[str]] = {}   # our request → the serving layer's ids
@@ -146,7 +152,9 @@ class VllmEngine(Engine):
         if self.config.embedding:
             self._embedding = embedding_serving(self.config, self._llm)
         else:
-            self._chat, self._completion = generation_serving(self.config, self._llm)
+            self._chat, self._completion, models = generation_serving(self.config, self._llm)
+            if vc.lora_config is not None:
+                self._adapters = Adapters(models, vc.lora_config.max_loras)
         await self.warmup()
 
     async def warmup(self) -> None:
@@ -201,7 +209,8 @@ class VllmEngine(Engine):
             running[live.klass] = running.get(live.klass, 0) + live.slots
         return Capacity(total_slots=self._max_num_seqs, free_slots=free_slots,
                         token_budget=budget, running=running, step_tokens=self._step_tokens,
-                        kv_tokens=self._kv_tokens if self._prefix_caching else 0)
+                        kv_tokens=self._kv_tokens if self._prefix_caching else 0,
+                        adapters=self._adapters.resident() if self._adapters is not None else ())
 
     def _reserved(self, live: _Live) -> int:
         if live.pooling:
@@ -229,6 +238,10 @@ class VllmEngine(Engine):
         rid, key, body = request.request_id, request.key, request.body
         if key in self._live:
             raise EngineError(rid, "the request is already running on this engine")
+        if request.adapter and self._adapters is None:
+            why = "an embedding worker" if self.config.embedding else "its vllm engine runs without --enable-lora"
+            raise UnsupportedRequest(rid, "model", f"the model {body.model!r} is a LoRA adapter, and this "
+                                     f"worker serves none ({why})")
         if isinstance(body, EmbeddingBody):
             if not self.config.embedding:
                 raise UnsupportedRequest(rid, "model", "this pool's model does not serve embeddings")
@@ -246,6 +259,9 @@ class VllmEngine(Engine):
         reader = ChunkReader(request)
         stream = None
         try:
+            if request.adapter:
+                assert self._adapters is not None
+                await self._adapters.ensure(rid, body.model, request.adapter)
             stream = await self._open(request, vreq)
             # aclosing: when our consumer closes or cancels us, vLLM's SSE generator is closed at
             # once (not at GC); the finally below then aborts the request in the engine.

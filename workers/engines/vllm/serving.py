@@ -29,9 +29,10 @@ def embedding_serving(config: VllmConfig, llm: Any) -> Any:
     return ServingEmbedding(llm, _models(config, llm), request_logger=None, chat_template_config=template)
 
 
-def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any]:
+def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any, Any]:
     """vLLM's `OpenAIServingChat` and `OpenAIServingCompletion`, sharing one renderer (chat
-    template, tool and reasoning parsers)."""
+    template, tool and reasoning parsers), and their `OpenAIServingModels` (the served names,
+    LoRA adapters among them: `workers.engines.vllm.lora`)."""
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
     from vllm.renderers.chat_utils import load_chat_template
@@ -54,4 +55,4 @@ def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any]:
                              **parsers)
     completion = OpenAIServingCompletion(llm, models, online_renderer=renderer, request_logger=None,
                                          enable_prompt_tokens_details=True)
-    return chat, completion
+    return chat, completion, models

@@ -56,7 +56,9 @@ def build_request(request: EngineRequest, served_name: str,
         raise UnsupportedRequest(rid, url.param, url.message)
     # Always streamed, usage on the last chunk (exact counts); token ids ride on each chunk
     # (and the prompt's once, on the first: how we learn its length for capacity()).
-    data.update(model=served_name, stream=True, stream_options={"include_usage": True},
+    # A LoRA adapter is served under its own name (vLLM's serving layer finds it by that name).
+    model = request.body.model if request.adapter else served_name
+    data.update(model=model, stream=True, stream_options={"include_usage": True},
                 request_id=request.key.scoped(), priority=request.priority, return_token_ids=True)
     if request.cache_salt:
         data["cache_salt"] = request.cache_salt
