@@ -121,6 +121,10 @@ class Engine(abc.ABC):
     name: str = "engine"
     model: str = ""                    # the real model served, reported in Usage
     supports_logprobs: bool = False    # can feed the cascade's confidence signal
+    # Its prefix cache is shared by every tenant (a hosted upstream, salted by no one): its hits
+    # are metered and priced, never told to the client, whose exact count of another tenant's
+    # prefix would confirm a guess of it.
+    shared_prefix_cache: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...

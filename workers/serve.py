@@ -64,6 +64,7 @@ class Active:
     tokens: int = 0
     parts: list[Delta] | None = None        # the answer's deltas, kept only when it will be cached
     redaction: OutputRedaction | None = None   # the tenant's PII policy on the answer
+    cached_tokens: int = 0                  # the engine's prefix-cache hits (metered)
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -176,10 +177,12 @@ class Serving:
                         for held in active.redaction.flush():
                             self._emit(active, held)
                     reason = "cancelled" if active.cancelled else out.finish_reason
+                    told = 0 if self.engine.shared_prefix_cache else out.cached_tokens
                     finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
-                                        TokenUsage(out.prompt_tokens, out.completion_tokens, out.cached_tokens),
+                                        TokenUsage(out.prompt_tokens, out.completion_tokens, told),
                                         self.engine.model,
                                         out.finish_reasons, out.vectors)
+                    active.cached_tokens = out.cached_tokens      # metered whatever the client is told
                 if gate is not None and gate.verdict is Verdict.ESCALATE:
                     break   # leaving the iterator aborts the small request in the engine
         return finished
@@ -229,7 +232,7 @@ class Serving:
         self.metrics.finished.labels(self.pool, finished.finish_reason).inc()
         u = finished.usage
         self._record_usage(active, finished.finish_reason, u.prompt_tokens, u.completion_tokens, finished.model,
-                           u.cached_tokens)
+                           active.cached_tokens)
         self.answers.keep(active.dispatch, active.parts, active.cancelled, finished)
 
     def _engine_failed(self, active: Active, exc: EngineError) -> None:

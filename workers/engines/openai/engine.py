@@ -48,6 +48,7 @@ from workers.engine import (
     EngineOutput,
     EngineRequest,
     RequestKey,
+    UnsupportedRequest,
 )
 from workers.engines import openai_wire as wire
 from workers.engines.openai.circuit import BreakerState, CircuitBreaker, Permit, StateHook
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 class OpenAIUpstreamEngine(Engine):
     name = "openai"
     supports_logprobs = True           # chat `logprobs: true` / completions `logprobs: 0` upstream
+    shared_prefix_cache = True         # one API key for every tenant: hits metered, not told
 
     def __init__(
         self,
@@ -133,6 +135,10 @@ class OpenAIUpstreamEngine(Engine):
             raise EngineError(rid, "engine not started")
         if key in self._inflight:
             raise EngineError(rid, "request is already running on this engine")
+        if request.adapter:
+            # Never the base model in its place: the client asked for the adapter's answers.
+            raise UnsupportedRequest(rid, "model", f"the model {request.body.model!r} is a LoRA adapter, and "
+                                                   "this pool's engine (a hosted upstream) serves none")
         url, body = self._build(request)
         embedding = isinstance(request.body, EmbeddingBody)
         # Upstream it goes by its bare id (X-Request-Id, for the upstream's logs): the tenant's
