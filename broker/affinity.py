@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 CHUNK_CHARS = 256                   # ~64 tokens at the ~4 characters a token estimates use
 CHUNK_TOKENS = CHUNK_CHARS // 4
+MAX_CHUNKS = 256                    # ~16K tokens: a longer prompt's affinity is its first 16K (bounded work)
 BALANCE = 0.2                       # a worker this far above the others (load, or share of dispatches) is passed over
 BALANCE_FLOOR = 1 / 16              # ... or this part of its slots more than the least loaded, whichever is larger
 SHARE_HALF_LIFE_S = 20.0            # how fast a worker's recent share of the dispatches forgets
@@ -38,7 +39,7 @@ def prefix_hashes(texts: Iterable[str], salt: str) -> tuple[int, ...]:
     text = "".join(texts)
     out: list[int] = []
     parent: object = salt
-    for start in range(0, len(text) - CHUNK_CHARS + 1, CHUNK_CHARS):
+    for start in range(0, min(len(text) - CHUNK_CHARS + 1, MAX_CHUNKS * CHUNK_CHARS), CHUNK_CHARS):
         parent = hash((parent, text[start:start + CHUNK_CHARS]))
         out.append(parent)
     return tuple(out)
@@ -83,7 +84,9 @@ class PrefixIndex:
         w.rate, w.rate_at = w.decayed(now) + 1.0, now
         if not w.capacity:
             return
-        for h in prefix:
+        # Tail first, so the head is the most recent: eviction takes a prompt's tail before its
+        # head (a chain is only found from its head), as vLLM frees a sequence's blocks.
+        for h in reversed(prefix):
             w.chunks[h] = None
             w.chunks.move_to_end(h)
         self._trim(w)

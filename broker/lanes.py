@@ -33,7 +33,7 @@ from typing import Any
 
 from core.policy.classes import ClassPolicy
 
-AFFINITY_SLACK_S = 0.25         # deadline order an affinity choice may skip within a tenant
+AFFINITY_SLACK_S = 0.25         # how much later a deadline an affinity choice may serve first
 AFFINITY_SLACK_COST = 4096.0    # fair-share virtual time (tokens / weight) it may skip across tenants
 HEAD_CANDIDATES = 3             # a tenant's heap entries looked at: its root and the root's children
 
@@ -240,6 +240,7 @@ class Lanes:
                 return (item.cost <= token_budget and item.slots <= room
                         and self._prefill_fits(lane.policy, item, pending, step_tokens)) or first
 
+            fair_vtime = queue.vtime            # the lane's clock: the fair tenant's, whatever is picked
             if prefer is not None:
                 chosen = self._preferred(lane, queue, item, now, prefer)
                 if fits(chosen[1]):
@@ -254,7 +255,7 @@ class Lanes:
             if queue.heap[0][2] is item:
                 heapq.heappop(queue.heap)       # else an affinity pick: dropped lazily by _head
             self._settle(lane, queue, item, State.DISPATCHED)
-            lane.vclock = queue.vtime
+            lane.vclock = fair_vtime
             queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
             out.dispatch.append(item)
             free_slots -= item.slots
@@ -323,7 +324,7 @@ class Lanes:
                 continue
             for _, _, item in q.heap[:HEAD_CANDIDATES]:
                 if (item is head or item.state is not State.WAITING
-                        or item.enqueued_at - head.enqueued_at > AFFINITY_SLACK_S
+                        or item.deadline - head.deadline > AFFINITY_SLACK_S
                         or self._expired(item, lane.policy, now)):
                     continue
                 score = prefer(item)

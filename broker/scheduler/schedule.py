@@ -243,10 +243,10 @@ class Scheduler:
                                  request_id=item.request_id, tenant=item.tenant, pool=credit.pool,
                                  worker=credit.worker_id, queued_s=queued)
             self.metrics.dispatched.labels(credit.pool, item.klass).inc()
-        self._placed(pool, credit, selection.dispatch)
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
         await self._settle(selection.dispatch, release=False)     # before the Batch: see the top
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
+        self._placed(pool, credit, selection.dispatch)            # bookkeeping, after the work is out
         return True
 
     def _cascade(self, held: Held) -> dict:
@@ -260,10 +260,20 @@ class Scheduler:
 
     async def serve_parked(self, name: str, pool: Pool) -> None:
         while self.active and pool.parked and len(pool.lanes):
-            at = self._best_parked(pool)
-            parked = pool.parked.pop(at)
-            if not await self._answer(pool, parked.credit, parked.reply):
-                pool.parked.insert(at, parked)
+            # The affinity choice, then the longest parked: the choice weighs where the head is
+            # cached, not whether it fits there (budget, slots, caps).
+            tries = [pool.parked[self._best_parked(pool)]]
+            if pool.parked[0] is not tries[0]:
+                tries.append(pool.parked[0])
+            for parked in tries:
+                if parked not in pool.parked:       # superseded while we awaited
+                    continue
+                at = pool.parked.index(parked)
+                del pool.parked[at]
+                if await self._answer(pool, parked.credit, parked.reply):
+                    break
+                pool.parked.insert(min(at, len(pool.parked)), parked)
+            else:
                 break
         self.metrics.parked_pulls.labels(name).set(len(pool.parked))
 
@@ -284,7 +294,7 @@ class Scheduler:
         head = pool.lanes.peek(time.time())
         if head is None or not (head.prefix or head.adapter):
             return 0
-        able = [i for i, p in enumerate(pool.parked) if not p.credit.classes or head.klass in p.credit.classes]
+        able = [i for i, p in enumerate(pool.parked) if fits(head, p.credit)]
         if not able:
             return 0
         now = time.monotonic()
@@ -381,3 +391,9 @@ def same_message(ack_subject: str, other: str) -> bool:
 def offer(credit: Credit, share: float) -> Offer:
     return Offer(credit.worker_id, sum(credit.running.values()), sum(credit.prefill.values()), share,
                  credit.total_slots, credit.step_tokens)
+
+
+def fits(item: Item, credit: Credit) -> bool:
+    """Whether a pull could take the item by its room alone (class caps are the lanes' to judge)."""
+    return ((not credit.classes or item.klass in credit.classes) and item.slots <= credit.free_slots
+            and (item.cost <= credit.token_budget or not any(credit.running.values())))

@@ -9,6 +9,7 @@ from broker.affinity import (
     CHUNK_CHARS,
     CHUNK_TOKENS,
     FORGET_AFTER_S,
+    MAX_CHUNKS,
     Offer,
     PrefixIndex,
     choose,
@@ -43,7 +44,7 @@ def test_index_counts_leading_chunks_and_ages_by_kv_size():
     assert index.overlap("w2", first) == 0
     index.record("w1", prefix_hashes(["z" * CHUNK_CHARS * 4], "t"), 0.0)   # 4 more: the oldest 2 go
     assert len(index) == 8
-    assert index.overlap("w1", first) == 0                       # its first chunk was the oldest
+    assert index.overlap("w1", first) == 4 * CHUNK_TOKENS        # its tail went first: the head still leads
     index.heard("w2", kv_tokens=0, now=0.0)                      # no KV size: nothing is kept
     index.record("w2", first, 0.0)
     assert index.overlap("w2", first) == 0
@@ -180,3 +181,18 @@ def test_an_idle_pool_keeps_a_conversation_where_it_is():
         homes.append(workers[choose(offers, len(history) // 4, [index.overlap(w, prefix) for w in workers])])
         index.record(homes[-1], prefix, float(turn))
     assert len(set(homes)) == 1, homes
+
+
+def test_a_very_long_prompt_hashes_a_bounded_prefix():
+    assert len(prefix_hashes(["x" * CHUNK_CHARS * (MAX_CHUNKS + 50)], "t")) == MAX_CHUNKS
+
+
+def test_lanes_prefer_never_serves_a_later_deadline_first_beyond_the_slack():
+    """An item admitted earlier but due much later is not an affinity candidate ahead of the head."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    late = Item("late", "acme", "interactive", cost=600, deadline=3600.0, enqueued_at=0.0)
+    due = Item("due", "acme", "interactive", cost=600, deadline=5.0, enqueued_at=4.0)
+    lanes.admit(late, now=0.0)
+    lanes.admit(due, now=4.0)
+    assert lanes.peek(now=4.5).request_id == "due"
+    assert _select(lanes, _score({"late"}), now=4.5) == ["due"]

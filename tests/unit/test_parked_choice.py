@@ -1,0 +1,95 @@
+"""The scheduler's choice among parked pulls (broker/scheduler/schedule.py), on a fake NATS: a
+request goes to the worker holding its prefix when that worker can take it, and to another
+parked pull when it cannot (never left waiting while a pull that fits is parked)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from types import SimpleNamespace
+
+from broker.metrics import BrokerMetrics
+from broker.pools import ParkedPull
+from broker.scheduler.schedule import Scheduler
+from core.cache import CacheScope
+from core.policy.classes import DEFAULT_CLASSES
+from schemas import codec
+from schemas.requests import GenerateRequest
+from schemas.subjects import Subjects
+from schemas.work import Admitted, Credit
+from tests.requests import chat
+
+PULLS = itertools.count()
+SYSTEM = "You are the support assistant of a parcel company. " * 40      # ~500 tokens
+
+
+class FakeNats:
+    max_payload = 1 << 20
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self.sent.append((subject, data))
+
+    def batches(self, reply: str) -> list:
+        return [codec.decode_batch(d).dispatches for s, d in self.sent if s == reply]
+
+
+class Ack:
+    def __init__(self, n: int) -> None:
+        self.reply = f"$JS.ACK.LW_REQ.broker.1.{n}.{n}.1700000000000000000.0"
+
+    async def in_progress(self) -> None: ...
+    async def term(self) -> None: ...
+    async def nak(self) -> None: ...
+
+
+def scheduler() -> tuple[Scheduler, FakeNats]:
+    nc = FakeNats()
+    live = SimpleNamespace(classes={c.name: c for c in DEFAULT_CLASSES},
+                           tenants=SimpleNamespace(weight=lambda tenant: 1.0), rules=None)
+
+    async def release(tenant: str, request_id: str) -> None: ...
+    s = Scheduler(nc, Subjects(), "b1", 5, live, BrokerMetrics(), lambda: CacheScope(), release)
+    s.active = True
+    return s, nc
+
+
+def credit(worker: str, budget: int = 100_000, running: int = 0) -> Credit:
+    return Credit(worker_id=worker, pool="sim", free_slots=8 - running, token_budget=budget, total_slots=8,
+                  running={"interactive": running} if running else {}, kv_tokens=500_000, step_tokens=8192)
+
+
+def admitted(rid: str, question: str) -> Admitted:
+    now = time.time()
+    request = GenerateRequest(request_id=rid, tenant="acme", klass="interactive", model="laneway-sim",
+                              reply_to="_INBOX.x", created_at=now, deadline=now + 60,
+                              chat=chat(SYSTEM + question, max_tokens=64))
+    return Admitted(request, Ack(int(rid[1:])).reply, 1, "sim", "b1")
+
+
+async def park(s: Scheduler, c: Credit) -> str:
+    reply = f"reply.{c.worker_id}.{next(PULLS)}"
+    s.pool("sim").index.heard(c.worker_id, c.kv_tokens, time.monotonic())
+    s.pool("sim").parked.append(ParkedPull(c, reply, time.monotonic() + 30))
+    return reply
+
+
+async def test_the_worker_holding_the_prefix_takes_it_unless_it_cannot() -> None:
+    s, nc = scheduler()
+    w1 = await park(s, credit("w1"))
+    await s.enqueue(admitted("r1", "first"), Ack(1), 512)
+    assert [d.request.request_id for [d] in nc.batches(w1)] == ["r1"]
+    # w1 now holds the prefix; w2 is parked first (the longest waiting).
+    w2 = await park(s, credit("w2"))
+    w1 = await park(s, credit("w1"))
+    await s.enqueue(admitted("r2", "second"), Ack(2), 512)
+    assert [d.request.request_id for b in nc.batches(w1) for d in b] == ["r2"]
+    # w1 holds it again but has no KV room for it: it goes to w2 now, not after w2's pull times out.
+    s.pool("sim").parked.clear()
+    w2 = await park(s, credit("w2", running=1))
+    w1 = await park(s, credit("w1", budget=100, running=1))
+    await s.enqueue(admitted("r3", "third"), Ack(3), 512)
+    assert [d.request.request_id for b in nc.batches(w2) for d in b] == ["r3"]
+    assert len(s.pool("sim").lanes) == 0
