@@ -135,8 +135,11 @@ class Bridge:
         if quality is not None:
             self.metrics.eval_quality.labels(str(rules.version)).set(quality)
 
-    def model_names(self) -> list[str]:
-        return sorted(self.catalogue.model_names())
+    def model_names(self, tenant: str = "") -> list[str]:
+        """The models a tenant may call; "" (anyone: the unauthenticated OpenAPI document) names
+        only those open to every tenant."""
+        models = self.catalogue.models
+        return sorted(n for n in self.catalogue.model_names() if n not in models or models[n].serves(tenant))
 
     async def _cancel(self, tenant: str, request_id: str) -> None:
         """While NATS is away nats-py buffers the cancel and sends it on reconnect."""
@@ -235,13 +238,13 @@ class Bridge:
         return web.Response(body=openapi.spec(tuple(self.model_names())), content_type="application/json")
 
     async def list_models(self, request: web.Request) -> web.Response:
-        authenticate(request, self.catalogue.tenants)
-        data = [Model(id=name, created=0) for name in self.model_names()]
+        tenant = authenticate(request, self.catalogue.tenants)
+        data = [Model(id=name, created=0) for name in self.model_names(tenant.name)]
         return web.Response(body=codec.encode_json(ModelList(data)), content_type="application/json")
 
     async def get_model(self, request: web.Request) -> web.Response:
-        authenticate(request, self.catalogue.tenants)
+        tenant = authenticate(request, self.catalogue.tenants)
         name = request.match_info["model"]
-        if name not in self.model_names():
+        if name not in self.model_names(tenant.name):
             raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
         return web.Response(body=codec.encode_json(Model(id=name, created=0)), content_type="application/json")

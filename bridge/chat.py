@@ -126,7 +126,7 @@ class Generations:
         self._admit(tenant.name)
         body, extra = await self._parse(request)
         klass = self._class_for(request, tenant)
-        self._check_model(body.model)
+        self._check_model(body.model, tenant.name)
         now = time.time()
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
                                reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
@@ -237,14 +237,15 @@ class Generations:
         answer_id(request, request_id)
         return request_id
 
-    def _check_model(self, name: str) -> None:
-        """Refuse early what the broker would refuse: unknown models, and a models-table pool with
-        no ready worker. Rule-routed models are left to the broker, which may spill them."""
+    def _check_model(self, name: str, tenant: str) -> None:
+        """Refuse early what the broker would refuse: unknown models (another tenant's private
+        model among them), and a models-table pool with no ready worker. Rule-routed models are
+        left to the broker, which may spill them."""
         rules = self.catalogue.rules
         if rules is not None and rules.serves(name):
             return
         model = self.catalogue.models.get(name)
-        if model is None:
+        if model is None or not model.serves(tenant):
             raise EdgeError(ErrorCode.unknown_model, f"the model {name!r} does not exist", "model")
         if not self.readiness.ready_pools().get(model.pool):
             raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {name!r}; retry shortly")

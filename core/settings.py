@@ -33,6 +33,12 @@ class LogicalModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     # A LoRA adapter on the pool's base model (a directory on the workers' disk): the workers
     # load it on first use under this logical model's name (vLLM: --enable-lora).
     adapter: Annotated[str, Meta(max_length=1024)] = ""
+    # The tenants that may call it; empty: every tenant. For another tenant it does not exist
+    # (404, not listed): a customer's fine-tuned adapter may have memorized that customer's data.
+    tenants: list[Token] = []
+
+    def serves(self, tenant: str) -> bool:
+        return not self.tenants or tenant in self.tenants
 
 
 def context_limit(models: Mapping[str, LogicalModel], name: str, default: int) -> int:

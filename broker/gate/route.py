@@ -31,6 +31,6 @@ def route(request: GenerateRequest, models: Mapping[str, LogicalModel], rules: R
         decide = escalated_decision if request.escalated else decide_request
         return decide(request, rules, health or {}, classifier.intent_of)
     model = models.get(request.model)
-    if model is None:
+    if model is None or not model.serves(request.tenant):    # a direct publisher meets the bridge's rule here
         raise Refusal(ErrorCode.unknown_model, f"the model {request.model!r} does not exist", "model")
     return Decision(model.pool, "models", Reason.WEIGHTED)

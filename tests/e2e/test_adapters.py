@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import aiohttp
 import openai
 import pytest
 import pytest_asyncio
 
+from bridge.client import LanewayClient, LanewayError
+from core.models import put_models
+from core.settings import LogicalModel
 from core.usage_log import read_usage
 from loadtest.fleet import Fleet
 from loadtest.scenarios import PoolSpec, TenantSpec
 from schemas.subjects import Subjects
+from tests.requests import chat
 from tests.wait import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
@@ -31,6 +36,26 @@ async def fleet(tmp_path_factory):
     pool = PoolSpec(workers=2, adapters=ADAPTERS, max_loras=1, lora_load_s=0.05)
     async with Fleet(tmp_path_factory.mktemp("adapters") / "lw", [TenantSpec("acme")], [pool],
                      up_flags=["--pii", "off"]) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def private_fleet(tmp_path_factory):
+    """Two tenants; acme's own adapter model added to the models table live, as an operator would."""
+    async with Fleet(tmp_path_factory.mktemp("private") / "lw", [TenantSpec("acme"), TenantSpec("globex")],
+                     [PoolSpec()], up_flags=["--pii", "off"]) as running:
+        nc = await running.up.connect_nats("ops")
+        try:
+            await put_models(nc.jetstream(), Subjects(), {
+                "laneway-sim": LogicalModel(pool="sim"),
+                PRIVATE: LogicalModel(pool="sim", adapter="/adapters/acme", tenants=["acme"])})
+        finally:
+            await nc.close()
+        owner = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key=running.keys["acme"], max_retries=0)
+
+        async def applied() -> bool:
+            return PRIVATE in {m.id async for m in owner.models.list()}
+        assert await eventually(applied)
         yield running
 
 
@@ -68,3 +93,35 @@ async def test_each_adapter_stays_on_the_worker_that_holds_it(fleet: Fleet) -> N
     # placement would load an adapter again (and in a real engine, stall that worker's step).
     assert all(len(w) == 1 for w in workers.values()), workers
     assert workers[ADAPTERS[0]] != workers[ADAPTERS[1]], workers
+
+
+PRIVATE = "acme-finetune"     # a tenant's own adapter: for every other tenant it does not exist
+
+
+async def test_a_private_model_does_not_exist_for_another_tenant(private_fleet: Fleet) -> None:
+    """Over HTTP: not listed, not found, not in the spec; over NATS with the tenant's generated
+    credentials, the broker refuses it as the bridge does."""
+    owner = openai.AsyncOpenAI(base_url=f"{private_fleet.url}/v1", api_key=private_fleet.keys["acme"], max_retries=0)
+    other = openai.AsyncOpenAI(base_url=f"{private_fleet.url}/v1", api_key=private_fleet.keys["globex"],
+                               max_retries=0)
+    assert PRIVATE in {m.id async for m in owner.models.list()}
+    reply = await owner.chat.completions.create(model=PRIVATE, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert reply.model == PRIVATE
+    assert PRIVATE not in {m.id async for m in other.models.list()}
+    with pytest.raises(openai.NotFoundError) as refused:
+        await other.chat.completions.create(model=PRIVATE, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        await other.models.retrieve(PRIVATE)
+    async with aiohttp.ClientSession() as http:         # the unauthenticated spec does not name it
+        async with http.get(f"{private_fleet.url}/openapi.json") as resp:
+            assert PRIVATE not in await resp.text()
+    nc = await private_fleet.up.connect_nats("tenant-globex")
+    try:
+        async with LanewayClient(nc, "globex") as direct:
+            body = chat("hi", model=PRIVATE, max_tokens=2)
+            with pytest.raises(LanewayError) as err:
+                await direct.generate(body, klass="interactive").__anext__()
+        assert err.value.code == "unknown_model", err.value
+    finally:
+        await nc.close()
