@@ -28,6 +28,10 @@ from workers.metrics import WorkerMetrics
 log = logging.getLogger("laneway.worker")
 
 
+# A parked credit's pending prefill, once done, is stale by this part of an engine step or more:
+# worth a fresh pull (one more per request with long prompts, none with short ones).
+PREFILL_STALE_PART = 8
+
 class Accepted(Protocol):
     """A request this worker took, as the credit counts it."""
 
@@ -50,6 +54,15 @@ class Puller:
         self._room = room                   # set whenever the credit may have changed (a slot, a prefill)
         self._stopping = stopping
         self._late: set[asyncio.Task[None]] = set()
+        self._reported_prefill = 0          # the pending prefill the last credit reported
+        self._step_tokens = 0
+
+    def prefilled(self) -> None:
+        """A prompt's prefill is done. If the last credit reported enough pending prefill that the
+        scheduler's choices would read it wrong (the lanes' prefill caps, the affinity choice's
+        steps before a first token), send a fresh one; a smaller queue is not worth a pull."""
+        if self._reported_prefill >= max(1, self._step_tokens // PREFILL_STALE_PART):
+            self._room.set()
 
     def credit(self) -> Credit | None:
         """Room from the engine's state, corrected by what this worker has accepted: a request
@@ -72,6 +85,7 @@ class Puller:
         self.metrics.slots_in_use.labels(self.config.pool).set(taken)
         if free <= 0:
             return None
+        self._reported_prefill, self._step_tokens = sum(prefill.values()), cap.step_tokens
         return Credit(worker_id=self.config.worker_id, pool=self.config.pool, free_slots=free,
                       token_budget=max(0, cap.token_budget - unstarted_cost),
                       total_slots=cap.total_slots, classes=list(self.config.classes),

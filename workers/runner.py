@@ -69,6 +69,7 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._serving: Serving | None = None
+        self._puller: Puller | None = None
         self.usage = UsageRecorder(self._outbox, self.s, self.config.pool, self.id)
         self.loop_lag = LoopLag()
 
@@ -79,7 +80,8 @@ class Worker:
         js = self._nc.jetstream()
         self._serving = Serving(self.id, self.config.pool, self.s, self.engine, self.metrics, self._outbox,
                                 self.usage, Escalator(js, self.s, self.metrics, self.config.pool),
-                                AnswerStore(js, self.s), self._active, self._room, self._die)
+                                AnswerStore(js, self.s), self._active, self._room, self._die,
+                                prefilled=lambda: self._puller.prefilled() if self._puller else None)
         self._tasks.append(self._watched(self.loop_lag.run(), "loop-lag"))
         self._tasks.append(self._watched(beat_forever(self._heartbeat, self.config.heartbeat_s), "heartbeats"))
         # Like the broker and the bridge: a worker may start before provisioning ran, and waits
@@ -94,8 +96,8 @@ class Worker:
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
         await self._nc.subscribe(self.s.sched_leader, cb=self._on_new_scheduler)
-        puller = Puller(self._nc, self.s.pull(self.config.pool), self.config, self.engine, self.metrics,
-                        self._active, self._on_batch, self._room, self._stopping)
+        self._puller = puller = Puller(self._nc, self.s.pull(self.config.pool), self.config, self.engine,
+                                       self.metrics, self._active, self._on_batch, self._room, self._stopping)
         self._flusher = self._watched(self._outbox.run(self._nc), "flusher")
         self._tasks += [self._flusher, self._watched(self._in_progress(), "in-progress"),
                         self._watched(puller.run(), "pull-loop")]

@@ -87,7 +87,7 @@ class Serving:
     def __init__(self, worker_id: str, pool: str, subjects: Subjects, engine: Engine, metrics: WorkerMetrics,
                  outbox: Outbox, usage: UsageRecorder, escalator: Escalator, answers: AnswerStore,
                  active: dict[RequestKey, Active], room: asyncio.Event,
-                 on_dead: Callable[[BaseException], None]) -> None:
+                 on_dead: Callable[[BaseException], None], prefilled: Callable[[], None] = lambda: None) -> None:
         self.id = worker_id
         self.pool = pool
         self.s = subjects
@@ -99,6 +99,7 @@ class Serving:
         self.answers = answers
         self.active = active
         self._room = room
+        self._prefilled = prefilled             # a prompt's prefill is done (the first token came)
         self._on_dead = on_dead
         self._tracing = tracer()
 
@@ -195,9 +196,7 @@ class Serving:
             if active.first_token_at is None:
                 active.first_token_at = time.monotonic()
                 self.metrics.ttft.labels(self.pool, r.klass).observe(active.first_token_at - active.started)
-                # Its prompt is no longer pending prefill: a fresh credit says so (the lanes' prefill
-                # caps and the affinity choice would otherwise read a parked credit's stale queue).
-                self._room.set()
+                self._prefilled()
             active.tokens += len(out.token_ids) or 1
             if active.redaction is not None:
                 out = active.redaction.apply(out)
