@@ -158,6 +158,12 @@ def render(doc: dict) -> str:
         f"hit rate {f['off_hit_points_below_one']:+.1f} points below; affinity saved "
         f"{f['prefill_tokens_saved_vs_off']:,} prompt tokens of prefill in the window",
     ]
+    if c.get("adapters"):
+        on, off = runs["on"]["ttft_s"], runs["off"]["ttft_s"]
+        lines.append(f"With {c['adapters']} adapters (one worker holds {c['max_loras']}, so the 1-worker run reloads "
+                     f"them: not a baseline here): affinity off ÷ on, TTFT p50 {off['p50'] / on['p50']:.1f}×, "
+                     f"p95 {off['p95'] / on['p95']:.1f}×; turns served {runs['on']['turns']} on, "
+                     f"{runs['off']['turns']} off")
     return "\n".join(lines)
 
 

@@ -49,3 +49,20 @@ async def test_an_adapter_is_loaded_once_reported_and_cached_apart() -> None:
         assert engine.capacity().adapters == ("billing",) and engine.adapters.loads == 2
     finally:
         await engine.cleanup()
+
+
+def test_a_step_serves_at_most_max_loras_adapters() -> None:
+    from workers.engines.sim.scheduler import Scheduler, SchedulerConfig, Sequence
+
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=10_000, num_blocks=1000, max_loras=2))
+    seqs = [Sequence(n, 0, n, 32, adapter=name) for n, name in enumerate(["a", "b", "c", "a", "", "c"])]
+    for seq in seqs:
+        s.add(seq)
+    step = s.schedule()
+    assert {q.adapter for q in step.scheduled} == {"a", "b", ""}     # c waits: two adapters already
+    assert s.waiting() == 2
+    for q in list(step.scheduled):
+        if q.adapter == "b":
+            s.finish(q)
+    s.finish_step(step)
+    assert {q.adapter for q in s.schedule().scheduled} >= {"c"}      # b's slot freed: c goes

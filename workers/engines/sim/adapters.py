@@ -1,9 +1,10 @@
 """The SIMULATED engine's LoRA adapters: which are loaded, and what loading one costs. Pure.
 
 vLLM loads an adapter from disk inside the engine's step that first needs it (the worker's LoRA
-manager activates a batch's adapters before running it), so the whole step waits; at most
-`max_loras` are held, the least recently used making room. The sim does the same: a step that
-needs adapters not held lasts `load_s` longer for each.
+manager activates a batch's adapters before running it), so the whole step waits; a step serves
+at most `max_loras` adapters (the scheduler keeps other adapters' requests waiting), and that
+many are held, the least recently used making room. The sim does the same: its scheduler limits
+a step's adapters, and a step that needs adapters not held lasts `load_s` longer for each.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class SimEngine(Engine):
             max_num_batched_tokens=max_num_batched_tokens or profile.max_num_batched_tokens,
             num_blocks=max(1, self.kv_tokens // BLOCK),
             long_prefill_token_threshold=threshold if long_prefill_token_threshold is None
-            else long_prefill_token_threshold))
+            else long_prefill_token_threshold, max_loras=max_loras))
         self.adapters = Adapters(max_loras, lora_load_s)     # LoRA adapters: held, and their load time
         self._reqs: dict[RequestKey, _Req] = {}
         self._held = 0                      # sequences (choices) admitted and not finished
@@ -179,7 +179,8 @@ class SimEngine(Engine):
         salt = f"{request.cache_salt}\0{request.body.model}" if request.adapter else request.cache_salt
         hashes = block_hashes("".join(request.body.texts()), req.sim.prompt_tokens, salt)
         for seq in req.choices:
-            seq.sched = Sequence(seq, request.priority, req.order, req.sim.prompt_tokens, hashes)
+            seq.sched = Sequence(seq, request.priority, req.order, req.sim.prompt_tokens, hashes,
+                                 adapter=request.body.model if request.adapter else "")
             self.scheduler.add(seq.sched)
         self._wake.set()
         try:
@@ -248,8 +249,7 @@ class SimEngine(Engine):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            loading = self.adapters.activate({s.owner.req.request.body.model for s in step.scheduled
-                                              if s.owner.req.request.adapter})
+            loading = self.adapters.activate({s.adapter for s in step.scheduled if s.adapter})
             await asyncio.sleep(self.step_time(step) + loading / self.speed)
             self.steps += 1
             for sched in self.scheduler.finish_step(step):

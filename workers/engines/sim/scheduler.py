@@ -62,6 +62,7 @@ class SchedulerConfig:
     num_blocks: int
     long_prefill_token_threshold: int = 0
     policy: Literal["priority", "fcfs"] = "priority"
+    max_loras: int = 0                  # distinct LoRA adapters in one step at most (0: no LoRA limit)
 
 
 @dataclass(eq=False)
@@ -79,6 +80,7 @@ class Sequence:
     hashed: int = 0                     # leading blocks registered in the prefix cache
     preemptions: int = 0
     cached_tokens: int = 0              # prompt tokens taken from the prefix cache, all starts
+    adapter: str = ""                   # its LoRA adapter ("" for the base model)
     first_hit: int | None = None        # ... at its first start: what vLLM reports (num_cached_tokens)
     done: bool = False
 
@@ -212,10 +214,18 @@ class Scheduler:
         return step
 
     def _start_waiting(self, step: Step, budget: int, threshold: int) -> int:
+        # A step serves at most max_loras adapters: a waiting sequence of another one waits (vLLM's
+        # scheduler skips it, keeping its place), those of the running adapters go ahead.
+        adapters = {s.adapter for s in self.running if s.adapter}
+        skipped = []
         while budget > 0 and self._waiting and len(self.running) < self.config.max_num_seqs:
             seq = self._waiting[0][3]
             if seq.done:
                 heapq.heappop(self._waiting)
+                continue
+            if (seq.adapter and self.config.max_loras and seq.adapter not in adapters
+                    and len(adapters) >= self.config.max_loras):
+                skipped.append(heapq.heappop(self._waiting))
                 continue
             hits = self.pool.lookup(seq.hashes, (seq.num_tokens - 1) // BLOCK)
             computed = len(hits) * BLOCK
@@ -233,6 +243,10 @@ class Scheduler:
             self.running.append(seq)
             step.scheduled[seq] = n
             budget -= n
+            if seq.adapter:
+                adapters.add(seq.adapter)
+        for entry in skipped:
+            heapq.heappush(self._waiting, entry)
         return budget
 
     def finish_step(self, step: Step) -> list[Sequence]:
