@@ -46,11 +46,12 @@ def prefix_hashes(texts: Iterable[str], salt: str) -> tuple[int, ...]:
 
 
 class _Worker:
-    __slots__ = ("chunks", "capacity", "seen", "rate", "rate_at")
+    __slots__ = ("chunks", "capacity", "adapters", "seen", "rate", "rate_at")
 
     def __init__(self) -> None:
         self.chunks: OrderedDict[int, None] = OrderedDict()
         self.capacity = 0
+        self.adapters: frozenset[str] = frozenset()     # LoRA adapters its last credit said it holds
         self.seen = 0.0
         self.rate = 0.0                 # dispatches, exponentially decayed (SHARE_HALF_LIFE_S)
         self.rate_at = 0.0
@@ -68,12 +69,13 @@ class PrefixIndex:
     def __len__(self) -> int:
         return sum(len(w.chunks) for w in self._workers.values())
 
-    def heard(self, worker: str, kv_tokens: int, now: float) -> None:
-        """A worker pulled: it lives, and its cache holds `kv_tokens` (0: unknown, nothing kept)."""
+    def heard(self, worker: str, kv_tokens: int, now: float, adapters: Iterable[str] = ()) -> None:
+        """A worker pulled: it lives, its cache holds `kv_tokens` (0: unknown, nothing kept), and
+        it holds these LoRA adapters loaded."""
         w = self._workers.get(worker)
         if w is None:
             w = self._workers[worker] = _Worker()
-        w.seen, w.capacity = now, max(0, kv_tokens // CHUNK_TOKENS)
+        w.seen, w.capacity, w.adapters = now, max(0, kv_tokens // CHUNK_TOKENS), frozenset(adapters)
         self._trim(w)
 
     def record(self, worker: str, prefix: Sequence[int], now: float) -> None:
@@ -109,6 +111,11 @@ class PrefixIndex:
             return 0
         return max((self.overlap(name, prefix) for name, w in self._workers.items()
                     if name != worker and now - w.seen < FORGET_AFTER_S), default=0)
+
+    def adapter_elsewhere(self, worker: str, adapter: str, now: float) -> bool:
+        """Whether another live worker holds the adapter loaded."""
+        return any(adapter in w.adapters for name, w in self._workers.items()
+                   if name != worker and now - w.seen < FORGET_AFTER_S)
 
     def share(self, worker: str, now: float) -> float:
         """The worker's recent dispatches over the live workers' mean (1.0: its fair part). Sessions

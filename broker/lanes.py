@@ -235,17 +235,12 @@ class Lanes:
             queue, item = head
             first = worker_empty and not out.dispatch
             room = min(free_slots, lane.policy.slot_cap(total_slots) - held.get(lane.policy.name, 0))
-
-            def fits(item: Item) -> bool:
-                return (item.cost <= token_budget and item.slots <= room
-                        and self._prefill_fits(lane.policy, item, pending, step_tokens)) or first
-
             fair_vtime = queue.vtime            # the lane's clock: the fair tenant's, whatever is picked
             if prefer is not None:
                 chosen = self._preferred(lane, queue, item, now, prefer)
-                if fits(chosen[1]):
+                if first or self._fits(lane.policy, chosen[1], token_budget, room, pending, step_tokens):
                     queue, item = chosen
-            if not fits(item):
+            if not (first or self._fits(lane.policy, item, token_budget, room, pending, step_tokens)):
                 blocked.add(lane.policy.name)
                 continue
             if max_bytes is not None and out.dispatch and item.size > max_bytes:
@@ -265,6 +260,12 @@ class Lanes:
         return out
 
     # -- internals ------------------------------------------------------------------------
+    @classmethod
+    def _fits(cls, policy: ClassPolicy, item: Item, token_budget: int, room: int, pending: dict[str, int],
+              step_tokens: int) -> bool:
+        return (item.cost <= token_budget and item.slots <= room
+                and cls._prefill_fits(policy, item, pending, step_tokens))
+
     @staticmethod
     def _prefill_fits(policy: ClassPolicy, item: Item, pending: dict[str, int], step_tokens: int) -> bool:
         cap = policy.prefill_cap(step_tokens)

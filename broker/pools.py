@@ -56,4 +56,3 @@ class Pool:
     lanes: Lanes
     parked: list[ParkedPull] = field(default_factory=list)
     index: PrefixIndex = field(default_factory=PrefixIndex)    # which worker holds which prefix
-    adapters: dict[str, frozenset[str]] = field(default_factory=dict)   # worker → LoRA adapters loaded

@@ -198,8 +198,7 @@ class Scheduler:
         if not msg.reply:
             return
         pool = self.pool(credit.pool)
-        pool.index.heard(credit.worker_id, credit.kv_tokens, time.monotonic())
-        pool.adapters[credit.worker_id] = frozenset(credit.adapters)
+        pool.index.heard(credit.worker_id, credit.kv_tokens, time.monotonic(), credit.adapters)
         # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
         superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
         if superseded:
@@ -309,7 +308,7 @@ class Scheduler:
         """An item's score for this worker: the prefix it holds, less the most another holds (a
         request cached elsewhere is left for that worker's pull, one cached nowhere taken first),
         and likewise its LoRA adapter, loaded here or elsewhere."""
-        now, worker, loaded = time.monotonic(), credit.worker_id, frozenset(credit.adapters)
+        now, worker, loaded = time.monotonic(), credit.worker_id, credit.adapters
 
         def score(item: Item) -> float:
             value = 0.0
@@ -318,7 +317,7 @@ class Scheduler:
             if item.adapter:
                 if item.adapter in loaded:
                     value += ADAPTER_TOKENS
-                elif any(item.adapter in held for w, held in pool.adapters.items() if w != worker):
+                elif pool.index.adapter_elsewhere(worker, item.adapter, now):
                     value -= ADAPTER_TOKENS
             return value
         return score
@@ -334,8 +333,7 @@ class Scheduler:
                 self.metrics.affinity_tokens.labels(credit.pool).inc(here)
             pool.index.record(credit.worker_id, item.prefix, now)
         if items:
-            for gone in pool.index.forget_silent(now):
-                pool.adapters.pop(gone, None)
+            pool.index.forget_silent(now)
 
     # -- leaving the lanes otherwise ----------------------------------------------------------
     async def cancel(self, tenant: str, request_id: str) -> bool:
