@@ -14,7 +14,11 @@ from typing import Any
 
 ROOTS = ["CreateChatCompletionRequest", "CreateChatCompletionResponse",
          "CreateChatCompletionStreamResponse", "CreateCompletionRequest", "CreateCompletionResponse",
-         "Model", "ListModelsResponse", "Error", "ErrorResponse"]
+         "Model", "ListModelsResponse", "Error", "ErrorResponse",
+         # work that outlives a connection: files, batches, stored responses, conversations
+         "OpenAIFile", "ListFilesResponse", "DeleteFileResponse", "CreateBatchRequest", "Batch",
+         "ListBatchesResponse", "CreateResponse", "Response", "ResponseItemList", "ResponseStreamEvent",
+         "ConversationResource", "ConversationItemList", "DeletedConversationResource"]
 PROSE = {"description", "example", "examples", "title", "x-oaiMeta", "x-oaiExpandable",
          "x-oaiTypeLabel", "x-stainless-const", "group", "beta", "legacy"}
 PREFIX = "#/components/schemas/"
