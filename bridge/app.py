@@ -20,10 +20,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from bridge import openapi
 from bridge.admin import AdminConfig, Evaluator, admin_app
 from bridge.admission import EdgeAdmission
+from bridge.batch.api import BatchesApi
+from bridge.batch.runner import BatchRunner
+from bridge.batch.store import BatchStore
 from bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate, bearer_key, tenant_of
 from bridge.config import BridgeConfig
 from bridge.demux import BufferLimits, Demux
 from bridge.errors import EdgeError, body_timeout
+from bridge.file_store import FileStore
+from bridge.files import FilesApi, is_upload
 from bridge.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
@@ -64,6 +69,10 @@ class Bridge:
         self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics)
         self.losses = Losses(self.demux, self.readiness, self.loop_lag)
         self.url = ""
+        self.files: FileStore | None = None
+        self.batches: BatchStore | None = None
+        self.batch_runner: BatchRunner | None = None
+        self.endpoints: dict[str, Generations] = {}     # what a batch's lines are answered by
         self._nc: Client | None = None
         self._server: HttpServer | None = None
         self._loop_lag_task: asyncio.Task[None] | None = None
@@ -81,6 +90,8 @@ class Bridge:
         await wait_provisioned(js, self.s, "bridge")    # `laneway up` or `laneway ops provision`
         await self.catalogue.start(js, self.s)
         self.rule_store = await RuleStore.open(js, self.s)
+        self.files = await FileStore.open(js, self.s)
+        self.batches = await BatchStore.open(js, self.s)
         # Subscribe first: frames for a request can never arrive before we listen.
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
@@ -89,7 +100,12 @@ class Bridge:
         await self._nc.publish(self.s.worker_ping, b"")
         self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
         self.losses.start()
-        self._server = HttpServer(self.build_app(), self.metrics, max_connections=self.config.max_connections,
+        app = self.build_app()
+        self.batch_runner = BatchRunner(self.batches, self.files, self.endpoints, self.catalogue, self.edge_id,
+                                        self._cancel, concurrency=self.config.batch_concurrency,
+                                        lease_s=self.config.batch_lease_s)
+        self.batch_runner.start()
+        self._server = HttpServer(app, self.metrics, max_connections=self.config.max_connections,
                                   header_timeout_s=self.config.header_timeout_s)
         port = await self._server.start(self.config.host, self.config.port)
         self.url = f"http://{self.config.host}:{port}"
@@ -99,6 +115,9 @@ class Bridge:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+        if self.batch_runner is not None:
+            await self.batch_runner.stop()      # its batches go to another bridge at once
+            self.batch_runner = None
         await self.losses.stop()
         if self._loop_lag_task is not None:
             await cancel_and_wait(self._loop_lag_task)
@@ -159,6 +178,7 @@ class Bridge:
         completions = Generations(codec.decode_completion_request, *shared)
         responses = Responses(decode_responses, *shared)
         embeddings = Generations(codec.decode_embedding_request, *shared)
+        self.endpoints = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings}
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._errors_middleware, self._read_body])
         app.router.add_post("/v1/chat/completions", chat)
@@ -171,6 +191,8 @@ class Bridge:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi_spec)
+        FilesApi(self.files, self.catalogue, self.config.max_file_bytes).routes(app)
+        BatchesApi(self.batches, self.files, self.catalogue).routes(app)
         app.add_subapp("/v1/admin", admin_app(self.rule_store, self.evaluator, self.admin))
         return app
 
@@ -202,7 +224,7 @@ class Bridge:
         client trickling its body holds a connection no longer than that. Only a caller with a
         valid key gets its body read: an anonymous one is answered 401 (by the handler, which
         authenticates first) without a byte of its body held."""
-        if request.body_exists and self._known_key(request):
+        if request.body_exists and self._known_key(request) and not is_upload(request):
             try:
                 async with asyncio.timeout(self.config.body_timeout_s):
                     await request.read()    # kept by aiohttp: the handler's read() returns it

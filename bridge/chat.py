@@ -6,13 +6,14 @@ turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -27,7 +28,7 @@ from bridge.errors import EdgeError, from_code, unauthorized
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
 from bridge.render import renderer_for
-from bridge.respond import Render, collect_json, stream_sse
+from bridge.respond import Render, collect_body, collect_json, stream_sse
 from bridge.translate import check_context, param_of, to_generate
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant, TenantDirectory
@@ -149,7 +150,38 @@ class Generations:
 
     async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
         """Store the request, wait for its first entry, then answer it, streamed or whole."""
-        body, request_id, tenant, klass = generate.body, generate.request_id, generate.tenant, generate.klass
+        body, klass = generate.body, generate.klass
+        async with self._generation(generate, self._payload(generate)) as (stream, entries):
+            render = self._renderer(request, generate)
+            headers = {REQUEST_ID_HEADER: request[ANSWER_ID],
+                       "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
+            if isinstance(entries[0], (Delta, Finished)):
+                headers.update(entries[0].headers)
+            if body.stream:
+                response = await stream_sse(request, stream, generate, render, entries, started,
+                                            self.metrics, headers, self.config.write_timeout_s)
+            else:
+                response = await collect_json(stream, generate, render, entries, started, self.metrics,
+                                              headers)
+            self.metrics.requests.labels(klass, str(response.status)).inc()
+            return response
+
+    async def complete(self, tenant: Tenant, raw: bytes, request_id: str, klass: str, deadline: float) -> bytes:
+        """The whole answer to a request no client waits on (a batch's line): the endpoint's JSON
+        body. Every check of the HTTP path applies; a refusal or an in-band error raises EdgeError."""
+        started = time.monotonic()
+        body, extra = self.parse(raw)
+        if body.stream:
+            raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole: stream must be "
+                            "false or left out", "stream")
+        self._check_model(body.model, tenant.name)
+        now = time.time()
+        generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
+                               reply_to=self.s.tok(tenant.name, self.edge_id), now=now, deadline=deadline)
+        async with self._generation(generate, self._payload(generate)) as (stream, entries):
+            return await collect_body(stream, generate, renderer_for(generate), entries, started, self.metrics)
+
+    def _payload(self, generate: GenerateRequest) -> bytes:
         try:
             payload = codec.encode(generate)
         except OverflowError:
@@ -159,7 +191,15 @@ class Generations:
         if len(payload) > self._nc.max_payload:
             raise EdgeError(ErrorCode.payload_too_large,
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
-        check_context(generate, context_limit(self.catalogue.models, body.model, self.config.max_context_tokens))
+        check_context(generate, context_limit(self.catalogue.models, generate.body.model,
+                                              self.config.max_context_tokens))
+        return payload
+
+    @contextlib.asynccontextmanager
+    async def _generation(self, generate: GenerateRequest, payload: bytes) -> AsyncIterator[tuple[ResponseStream, list[Entry]]]:
+        """The request stored and its first entries arrived (an error before any token raises);
+        on the way out its stream is closed and, unless it ended, its work cancelled."""
+        request_id, tenant = generate.request_id, generate.tenant
         stream = self.demux.open(request_id, tenant, generate.deadline + REPLY_GRACE_S)
         published = False
         try:
@@ -169,19 +209,7 @@ class Generations:
             first = entries[0]
             if isinstance(first, StreamError):
                 raise from_code(first.code, first.message, first.param, first.headers)
-            render = self._renderer(request, generate)
-            headers = {REQUEST_ID_HEADER: request[ANSWER_ID],
-                       "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
-            if isinstance(first, (Delta, Finished)):
-                headers.update(first.headers)
-            if body.stream:
-                response = await stream_sse(request, stream, generate, render, entries, started,
-                                            self.metrics, headers, self.config.write_timeout_s)
-            else:
-                response = await collect_json(stream, generate, render, entries, started, self.metrics,
-                                              headers)
-            self.metrics.requests.labels(klass, str(response.status)).inc()
-            return response
+            yield stream, entries
         finally:
             self.demux.close(request_id)
             # The client left, the deadline passed here, or the edge ended the stream: stop the
@@ -190,7 +218,9 @@ class Generations:
                 await self._cancel(tenant, request_id)
 
     async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
-        body = await request.read()
+        return self.parse(await request.read())
+
+    def parse(self, body: bytes) -> tuple[Body, bytes]:
         try:
             return self._decode(body)
         except codec.ValidationError as exc:

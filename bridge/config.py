@@ -33,6 +33,11 @@ class BridgeConfig:
     tenant_buffer_bytes: int = TENANT_BUFFER_BYTES
     write_timeout_s: float = 30.0
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
+    # The Files and Batch APIs: the largest upload; lines one bridge has in flight for the batches
+    # it runs; how long a bridge's claim on a batch lasts unrenewed (another takes over after it).
+    max_file_bytes: int = 200 * 1024 * 1024
+    batch_concurrency: int = 64
+    batch_lease_s: float = 15.0
     # A PubAck later than this: the request is published again under the same Nats-Msg-Id (JetStream
     # stores it once), up to `publish_tries` times, before the client gets 503. The tries must fit
     # in the request stream's duplicate window (120 s), or a late try could be stored again.

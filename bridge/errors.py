@@ -109,3 +109,9 @@ def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
     if status == 504:
         return EdgeError(ErrorCode.deadline_exceeded, "the request timed out")
     return EdgeError(ErrorCode.internal_error, "internal error", status=status)
+
+
+def not_found(what: str, ident: str, param: str | None = None) -> EdgeError:
+    """An object the key's tenant does not have: another tenant's reads the same as none at all."""
+    return EdgeError(ErrorCode.invalid_request, f"no {what} with id {ident!r}", param, status=404,
+                     code_name="not_found")

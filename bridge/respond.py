@@ -119,6 +119,13 @@ async def _write_stream(response: _Writer, stream: ResponseStream, generate: Gen
 async def collect_json(stream: ResponseStream, generate: GenerateRequest, render: Render, entries: list[Entry],
                        started: float, metrics: BridgeMetrics, headers: dict[str, str]) -> web.Response:
     """One `chat.completion` (or `text_completion`) object once the stream has finished."""
+    body = await collect_body(stream, generate, render, entries, started, metrics)
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+async def collect_body(stream: ResponseStream, generate: GenerateRequest, render: Render, entries: list[Entry],
+                       started: float, metrics: BridgeMetrics) -> bytes:
+    """The answer's JSON body once the stream has finished; an in-band error raises EdgeError."""
     tokens = 0
     klass = generate.klass
     while True:
@@ -131,7 +138,7 @@ async def collect_json(stream: ResponseStream, generate: GenerateRequest, render
             elif isinstance(entry, Finished):
                 metrics.tokens.labels(klass).inc(tokens)
                 metrics.e2e.labels(klass).observe(time.monotonic() - started)
-                return web.Response(body=render.body(entry), content_type="application/json", headers=headers)
+                return render.body(entry)
             else:
                 raise from_code(entry.code, entry.message)
         try:

@@ -45,6 +45,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.batch.store import BATCHES_BUCKET
+from bridge.file_store import FILE_DATA_BUCKET, FILES_BUCKET
 from broker.gate.quota.store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
@@ -98,6 +100,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
+    file_data = f"OBJ_{s.bucket(FILE_DATA_BUCKET)}"
+    batch_state = [f"KV_{s.bucket(FILES_BUCKET)}", f"KV_{s.bucket(BATCHES_BUCKET)}", file_data, s.batch_stream]
     # Provisioning (core/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
     # or (limits changed) update the streams, open the buckets, create the broker's durable
     # (nats-py's legacy DURABLE.CREATE, or the named form), write the default classes (`kv.create`
@@ -134,7 +138,14 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
             [s.cancel_all, s.worker_ping, s.sched_leader, inbox["worker"]]),   # a new scheduler: pull afresh
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
-             f"$KV.{s.bucket('routing')}.>"],                                   # the admin API's rules
+             f"$KV.{s.bucket('routing')}.>",                                    # the admin API's rules
+             # The Files and Batch APIs' state (bridge/file_store.py, bridge/batch/store.py): the
+             # bridges create it; a file's delete and a finalized batch purge their own subjects.
+             *_api("STREAM.CREATE STREAM.INFO", *batch_state), *_kv_read(*batch_state), *_consume(*batch_state),
+             *_api("STREAM.PURGE", file_data, s.batch_stream),
+             "$JS.API.STREAM.NAMES",        # nats-py's object get finds the chunks' stream by subject
+             f"$KV.{s.bucket(FILES_BUCKET)}.>", f"$KV.{s.bucket(BATCHES_BUCKET)}.>",
+             f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all],
             [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),

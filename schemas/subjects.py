@@ -55,6 +55,11 @@ class Subjects:
         return f"{self.prefix}_{name}"
 
     @property
+    def batch_stream(self) -> str:
+        """Finished lines of running batches, until each batch is finalized into its files."""
+        return f"{self.prefix.upper()}_BATCH"
+
+    @property
     def broker_durable(self) -> str:
         return f"{self.prefix}-broker"
 
@@ -137,6 +142,14 @@ class Subjects:
     @property
     def dlq_all(self) -> str:
         return f"{self.prefix}.dlq.>"
+
+    def batch_done(self, tenant: str, batch_id: str) -> str:
+        """One batch's finished lines (bridges only: no tenant account imports it)."""
+        return f"{self.prefix}.batch.done.{tenant}.{batch_id}"
+
+    @property
+    def batch_done_all(self) -> str:
+        return f"{self.prefix}.batch.done.*.*"
 
     def worker_event(self, worker_id: str) -> str:
         return f"{self.prefix}.evt.worker.{worker_id}"

@@ -1,0 +1,237 @@
+"""One bridge's run of one batch, from where its record says it stands: validate the input file,
+run the lines not finished yet, finalize the output and error files. It renews the batch's lease
+while it runs and stops the moment the lease is lost (another bridge runs the batch then), the
+batch is cancelled (its lines in flight are cancelled, those finished are kept) or its
+completion window ends (the same, and the rest expire)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from bridge.batch import lines as jsonl
+from bridge.errors import EdgeError
+from schemas.batches import BatchError, BatchErrors, BatchState, BatchUsage, LineResult, RequestCounts
+from schemas.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from bridge.batch.runner import BatchRunner
+
+log = logging.getLogger("laneway.batch")
+
+# Refusals that say "not now", not "never": the line is tried again, with backoff.
+PASSING = frozenset({ErrorCode.queue_full, ErrorCode.rate_limited, ErrorCode.overloaded, ErrorCode.no_worker,
+                     ErrorCode.unavailable, ErrorCode.worker_lost, ErrorCode.pii_unavailable,
+                     ErrorCode.slow_reader})
+MAX_BACKOFF_S = 10.0
+
+
+class LeaseLost(Exception):
+    """Another bridge runs this batch now, or it is gone."""
+
+
+def line_request_id(batch_id: str, line: int, owner: str, attempt: int) -> str:
+    return f"{batch_id}-{line}-{owner}-{attempt}"
+
+
+def output_file_ids(batch_id: str) -> tuple[str, str]:
+    """Fixed per batch: a finalization run twice (its owner died between the files and the
+    record) writes the same two files again, never a second pair."""
+    suffix = batch_id.removeprefix("batch_")
+    return f"file-{suffix}o", f"file-{suffix}e"
+
+
+class BatchRun:
+    def __init__(self, runner: BatchRunner, state: BatchState, before: BatchState | None) -> None:
+        self.runner = runner
+        self.state = state
+        self.tenant = state.tenant
+        self.id = state.batch.id
+        # Lines the previous owner may have in flight: cancelled before they run here again.
+        self.before = before if before is not None and before.owner not in ("", runner.edge_id) else None
+        self.done: dict[int, LineResult] = {}
+        self.submitted = state.submitted
+        self.ending: str | None = None          # "cancelled" | "expired": stop submitting
+        self._lines: dict[int, asyncio.Task[None]] = {}
+        self._lost = False
+
+    async def go(self) -> None:
+        main = asyncio.current_task()
+        keeper = asyncio.create_task(self._keep_lease(main), name=f"lease-{self.id}")
+        try:
+            status = self.state.batch.status
+            if status == "validating":
+                status = await self._validate()
+            if status == "in_progress":
+                await self._execute()
+                status = self.ending or "completed"
+            elif status == "cancelling":
+                status = "cancelled"
+            if status in ("completed", "cancelled", "expired", "finalizing"):
+                await self._finalize("completed" if status == "finalizing" else status)
+        except asyncio.CancelledError:
+            if self._lost:
+                raise LeaseLost(self.id) from None
+            raise
+        finally:
+            keeper.cancel()
+            for task in list(self._lines.values()):
+                task.cancel()
+            await asyncio.gather(keeper, *self._lines.values(), return_exceptions=True)
+
+    # -- the lease, and what the record says meanwhile ---------------------------------------
+    async def _keep_lease(self, main: asyncio.Task) -> None:
+        while True:
+            await asyncio.sleep(self.runner.lease_s / 3)
+            try:
+                self.state = await self.runner._claim(self.tenant, self.id, submitted=self.submitted)
+            except LeaseLost:
+                self._lost = True
+                main.cancel()
+                return
+            except Exception:
+                log.warning("batch %s: lease not renewed this time", self.id, exc_info=True)
+                continue
+            if self.state.batch.status == "cancelling":
+                self._end("cancelled")
+            elif time.time() >= self.state.batch.expires_at:
+                self._end("expired")
+
+    def _end(self, why: str) -> None:
+        if self.ending is None:
+            self.ending = why
+            for task in list(self._lines.values()):
+                task.cancel()
+
+    async def _set(self, **batch) -> BatchState:
+        """Change the public batch object (under our lease)."""
+        def change(state: BatchState) -> BatchState:
+            if state.owner != self.runner.edge_id:
+                raise LeaseLost(self.id)
+            return msgspec.structs.replace(state, batch=msgspec.structs.replace(state.batch, **batch))
+        self.state = await self.runner.store.update(self.tenant, self.id, change) or self.state
+        return self.state
+
+    # -- validating ---------------------------------------------------------------------------
+    async def _input(self) -> list[jsonl.InputLine] | list[BatchError]:
+        b = self.state.batch
+        content = await self.runner.files.content(self.tenant, b.input_file_id)
+        if content is None:
+            return [BatchError("file_not_found", f"the input file {b.input_file_id!r} no longer exists",
+                               "input_file_id")]
+        lines, errors = jsonl.parse(content, b.endpoint)
+        return errors or lines
+
+    async def _validate(self) -> str:
+        found = await self._input()
+        now = int(time.time())
+        if found and isinstance(found[0], BatchError):
+            await self._set(status="failed", failed_at=now, errors=BatchErrors(list(found)))
+            await self._finish_record()
+            return "failed"
+        model = msgspec.json.decode(bytes(found[0].body)).get("model") if found else None
+        self.state = await self.runner._claim(self.tenant, self.id, lines=len(found))
+        await self._set(status="in_progress", in_progress_at=now, request_counts=RequestCounts(total=len(found)),
+                        model=model if isinstance(model, str) else None)
+        return "in_progress"
+
+    # -- in progress ----------------------------------------------------------------------------
+    async def _execute(self) -> None:
+        found = await self._input()
+        if found and isinstance(found[0], BatchError):     # the input file was deleted mid-batch
+            await self._set(errors=BatchErrors(list(found)))
+            self.ending = "expired" if time.time() >= self.state.batch.expires_at else "cancelled"
+            return
+        self.done = await self.runner.store.done_lines(self.tenant, self.id)
+        if self.before is not None:
+            for line in range(self.before.submitted):
+                if line not in self.done:
+                    await self.runner._cancel(self.tenant, line_request_id(self.id, line, self.before.owner, 0))
+        if time.time() >= self.state.batch.expires_at:
+            self.ending = "expired"
+        slots = self.runner.slots
+        for index, line in enumerate(found):
+            if self.ending is not None:
+                break
+            if index in self.done:
+                continue
+            await slots.acquire()
+            if self.ending is not None:
+                slots.release()
+                break
+            task = asyncio.create_task(self._line(index, line))
+            self._lines[index] = task
+            task.add_done_callback(lambda _t, i=index: (self._lines.pop(i, None), slots.release()))
+            self.submitted = max(self.submitted, index + 1)
+        await asyncio.gather(*self._lines.values(), return_exceptions=True)
+
+    async def _line(self, index: int, line: jsonl.InputLine) -> None:
+        generations = self.runner.endpoints[self.state.batch.endpoint]
+        deadline = float(self.state.batch.expires_at)
+        backoff = 0.5
+        for attempt in range(1_000):
+            request_id = line_request_id(self.id, index, self.runner.edge_id, attempt)
+            tenant = self.runner.catalogue.tenants.get(self.tenant)
+            try:
+                if tenant is None:
+                    raise EdgeError(ErrorCode.unknown_tenant, "the batch's tenant no longer exists")
+                body = await generations.complete(tenant, bytes(line.body), request_id, self.runner.klass,
+                                                  deadline)
+                result = LineResult(index, jsonl.answered(line.custom_id, 200, request_id, body), False,
+                                    *jsonl.usage_of(body))
+                break
+            except EdgeError as err:
+                if err.code in PASSING and time.time() + backoff < deadline:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    continue
+                result = LineResult(index, jsonl.answered(line.custom_id, err.status, request_id, err.body()), True)
+                break
+        self.done[index] = result
+        await self.runner.store.record_line(self.tenant, self.id, result)
+
+    # -- finalizing ---------------------------------------------------------------------------
+    async def _finalize(self, outcome: str) -> None:
+        now = int(time.time())
+        if outcome == "completed":
+            await self._set(status="finalizing", finalizing_at=now)
+        found = await self._input()
+        lines = [] if found and isinstance(found[0], BatchError) else found
+        done = await self.runner.store.done_lines(self.tenant, self.id)
+        code, message = jsonl.EXPIRED if outcome == "expired" else jsonl.CANCELLED
+        out, errors, usage = [], [], BatchUsage()
+        for index, line in enumerate(lines):
+            result = done.get(index)
+            if result is None:
+                errors.append(jsonl.not_executed(line.custom_id, code, message))
+                continue
+            (errors if result.failed else out).append(result.output)
+            usage.input_tokens += result.input_tokens
+            usage.output_tokens += result.output_tokens
+            usage.input_tokens_details["cached_tokens"] += result.cached_tokens
+        usage.total_tokens = usage.input_tokens + usage.output_tokens
+        out_id, err_id = output_file_ids(self.id)
+        files = self.runner.files
+        fields: dict = {}
+        if out:
+            fields["output_file_id"] = (await files.put(self.tenant, b"\n".join(out) + b"\n", f"{self.id}_output.jsonl",
+                                                        "batch_output", file_id=out_id)).id
+        if errors:
+            fields["error_file_id"] = (await files.put(self.tenant, b"\n".join(errors) + b"\n", f"{self.id}_error.jsonl",
+                                                       "batch_output", file_id=err_id)).id
+        at = int(time.time())
+        await self._set(status=outcome, **{f"{outcome}_at": at}, usage=usage,
+                        request_counts=RequestCounts(total=len(lines), completed=len(out), failed=len(errors)),
+                        **fields)
+        await self._finish_record()
+        await self.runner.store.forget_lines(self.tenant, self.id)
+
+    async def _finish_record(self) -> None:
+        """No owner any more: the batch is done."""
+        def release(state: BatchState) -> BatchState:
+            return msgspec.structs.replace(state, owner="", lease_until=0.0)
+        self.state = await self.runner.store.update(self.tenant, self.id, release) or self.state

@@ -1,0 +1,119 @@
+"""Runs batches: every bridge has a runner; each active batch is run by one of them at a time.
+
+Who runs a batch is a lease in its record (`owner`, `lease_until`), taken and renewed by
+compare-and-set: a bridge that dies stops renewing and another takes the batch over within a
+lease. What survives is in JetStream: the record, the input file, and every finished line. The
+new owner runs only the lines not finished; lines its predecessor had in flight are cancelled
+(under its request ids) and run again.
+
+Each line takes the same path as the endpoint over HTTP (`Generations.complete`): the gate's
+checks, quotas, PII, routing, metering, in the `batch` class, whose lanes never delay
+interactive work. A line refused for a passing reason (a full queue, a rate limit, no worker
+yet, a lost worker) is tried again until the completion window ends; any other refusal is that
+line's answer in the error file. Lines in flight are bounded per bridge (`concurrency`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+import msgspec
+
+from bridge.batch.run import BatchRun, LeaseLost
+from bridge.batch.store import BatchStore
+from bridge.chat import Generations
+from bridge.file_store import FileStore
+from core.catalogue import Catalogue
+from core.tasks import cancel_and_wait
+from schemas.batches import ACTIVE, BatchState
+
+log = logging.getLogger("laneway.batch")
+
+LEASE_S = 15.0
+TICK_S = 1.0
+
+
+class BatchRunner:
+    def __init__(self, store: BatchStore, files: FileStore, endpoints: Mapping[str, Generations],
+                 catalogue: Catalogue, edge_id: str, cancel, *, concurrency: int = 64,
+                 lease_s: float = LEASE_S, klass: str = "batch") -> None:
+        self.store = store
+        self.files = files
+        self.endpoints = endpoints
+        self.catalogue = catalogue
+        self.edge_id = edge_id
+        self._cancel = cancel
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.klass = klass
+        self.slots = asyncio.Semaphore(concurrency)     # lines in flight from this bridge
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="batch-runner")
+
+    async def stop(self) -> None:
+        """Leave every batch for another bridge at once (its lease given up), its lines kept."""
+        if self._loop_task is not None:
+            await cancel_and_wait(self._loop_task)
+        tasks = list(self._running.values())
+        for task in tasks:
+            await cancel_and_wait(task)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                for state in await self.store.all():
+                    self._maybe_take(state)
+            except Exception:       # a NATS hiccup: the next tick tries again
+                log.exception("batch runner tick failed")
+            await asyncio.sleep(TICK_S)
+
+    def _maybe_take(self, state: BatchState) -> None:
+        key = f"{state.tenant}.{state.batch.id}"
+        if state.batch.status not in ACTIVE or key in self._running:
+            return
+        if state.owner not in ("", self.edge_id) and state.lease_until > time.time():
+            return
+        task = asyncio.create_task(self._run(state.tenant, state.batch.id), name=f"batch-{state.batch.id}")
+        self._running[key] = task
+        task.add_done_callback(lambda _t: self._running.pop(key, None))
+
+    # -- one batch --------------------------------------------------------------------------
+    async def _claim(self, tenant: str, batch_id: str, **progress) -> BatchState:
+        """Take the batch's lease (free, or ours to renew) and write `progress` with it. Raises
+        LeaseLost when another bridge holds it, or the batch is gone."""
+        def take(state: BatchState) -> BatchState | None:
+            if state.owner not in ("", self.edge_id) and state.lease_until > time.time():
+                raise LeaseLost(batch_id)
+            return msgspec.structs.replace(state, owner=self.edge_id, lease_until=time.time() + self.lease_s,
+                                           **progress)
+        state = await self.store.update(tenant, batch_id, take)
+        if state is None:
+            raise LeaseLost(batch_id)     # deleted
+        return state
+
+    async def _run(self, tenant: str, batch_id: str) -> None:
+        try:
+            before = await self.store.get(tenant, batch_id)
+            state = await self._claim(tenant, batch_id)
+            await BatchRun(self, state, before).go()
+        except LeaseLost:
+            return
+        except asyncio.CancelledError:
+            await self._release(tenant, batch_id)
+            raise
+        except Exception:
+            log.exception("batch %s stopped in this bridge; it is taken over when its lease ends", batch_id)
+
+    async def _release(self, tenant: str, batch_id: str) -> None:
+        def give_up(state: BatchState) -> BatchState | None:
+            return msgspec.structs.replace(state, lease_until=0.0) if state.owner == self.edge_id else None
+        try:
+            await asyncio.shield(self.store.update(tenant, batch_id, give_up))
+        except Exception:
+            pass        # the lease ends by itself

@@ -1,0 +1,166 @@
+"""The Files API (OpenAI's shapes): `POST /v1/files` (multipart: `file`, `purpose`,
+`expires_after[anchor]`, `expires_after[seconds]`), `GET /v1/files`, `GET|DELETE /v1/files/{id}`,
+`GET /v1/files/{id}/content`. Every route is the caller's tenant's alone: another tenant's id is
+answered as an unknown one.
+
+An upload is read here, not by the app's body middleware: a file may be far larger than a chat
+body (`max_file_bytes`), and it is bounded in size and time while it streams in."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import BodyPartReader, web
+
+from bridge.chat import authenticate
+from bridge.errors import EdgeError, body_timeout, not_found
+from bridge.file_store import FileStore
+from core.catalogue import Catalogue
+from schemas import codec
+from schemas.batches import UPLOAD_PURPOSES, Deleted, FileList, FileObject
+from schemas.errors import ErrorCode
+
+MAX_FILE_BYTES = 200 * 1024 * 1024       # OpenAI's limit for a batch's input file
+EXPIRES_AFTER_S = (3600, 30 * 86_400)    # OpenAI's bounds for expires_after[seconds]
+MAX_LIST = 10_000
+
+
+def _invalid(message: str, param: str | None = None) -> EdgeError:
+    return EdgeError(ErrorCode.invalid_request, message, param)
+
+
+def is_upload(request: web.Request) -> bool:
+    """A file upload streams in through its route, under its own size and time bounds."""
+    return request.method == "POST" and request.path == "/v1/files"
+
+
+def json_response(obj: object, status: int = 200) -> web.Response:
+    return web.Response(body=codec.encode_json(obj), status=status, content_type="application/json")
+
+
+def page(items: list, request: web.Request, default_limit: int, max_limit: int) -> tuple[list, bool]:
+    """OpenAI's cursor paging: `after` (an id in the list), `limit`, `order` (asc|desc, by creation;
+    `items` come oldest first)."""
+    order = request.query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise _invalid("order must be 'asc' or 'desc'", "order")
+    try:
+        limit = int(request.query.get("limit", default_limit))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= max_limit:
+        raise _invalid(f"limit must be an integer from 1 to {max_limit}", "limit")
+    if order == "desc":
+        items = items[::-1]
+    after = request.query.get("after")
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            raise _invalid(f"no object with id {after!r} to list after", "after")
+        items = items[ids.index(after) + 1:]
+    return items[:limit], len(items) > limit
+
+
+class FilesApi:
+    def __init__(self, store: FileStore, catalogue: Catalogue, max_file_bytes: int = MAX_FILE_BYTES,
+                 upload_timeout_s: float = 600.0) -> None:
+        self.store = store
+        self.catalogue = catalogue
+        self.max_file_bytes = max_file_bytes
+        self.upload_timeout_s = upload_timeout_s
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/files", self.create)
+        app.router.add_get("/v1/files", self.list)
+        app.router.add_get("/v1/files/{file_id}", self.retrieve)
+        app.router.add_delete("/v1/files/{file_id}", self.delete)
+        app.router.add_get("/v1/files/{file_id}/content", self.content)
+
+    async def create(self, request: web.Request) -> web.Response:
+        tenant = authenticate(request, self.catalogue.tenants)
+        if not request.content_type.startswith("multipart/form-data"):
+            raise _invalid("upload a file as multipart/form-data with the fields 'file' and 'purpose'")
+        try:
+            async with asyncio.timeout(self.upload_timeout_s):
+                fields, content, filename = await self._read_form(request)
+        except TimeoutError:
+            raise body_timeout(self.upload_timeout_s) from None
+        purpose = fields.get("purpose")
+        if purpose not in UPLOAD_PURPOSES:
+            raise _invalid(f"purpose must be one of {list(UPLOAD_PURPOSES)}", "purpose")
+        if content is None:
+            raise _invalid("the form has no 'file' field", "file")
+        if not content:
+            raise _invalid("the file is empty", "file")
+        file = await self.store.put(tenant.name, content, filename or "upload", purpose,
+                                    self._expires_after(fields))
+        return json_response(file)
+
+    async def _read_form(self, request: web.Request) -> tuple[dict[str, str], bytes | None, str | None]:
+        fields: dict[str, str] = {}
+        content: bytes | None = None
+        filename: str | None = None
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise _invalid("nested multipart bodies are not supported")
+            if part.name == "file":
+                filename = part.filename
+                content = await self._read_bounded(part)
+            elif part.name is not None:
+                fields[part.name] = (await part.read(decode=True)).decode(errors="replace")[:256]
+        return fields, content, filename
+
+    async def _read_bounded(self, part: BodyPartReader) -> bytes:
+        chunks, size = [], 0
+        while chunk := await part.read_chunk(1 << 16):
+            size += len(chunk)
+            if size > self.max_file_bytes:
+                raise EdgeError(ErrorCode.payload_too_large,
+                                f"the file is over {self.max_file_bytes} bytes, the limit", "file")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _expires_after(fields: dict[str, str]) -> int | None:
+        anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+        if anchor is None and seconds is None:
+            return None
+        if anchor != "created_at":
+            raise _invalid("expires_after[anchor] must be 'created_at'", "expires_after.anchor")
+        low, high = EXPIRES_AFTER_S
+        if seconds is None or not seconds.isdigit() or not low <= int(seconds) <= high:
+            raise _invalid(f"expires_after[seconds] must be an integer from {low} to {high}", "expires_after.seconds")
+        return int(seconds)
+
+    async def list(self, request: web.Request) -> web.Response:
+        tenant = authenticate(request, self.catalogue.tenants)
+        files = await self.store.list(tenant.name)
+        if (purpose := request.query.get("purpose")) is not None:
+            files = [f for f in files if f.purpose == purpose]
+        shown, more = page(files, request, MAX_LIST, MAX_LIST)
+        return json_response(FileList(shown, has_more=more, first_id=shown[0].id if shown else None,
+                                      last_id=shown[-1].id if shown else None))
+
+    async def _file(self, request: web.Request) -> tuple[str, FileObject]:
+        tenant = authenticate(request, self.catalogue.tenants)
+        file_id = request.match_info["file_id"]
+        file = await self.store.get(tenant.name, file_id)
+        if file is None:
+            raise not_found("file", file_id, "file_id")
+        return tenant.name, file
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        return json_response((await self._file(request))[1])
+
+    async def delete(self, request: web.Request) -> web.Response:
+        tenant, file = await self._file(request)
+        await self.store.delete(tenant, file.id)
+        return json_response(Deleted(id=file.id, object="file"))
+
+    async def content(self, request: web.Request) -> web.Response:
+        tenant, file = await self._file(request)
+        data = await self.store.content(tenant, file.id)
+        if data is None:
+            raise not_found("file", file.id, "file_id")
+        return web.Response(body=data, content_type="application/octet-stream")
