@@ -14,6 +14,8 @@ rental they cost nothing: no prefill GPU-seconds (their KV memory is held by the
 so that field is refused there. `prefix_saved` is what the hits saved against the full prompt rate.
 
 A cached response used no GPU; it is charged `cached_fraction` of the price (default nothing).
+A class may pay a share of its pool's price, `class_fraction` (`{"batch": 0.5}`: work that can
+wait a day at half price, as OpenAI's Batch API; absent: the full price).
 A price book is JSON (`lw_routing` key `prices`) or a TOML table `[prices.pools.<pool>]`.
 """
 
@@ -46,6 +48,7 @@ class PoolPrice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
 class PriceBook(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     pools: dict[str, PoolPrice] = {}
     cached_fraction: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    class_fraction: dict[str, Annotated[float, Meta(ge=0, le=1)]] = {}
 
 
 class BadPrice(ValueError):
@@ -119,7 +122,7 @@ def parse_price_book(raw: bytes | Mapping[str, Any]) -> PriceBook:
     pools_raw = _convert(top.pop("pools", {}), dict[str, dict[str, Any]], "pools")
     pools = {name: _convert(doc, PoolPrice, f"pools.{name}") for name, doc in pools_raw.items()}
     book = _convert({**top, "pools": {}}, PriceBook, "")
-    book = PriceBook(pools, book.cached_fraction)
+    book = PriceBook(pools, book.cached_fraction, book.class_fraction)
     for pool, price in book.pools.items():
         rates(pool, price)          # every pool's pricing complete, checked once, up front
     return book
@@ -139,17 +142,19 @@ class Meter:
         return self._rates.get(pool)
 
     def cost(self, pool: str, prompt_tokens: int, completion_tokens: int, cached: bool = False,
-             cached_tokens: int = 0) -> float:
+             cached_tokens: int = 0, klass: str = "") -> float:
         """US dollars; 0.0 for a pool without a price (`priced` tells that apart from free).
-        `cached_tokens` of the prompt tokens came from the prefix cache."""
+        `cached_tokens` of the prompt tokens came from the prefix cache; `klass` pays its share."""
         r = self._rates.get(pool)
         if r is None:
             return 0.0
         hits = min(max(cached_tokens, 0), prompt_tokens)
         usd = (prompt_tokens - hits) * r.prompt + hits * r.cached_prompt + completion_tokens * r.completion
+        usd *= self.book.class_fraction.get(klass, 1.0)
         return usd * self.book.cached_fraction if cached else usd
 
-    def prefix_saved(self, pool: str, cached_tokens: int) -> float:
+    def prefix_saved(self, pool: str, cached_tokens: int, klass: str = "") -> float:
         """What `cached_tokens` prefix-cache hits saved: the full prompt rate less the cached one."""
         r = self._rates.get(pool)
-        return 0.0 if r is None else max(cached_tokens, 0) * (r.prompt - r.cached_prompt)
+        fraction = self.book.class_fraction.get(klass, 1.0)
+        return 0.0 if r is None else max(cached_tokens, 0) * (r.prompt - r.cached_prompt) * fraction

@@ -99,6 +99,13 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
                    help="seconds one SSE write may wait on a client that does not read; then the "
                         "connection is dropped and the generation cancelled (0: no limit)")
     context_flag(g)
+    g.add_argument("--max-file-bytes", type=int, default=d.max_file_bytes,
+                   help="the largest file /v1/files takes (OpenAI's batch input limit by default)")
+    g.add_argument("--batch-concurrency", type=int, default=d.batch_concurrency,
+                   help="lines of batches this bridge has in flight at once")
+    g.add_argument("--batch-lease-s", type=float, default=d.batch_lease_s,
+                   help="seconds a bridge's claim on a batch lasts unrenewed; another bridge takes "
+                        "the batch over after it (a bridge that died)")
     g.add_argument("--publish-timeout", type=float, default=d.publish_timeout_s,
                    help="seconds to wait for JetStream to confirm a request before publishing it again "
                         "(same Nats-Msg-Id: stored once)")

@@ -96,6 +96,8 @@ async def run_bridge(args: argparse.Namespace) -> int:
                                  stream_buffer_bytes=args.stream_buffer_bytes,
                                  tenant_buffer_bytes=args.tenant_buffer_bytes, write_timeout_s=args.write_timeout,
                                  max_context_tokens=args.max_context_tokens,
+                                 max_file_bytes=args.max_file_bytes, batch_concurrency=args.batch_concurrency,
+                                 batch_lease_s=args.batch_lease_s,
                                  publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries,
                                  idempotency_secret=secret),
                     settings,

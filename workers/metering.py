@@ -60,9 +60,9 @@ class UsageRecorder:
                 served_model=served_model, pool=self._pool, worker_id=self._worker_id,
                 prompt_tokens=prompt_tokens, completion_tokens=sent, finish_reason=finish_reason,
                 queued_s=dispatch.queued_s, ttft_s=ttft_s, total_s=total_s, finished_at=finished_at,
-                cost_usd=self.meter.cost(self._pool, prompt_tokens, sent, cached_tokens=cached_tokens),
+                cost_usd=self.meter.cost(self._pool, prompt_tokens, sent, cached_tokens=cached_tokens, klass=r.klass),
                 interrupted=delivery.lost, undelivered_tokens=completion_tokens - sent,
-                cached_tokens=cached_tokens, prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens),
+                cached_tokens=cached_tokens, prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens, r.klass),
             ))
 
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.

@@ -100,6 +100,11 @@ class BatchRun:
                 self._end("cancelled")
             elif time.time() >= self.state.batch.expires_at:
                 self._end("expired")
+            elif self.state.batch.status == "in_progress":
+                failed = sum(r.failed for r in self.done.values())
+                counts = RequestCounts(total=self.state.lines, completed=len(self.done) - failed, failed=failed)
+                if counts != self.state.batch.request_counts:     # progress, as OpenAI shows it
+                    await self._set(request_counts=counts)
 
     def _end(self, why: str) -> None:
         if self.ending is None:
@@ -155,6 +160,8 @@ class BatchRun:
             self.ending = "expired"
         slots = self.runner.slots
         for index, line in enumerate(found):
+            if time.time() >= self.state.batch.expires_at:
+                self._end("expired")
             if self.ending is not None:
                 break
             if index in self.done:
@@ -185,6 +192,8 @@ class BatchRun:
                                     *jsonl.usage_of(body))
                 break
             except EdgeError as err:
+                if time.time() >= deadline:
+                    return      # the window ended under it: the line expires, it did not fail
                 if err.code in PASSING and time.time() + backoff < deadline:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)

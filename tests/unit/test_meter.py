@@ -36,6 +36,21 @@ def test_cached_responses_cost_a_fraction() -> None:
     assert Meter(PriceBook(book.pools)).cost("p", 1_000_000, 0, cached=True) == 0.0
 
 
+def test_a_class_pays_its_share_of_the_price() -> None:
+    """The batch price: `class_fraction` {"batch": 0.5} halves what a batch line costs, prefix hits
+    and their savings included; other classes pay the full price; the book refuses a share > 1."""
+    book = parse_price_book({"pools": {"p": {"usd_per_1m_prompt": 2, "usd_per_1m_completion": 8,
+                                             "usd_per_1m_cached_prompt": 1}},
+                             "class_fraction": {"batch": 0.5}})
+    meter = Meter(book)
+    assert meter.cost("p", 1_000_000, 1_000_000, klass="interactive") == pytest.approx(10.0)
+    assert meter.cost("p", 1_000_000, 1_000_000, klass="batch") == pytest.approx(5.0)
+    assert meter.cost("p", 1_000_000, 0, cached_tokens=1_000_000, klass="batch") == pytest.approx(0.5)
+    assert meter.prefix_saved("p", 1_000_000, "batch") == pytest.approx(0.5)
+    with pytest.raises(BadPrice):
+        parse_price_book({"class_fraction": {"batch": 1.5}})
+
+
 def test_price_book_from_toml_table() -> None:
     book = parse_price_book({"pools": {"sim": {"gpu_usd_per_hour": 4.0, "tokens_per_s": 1000},
                                        "hosted": {"usd_per_1m_prompt": 3, "usd_per_1m_completion": 15}}})
