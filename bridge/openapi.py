@@ -6,6 +6,7 @@ from functools import lru_cache
 
 import msgspec
 
+from schemas.batches import Batch, BatchList, CreateBatch, Deleted, FileList, FileObject
 from schemas.openai import ChatBody, CompletionBody, EmbeddingBody
 from schemas.openai_out import ChatCompletion, ErrorResponse, Model, ModelList, TextCompletion
 from schemas.responses import ResponsesBody
@@ -22,12 +23,20 @@ def _post(operation: str, request: dict, answer: dict, errors: dict, security: l
     }}
 
 
+def _get(operation: str, answer: dict, errors: dict, security: list, path_param: str | None = None) -> dict:
+    """An operation with no body (GET, DELETE, a cancel): the answer, an id in the path if any."""
+    params = [{"name": path_param, "in": "path", "required": True, "schema": {"type": "string"}}] if path_param else []
+    return {"operationId": operation, "security": security, "parameters": params,
+            "responses": {"200": {"description": "the object", "content": {"application/json": {"schema": answer}}},
+                          "401": errors["401"], "404": errors["404"]}}
+
+
 def _spec(model_names: tuple[str, ...]) -> dict:
-    (chat, completion, text, text_completion, embed, responses, models, model, error), components = \
-        msgspec.json.schema_components(
-            [ChatBody, ChatCompletion, CompletionBody, TextCompletion, EmbeddingBody, ResponsesBody,
-             ModelList, Model, ErrorResponse],
-            ref_template="#/components/schemas/{name}")
+    (chat, completion, text, text_completion, embed, responses, models, model, error,
+     create_batch, batch, batches, file, files, deleted), components = msgspec.json.schema_components(
+        [ChatBody, ChatCompletion, CompletionBody, TextCompletion, EmbeddingBody, ResponsesBody,
+         ModelList, Model, ErrorResponse, CreateBatch, Batch, BatchList, FileObject, FileList, Deleted],
+        ref_template="#/components/schemas/{name}")
     # Answers Laneway writes from byte templates; their shape is OpenAI's (see the README).
     answer = {"type": "object"}
     if model_names:  # the live logical models, so generated requests can name a real one
@@ -42,7 +51,8 @@ def _spec(model_names: tuple[str, ...]) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Laneway", "version": "0.1.0",
-                 "description": "OpenAI-compatible chat and text completions served through Laneway."},
+                 "description": "OpenAI-compatible chat and text completions, embeddings, responses, files and batches "
+                                "served through Laneway."},
         "paths": {
             "/v1/chat/completions": _post("createChatCompletion", chat, completion, errors, security),
             "/v1/completions": _post("createCompletion", text, text_completion, errors, security),
@@ -61,6 +71,22 @@ def _spec(model_names: tuple[str, ...]) -> dict:
                                       "content": {"application/json": {"schema": model}}},
                               "401": errors["401"], "404": errors["404"]},
             }},
+            "/v1/batches": {**_post("createBatch", create_batch, batch, errors, security),
+                            "get": _get("listBatches", batches, errors, security)},
+            "/v1/batches/{batch_id}": {"get": _get("retrieveBatch", batch, errors, security, "batch_id")},
+            "/v1/batches/{batch_id}/cancel": {"post": _get("cancelBatch", batch, errors, security, "batch_id")},
+            "/v1/files": {"get": _get("listFiles", files, errors, security), "post": {
+                "operationId": "createFile", "security": security,
+                "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                    "type": "object", "required": ["file", "purpose"],
+                    "properties": {"file": {"type": "string", "format": "binary"},
+                                   "purpose": {"type": "string", "enum": ["batch", "user_data"]}}}}}},
+                "responses": {"200": {"description": "the file", "content": {"application/json": {"schema": file}}},
+                              **errors}}},
+            "/v1/files/{file_id}": {"get": _get("retrieveFile", file, errors, security, "file_id"),
+                                    "delete": _get("deleteFile", deleted, errors, security, "file_id")},
+            "/v1/files/{file_id}/content": {"get": _get("downloadFile", {"type": "string"}, errors, security,
+                                                        "file_id")},
             "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
         },
         "components": {"schemas": components,

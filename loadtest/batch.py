@@ -29,6 +29,7 @@ import openai
 
 from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
 from loadtest.fleet import Fleet, _role
+from loadtest.hol import batch_policy
 from loadtest.phases import run_phase
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
@@ -51,10 +52,12 @@ async def kill(fleet: Fleet, role: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-async def follow(c: openai.AsyncOpenAI, fleet: Fleet, batch_id: str, total: int, kills: bool,
+async def follow(c: openai.AsyncOpenAI, fleet: Fleet, batch_id: str, total: int, kills: asyncio.Event | None,
                  events: list[str], quiet: bool) -> object:
-    """Until the batch ends; a worker killed at 30% of its lines, the broker at 60%."""
-    plan = [(0.3, "worker"), (0.6, "broker")] if kills else []
+    """Until the batch ends. Once `kills` is set (the chats are measured by then: a kill must not
+    be what their figures show), a worker is killed, and the broker when 10% more lines are done."""
+    plan = ["worker", "broker"] if kills is not None else []
+    next_at = 0
     while True:
         try:
             batch = await c.batches.retrieve(batch_id)
@@ -63,10 +66,11 @@ async def follow(c: openai.AsyncOpenAI, fleet: Fleet, batch_id: str, total: int,
             continue
         counts = batch.request_counts
         done = (counts.completed + counts.failed) if counts else 0
-        if plan and done >= plan[0][0] * total:
-            share, role = plan.pop(0)
+        if plan and kills.is_set() and done >= next_at and batch.status == "in_progress":
+            role = plan.pop(0)
             await kill(fleet, role)
             events.append(f"{role} SIGKILLed at {done}/{total} lines")
+            next_at = done + total // 10
         if not quiet:
             print(f"\r  batch {batch.status}: {done}/{total}", end="", flush=True)
         if batch.status in ("completed", "failed", "expired", "cancelled"):
@@ -84,12 +88,14 @@ def chat_flow(args: argparse.Namespace) -> list[Flow]:
 async def run_benchmark(args: argparse.Namespace) -> dict:
     pool = PoolSpec(profile=args.profile, speed=args.sim_speed, max_seqs=args.max_seqs,
                     long_prefill_token_threshold=args.long_prefill_token_threshold)
+    policy = batch_policy(args.batch_slot_share, args.batch_prefill_share)
     events: list[str] = []
     with tempfile.TemporaryDirectory(prefix="laneway-batch-") as tmp:
         async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool],
                          up_flags=["--pii", args.pii, "--batch-concurrency", str(args.batch_concurrency)]) as fleet:
             c = openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=fleet.keys[TENANT], max_retries=5,
                                    timeout=600)
+            await fleet.set_class(policy)
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 alone = await run_phase(fleet, target, "alone", chat_flow(args), args.duration, args.warmup,
                                         seed=args.seed, show_progress=not args.quiet)
@@ -97,10 +103,12 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                 started = time.monotonic()
                 batch = await c.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
                                                completion_window="24h")
-                following = asyncio.create_task(follow(c, fleet, batch.id, args.lines, not args.no_kill, events,
-                                                       True))
+                kills = None if args.no_kill else asyncio.Event()
+                following = asyncio.create_task(follow(c, fleet, batch.id, args.lines, kills, events, True))
                 beside = await run_phase(fleet, target, "batch", chat_flow(args), args.duration, args.warmup,
                                          seed=args.seed + 1, show_progress=not args.quiet)
+                if kills is not None:
+                    kills.set()
                 done = await following
                 took = time.monotonic() - started
                 output = (await c.files.content(done.output_file_id)).content if done.output_file_id else b""
@@ -123,7 +131,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     doc = {"kind": "benchmark", "benchmark": "batch",
            "description": "Interactive chat alone vs beside a large batch (Batch API), a worker and the broker "
                           "killed mid-batch",
-           "engine": fleet.describe(), "config": {k: v for k, v in vars(args).items() if k != "json"},
+           "engine": {**fleet.describe(), "batch_slot_cap": policy.slot_cap(args.max_seqs),
+                      "batch_prefill_share": policy.max_prefill_share}, "config": {k: v for k, v in vars(args).items() if k != "json"},
            "figures": figures, "runs": [alone.doc, beside.doc]}
     doc["headline"] = render(doc).splitlines()
     return doc
@@ -134,7 +143,8 @@ def render(doc: dict) -> str:
     a, b = f["chat_ttft_s"]["alone"], f["chat_ttft_s"]["batch"]
     ratio = f["ttft_p95_ratio"]
     return "\n".join([
-        f"Batch beside chat: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots, speed {c['sim_speed']}, "
+        f"Batch beside chat: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots (batch may hold "
+        f"{doc['engine']['batch_slot_cap']}, prefill share {doc['engine']['batch_prefill_share']:g}), speed {c['sim_speed']}, "
         f"chats {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out, batch {c['lines']:,} lines × "
         f"{c['batch_prompt_tokens']} in / {c['batch_tokens']} out, PII {c['pii']}",
         f"  chat alone : n={a['n']:>4} TTFT p50 {ms(a['p50'])} p95 {ms(a['p95'])} p99 {ms(a['p99'])}, "
@@ -159,6 +169,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-prompt", type=int, default=1500)
     parser.add_argument("--chat-tokens", type=int, default=400)
     parser.add_argument("--long-prefill-token-threshold", type=int, default=128)
+    parser.add_argument("--batch-slot-share", type=float, default=None,
+                        help="the batch class's max_slot_share (default: the class's)")
+    parser.add_argument("--batch-prefill-share", type=float, default=None,
+                        help="the batch class's max_prefill_share (default: the class's)")
     parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="auto")
     parser.add_argument("--no-kill", action="store_true", help="no worker or broker killed mid-batch")
     add_output_flags(parser)

@@ -86,6 +86,20 @@ def test_chat_completions_fuzz(bridge_url, mode, examples):
     run()
 
 
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_batches_fuzz(bridge_url, mode):
+    """Batch creation from any body: every answer a 4xx (no such input file, a bad endpoint or
+    window) or a batch; never a 5xx."""
+    operation = _operation(bridge_url, "/v1/batches", "POST")
+
+    @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case):
+        check(case, case.call(base_url=bridge_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30))
+
+    run()
+
+
 def test_models_and_auth_fuzz(bridge_url):
     operation = _operation(bridge_url, "/v1/models", "GET")
 
