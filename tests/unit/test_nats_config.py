@@ -92,10 +92,14 @@ def test_nats_server_accepts_the_block_alone_included_and_the_whole_config(tmp_p
 def test_jetstream_rights_are_per_verb_and_stream():
     roles = service_permissions(S)
     publish = {role: roles[role]["publish"]["allow"] for role in ROLES}
+    # A purge only where a deletion must really delete, in the bridges' own state: a deleted
+    # file's chunks, a finalized batch's lines (one subject each). Never a log or the queue.
+    own_purges = {f"$JS.API.STREAM.PURGE.OBJ_{S.bucket('file_data')}", f"$JS.API.STREAM.PURGE.{S.batch_stream}"}
     for role, subjects in publish.items():
         assert not any(s in ("$JS.API.>", ">", "$KV.>", "_INBOX.>") for s in subjects), role
-        assert not any(".STREAM.DELETE." in s or ".STREAM.PURGE." in s or ".CONSUMER.DELETE.LW_REQ" in s
-                       for s in subjects), role
+        assert not any(".STREAM.DELETE." in s or ".CONSUMER.DELETE.LW_REQ" in s for s in subjects), role
+        purges = {s for s in subjects if ".STREAM.PURGE." in s}
+        assert purges == (own_purges if role == "bridge" else set()), role
     # Only the broker takes requests off the work queue, or removes one (the DLQ move).
     takers = {role for role, subjects in publish.items()
               if any("MSG.NEXT.LW_REQ" in s or "MSG.DELETE.LW_REQ" in s for s in subjects)}
