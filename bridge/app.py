@@ -104,7 +104,7 @@ class Bridge:
         self.batch_runner = BatchRunner(self.batches, self.files, self.endpoints, self.catalogue, self.edge_id,
                                         self._cancel, concurrency=self.config.batch_concurrency,
                                         lease_s=self.config.batch_lease_s)
-        self.batch_runner.start()
+        await self.batch_runner.start()
         self._server = HttpServer(app, self.metrics, max_connections=self.config.max_connections,
                                   header_timeout_s=self.config.header_timeout_s)
         port = await self._server.start(self.config.host, self.config.port)

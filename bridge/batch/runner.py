@@ -23,10 +23,11 @@ from collections.abc import Mapping
 import msgspec
 
 from bridge.batch.run import BatchRun, LeaseLost
-from bridge.batch.store import BatchStore
+from bridge.batch.store import BATCHES_BUCKET, BatchStore, decode_state
 from bridge.chat import Generations
 from bridge.file_store import FileStore
 from core.catalogue import Catalogue
+from core.kvwatch import BucketWatch
 from core.tasks import cancel_and_wait
 from schemas.batches import ACTIVE, BatchState
 
@@ -52,25 +53,39 @@ class BatchRunner:
         self.slots = asyncio.Semaphore(concurrency)     # lines in flight from this bridge
         self._running: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self._watch: BucketWatch | None = None
+        self._active: dict[str, BatchState] = {}       # key → the batch's record, while it is active
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Watch the batches bucket (the active batches, in memory: a tick looks at those only)."""
+        self._watch = BucketWatch(self.store.js, self.store.s.bucket(BATCHES_BUCKET), self._put, self._delete)
+        await self._watch.start()
         self._loop_task = asyncio.create_task(self._loop(), name="batch-runner")
+
+    def _put(self, key: str, value: bytes) -> None:
+        state = decode_state(value)
+        if state.batch.status in ACTIVE:
+            self._active[key] = state
+        else:
+            self._active.pop(key, None)
+
+    def _delete(self, key: str) -> None:
+        self._active.pop(key, None)
 
     async def stop(self) -> None:
         """Leave every batch for another bridge at once (its lease given up), its lines kept."""
         if self._loop_task is not None:
             await cancel_and_wait(self._loop_task)
+        if self._watch is not None:
+            await self._watch.stop()
         tasks = list(self._running.values())
         for task in tasks:
             await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         while True:
-            try:
-                for state in await self.store.all():
-                    self._maybe_take(state)
-            except Exception:       # a NATS hiccup: the next tick tries again
-                log.exception("batch runner tick failed")
+            for state in list(self._active.values()):
+                self._maybe_take(state)
             await asyncio.sleep(TICK_S)
 
     def _maybe_take(self, state: BatchState) -> None:

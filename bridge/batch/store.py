@@ -24,7 +24,7 @@ from schemas.subjects import MSG_ID_HEADER, Subjects
 
 BATCHES_BUCKET = "batches"
 DUPLICATE_WINDOW_S = 120.0
-_decode_state = msgspec.json.Decoder(BatchState).decode
+decode_state = msgspec.json.Decoder(BatchState).decode
 _decode_line = msgspec.msgpack.Decoder(LineResult).decode
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -65,7 +65,7 @@ class BatchStore:
             entry = await self.kv.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, nats.js.errors.BadRequestError):
             return None
-        return _decode_state(entry.value), entry.revision
+        return decode_state(entry.value), entry.revision
 
     async def update(self, tenant: str, batch_id: str,
                      change: Callable[[BatchState], BatchState | None]) -> BatchState | None:
@@ -90,9 +90,6 @@ class BatchStore:
         """The tenant's batches, oldest first."""
         return sorted(await self._watch(f"{tenant}.*"), key=lambda b: (b.batch.created_at, b.batch.id))
 
-    async def all(self) -> list[BatchState]:
-        return await self._watch(">")
-
     async def _watch(self, keys: str) -> list[BatchState]:
         found = []
         watcher = await self.kv.watch(keys, ignore_deletes=True)
@@ -101,7 +98,7 @@ class BatchStore:
                 if entry is None:
                     break
                 if entry.value:
-                    found.append(_decode_state(entry.value))
+                    found.append(decode_state(entry.value))
         finally:
             await watcher.stop()
         return found
