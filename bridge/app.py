@@ -27,8 +27,11 @@ from bridge.errors import EdgeError, body_timeout
 from bridge.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
-from bridge.responses import Responses, decode_responses
+from bridge.responses import decode_responses
+from bridge.responses_api import Responses
 from bridge.server import HttpServer
+from bridge.stored.routes import StoredRoutes
+from bridge.stored.store import ResponseStore
 from core.catalogue import Catalogue
 from core.connect import connect
 from core.looplag import LoopLag
@@ -58,6 +61,7 @@ class Bridge:
         self.admin = admin or AdminConfig()
         self.evaluator = evaluator
         self.rule_store: RuleStore | None = None
+        self.responses: ResponseStore | None = None
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
         self.loop_lag = LoopLag()
@@ -81,6 +85,7 @@ class Bridge:
         await wait_provisioned(js, self.s, "bridge")    # `laneway up` or `laneway ops provision`
         await self.catalogue.start(js, self.s)
         self.rule_store = await RuleStore.open(js, self.s)
+        self.responses = await ResponseStore.open(js, self.s, self.config.store_replicas)
         # Subscribe first: frames for a request can never arrive before we listen.
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
@@ -100,6 +105,8 @@ class Bridge:
             await self._server.stop()
             self._server = None
         await self.losses.stop()
+        if self.responses is not None:
+            await self.responses.drain()
         if self._loop_lag_task is not None:
             await cancel_and_wait(self._loop_lag_task)
             self._loop_lag_task = None
@@ -157,7 +164,7 @@ class Bridge:
                   self.demux, self.metrics, self._cancel, self.admission)
         chat = Generations(codec.decode_chat_request, *shared)
         completions = Generations(codec.decode_completion_request, *shared)
-        responses = Responses(decode_responses, *shared)
+        responses = Responses(decode_responses, *shared, store=self.responses)
         embeddings = Generations(codec.decode_embedding_request, *shared)
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._errors_middleware, self._read_body])
@@ -165,6 +172,8 @@ class Bridge:
         app.router.add_post("/v1/completions", completions)
         app.router.add_post("/v1/responses", responses)
         app.router.add_post("/v1/embeddings", embeddings)
+        if self.responses is not None:
+            StoredRoutes(self.responses, self.catalogue).add_to(app)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)

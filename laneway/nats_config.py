@@ -49,7 +49,7 @@ from broker.gate.quota.store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
 from core.topology import BUCKETS as LIVE_BUCKETS  # classes, tenants, routing: watched live
-from schemas.subjects import Subjects, check_token, service_inbox
+from schemas.subjects import RESPONSES_BUCKET, Subjects, check_token, service_inbox
 
 SERVICE_ROLES = ("broker", "worker", "bridge")
 ROLES = (*SERVICE_ROLES, "ops")
@@ -95,7 +95,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     """role → its nats-server `permissions` block."""
     p = s.prefix
     req, durable = s.req_stream, s.broker_durable
-    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET)}
+    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET,
+                                                      RESPONSES_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
     # Provisioning (core/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
@@ -134,13 +135,17 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
             [s.cancel_all, s.worker_ping, s.sched_leader, inbox["worker"]]),   # a new scheduler: pull afresh
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
-             f"$KV.{s.bucket('routing')}.>"],                                   # the admin API's rules
+             f"$KV.{s.bucket('routing')}.>",                                    # the admin API's rules
+             # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it
+             *_api("STREAM.CREATE", kv[RESPONSES_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
+             f"$KV.{s.bucket(RESPONSES_BUCKET)}.>"],
             [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
              *_api("STREAM.INFO", req),                     # the queue's depth, never its messages
              *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS),
-             *_kv_read(kv[LEASE_BUCKET])],                  # which broker schedules now
+             *_kv_read(kv[LEASE_BUCKET]),                   # which broker schedules now
+             *_kv_read(kv[RESPONSES_BUCKET])],              # a stored response, read (never written)
             [inbox["ops"]]),
     }
 

@@ -1,0 +1,103 @@
+"""`POST /v1/responses`: the chat path (`chat.Generations`), with a Responses body in and Responses
+events out, and the store (`stored/`): a response with `store` (OpenAI's default: true; a
+tenant's `responses.store = false` forces it off) is kept once it has ended, by a task of its
+own, so the answer's bytes never wait on the write; `previous_response_id` continues a stored
+one; `background` runs detached (`stored/background.py`).
+
+What is stored of the input is what the engine got: the worker sends the request's messages
+back on `Finished.messages` (`GenerateRequest.echo_input`), as the broker's PII stage left them.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from bridge.chat import Generations, tenant_of
+from bridge.errors import EdgeError
+from bridge.render_responses import ResponsesRenderer
+from bridge.responses import output_messages, to_chat
+from bridge.stored.items import decode_messages, to_items
+from bridge.stored.routes import not_found
+from bridge.stored.store import ResponseStore
+from core.policy.stored import StoragePolicy
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.openai import ChatBody, Message
+from schemas.requests import GenerateRequest
+from schemas.responses import ResponsesBody
+from schemas.stored import StoredResponse
+
+
+class _Asked:
+    """What one request asked of the store, decided while parsing."""
+
+    __slots__ = ("body", "store", "policy", "history", "render")
+
+    def __init__(self, body: ResponsesBody, store: bool, policy: StoragePolicy, history: list[Message]) -> None:
+        self.body = body
+        self.store = store
+        self.policy = policy
+        self.history = history          # the stored conversation previous_response_id continues
+        self.render: ResponsesRenderer | None = None
+
+
+ASKED = web.RequestKey("responses_asked", _Asked)
+
+
+def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
+    """What is kept of an ended response: the Response object, this request's input items and the
+    conversation through its output, both from the input as the engine got it (redacted)."""
+    final = render.final
+    assert final is not None
+    echoed = decode_messages(render.input_messages) if render.input_messages else []
+    if echoed and asked.body.instructions and echoed[0].role == "system":
+        echoed = echoed[1:]          # instructions are not carried over to the next response
+    new_input = echoed[len(asked.history):]
+    history = [*echoed, *output_messages(final["output"])] if echoed else []
+    return StoredResponse(response=orjson.dumps(final), request_id=generate.request_id,
+                          input_items=orjson.dumps(to_items(new_input, generate.request_id)),
+                          history=codec.encode_json(history))
+
+
+class Responses(Generations):
+    def __init__(self, *args, store: ResponseStore | None = None, background=None) -> None:
+        super().__init__(*args)
+        self.store = store
+        self.background = background
+
+    async def _parse(self, request: web.Request) -> tuple[ChatBody, bytes]:
+        body, extra = await super()._parse(request)
+        assert isinstance(body, ResponsesBody)
+        tenant = tenant_of(request, self.catalogue.tenants)
+        policy = tenant.responses if tenant is not None else StoragePolicy()
+        store = body.store is not False and policy.store and self.store is not None
+        if body.background and not store:
+            why = "store is false" if body.store is False else "this API key's responses are never stored"
+            raise EdgeError(ErrorCode.invalid_request, f"a background response is a stored one, and {why}",
+                            "background")
+        history: list[Message] = []
+        if body.previous_response_id is not None:
+            found = None if self.store is None or tenant is None else \
+                await self.store.get(tenant.name, body.previous_response_id)
+            if found is None:
+                raise not_found(body.previous_response_id, "previous_response_id")
+            history = decode_messages(found[0].history)
+        request[ASKED] = _Asked(body, store, policy, history)
+        return to_chat(body, extra, history)
+
+    def _renderer(self, request: web.Request, generate: GenerateRequest) -> ResponsesRenderer:
+        asked = request[ASKED]
+        asked.render = ResponsesRenderer(generate, asked.body, store=asked.store)
+        return asked.render
+
+    async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
+        asked = request[ASKED]
+        generate.echo_input = asked.store
+        if asked.body.background:
+            return await self.background.start(request, generate, asked)
+        response = await super()._answer(request, generate, started)
+        render = asked.render
+        if asked.store and render is not None and render.final is not None:
+            self.store.keep(generate.tenant, render.id, record_of(render, generate, asked), asked.policy.retention_s)
+        return response

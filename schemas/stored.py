@@ -1,0 +1,40 @@
+"""A stored response as the `lw_responses` bucket holds it (key `<tenant>.<id>`, msgpack).
+
+The JSON members are kept as the bytes the edge answers with, so a GET serves them without
+re-encoding. What is stored of the input is only what came back from the engine's side
+(`Finished.messages`): the input as the tenant's PII policy let it reach the model.
+Fields are append-only, with defaults (msgspec's schema evolution).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+# A background response whose record no bridge refreshed for this long has lost its bridge.
+LEASE_S = 5.0
+STALE_AFTER_S = 4 * LEASE_S
+MAX_STORED_EVENTS = 4096            # a streamed background response resumes from these, no more
+
+
+class StoredResponse(msgspec.Struct, omit_defaults=True, gc=False):
+    response: bytes                 # the Response object (JSON), as GET answers it
+    request_id: str                 # Laneway's request id (a cancel names it)
+    input_items: bytes = b"[]"      # this request's input, as items (JSON list), redacted
+    history: bytes = b"[]"          # the chat messages through this response's output (JSON): a
+                                    # later `previous_response_id` continues from them
+    owner: str = ""                 # background: the edge running it ...
+    beat_at: float = 0.0            # ... and when it last said so (unix seconds)
+    events: list[bytes] = []        # background + stream: the SSE events so far, by sequence_number
+    first_event: int = 0            # the sequence_number of events[0] (the oldest are dropped past the bound)
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(StoredResponse).decode
+
+
+def encode(record: StoredResponse) -> bytes:
+    return _encode(record)
+
+
+def decode(data: bytes) -> StoredResponse:
+    return _decode(data)
