@@ -30,6 +30,7 @@ from bridge.readiness import Readiness
 from bridge.responses import decode_responses
 from bridge.responses_api import Responses
 from bridge.server import HttpServer
+from bridge.stored.background import Background
 from bridge.stored.routes import StoredRoutes
 from bridge.stored.store import ResponseStore
 from core.catalogue import Catalogue
@@ -62,6 +63,7 @@ class Bridge:
         self.evaluator = evaluator
         self.rule_store: RuleStore | None = None
         self.responses: ResponseStore | None = None
+        self.background: Background | None = None
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
         self.loop_lag = LoopLag()
@@ -105,6 +107,8 @@ class Bridge:
             await self._server.stop()
             self._server = None
         await self.losses.stop()
+        if self.background is not None:
+            await self.background.stop()
         if self.responses is not None:
             await self.responses.drain()
         if self._loop_lag_task is not None:
@@ -164,7 +168,13 @@ class Bridge:
                   self.demux, self.metrics, self._cancel, self.admission)
         chat = Generations(codec.decode_chat_request, *shared)
         completions = Generations(codec.decode_completion_request, *shared)
-        responses = Responses(decode_responses, *shared, store=self.responses)
+        routes = background = None
+        if self.responses is not None:
+            routes = StoredRoutes(self.responses, self.catalogue, self._cancel)
+            background = self.background = Background(self.responses, self.demux, self.edge_id, self._cancel,
+                                                      self.config.background_lease_s)
+        responses = Responses(decode_responses, *shared, store=self.responses, background=background,
+                              routes=routes)
         embeddings = Generations(codec.decode_embedding_request, *shared)
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._errors_middleware, self._read_body])
@@ -172,8 +182,8 @@ class Bridge:
         app.router.add_post("/v1/completions", completions)
         app.router.add_post("/v1/responses", responses)
         app.router.add_post("/v1/embeddings", embeddings)
-        if self.responses is not None:
-            StoredRoutes(self.responses, self.catalogue).add_to(app)
+        if routes is not None:
+            routes.add_to(app)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)

@@ -150,16 +150,7 @@ class Generations:
     async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
         """Store the request, wait for its first entry, then answer it, streamed or whole."""
         body, request_id, tenant, klass = generate.body, generate.request_id, generate.tenant, generate.klass
-        try:
-            payload = codec.encode(generate)
-        except OverflowError:
-            # JSON allows any integer; the msgpack wire carries 64 bits. Typed fields have bounds
-            # and are refused by name already: this is a free-form value (a content part's, say).
-            raise EdgeError(ErrorCode.invalid_request, "an integer in the request does not fit in 64 bits") from None
-        if len(payload) > self._nc.max_payload:
-            raise EdgeError(ErrorCode.payload_too_large,
-                            f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
-        check_context(generate, context_limit(self.catalogue.models, body.model, self.config.max_context_tokens))
+        payload = self._payload(generate)
         stream = self.demux.open(request_id, tenant, generate.deadline + REPLY_GRACE_S)
         published = False
         try:
@@ -188,6 +179,21 @@ class Generations:
             # work. A stream its worker or the broker ended needs nothing more.
             if stream.edge_failed or (published and not stream.closed):
                 await self._cancel(tenant, request_id)
+
+    def _payload(self, generate: GenerateRequest) -> bytes:
+        """The request's bytes on the wire, once it is known to fit (NATS, the model's context)."""
+        try:
+            payload = codec.encode(generate)
+        except OverflowError:
+            # JSON allows any integer; the msgpack wire carries 64 bits. Typed fields have bounds
+            # and are refused by name already: this is a free-form value (a content part's, say).
+            raise EdgeError(ErrorCode.invalid_request, "an integer in the request does not fit in 64 bits") from None
+        if len(payload) > self._nc.max_payload:
+            raise EdgeError(ErrorCode.payload_too_large,
+                            f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
+        check_context(generate, context_limit(self.catalogue.models, generate.body.model,
+                                              self.config.max_context_tokens))
+        return payload
 
     async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
         body = await request.read()

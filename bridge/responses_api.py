@@ -13,13 +13,15 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from bridge.chat import Generations, tenant_of
+from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
+from bridge.demux import REPLY_GRACE_S
 from bridge.errors import EdgeError
 from bridge.render_responses import ResponsesRenderer
 from bridge.responses import output_messages, to_chat
+from bridge.stored.background import Background, Job, queued
 from bridge.stored.items import decode_messages, to_items
-from bridge.stored.routes import not_found
-from bridge.stored.store import ResponseStore
+from bridge.stored.routes import StoredRoutes, not_found
+from bridge.stored.store import Conflict, ResponseStore
 from core.policy.stored import StoragePolicy
 from schemas import codec
 from schemas.errors import ErrorCode
@@ -61,10 +63,12 @@ def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Aske
 
 
 class Responses(Generations):
-    def __init__(self, *args, store: ResponseStore | None = None, background=None) -> None:
+    def __init__(self, *args, store: ResponseStore | None = None, background: Background | None = None,
+                 routes: StoredRoutes | None = None) -> None:
         super().__init__(*args)
         self.store = store
         self.background = background
+        self.routes = routes
 
     async def _parse(self, request: web.Request) -> tuple[ChatBody, bytes]:
         body, extra = await super()._parse(request)
@@ -95,9 +99,37 @@ class Responses(Generations):
         asked = request[ASKED]
         generate.echo_input = asked.store
         if asked.body.background:
-            return await self.background.start(request, generate, asked)
+            return await self._background(request, generate, asked)
         response = await super()._answer(request, generate, started)
         render = asked.render
         if asked.store and render is not None and render.final is not None:
             self.store.keep(generate.tenant, render.id, record_of(render, generate, asked), asked.policy.retention_s)
         return response
+
+    async def _background(self, request: web.Request, generate: GenerateRequest, asked: _Asked) -> web.StreamResponse:
+        """Stored `queued` first, then accepted (the PubAck), then answered at once: the Response
+        object, or (stream) its events as the runner stores them."""
+        assert self.store is not None and self.background is not None and self.routes is not None
+        render = self._renderer(request, generate)
+        payload = self._payload(generate)
+        tenant, ttl_s = generate.tenant, asked.policy.retention_s
+        try:
+            revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
+                                                                      self.background.lease_s), ttl_s, after=0)
+        except Conflict:        # an Idempotency-Key's id, already created
+            raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was already "
+                            "accepted", "Idempotency-Key") from None
+        stream = self.demux.open(generate.request_id, tenant, generate.deadline + REPLY_GRACE_S)
+        try:
+            await self._publish(generate, payload)
+        except BaseException:
+            self.demux.close(generate.request_id)
+            await self.store.delete(tenant, render.id)      # never accepted: nothing to keep
+            raise
+        self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: record_of(render, generate, asked)))
+        headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
+        if asked.body.stream:
+            return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1,
+                                            headers)
+        return web.Response(body=orjson.dumps(render.snapshot("queued")), content_type="application/json",
+                            headers=headers)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-# A background response whose record no bridge refreshed for this long has lost its bridge.
-LEASE_S = 5.0
-STALE_AFTER_S = 4 * LEASE_S
 MAX_STORED_EVENTS = 4096            # a streamed background response resumes from these, no more
+STALE_LEASES = 4                    # a background record not refreshed for this many leases lost its bridge
 
 
 class StoredResponse(msgspec.Struct, omit_defaults=True, gc=False):
@@ -23,7 +21,8 @@ class StoredResponse(msgspec.Struct, omit_defaults=True, gc=False):
     history: bytes = b"[]"          # the chat messages through this response's output (JSON): a
                                     # later `previous_response_id` continues from them
     owner: str = ""                 # background: the edge running it ...
-    beat_at: float = 0.0            # ... and when it last said so (unix seconds)
+    beat_at: float = 0.0            # ... when it last said so (unix seconds) ...
+    lease_s: float = 0.0            # ... and how often it says so
     events: list[bytes] = []        # background + stream: the SSE events so far, by sequence_number
     first_event: int = 0            # the sequence_number of events[0] (the oldest are dropped past the bound)
 

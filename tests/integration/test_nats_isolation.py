@@ -303,7 +303,8 @@ async def test_pii_findings_are_audited(secured):
 
 
 async def test_stored_responses_under_the_bridges_user(secured):
-    """Store (the bucket the bridge creates), read, continue, list, delete; ops reads it."""
+    """Store (the bucket the bridge creates), read, continue, list, run in the background, delete;
+    ops reads it."""
     headers = {"Authorization": f"Bearer {KEYS['alpha']}"}
     async with aiohttp.ClientSession(base_url=secured.stack.url, headers=headers) as http:
         async def post(**body) -> dict:
@@ -319,6 +320,12 @@ async def test_stored_responses_under_the_bridges_user(secured):
         second = await post(input="again", previous_response_id=first["id"])
         assert await eventually(lambda: _ok(status("GET", f"/v1/responses/{second['id']}")))
         assert await status("GET", f"/v1/responses/{first['id']}/input_items") == 200
+        background = await post(input="later", background=True)
+
+        async def ended() -> bool:
+            async with http.get(f"/v1/responses/{background['id']}") as r:
+                return (await r.json())["status"] == "incomplete"      # its 3 tokens were generated
+        assert await eventually(ended)
         ops = await secured.connect("ops")
         try:
             stored = await ops.jetstream().get_last_msg("KV_lw_responses", f"$KV.lw_responses.alpha.{first['id']}")
