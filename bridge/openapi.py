@@ -22,6 +22,28 @@ def _post(operation: str, request: dict, answer: dict, errors: dict, security: l
     }}
 
 
+def _stored(answer: dict, errors: dict, security: list) -> dict:
+    """The stored responses' routes (bridge/stored/routes.py): the caller's own responses only."""
+    def op(operation: str, what: str, *query: tuple[str, dict]) -> dict:
+        parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                      *({"name": name, "in": "query", "required": False, "schema": schema} for name, schema in query)]
+        return {"operationId": operation, "security": security, "parameters": parameters,
+                "responses": {"200": {"description": what, "content": {"application/json": {"schema": answer}}},
+                              **{k: errors[k] for k in ("400", "401", "404")}}}
+    return {
+        "/v1/responses/{response_id}": {
+            "get": op("getResponse", "the stored response, or (stream=true) its events after starting_after",
+                      ("stream", {"type": "boolean"}), ("starting_after", {"type": "integer", "minimum": -1})),
+            "delete": op("deleteResponse", "deleted: no revision of it remains")},
+        "/v1/responses/{response_id}/input_items": {
+            "get": op("listInputItems", "its input items (redacted as the engine got them)",
+                      ("after", {"type": "string"}), ("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+                      ("order", {"enum": ["asc", "desc"]}))},
+        "/v1/responses/{response_id}/cancel": {
+            "post": op("cancelResponse", "a background response, cancelled")},
+    }
+
+
 def _spec(model_names: tuple[str, ...]) -> dict:
     (chat, completion, text, text_completion, embed, responses, models, model, error), components = \
         msgspec.json.schema_components(
@@ -42,7 +64,8 @@ def _spec(model_names: tuple[str, ...]) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Laneway", "version": "0.1.0",
-                 "description": "OpenAI-compatible chat and text completions served through Laneway."},
+                 "description": "OpenAI-compatible chat and text completions, embeddings and "
+                                                   "responses (stored, background) served through Laneway."},
         "paths": {
             "/v1/chat/completions": _post("createChatCompletion", chat, completion, errors, security),
             "/v1/completions": _post("createCompletion", text, text_completion, errors, security),
@@ -61,6 +84,7 @@ def _spec(model_names: tuple[str, ...]) -> dict:
                                       "content": {"application/json": {"schema": model}}},
                               "401": errors["401"], "404": errors["404"]},
             }},
+            **_stored(answer, errors, security),
             "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
         },
         "components": {"schemas": components,

@@ -20,6 +20,7 @@ from bridge.render_responses import ResponsesRenderer
 from bridge.responses import output_messages, to_chat
 from bridge.stored.background import Background, Job, queued
 from bridge.stored.items import decode_messages, to_items
+from bridge.stored.lifecycle import status_of
 from bridge.stored.routes import StoredRoutes, not_found
 from bridge.stored.store import Conflict, ResponseStore
 from core.policy.stored import StoragePolicy
@@ -86,7 +87,11 @@ class Responses(Generations):
                 await self.store.get(tenant.name, body.previous_response_id)
             if found is None:
                 raise not_found(body.previous_response_id, "previous_response_id")
-            history = decode_messages(found[0].history)
+            record = found[0]
+            if record.history == b"[]":     # not ended, or ended with nothing to continue from
+                raise EdgeError(ErrorCode.invalid_request, f"the response {body.previous_response_id!r} is "
+                                f"{status_of(record)} and holds no conversation to continue", "previous_response_id")
+            history = decode_messages(record.history)
         request[ASKED] = _Asked(body, store, policy, history)
         return to_chat(body, extra, history)
 

@@ -81,6 +81,9 @@ async def test_cancel_stops_the_generation_and_marks_it_cancelled(stack, client)
     created = await client.responses.create(model="slow", input="Write a long story", background=True,
                                             max_output_tokens=4000)
     await _ends(client, created.id, ("in_progress",))
+    with pytest.raises(openai.BadRequestError) as err:      # nothing to continue from yet
+        await client.responses.create(model="laneway-sim", input="and?", previous_response_id=created.id)
+    assert err.value.body["param"] == "previous_response_id"
     cancelled = await client.responses.cancel(created.id)
     assert cancelled.status == "cancelled"
     assert await eventually(lambda: _cancelled(stack) == before + 1)       # the engine stopped it

@@ -246,3 +246,11 @@ async def test_previous_response_id_gives_the_engine_the_whole_history(stack, en
     # Each response lists only its own input.
     items = await client.responses.input_items.list(third.id)
     assert [i.content[0].text for i in items.data] == ["And again?"]
+
+
+async def test_the_openapi_document_lists_the_stored_routes(stack):
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        paths = (await http.get("/openapi.json")).json()["paths"]
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+    assert "get" in paths["/v1/responses/{response_id}/input_items"]
+    assert "post" in paths["/v1/responses/{response_id}/cancel"]
