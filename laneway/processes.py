@@ -97,6 +97,7 @@ async def run_bridge(args: argparse.Namespace) -> int:
                                  tenant_buffer_bytes=args.tenant_buffer_bytes, write_timeout_s=args.write_timeout,
                                  max_context_tokens=args.max_context_tokens,
                                  publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries,
+                                 background_lease_s=args.background_lease, store_replicas=args.store_replicas,
                                  idempotency_secret=secret),
                     settings,
                     admin=AdminConfig.parse(env.ADMIN_KEY_SHA256.get() or ""), evaluator=evaluator)

@@ -22,7 +22,7 @@ STREAM, BUCKET = "KV_lw_responses", "lw_responses"
 pytestmark = pytest.mark.timeout(180)
 
 
-async def _retrieved(client: openai.AsyncOpenAI, response_id: str):
+async def _retrieved(client: openai.AsyncOpenAI, response_id: str, ended: bool = False):
     found = []
 
     async def got() -> bool:
@@ -30,9 +30,17 @@ async def _retrieved(client: openai.AsyncOpenAI, response_id: str):
             found.append(await client.responses.retrieve(response_id))
         except openai.NotFoundError:
             return False
-        return True
+        return not ended or found[-1].status not in ("queued", "in_progress")
     assert await eventually(got)
-    return found[0]
+    return found[-1]
+
+
+async def _message(js, seq: int) -> bytes | None:
+    """The stream's message `seq`; None where a later revision of its key replaced it."""
+    try:
+        return (await js.get_msg(STREAM, seq)).data
+    except nats.js.errors.NotFoundError:
+        return None
 
 
 async def _violations_of(up: LanewayUp, count: int) -> list[str]:
@@ -48,13 +56,18 @@ async def _violations_of(up: LanewayUp, count: int) -> list[str]:
 
 async def test_the_store_holds_the_redacted_input_and_tenants_cannot_reach_it(tmp_path):
     data = tmp_path / "lw"
-    async with LanewayUp(data, KEY, ["--pii", "regex", "--sim-profile", "zero"]) as up:
+    async with LanewayUp(data, KEY, ["--pii", "regex", "--sim-profile", "zero", "--background-lease", "1"]) as up:
         client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0)
         first = await client.responses.create(model="laneway-sim", input=ASK, max_output_tokens=4)
         await _retrieved(client, first.id)
         second = await client.responses.create(model="laneway-sim", input=f"And copy {EMAIL} too.",
                                                previous_response_id=first.id, max_output_tokens=4)
         await _retrieved(client, second.id)
+
+        background = await client.responses.create(model="laneway-sim", input=f"Write to {EMAIL}.",
+                                                   background=True, max_output_tokens=4)
+        assert background.status == "queued"
+        assert (await _retrieved(client, background.id, ended=True)).status == "incomplete"   # its 4 tokens
 
         # Over HTTP: the input items are the redacted input.
         [item] = (await client.responses.input_items.list(first.id)).data
@@ -68,8 +81,8 @@ async def test_the_store_holds_the_redacted_input_and_tenants_cannot_reach_it(tm
             stored = [(await js.get_last_msg(STREAM, f"$KV.{BUCKET}.{stored_response_key('demo', r.id)}")).data
                       for r in (first, second)]
             info = await js.stream_info(STREAM)
-            every = [(await js.get_msg(STREAM, seq)).data
-                     for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+            every = [body for seq in range(info.state.first_seq, info.state.last_seq + 1)
+                     if (body := await _message(js, seq)) is not None]
         finally:
             await ops.close()
         assert all(b"<EMAIL_ADDRESS>" in data and b"<US_SSN>" in data for data in stored)   # history too
