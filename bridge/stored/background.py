@@ -112,12 +112,18 @@ class Background:
             pass
 
     async def _write(self, job: Job, record: StoredResponse) -> None:
-        record.events, record.first_event = list(job.events), job.first_event
         job.revision = await self.store.put(job.tenant, job.response_id, record, job.ttl_s, after=job.revision)
 
     def _progress(self, job: Job, status: str) -> StoredResponse:
         return StoredResponse(response=orjson.dumps(job.render.snapshot(status)), request_id=job.stream.request_id,
-                              owner=self.edge_id, beat_at=time.time(), lease_s=self.lease_s)
+                              owner=self.edge_id, beat_at=time.time(), lease_s=self.lease_s,
+                              events=list(job.events), first_event=job.first_event)
+
+    @staticmethod
+    def _ended(job: Job) -> StoredResponse:
+        record = job.ended()
+        record.events, record.first_event = list(job.events), job.first_event
+        return record
 
     async def _follow(self, job: Job) -> None:
         render, streaming = job.render, job.render.streaming
@@ -151,8 +157,7 @@ class Background:
                         return
                     else:
                         job.take_events(render.failed(from_code(entry.code, entry.message)))
-                        record = job.ended()
-                        await self._write(job, record)
+                        await self._write(job, self._ended(job))
                         return
                 status = "in_progress"
                 if time.monotonic() - written_at >= FLUSH_S:
@@ -170,7 +175,7 @@ class Background:
             render.body(finished)
         if finished.finish_reason == "cancelled" and render.final is not None:
             render.final["status"] = "cancelled"
-        await self._write(job, job.ended())
+        await self._write(job, self._ended(job))
 
 
 async def mark_lost(store: ResponseStore, cancel: Callable[[str, str], Awaitable[None]], tenant: str,

@@ -94,16 +94,19 @@ class StoredRoutes:
                                                **(headers or {})})
         await response.prepare(request)
         next_seq = after + 1
-        while (found := await self._current(tenant, response_id)) is not None:
-            record = found[0]
-            fresh = record.events[max(0, next_seq - record.first_event):]
-            if fresh:
-                await response.write(b"".join(fresh))
-                next_seq = record.first_event + len(record.events)
-            if not running(record):
-                break
-            await asyncio.sleep(FLUSH_S)    # the runner writes at most this often
-        await response.write_eof()
+        try:
+            while (found := await self._current(tenant, response_id)) is not None:
+                record = found[0]
+                fresh = record.events[max(0, next_seq - record.first_event):]
+                if fresh:
+                    await response.write(b"".join(fresh))
+                    next_seq = record.first_event + len(record.events)
+                if not running(record):
+                    break
+                await asyncio.sleep(FLUSH_S)    # the runner writes at most this often
+            await response.write_eof()
+        except ConnectionResetError:
+            pass            # the client left; the response runs on (it is a background one)
         return response
 
     async def delete(self, request: web.Request) -> web.Response:
