@@ -31,6 +31,7 @@ from bridge.responses import decode_responses
 from bridge.responses_api import Responses
 from bridge.server import HttpServer
 from bridge.stored.background import Background
+from bridge.stored.conversations import Conversations
 from bridge.stored.routes import StoredRoutes
 from bridge.stored.store import ResponseStore
 from core.catalogue import Catalogue
@@ -173,8 +174,9 @@ class Bridge:
             routes = StoredRoutes(self.responses, self.catalogue, self._cancel)
             background = self.background = Background(self.responses, self.demux, self.edge_id, self._cancel,
                                                       self.config.background_lease_s)
+        conversations = Conversations(self.responses, self.catalogue) if self.responses is not None else None
         responses = Responses(decode_responses, *shared, store=self.responses, background=background,
-                              routes=routes)
+                              routes=routes, conversations=conversations)
         embeddings = Generations(codec.decode_embedding_request, *shared)
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._errors_middleware, self._read_body])
@@ -182,8 +184,9 @@ class Bridge:
         app.router.add_post("/v1/completions", completions)
         app.router.add_post("/v1/responses", responses)
         app.router.add_post("/v1/embeddings", embeddings)
-        if routes is not None:
+        if routes is not None and conversations is not None:
             routes.add_to(app)
+            conversations.add_to(app)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)

@@ -23,22 +23,39 @@ def _post(operation: str, request: dict, answer: dict, errors: dict, security: l
 
 
 def _stored(answer: dict, errors: dict, security: list) -> dict:
-    """The stored responses' routes (bridge/stored/routes.py): the caller's own responses only."""
-    def op(operation: str, what: str, *query: tuple[str, dict]) -> dict:
-        parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}},
+    """The stored responses' and conversations' routes (bridge/stored/): the caller's own only."""
+    def op(operation: str, what: str, *query: tuple[str, dict], path: tuple[str, ...] = ("response_id",),
+           body: bool = False) -> dict:
+        parameters = [*({"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in path),
                       *({"name": name, "in": "query", "required": False, "schema": schema} for name, schema in query)]
-        return {"operationId": operation, "security": security, "parameters": parameters,
-                "responses": {"200": {"description": what, "content": {"application/json": {"schema": answer}}},
-                              **{k: errors[k] for k in ("400", "401", "404")}}}
+        out = {"operationId": operation, "security": security, "parameters": parameters,
+               "responses": {"200": {"description": what, "content": {"application/json": {"schema": answer}}},
+                             **{k: errors[k] for k in ("400", "401", "404")}}}
+        if body:
+            out["requestBody"] = {"content": {"application/json": {"schema": {"type": "object"}}}}
+        return out
+    page = (("after", {"type": "string"}), ("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+            ("order", {"enum": ["asc", "desc"]}))
+    conv, item = ("conversation_id",), ("conversation_id", "item_id")
     return {
+        "/v1/conversations": {"post": op("createConversation", "a new conversation", path=(), body=True)},
+        "/v1/conversations/{conversation_id}": {
+            "get": op("getConversation", "the conversation", path=conv),
+            "post": op("updateConversation", "its metadata, set", path=conv, body=True),
+            "delete": op("deleteConversation", "deleted", path=conv)},
+        "/v1/conversations/{conversation_id}/items": {
+            "get": op("listConversationItems", "its items", *page, path=conv),
+            "post": op("createConversationItems", "items added (only where the PII policy redacts nothing)",
+                       path=conv, body=True)},
+        "/v1/conversations/{conversation_id}/items/{item_id}": {
+            "get": op("getConversationItem", "one item", path=item),
+            "delete": op("deleteConversationItem", "the conversation, without the item", path=item)},
         "/v1/responses/{response_id}": {
             "get": op("getResponse", "the stored response, or (stream=true) its events after starting_after",
                       ("stream", {"type": "boolean"}), ("starting_after", {"type": "integer", "minimum": -1})),
             "delete": op("deleteResponse", "deleted: no revision of it remains")},
         "/v1/responses/{response_id}/input_items": {
-            "get": op("listInputItems", "its input items (redacted as the engine got them)",
-                      ("after", {"type": "string"}), ("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
-                      ("order", {"enum": ["asc", "desc"]}))},
+            "get": op("listInputItems", "its input items (redacted as the engine got them)", *page)},
         "/v1/responses/{response_id}/cancel": {
             "post": op("cancelResponse", "a background response, cancelled")},
     }

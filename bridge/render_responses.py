@@ -249,6 +249,9 @@ class ResponsesRenderer:
         }
         if body.user is None:
             del response["user"]        # a string when present (OpenAI's schema), never null
+        if body.conversation is not None:
+            conversation = body.conversation
+            response["conversation"] = {"id": conversation if isinstance(conversation, str) else conversation["id"]}
         return response
 
     def _ended(self, response: dict[str, Any], finished: Finished | None = None) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """`POST /v1/responses` translated: a Responses request becomes a `ChatBody` at the edge, so it
 takes the chat path whole (lanes, quotas, PII, cache, metering, routing), and its entries are
-rendered back in the Responses shape (`render_responses.py`). A `previous_response_id`'s stored
-history goes before the new input (`responses_api.py` fetches it).
+rendered back in the Responses shape (`render_responses.py`). The stored history of a
+`previous_response_id` or a `conversation` goes before the new input (`responses_api.py` fetches it).
 
-What Laneway does not keep (conversations, item references, file ids) and non-function tools are
-refused with a 400 naming the field.
+What Laneway does not keep (item references, file ids) and non-function tools are refused with a
+400 naming the field.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from schemas.responses import (
 
 _decode = msgspec.json.Decoder(ResponsesBody).decode
 _check_chat = msgspec.json.Decoder(ChatBody).decode
-_NO_ITEMS = "Laneway keeps responses, not conversations or items"
+_NO_ITEMS = "Laneway keeps items only within their conversation or response"
 
 
 def _invalid(message: str, param: str) -> EdgeError:
@@ -65,9 +65,6 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, bytes]:
 
 # -- refusals -------------------------------------------------------------------------------------
 def _refuse_state(body: ResponsesBody) -> None:
-    if body.conversation is not None:
-        raise _invalid(f"{_NO_ITEMS}: continue with previous_response_id, or send the whole conversation "
-                       "in input", "conversation")
     for value in body.include or ():
         if value not in SERVABLE_INCLUDES:
             raise _invalid(f"include value {value!r} is not supported; Laneway can include only "
@@ -136,20 +133,24 @@ def _tool_output(item: InputItem, where: str) -> Message:
     return Message(role="tool", tool_call_id=item.call_id, content=output)
 
 
-def output_messages(output: list[dict[str, Any]]) -> list[Message]:
-    """A response's output items as the chat messages that continue from it (output items are
-    valid input items: a message with output_text parts, function_call)."""
-    return _messages(msgspec.convert(output, list[InputItem]))
+def item_messages(items: list[dict[str, Any]], field: str = "input") -> list[Message]:
+    """Stored items as the chat messages they are to a model: a response's output (output items
+    are valid input items: a message with output_text parts, function_call), a conversation's
+    items; `field` names them in an error."""
+    try:
+        return _messages(msgspec.convert(items, list[InputItem]), field)
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"an item is malformed: {exc}", field) from None
 
 
-def _messages(items: str | list[InputItem] | None) -> list[Message]:
+def _messages(items: str | list[InputItem] | None, field: str = "input") -> list[Message]:
     if items is None:
         return []
     if isinstance(items, str):
         return [Message(role="user", content=items)]
     out: list[Message] = []
     for i, item in enumerate(items):
-        where = f"input[{i}]"
+        where = f"{field}[{i}]"
         if item.type == "message":
             if item.role is None:
                 raise _invalid("a message needs a role", f"{where}.role")

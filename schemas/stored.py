@@ -27,13 +27,25 @@ class StoredResponse(msgspec.Struct, omit_defaults=True, gc=False):
     first_event: int = 0            # the sequence_number of events[0] (the oldest are dropped past the bound)
 
 
+class StoredConversation(msgspec.Struct, omit_defaults=True, gc=False):
+    """A conversation (`/v1/conversations`) in the same bucket, under `<tenant>.conv_<id>`."""
+
+    conversation: bytes             # the Conversation object (JSON): id, created_at, metadata
+    items: bytes = b"[]"            # its items in order (JSON list), each with its id
+    next_item: int = 0              # the number the next item's id takes
+
+
+Record = StoredResponse | StoredConversation
+RESPONSE_PREFIX, CONVERSATION_PREFIX = "resp_", "conv_"     # an id says which kind its record is
+
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(StoredResponse).decode
+_decoders = {StoredResponse: msgspec.msgpack.Decoder(StoredResponse).decode,
+             StoredConversation: msgspec.msgpack.Decoder(StoredConversation).decode}
 
 
-def encode(record: StoredResponse) -> bytes:
+def encode(record: Record) -> bytes:
     return _encode(record)
 
 
-def decode(data: bytes) -> StoredResponse:
-    return _decode(data)
+def decode(data: bytes, kind: type[Record] = StoredResponse) -> Record:
+    return _decoders[kind](data)

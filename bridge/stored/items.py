@@ -36,13 +36,13 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
     return content or ""
 
 
-def to_items(messages: list[Message], prefix: str) -> list[dict[str, Any]]:
+def to_items(messages: list[Message], prefix: str, start: int = 0) -> list[dict[str, Any]]:
     """Each message as one item (an assistant's calls as function_call items after its text);
-    ids `<kind>_<prefix>_<n>`, stable for one response."""
+    ids `<kind>_<prefix>_<n>` from n = `start`, stable for one response (or conversation)."""
     items: list[dict[str, Any]] = []
 
     def add(kind: str, item: dict[str, Any]) -> None:
-        items.append({"id": f"{kind}_{prefix}_{len(items)}", **item})
+        items.append({"id": f"{kind}_{prefix}_{start + len(items)}", **item})
 
     for m in messages:
         if m.role == "assistant":

@@ -32,11 +32,11 @@ def not_found(response_id: str, param: str | None = None) -> EdgeError:
                      status=404, code_name="not_found")
 
 
-def _json(body: bytes) -> web.Response:
+def json_answer(body: bytes) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
-def _int(raw: str | None, default: int, param: str, low: int, high: int) -> int:
+def query_int(raw: str | None, default: int, param: str, low: int, high: int) -> int:
     try:
         value = int(raw) if raw is not None else default
     except ValueError:
@@ -44,6 +44,17 @@ def _int(raw: str | None, default: int, param: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise EdgeError(ErrorCode.invalid_request, f"{param} must be an integer from {low} to {high}", param)
     return value
+
+
+def paged(items: bytes, request: web.Request) -> web.Response:
+    """A page of stored items (a JSON list) as the query asks: `order` (desc by default), `after`,
+    `limit` (20 by default)."""
+    q = request.query
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise EdgeError(ErrorCode.invalid_request, "order must be 'asc' or 'desc'", "order")
+    limit = query_int(q.get("limit"), 20, "limit", 1, MAX_PAGE)
+    return json_answer(orjson.dumps(page(orjson.loads(items), after=q.get("after"), limit=limit, order=order)))
 
 
 class StoredRoutes:
@@ -79,8 +90,8 @@ class StoredRoutes:
     async def retrieve(self, request: web.Request) -> web.StreamResponse:
         tenant, response_id, record, _ = await self._found(request)
         if request.query.get("stream", "false").lower() != "true":
-            return _json(record.response)
-        after = _int(request.query.get("starting_after"), -1, "starting_after", -1, 2**53)
+            return json_answer(record.response)
+        after = query_int(request.query.get("starting_after"), -1, "starting_after", -1, 2**53)
         if not record.events and not running(record):
             raise EdgeError(ErrorCode.invalid_request, "only a background response created with stream: true "
                             "can be streamed again", "stream")
@@ -112,17 +123,11 @@ class StoredRoutes:
     async def delete(self, request: web.Request) -> web.Response:
         tenant, response_id, _, _ = await self._found(request)
         await self.store.delete(tenant.name, response_id)
-        return _json(orjson.dumps({"id": response_id, "object": "response", "deleted": True}))
+        return json_answer(orjson.dumps({"id": response_id, "object": "response", "deleted": True}))
 
     async def input_items(self, request: web.Request) -> web.Response:
         _, _, record, _ = await self._found(request)
-        q = request.query
-        order = q.get("order", "desc")
-        if order not in ("asc", "desc"):
-            raise EdgeError(ErrorCode.invalid_request, "order must be 'asc' or 'desc'", "order")
-        limit = _int(q.get("limit"), 20, "limit", 1, MAX_PAGE)
-        items = orjson.loads(record.input_items)
-        return _json(orjson.dumps(page(items, after=q.get("after"), limit=limit, order=order)))
+        return paged(record.input_items, request)
 
     async def cancel(self, request: web.Request) -> web.Response:
         """Mark a running background response cancelled and stop its generation; an ended one is
@@ -132,7 +137,7 @@ class StoredRoutes:
             raise EdgeError(ErrorCode.invalid_request, "only a background response can be cancelled")
         for _ in range(CANCEL_TRIES):
             if not running(record):
-                return _json(record.response)
+                return json_answer(record.response)
             cancelled = ended(record, "cancelled")
             try:
                 await self.store.put(tenant.name, response_id, cancelled, tenant.responses.retention_s,
@@ -144,5 +149,5 @@ class StoredRoutes:
                 record, revision = found
                 continue
             await self._cancel(tenant.name, record.request_id)
-            return _json(cancelled.response)
+            return json_answer(cancelled.response)
         raise EdgeError(ErrorCode.unavailable, "the response kept changing; retry the cancel")

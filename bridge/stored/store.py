@@ -1,4 +1,4 @@
-"""The `lw_responses` KV bucket: one key per stored response, `<tenant>.<id>`. The bridge creates
+"""The `lw_responses` KV bucket: one key per stored response (and conversation), `<tenant>.<id>`. The bridge creates
 it (its own runtime state, as the broker does the response cache); every write carries the
 tenant's retention as JetStream's per-message TTL (the stream allows it: nats-py creates KV
 streams with `allow_msg_ttl`), so a tenant's retention is enforced by the server, not by a sweep.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -19,7 +21,7 @@ from nats.js.api import Header, KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from schemas import stored
-from schemas.stored import StoredResponse
+from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, StoredConversation, StoredResponse
 from schemas.subjects import RESPONSES_BUCKET, BadToken, Subjects, stored_response_key
 
 log = logging.getLogger("laneway.bridge")
@@ -57,7 +59,7 @@ class ResponseStore:
             kv = await js.key_value(config.bucket)     # an operator's changes (size, replicas) stay
         return cls(js, kv, s)
 
-    async def put(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int,
+    async def put(self, tenant: str, response_id: str, record: Record, ttl_s: int,
                   *, after: int | None = None) -> int:
         """Write the record; `after`: only if the key is still at that revision (else `Conflict`).
         Returns the new revision."""
@@ -75,15 +77,23 @@ class ResponseStore:
     async def get(self, tenant: str, response_id: str) -> tuple[StoredResponse, int] | None:
         """The record and its revision; None when there is none (never written, deleted, expired,
         or an id no key can have)."""
+        return await self._get(tenant, response_id, StoredResponse, RESPONSE_PREFIX)
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> tuple[StoredConversation, int] | None:
+        return await self._get(tenant, conversation_id, StoredConversation, CONVERSATION_PREFIX)
+
+    async def _get(self, tenant: str, record_id: str, kind: type[Record], prefix: str) -> tuple[Record, int] | None:
+        if not record_id.startswith(prefix):        # the other kind's id, or none of ours
+            return None
         try:
-            entry = await self.kv.get(stored_response_key(tenant, response_id))
+            entry = await self.kv.get(stored_response_key(tenant, record_id))
         except BadToken:
             return None
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
         if not entry.value:
             return None
-        return stored.decode(entry.value), entry.revision or 0
+        return stored.decode(entry.value, kind), entry.revision or 0
 
     async def delete(self, tenant: str, response_id: str) -> None:
         await self.kv.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
@@ -91,7 +101,11 @@ class ResponseStore:
     def keep(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int) -> None:
         """Store an ended response in a task of its own: the answer never waits on the write. A
         failed write is logged (the client already has its answer; a later GET says 404)."""
-        task = asyncio.create_task(self._keep(tenant, response_id, record, ttl_s), name=f"keep-{response_id}")
+        self.detach(self._keep(tenant, response_id, record, ttl_s), f"keep-{response_id}")
+
+    def detach(self, write: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a write in a task of its own, held until done and awaited when the bridge stops."""
+        task = asyncio.create_task(write, name=name)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 

@@ -183,7 +183,6 @@ async def test_json_schema_text_format(client):
 
 # -- refusals ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fields, param", [
-    ({"conversation": "conv_123"}, "conversation"),
     ({"tools": [ORDER_TOOL, {"type": "web_search"}]}, "tools[1].type"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),

@@ -254,3 +254,4 @@ async def test_the_openapi_document_lists_the_stored_routes(stack):
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     assert "get" in paths["/v1/responses/{response_id}/input_items"]
     assert "post" in paths["/v1/responses/{response_id}/cancel"]
+    assert set(paths["/v1/conversations/{conversation_id}/items/{item_id}"]) == {"get", "delete"}

@@ -303,8 +303,8 @@ async def test_pii_findings_are_audited(secured):
 
 
 async def test_stored_responses_under_the_bridges_user(secured):
-    """Store (the bucket the bridge creates), read, continue, list, run in the background, delete;
-    ops reads it."""
+    """Store (the bucket the bridge creates), read, continue, list, a conversation, run in the
+    background, delete; ops reads it."""
     headers = {"Authorization": f"Bearer {KEYS['alpha']}"}
     async with aiohttp.ClientSession(base_url=secured.stack.url, headers=headers) as http:
         async def post(**body) -> dict:
@@ -320,6 +320,14 @@ async def test_stored_responses_under_the_bridges_user(secured):
         second = await post(input="again", previous_response_id=first["id"])
         assert await eventually(lambda: _ok(status("GET", f"/v1/responses/{second['id']}")))
         assert await status("GET", f"/v1/responses/{first['id']}/input_items") == 200
+        async with http.post("/v1/conversations", json={}) as r:
+            conversation = (await r.json())["id"]
+        await post(input="in a conversation", conversation=conversation)
+
+        async def appended() -> bool:
+            async with http.get(f"/v1/conversations/{conversation}/items") as r:
+                return len((await r.json())["data"]) == 2
+        assert await eventually(appended)
         background = await post(input="later", background=True)
 
         async def ended() -> bool:
