@@ -11,6 +11,9 @@ back on `Finished.messages` (`GenerateRequest.echo_input`), as the broker's PII 
 
 from __future__ import annotations
 
+import contextlib
+
+import nats.errors
 import orjson
 from aiohttp import web
 
@@ -175,7 +178,8 @@ class Responses(Generations):
             await self._publish(generate, payload)
         except BaseException:
             self.demux.close(generate.request_id)
-            await self.store.delete(tenant, render.id)      # never accepted: nothing to keep
+            with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
+                await self.store.delete(tenant, render.id)
             raise
         self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: self._ended(render, generate, asked)))
         headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}

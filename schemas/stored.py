@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-MAX_STORED_EVENTS = 4096            # a streamed background response resumes from these, no more
+# A streamed background response resumes from its last events up to this size: the record, with
+# its Response, must stay well under NATS's payload limit (1 MiB by default).
+MAX_STORED_EVENT_BYTES = 256 * 1024
 STALE_LEASES = 4                    # a background record not refreshed for this many leases lost its bridge
 
 

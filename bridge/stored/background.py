@@ -1,7 +1,7 @@
 """Background responses (`background: true`): stored `queued` before the client is answered, then
 generated with no client connection. One task per response follows its stream of entries and
 keeps the stored record current: its status, a heartbeat every lease (`beat_at`, `lease_s`),
-and, when streamed, its SSE events (the last MAX_STORED_EVENTS), for `GET ...?stream=true`.
+and, when streamed, its last SSE events (MAX_STORED_EVENT_BYTES), for `GET ...?stream=true`.
 
 Each write expects the revision the task last wrote: a cancel (or a bridge that found this one
 gone) writing in between ends the task, and what it wrote stays. A bridge that dies leaves its
@@ -29,7 +29,7 @@ from bridge.stored.store import Conflict, ResponseStore
 from core.tasks import cancel_and_wait
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
-from schemas.stored import MAX_STORED_EVENTS, StoredResponse
+from schemas.stored import MAX_STORED_EVENT_BYTES, StoredResponse
 
 log = logging.getLogger("laneway.bridge")
 
@@ -47,6 +47,7 @@ class Job:
     ended: Callable[[], StoredResponse]       # the record of the ended response (its input, history)
     events: list[bytes] = field(default_factory=list)
     first_event: int = 0
+    event_bytes: int = 0
 
     @property
     def response_id(self) -> str:
@@ -55,9 +56,15 @@ class Job:
     def take_events(self, chunk: bytes) -> None:
         if not chunk:
             return
-        self.events.extend(e + b"\n\n" for e in chunk.split(b"\n\n") if e)
-        if len(self.events) > MAX_STORED_EVENTS:
-            drop = len(self.events) - MAX_STORED_EVENTS
+        for event in chunk.split(b"\n\n"):
+            if event:
+                self.events.append(event + b"\n\n")
+                self.event_bytes += len(event) + 2
+        drop = 0
+        while self.event_bytes > MAX_STORED_EVENT_BYTES and drop < len(self.events) - 1:
+            self.event_bytes -= len(self.events[drop])
+            drop += 1
+        if drop:
             del self.events[:drop]
             self.first_event += drop
 

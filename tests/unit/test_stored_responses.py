@@ -59,3 +59,16 @@ def test_the_echo_is_asked_for_and_bounded():
     assert orjson.loads(request("hi").echoed_input()) == [{"role": "user", "content": "hi"}]
     assert request("hi", echo=False).echoed_input() == b""
     assert request("x" * MAX_ECHO_BYTES).echoed_input() == b""
+
+
+def test_a_streamed_background_response_keeps_its_last_events_within_the_bound():
+    from bridge.stored.background import Job
+    from schemas.stored import MAX_STORED_EVENT_BYTES
+
+    job = Job("t", None, None, 1, 0, lambda: None)
+    event = b"event: response.output_text.delta\ndata: " + b"x" * 1000
+    for _ in range(4):
+        job.take_events(b"\n\n".join([event] * 100) + b"\n\n")
+    assert job.event_bytes <= MAX_STORED_EVENT_BYTES and sum(map(len, job.events)) == job.event_bytes
+    assert job.first_event + len(job.events) == 400 and job.first_event > 0
+    assert all(e.endswith(b"\n\n") and e.startswith(b"event: ") for e in job.events)
