@@ -3,7 +3,8 @@
 This module starts and stops the pieces and serves the small routes; `chat.py` serves
 `/v1/chat/completions`, `losses.py` ends streams whose NATS or worker went away, and the shared
 `core.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV. The bridge
-creates no stream or bucket: it waits for provisioning (`core/provision.py`) to have made them.
+waits for provisioning (`core/provision.py`) to have made the streams and live buckets; the one
+bucket it creates is its own runtime state, the stored responses (`stored/store.py`).
 """
 
 from __future__ import annotations
