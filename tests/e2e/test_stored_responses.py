@@ -255,3 +255,14 @@ async def test_the_openapi_document_lists_the_stored_routes(stack):
     assert "get" in paths["/v1/responses/{response_id}/input_items"]
     assert "post" in paths["/v1/responses/{response_id}/cancel"]
     assert set(paths["/v1/conversations/{conversation_id}/items/{item_id}"]) == {"get", "delete"}
+
+
+async def test_every_stored_route_wants_a_key(stack):
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        for method, path in [("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"),
+                             ("GET", "/v1/responses/resp_x/input_items"), ("POST", "/v1/responses/resp_x/cancel"),
+                             ("POST", "/v1/conversations"), ("GET", "/v1/conversations/conv_x/items"),
+                             ("DELETE", "/v1/conversations/conv_x/items/msg_x")]:
+            answer = await http.request(method, path, headers={"Authorization": "Bearer sk-wrong"})
+            assert answer.status_code == 401, (method, path)
+            assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
