@@ -105,14 +105,19 @@ class Background:
             raise
         except nats.errors.Error as exc:
             log.warning("background response %s: the store failed: %s", job.response_id, type(exc).__name__)
+        except Exception:
+            # The top of the response's task: a bug, not the request's fault. Logged with its
+            # traceback, and the response ends failed rather than hang until it reads stale.
+            log.exception("background response %s failed", job.response_id)
+            await self._give_up(job)
         finally:
             self.demux.close(request_id)
             if not job.stream.closed or job.stream.edge_failed:
                 await self._cancel(job.tenant, request_id)
 
     async def _give_up(self, job: Job) -> None:
-        """This bridge stopping: the response fails now (nobody takes it over), not when a
-        reader finds it stale. Best effort: the finally that follows stops its generation."""
+        """This bridge stopping (or a bug here): the response fails now (nobody takes it over), not
+        when a reader finds it stale. Best effort: the finally that follows stops its generation."""
         try:
             await self._write(job, lost(self._progress(job, "in_progress")))
         except (Conflict, nats.errors.Error):
