@@ -25,7 +25,10 @@ from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.roofline import PROFILES
 
 KEY, OTHER_KEY = "sk-background", "sk-background-other"
-LEASE_S = 0.2           # this stack's bridges refresh a running background response this often
+# The second bridge's heartbeat: its records go stale soon after it is gone. (The record carries
+# its writer's lease: the stack's own bridge keeps the default, so a CPU stall on a loaded machine
+# never makes one of its healthy responses read as lost.)
+LEASE_S = 0.2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +39,7 @@ async def stack(nats_server):
     settings = msgspec.structs.replace(settings, models={**settings.models, "slow": LogicalModel(pool="large")})
     async with Stack(nats_server.url, settings, engines=[SimEngine(PROFILES["zero"]),
                                                          SimEngine(PROFILES["llama-8b-h100"])],
-                     pools=["sim", "large"], bridge_config=BridgeConfig(background_lease_s=LEASE_S)) as s:
+                     pools=["sim", "large"]) as s:
         yield s
 
 

@@ -56,7 +56,7 @@ async def _violations_of(up: LanewayUp, count: int) -> list[str]:
 
 async def test_the_store_holds_the_redacted_input_and_tenants_cannot_reach_it(tmp_path):
     data = tmp_path / "lw"
-    async with LanewayUp(data, KEY, ["--pii", "regex", "--sim-profile", "zero", "--background-lease", "1"]) as up:
+    async with LanewayUp(data, KEY, ["--pii", "regex", "--sim-profile", "zero", "--background-lease", "3"]) as up:
         client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0)
         first = await client.responses.create(model="laneway-sim", input=ASK, max_output_tokens=4)
         await _retrieved(client, first.id)
