@@ -3,7 +3,8 @@
 This module starts and stops the pieces and serves the small routes; `chat.py` serves
 `/v1/chat/completions`, `losses.py` ends streams whose NATS or worker went away, and the shared
 `core.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV. The bridge
-creates no stream or bucket: it waits for provisioning (`core/provision.py`) to have made them.
+waits for provisioning (`core/provision.py`) to have made the streams and live buckets; the one
+bucket it creates is its own runtime state, the stored responses (`stored/store.py`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ from bridge.files import FilesApi, is_upload
 from bridge.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
-from bridge.responses import Responses, decode_responses
+from bridge.responses import decode_responses
+from bridge.responses_api import Responses
 from bridge.server import HttpServer
+from bridge.stored.background import Background
+from bridge.stored.conversations import Conversations
+from bridge.stored.routes import StoredRoutes
+from bridge.stored.store import ResponseStore
 from core.catalogue import Catalogue
 from core.connect import connect
 from core.looplag import LoopLag
@@ -63,6 +69,8 @@ class Bridge:
         self.admin = admin or AdminConfig()
         self.evaluator = evaluator
         self.rule_store: RuleStore | None = None
+        self.responses: ResponseStore | None = None
+        self.background: Background | None = None
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
         self.loop_lag = LoopLag()
@@ -92,6 +100,7 @@ class Bridge:
         self.rule_store = await RuleStore.open(js, self.s)
         self.files = await FileStore.open(js, self.s)
         self.batches = await BatchStore.open(js, self.s)
+        self.responses = await ResponseStore.open(js, self.s, self.config.store_replicas)
         # Subscribe first: frames for a request can never arrive before we listen.
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
@@ -119,6 +128,10 @@ class Bridge:
             await self.batch_runner.stop()      # its batches go to another bridge at once
             self.batch_runner = None
         await self.losses.stop()
+        if self.background is not None:
+            await self.background.stop()
+        if self.responses is not None:
+            await self.responses.drain()
         if self._loop_lag_task is not None:
             await cancel_and_wait(self._loop_lag_task)
             self._loop_lag_task = None
@@ -176,7 +189,14 @@ class Bridge:
                   self.demux, self.metrics, self._cancel, self.admission)
         chat = Generations(codec.decode_chat_request, *shared)
         completions = Generations(codec.decode_completion_request, *shared)
-        responses = Responses(decode_responses, *shared)
+        routes = background = None
+        if self.responses is not None:
+            routes = StoredRoutes(self.responses, self.catalogue, self._cancel)
+            background = self.background = Background(self.responses, self.demux, self.edge_id, self._cancel,
+                                                      self.config.background_lease_s)
+        conversations = Conversations(self.responses, self.catalogue) if self.responses is not None else None
+        responses = Responses(decode_responses, *shared, store=self.responses, background=background,
+                              routes=routes, conversations=conversations)
         embeddings = Generations(codec.decode_embedding_request, *shared)
         self.endpoints = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings}
         app = web.Application(client_max_size=self.config.max_body_bytes,
@@ -185,6 +205,9 @@ class Bridge:
         app.router.add_post("/v1/completions", completions)
         app.router.add_post("/v1/responses", responses)
         app.router.add_post("/v1/embeddings", embeddings)
+        if routes is not None and conversations is not None:
+            routes.add_to(app)
+            conversations.add_to(app)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)

@@ -181,20 +181,6 @@ class Generations:
         async with self._generation(generate, self._payload(generate)) as (stream, entries):
             return await collect_body(stream, generate, renderer_for(generate), entries, started, self.metrics)
 
-    def _payload(self, generate: GenerateRequest) -> bytes:
-        try:
-            payload = codec.encode(generate)
-        except OverflowError:
-            # JSON allows any integer; the msgpack wire carries 64 bits. Typed fields have bounds
-            # and are refused by name already: this is a free-form value (a content part's, say).
-            raise EdgeError(ErrorCode.invalid_request, "an integer in the request does not fit in 64 bits") from None
-        if len(payload) > self._nc.max_payload:
-            raise EdgeError(ErrorCode.payload_too_large,
-                            f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
-        check_context(generate, context_limit(self.catalogue.models, generate.body.model,
-                                              self.config.max_context_tokens))
-        return payload
-
     @contextlib.asynccontextmanager
     async def _generation(self, generate: GenerateRequest, payload: bytes) -> AsyncIterator[tuple[ResponseStream, list[Entry]]]:
         """The request stored and its first entries arrived (an error before any token raises);
@@ -216,6 +202,21 @@ class Generations:
             # work. A stream its worker or the broker ended needs nothing more.
             if stream.edge_failed or (published and not stream.closed):
                 await self._cancel(tenant, request_id)
+
+    def _payload(self, generate: GenerateRequest) -> bytes:
+        """The request's bytes on the wire, once it is known to fit (NATS, the model's context)."""
+        try:
+            payload = codec.encode(generate)
+        except OverflowError:
+            # JSON allows any integer; the msgpack wire carries 64 bits. Typed fields have bounds
+            # and are refused by name already: this is a free-form value (a content part's, say).
+            raise EdgeError(ErrorCode.invalid_request, "an integer in the request does not fit in 64 bits") from None
+        if len(payload) > self._nc.max_payload:
+            raise EdgeError(ErrorCode.payload_too_large,
+                            f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
+        check_context(generate, context_limit(self.catalogue.models, generate.body.model,
+                                              self.config.max_context_tokens))
+        return payload
 
     async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
         return self.parse(await request.read())

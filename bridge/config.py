@@ -43,6 +43,9 @@ class BridgeConfig:
     # in the request stream's duplicate window (120 s), or a late try could be stored again.
     publish_timeout_s: float = 5.0
     publish_tries: int = 3
+    store_replicas: int = 1             # the stored responses bucket's replicas when this bridge creates it
+    # A background response's heartbeat in the store: unrefreshed for 4 of these, it reads as failed.
+    background_lease_s: float = 5.0
     # The HMAC key of Idempotency-Key → request id (bridge/chat.py), the same on every
     # replica so that a retry to another maps to the same id. `laneway bridge` requires it; a
     # bridge built in-process (tests, benchmarks) gets a random one, never a known constant.

@@ -31,6 +31,45 @@ def _get(operation: str, answer: dict, errors: dict, security: list, path_param:
                           "401": errors["401"], "404": errors["404"]}}
 
 
+def _stored(answer: dict, errors: dict, security: list) -> dict:
+    """The stored responses' and conversations' routes (bridge/stored/): the caller's own only."""
+    def op(operation: str, what: str, *query: tuple[str, dict], path: tuple[str, ...] = ("response_id",),
+           body: bool = False) -> dict:
+        parameters = [*({"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in path),
+                      *({"name": name, "in": "query", "required": False, "schema": schema} for name, schema in query)]
+        out = {"operationId": operation, "security": security, "parameters": parameters,
+               "responses": {"200": {"description": what, "content": {"application/json": {"schema": answer}}},
+                             **{k: errors[k] for k in ("400", "401", "404")}}}
+        if body:
+            out["requestBody"] = {"content": {"application/json": {"schema": {"type": "object"}}}}
+        return out
+    page = (("after", {"type": "string"}), ("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+            ("order", {"enum": ["asc", "desc"]}))
+    conv, item = ("conversation_id",), ("conversation_id", "item_id")
+    return {
+        "/v1/conversations": {"post": op("createConversation", "a new conversation", path=(), body=True)},
+        "/v1/conversations/{conversation_id}": {
+            "get": op("getConversation", "the conversation", path=conv),
+            "post": op("updateConversation", "its metadata, set", path=conv, body=True),
+            "delete": op("deleteConversation", "deleted", path=conv)},
+        "/v1/conversations/{conversation_id}/items": {
+            "get": op("listConversationItems", "its items", *page, path=conv),
+            "post": op("createConversationItems", "items added (only where the PII policy redacts nothing)",
+                       path=conv, body=True)},
+        "/v1/conversations/{conversation_id}/items/{item_id}": {
+            "get": op("getConversationItem", "one item", path=item),
+            "delete": op("deleteConversationItem", "the conversation, without the item", path=item)},
+        "/v1/responses/{response_id}": {
+            "get": op("getResponse", "the stored response, or (stream=true) its events after starting_after",
+                      ("stream", {"type": "boolean"}), ("starting_after", {"type": "integer", "minimum": -1})),
+            "delete": op("deleteResponse", "deleted: no revision of it remains")},
+        "/v1/responses/{response_id}/input_items": {
+            "get": op("listInputItems", "its input items (redacted as the engine got them)", *page)},
+        "/v1/responses/{response_id}/cancel": {
+            "post": op("cancelResponse", "a background response, cancelled")},
+    }
+
+
 def _spec(model_names: tuple[str, ...]) -> dict:
     (chat, completion, text, text_completion, embed, responses, models, model, error,
      create_batch, batch, batches, file, files, deleted), components = msgspec.json.schema_components(
@@ -51,8 +90,8 @@ def _spec(model_names: tuple[str, ...]) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Laneway", "version": "0.1.0",
-                 "description": "OpenAI-compatible chat and text completions, embeddings, responses, files and batches "
-                                "served through Laneway."},
+                 "description": "OpenAI-compatible chat and text completions, embeddings, responses "
+                                "(stored, background), conversations, files and batches served through Laneway."},
         "paths": {
             "/v1/chat/completions": _post("createChatCompletion", chat, completion, errors, security),
             "/v1/completions": _post("createCompletion", text, text_completion, errors, security),
@@ -87,6 +126,7 @@ def _spec(model_names: tuple[str, ...]) -> dict:
                                     "delete": _get("deleteFile", deleted, errors, security, "file_id")},
             "/v1/files/{file_id}/content": {"get": _get("downloadFile", {"type": "string"}, errors, security,
                                                         "file_id")},
+            **_stored(answer, errors, security),
             "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
         },
         "components": {"schemas": components,

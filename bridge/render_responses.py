@@ -78,9 +78,12 @@ class _Item:
 class ResponsesRenderer:
     """Streams: `start()` → `delta()`s → `finish()` or `failed()`; otherwise `add()`s → `body()`."""
 
-    def __init__(self, generate: GenerateRequest, body: ResponsesBody) -> None:
+    def __init__(self, generate: GenerateRequest, body: ResponsesBody, *, store: bool = False) -> None:
         self.generate = generate
         self.request = body
+        self.store = store              # what the tenant's policy made of the client's `store`
+        self.final: dict[str, Any] | None = None    # the last Response object: what is stored
+        self.input_messages = b""       # the input as the engine got it (Finished.messages)
         self.id = f"resp_{generate.request_id}"
         self.created = int(generate.created_at)
         self.model = generate.model
@@ -224,18 +227,18 @@ class ResponsesRenderer:
         text: dict[str, Any] = {"format": msgspec.to_builtins(fmt) if fmt is not None else {"type": "text"}}
         if body.text is not None and body.text.verbosity is not None:
             text["verbosity"] = body.text.verbosity
-        return {
+        response = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "background": False, "error": error, "incomplete_details": incomplete,
+            "background": bool(body.background), "error": error, "incomplete_details": incomplete,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "max_tool_calls": None, "model": self.model,
-            "output": [i.json(item_status) for i in self._items] if status != "in_progress" else [],
+            "output": [i.json(item_status) for i in self._items] if status not in ("in_progress", "queued") else [],
             "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
-            "previous_response_id": None,
+            "previous_response_id": body.previous_response_id,
             "reasoning": msgspec.to_builtins(body.reasoning) if body.reasoning is not None
             else {"effort": None, "summary": None},
             "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
-            "service_tier": body.service_tier or "default", "store": False,
+            "service_tier": body.service_tier or "default", "store": self.store,
             "temperature": body.temperature, "text": text,
             "tool_choice": msgspec.to_builtins(body.tool_choice) if body.tool_choice is not None else "auto",
             "tools": [msgspec.to_builtins(t) for t in body.tools or ()],
@@ -244,6 +247,22 @@ class ResponsesRenderer:
             "user": body.user, "metadata": body.metadata or {},
             "completed_at": int(time.time()) if status == "completed" else None,
         }
+        if body.user is None:
+            del response["user"]        # a string when present (OpenAI's schema), never null
+        if body.conversation is not None:
+            conversation = body.conversation
+            response["conversation"] = {"id": conversation if isinstance(conversation, str) else conversation["id"]}
+        return response
+
+    def _ended(self, response: dict[str, Any], finished: Finished | None = None) -> dict[str, Any]:
+        self.final = response
+        if finished is not None:
+            self.input_messages = finished.messages
+        return response
+
+    def snapshot(self, status: str) -> dict[str, Any]:
+        """The Response object before the end (`queued`, `in_progress`)."""
+        return self._response(status)
 
     def _usage(self, finished: Finished) -> dict[str, Any]:
         u = finished.usage
@@ -277,7 +296,7 @@ class ResponsesRenderer:
     def finish(self, finished: Finished) -> bytes:
         status = self._final_status(finished)
         self._close_item("incomplete" if status == "incomplete" else "completed")
-        response = self._response(status, finished)
+        response = self._ended(self._response(status, finished), finished)
         self._event("response.completed" if status == "completed" else "response.incomplete", response=response)
         return self._flush()
 
@@ -288,12 +307,12 @@ class ResponsesRenderer:
         """An error after the stream started: `response.failed`, carrying what was generated."""
         error = {"code": _ERROR_CODES.get(err.code.value if err.code else "", "server_error"),
                  "message": err.message}
-        self._event("response.failed", response=self._response("failed", error=error))
+        self._event("response.failed", response=self._ended(self._response("failed", error=error)))
         return self._flush()
 
     def body(self, finished: Finished) -> bytes:
         self.streaming = False
         self._close_item()
         status = self._final_status(finished)
-        response = self._response(status, finished)
+        response = self._ended(self._response(status, finished), finished)
         return orjson.dumps(response)

@@ -1,9 +1,10 @@
-"""`POST /v1/responses`, stateless: a Responses request becomes a `ChatBody` at the edge, so it
+"""`POST /v1/responses` translated: a Responses request becomes a `ChatBody` at the edge, so it
 takes the chat path whole (lanes, quotas, PII, cache, metering, routing), and its entries are
-rendered back in the Responses shape (`render_responses.py`).
+rendered back in the Responses shape (`render_responses.py`). The stored history of a
+`previous_response_id` or a `conversation` goes before the new input (`responses_api.py` fetches it).
 
-What needs stored state (`previous_response_id`, `conversation`, `store: true`, `background`,
-item references, file ids) and non-function tools are refused with a 400 naming the field.
+What Laneway does not keep (item references, file ids) and non-function tools are refused with a
+400 naming the field.
 """
 
 from __future__ import annotations
@@ -11,11 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
-from bridge.chat import Generations
 from bridge.errors import EdgeError
-from bridge.render_responses import ResponsesRenderer
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai import (
@@ -32,7 +30,6 @@ from schemas.openai import (
     ToolCall,
     ToolChoice,
 )
-from schemas.requests import GenerateRequest
 from schemas.responses import (
     KNOWN_RESPONSES_FIELDS,
     SERVABLE_INCLUDES,
@@ -44,10 +41,9 @@ from schemas.responses import (
     ToolChoiceObject,
 )
 
-RESPONSES_BODY = web.RequestKey("responses_body", ResponsesBody)
 _decode = msgspec.json.Decoder(ResponsesBody).decode
 _check_chat = msgspec.json.Decoder(ChatBody).decode
-_STATELESS = "Laneway's Responses API is stateless (store: false)"
+_NO_ITEMS = "Laneway keeps items only within their conversation or response"
 
 
 def _invalid(message: str, param: str) -> EdgeError:
@@ -69,17 +65,6 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, bytes]:
 
 # -- refusals -------------------------------------------------------------------------------------
 def _refuse_state(body: ResponsesBody) -> None:
-    if body.previous_response_id is not None:
-        raise _invalid(f"{_STATELESS}: it keeps no earlier responses; send the whole conversation in "
-                       "input instead of previous_response_id", "previous_response_id")
-    if body.conversation is not None:
-        raise _invalid(f"{_STATELESS}: it keeps no conversations; send the whole conversation in input",
-                       "conversation")
-    if body.store:
-        raise _invalid(f"{_STATELESS}: store must be false or left out", "store")
-    if body.background:
-        raise _invalid(f"{_STATELESS}: background responses need stored state; background must be false",
-                       "background")
     for value in body.include or ():
         if value not in SERVABLE_INCLUDES:
             raise _invalid(f"include value {value!r} is not supported; Laneway can include only "
@@ -148,14 +133,24 @@ def _tool_output(item: InputItem, where: str) -> Message:
     return Message(role="tool", tool_call_id=item.call_id, content=output)
 
 
-def _messages(items: str | list[InputItem] | None) -> list[Message]:
+def item_messages(items: list[dict[str, Any]], field: str = "input") -> list[Message]:
+    """Stored items as the chat messages they are to a model: a response's output (output items
+    are valid input items: a message with output_text parts, function_call), a conversation's
+    items; `field` names them in an error."""
+    try:
+        return _messages(msgspec.convert(items, list[InputItem]), field)
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"an item is malformed: {exc}", field) from None
+
+
+def _messages(items: str | list[InputItem] | None, field: str = "input") -> list[Message]:
     if items is None:
         return []
     if isinstance(items, str):
         return [Message(role="user", content=items)]
     out: list[Message] = []
     for i, item in enumerate(items):
-        where = f"input[{i}]"
+        where = f"{field}[{i}]"
         if item.type == "message":
             if item.role is None:
                 raise _invalid("a message needs a role", f"{where}.role")
@@ -179,8 +174,7 @@ def _messages(items: str | list[InputItem] | None) -> list[Message]:
         elif item.type == "reasoning":
             continue        # a model's earlier thinking, replayed: chat models take none back
         elif item.type == "item_reference":
-            raise _invalid(f"{_STATELESS}: it keeps no items to reference; send the item itself",
-                           f"{where}.type")
+            raise _invalid(f"{_NO_ITEMS}: send the item itself", f"{where}.type")
         else:
             raise _invalid(f"input items of type {item.type!r} are not supported", f"{where}.type")
     return out
@@ -246,11 +240,13 @@ def _with(extra: bytes, more: dict[str, Any]) -> bytes:
     return codec.encode_json(members)
 
 
-def to_chat(body: ResponsesBody, extra: bytes) -> tuple[ChatBody, bytes]:
-    """The chat body that asks the same of the model, and the extra members the engine gets."""
+def to_chat(body: ResponsesBody, extra: bytes, history: list[Message] = ()) -> tuple[ChatBody, bytes]:
+    """The chat body that asks the same of the model, and the extra members the engine gets.
+    `history`: the stored conversation `previous_response_id` continues (its instructions are
+    not carried over, as OpenAI's are not)."""
     _refuse_state(body)
     messages = ([Message(role="system", content=body.instructions)] if body.instructions else []) \
-        + _messages(body.input)
+        + list(history) + _messages(body.input)
     if not messages:
         raise _invalid("input is required (a string or a list of items)", "input")
     tool_choice, tools = _tool_choice(body.tool_choice, _tools(body.tools))
@@ -271,16 +267,3 @@ def to_chat(body: ResponsesBody, extra: bytes) -> tuple[ChatBody, bytes]:
     if body.text is not None and body.text.verbosity is not None:
         more["verbosity"] = body.text.verbosity
     return chat, _with(extra, more)
-
-
-class Responses(Generations):
-    """`POST /v1/responses`: the chat path, with a Responses body in and Responses events out."""
-
-    async def _parse(self, request: web.Request) -> tuple[ChatBody, bytes]:
-        body, extra = await super()._parse(request)
-        assert isinstance(body, ResponsesBody)
-        request[RESPONSES_BODY] = body
-        return to_chat(body, extra)
-
-    def _renderer(self, request: web.Request, generate: GenerateRequest) -> ResponsesRenderer:
-        return ResponsesRenderer(generate, request[RESPONSES_BODY])

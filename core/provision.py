@@ -9,7 +9,7 @@ key never had a value, so running it again cannot undo an operator's live edit o
 
 The broker, the bridge and the workers open what it made and wait for it (`wait_provisioned`),
 so they may start before it. Buckets a component keeps its own runtime state in (quota leases,
-the response cache) are created by that component.
+the response cache, the stored responses) are created by that component.
 """
 
 from __future__ import annotations

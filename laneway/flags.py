@@ -111,6 +111,12 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
                         "(same Nats-Msg-Id: stored once)")
     g.add_argument("--publish-tries", type=int, default=d.publish_tries,
                    help="publishes of one request before the client gets 503")
+    g = parser.add_argument_group("stored responses")
+    g.add_argument("--background-lease", type=float, default=d.background_lease_s,
+                   help="seconds between a running background response's heartbeats in the store; "
+                        "unrefreshed for 4 of them, it reads as failed (its bridge is gone)")
+    g.add_argument("--store-replicas", type=int, default=d.store_replicas,
+                   help="replicas of the lw_responses bucket when this bridge creates it (3 on a cluster)")
 
 
 def context_flag(group) -> None:

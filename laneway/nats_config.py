@@ -29,7 +29,8 @@ The `ops` user is for the operator commands (`laneway ops provision|classes|tena
 eval`, via LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it alone creates and updates the streams, the
 broker's durable consumer and the live buckets (provisioning); it writes classes, tenants and
 routing rules, and reads the usage, audit and dead-letter streams. It cannot touch requests or
-tokens. The services create only the buckets of their own runtime state (quota, response cache).
+tokens. The services create only the buckets of their own runtime state (quota, response cache,
+the bridge's stored responses, which ops may read).
 
 Passwords are generated and stored in plain text in the config (keep it 0600; it is written so)
 and in a credentials file to hand out; nats-server also accepts bcrypt hashes in their place.
@@ -51,7 +52,7 @@ from broker.gate.quota.store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
 from core.topology import BUCKETS as LIVE_BUCKETS  # classes, tenants, routing: watched live
-from schemas.subjects import Subjects, check_token, service_inbox
+from schemas.subjects import RESPONSES_BUCKET, Subjects, check_token, service_inbox
 
 SERVICE_ROLES = ("broker", "worker", "bridge")
 ROLES = (*SERVICE_ROLES, "ops")
@@ -97,7 +98,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     """role → its nats-server `permissions` block."""
     p = s.prefix
     req, durable = s.req_stream, s.broker_durable
-    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET)}
+    kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET,
+                                                      RESPONSES_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
     file_data = f"OBJ_{s.bucket(FILE_DATA_BUCKET)}"
@@ -145,13 +147,17 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              *_api("STREAM.PURGE", file_data, s.batch_stream),
              "$JS.API.STREAM.NAMES",        # nats-py's object get finds the chunks' stream by subject
              f"$KV.{s.bucket(FILES_BUCKET)}.>", f"$KV.{s.bucket(BATCHES_BUCKET)}.>",
-             f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all],
+             f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all,
+             # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it
+             *_api("STREAM.CREATE", kv[RESPONSES_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
+             f"$KV.{s.bucket(RESPONSES_BUCKET)}.>"],
             [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
              *_api("STREAM.INFO", req),                     # the queue's depth, never its messages
              *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS),
-             *_kv_read(kv[LEASE_BUCKET])],                  # which broker schedules now
+             *_kv_read(kv[LEASE_BUCKET]),                   # which broker schedules now
+             *_kv_read(kv[RESPONSES_BUCKET])],              # a stored response, read (never written)
             [inbox["ops"]]),
     }
 

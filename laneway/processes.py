@@ -99,6 +99,7 @@ async def run_bridge(args: argparse.Namespace) -> int:
                                  max_file_bytes=args.max_file_bytes, batch_concurrency=args.batch_concurrency,
                                  batch_lease_s=args.batch_lease_s,
                                  publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries,
+                                 background_lease_s=args.background_lease, store_replicas=args.store_replicas,
                                  idempotency_secret=secret),
                     settings,
                     admin=AdminConfig.parse(env.ADMIN_KEY_SHA256.get() or ""), evaluator=evaluator)

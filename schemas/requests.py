@@ -16,6 +16,9 @@ from msgspec import Meta
 from schemas.checks import Invalid, check_body
 from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody
 
+_encode_json = msgspec.json.Encoder().encode
+MAX_ECHO_BYTES = 512 * 1024     # half of NATS's default max_payload: a Finished entry must fit in a frame
+
 RequestId = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 Token = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 
@@ -45,6 +48,18 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     extra: bytes = b""                     # the body's other fields: a JSON object, verbatim
     embedding: EmbeddingBody | None = None
     traceparent: str = ""                  # W3C trace context of the edge's span, when tracing is on
+    # Send the chat messages back on `Finished.messages` as the engine got them (redacted where the
+    # tenant's PII policy says): a stored response keeps that input, never the raw one.
+    echo_input: bool = False
+
+    def echoed_input(self) -> bytes:
+        """What `Finished.messages` carries for this request: its chat messages as JSON, when asked
+        and when they leave the frame room under NATS's payload limit (else nothing: the response
+        is stored without its input, never with the raw one)."""
+        if not self.echo_input or self.chat is None:
+            return b""
+        echoed = _encode_json(self.chat.messages)
+        return echoed if len(echoed) <= MAX_ECHO_BYTES else b""
 
     def validate_shape(self) -> None:
         """Cross-field rules msgspec types cannot express; raises `checks.Invalid` naming the field."""

@@ -190,6 +190,13 @@ class Subjects:
 
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+# The bridges' stored responses (`/v1/responses` with `store`), one key per response:
+# `<tenant>.<response id>`, so a tenant's reads are confined to its own keys.
+RESPONSES_BUCKET = "responses"
+
+
+def stored_response_key(tenant: str, response_id: str) -> str:
+    return f"{check_token('tenant', tenant)}.{check_token('response id', response_id)}"
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 

@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from core.policy.pii import TenantPiiPolicy
 from core.policy.quota import QuotaPolicy
+from core.policy.stored import StoragePolicy
 from schemas.requests import Token
 
 KeyHash = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
@@ -46,6 +47,7 @@ class Tenant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     quota: QuotaPolicy = QuotaPolicy()           # unlimited unless set
     pii: TenantPiiPolicy = TenantPiiPolicy()     # sensible B2B defaults; custom recognizers live here
     cache_group: Token | None = None             # tenants in one group share cached answers
+    responses: StoragePolicy = StoragePolicy()   # stored responses: kept or not, for how long
 
     def may_use(self, klass: str) -> bool:
         return klass in self.classes

@@ -1,4 +1,4 @@
-"""`POST /v1/responses` (stateless) end to end with the official `openai` client: bridge + broker +
+"""`POST /v1/responses` end to end with the official `openai` client: bridge + broker +
 sim worker on a real nats-server. Every event and every Response must parse with the client's
 own models; the sim SIMULATES tool calls and JSON, so these tests check shapes, not words."""
 
@@ -45,7 +45,7 @@ async def test_text_in_text_out(client):
     assert message.type == "message" and message.role == "assistant" and message.status == "completed"
     assert message.content[0].type == "output_text" and message.content[0].annotations == []
     assert response.instructions == "Be brief." and response.metadata == {"trace": "t1"} and response.user == "u-1"
-    assert response.model_extra.get("store") is False
+    assert response.model_extra.get("store") is True      # OpenAI's default (tests/e2e/test_stored_responses.py)
     usage = response.usage
     assert usage.input_tokens > 0 and usage.output_tokens > 0
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
@@ -183,10 +183,6 @@ async def test_json_schema_text_format(client):
 
 # -- refusals ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fields, param", [
-    ({"previous_response_id": "resp_123"}, "previous_response_id"),
-    ({"conversation": "conv_123"}, "conversation"),
-    ({"store": True}, "store"),
-    ({"background": True}, "background"),
     ({"tools": [ORDER_TOOL, {"type": "web_search"}]}, "tools[1].type"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
@@ -195,12 +191,10 @@ async def test_json_schema_text_format(client):
     ({"extra_body": {"messages": [{"role": "user", "content": "x"}]}}, "messages"),
     ({"extra_body": {"n": 8}}, "n"),
 ])
-async def test_stateful_and_unsupported_fields_are_refused_by_name(client, fields, param):
+async def test_unsupported_fields_are_refused_by_name(client, fields, param):
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(model=MODEL, **{"input": ASK, **fields})
     assert err.value.body["param"] == param
-    if param in ("store", "previous_response_id"):
-        assert "stateless" in err.value.body["message"]
 
 
 async def test_unknown_fields_reach_the_engine(client):
@@ -231,7 +225,7 @@ async def test_every_event_and_body_validates_against_the_clients_models(stack, 
                                    headers=headers)
     assert plain.status_code == 200, plain.text
     body = Response.model_validate(plain.json())
-    assert body.output and plain.json()["store"] is False
+    assert body.output and plain.json()["store"] is True
     parsed = [events.validate_python(json.loads(block.split("\n")[1][6:]))
               for block in streamed.text.split("\n\n") if block.strip()]
     final = parsed[-1].response

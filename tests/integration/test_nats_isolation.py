@@ -302,6 +302,53 @@ async def test_pii_findings_are_audited(secured):
     assert secured.log.new() == []
 
 
+async def test_stored_responses_under_the_bridges_user(secured):
+    """Store (the bucket the bridge creates), read, continue, list, a conversation, run in the
+    background, delete; ops reads it."""
+    headers = {"Authorization": f"Bearer {KEYS['alpha']}"}
+    async with aiohttp.ClientSession(base_url=secured.stack.url, headers=headers) as http:
+        async def post(**body) -> dict:
+            async with http.post("/v1/responses", json={"model": "laneway-sim", "max_output_tokens": 3, **body}) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+        async def status(method: str, path: str) -> int:
+            async with http.request(method, path) as r:
+                return r.status
+        first = await post(input="Call me on 212-555-0134")
+        assert await eventually(lambda: _ok(status("GET", f"/v1/responses/{first['id']}")))
+        second = await post(input="again", previous_response_id=first["id"])
+        assert await eventually(lambda: _ok(status("GET", f"/v1/responses/{second['id']}")))
+        assert await status("GET", f"/v1/responses/{first['id']}/input_items") == 200
+        async with http.post("/v1/conversations", json={}) as r:
+            conversation = (await r.json())["id"]
+        await post(input="in a conversation", conversation=conversation)
+
+        async def appended() -> bool:
+            async with http.get(f"/v1/conversations/{conversation}/items") as r:
+                return len((await r.json())["data"]) == 2
+        assert await eventually(appended)
+        background = await post(input="later", background=True)
+
+        async def ended() -> bool:
+            async with http.get(f"/v1/responses/{background['id']}") as r:
+                return (await r.json())["status"] == "incomplete"      # its 3 tokens were generated
+        assert await eventually(ended)
+        ops = await secured.connect("ops")
+        try:
+            stored = await ops.jetstream().get_last_msg("KV_lw_responses", f"$KV.lw_responses.alpha.{first['id']}")
+        finally:
+            await ops.close()
+        assert b"PHONE_NUMBER" in stored.data and b"212-555-0134" not in stored.data
+        assert await status("DELETE", f"/v1/responses/{first['id']}") == 200
+        assert await status("GET", f"/v1/responses/{first['id']}") == 404
+    assert secured.log.new() == []
+
+
+async def _ok(status) -> bool:
+    return await status == 200
+
+
 async def dead_letters(ops, reason: str) -> list:
     """DLQ records with this reason, read as `ops`."""
     sub = await ops.jetstream().subscribe(S.dlq_all, stream=S.dlq_stream, ordered_consumer=True)

@@ -1,0 +1,190 @@
+"""`POST /v1/responses`: the chat path (`chat.Generations`), with a Responses body in and Responses
+events out, and the store (`stored/`): a response with `store` (OpenAI's default: true; a
+tenant's `responses.store = false` forces it off) is kept once it has ended, by a task of its
+own, so the answer's bytes never wait on the write; `previous_response_id` continues a stored
+one; `background` runs detached (`stored/background.py`); `conversation` continues and extends a
+stored conversation (`stored/conversations.py`).
+
+What is stored of the input is what the engine got: the worker sends the request's messages
+back on `Finished.messages` (`GenerateRequest.echo_input`), as the broker's PII stage left them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import nats.errors
+import orjson
+from aiohttp import web
+
+from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
+from bridge.demux import REPLY_GRACE_S
+from bridge.errors import EdgeError
+from bridge.render_responses import ResponsesRenderer
+from bridge.responses import item_messages, to_chat
+from bridge.stored.background import Background, Job, queued
+from bridge.stored.conversations import Conversations
+from bridge.stored.items import decode_messages, to_items
+from bridge.stored.lifecycle import status_of
+from bridge.stored.routes import StoredRoutes, not_found
+from bridge.stored.store import Conflict, ResponseStore
+from core.policy.stored import StoragePolicy
+from core.policy.tenants import Tenant
+from schemas import codec
+from schemas.errors import ErrorCode
+from schemas.openai import ChatBody, Message
+from schemas.requests import GenerateRequest
+from schemas.responses import ResponsesBody
+from schemas.stored import StoredResponse
+
+
+class _Asked:
+    """What one request asked of the store, decided while parsing."""
+
+    __slots__ = ("body", "store", "policy", "history", "conversation", "tenant", "render")
+
+    def __init__(self, body: ResponsesBody, store: bool, policy: StoragePolicy, history: list[Message],
+                 conversation: str | None, tenant: Tenant | None) -> None:
+        self.body = body
+        self.store = store
+        self.policy = policy
+        self.history = history          # what previous_response_id or the conversation continues
+        self.conversation = conversation
+        self.tenant = tenant
+        self.render: ResponsesRenderer | None = None
+
+    @property
+    def echo(self) -> bool:
+        """The input as the engine gets it is wanted back: to store it, or add it to the conversation."""
+        return self.store or self.conversation is not None
+
+
+ASKED = web.RequestKey("responses_asked", _Asked)
+
+
+def _echoed(render: ResponsesRenderer, asked: _Asked) -> list[Message]:
+    """The messages the engine got (redacted), without the instructions (never carried over)."""
+    echoed = decode_messages(render.input_messages) if render.input_messages else []
+    if echoed and asked.body.instructions and echoed[0].role == "system":
+        echoed = echoed[1:]
+    return echoed
+
+
+def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
+    """What is kept of an ended response: the Response object, this request's input items and the
+    conversation through its output, both from the input as the engine got it (redacted)."""
+    final = render.final
+    assert final is not None
+    echoed = _echoed(render, asked)
+    new_input = echoed[len(asked.history):]
+    history = [*echoed, *item_messages(final["output"])] if echoed else []
+    return StoredResponse(response=orjson.dumps(final), request_id=generate.request_id,
+                          input_items=orjson.dumps(to_items(new_input, generate.request_id)),
+                          history=codec.encode_json(history))
+
+
+def _conversation_id(body: ResponsesBody) -> str | None:
+    conversation = body.conversation
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+        if not isinstance(conversation, str):
+            raise EdgeError(ErrorCode.invalid_request, "conversation is an id, or an object with its id",
+                            "conversation")
+    return conversation
+
+
+class Responses(Generations):
+    def __init__(self, *args, store: ResponseStore | None = None, background: Background | None = None,
+                 routes: StoredRoutes | None = None, conversations: Conversations | None = None) -> None:
+        super().__init__(*args)
+        self.store = store
+        self.background = background
+        self.routes = routes
+        self.conversations = conversations
+
+    async def _parse(self, request: web.Request) -> tuple[ChatBody, bytes]:
+        body, extra = await super()._parse(request)
+        assert isinstance(body, ResponsesBody)
+        tenant = tenant_of(request, self.catalogue.tenants)
+        policy = tenant.responses if tenant is not None else StoragePolicy()
+        store = body.store is not False and policy.store and self.store is not None
+        if body.background and not store:
+            why = "store is false" if body.store is False else "this API key's responses are never stored"
+            raise EdgeError(ErrorCode.invalid_request, f"a background response is a stored one, and {why}",
+                            "background")
+        history: list[Message] = []
+        conversation = _conversation_id(body)
+        if conversation is not None:
+            if body.previous_response_id is not None:
+                raise EdgeError(ErrorCode.invalid_request, "a response continues either a conversation or a "
+                                "previous response, not both", "conversation")
+            if self.conversations is None or tenant is None:
+                raise not_found(conversation, "conversation")
+            history = await self.conversations.history(tenant.name, conversation)
+        elif body.previous_response_id is not None:
+            found = None if self.store is None or tenant is None else \
+                await self.store.get(tenant.name, body.previous_response_id)
+            if found is None:
+                raise not_found(body.previous_response_id, "previous_response_id")
+            record = found[0]
+            if record.history == b"[]":     # not ended, or ended with nothing to continue from
+                raise EdgeError(ErrorCode.invalid_request, f"the response {body.previous_response_id!r} is "
+                                f"{status_of(record)} and holds no conversation to continue", "previous_response_id")
+            history = decode_messages(record.history)
+        request[ASKED] = _Asked(body, store, policy, history, conversation, tenant)
+        return to_chat(body, extra, history)
+
+    def _renderer(self, request: web.Request, generate: GenerateRequest) -> ResponsesRenderer:
+        asked = request[ASKED]
+        asked.render = ResponsesRenderer(generate, asked.body, store=asked.store)
+        return asked.render
+
+    async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
+        asked = request[ASKED]
+        generate.echo_input = asked.echo
+        if asked.body.background:
+            return await self._background(request, generate, asked)
+        response = await super()._answer(request, generate, started)
+        render = asked.render
+        if render is not None and render.final is not None:
+            record = self._ended(render, generate, asked)
+            if asked.store:
+                self.store.keep(generate.tenant, render.id, record, asked.policy.retention_s)
+        return response
+
+    def _ended(self, render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
+        """The response's record; its turn added to its conversation, if it has one (later)."""
+        record = record_of(render, generate, asked)
+        if asked.conversation is not None and self.conversations is not None and asked.tenant is not None:
+            self.conversations.append_later(asked.tenant, asked.conversation,
+                                            _echoed(render, asked)[len(asked.history):], render.final["output"])
+        return record
+
+    async def _background(self, request: web.Request, generate: GenerateRequest, asked: _Asked) -> web.StreamResponse:
+        """Stored `queued` first, then accepted (the PubAck), then answered at once: the Response
+        object, or (stream) its events as the runner stores them."""
+        assert self.store is not None and self.background is not None and self.routes is not None
+        render = self._renderer(request, generate)
+        payload = self._payload(generate)
+        tenant, ttl_s = generate.tenant, asked.policy.retention_s
+        try:
+            revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
+                                                                      self.background.lease_s), ttl_s, after=0)
+        except Conflict:        # an Idempotency-Key's id, already created
+            raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was already "
+                            "accepted", "Idempotency-Key") from None
+        stream = self.demux.open(generate.request_id, tenant, generate.deadline + REPLY_GRACE_S)
+        try:
+            await self._publish(generate, payload)
+        except BaseException:
+            self.demux.close(generate.request_id)
+            with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
+                await self.store.delete(tenant, render.id)
+            raise
+        self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: self._ended(render, generate, asked)))
+        headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
+        if asked.body.stream:
+            return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1,
+                                            headers)
+        return web.Response(body=orjson.dumps(render.snapshot("queued")), content_type="application/json",
+                            headers=headers)

@@ -1,0 +1,1 @@
+"""Stored responses: the store (`store.py`), items (`items.py`), the routes (`routes.py`), background runs."""

@@ -1,0 +1,139 @@
+"""Background responses (`background: true`) end to end with the official `openai` client: answered
+at once `queued`, generated with no client connection, polled to their end, cancelled, streamed
+again from the store by `starting_after`, and marked failed when the bridge running one is gone.
+Two pools: `sim` (zero delay) and `slow` (a simulated 8B model on an H100: long answers take
+a while, so there is time to cancel one). The sim SIMULATES text: shapes, not words."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import msgspec
+import openai
+import pytest
+
+from bridge.app import Bridge
+from bridge.config import BridgeConfig
+from bridge.stored.lifecycle import BRIDGE_LOST
+from core.connect import NatsSettings
+from core.settings import LogicalModel
+from loadtest.stack import Stack, demo_settings
+from tests.openapi import validator
+from tests.wait import eventually
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
+
+KEY, OTHER_KEY = "sk-background", "sk-background-other"
+# The second bridge's heartbeat: its records go stale soon after it is gone. (The record carries
+# its writer's lease: the stack's own bridge keeps the default, so a CPU stall on a loaded machine
+# never makes one of its healthy responses read as lost.)
+LEASE_S = 0.2
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+async def stack(nats_server):
+    settings = demo_settings(KEY, extra_tenants={"other": OTHER_KEY})
+    settings = msgspec.structs.replace(settings, models={**settings.models, "slow": LogicalModel(pool="large")})
+    async with Stack(nats_server.url, settings, engines=[SimEngine(PROFILES["zero"]),
+                                                         SimEngine(PROFILES["llama-8b-h100"])],
+                     pools=["sim", "large"]) as s:
+        yield s
+
+
+@pytest.fixture
+def client(stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
+
+
+async def _ends(client: openai.AsyncOpenAI, response_id: str, statuses=("completed", "incomplete", "failed",
+                                                                          "cancelled")):
+    seen = []
+
+    async def ended() -> bool:
+        seen.append(await client.responses.retrieve(response_id))
+        return seen[-1].status in statuses
+    assert await eventually(ended, interval=0.1)
+    return seen[-1]
+
+
+def _cancelled(stack: Stack) -> float:
+    worker = next(w for w in stack.workers if w.config.pool == "large")
+    return worker.metrics.registry.get_sample_value(
+        "laneway_worker_finished_total", {"pool": "large", "reason": "cancelled"}) or 0.0
+
+
+async def test_a_background_response_is_answered_queued_and_polled_to_its_end(stack, client):
+    created = await client.responses.create(model="laneway-sim", input="Say hello", background=True)
+    assert created.background is True and created.status == "queued" and created.output == []
+    done = await _ends(client, created.id)
+    assert done.status == "completed" and done.output_text and done.background is True
+    async with httpx.AsyncClient(base_url=stack.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        validator("Response").validate((await http.get(f"/v1/responses/{created.id}")).json())
+    [item] = (await client.responses.input_items.list(created.id)).data
+    assert item.content[0].text == "Say hello"
+    other = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=OTHER_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.cancel(created.id)
+
+
+async def test_cancel_stops_the_generation_and_marks_it_cancelled(stack, client):
+    before = _cancelled(stack)
+    created = await client.responses.create(model="slow", input="Write a long story", background=True,
+                                            max_output_tokens=4000)
+    await _ends(client, created.id, ("in_progress",))
+    with pytest.raises(openai.BadRequestError) as err:      # nothing to continue from yet
+        await client.responses.create(model="laneway-sim", input="and?", previous_response_id=created.id)
+    assert err.value.body["param"] == "previous_response_id"
+    cancelled = await client.responses.cancel(created.id)
+    assert cancelled.status == "cancelled"
+    assert await eventually(lambda: _cancelled(stack) == before + 1)       # the engine stopped it
+    assert (await client.responses.retrieve(created.id)).status == "cancelled"
+    assert (await client.responses.cancel(created.id)).status == "cancelled"      # again: as it is
+    plain = await client.responses.create(model="laneway-sim", input="hi")
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.cancel(plain.id)     # only a background response can be
+
+
+async def test_a_streamed_background_response_resumes_from_the_store(stack, client):
+    stream = await client.responses.create(model="laneway-sim", input="Say hello", background=True, stream=True)
+    events = [e async for e in stream]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    response_id = events[-1].response.id
+    resumed = await client.responses.retrieve(response_id, stream=True, starting_after=3)
+    again = [e async for e in resumed]
+    assert [e.sequence_number for e in again] == list(range(4, len(events)))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events[4:]]
+    async with httpx.AsyncClient(base_url=stack.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        raw = await http.get(f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": "-1"})
+    first = json.loads(raw.text.split("\n\n")[0].split("\n")[1][6:])
+    assert first["type"] == "response.created" and first["sequence_number"] == 0
+
+
+async def _on_a_second_bridge(stack: Stack, crash: bool) -> str:
+    """A background response a second bridge runs, until it stops (crash: cut off from NATS first,
+    so it can write nothing more, as if killed)."""
+    config = BridgeConfig(nats=NatsSettings(url=stack.nats_url), port=0, background_lease_s=LEASE_S)
+    async with Bridge(config, stack.settings) as doomed:
+        await doomed.wait_ready()
+        other_edge = openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=KEY, max_retries=0)
+        created = await other_edge.responses.create(model="slow", input="Write a long story", background=True,
+                                                    max_output_tokens=4000)
+        await _ends(other_edge, created.id, ("in_progress",))
+        if crash:
+            await doomed._nc.close()
+    return created.id
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["stopped", "cut-off"])
+async def test_a_background_response_whose_bridge_went_away_reads_failed(stack, client, crash):
+    """Stopped, the bridge marks it failed itself; cut off, the stack's own bridge finds it
+    unrefreshed and does. Either way its generation stops."""
+    before = _cancelled(stack)
+    response_id = await _on_a_second_bridge(stack, crash)
+    failed = await _ends(client, response_id)
+    assert failed.status == "failed" and failed.error.message == BRIDGE_LOST
+    assert await eventually(lambda: _cancelled(stack) == before + 1)

@@ -1,0 +1,74 @@
+"""The stored responses' pure parts: chat messages → input items, paging, a background record's
+staleness, and the echo a worker sends back (never past the frame's room)."""
+
+from __future__ import annotations
+
+import orjson
+
+from bridge.stored.items import page, to_items
+from bridge.stored.lifecycle import BRIDGE_LOST, ended, lost, running, stale
+from schemas.openai import ChatBody, FunctionCall, Message, ToolCall
+from schemas.requests import MAX_ECHO_BYTES, GenerateRequest
+from schemas.stored import StoredResponse
+
+
+def test_messages_become_items_with_stable_ids():
+    items = to_items([Message(role="user", content=[{"type": "text", "text": "hi"},
+                                                    {"type": "image_url", "image_url": {"url": "data:x"}}]),
+                      Message(role="assistant", content="calling",
+                              tool_calls=[ToolCall(id="c1", function=FunctionCall(name="f", arguments="{}"))]),
+                      Message(role="tool", tool_call_id="c1", content="42")], "r1")
+    assert [(i["id"], i["type"]) for i in items] == [
+        ("msg_r1_0", "message"), ("msg_r1_1", "message"), ("fc_r1_2", "function_call"),
+        ("fco_r1_3", "function_call_output")]
+    assert items[0]["content"] == [{"type": "input_text", "text": "hi"},
+                                   {"type": "input_image", "image_url": "data:x", "detail": "auto"}]
+    assert items[3]["call_id"] == "c1" and items[3]["output"] == "42"
+
+
+def test_paging_by_order_after_and_limit():
+    items = [{"id": str(i)} for i in range(5)]
+    desc = page(items, after=None, limit=2, order="desc")
+    assert [i["id"] for i in desc["data"]] == ["4", "3"] and desc["has_more"] and desc["last_id"] == "3"
+    rest = page(items, after="3", limit=10, order="desc")
+    assert [i["id"] for i in rest["data"]] == ["2", "1", "0"] and not rest["has_more"]
+    assert page(items, after="nope", limit=2, order="asc")["data"] == []
+    assert page([], after=None, limit=2, order="asc")["first_id"] == ""
+
+
+def _running(beat_at: float, lease_s: float = 1.0) -> StoredResponse:
+    return StoredResponse(response=orjson.dumps({"status": "in_progress", "error": None}), request_id="r",
+                          beat_at=beat_at, lease_s=lease_s, events=[b"event: x\ndata: {}\n\n"])
+
+
+def test_a_background_record_is_stale_only_when_running_and_unrefreshed():
+    assert not stale(_running(beat_at=100.0), now=103.0)
+    assert stale(_running(beat_at=100.0), now=105.0)
+    assert not stale(_running(beat_at=100.0, lease_s=0.0), now=1e9)        # not a background one
+    assert not stale(ended(_running(beat_at=100.0), "cancelled"), now=1e9)
+    failed = lost(_running(beat_at=100.0))
+    assert not running(failed) and orjson.loads(failed.response)["error"]["message"] == BRIDGE_LOST
+    assert b"response.failed" in failed.events[-1] and b'"sequence_number":1' in failed.events[-1]
+
+
+def test_the_echo_is_asked_for_and_bounded():
+    def request(text: str, echo: bool = True) -> GenerateRequest:
+        return GenerateRequest(request_id="r", tenant="t", klass="c", model="m", reply_to="x", created_at=0, deadline=1,
+                               chat=ChatBody(model="m", messages=[Message(role="user", content=text)]),
+                               echo_input=echo)
+    assert orjson.loads(request("hi").echoed_input()) == [{"role": "user", "content": "hi"}]
+    assert request("hi", echo=False).echoed_input() == b""
+    assert request("x" * MAX_ECHO_BYTES).echoed_input() == b""
+
+
+def test_a_streamed_background_response_keeps_its_last_events_within_the_bound():
+    from bridge.stored.background import Job
+    from schemas.stored import MAX_STORED_EVENT_BYTES
+
+    job = Job("t", None, None, 1, 0, lambda: None)
+    event = b"event: response.output_text.delta\ndata: " + b"x" * 1000
+    for _ in range(4):
+        job.take_events(b"\n\n".join([event] * 100) + b"\n\n")
+    assert job.event_bytes <= MAX_STORED_EVENT_BYTES and sum(map(len, job.events)) == job.event_bytes
+    assert job.first_event + len(job.events) == 400 and job.first_event > 0
+    assert all(e.endswith(b"\n\n") and e.startswith(b"event: ") for e in job.events)
