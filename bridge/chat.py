@@ -2,7 +2,8 @@
 (the edge's one frame subscription exists before any publish) → publish with `Nats-Msg-Id` and
 wait for the PubAck ("accepted") → wait for the first entry → answer. Errors before the first
 token are ordinary HTTP errors; after it they go in-band, then [DONE]. A client that goes away
-turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
+turns into a cancel on `lw.cancel.<tenant>.<request_id>`: at once, or, when streams are resumable
+(`--resume-window-s`, bridge/resume_http.py), once the window passed without it coming back."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
 from bridge.render import renderer_for
 from bridge.respond import Render, collect_json, stream_sse
+from bridge.resume_http import ResumableStreams
 from bridge.translate import check_context, param_of, to_generate
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant, TenantDirectory
@@ -102,7 +104,8 @@ class Generations:
 
     def __init__(self, decode: Decode, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
                  catalogue: Catalogue, readiness: Readiness, demux: Demux, metrics: BridgeMetrics,
-                 cancel: Callable[[str, str], Awaitable[None]], admission: EdgeAdmission) -> None:
+                 cancel: Callable[[str, str], Awaitable[None]], admission: EdgeAdmission,
+                 resumable: ResumableStreams) -> None:
         self._decode = decode
         self._nc = nc
         self.edge_id = edge_id
@@ -115,12 +118,16 @@ class Generations:
         self.metrics = metrics
         self._cancel = cancel
         self._admit = admission
+        self.resumable = resumable
         self._tracing = tracer()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         # An error answer gets its x-request-id from the app's middleware (the same answer_id).
         started = time.monotonic()
         tenant = authenticate(request, self.catalogue.tenants)
+        if self.resumable.asked(request):      # a stream cut off comes back: its body is not read
+            return await self.resumable.resume(request, tenant.name,
+                                               lambda request_id: {REQUEST_ID_HEADER: answer_id(request, request_id)})
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
         self._admit(tenant.name)
@@ -161,7 +168,7 @@ class Generations:
                             f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
         check_context(generate, context_limit(self.catalogue.models, body.model, self.config.max_context_tokens))
         stream = self.demux.open(request_id, tenant, generate.deadline + REPLY_GRACE_S)
-        published = False
+        published = held = False
         try:
             await self._publish(generate, payload)
             published = True
@@ -174,7 +181,11 @@ class Generations:
                        "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
             if isinstance(first, (Delta, Finished)):
                 headers.update(first.headers)
-            if body.stream:
+            if body.stream and self.resumable.covers(request):
+                held = True         # from here `Resumes` ends the stream, and cancels it if need be
+                response = await self.resumable.stream(request, stream, generate, render, entries, started,
+                                                       headers)
+            elif body.stream:
                 response = await stream_sse(request, stream, generate, render, entries, started,
                                             self.metrics, headers, self.config.write_timeout_s)
             else:
@@ -183,11 +194,15 @@ class Generations:
             self.metrics.requests.labels(klass, str(response.status)).inc()
             return response
         finally:
-            self.demux.close(request_id)
-            # The client left, the deadline passed here, or the edge ended the stream: stop the
-            # work. A stream its worker or the broker ended needs nothing more.
-            if stream.edge_failed or (published and not stream.closed):
-                await self._cancel(tenant, request_id)
+            if not held:
+                await self._end(stream, published)
+
+    async def _end(self, stream: ResponseStream, published: bool) -> None:
+        self.demux.close(stream.request_id)
+        # The client left, the deadline passed here, or the edge ended the stream: stop the
+        # work. A stream its worker or the broker ended needs nothing more.
+        if stream.edge_failed or (published and not stream.closed):
+            await self._cancel(stream.tenant, stream.request_id)
 
     async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
         body = await request.read()

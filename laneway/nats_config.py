@@ -134,8 +134,9 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
             [s.cancel_all, s.worker_ping, s.sched_leader, inbox["worker"]]),   # a new scheduler: pull afresh
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
-             f"$KV.{s.bucket('routing')}.>"],                                   # the admin API's rules
-            [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
+             f"$KV.{s.bucket('routing')}.>",                                    # the admin API's rules
+             s.resume_all],                             # resumes between replicas (bridge/relay.py)
+            [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
              *_api("STREAM.INFO", req),                     # the queue's depth, never its messages
