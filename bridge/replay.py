@@ -147,12 +147,13 @@ class Replay:
     def _append(self, piece: bytes) -> None:
         # A piece is one event, or several for n > 1 choices: each gets its own id, so that a cut
         # between two of them resumes at the right one. orjson's JSON holds no raw newline.
-        for event in piece.split(b"\n\n"):
-            if not event:
-                continue
-            event += b"\n\n"
+        if piece.find(b"\n\n") == len(piece) - 2:      # one event: a delta, the hot path
+            events = (piece,)
+        else:
+            events = tuple(event + b"\n\n" for event in piece.split(b"\n\n") if event)
+        for event in events:
             if event != DONE:
-                event = self._id_prefix + str(self.count).encode() + b"\n" + event
+                event = b"%s%d\n%s" % (self._id_prefix, self.base + len(self.events), event)
             self.events.append(event)
             self.size += len(event)
 
