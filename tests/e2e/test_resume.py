@@ -256,6 +256,18 @@ async def test_a_tenants_abandoned_streams_are_bounded_in_bytes(stack):
         assert metric(bridge, "laneway_streams_expired_total") == 2
 
 
+async def test_an_abandoned_stream_still_counts_against_the_tenants_streams(stack):
+    """Its generation runs on during the window: leaving and asking again must not get a tenant
+    more generations than `--tenant-max-streams`."""
+    async with Replica(stack, resume_window_s=600, tenant_max_streams=1) as bridge, \
+            aiohttp.ClientSession() as http:
+        first = await cut_after(http, bridge.url, body("one at a time", max_tokens=200), 3)
+        async with http.post(bridge.url + CHAT, json=body("another"), headers=auth()) as resp:
+            assert resp.status == 429, await resp.text()
+        async with http.post(bridge.url + CHAT, json={}, headers=auth(last_event_id=first.last_id)) as resp:
+            assert resp.status == 200 and (await read_events(resp, Events())).done
+
+
 async def test_window_zero_is_the_old_behaviour(stack):
     async with Replica(stack, resume_window_s=0) as bridge, aiohttp.ClientSession() as http:
         before_cancels, before = cancelled(stack), generations(stack)
