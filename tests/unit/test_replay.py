@@ -9,13 +9,15 @@ import time
 
 import pytest
 
-from bridge.demux import Demux
+from bridge.demux import BufferLimits, Demux
 from bridge.metrics import BridgeMetrics
 from bridge.render import renderer_for
 from bridge.replay import BadEventId, EventId, NotYet, Replay, Trimmed, follow
+from bridge.resume import Resumes
 from bridge.translate import to_generate
 from schemas.frames import Delta, Finished, TokenUsage
 from tests.requests import chat
+from tests.wait import eventually
 
 
 def replay(n: int = 1, limit: int = 1 << 20) -> tuple[Replay, Demux]:
@@ -85,3 +87,61 @@ def test_a_malformed_event_id_is_refused(raw):
 
 def test_an_event_id_names_the_edge_the_request_and_the_position():
     assert EventId.parse(" e1.r1.42 ") == EventId("e1", "r1", 42)
+
+
+class Held:
+    """A `Resumes` over a real Demux, its cancels recorded."""
+
+    def __init__(self, limits: BufferLimits, window_s: float = 600.0) -> None:
+        self.demux = Demux(limits=limits)
+        self.metrics = BridgeMetrics()
+        self.cancelled: list[str] = []
+        self.resumes = Resumes("edge01", window_s, limits, self.demux, self.metrics, self._cancel)
+
+    async def _cancel(self, tenant: str, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+    def open(self, request_id: str, tenant: str = "acme") -> Replay:
+        generate = to_generate(chat("hi", stream=True), b"", request_id=request_id, tenant=tenant,
+                               klass="interactive", reply_to=f"lw.tok.{tenant}.e", now=time.time(),
+                               deadline=time.time() + 60)
+        stream = self.demux.open(request_id, tenant, generate.deadline)
+        replay, token = self.resumes.open(generate, "/v1/chat/completions", stream, renderer_for(generate),
+                                          time.monotonic())
+        self.token = token
+        return replay
+
+
+def feed(replay: Replay, words: int, start: int = 0) -> None:
+    for seq in range(start, start + words):
+        replay.stream.feed(Delta(replay.request_id, 0, seq, "word " * 20, [seq]), "w")
+
+
+async def test_an_abandoned_stream_past_its_bytes_is_expired_and_cancelled():
+    held = Held(BufferLimits(stream_bytes=8_000))
+    replay = held.open("a" * 32)
+    await held.resumes.release(replay, held.token, completed=False)     # its client left
+    feed(replay, 100)
+    assert await eventually(lambda: held.cancelled == [replay.request_id])
+    assert len(held.resumes) == 0 and len(held.demux) == 0
+    assert held.metrics.registry.get_sample_value("laneway_streams_expired_total") == 1
+
+
+async def test_a_tenants_abandoned_streams_past_its_bytes_go_cleanly_ended_first():
+    held = Held(BufferLimits(resume_bytes=6_000))
+    ended = held.open("e" * 32)
+    ended.add([Delta(ended.request_id, 0, seq, "word " * 20, [seq]) for seq in range(10)]
+              + [Finished(ended.request_id, 0, 10, "stop", TokenUsage(1, 10))])
+    await held.resumes.release(ended, held.token, completed=True)
+    cut = held.open("c" * 32)
+    await held.resumes.release(cut, held.token, completed=False)
+    other = held.open("o" * 32, tenant="globex")         # another tenant's share is its own
+    await held.resumes.release(other, held.token, completed=False)
+    feed(cut, 10)
+    assert await eventually(lambda: held.resumes.get(ended.request_id) is None)
+    assert held.resumes.get(cut.request_id) is not None and held.cancelled == []    # ended: nothing to cancel
+    feed(cut, 30, start=10)
+    assert await eventually(lambda: held.cancelled == [cut.request_id])
+    assert held.resumes.get(other.request_id) is other
+    await held.resumes.stop()
+    assert held.cancelled == [cut.request_id, other.request_id]
