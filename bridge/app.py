@@ -33,8 +33,11 @@ from bridge.files import FilesApi, is_upload
 from bridge.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
+from bridge.relay import RelayClient, RelayServer
 from bridge.responses import decode_responses
 from bridge.responses_api import Responses
+from bridge.resume import Resumes
+from bridge.resume_http import ResumableStreams
 from bridge.server import HttpServer
 from bridge.stored.background import Background
 from bridge.stored.conversations import Conversations
@@ -72,10 +75,14 @@ class Bridge:
         self.responses: ResponseStore | None = None
         self.background: Background | None = None
         self.readiness = Readiness(config.worker_stale_s)
-        self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes))
+        self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes,
+                                                           config.resume_tenant_bytes))
         self.loop_lag = LoopLag()
         self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics)
         self.losses = Losses(self.demux, self.readiness, self.loop_lag)
+        self.resumes = Resumes(self.edge_id, config.resume_window_s, self.demux.limits, self.demux, self.metrics,
+                               self._cancel)
+        self.relay: RelayServer | None = None
         self.url = ""
         self.files: FileStore | None = None
         self.batches: BatchStore | None = None
@@ -105,6 +112,9 @@ class Bridge:
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
+        if self.resumes.enabled:    # other replicas ask for the streams this one holds
+            self.relay = RelayServer(self._nc, self.s, self.resumes)
+            await self._nc.subscribe(self.s.resume(self.edge_id), cb=self.relay.on_control)
         await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
         self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
@@ -132,6 +142,9 @@ class Bridge:
             await self.background.stop()
         if self.responses is not None:
             await self.responses.drain()
+        if self.relay is not None:
+            await self.relay.stop()
+        await self.resumes.stop()       # cancels the generations no client will come back for
         if self._loop_lag_task is not None:
             await cancel_and_wait(self._loop_lag_task)
             self._loop_lag_task = None
@@ -185,8 +198,10 @@ class Bridge:
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
+        relay = RelayClient(self._nc, self.s, self.edge_id, self.metrics, self.config.write_timeout_s)
+        resumable = ResumableStreams(self.resumes, relay, self.metrics, self.config.write_timeout_s)
         shared = (self._nc, self.edge_id, self.config, self.settings, self.catalogue, self.readiness,
-                  self.demux, self.metrics, self._cancel, self.admission)
+                  self.demux, self.metrics, self._cancel, self.admission, resumable)
         chat = Generations(codec.decode_chat_request, *shared)
         completions = Generations(codec.decode_completion_request, *shared)
         routes = background = None

@@ -2,7 +2,8 @@
 (the edge's one frame subscription exists before any publish) → publish with `Nats-Msg-Id` and
 wait for the PubAck ("accepted") → wait for the first entry → answer. Errors before the first
 token are ordinary HTTP errors; after it they go in-band, then [DONE]. A client that goes away
-turns into a cancel on `lw.cancel.<tenant>.<request_id>`."""
+turns into a cancel on `lw.cancel.<tenant>.<request_id>`: at once, or, when streams are resumable
+(`--resume-window-s`, bridge/resume_http.py), once the window passed without it coming back."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import nats.errors
 import nats.js.errors
@@ -29,6 +31,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
 from bridge.render import renderer_for
 from bridge.respond import Render, collect_body, collect_json, stream_sse
+from bridge.resume_http import ResumableStreams
 from bridge.translate import check_context, param_of, to_generate
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant, TenantDirectory
@@ -98,12 +101,23 @@ def idempotent_id(secret: str, tenant: str, key: str) -> str:
     return hmac.new(secret.encode(), f"{tenant}\0{key}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
+@dataclass(slots=True)
+class _Run:
+    """One generation in flight: its stream, its first entries, and whether another owner (a
+    resumable stream) ends it."""
+
+    stream: ResponseStream
+    entries: list[Entry] = field(default_factory=list)
+    held: bool = False
+
+
 class Generations:
     """One OpenAI generation endpoint; `decode` reads its body kind (chat or completion)."""
 
     def __init__(self, decode: Decode, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
                  catalogue: Catalogue, readiness: Readiness, demux: Demux, metrics: BridgeMetrics,
-                 cancel: Callable[[str, str], Awaitable[None]], admission: EdgeAdmission) -> None:
+                 cancel: Callable[[str, str], Awaitable[None]], admission: EdgeAdmission,
+                 resumable: ResumableStreams) -> None:
         self._decode = decode
         self._nc = nc
         self.edge_id = edge_id
@@ -116,12 +130,16 @@ class Generations:
         self.metrics = metrics
         self._cancel = cancel
         self._admit = admission
+        self.resumable = resumable
         self._tracing = tracer()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         # An error answer gets its x-request-id from the app's middleware (the same answer_id).
         started = time.monotonic()
         tenant = authenticate(request, self.catalogue.tenants)
+        if self.resumable.asked(request):      # a stream cut off comes back: its body is not read
+            return await self.resumable.resume(request, tenant.name,
+                                               lambda request_id: {REQUEST_ID_HEADER: answer_id(request, request_id)})
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
         self._admit(tenant.name)
@@ -151,13 +169,18 @@ class Generations:
     async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
         """Store the request, wait for its first entry, then answer it, streamed or whole."""
         body, klass = generate.body, generate.klass
-        async with self._generation(generate, self._payload(generate)) as (stream, entries):
+        async with self._generation(generate, self._payload(generate)) as run:
+            stream, entries = run.stream, run.entries
             render = self._renderer(request, generate)
             headers = {REQUEST_ID_HEADER: request[ANSWER_ID],
                        "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
             if isinstance(entries[0], (Delta, Finished)):
                 headers.update(entries[0].headers)
-            if body.stream:
+            if body.stream and self.resumable.covers(request):
+                run.held = True         # from here `Resumes` ends the stream, and cancels it if need be
+                response = await self.resumable.stream(request, stream, generate, render, entries, started,
+                                                       headers)
+            elif body.stream:
                 response = await stream_sse(request, stream, generate, render, entries, started,
                                             self.metrics, headers, self.config.write_timeout_s)
             else:
@@ -178,30 +201,36 @@ class Generations:
         now = time.time()
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
                                reply_to=self.s.tok(tenant.name, self.edge_id), now=now, deadline=deadline)
-        async with self._generation(generate, self._payload(generate)) as (stream, entries):
-            return await collect_body(stream, generate, renderer_for(generate), entries, started, self.metrics)
+        async with self._generation(generate, self._payload(generate)) as run:
+            return await collect_body(run.stream, generate, renderer_for(generate), run.entries, started,
+                                      self.metrics)
 
     @contextlib.asynccontextmanager
-    async def _generation(self, generate: GenerateRequest, payload: bytes) -> AsyncIterator[tuple[ResponseStream, list[Entry]]]:
+    async def _generation(self, generate: GenerateRequest, payload: bytes) -> AsyncIterator[_Run]:
         """The request stored and its first entries arrived (an error before any token raises);
-        on the way out its stream is closed and, unless it ended, its work cancelled."""
-        request_id, tenant = generate.request_id, generate.tenant
-        stream = self.demux.open(request_id, tenant, generate.deadline + REPLY_GRACE_S)
+        on the way out its stream is ended and, unless it finished, its work cancelled (unless
+        the run was handed on: `held`)."""
+        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S)
+        run = _Run(stream)
         published = False
         try:
             await self._publish(generate, payload)
             published = True
-            entries = await self._first_entries(stream)
-            first = entries[0]
+            run.entries = await self._first_entries(stream)
+            first = run.entries[0]
             if isinstance(first, StreamError):
                 raise from_code(first.code, first.message, first.param, first.headers)
-            yield stream, entries
+            yield run
         finally:
-            self.demux.close(request_id)
-            # The client left, the deadline passed here, or the edge ended the stream: stop the
-            # work. A stream its worker or the broker ended needs nothing more.
-            if stream.edge_failed or (published and not stream.closed):
-                await self._cancel(tenant, request_id)
+            if not run.held:
+                await self._end(stream, published)
+
+    async def _end(self, stream: ResponseStream, published: bool) -> None:
+        self.demux.close(stream.request_id)
+        # The client left, the deadline passed here, or the edge ended the stream: stop the
+        # work. A stream its worker or the broker ended needs nothing more.
+        if stream.edge_failed or (published and not stream.closed):
+            await self._cancel(stream.tenant, stream.request_id)
 
     def _payload(self, generate: GenerateRequest) -> bytes:
         """The request's bytes on the wire, once it is known to fit (NATS, the model's context)."""

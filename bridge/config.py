@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from bridge.demux import STREAM_BUFFER_BYTES, TENANT_BUFFER_BYTES
+from bridge.demux import RESUME_TENANT_BYTES, STREAM_BUFFER_BYTES, TENANT_BUFFER_BYTES
 from core.connect import NatsSettings
 from core.settings import DEFAULT_CONTEXT_TOKENS
 
@@ -32,6 +32,10 @@ class BridgeConfig:
     stream_buffer_bytes: int = STREAM_BUFFER_BYTES
     tenant_buffer_bytes: int = TENANT_BUFFER_BYTES
     write_timeout_s: float = 30.0
+    # How long a stream whose client left stays resumable (Last-Event-ID; bridge/resume.py): its
+    # generation goes on meanwhile. 0: no resuming, the generation is cancelled at once.
+    resume_window_s: float = 30.0
+    resume_tenant_bytes: int = RESUME_TENANT_BYTES     # events one tenant's streams keep for resuming
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
     # The Files and Batch APIs: the largest upload; lines one bridge has in flight for the batches
     # it runs; how long a bridge's claim on a batch lasts unrenewed (another takes over after it).
@@ -52,6 +56,8 @@ class BridgeConfig:
     idempotency_secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     def __post_init__(self) -> None:
+        if self.resume_window_s < 0:
+            raise ValueError("the resume window is a number of seconds, 0 or more")
         if self.publish_tries < 1 or self.publish_timeout_s <= 0:
             raise ValueError("the bridge publishes a request at least once, with a timeout above 0")
         if len(self.idempotency_secret) < MIN_SECRET_CHARS:

@@ -33,6 +33,7 @@ LAG_WEIGHT = 0.1      # each frame's share of the smoothed lag: one late frame i
 LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says nothing about now
 STREAM_BUFFER_BYTES = 1024 * 1024     # ~250k tokens of text waiting: only a reader that stopped
 TENANT_BUFFER_BYTES = 32 * 1024 * 1024
+RESUME_TENANT_BYTES = 256 * 1024 * 1024     # ~4,000 answers of 400 tokens kept for resuming
 
 
 class DeliveryLag:
@@ -58,10 +59,13 @@ class DeliveryLag:
 
 @dataclass(frozen=True, slots=True)
 class BufferLimits:
-    """Bytes of frames waiting for a client's reader: per stream, and over one tenant's streams."""
+    """Bytes of frames waiting for a client's reader: per stream, and over one tenant's streams.
+    The events kept for resuming (bridge/resume.py) are bounded by `stream_bytes` per stream too,
+    and by `resume_bytes` over one tenant's streams."""
 
     stream_bytes: int = STREAM_BUFFER_BYTES
     tenant_bytes: int = TENANT_BUFFER_BYTES
+    resume_bytes: int = RESUME_TENANT_BYTES
 
 
 class TenantShare:
@@ -166,7 +170,8 @@ class ResponseStream:
                       self.source)
 
     async def next_entries(self) -> list[Entry]:
-        """Everything queued so far (at least one entry); TimeoutError once `expires_at` passed."""
+        """Everything queued so far (at least one entry, or none when interrupted); TimeoutError
+        once `expires_at` passed."""
         if not self._buffer:
             if self.expired:
                 raise TimeoutError
@@ -176,11 +181,17 @@ class ResponseStream:
             finally:
                 self._waiter = None
             if not self._buffer:
-                raise TimeoutError
+                if self.expired:
+                    raise TimeoutError
+                return []       # interrupted: its reader is asked to look up (bridge/replay.py)
         entries = list(self._buffer)
         self._buffer.clear()
         self._hold(-self.buffered)
         return entries
+
+    def interrupt(self) -> None:
+        """Wake the reader waiting in `next_entries` with nothing (another reader takes over)."""
+        self._wake()
 
     def release(self) -> None:
         """Stop counting this stream against its tenant (its route is done with it)."""
@@ -194,7 +205,7 @@ class Demux:
         self._streams: dict[str, ResponseStream] = {}
         self._tenants: dict[str, TenantShare] = {}
         self._metrics = metrics or BridgeMetrics()
-        self._limits = limits
+        self.limits = limits
         self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
         self.heard: dict[str, float] = {}     # worker id → when its last frame came (monotonic)
 
@@ -203,7 +214,7 @@ class Demux:
         share = self._tenants.get(tenant)
         if share is None:
             share = self._tenants[tenant] = TenantShare(self._slow_reader)
-        stream = ResponseStream(request_id, tenant, expires_at, share, self._limits)
+        stream = ResponseStream(request_id, tenant, expires_at, share, self.limits)
         share.streams.add(stream)
         self._streams[request_id] = stream
         self._metrics.open_streams.set(len(self._streams))

@@ -37,3 +37,10 @@ class BridgeMetrics:
                                     "Streams ended because their client stopped reading, by the limit "
                                     "that ended them (stream, tenant buffered bytes, write timeout)",
                                     ["limit"], registry=r)
+        self.resumed = Counter("laneway_streams_resumed_total",
+                               "Streams a client took back with Last-Event-ID, counted by the bridge holding "
+                               "them, by how (local, or relay: the resume reached another replica)",
+                               ["via"], registry=r)
+        self.expired = Counter("laneway_streams_expired_total",
+                               "Streams whose client left and did not resume within --resume-window-s: "
+                               "generation cancelled, events freed", registry=r)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -23,17 +24,22 @@ log = logging.getLogger("laneway.bridge")
 Render = ChatRenderer | TextRenderer | ResponsesRenderer
 
 
-class _EventStream(web.StreamResponse):
+class EventStream(web.StreamResponse):
     # The headers wait for the first chunk and leave in the same write (aiohttp's own
     # `web.Response` does this): one syscall fewer per streamed answer.
     _send_headers_immediately = False
 
 
-class _SlowReader(Exception):
+def sse_response(headers: dict[str, str]) -> EventStream:
+    return EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                "X-Accel-Buffering": "no", **headers})
+
+
+class SlowReader(Exception):
     """A write waited past its timeout: the client's socket is full and it is not reading."""
 
 
-class _Writer:
+class Writer:
     """Each write of one SSE response, bounded: a client that stops reading holds a write (and
     the buffers behind it) at most `timeout_s` (0: unbounded)."""
 
@@ -48,7 +54,7 @@ class _Writer:
             async with asyncio.timeout(self.timeout_s):
                 await (self.response.write_eof(data) if eof else self.response.write(data))
         except TimeoutError:
-            raise _SlowReader from None
+            raise SlowReader from None
 
 
 async def stream_sse(request: web.Request, stream: ResponseStream, generate: GenerateRequest, render: Render,
@@ -56,18 +62,23 @@ async def stream_sse(request: web.Request, stream: ResponseStream, generate: Gen
                      headers: dict[str, str], write_timeout_s: float) -> web.StreamResponse:
     """Server-sent events; errors after the first byte go in-band, then [DONE] (the Responses API:
     `response.failed`, and no [DONE])."""
-    response = _EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                     "X-Accel-Buffering": "no", **headers})
+    return await serve_sse(request, headers, generate.request_id, metrics, write_timeout_s,
+                           lambda writer: _write_stream(writer, stream, generate, render, entries, started, metrics))
+
+
+async def serve_sse(request: web.Request, headers: dict[str, str], request_id: str, metrics: BridgeMetrics,
+                    write_timeout_s: float, write: Callable[[Writer], Awaitable[object]]) -> EventStream:
+    """An SSE response whose events `write` writes; a client that left, or stopped reading, ends it."""
+    response = sse_response(headers)
     try:
         await response.prepare(request)
-        await _write_stream(_Writer(response, write_timeout_s), stream, generate, render, entries, started,
-                            metrics)
+        await write(Writer(response, write_timeout_s))
     except ConnectionResetError:
-        log.debug("client left mid-stream: %s", generate.request_id)  # the caller cancels
-    except _SlowReader:
+        log.debug("client left mid-stream: %s", request_id)  # the caller cancels
+    except SlowReader:
         # Nothing more can reach this client: drop the connection and what it buffers. The
         # caller cancels the generation (the stream did not end).
-        log.info("client stopped reading for %g s; stream ended: %s", write_timeout_s, generate.request_id)
+        log.info("client stopped reading for %g s; stream ended: %s", write_timeout_s, request_id)
         metrics.slow_readers.labels("write_timeout").inc()
         if request.transport is not None:
             request.transport.abort()
@@ -79,41 +90,64 @@ def _include_usage(generate: GenerateRequest) -> bool:
     return bool(options and options.include_usage)
 
 
-async def _write_stream(response: _Writer, stream: ResponseStream, generate: GenerateRequest,
+class Progress:
+    """What the metrics need across one stream's batches: whether its first token went out."""
+
+    __slots__ = ("started", "first_token")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.first_token = True
+
+
+def render_entries(render: Render, generate: GenerateRequest, entries: list[Entry], metrics: BridgeMetrics,
+                   progress: Progress) -> tuple[list[bytes], bool]:
+    """The SSE events of a batch of entries, and whether the stream's last event is among them."""
+    out: list[bytes] = []
+    metrics.tokens.labels(generate.klass).inc(sum(len(e.token_ids) or 1 for e in entries if isinstance(e, Delta)))
+    for entry in entries:
+        if isinstance(entry, Delta):
+            if progress.first_token:
+                metrics.ttft.labels(generate.klass).observe(time.monotonic() - progress.started)
+                progress.first_token = False
+            out.append(render.delta(entry))
+        elif isinstance(entry, Finished):
+            out.append(render.finish(entry))
+            if _include_usage(generate):
+                out.append(render.usage_chunk(entry))
+            if not isinstance(render, ResponsesRenderer):
+                out.append(DONE)
+            metrics.e2e.labels(generate.klass).observe(time.monotonic() - progress.started)
+            return out, True
+        else:  # StreamError after the stream started: in-band, then [DONE]
+            err = from_code(entry.code, entry.message)
+            out += [render.failed(err)] if isinstance(render, ResponsesRenderer) else [error_event(err.body()), DONE]
+            return out, True
+    return out, False
+
+
+async def next_entries(stream: ResponseStream, generate: GenerateRequest) -> list[Entry]:
+    """The stream's next entries; past the deadline, the error that ends it."""
+    try:
+        return await stream.next_entries()
+    except TimeoutError:
+        return [StreamError(generate.request_id, stream.attempt, stream.next_seq,
+                            ErrorCode.deadline_exceeded.value, "no response before the deadline")]
+
+
+async def _write_stream(response: Writer, stream: ResponseStream, generate: GenerateRequest,
                         render: Render, entries: list[Entry], started: float, metrics: BridgeMetrics) -> None:
     out = [render.start()]
-    first_token = True
-    tokens = metrics.tokens.labels(generate.klass)
+    progress = Progress(started)
     while True:
-        tokens.inc(sum(len(e.token_ids) or 1 for e in entries if isinstance(e, Delta)))  # once per batch
-        for entry in entries:
-            if isinstance(entry, Delta):
-                if first_token:
-                    metrics.ttft.labels(generate.klass).observe(time.monotonic() - started)
-                    first_token = False
-                out.append(render.delta(entry))
-            elif isinstance(entry, Finished):
-                out.append(render.finish(entry))
-                if _include_usage(generate):
-                    out.append(render.usage_chunk(entry))
-                if not isinstance(render, ResponsesRenderer):
-                    out.append(DONE)
-                metrics.e2e.labels(generate.klass).observe(time.monotonic() - started)
-                await response.write(b"".join(out), eof=True)   # the last chunk and the terminator: one write
-                return
-            else:  # StreamError after the stream started: in-band, then [DONE]
-                err = from_code(entry.code, entry.message)
-                out += [render.failed(err)] if isinstance(render, ResponsesRenderer) \
-                    else [error_event(err.body()), DONE]
-                await response.write(b"".join(out), eof=True)
-                return
-        await response.write(b"".join(out))
+        events, done = render_entries(render, generate, entries, metrics, progress)
+        out += events
+        # The last chunk and the terminator: one write.
+        await response.write(b"".join(out), eof=done)
+        if done:
+            return
         out.clear()
-        try:
-            entries = await stream.next_entries()
-        except TimeoutError:
-            entries = [StreamError(generate.request_id, stream.attempt, stream.next_seq,
-                                   ErrorCode.deadline_exceeded.value, "no response before the deadline")]
+        entries = await next_entries(stream, generate)
 
 
 async def collect_json(stream: ResponseStream, generate: GenerateRequest, render: Render, entries: list[Entry],

@@ -98,6 +98,13 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--write-timeout", type=float, default=d.write_timeout_s,
                    help="seconds one SSE write may wait on a client that does not read; then the "
                         "connection is dropped and the generation cancelled (0: no limit)")
+    g.add_argument("--resume-window-s", type=float, default=d.resume_window_s,
+                   help="seconds a streamed answer whose client left stays resumable with Last-Event-ID, "
+                        "its generation going on meanwhile; then it is cancelled (0: no resuming, "
+                        "cancelled at once)")
+    g.add_argument("--resume-tenant-bytes", type=int, default=d.resume_tenant_bytes,
+                   help="bytes of events one tenant's streams keep for resuming on this bridge; past it "
+                        "its abandoned streams are expired first")
     context_flag(g)
     g.add_argument("--max-file-bytes", type=int, default=d.max_file_bytes,
                    help="the largest file /v1/files takes (OpenAI's batch input limit by default)")

@@ -150,8 +150,9 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all,
              # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it
              *_api("STREAM.CREATE", kv[RESPONSES_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
-             f"$KV.{s.bucket(RESPONSES_BUCKET)}.>"],
-            [frames, s.worker_events, s.broker_events, inbox["bridge"]]),
+             f"$KV.{s.bucket(RESPONSES_BUCKET)}.>",
+             s.resume_all],                             # resumes between replicas (bridge/relay.py)
+            [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all]),
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
              *_api("STREAM.INFO", req),                     # the queue's depth, never its messages

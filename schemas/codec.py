@@ -16,6 +16,7 @@ from schemas.openai import (
     EmbeddingBody,
 )
 from schemas.requests import Cancel, GenerateRequest
+from schemas.resume import Relayed, ResumeControl
 from schemas.usage import Usage
 from schemas.work import AdmitAnswer, Admitted, Batch, BrokerBeat, Credit, Heartbeat, Settled
 
@@ -34,6 +35,8 @@ decode_admitted = msgspec.msgpack.Decoder(Admitted).decode
 decode_admit_answer = msgspec.msgpack.Decoder(AdmitAnswer).decode
 decode_settled = msgspec.msgpack.Decoder(Settled).decode
 _decode_broker_beat = msgspec.msgpack.Decoder(BrokerBeat).decode
+decode_resume_control = msgspec.msgpack.Decoder(ResumeControl).decode
+decode_relayed = msgspec.msgpack.Decoder(Relayed).decode
 
 
 def broker_beat(data: bytes) -> BrokerBeat:

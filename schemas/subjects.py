@@ -183,6 +183,20 @@ class Subjects:
         """A new scheduler's id (origins re-forward, workers re-pull); empty: the lease was given up."""
         return f"{self.prefix}.sched.leader"
 
+    # -- resuming a stream at another bridge replica (bridge/relay.py) -------------------------
+    def resume(self, edge_id: str) -> str:
+        """Asks (and releases) to the bridge holding a stream: its edge id is in the stream's
+        event ids. Bridges only: no tenant account imports or may reach it."""
+        return f"{self.prefix}.resume.{edge_id}"
+
+    def resume_reply(self, edge_id: str, nonce: str) -> str:
+        """Where the holder relays the events, to the asking bridge (one subject per resume)."""
+        return f"{self.prefix}.resume.{edge_id}.{nonce}"
+
+    @property
+    def resume_all(self) -> str:
+        return f"{self.prefix}.resume.>"
+
     @property
     def worker_ping(self) -> str:
         """Workers answer with an immediate heartbeat: a new edge learns who is ready at once."""

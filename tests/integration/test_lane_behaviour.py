@@ -11,6 +11,7 @@ import nats
 import pytest
 
 from bridge.client import LanewayClient, LanewayError
+from bridge.config import BridgeConfig
 from core.topology import StreamLimits
 from loadtest.stack import Stack, demo_settings
 from tests.requests import chat
@@ -45,8 +46,10 @@ async def stored_none(stack) -> bool:
 async def slow_stack(nats_server):
     """One worker with a modelled 8B GPU (~7 ms per decode step) and only 4 slots."""
     engine = SimEngine(PROFILES["llama-8b-h100"], max_seqs=4)
+    # A client that leaves may resume for --resume-window-s; a short one, so its cancel lands soon.
     async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix="slow",
-                     limits=StreamLimits(max_msgs_per_subject=6)) as s:
+                     limits=StreamLimits(max_msgs_per_subject=6),
+                     bridge_config=BridgeConfig(resume_window_s=0.5)) as s:
         yield s
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import nats
 import pytest
 
 from bridge.admin import AdminConfig
+from bridge.app import Bridge
 from bridge.client import LanewayClient, LanewayError
 from core.models import put_models
 from core.natsd import NatsServer
@@ -33,6 +35,7 @@ from core.usage_log import read_usage
 from laneway.nats_config import UpAuth, up_auth
 from loadtest.stack import Stack
 from schemas import codec
+from schemas.resume import ResumeAsk
 from schemas.subjects import Subjects, service_inbox
 from schemas.work import Credit
 from tests.clock import Clock
@@ -216,15 +219,67 @@ async def test_cancels_from_a_tenant_and_from_the_edge_reach_the_engine(secured)
         assert await eventually(lambda: cancelled() == 1, timeout=10)
     finally:
         await alpha.close()
-    # An HTTP client drops its stream: the bridge publishes the cancel.
+    # An HTTP client drops its stream: the bridge publishes the cancel, once its resume window
+    # (short here: the generation must outlive it) has passed with no client back.
     body = {"model": "slow", "stream": True, "max_tokens": 2000, "messages": [{"role": "user", "content": "go on"}]}
-    async with aiohttp.ClientSession(base_url=secured.stack.url) as http:
+    async with Bridge(replace(secured.stack.bridge.config, port=0, resume_window_s=0.5), settings()) as bridge, \
+            aiohttp.ClientSession(base_url=bridge.url) as http:
+        await bridge.wait_ready()
         resp = await http.post("/v1/chat/completions", json=body,
                                headers={"Authorization": f"Bearer {KEYS['beta']}"})
         assert resp.status == 200 and await resp.content.readline()
         resp.close()    # the connection, mid-stream
-    assert await eventually(lambda: cancelled() == 2, timeout=10)
+        assert await eventually(lambda: cancelled() == 2, timeout=10)
     assert secured.log.new() == []
+
+
+async def test_a_stream_resumes_through_another_bridge_and_no_tenant_reaches_the_resume_subject(secured):
+    """Two bridge replicas under the bridge role: a stream cut at one resumes at the other over
+    `lw.resume.<edge>` with no violation logged. A tenant's user asking a bridge for a stream
+    directly (as another tenant) or listening to the relays is refused by the server."""
+    async with Bridge(replace(secured.stack.bridge.config, port=0), settings()) as second, \
+            aiohttp.ClientSession() as http:
+        await second.wait_ready()
+        body = {"model": "slow", "stream": True, "max_tokens": 50, "messages": [{"role": "user", "content": "on"}]}
+        headers = {"Authorization": f"Bearer {KEYS['beta']}"}
+        resp = await http.post(secured.stack.url + "/v1/chat/completions", json=body, headers=headers)
+        assert resp.status == 200
+        last_id = ""
+        while not last_id:
+            line = (await resp.content.readline()).decode()
+            last_id = line[4:].strip() if line.startswith("id: ") else ""
+        resp.close()
+        async with http.post(second.url + "/v1/chat/completions", json={},
+                             headers={**headers, "Last-Event-ID": last_id}) as resumed:
+            assert resumed.status == 200 and (await resumed.read()).endswith(b"data: [DONE]\n\n")
+        assert second.metrics.registry.get_sample_value("laneway_streams_resumed_total", {"via": "relay"}) is None
+        assert secured.stack.bridge.metrics.registry.get_sample_value(
+            "laneway_streams_resumed_total", {"via": "relay"}) == 1
+    assert secured.log.new() == []
+
+    errors: list[str] = []
+    alpha = await secured.tenant("alpha", errors)
+    try:
+        relayed: list = []
+
+        async def got(msg):
+            relayed.append(msg)
+        await alpha.subscribe(S.resume_all, cb=got)
+        edge, request_id, n = last_id.split(".")
+        ask = ResumeAsk("beta", request_id, int(n), "/v1/chat/completions", S.resume_reply(edge, "stolen"))
+        await alpha.publish(S.resume(edge), codec.encode(ask))
+        await alpha.flush()
+        assert await eventually(lambda: sum("lw.resume" in e for e in errors) >= 2, timeout=10), errors
+        assert relayed == []
+    finally:
+        await alpha.close()
+    refused: list[str] = []
+
+    def logged_both() -> bool:
+        refused.extend(secured.log.new())
+        return sum("lw.resume" in line for line in refused) >= 2
+    assert await eventually(logged_both, timeout=30), refused
+    assert all('user:tenant-alpha"' in line for line in refused), refused
 
 
 async def test_a_repeated_request_is_a_cache_hit(secured):

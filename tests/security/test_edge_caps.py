@@ -93,7 +93,9 @@ async def bridge_holds_no_stream(http: aiohttp.ClientSession, up: LanewayUp) -> 
 async def capped(tmp_path_factory):
     root = tmp_path_factory.mktemp("edge-caps")
     flags = ["--settings", str(write_settings(root)), "--pii", "off", "--metrics",
-             "--tenant-max-streams", str(TENANT_STREAMS), "--stream-buffer-bytes", "32768", "--write-timeout", "0"]
+             "--tenant-max-streams", str(TENANT_STREAMS), "--stream-buffer-bytes", "32768", "--write-timeout", "0",
+             # A stream its client left stays resumable, and counts against the cap, this long.
+             "--resume-window-s", "1"]
     async with LanewayUp(root / "lw", KEYS["acme"], flags) as stack:
         yield stack
 
@@ -124,6 +126,8 @@ async def test_one_tenant_past_its_streams_gets_429_and_the_other_is_still_serve
 
 async def test_a_reader_that_stops_is_ended_and_its_generation_cancelled(capped):
     async with aiohttp.ClientSession() as http:
+        # The streams the test before left are held for the resume window, under the cap.
+        assert await eventually(lambda: bridge_holds_no_stream(http, capped), timeout=60)
         with closing(await stalled_client(capped.port, "acme")) as sock:
             assert await eventually(lambda: _slow_readers(http, capped.port, "stream"), timeout=120)
             sent = await read_all(sock)
