@@ -86,7 +86,7 @@ def chat_flow(args: argparse.Namespace) -> list[Flow]:
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict:
-    pool = PoolSpec(profile=args.profile, speed=args.sim_speed, max_seqs=args.max_seqs,
+    pool = PoolSpec(profile=args.profile, speed=args.sim_speed, max_seqs=args.max_seqs, workers=args.workers,
                     long_prefill_token_threshold=args.long_prefill_token_threshold)
     policy = batch_policy(args.batch_slot_share, args.batch_prefill_share)
     events: list[str] = []
@@ -106,7 +106,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                 kills = None if args.no_kill else asyncio.Event()
                 following = asyncio.create_task(follow(c, fleet, batch.id, args.lines, kills, events, True))
                 beside = await run_phase(fleet, target, "batch", chat_flow(args), args.duration, args.warmup,
-                                         seed=args.seed + 1, show_progress=not args.quiet)
+                                         seed=args.seed + 1, show_progress=not args.quiet, settle_after=False)
                 if kills is not None:
                     kills.set()
                 done = await following
@@ -143,7 +143,7 @@ def render(doc: dict) -> str:
     a, b = f["chat_ttft_s"]["alone"], f["chat_ttft_s"]["batch"]
     ratio = f["ttft_p95_ratio"]
     return "\n".join([
-        f"Batch beside chat: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots (batch may hold "
+        f"Batch beside chat: sim/{c['profile']} (SIMULATION), {c['workers']} workers × {c['max_seqs']} slots (batch may hold "
         f"{doc['engine']['batch_slot_cap']}, prefill share {doc['engine']['batch_prefill_share']:g}), speed {c['sim_speed']}, "
         f"chats {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out, batch {c['lines']:,} lines × "
         f"{c['batch_prompt_tokens']} in / {c['batch_tokens']} out, PII {c['pii']}",
@@ -162,6 +162,7 @@ def render(doc: dict) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_fleet_flags(parser, duration=60.0, warmup=10.0, max_seqs=64)
     parser.add_argument("--lines", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=4, help="simulated workers in the pool")
     parser.add_argument("--batch-prompt-tokens", type=int, default=1500)
     parser.add_argument("--batch-tokens", type=int, default=400)
     parser.add_argument("--batch-concurrency", type=int, default=64, help="the bridge's lines in flight")

@@ -35,7 +35,7 @@ async def settle(fleet: Fleet, timeout_s: float = 60.0) -> None:
 
 async def run_phase(fleet: Fleet, target: Target, label: str, flows: list[Flow], duration_s: float,
                     warmup_s: float, *, drain_s: float = 0.0, drained: Callable[[Recorder], bool] | None = None,
-                    seed: int = 1, show_progress: bool = True, sample_s: float = 0.5) -> Phase:
+                    seed: int = 1, show_progress: bool = True, sample_s: float = 0.5, settle_after: bool = True) -> Phase:
     rec = Recorder()
     progress = Progress(rec, duration_s, label) if show_progress else None
     sampling = asyncio.create_task(sampler(rec, sample_s, fleet.open_streams, progress))
@@ -49,5 +49,6 @@ async def run_phase(fleet: Fleet, target: Target, label: str, flows: list[Flow],
         if progress:
             progress.close()
     window = (t0 + warmup_s, t0 + duration_s)
-    await settle(fleet)
+    if settle_after:        # False: streams stay open on purpose (a batch runs on)
+        await settle(fleet)
     return Phase(run_document(label, rec.results, rec.samples, window), rec, window)
