@@ -113,5 +113,5 @@ def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
 
 def not_found(what: str, ident: str, param: str | None = None) -> EdgeError:
     """An object the key's tenant does not have: another tenant's reads the same as none at all."""
-    return EdgeError(ErrorCode.invalid_request, f"no {what} with id {ident!r}", param, status=404,
+    return EdgeError(ErrorCode.invalid_request, f"No {what} found with id '{ident}'.", param, status=404,
                      code_name="not_found")

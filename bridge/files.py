@@ -15,6 +15,7 @@ from aiohttp import BodyPartReader, web
 from bridge.chat import authenticate
 from bridge.errors import EdgeError, body_timeout, not_found
 from bridge.file_store import FileStore
+from bridge.paging import page_query, window
 from core.catalogue import Catalogue
 from schemas import codec
 from schemas.batches import UPLOAD_PURPOSES, Deleted, FileList, FileObject
@@ -36,29 +37,6 @@ def is_upload(request: web.Request) -> bool:
 
 def json_response(obj: object, status: int = 200) -> web.Response:
     return web.Response(body=codec.encode_json(obj), status=status, content_type="application/json")
-
-
-def page(items: list, request: web.Request, default_limit: int, max_limit: int) -> tuple[list, bool]:
-    """OpenAI's cursor paging: `after` (an id in the list), `limit`, `order` (asc|desc, by creation;
-    `items` come oldest first)."""
-    order = request.query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise _invalid("order must be 'asc' or 'desc'", "order")
-    try:
-        limit = int(request.query.get("limit", default_limit))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= max_limit:
-        raise _invalid(f"limit must be an integer from 1 to {max_limit}", "limit")
-    if order == "desc":
-        items = items[::-1]
-    after = request.query.get("after")
-    if after is not None:
-        ids = [item.id for item in items]
-        if after not in ids:
-            raise _invalid(f"no object with id {after!r} to list after", "after")
-        items = items[ids.index(after) + 1:]
-    return items[:limit], len(items) > limit
 
 
 class FilesApi:
@@ -138,7 +116,8 @@ class FilesApi:
         files = await self.store.list(tenant.name)
         if (purpose := request.query.get("purpose")) is not None:
             files = [f for f in files if f.purpose == purpose]
-        shown, more = page(files, request, MAX_LIST, MAX_LIST)
+        after, limit, order = page_query(request, MAX_LIST, MAX_LIST)
+        shown, more = window(files, [f.id for f in files], after, limit, order)
         return json_response(FileList(shown, has_more=more, first_id=shown[0].id if shown else None,
                                       last_id=shown[-1].id if shown else None))
 

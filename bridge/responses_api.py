@@ -19,14 +19,14 @@ from aiohttp import web
 
 from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
 from bridge.demux import REPLY_GRACE_S
-from bridge.errors import EdgeError
+from bridge.errors import EdgeError, not_found
 from bridge.render_responses import ResponsesRenderer
 from bridge.responses import item_messages, to_chat
 from bridge.stored.background import Background, Job, queued
 from bridge.stored.conversations import Conversations
 from bridge.stored.items import decode_messages, to_items
 from bridge.stored.lifecycle import status_of
-from bridge.stored.routes import StoredRoutes, not_found
+from bridge.stored.routes import StoredRoutes
 from bridge.stored.store import Conflict, ResponseStore
 from core.policy.stored import StoragePolicy
 from core.policy.tenants import Tenant
@@ -119,13 +119,13 @@ class Responses(Generations):
                 raise EdgeError(ErrorCode.invalid_request, "a response continues either a conversation or a "
                                 "previous response, not both", "conversation")
             if self.conversations is None or tenant is None:
-                raise not_found(conversation, "conversation")
+                raise not_found("conversation", conversation, "conversation")
             history = await self.conversations.history(tenant.name, conversation)
         elif body.previous_response_id is not None:
             found = None if self.store is None or tenant is None else \
                 await self.store.get(tenant.name, body.previous_response_id)
             if found is None:
-                raise not_found(body.previous_response_id, "previous_response_id")
+                raise not_found("response", body.previous_response_id, "previous_response_id")
             record = found[0]
             if record.history == b"[]":     # not ended, or ended with nothing to continue from
                 raise EdgeError(ErrorCode.invalid_request, f"the response {body.previous_response_id!r} is "

@@ -15,7 +15,8 @@ from bridge.batch.store import BatchStore
 from bridge.chat import authenticate
 from bridge.errors import EdgeError, not_found
 from bridge.file_store import FileStore
-from bridge.files import json_response, page
+from bridge.files import json_response
+from bridge.paging import page_query, window
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant
 from schemas.batches import ENDPOINTS, Batch, BatchList, BatchState, CreateBatch, RequestCounts
@@ -94,7 +95,8 @@ class BatchesApi:
     async def list(self, request: web.Request) -> web.Response:
         tenant = authenticate(request, self.catalogue.tenants)
         batches = [state.batch for state in await self.store.list(tenant.name)]
-        shown, more = page(batches, request, 20, 100)
+        after, limit, order = page_query(request, 20, 100)
+        shown, more = window(batches, [b.id for b in batches], after, limit, order)
         return json_response(BatchList(shown, has_more=more, first_id=shown[0].id if shown else None,
                                        last_id=shown[-1].id if shown else None))
 

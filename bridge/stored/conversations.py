@@ -22,7 +22,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from bridge.chat import authenticate
-from bridge.errors import EdgeError
+from bridge.errors import EdgeError, not_found
 from bridge.responses import item_messages
 from bridge.stored.items import page, to_items
 from bridge.stored.routes import json_answer, paged
@@ -47,11 +47,6 @@ class ConversationBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class ItemsBody(msgspec.Struct, forbid_unknown_fields=True):
     items: Annotated[list[dict[str, Any]], Meta(min_length=1, max_length=MAX_NEW_ITEMS)]
-
-
-def not_found(conversation_id: str, param: str | None = None) -> EdgeError:
-    return EdgeError(ErrorCode.invalid_request, f"No conversation found with id '{conversation_id}'.", param,
-                     status=404, code_name="not_found")
 
 
 def _decode(raw: bytes, kind: type) -> Any:
@@ -87,7 +82,7 @@ class Conversations:
     async def history(self, tenant: str, conversation_id: str) -> list[Message]:
         found = await self.store.get_conversation(tenant, conversation_id)
         if found is None:
-            raise not_found(conversation_id, "conversation")
+            raise not_found("conversation", conversation_id, "conversation")
         return item_messages(orjson.loads(found[0].items), "conversation")
 
     async def append(self, tenant: Tenant, conversation_id: str, messages: list[Message],
@@ -130,7 +125,7 @@ class Conversations:
         cid = request.match_info["conversation_id"]
         found = await self.store.get_conversation(tenant.name, cid)
         if found is None:
-            raise not_found(cid)
+            raise not_found("conversation", cid)
         return tenant, cid, *found
 
     def _client_items(self, tenant: Tenant, cid: str, items: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:

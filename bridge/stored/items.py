@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from bridge.paging import window
 from schemas.openai import Message
 
 decode_messages = msgspec.json.Decoder(list[Message]).decode
@@ -66,10 +67,6 @@ def to_items(messages: list[Message], prefix: str, start: int = 0) -> list[dict[
 def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: str) -> dict[str, Any]:
     """OpenAI's `ResponseItemList`: `order` asc (as given) or desc, the items after the id
     `after` in that order, at most `limit`."""
-    ordered = items if order == "asc" else items[::-1]
-    if after is not None:
-        ids = [i["id"] for i in ordered]
-        ordered = ordered[ids.index(after) + 1:] if after in ids else []
-    data = ordered[:limit]
-    return {"object": "list", "data": data, "has_more": len(ordered) > limit,
+    data, more = window(items, [i["id"] for i in items], after, limit, order)
+    return {"object": "list", "data": data, "has_more": more,
             "first_id": data[0]["id"] if data else "", "last_id": data[-1]["id"] if data else ""}

@@ -13,7 +13,8 @@ import orjson
 from aiohttp import web
 
 from bridge.chat import authenticate
-from bridge.errors import EdgeError
+from bridge.errors import EdgeError, not_found
+from bridge.paging import page_query, query_int
 from bridge.stored.background import FLUSH_S, mark_lost
 from bridge.stored.items import MAX_PAGE, page
 from bridge.stored.lifecycle import ended, running, stale
@@ -26,35 +27,15 @@ from schemas.stored import StoredResponse
 CANCEL_TRIES = 3
 
 
-def not_found(response_id: str, param: str | None = None) -> EdgeError:
-    """Unknown, deleted, expired and another tenant's ids all read the same."""
-    return EdgeError(ErrorCode.invalid_request, f"No response found with id '{response_id}'.", param,
-                     status=404, code_name="not_found")
-
-
 def json_answer(body: bytes) -> web.Response:
     return web.Response(body=body, content_type="application/json")
-
-
-def query_int(raw: str | None, default: int, param: str, low: int, high: int) -> int:
-    try:
-        value = int(raw) if raw is not None else default
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise EdgeError(ErrorCode.invalid_request, f"{param} must be an integer from {low} to {high}", param)
-    return value
 
 
 def paged(items: bytes, request: web.Request) -> web.Response:
     """A page of stored items (a JSON list) as the query asks: `order` (desc by default), `after`,
     `limit` (20 by default)."""
-    q = request.query
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise EdgeError(ErrorCode.invalid_request, "order must be 'asc' or 'desc'", "order")
-    limit = query_int(q.get("limit"), 20, "limit", 1, MAX_PAGE)
-    return json_answer(orjson.dumps(page(orjson.loads(items), after=q.get("after"), limit=limit, order=order)))
+    after, limit, order = page_query(request, 20, MAX_PAGE)
+    return json_answer(orjson.dumps(page(orjson.loads(items), after=after, limit=limit, order=order)))
 
 
 class StoredRoutes:
@@ -75,7 +56,7 @@ class StoredRoutes:
         response_id = request.match_info["response_id"]
         found = await self._current(tenant, response_id)
         if found is None:
-            raise not_found(response_id)
+            raise not_found("response", response_id)
         return tenant, response_id, *found
 
     async def _current(self, tenant: Tenant, response_id: str) -> tuple[StoredResponse, int] | None:
@@ -145,7 +126,7 @@ class StoredRoutes:
             except Conflict:            # its runner wrote in between: look again
                 found = await self.store.get(tenant.name, response_id)
                 if found is None:
-                    raise not_found(response_id) from None
+                    raise not_found("response", response_id) from None
                 record, revision = found
                 continue
             await self._cancel(tenant.name, record.request_id)
