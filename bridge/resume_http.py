@@ -1,6 +1,8 @@
 """The HTTP side of resumable streams (`--resume-window-s`, bridge/resume.py).
 
-A streamed chat or completion is answered with numbered events (bridge/replay.py). A client cut
+A streamed chat or completion sent with `x-laneway-resumable: true` is answered with numbered
+events (bridge/replay.py); without it, the stream is as before (no ids; the generation is
+cancelled the moment its client leaves). A client cut
 off re-POSTs to the same endpoint with `Last-Event-ID: <id>` and the same API key: the body is
 not read (the id names the stream), nothing is generated again, and the answer is the events
 after that id, then the live rest, then `[DONE]`. A resume that reaches another replica than the
@@ -25,6 +27,10 @@ from schemas.frames import Entry
 from schemas.requests import GenerateRequest
 
 RESUMABLE_PATHS = ("/v1/chat/completions", "/v1/completions")
+# Asked for per request: `id:` lines in an SSE stream are valid, but clients that read it line by
+# line as `data: ...` (vLLM's benchmark client, many hand-written ones) break on them, and a
+# stream nobody will resume should stop when its client leaves, not a window later.
+RESUMABLE_HEADER = "x-laneway-resumable"
 
 
 def abort_of(request: web.Request) -> Callable[[], None]:
@@ -47,12 +53,14 @@ class ResumableStreams:
         return self.resumes.enabled
 
     def covers(self, request: web.Request) -> bool:
-        """Streamed chats and text completions are resumable (the Responses API numbers its own
-        events; embeddings never stream)."""
-        return self.enabled and request.path in RESUMABLE_PATHS
+        """Streamed chats and text completions are resumable when the client asks
+        (`x-laneway-resumable: true`); the Responses API numbers its own events; embeddings
+        never stream."""
+        return self.enabled and request.path in RESUMABLE_PATHS \
+            and request.headers.get(RESUMABLE_HEADER, "").lower() in ("true", "1")
 
     def asked(self, request: web.Request) -> bool:
-        return LAST_EVENT_ID in request.headers and self.covers(request)
+        return LAST_EVENT_ID in request.headers and self.enabled and request.path in RESUMABLE_PATHS
 
     async def stream(self, request: web.Request, stream: ResponseStream, generate: GenerateRequest,
                      render: Render, entries: list[Entry], started: float,

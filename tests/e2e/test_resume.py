@@ -34,7 +34,7 @@ def body(prompt: str, max_tokens: int = 60, **more) -> dict:
 
 
 def auth(key: str = KEY, last_event_id: str | None = None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {key}", "x-laneway-resumable": "true"}
     if last_event_id is not None:
         headers["Last-Event-ID"] = last_event_id
     return headers
@@ -298,3 +298,20 @@ async def test_a_text_completion_resumes_too(stack):
     def texts(events: Events) -> list[str]:
         return [json.loads(d)["choices"][0]["text"] for _, d in events.items if d != "[DONE]"]
     assert rest.done and texts(first) + texts(rest) == texts(whole)
+
+
+async def test_without_the_header_a_stream_has_no_ids_and_its_leaving_client_cancels_it_at_once(stack):
+    """Resuming is asked for: a plain stream is byte for byte what it was (clients that read SSE
+    line by line break on `id:`), and its generation stops when its client leaves, not a window
+    (600 s here) later. Fails with ids on every stream (the first version of this feature)."""
+    async with Replica(stack, resume_window_s=600) as bridge, aiohttp.ClientSession() as http:
+        before = cancelled(stack)
+        resp = await http.post(bridge.url + CHAT, json=body("go on and on", max_tokens=4000),
+                               headers={"Authorization": f"Bearer {KEY}"})
+        assert resp.status == 200
+        lines = [(await resp.content.readline()).decode() for _ in range(6)]
+        resp.close()
+        assert any(line.startswith("data: ") for line in lines)
+        assert not any(line.startswith("id:") for line in lines)
+        assert await eventually(lambda: cancelled(stack) == before + 1)
+        assert await eventually(lambda: holds_nothing(bridge))

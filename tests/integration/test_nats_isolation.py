@@ -241,7 +241,7 @@ async def test_a_stream_resumes_through_another_bridge_and_no_tenant_reaches_the
             aiohttp.ClientSession() as http:
         await second.wait_ready()
         body = {"model": "slow", "stream": True, "max_tokens": 50, "messages": [{"role": "user", "content": "on"}]}
-        headers = {"Authorization": f"Bearer {KEYS['beta']}"}
+        headers = {"Authorization": f"Bearer {KEYS['beta']}", "x-laneway-resumable": "true"}
         resp = await http.post(secured.stack.url + "/v1/chat/completions", json=body, headers=headers)
         assert resp.status == 200
         last_id = ""

@@ -27,7 +27,7 @@ CHAT = "/v1/chat/completions"
 
 
 def auth(tenant: str, event_id: str | None = None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
+    headers = {"Authorization": f"Bearer {KEYS[tenant]}", "x-laneway-resumable": "true"}
     if event_id is not None:
         headers["Last-Event-ID"] = event_id
     return headers
