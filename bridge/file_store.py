@@ -19,6 +19,7 @@ from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from core.kvwatch import current_values
 from schemas.batches import FileObject, FilePurpose
 from schemas.subjects import Subjects
 
@@ -102,26 +103,5 @@ class FileStore:
         live = [f for f in files if f.expires_at is None or f.expires_at > now]
         return sorted(live, key=lambda f: (f.created_at, f.id))
 
-    async def sweep(self, tenants: list[str]) -> int:
-        """Delete every expired file (a lookup deletes one lazily; this keeps no bytes past expiry
-        that nobody asks for). Returns how many went."""
-        gone = 0
-        now = time.time()
-        for tenant in tenants:
-            for file in await self._all(tenant):
-                if file.expires_at is not None and file.expires_at <= now:
-                    gone += await self.delete(tenant, file.id)
-        return gone
-
     async def _all(self, tenant: str) -> list[FileObject]:
-        watcher = await self.meta.watch(f"{tenant}.*", ignore_deletes=True)
-        files = []
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if entry.value:
-                    files.append(_decode(entry.value))
-        finally:
-            await watcher.stop()
-        return files
+        return [_decode(value) for value in await current_values(self.meta, f"{tenant}.*")]

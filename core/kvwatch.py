@@ -13,7 +13,7 @@ from collections.abc import Callable
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
-from nats.js.kv import KV_DEL, KV_PURGE
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from core.tasks import cancel_and_wait
 
@@ -76,3 +76,19 @@ class BucketWatch:
                 await watcher.stop()
             except nats.errors.Error:   # connection closed or draining: the watch is gone anyway
                 pass
+
+
+async def current_values(kv: KeyValue, keys: str) -> list[bytes]:
+    """The values stored now under `keys` (a KV key filter: `acme.*`, `>`), deletes left out: a
+    snapshot, read once, where `BucketWatch` follows changes."""
+    values = []
+    watcher = await kv.watch(keys, ignore_deletes=True)
+    try:
+        async for entry in watcher:
+            if entry is None:           # the end of what is stored
+                break
+            if entry.value:
+                values.append(entry.value)
+    finally:
+        await watcher.stop()
+    return values

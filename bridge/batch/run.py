@@ -58,6 +58,7 @@ class BatchRun:
         self.ending: str | None = None          # "cancelled" | "expired": stop submitting
         self._lines: dict[int, asyncio.Task[None]] = {}
         self._lost = False
+        self._found: list[jsonl.InputLine] | list[BatchError] | None = None
 
     async def go(self) -> None:
         main = asyncio.current_task()
@@ -123,6 +124,13 @@ class BatchRun:
 
     # -- validating ---------------------------------------------------------------------------
     async def _input(self) -> list[jsonl.InputLine] | list[BatchError]:
+        """The input file's lines (or its problems), read once per run: validating, running and
+        finalizing all need them."""
+        if self._found is None:
+            self._found = await self._read_input()
+        return self._found
+
+    async def _read_input(self) -> list[jsonl.InputLine] | list[BatchError]:
         b = self.state.batch
         content = await self.runner.files.content(self.tenant, b.input_file_id)
         if content is None:

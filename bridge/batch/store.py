@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
+from core.kvwatch import current_values
 from schemas.batches import BatchState, LineResult
 from schemas.subjects import MSG_ID_HEADER, Subjects
 
@@ -91,17 +92,7 @@ class BatchStore:
         return sorted(await self._watch(f"{tenant}.*"), key=lambda b: (b.batch.created_at, b.batch.id))
 
     async def _watch(self, keys: str) -> list[BatchState]:
-        found = []
-        watcher = await self.kv.watch(keys, ignore_deletes=True)
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if entry.value:
-                    found.append(decode_state(entry.value))
-        finally:
-            await watcher.stop()
-        return found
+        return [decode_state(value) for value in await current_values(self.kv, keys)]
 
     # -- finished lines ---------------------------------------------------------------------
     async def record_line(self, tenant: str, batch_id: str, result: LineResult) -> None:
