@@ -43,6 +43,7 @@ from bridge.stored.background import Background
 from bridge.stored.conversations import Conversations
 from bridge.stored.routes import StoredRoutes
 from bridge.stored.store import ResponseStore
+from bridge.stored.takeover import Takeover
 from core.catalogue import Catalogue
 from core.connect import connect
 from core.looplag import LoopLag
@@ -74,6 +75,7 @@ class Bridge:
         self.rule_store: RuleStore | None = None
         self.responses: ResponseStore | None = None
         self.background: Background | None = None
+        self.takeover: Takeover | None = None
         self.readiness = Readiness(config.worker_stale_s)
         self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes,
                                                            config.resume_tenant_bytes))
@@ -124,6 +126,8 @@ class Bridge:
                                         self._cancel, concurrency=self.config.batch_concurrency,
                                         lease_s=self.config.batch_lease_s)
         await self.batch_runner.start()
+        if self.takeover is not None:
+            await self.takeover.start()
         self._server = HttpServer(app, self.metrics, max_connections=self.config.max_connections,
                                   header_timeout_s=self.config.header_timeout_s)
         port = await self._server.start(self.config.host, self.config.port)
@@ -138,6 +142,9 @@ class Bridge:
             await self.batch_runner.stop()      # its batches go to another bridge at once
             self.batch_runner = None
         await self.losses.stop()
+        if self.takeover is not None:
+            await self.takeover.stop()
+            self.takeover = None
         if self.background is not None:
             await self.background.stop()
         if self.responses is not None:
@@ -212,6 +219,8 @@ class Bridge:
         conversations = Conversations(self.responses, self.catalogue) if self.responses is not None else None
         responses = Responses(decode_responses, *shared, store=self.responses, background=background,
                               routes=routes, conversations=conversations)
+        if background is not None:
+            self.takeover = Takeover(background, responses.take_over)
         embeddings = Generations(codec.decode_embedding_request, *shared)
         self.endpoints = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings}
         app = web.Application(client_max_size=self.config.max_body_bytes,

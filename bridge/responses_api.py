@@ -12,43 +12,49 @@ back on `Finished.messages` (`GenerateRequest.echo_input`), as the broker's PII 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
+import uuid
 
+import msgspec
 import nats.errors
 import orjson
 from aiohttp import web
 
 from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
-from bridge.demux import REPLY_GRACE_S
+from bridge.demux import REPLY_GRACE_S, ResponseStream
 from bridge.errors import EdgeError, not_found
 from bridge.render_responses import ResponsesRenderer
 from bridge.responses import item_messages, to_chat
-from bridge.stored.background import Background, Job, queued
+from bridge.stored.background import Background, Job, mark_lost, queued
 from bridge.stored.conversations import Conversations
 from bridge.stored.items import decode_messages, to_items
-from bridge.stored.lifecycle import status_of
+from bridge.stored.lifecycle import ended, status_of
 from bridge.stored.routes import StoredRoutes
 from bridge.stored.store import Conflict, ResponseStore
 from core.policy.stored import StoragePolicy
 from core.policy.tenants import Tenant
 from schemas import codec
-from schemas.errors import ErrorCode
+from schemas.errors import PASSING, ErrorCode
 from schemas.openai import ChatBody, Message
 from schemas.requests import GenerateRequest
 from schemas.responses import ResponsesBody
-from schemas.stored import StoredResponse
+from schemas.stored import MAX_RERUN_BYTES, Rerun, StoredResponse
+
+log = logging.getLogger("laneway.bridge")
 
 
 class _Asked:
     """What one request asked of the store, decided while parsing."""
 
-    __slots__ = ("body", "store", "policy", "history", "conversation", "tenant", "render")
+    __slots__ = ("body", "store", "policy", "history_len", "conversation", "tenant", "render")
 
-    def __init__(self, body: ResponsesBody, store: bool, policy: StoragePolicy, history: list[Message],
+    def __init__(self, body: ResponsesBody, store: bool, policy: StoragePolicy, history_len: int,
                  conversation: str | None, tenant: Tenant | None) -> None:
         self.body = body
         self.store = store
         self.policy = policy
-        self.history = history          # what previous_response_id or the conversation continues
+        self.history_len = history_len  # the messages previous_response_id or the conversation gave
         self.conversation = conversation
         self.tenant = tenant
         self.render: ResponsesRenderer | None = None
@@ -76,7 +82,7 @@ def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Aske
     final = render.final
     assert final is not None
     echoed = _echoed(render, asked)
-    new_input = echoed[len(asked.history):]
+    new_input = echoed[asked.history_len:]
     history = [*echoed, *item_messages(final["output"])] if echoed else []
     return StoredResponse(response=orjson.dumps(final), request_id=generate.request_id,
                           input_items=orjson.dumps(to_items(new_input, generate.request_id)),
@@ -131,7 +137,7 @@ class Responses(Generations):
                 raise EdgeError(ErrorCode.invalid_request, f"the response {body.previous_response_id!r} is "
                                 f"{status_of(record)} and holds no conversation to continue", "previous_response_id")
             history = decode_messages(record.history)
-        request[ASKED] = _Asked(body, store, policy, history, conversation, tenant)
+        request[ASKED] = _Asked(body, store, policy, len(history), conversation, tenant)
         return to_chat(body, extra, history)
 
     def _renderer(self, request: web.Request, generate: GenerateRequest) -> ResponsesRenderer:
@@ -157,19 +163,23 @@ class Responses(Generations):
         record = record_of(render, generate, asked)
         if asked.conversation is not None and self.conversations is not None and asked.tenant is not None:
             self.conversations.append_later(asked.tenant, asked.conversation,
-                                            _echoed(render, asked)[len(asked.history):], render.final["output"])
+                                            _echoed(render, asked)[asked.history_len:], render.final["output"])
         return record
 
     async def _background(self, request: web.Request, generate: GenerateRequest, asked: _Asked) -> web.StreamResponse:
-        """Stored `queued` first, then accepted (the PubAck), then answered at once: the Response
-        object, or (stream) its events as the runner stores them."""
+        """Listed and stored `queued` first, then accepted (the PubAck), then answered at once: the
+        Response object, or (stream) its events as the runner stores them."""
         assert self.store is not None and self.background is not None and self.routes is not None
         render = self._renderer(request, generate)
         payload = self._payload(generate)
         tenant, ttl_s = generate.tenant, asked.policy.retention_s
+        rerun = Rerun(payload, await request.read(), asked.history_len, asked.conversation or "")
+        if len(rerun.request) + len(rerun.body) > MAX_RERUN_BYTES:
+            rerun = None        # too big to keep beside its events: it fails with its bridge
+        await self.store.started(tenant, render.id, self.edge_id)
         try:
             revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
-                                                                      self.background.lease_s), ttl_s, after=0)
+                                                                      self.background.lease_s, rerun), ttl_s, after=0)
         except Conflict:        # an Idempotency-Key's id, already created
             raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was already "
                             "accepted", "Idempotency-Key") from None
@@ -180,11 +190,73 @@ class Responses(Generations):
             self.demux.close(generate.request_id)
             with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
                 await self.store.delete(tenant, render.id)
+                await self.store.finished(tenant, render.id)
             raise
-        self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: self._ended(render, generate, asked)))
+        self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: self._ended(render, generate, asked),
+                                rerun))
         headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
         if asked.body.stream:
             return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1,
                                             headers)
         return web.Response(body=orjson.dumps(render.snapshot("queued")), content_type="application/json",
                             headers=headers)
+
+    async def take_over(self, tenant_name: str, response_id: str, record: StoredResponse,
+                        revision: int) -> Job | None:
+        """A background response whose bridge is gone (`stored/takeover.py`), run again here from
+        its start under a new request id, its first generation stopped. A streamed one whose
+        readers have seen output already cannot begin again: it fails, as one with no request
+        kept does. A passing refusal leaves it for the next look; any other ends it failed."""
+        assert self.store is not None and self.background is not None
+        tenant = self.catalogue.tenants.get(tenant_name)
+        ttl_s = tenant.responses.retention_s if tenant is not None else StoragePolicy().retention_s
+        rerun = record.rerun
+        original = codec.decode_request(rerun.request) if rerun is not None else None
+        body = self.parse(rerun.body)[0] if rerun is not None else None
+        render = ResponsesRenderer(original, body, store=True) if original is not None else None
+        head = render.start() if render is not None and render.streaming else b""
+        if tenant is None or render is None or not _begins(head, record):
+            await mark_lost(self.store, self._cancel, tenant_name, response_id, record, revision, ttl_s)
+            return None
+        asked = _Asked(body, True, tenant.responses, rerun.history_len, rerun.conversation or None, tenant)
+        asked.render = render
+        generate = msgspec.structs.replace(original, request_id=uuid.uuid4().hex,
+                                           reply_to=self.s.tok(tenant_name, self.edge_id))
+        claimed = msgspec.structs.replace(record, owner=self.edge_id, beat_at=time.time(),
+                                          lease_s=self.background.lease_s, request_id=generate.request_id)
+        try:
+            revision = await self.store.put(tenant_name, response_id, claimed, ttl_s, after=revision)
+        except Conflict:
+            return None         # another bridge took it over, or it was cancelled
+        await self._cancel(tenant_name, record.request_id)      # the first generation, if it still runs
+        try:
+            stream = await self._republish(generate)
+        except EdgeError as exc:
+            left = msgspec.structs.replace(claimed, beat_at=0.0) if exc.code in PASSING else \
+                ended(claimed, "failed", {"code": "server_error", "message": exc.message})
+            with contextlib.suppress(Conflict):
+                await self.store.put(tenant_name, response_id, left, ttl_s, after=revision)
+            return None
+        log.info("background response %s taken over from %s", response_id, record.owner)
+        job = Job(tenant_name, stream, render, ttl_s, revision, lambda: self._ended(render, original, asked), rerun)
+        job.take_events(head)
+        job.started = True
+        return job
+
+    async def _republish(self, generate: GenerateRequest) -> ResponseStream:
+        if generate.deadline <= time.time():
+            raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before another bridge could run "
+                            "the response again")
+        payload = self._payload(generate)
+        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S)
+        try:
+            await self._publish(generate, payload)
+        except BaseException:
+            self.demux.close(generate.request_id)
+            raise
+        return stream
+
+
+def _begins(head: bytes, record: StoredResponse) -> bool:
+    """A new run's opening events (`head`) begin with every event readers may have seen."""
+    return record.first_event == 0 and head.startswith(b"".join(record.events))

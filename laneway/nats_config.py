@@ -52,7 +52,7 @@ from broker.gate.quota.store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
 from core.topology import BUCKETS as LIVE_BUCKETS  # classes, tenants, routing: watched live
-from schemas.subjects import RESPONSES_BUCKET, Subjects, check_token, service_inbox
+from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, Subjects, check_token, service_inbox
 
 SERVICE_ROLES = ("broker", "worker", "bridge")
 ROLES = (*SERVICE_ROLES, "ops")
@@ -99,7 +99,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     p = s.prefix
     req, durable = s.req_stream, s.broker_durable
     kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET,
-                                                      RESPONSES_BUCKET)}
+                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
     file_data = f"OBJ_{s.bucket(FILE_DATA_BUCKET)}"
@@ -148,9 +148,11 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              "$JS.API.STREAM.NAMES",        # nats-py's object get finds the chunks' stream by subject
              f"$KV.{s.bucket(FILES_BUCKET)}.>", f"$KV.{s.bucket(BATCHES_BUCKET)}.>",
              f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all,
-             # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it
-             *_api("STREAM.CREATE", kv[RESPONSES_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
-             f"$KV.{s.bucket(RESPONSES_BUCKET)}.>",
+             # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it;
+             # and the running background responses' list, which every bridge watches (takeover.py)
+             *_api("STREAM.CREATE", kv[RESPONSES_BUCKET], kv[BACKGROUND_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
+             f"$KV.{s.bucket(RESPONSES_BUCKET)}.>", *_kv_read(kv[BACKGROUND_BUCKET]), *_consume(kv[BACKGROUND_BUCKET]),
+             f"$KV.{s.bucket(BACKGROUND_BUCKET)}.>",
              s.resume_all],                             # resumes between replicas (bridge/relay.py)
             [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all]),
         "ops": _permissions(

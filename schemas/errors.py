@@ -30,3 +30,10 @@ class ErrorCode(str, Enum):
     worker_lost = "worker_lost"          # the worker died after tokens reached the client
     engine_error = "engine_error"
     internal_error = "internal_error"
+
+
+# Refusals that say "not now" rather than "not this request": work no client waits on (a batch's
+# line, a background response taken over) is tried again until its deadline.
+PASSING = frozenset({ErrorCode.queue_full, ErrorCode.rate_limited, ErrorCode.overloaded, ErrorCode.no_worker,
+                     ErrorCode.unavailable, ErrorCode.worker_lost, ErrorCode.pii_unavailable,
+                     ErrorCode.slow_reader})

@@ -207,6 +207,9 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 # The bridges' stored responses (`/v1/responses` with `store`), one key per response:
 # `<tenant>.<response id>`, so a tenant's reads are confined to its own keys.
 RESPONSES_BUCKET = "responses"
+# The background responses running now, by the same keys (the value: the edge that started it), so
+# that every bridge can look for one whose bridge is gone without reading every stored response.
+BACKGROUND_BUCKET = "background"
 
 
 def stored_response_key(tenant: str, response_id: str) -> str:

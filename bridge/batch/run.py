@@ -16,18 +16,14 @@ import msgspec
 from bridge.batch import lines as jsonl
 from bridge.errors import EdgeError
 from schemas.batches import BatchError, BatchErrors, BatchState, BatchUsage, LineResult, RequestCounts
-from schemas.errors import ErrorCode
+from schemas.errors import PASSING, ErrorCode
 
 if TYPE_CHECKING:
     from bridge.batch.runner import BatchRunner
 
 log = logging.getLogger("laneway.batch")
 
-# Refusals that say "not now", not "never": the line is tried again, with backoff.
-PASSING = frozenset({ErrorCode.queue_full, ErrorCode.rate_limited, ErrorCode.overloaded, ErrorCode.no_worker,
-                     ErrorCode.unavailable, ErrorCode.worker_lost, ErrorCode.pii_unavailable,
-                     ErrorCode.slow_reader})
-MAX_BACKOFF_S = 10.0
+MAX_BACKOFF_S = 10.0        # a line refused for a passing reason (PASSING) is tried again, with backoff
 
 
 class LeaseLost(Exception):

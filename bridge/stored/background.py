@@ -3,11 +3,12 @@ generated with no client connection. One task per response follows its stream of
 keeps the stored record current: its status, a heartbeat every lease (`beat_at`, `lease_s`),
 and, when streamed, its last SSE events (MAX_STORED_EVENT_BYTES), for `GET ...?stream=true`.
 
-Each write expects the revision the task last wrote: a cancel (or a bridge that found this one
-gone) writing in between ends the task, and what it wrote stays. A bridge that dies leaves its
-records unrefreshed; a reader finds them stale and marks them failed (`lifecycle.stale`), and
-one that stops marks its own failed at once: a background response is never lost silently,
-but it is not taken over by another bridge.
+Each write expects the revision the task last wrote: a cancel (or a bridge that took this one
+over) writing in between ends the task, and what it wrote stays. A running response is listed in
+`lw_background` and its record holds its request (`Rerun`), so that when its bridge dies another
+runs it again (`takeover.py`); a bridge that stops gives its responses up at once. One that
+cannot be run again (too big to keep its request) ends failed instead: a background response is
+never lost silently.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import nats.errors
 import orjson
 
@@ -29,7 +31,7 @@ from bridge.stored.store import Conflict, ResponseStore
 from core.tasks import cancel_and_wait
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
-from schemas.stored import MAX_STORED_EVENT_BYTES, StoredResponse
+from schemas.stored import MAX_STORED_EVENT_BYTES, Rerun, StoredResponse
 
 log = logging.getLogger("laneway.bridge")
 
@@ -45,13 +47,20 @@ class Job:
     ttl_s: int
     revision: int
     ended: Callable[[], StoredResponse]       # the record of the ended response (its input, history)
+    rerun: Rerun | None = None                # kept in the record while it runs
     events: list[bytes] = field(default_factory=list)
     first_event: int = 0
     event_bytes: int = 0
+    started: bool = False                     # streamed: its opening events are in `events` already
+    released: bool = False                    # left for another bridge to take over
 
     @property
     def response_id(self) -> str:
         return self.render.id
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}.{self.response_id}"
 
     def take_events(self, chunk: bytes) -> None:
         if not chunk:
@@ -69,9 +78,10 @@ class Job:
             self.first_event += drop
 
 
-def queued(render: ResponsesRenderer, request_id: str, owner: str, lease_s: float) -> StoredResponse:
+def queued(render: ResponsesRenderer, request_id: str, owner: str, lease_s: float,
+           rerun: Rerun | None) -> StoredResponse:
     return StoredResponse(response=orjson.dumps(render.snapshot("queued")), request_id=request_id,
-                          owner=owner, beat_at=time.time(), lease_s=lease_s)
+                          owner=owner, beat_at=time.time(), lease_s=lease_s, rerun=rerun)
 
 
 class Background:
@@ -82,16 +92,20 @@ class Background:
         self.edge_id = edge_id
         self.lease_s = lease_s
         self._cancel = cancel
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[str, asyncio.Task[None]] = {}     # key → the task running it here
 
     def run(self, job: Job) -> None:
         task = asyncio.create_task(self._run(job), name=f"background-{job.response_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[job.key] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(job.key, None))
+
+    def runs(self, key: str) -> bool:
+        return key in self._tasks
 
     async def stop(self) -> None:
-        """The bridge stopping: its background responses fail, and their generations stop."""
-        for task in list(self._tasks):
+        """The bridge stopping: its background responses are left to another bridge (or fail, if
+        none can run them again), and their generations here stop."""
+        for task in list(self._tasks.values()):
             await cancel_and_wait(task)
 
     async def _run(self, job: Job) -> None:
@@ -114,12 +128,25 @@ class Background:
             self.demux.close(request_id)
             if not job.stream.closed or job.stream.edge_failed:
                 await self._cancel(job.tenant, request_id)
+            if not job.released:
+                await self._unlist(job)
+
+    async def _unlist(self, job: Job) -> None:
+        try:
+            await self.store.finished(job.tenant, job.response_id)
+        except nats.errors.Error:
+            pass        # a bridge's sweep unlists it when it finds the record ended
 
     async def _give_up(self, job: Job) -> None:
-        """This bridge stopping (or a bug here): the response fails now (nobody takes it over), not
-        when a reader finds it stale. Best effort: the finally that follows stops its generation."""
+        """This bridge stopping (or a bug here): the response is left for another bridge at once
+        (its heartbeat zeroed), or fails now if none could run it again, not when a reader finds
+        it stale. Best effort: the finally that follows stops its generation here."""
         try:
-            await self._write(job, lost(self._progress(job, "in_progress")))
+            if job.rerun is not None:
+                await self._write(job, msgspec.structs.replace(self._progress(job, "in_progress"), beat_at=0.0))
+                job.released = True
+            else:
+                await self._write(job, lost(self._progress(job, "in_progress")))
         except (Conflict, nats.errors.Error):
             pass
 
@@ -129,7 +156,7 @@ class Background:
     def _progress(self, job: Job, status: str) -> StoredResponse:
         return StoredResponse(response=orjson.dumps(job.render.snapshot(status)), request_id=job.stream.request_id,
                               owner=self.edge_id, beat_at=time.time(), lease_s=self.lease_s,
-                              events=list(job.events), first_event=job.first_event)
+                              events=list(job.events), first_event=job.first_event, rerun=job.rerun)
 
     @staticmethod
     def _ended(job: Job) -> StoredResponse:
@@ -139,7 +166,7 @@ class Background:
 
     async def _follow(self, job: Job) -> None:
         render, streaming = job.render, job.render.streaming
-        if streaming:
+        if streaming and not job.started:
             job.take_events(render.start())
         status, written_at = "queued", time.monotonic()
         pending: asyncio.Future[list[Entry]] | None = None

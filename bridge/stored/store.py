@@ -1,5 +1,6 @@
-"""The `lw_responses` KV bucket: one key per stored response (and conversation), `<tenant>.<id>`. The bridge creates
-it (its own runtime state, as the broker does the response cache); every write carries the
+"""The `lw_responses` KV bucket: one key per stored response (and conversation), `<tenant>.<id>`,
+and `lw_background`, the keys of the background responses running now. The bridge creates
+them (its own runtime state, as the broker does the response cache); every write carries the
 tenant's retention as JetStream's per-message TTL (the stream allows it: nats-py creates KV
 streams with `allow_msg_ttl`), so a tenant's retention is enforced by the server, not by a sweep.
 
@@ -22,7 +23,7 @@ from nats.js.kv import KeyValue
 
 from schemas import stored
 from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, StoredConversation, StoredResponse
-from schemas.subjects import RESPONSES_BUCKET, BadToken, Subjects, stored_response_key
+from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, BadToken, Subjects, stored_response_key
 
 log = logging.getLogger("laneway.bridge")
 
@@ -40,24 +41,22 @@ class Conflict(Exception):
 
 
 class ResponseStore:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, s: Subjects) -> None:
-        self._js = js
+    def __init__(self, js: JetStreamContext, kv: KeyValue, running: KeyValue, s: Subjects) -> None:
+        self.js = js
         self.kv = kv
+        self.running = running      # lw_background
+        self.running_bucket = s.bucket(BACKGROUND_BUCKET)
         self._writes: set[asyncio.Task[None]] = set()     # `keep`s in flight: held, and awaited on stop
         self._prefix = f"$KV.{s.bucket(RESPONSES_BUCKET)}."
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> "ResponseStore":
         """History 1: an update replaces the record; no bucket TTL, every write brings its own."""
-        config = KeyValueConfig(bucket=s.bucket(RESPONSES_BUCKET), history=1, storage=StorageType.FILE,
-                                replicas=replicas, direct=True)
-        try:
-            kv = await js.create_key_value(config)
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != STREAM_IN_USE:
-                raise
-            kv = await js.key_value(config.bucket)     # an operator's changes (size, replicas) stay
-        return cls(js, kv, s)
+        kv = await _bucket(js, KeyValueConfig(bucket=s.bucket(RESPONSES_BUCKET), history=1,
+                                              storage=StorageType.FILE, replicas=replicas, direct=True))
+        running = await _bucket(js, KeyValueConfig(bucket=s.bucket(BACKGROUND_BUCKET), history=1,
+                                                   storage=StorageType.FILE, replicas=replicas))
+        return cls(js, kv, running, s)
 
     async def put(self, tenant: str, response_id: str, record: Record, ttl_s: int,
                   *, after: int | None = None) -> int:
@@ -66,7 +65,7 @@ class ResponseStore:
         key = stored_response_key(tenant, response_id)
         headers = {} if after is None else {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(after)}
         try:
-            ack = await self._js.publish(self._prefix + key, stored.encode(record), headers=headers,
+            ack = await self.js.publish(self._prefix + key, stored.encode(record), headers=headers,
                                             msg_ttl=ttl_s)
         except nats.js.errors.APIError as exc:
             if after is not None and exc.err_code in (10071, 10164):     # wrong last sequence
@@ -98,6 +97,16 @@ class ResponseStore:
     async def delete(self, tenant: str, response_id: str) -> None:
         await self.kv.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
 
+    async def started(self, tenant: str, response_id: str, edge_id: str) -> None:
+        """A background response runs: listed for every bridge to watch, until `finished`."""
+        await self.running.put(stored_response_key(tenant, response_id), edge_id.encode())
+
+    async def finished(self, tenant: str, response_id: str) -> None:
+        try:
+            await self.running.delete(stored_response_key(tenant, response_id))
+        except nats.js.errors.KeyNotFoundError:
+            pass
+
     def keep(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int) -> None:
         """Store an ended response in a task of its own: the answer never waits on the write. A
         failed write is logged (the client already has its answer; a later GET says 404)."""
@@ -119,3 +128,12 @@ class ResponseStore:
         """Let the writes in flight finish (the bridge stopping)."""
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
+
+
+async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        return await js.create_key_value(config)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != STREAM_IN_USE:
+            raise
+        return await js.key_value(config.bucket)     # an operator's changes (size, replicas) stay

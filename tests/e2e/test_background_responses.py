@@ -1,6 +1,7 @@
 """Background responses (`background: true`) end to end with the official `openai` client: answered
 at once `queued`, generated with no client connection, polled to their end, cancelled, streamed
-again from the store by `starting_after`, and marked failed when the bridge running one is gone.
+again from the store by `starting_after`, and run again by another bridge when the one running
+it is gone (or failed, when its readers have seen output already).
 Two pools: `sim` (zero delay) and `slow` (a simulated 8B model on an H100: long answers take
 a while, so there is time to cancel one). The sim SIMULATES text: shapes, not words."""
 
@@ -29,6 +30,7 @@ KEY, OTHER_KEY = "sk-background", "sk-background-other"
 # its writer's lease: the stack's own bridge keeps the default, so a CPU stall on a loaded machine
 # never makes one of its healthy responses read as lost.)
 LEASE_S = 0.2
+LONG = 300              # output tokens: long enough to stop a bridge in the middle
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,7 +123,7 @@ async def _on_a_second_bridge(stack: Stack, crash: bool) -> str:
         await doomed.wait_ready()
         other_edge = openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=KEY, max_retries=0)
         created = await other_edge.responses.create(model="slow", input="Write a long story", background=True,
-                                                    max_output_tokens=4000)
+                                                    max_output_tokens=LONG)
         await _ends(other_edge, created.id, ("in_progress",))
         if crash:
             await doomed._nc.close()
@@ -129,11 +131,41 @@ async def _on_a_second_bridge(stack: Stack, crash: bool) -> str:
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["stopped", "cut-off"])
-async def test_a_background_response_whose_bridge_went_away_reads_failed(stack, client, crash):
-    """Stopped, the bridge marks it failed itself; cut off, the stack's own bridge finds it
-    unrefreshed and does. Either way its generation stops."""
+async def test_a_background_response_whose_bridge_went_away_is_run_again(stack, client, crash):
+    """Stopped, the bridge leaves it at once; cut off, it stops refreshing it. Either way the
+    stack's own bridge takes it over: the first generation stops, and the response is generated
+    again from its start, whole (every output token its own run's: the limit, exactly)."""
     before = _cancelled(stack)
     response_id = await _on_a_second_bridge(stack, crash)
+    done = await _ends(client, response_id)
+    assert done.status == "incomplete" and done.incomplete_details.reason == "max_output_tokens", done
+    assert done.usage.output_tokens == LONG and done.output_text and done.background is True
+    async with httpx.AsyncClient(base_url=stack.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        validator("Response").validate((await http.get(f"/v1/responses/{response_id}")).json())
+    [item] = (await client.responses.input_items.list(response_id)).data
+    assert item.content[0].text == "Write a long story"
+    assert await eventually(lambda: _cancelled(stack) == before + 1)       # the first one, only
+
+
+async def test_a_streamed_one_whose_readers_saw_output_fails_with_its_bridge(stack, client):
+    """Its readers have seen tokens another run would not repeat: it cannot begin again, and ends
+    failed, in-band too, its generation stopped."""
+    before = _cancelled(stack)
+    config = BridgeConfig(nats=NatsSettings(url=stack.nats_url), port=0, background_lease_s=LEASE_S)
+    async with Bridge(config, stack.settings) as doomed:
+        await doomed.wait_ready()
+        other_edge = openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=KEY, max_retries=0)
+        stream = await other_edge.responses.create(model="slow", input="Write a long story", background=True,
+                                                   stream=True, max_output_tokens=4000)
+        async for event in stream:
+            if event.type == "response.created":
+                response_id = event.response.id
+            if event.type == "response.output_text.delta":
+                break
+        await stream.close()
     failed = await _ends(client, response_id)
     assert failed.status == "failed" and failed.error.message == BRIDGE_LOST
+    events = [e async for e in await client.responses.retrieve(response_id, stream=True, starting_after=-1)]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.failed"
     assert await eventually(lambda: _cancelled(stack) == before + 1)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 
-import nats.errors
 import openai
 import pytest
 import pytest_asyncio
 
 from loadtest.fleet import Fleet
 from loadtest.scenarios import PoolSpec, TenantSpec
+from tests.nats_refusals import assert_refused, violations
 from tests.openapi import validator
 from tests.wait import eventually
 
@@ -133,29 +133,13 @@ async def test_another_tenant_reaches_nothing_over_http(fleet: Fleet) -> None:
 async def test_a_tenant_nats_user_reaches_no_file_or_batch(fleet: Fleet) -> None:
     """The tenant's own generated credentials: its account has no JetStream, and imports none of
     the buckets' or the results stream's subjects."""
-    apis = ("$JS.API.STREAM.INFO.OBJ_lw_file_data", "$JS.API.STREAM.INFO.KV_lw_batches",
-            "$JS.API.DIRECT.GET.KV_lw_files.$KV.lw_files.acme.x", "$JS.API.STREAM.INFO.LW_BATCH",
-            "$O.lw_file_data.M.x", "lw.batch.done.acme.x")
-    nc = await fleet.up.connect_nats("tenant-globex")
-    try:
-        for api in apis:
-            with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.errors.Error)):
-                await nc.request(api, b"", timeout=2)
-        with pytest.raises(nats.errors.Error):      # reading the stores' subjects: refused too
-            sub = await nc.subscribe("$KV.lw_files.>")
-            await nc.flush()
-            await sub.next_msg(timeout=1)
-    finally:
-        await nc.close()
-    log = (fleet.data_dir / "nats" / "nats-server.log").read_text()
-    refused = [line for line in log.splitlines() if "tenant-globex" in line and "Violation" in line]
-    assert all(any(f'"{api}"' in line for line in refused) for api in apis)
-    assert any("Subscription Violation" in line and "$KV.lw_files.>" in line for line in refused)
+    await assert_refused(fleet.up, "tenant-globex",
+                         ("$JS.API.STREAM.INFO.OBJ_lw_file_data", "$JS.API.STREAM.INFO.KV_lw_batches",
+                          "$JS.API.DIRECT.GET.KV_lw_files.$KV.lw_files.acme.x", "$JS.API.STREAM.INFO.LW_BATCH",
+                          "$O.lw_file_data.M.x", "lw.batch.done.acme.x"), "$KV.lw_files.>")
 
 
 async def test_the_services_ran_it_all_within_their_generated_permissions(fleet: Fleet) -> None:
     """Every feature above ran under the generated users: the server logged no violation by a
     service (the tenant's attempts above are the tenant's own)."""
-    log = (fleet.data_dir / "nats" / "nats-server.log").read_text()
-    violations = [line for line in log.splitlines() if "violation" in line.lower() and "svc-" in line]
-    assert violations == []
+    assert violations(fleet.data_dir, "svc-") == []
