@@ -222,7 +222,8 @@ class Bridge:
         if background is not None:
             self.takeover = Takeover(background, responses.take_over)
         embeddings = Generations(codec.decode_embedding_request, *shared)
-        self.endpoints = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings}
+        self.endpoints = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings,
+                          "/v1/responses": responses}
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._errors_middleware, self._read_body])
         app.router.add_post("/v1/chat/completions", chat)

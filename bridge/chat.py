@@ -192,18 +192,25 @@ class Generations:
     async def complete(self, tenant: Tenant, raw: bytes, request_id: str, klass: str, deadline: float) -> bytes:
         """The whole answer to a request no client waits on (a batch's line): the endpoint's JSON
         body. Every check of the HTTP path applies; a refusal or an in-band error raises EdgeError."""
-        started = time.monotonic()
         body, extra = self.parse(raw)
+        generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
+        return await self._collect(generate, renderer_for(generate))
+
+    def _line_request(self, tenant: Tenant, body: Body, extra: bytes, request_id: str, klass: str,
+                      deadline: float) -> GenerateRequest:
+        """A batch line's request, once its body passed the HTTP path's checks."""
         if body.stream:
             raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole: stream must be "
                             "false or left out", "stream")
         self._check_model(body.model, tenant.name)
-        now = time.time()
-        generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                               reply_to=self.s.tok(tenant.name, self.edge_id), now=now, deadline=deadline)
+        return to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
+                           reply_to=self.s.tok(tenant.name, self.edge_id), now=time.time(), deadline=deadline)
+
+    async def _collect(self, generate: GenerateRequest, render: Render) -> bytes:
+        """Publish a batch line's request and collect its answer whole."""
+        started = time.monotonic()
         async with self._generation(generate, self._payload(generate)) as run:
-            return await collect_body(run.stream, generate, renderer_for(generate), run.entries, started,
-                                      self.metrics)
+            return await collect_body(run.stream, generate, render, run.entries, started, self.metrics)
 
     @contextlib.asynccontextmanager
     async def _generation(self, generate: GenerateRequest, payload: bytes) -> AsyncIterator[_Run]:

@@ -21,7 +21,7 @@ import nats.errors
 import orjson
 from aiohttp import web
 
-from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
+from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, TENANT, Generations, tenant_of
 from bridge.demux import REPLY_GRACE_S, ResponseStream
 from bridge.errors import EdgeError, not_found
 from bridge.render_responses import ResponsesRenderer
@@ -99,6 +99,18 @@ def _conversation_id(body: ResponsesBody) -> str | None:
     return conversation
 
 
+class _BatchLine(dict):
+    """What `_parse` reads of a request, for a batch's line: its body, and the tenant whose key
+    created the batch (every look-up is that tenant's), where the HTTP path has the request's key."""
+
+    def __init__(self, raw: bytes, tenant: Tenant) -> None:
+        super().__init__({TENANT: tenant})
+        self._raw = raw
+
+    async def read(self) -> bytes:
+        return self._raw
+
+
 class Responses(Generations):
     def __init__(self, *args, store: ResponseStore | None = None, background: Background | None = None,
                  routes: StoredRoutes | None = None, conversations: Conversations | None = None) -> None:
@@ -151,12 +163,33 @@ class Responses(Generations):
         if asked.body.background:
             return await self._background(request, generate, asked)
         response = await super()._answer(request, generate, started)
+        self._keep(generate, asked)
+        return response
+
+    def _keep(self, generate: GenerateRequest, asked: _Asked) -> None:
+        """An ended response kept, if it is stored, and its turn added to its conversation (both later)."""
         render = asked.render
         if render is not None and render.final is not None:
             record = self._ended(render, generate, asked)
             if asked.store:
                 self.store.keep(generate.tenant, render.id, record, asked.policy.retention_s)
-        return response
+
+    async def complete(self, tenant: Tenant, raw: bytes, request_id: str, klass: str, deadline: float) -> bytes:
+        """A batch's line: the Response object `POST /v1/responses` answers with `stream` false, by
+        the endpoint's own rules (`_parse`): `store` as there (a stored line is retrieved, and
+        continued, like any stored response), `previous_response_id` and `conversation` looked up
+        under the batch's tenant. `stream` and `background` are refused: the output line is the answer."""
+        line = _BatchLine(raw, tenant)
+        body, extra = await self._parse(line)
+        asked = line[ASKED]
+        if asked.body.background:
+            raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole, in its output "
+                            "file: background must be false or left out", "background")
+        generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
+        generate.echo_input = asked.echo
+        answer = await self._collect(generate, self._renderer(line, generate))
+        self._keep(generate, asked)
+        return answer
 
     def _ended(self, render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
         """The response's record; its turn added to its conversation, if it has one (later)."""

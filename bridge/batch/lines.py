@@ -91,12 +91,17 @@ EXPIRED = ("batch_expired", "This request could not be executed before the compl
 CANCELLED = ("batch_cancelled", "This request was not executed: the batch was cancelled.")
 
 
+_CHAT_USAGE = ("prompt_tokens", "completion_tokens", "prompt_tokens_details")
+_RESPONSE_USAGE = ("input_tokens", "output_tokens", "input_tokens_details")
+
+
 def usage_of(body: bytes) -> tuple[int, int, int]:
-    """(input, output, cached) tokens of an endpoint's answer body, 0 where it has none."""
+    """(input, output, cached) tokens of an endpoint's answer body, 0 where it has none: chat's and
+    completions' `prompt_tokens`..., or a Response's `input_tokens`..."""
     try:
         usage: Any = msgspec.json.decode(body).get("usage") or {}
     except (msgspec.DecodeError, AttributeError):
         return 0, 0, 0
-    details = usage.get("prompt_tokens_details") or {}
-    return (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-            int(details.get("cached_tokens") or 0))
+    names = _RESPONSE_USAGE if "input_tokens" in usage else _CHAT_USAGE
+    details = usage.get(names[2]) or {}
+    return int(usage.get(names[0]) or 0), int(usage.get(names[1]) or 0), int(details.get("cached_tokens") or 0)

@@ -51,6 +51,14 @@ def test_output_lines_are_openai_shaped() -> None:
     assert lines.usage_of(b'{"error":{}}') == (0, 0, 0) and lines.usage_of(b"not json") == (0, 0, 0)
 
 
+def test_a_responses_line_is_metered_by_its_response_usage() -> None:
+    response = (b'{"object":"response","usage":{"input_tokens":5,"output_tokens":7,"total_tokens":12,'
+                b'"input_tokens_details":{"cached_tokens":3},"output_tokens_details":{"reasoning_tokens":0}}}')
+    assert lines.usage_of(response) == (5, 7, 3)
+    found, errors = lines.parse(line("r", url="/v1/responses", body={"model": "m", "input": "hi"}), "/v1/responses")
+    assert errors == [] and [x.custom_id for x in found] == ["r"]
+
+
 def test_completion_windows() -> None:
     assert window_s("24h") == 86_400 and window_s("30m") == 1_800
     for bad in ("25h", "0h", "1d", "", "24 h"):
