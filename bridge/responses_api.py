@@ -21,7 +21,7 @@ import nats.errors
 import orjson
 from aiohttp import web
 
-from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, TENANT, Generations, tenant_of
+from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
 from bridge.demux import REPLY_GRACE_S, ResponseStream
 from bridge.errors import EdgeError, not_found
 from bridge.render_responses import ResponsesRenderer
@@ -58,6 +58,10 @@ class _Asked:
         self.conversation = conversation
         self.tenant = tenant
         self.render: ResponsesRenderer | None = None
+
+    def renderer(self, generate: GenerateRequest) -> ResponsesRenderer:
+        self.render = ResponsesRenderer(generate, self.body, store=self.store)
+        return self.render
 
     @property
     def echo(self) -> bool:
@@ -99,18 +103,6 @@ def _conversation_id(body: ResponsesBody) -> str | None:
     return conversation
 
 
-class _BatchLine(dict):
-    """What `_parse` reads of a request, for a batch's line: its body, and the tenant whose key
-    created the batch (every look-up is that tenant's), where the HTTP path has the request's key."""
-
-    def __init__(self, raw: bytes, tenant: Tenant) -> None:
-        super().__init__({TENANT: tenant})
-        self._raw = raw
-
-    async def read(self) -> bytes:
-        return self._raw
-
-
 class Responses(Generations):
     def __init__(self, *args, store: ResponseStore | None = None, background: Background | None = None,
                  routes: StoredRoutes | None = None, conversations: Conversations | None = None) -> None:
@@ -122,8 +114,15 @@ class Responses(Generations):
 
     async def _parse(self, request: web.Request) -> tuple[ChatBody, bytes]:
         body, extra = await super()._parse(request)
+        asked, chat = await self._ask(body, extra, tenant_of(request, self.catalogue.tenants))
+        request[ASKED] = asked
+        return chat
+
+    async def _ask(self, body: ResponsesBody, extra: bytes,
+                   tenant: Tenant | None) -> tuple[_Asked, tuple[ChatBody, bytes]]:
+        """What the request asks of the store (under `tenant`: every look-up is its own), and the
+        chat body the engine gets: the stored history, then the input."""
         assert isinstance(body, ResponsesBody)
-        tenant = tenant_of(request, self.catalogue.tenants)
         policy = tenant.responses if tenant is not None else StoragePolicy()
         store = body.store is not False and policy.store and self.store is not None
         if body.background and not store:
@@ -149,13 +148,10 @@ class Responses(Generations):
                 raise EdgeError(ErrorCode.invalid_request, f"the response {body.previous_response_id!r} is "
                                 f"{status_of(record)} and holds no conversation to continue", "previous_response_id")
             history = decode_messages(record.history)
-        request[ASKED] = _Asked(body, store, policy, len(history), conversation, tenant)
-        return to_chat(body, extra, history)
+        return _Asked(body, store, policy, len(history), conversation, tenant), to_chat(body, extra, history)
 
     def _renderer(self, request: web.Request, generate: GenerateRequest) -> ResponsesRenderer:
-        asked = request[ASKED]
-        asked.render = ResponsesRenderer(generate, asked.body, store=asked.store)
-        return asked.render
+        return request[ASKED].renderer(generate)
 
     async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
         asked = request[ASKED]
@@ -179,15 +175,13 @@ class Responses(Generations):
         the endpoint's own rules (`_parse`): `store` as there (a stored line is retrieved, and
         continued, like any stored response), `previous_response_id` and `conversation` looked up
         under the batch's tenant. `stream` and `background` are refused: the output line is the answer."""
-        line = _BatchLine(raw, tenant)
-        body, extra = await self._parse(line)
-        asked = line[ASKED]
+        asked, (body, extra) = await self._ask(*self.parse(raw), tenant)
         if asked.body.background:
             raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole, in its output "
                             "file: background must be false or left out", "background")
         generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
         generate.echo_input = asked.echo
-        answer = await self._collect(generate, self._renderer(line, generate))
+        answer = await self._collect(generate, asked.renderer(generate))
         self._keep(generate, asked)
         return answer
 
@@ -243,16 +237,16 @@ class Responses(Generations):
         assert self.store is not None and self.background is not None
         tenant = self.catalogue.tenants.get(tenant_name)
         ttl_s = tenant.responses.retention_s if tenant is not None else StoragePolicy().retention_s
-        rerun = record.rerun
-        original = codec.decode_request(rerun.request) if rerun is not None else None
-        body = self.parse(rerun.body)[0] if rerun is not None else None
-        render = ResponsesRenderer(original, body, store=True) if original is not None else None
-        head = render.start() if render is not None and render.streaming else b""
-        if tenant is None or render is None or not _begins(head, record):
+        rerun, render, head = record.rerun, None, b""
+        if tenant is not None and rerun is not None:
+            original = codec.decode_request(rerun.request)
+            asked = _Asked(self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len,
+                           rerun.conversation or None, tenant)
+            render = asked.renderer(original)
+            head = render.start() if render.streaming else b""
+        if render is None or not _begins(head, record):
             await mark_lost(self.store, self._cancel, tenant_name, response_id, record, revision, ttl_s)
             return None
-        asked = _Asked(body, True, tenant.responses, rerun.history_len, rerun.conversation or None, tenant)
-        asked.render = render
         generate = msgspec.structs.replace(original, request_id=uuid.uuid4().hex,
                                            reply_to=self.s.tok(tenant_name, self.edge_id))
         claimed = msgspec.structs.replace(record, owner=self.edge_id, beat_at=time.time(),
