@@ -39,9 +39,10 @@ from schemas.errors import PASSING, ErrorCode
 from schemas.openai import ChatBody, Message
 from schemas.requests import GenerateRequest
 from schemas.responses import ResponsesBody
-from schemas.stored import MAX_RERUN_BYTES, Rerun, StoredResponse
+from schemas.stored import Rerun, StoredResponse, encode_rerun
 
 log = logging.getLogger("laneway.bridge")
+PUT_HEADROOM = 4096         # a KV put's subject and headers, beside its value
 
 
 class _Asked:
@@ -201,12 +202,14 @@ class Responses(Generations):
         payload = self._payload(generate)
         tenant, ttl_s = generate.tenant, asked.policy.retention_s
         rerun = Rerun(payload, await request.read(), asked.history_len, asked.conversation or "")
-        if len(rerun.request) + len(rerun.body) > MAX_RERUN_BYTES:
-            rerun = None        # too big to keep beside its events: it fails with its bridge
-        await self.store.started(tenant, render.id, self.edge_id)
+        # One too big for a NATS message cannot be kept: it fails with its bridge.
+        rerunnable = len(encode_rerun(rerun)) + PUT_HEADROOM <= self._nc.max_payload
+        if rerunnable:
+            await self.store.started(tenant, render.id, rerun)
         try:
             revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
-                                                                      self.background.lease_s, rerun), ttl_s, after=0)
+                                                                      self.background.lease_s, rerunnable),
+                                            ttl_s, after=0)
         except Conflict:        # an Idempotency-Key's id, already created
             raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was already "
                             "accepted", "Idempotency-Key") from None
@@ -217,10 +220,11 @@ class Responses(Generations):
             self.demux.close(generate.request_id)
             with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
                 await self.store.delete(tenant, render.id)
-                await self.store.finished(tenant, render.id)
+                if rerunnable:
+                    await self.store.finished(tenant, render.id)
             raise
         self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: self._ended(render, generate, asked),
-                                rerun))
+                                rerunnable))
         headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
         if asked.body.stream:
             return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1,
@@ -237,7 +241,8 @@ class Responses(Generations):
         assert self.store is not None and self.background is not None
         tenant = self.catalogue.tenants.get(tenant_name)
         ttl_s = tenant.responses.retention_s if tenant is not None else StoragePolicy().retention_s
-        rerun, render, head = record.rerun, None, b""
+        rerun = await self.store.rerun_of(tenant_name, response_id) if record.rerunnable else None
+        render, head = None, b""
         if tenant is not None and rerun is not None:
             original = codec.decode_request(rerun.request)
             asked = _Asked(self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len,
@@ -265,7 +270,7 @@ class Responses(Generations):
                 await self.store.put(tenant_name, response_id, left, ttl_s, after=revision)
             return None
         log.info("background response %s taken over from %s", response_id, record.owner)
-        job = Job(tenant_name, stream, render, ttl_s, revision, lambda: self._ended(render, original, asked), rerun)
+        job = Job(tenant_name, stream, render, ttl_s, revision, lambda: self._ended(render, original, asked), True)
         job.take_events(head)
         job.started = True
         return job

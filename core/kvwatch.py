@@ -27,8 +27,11 @@ class BucketWatch:
         bucket: str,
         on_put: Callable[[str, bytes], None],
         on_delete: Callable[[str], None],
+        *,
+        meta_only: bool = False,
     ) -> None:
         self._js = js
+        self._meta_only = meta_only     # keys only: `on_put` gets b"" (the values stay on the server)
         self._bucket = bucket
         self._on_put = on_put
         self._on_delete = on_delete
@@ -47,7 +50,7 @@ class BucketWatch:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(0.25)
-        watcher = await kv.watchall()
+        watcher = await kv.watchall(meta_only=self._meta_only)
         self._task = asyncio.create_task(self._run(watcher), name=f"watch-{self._bucket}")
         async with asyncio.timeout(10):
             await self.loaded.wait()

@@ -14,15 +14,13 @@ import msgspec
 # its Response, must stay well under NATS's payload limit (1 MiB by default).
 MAX_STORED_EVENT_BYTES = 256 * 1024
 STALE_LEASES = 4                    # a background record not refreshed for this many leases lost its bridge
-# A background response is run again by another bridge only when what that takes fits here, with
-# the events, in one record.
-MAX_RERUN_BYTES = 384 * 1024
 
 
 class Rerun(msgspec.Struct, omit_defaults=True, gc=False):
     """What another bridge needs to run a background response again when its own is gone: the
-    request as it was accepted. Kept only while the response runs (the request stream holds the
-    same bytes, as raw, until the generation ends); an ended record has none."""
+    request as it was accepted, raw (as the request stream holds it until the generation ends).
+    It lives in `lw_background`, which only bridges may read, while the response runs; never in
+    the stored record, which `ops` may read and which holds only what the PII stage let through."""
 
     request: bytes                  # the GenerateRequest as published (msgpack)
     body: bytes                     # the Responses body as the client sent it (JSON)
@@ -41,7 +39,7 @@ class StoredResponse(msgspec.Struct, omit_defaults=True, gc=False):
     lease_s: float = 0.0            # ... and how often it says so
     events: list[bytes] = []        # background + stream: the SSE events so far, by sequence_number
     first_event: int = 0            # the sequence_number of events[0] (the oldest are dropped past the bound)
-    rerun: Rerun | None = None      # background, while running: how another bridge takes it over
+    rerunnable: bool = False        # background, while running: its request is kept for another bridge
 
 
 class StoredConversation(msgspec.Struct, omit_defaults=True, gc=False):
@@ -58,6 +56,10 @@ RESPONSE_PREFIX, CONVERSATION_PREFIX = "resp_", "conv_"     # an id says which k
 _encode = msgspec.msgpack.Encoder().encode
 _decoders = {StoredResponse: msgspec.msgpack.Decoder(StoredResponse).decode,
              StoredConversation: msgspec.msgpack.Decoder(StoredConversation).decode}
+
+
+encode_rerun = _encode
+decode_rerun = msgspec.msgpack.Decoder(Rerun).decode
 
 
 def encode(record: Record) -> bytes:

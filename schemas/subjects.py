@@ -207,8 +207,8 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 # The bridges' stored responses (`/v1/responses` with `store`), one key per response:
 # `<tenant>.<response id>`, so a tenant's reads are confined to its own keys.
 RESPONSES_BUCKET = "responses"
-# The background responses running now, by the same keys (the value: the edge that started it), so
-# that every bridge can look for one whose bridge is gone without reading every stored response.
+# The background responses running now, by the same keys, each with its request (`Rerun`): every
+# bridge watches the keys for one whose bridge is gone, and reads the request to run it again.
 BACKGROUND_BUCKET = "background"
 
 

@@ -1,15 +1,28 @@
-"""A tenant's generated NATS user attacking Laneway's state directly, and the server's log as the
-witness: each attempt must be refused by nats-server itself (a violation logged for that user and
-subject), not merely go unanswered."""
+"""A generated NATS user (a tenant's, ops) attacking Laneway's state directly, with the server as
+the witness: each attempt must be refused by nats-server itself (a violation logged for that user
+and subject), not merely go unanswered; and what a user may read, read whole, message by message."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import nats.errors
+import nats.js.errors
 import pytest
 
 from loadtest.processes import LanewayUp
+
+
+async def every_message(js, stream: str) -> list[bytes]:
+    """Every message the stream still holds, not only the latest revision of each subject."""
+    info = await js.stream_info(stream)
+    found = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            found.append((await js.get_msg(stream, seq)).data)
+        except nats.js.errors.NotFoundError:
+            pass            # a later revision of its key replaced it
+    return found
 
 
 def violations(data_dir: Path, who: str) -> list[str]:

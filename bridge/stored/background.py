@@ -5,10 +5,10 @@ and, when streamed, its last SSE events (MAX_STORED_EVENT_BYTES), for `GET ...?s
 
 Each write expects the revision the task last wrote: a cancel (or a bridge that took this one
 over) writing in between ends the task, and what it wrote stays. A running response is listed in
-`lw_background` and its record holds its request (`Rerun`), so that when its bridge dies another
-runs it again (`takeover.py`); a bridge that stops gives its responses up at once. One that
-cannot be run again (too big to keep its request) ends failed instead: a background response is
-never lost silently.
+`lw_background` with its request (`Rerun`), so that when its bridge dies another runs it again
+(`takeover.py`); a bridge that stops gives its responses up at once. One that cannot be run
+again (its request too big to keep) ends failed instead: a background response is never lost
+silently.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from bridge.stored.store import Conflict, ResponseStore
 from core.tasks import cancel_and_wait
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
-from schemas.stored import MAX_STORED_EVENT_BYTES, Rerun, StoredResponse
+from schemas.stored import MAX_STORED_EVENT_BYTES, StoredResponse
 
 log = logging.getLogger("laneway.bridge")
 
@@ -47,7 +47,7 @@ class Job:
     ttl_s: int
     revision: int
     ended: Callable[[], StoredResponse]       # the record of the ended response (its input, history)
-    rerun: Rerun | None = None                # kept in the record while it runs
+    rerunnable: bool = False                  # its request is in lw_background: another bridge can run it
     events: list[bytes] = field(default_factory=list)
     first_event: int = 0
     event_bytes: int = 0
@@ -79,9 +79,9 @@ class Job:
 
 
 def queued(render: ResponsesRenderer, request_id: str, owner: str, lease_s: float,
-           rerun: Rerun | None) -> StoredResponse:
+           rerunnable: bool) -> StoredResponse:
     return StoredResponse(response=orjson.dumps(render.snapshot("queued")), request_id=request_id,
-                          owner=owner, beat_at=time.time(), lease_s=lease_s, rerun=rerun)
+                          owner=owner, beat_at=time.time(), lease_s=lease_s, rerunnable=rerunnable)
 
 
 class Background:
@@ -128,7 +128,7 @@ class Background:
             self.demux.close(request_id)
             if not job.stream.closed or job.stream.edge_failed:
                 await self._cancel(job.tenant, request_id)
-            if not job.released:
+            if job.rerunnable and not job.released:
                 await self._unlist(job)
 
     async def _unlist(self, job: Job) -> None:
@@ -142,7 +142,7 @@ class Background:
         (its heartbeat zeroed), or fails now if none could run it again, not when a reader finds
         it stale. Best effort: the finally that follows stops its generation here."""
         try:
-            if job.rerun is not None:
+            if job.rerunnable:
                 await self._write(job, msgspec.structs.replace(self._progress(job, "in_progress"), beat_at=0.0))
                 job.released = True
             else:
@@ -156,7 +156,8 @@ class Background:
     def _progress(self, job: Job, status: str) -> StoredResponse:
         return StoredResponse(response=orjson.dumps(job.render.snapshot(status)), request_id=job.stream.request_id,
                               owner=self.edge_id, beat_at=time.time(), lease_s=self.lease_s,
-                              events=list(job.events), first_event=job.first_event, rerun=job.rerun)
+                              events=list(job.events), first_event=job.first_event,
+                              rerunnable=job.rerunnable)
 
     @staticmethod
     def _ended(job: Job) -> StoredResponse:

@@ -63,7 +63,7 @@ class StoredRoutes:
         """The record, a lost background one marked failed on the way (unless another bridge
         can run it again: `takeover.py` does)."""
         found = await self.store.get(tenant.name, response_id)
-        if found is not None and found[0].rerun is None and stale(found[0], time.time()):
+        if found is not None and not found[0].rerunnable and stale(found[0], time.time()):
             record = await mark_lost(self.store, self._cancel, tenant.name, response_id, *found,
                                      tenant.responses.retention_s)
             return await self.store.get(tenant.name, response_id) or (record, found[1])

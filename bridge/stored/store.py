@@ -22,7 +22,7 @@ from nats.js.api import Header, KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from schemas import stored
-from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, StoredConversation, StoredResponse
+from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, Rerun, StoredConversation, StoredResponse
 from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, BadToken, Subjects, stored_response_key
 
 log = logging.getLogger("laneway.bridge")
@@ -97,9 +97,17 @@ class ResponseStore:
     async def delete(self, tenant: str, response_id: str) -> None:
         await self.kv.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
 
-    async def started(self, tenant: str, response_id: str, edge_id: str) -> None:
-        """A background response runs: listed for every bridge to watch, until `finished`."""
-        await self.running.put(stored_response_key(tenant, response_id), edge_id.encode())
+    async def started(self, tenant: str, response_id: str, rerun: Rerun) -> None:
+        """A background response runs: listed, with its request, for every bridge to watch, until
+        `finished`."""
+        await self.running.put(stored_response_key(tenant, response_id), stored.encode_rerun(rerun))
+
+    async def rerun_of(self, tenant: str, response_id: str) -> Rerun | None:
+        try:
+            entry = await self.running.get(stored_response_key(tenant, response_id))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        return stored.decode_rerun(entry.value) if entry.value else None
 
     async def finished(self, tenant: str, response_id: str) -> None:
         try:

@@ -15,7 +15,7 @@ import pytest
 
 from loadtest.fleet import Fleet, _role
 from loadtest.scenarios import PoolSpec, TenantSpec
-from tests.nats_refusals import assert_refused, violations
+from tests.nats_refusals import assert_refused, every_message, violations
 from tests.openapi import validator
 from tests.wait import eventually
 
@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 FLAGS = ["--pii", "off", "--background-lease", "1"]
 POOL = PoolSpec(min_step_s=0.02)
 TOKENS = 400
+ASK = "Write the ticket's summary"
 
 
 def fleet(path) -> Fleet:
@@ -50,7 +51,7 @@ async def status_is(c: openai.AsyncOpenAI, response_id: str, *statuses: str):
 
 
 async def in_progress(c: openai.AsyncOpenAI) -> str:
-    created = await c.responses.create(model="laneway-sim", input="Write the ticket's summary", background=True,
+    created = await c.responses.create(model="laneway-sim", input=ASK, background=True,
                                        max_output_tokens=TOKENS)
     await status_is(c, created.id, "in_progress")
     return created.id
@@ -63,7 +64,7 @@ async def assert_whole(f: Fleet, c: openai.AsyncOpenAI, response_id: str) -> Non
     async with httpx.AsyncClient(base_url=f.url, headers={"Authorization": f"Bearer {f.keys['acme']}"}) as http:
         validator("Response").validate((await http.get(f"/v1/responses/{response_id}")).json())
     [item] = (await c.responses.input_items.list(response_id)).data
-    assert item.content[0].text == "Write the ticket's summary"
+    assert item.content[0].text == ASK
     assert violations(f.data_dir, "svc-") == []     # the takeover ran under the generated users
 
 
@@ -71,10 +72,26 @@ async def test_a_background_response_survives_its_bridge_killed(tmp_path) -> Non
     async with fleet(tmp_path / "lw") as f:
         c = client(f)
         response_id = await in_progress(c)
+        await assert_only_bridges_hold_the_request(f)
         bridge = next(pid for pid in f.pids() if _role(pid) == "bridge")
         os.kill(bridge, signal.SIGKILL)
         await assert_whole(f, c, response_id)
         await assert_tenant_cannot_touch_the_list(f)
+
+
+async def assert_only_bridges_hold_the_request(f: Fleet) -> None:
+    """While it runs, its request is kept for another bridge in `lw_background`, which only bridges
+    may read: the stored responses `ops` may read hold none of it (what is stored of an input is
+    only what the PII stage let through), and `ops` is refused the list."""
+    ops = await f.up.connect_nats("ops")
+    try:
+        stored = await every_message(ops.jetstream(), "KV_lw_responses")
+    finally:
+        await ops.close()
+    assert stored and not any(ASK.encode() in data for data in stored)
+    await assert_refused(f.up, "ops", ("$JS.API.STREAM.INFO.KV_lw_background",
+                                       "$JS.API.DIRECT.GET.KV_lw_background.$KV.lw_background.acme.x"),
+                         "$KV.lw_background.>")
 
 
 async def assert_tenant_cannot_touch_the_list(f: Fleet) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from loadtest.processes import LanewayUp
 from schemas.subjects import stored_response_key
+from tests.nats_refusals import every_message
 from tests.wait import eventually
 
 KEY = "sk-stored-up"
@@ -33,14 +34,6 @@ async def _retrieved(client: openai.AsyncOpenAI, response_id: str, ended: bool =
         return not ended or found[-1].status not in ("queued", "in_progress")
     assert await eventually(got)
     return found[-1]
-
-
-async def _message(js, seq: int) -> bytes | None:
-    """The stream's message `seq`; None where a later revision of its key replaced it."""
-    try:
-        return (await js.get_msg(STREAM, seq)).data
-    except nats.js.errors.NotFoundError:
-        return None
 
 
 async def _violations_of(up: LanewayUp, count: int) -> list[str]:
@@ -80,9 +73,7 @@ async def test_the_store_holds_the_redacted_input_and_tenants_cannot_reach_it(tm
             js = ops.jetstream()
             stored = [(await js.get_last_msg(STREAM, f"$KV.{BUCKET}.{stored_response_key('demo', r.id)}")).data
                       for r in (first, second)]
-            info = await js.stream_info(STREAM)
-            every = [body for seq in range(info.state.first_seq, info.state.last_seq + 1)
-                     if (body := await _message(js, seq)) is not None]
+            every = await every_message(js, STREAM)
         finally:
             await ops.close()
         assert all(b"<EMAIL_ADDRESS>" in data and b"<US_SSN>" in data for data in stored)   # history too
