@@ -39,10 +39,11 @@ from schemas.errors import PASSING, ErrorCode
 from schemas.openai import ChatBody, Message
 from schemas.requests import GenerateRequest
 from schemas.responses import ResponsesBody
-from schemas.stored import Rerun, StoredResponse, encode_rerun
+from schemas.stored import Rerun, StoredResponse, decode_rerun, encode_rerun
 
 log = logging.getLogger("laneway.bridge")
 PUT_HEADROOM = 4096         # a KV put's subject and headers, beside its value
+LISTED_PAST_DEADLINE_S = 60     # a listing outlives its response's deadline by this much
 
 
 class _Asked:
@@ -167,7 +168,8 @@ class Responses(Generations):
         """An ended response kept, if it is stored, and its turn added to its conversation (both later)."""
         render = asked.render
         if render is not None and render.final is not None:
-            record = self._ended(render, generate, asked)
+            record = record_of(render, generate, asked)
+            self._append_turn(render, asked)
             if asked.store:
                 self.store.keep(generate.tenant, render.id, record, asked.policy.retention_s)
 
@@ -186,16 +188,21 @@ class Responses(Generations):
         self._keep(generate, asked)
         return answer
 
-    def _ended(self, render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
-        """The response's record; its turn added to its conversation, if it has one (later)."""
-        record = record_of(render, generate, asked)
+    def _append_turn(self, render: ResponsesRenderer, asked: _Asked) -> None:
+        """An ended response's turn added to its conversation, if it has one (later)."""
         if asked.conversation is not None and self.conversations is not None and asked.tenant is not None:
             self.conversations.append_later(asked.tenant, asked.conversation,
                                             _echoed(render, asked)[asked.history_len:], render.final["output"])
-        return record
+
+    def _job(self, tenant: str, stream: ResponseStream, asked: _Asked, generate: GenerateRequest, ttl_s: int,
+             revision: int, rerunnable: bool) -> Job:
+        render = asked.render
+        return Job(tenant, stream, render, ttl_s, revision, lambda: record_of(render, generate, asked),
+                   lambda: self._append_turn(render, asked), rerunnable)
 
     async def _background(self, request: web.Request, generate: GenerateRequest, asked: _Asked) -> web.StreamResponse:
-        """Listed and stored `queued` first, then accepted (the PubAck), then answered at once: the
+        """Stored `queued` first (an Idempotency-Key's second try stops here), then listed with
+        its request for another bridge, then accepted (the PubAck), then answered at once: the
         Response object, or (stream) its events as the runner stores them."""
         assert self.store is not None and self.background is not None and self.routes is not None
         render = self._renderer(request, generate)
@@ -204,8 +211,6 @@ class Responses(Generations):
         rerun = Rerun(payload, await request.read(), asked.history_len, asked.conversation or "")
         # One too big for a NATS message cannot be kept: it fails with its bridge.
         rerunnable = len(encode_rerun(rerun)) + PUT_HEADROOM <= self._nc.max_payload
-        if rerunnable:
-            await self.store.started(tenant, render.id, rerun)
         try:
             revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
                                                                       self.background.lease_s, rerunnable),
@@ -215,16 +220,19 @@ class Responses(Generations):
                             "accepted", "Idempotency-Key") from None
         stream = self.demux.open(generate.request_id, tenant, generate.deadline + REPLY_GRACE_S)
         try:
+            if rerunnable:
+                listed_s = int(max(generate.deadline - time.time(), 0) + LISTED_PAST_DEADLINE_S)
+                await self.store.list_running(tenant, render.id, rerun, listed_s)
             await self._publish(generate, payload)
         except BaseException:
             self.demux.close(generate.request_id)
             with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
                 await self.store.delete(tenant, render.id)
-                if rerunnable:
-                    await self.store.finished(tenant, render.id)
+            if rerunnable:
+                with contextlib.suppress(nats.errors.Error):
+                    await self.store.unlist(tenant, render.id)
             raise
-        self.background.run(Job(tenant, stream, render, ttl_s, revision, lambda: self._ended(render, generate, asked),
-                                rerunnable))
+        self.background.run(self._job(tenant, stream, asked, generate, ttl_s, revision, rerunnable))
         headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
         if asked.body.stream:
             return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1,
@@ -235,23 +243,17 @@ class Responses(Generations):
     async def take_over(self, tenant_name: str, response_id: str, record: StoredResponse,
                         revision: int) -> Job | None:
         """A background response whose bridge is gone (`stored/takeover.py`), run again here from
-        its start under a new request id, its first generation stopped. A streamed one whose
-        readers have seen output already cannot begin again: it fails, as one with no request
-        kept does. A passing refusal leaves it for the next look; any other ends it failed."""
+        its start under a new request id, its first generation stopped; or, when it cannot be
+        (`_rebuilt`), marked failed. A passing refusal leaves it for the next look; any other
+        refusal ends it failed."""
         assert self.store is not None and self.background is not None
         tenant = self.catalogue.tenants.get(tenant_name)
         ttl_s = tenant.responses.retention_s if tenant is not None else StoragePolicy().retention_s
-        rerun = await self.store.rerun_of(tenant_name, response_id) if record.rerunnable else None
-        render, head = None, b""
-        if tenant is not None and rerun is not None:
-            original = codec.decode_request(rerun.request)
-            asked = _Asked(self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len,
-                           rerun.conversation or None, tenant)
-            render = asked.renderer(original)
-            head = render.start() if render.streaming else b""
-        if render is None or not _begins(head, record):
+        rebuilt = await self._rebuilt(tenant, response_id, record) if tenant is not None else None
+        if rebuilt is None:
             await mark_lost(self.store, self._cancel, tenant_name, response_id, record, revision, ttl_s)
             return None
+        asked, original, head = rebuilt
         generate = msgspec.structs.replace(original, request_id=uuid.uuid4().hex,
                                            reply_to=self.s.tok(tenant_name, self.edge_id))
         claimed = msgspec.structs.replace(record, owner=self.edge_id, beat_at=time.time(),
@@ -270,10 +272,31 @@ class Responses(Generations):
                 await self.store.put(tenant_name, response_id, left, ttl_s, after=revision)
             return None
         log.info("background response %s taken over from %s", response_id, record.owner)
-        job = Job(tenant_name, stream, render, ttl_s, revision, lambda: self._ended(render, original, asked), True)
+        job = self._job(tenant_name, stream, asked, original, ttl_s, revision, True)
         job.take_events(head)
         job.started = True
         return job
+
+    async def _rebuilt(self, tenant: Tenant, response_id: str,
+                       record: StoredResponse) -> tuple[_Asked, GenerateRequest, bytes] | None:
+        """The response as its first bridge began it, from the request listed with it, and its
+        opening events; None when no request is listed (none was kept, or the listing expired),
+        when it no longer reads (another version of Laneway wrote it), or when a streamed one's
+        readers have seen output another run would not repeat token for token."""
+        listed = await self.store.listed(tenant.name, response_id) if record.rerunnable else None
+        if listed is None:
+            return None
+        try:
+            rerun = decode_rerun(listed)
+            original = codec.decode_request(rerun.request)
+            asked = _Asked(self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len,
+                           rerun.conversation or None, tenant)
+            render = asked.renderer(original)
+            head = render.start() if render.streaming else b""
+        except Exception:       # never a takeover retried forever: it fails instead
+            log.exception("background response %s: its request no longer reads", response_id)
+            return None
+        return (asked, original, head) if _begins(head, record) else None
 
     async def _republish(self, generate: GenerateRequest) -> ResponseStream:
         if generate.deadline <= time.time():

@@ -14,6 +14,7 @@ silently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -47,12 +48,13 @@ class Job:
     ttl_s: int
     revision: int
     ended: Callable[[], StoredResponse]       # the record of the ended response (its input, history)
+    stored: Callable[[], None]                # once that record is written: its turn added to its conversation
     rerunnable: bool = False                  # its request is in lw_background: another bridge can run it
     events: list[bytes] = field(default_factory=list)
     first_event: int = 0
     event_bytes: int = 0
     started: bool = False                     # streamed: its opening events are in `events` already
-    released: bool = False                    # left for another bridge to take over
+    ended_here: bool = False                  # its end written by this task: unlisted on the way out
 
     @property
     def response_id(self) -> str:
@@ -115,38 +117,36 @@ class Background:
         except Conflict:
             pass            # written over (a cancel): what was written stays
         except asyncio.CancelledError:
-            await self._give_up(job)
+            await self._give_up(job, leave=job.rerunnable)
             raise
         except nats.errors.Error as exc:
+            # Unwritten, it reads stale in a few leases: taken over then, or marked failed.
             log.warning("background response %s: the store failed: %s", job.response_id, type(exc).__name__)
         except Exception:
             # The top of the response's task: a bug, not the request's fault. Logged with its
-            # traceback, and the response ends failed rather than hang until it reads stale.
+            # traceback, and the response ends failed: another bridge would meet the same bug.
             log.exception("background response %s failed", job.response_id)
-            await self._give_up(job)
+            await self._give_up(job, leave=False)
         finally:
             self.demux.close(request_id)
             if not job.stream.closed or job.stream.edge_failed:
                 await self._cancel(job.tenant, request_id)
-            if job.rerunnable and not job.released:
-                await self._unlist(job)
+            if job.rerunnable and job.ended_here:
+                # Only the task that wrote the end unlists: one written over (a cancel, a takeover
+                # by a bridge that found this one silent) leaves that to the sweep or the new owner.
+                with contextlib.suppress(nats.errors.Error):
+                    await self.store.unlist(job.tenant, job.response_id)
 
-    async def _unlist(self, job: Job) -> None:
+    async def _give_up(self, job: Job, *, leave: bool) -> None:
+        """This bridge stopping (`leave`: the response is left for another bridge at once, its
+        heartbeat zeroed) or a bug here (it fails now, not when a reader finds it stale). Best
+        effort: the finally that follows stops its generation here."""
         try:
-            await self.store.finished(job.tenant, job.response_id)
-        except nats.errors.Error:
-            pass        # a bridge's sweep unlists it when it finds the record ended
-
-    async def _give_up(self, job: Job) -> None:
-        """This bridge stopping (or a bug here): the response is left for another bridge at once
-        (its heartbeat zeroed), or fails now if none could run it again, not when a reader finds
-        it stale. Best effort: the finally that follows stops its generation here."""
-        try:
-            if job.rerunnable:
+            if leave:
                 await self._write(job, msgspec.structs.replace(self._progress(job, "in_progress"), beat_at=0.0))
-                job.released = True
             else:
                 await self._write(job, lost(self._progress(job, "in_progress")))
+                job.ended_here = True
         except (Conflict, nats.errors.Error):
             pass
 
@@ -159,11 +159,13 @@ class Background:
                               events=list(job.events), first_event=job.first_event,
                               rerunnable=job.rerunnable)
 
-    @staticmethod
-    def _ended(job: Job) -> StoredResponse:
+    async def _end(self, job: Job) -> None:
+        """The ended record written; then, and only if this task wrote it, the conversation's turn."""
         record = job.ended()
         record.events, record.first_event = list(job.events), job.first_event
-        return record
+        await self._write(job, record)
+        job.ended_here = True
+        job.stored()
 
     async def _follow(self, job: Job) -> None:
         render, streaming = job.render, job.render.streaming
@@ -197,7 +199,7 @@ class Background:
                         return
                     else:
                         job.take_events(render.failed(from_code(entry.code, entry.message)))
-                        await self._write(job, self._ended(job))
+                        await self._end(job)
                         return
                 status = "in_progress"
                 if time.monotonic() - written_at >= FLUSH_S:
@@ -215,7 +217,7 @@ class Background:
             render.body(finished)
         if finished.finish_reason == "cancelled" and render.final is not None:
             render.final["status"] = "cancelled"
-        await self._write(job, self._ended(job))
+        await self._end(job)
 
 
 async def mark_lost(store: ResponseStore, cancel: Callable[[str, str], Awaitable[None]], tenant: str,

@@ -61,9 +61,10 @@ class StoredRoutes:
 
     async def _current(self, tenant: Tenant, response_id: str) -> tuple[StoredResponse, int] | None:
         """The record, a lost background one marked failed on the way (unless another bridge
-        can run it again: `takeover.py` does)."""
+        can run it again, its request still listed: `takeover.py` does)."""
         found = await self.store.get(tenant.name, response_id)
-        if found is not None and not found[0].rerunnable and stale(found[0], time.time()):
+        if found is not None and stale(found[0], time.time()) and \
+                (not found[0].rerunnable or await self.store.listed(tenant.name, response_id) is None):
             record = await mark_lost(self.store, self._cancel, tenant.name, response_id, *found,
                                      tenant.responses.retention_s)
             return await self.store.get(tenant.name, response_id) or (record, found[1])

@@ -55,7 +55,7 @@ class ResponseStore:
         kv = await _bucket(js, KeyValueConfig(bucket=s.bucket(RESPONSES_BUCKET), history=1,
                                               storage=StorageType.FILE, replicas=replicas, direct=True))
         running = await _bucket(js, KeyValueConfig(bucket=s.bucket(BACKGROUND_BUCKET), history=1,
-                                                   storage=StorageType.FILE, replicas=replicas))
+                                                   storage=StorageType.FILE, replicas=replicas, direct=True))
         return cls(js, kv, running, s)
 
     async def put(self, tenant: str, response_id: str, record: Record, ttl_s: int,
@@ -97,23 +97,23 @@ class ResponseStore:
     async def delete(self, tenant: str, response_id: str) -> None:
         await self.kv.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
 
-    async def started(self, tenant: str, response_id: str, rerun: Rerun) -> None:
+    async def list_running(self, tenant: str, response_id: str, rerun: Rerun, ttl_s: int) -> None:
         """A background response runs: listed, with its request, for every bridge to watch, until
-        `finished`."""
-        await self.running.put(stored_response_key(tenant, response_id), stored.encode_rerun(rerun))
+        `unlist` or `ttl_s` (past its deadline nothing can run it again)."""
+        await self.js.publish(f"$KV.{self.running_bucket}.{stored_response_key(tenant, response_id)}",
+                              stored.encode_rerun(rerun), msg_ttl=ttl_s)
 
-    async def rerun_of(self, tenant: str, response_id: str) -> Rerun | None:
+    async def listed(self, tenant: str, response_id: str) -> bytes | None:
+        """The request listed with a running background response (a `Rerun`, encoded), if any."""
         try:
             entry = await self.running.get(stored_response_key(tenant, response_id))
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
-        return stored.decode_rerun(entry.value) if entry.value else None
+        return entry.value or None
 
-    async def finished(self, tenant: str, response_id: str) -> None:
-        try:
-            await self.running.delete(stored_response_key(tenant, response_id))
-        except nats.js.errors.KeyNotFoundError:
-            pass
+    async def unlist(self, tenant: str, response_id: str) -> None:
+        """Purged, as a delete is: its raw request gone, and no marker left behind for long."""
+        await self.running.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
 
     def keep(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int) -> None:
         """Store an ended response in a task of its own: the answer never waits on the write. A

@@ -5,7 +5,10 @@ once a lease, reads the records of those it does not run itself. A record its wr
 refreshed for STALE_LEASES of its leases (`lifecycle.stale`; a bridge that stops zeroes it) is
 taken over by `take_over`, which claims it by compare-and-set (one bridge wins), stops the first
 generation if it still runs, and publishes the request again (`Responses.take_over`). A listed
-response that has ended (or is gone) is unlisted here, whoever ended it.
+response that has ended (or is gone) is unlisted here, whoever ended it: the task that ends one
+unlists it too, but one whose end another wrote (a cancel, a delete, a failure) leaves it here.
+Each bridge reads each listed record it does not run once a lease: a few reads a second for
+hundreds of running background responses.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from schemas.stored import StoredResponse
 
 log = logging.getLogger("laneway.bridge")
 
-TakeOver = Callable[[str, str, StoredResponse, int], Awaitable[Job | None]]
+# (tenant, response id, its stale record, that record's revision) → the job running it here, if any
+RunAgain = Callable[[str, str, StoredResponse, int], Awaitable[Job | None]]
 
 
 class Takeover:
-    def __init__(self, background: Background, take_over: TakeOver) -> None:
+    def __init__(self, background: Background, take_over: RunAgain) -> None:
         self.background = background
         self.store = background.store
         self._take_over = take_over
@@ -65,7 +69,7 @@ class Takeover:
         tenant, _, response_id = key.partition(".")
         found = await self.store.get(tenant, response_id)
         if found is None or not running(found[0]):
-            await self.store.finished(tenant, response_id)
+            await self.store.unlist(tenant, response_id)
             return
         record, revision = found
         if stale(record, time.time()):

@@ -7,6 +7,7 @@ a while, so there is time to cancel one). The sim SIMULATES text: shapes, not wo
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -21,7 +22,7 @@ from bridge.stored.lifecycle import BRIDGE_LOST
 from core.connect import NatsSettings
 from core.settings import LogicalModel
 from loadtest.stack import Stack, demo_settings
-from schemas import codec
+from schemas import codec, stored
 from schemas.subjects import Subjects
 from tests.openapi import validator
 from tests.wait import eventually
@@ -179,3 +180,65 @@ async def test_a_streamed_one_whose_readers_saw_output_fails_with_its_bridge(sta
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type == "response.failed"
     assert await eventually(lambda: _cancelled(stack) == before + 1)
+
+
+async def test_a_silent_bridge_that_wakes_up_leaves_its_successor_alone(stack, client):
+    """Its bridge stalls past the lease (a long pause, a partition) and the stack's bridge takes the
+    response over. When it wakes, its write is refused (the record moved on): it stops there, and
+    leaves the list entry, which the new owner's own end removes, to the new owner."""
+    config = BridgeConfig(nats=NatsSettings(url=stack.nats_url), port=0, background_lease_s=LEASE_S)
+    async with Bridge(config, stack.settings) as stalled:
+        await stalled.wait_ready()
+        edge = openai.AsyncOpenAI(base_url=f"{stalled.url}/v1", api_key=KEY, max_retries=0)
+        created = await edge.responses.create(model="slow", input="Write a long story", background=True,
+                                              max_output_tokens=LONG)
+        await stalled.takeover.stop()       # its sweep would unlist the response once ended: not what is tested
+        awake, unlisted = asyncio.Event(), []
+        put, unlist = stalled.responses.put, stalled.responses.unlist
+
+        async def held_put(*args, **kwargs):
+            await awake.wait()
+            return await put(*args, **kwargs)
+
+        async def counted_unlist(*args):
+            unlisted.append(args)
+            await unlist(*args)
+        stalled.responses.put, stalled.responses.unlist = held_put, counted_unlist
+
+        async def taken_over() -> bool:
+            record = (await stack.bridge.responses.get("demo", created.id))[0]
+            return record.owner == stack.bridge.edge_id
+        assert await eventually(taken_over)
+        awake.set()
+        assert await eventually(lambda: not stalled.background.runs(f"demo.{created.id}"))
+        assert unlisted == []
+    done = await _ends(client, created.id)
+    assert done.status == "incomplete" and done.usage.output_tokens == LONG
+
+
+async def test_an_idempotent_retry_never_replaces_the_kept_request(stack, client):
+    """A second create under the same Idempotency-Key, with another body, is refused before it
+    can touch what the first one kept for a takeover."""
+    key = {"Idempotency-Key": "background-once"}
+    first = await client.responses.create(model="slow", input="The first body", background=True,
+                                          max_output_tokens=LONG, extra_headers=key)
+    with pytest.raises(openai.APIStatusError) as err:
+        await client.responses.create(model="slow", input="A second body", background=True,
+                                      max_output_tokens=LONG, extra_headers=key)
+    assert err.value.body["param"] == "Idempotency-Key"
+    kept = await stack.bridge.responses.listed("demo", first.id)
+    assert kept is None or b"The first body" in stored.decode_rerun(kept).body      # None: it ended already
+    await client.responses.cancel(first.id)
+
+
+async def test_a_request_that_no_longer_reads_fails_instead_of_looping(stack, client):
+    """The listed request cannot be rebuilt (another version of Laneway wrote it, say): the
+    takeover marks the response failed once, rather than retry it every lease for ever."""
+    response_id = await _on_a_second_bridge(stack, crash=True)
+    nc = await nats.connect(stack.nats_url)
+    try:
+        await nc.jetstream().publish(f"$KV.lw_background.demo.{response_id}", b"\xc1 not msgpack")
+    finally:
+        await nc.close()
+    failed = await _ends(client, response_id)
+    assert failed.status == "failed" and failed.error.message == BRIDGE_LOST

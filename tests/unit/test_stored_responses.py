@@ -65,7 +65,7 @@ def test_a_streamed_background_response_keeps_its_last_events_within_the_bound()
     from bridge.stored.background import Job
     from schemas.stored import MAX_STORED_EVENT_BYTES
 
-    job = Job("t", None, None, 1, 0, lambda: None)
+    job = Job("t", None, None, 1, 0, lambda: None, lambda: None)
     event = b"event: response.output_text.delta\ndata: " + b"x" * 1000
     for _ in range(4):
         job.take_events(b"\n\n".join([event] * 100) + b"\n\n")
