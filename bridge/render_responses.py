@@ -249,6 +249,8 @@ class ResponsesRenderer:
         }
         if body.user is None:
             del response["user"]        # a string when present (OpenAI's schema), never null
+        if finished is None:
+            del response["usage"]       # an object when there is one (queued, in progress, failed): never null
         if body.conversation is not None:
             conversation = body.conversation
             response["conversation"] = {"id": conversation if isinstance(conversation, str) else conversation["id"]}
