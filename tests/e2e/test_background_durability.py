@@ -6,6 +6,7 @@ SIMULATES text: what is checked is the shape, and that the whole answer is one r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -110,3 +111,30 @@ async def test_a_background_response_survives_a_restart_of_every_process(tmp_pat
         response_id = await in_progress(client(f))
     async with fleet(data) as f:        # the same data dir: its JetStream store, its credentials
         await assert_whole(f, client(f), response_id)
+
+
+async def test_cancel_and_a_streamed_resume_under_laneway_up(tmp_path) -> None:
+    """The official client's `responses.cancel` and `responses.retrieve(stream=True,
+    starting_after=N)` against `laneway up`, each event checked against OpenAI's schema."""
+    async with fleet(tmp_path / "lw") as f:
+        c = client(f)
+        stream = await c.responses.create(model="laneway-sim", input=ASK, background=True, stream=True,
+                                          max_output_tokens=40)
+        events = [e async for e in stream]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].type == "response.incomplete"
+        response_id = events[-1].response.id
+        again = [e async for e in await c.responses.retrieve(response_id, stream=True, starting_after=3)]
+        assert [e.model_dump() for e in again] == [e.model_dump() for e in events[4:]]
+        async with httpx.AsyncClient(base_url=f.url, headers={"Authorization": f"Bearer {f.keys['acme']}"}) as http:
+            raw = await http.get(f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": "-1"})
+        blocks = [block for block in raw.text.split("\n\n") if block.strip()]
+        assert len(blocks) == len(events)
+        for block in blocks:
+            validator("ResponseStreamEvent").validate(json.loads(block.split("\n")[1].removeprefix("data: ")))
+
+        running = await in_progress(c)
+        async with httpx.AsyncClient(base_url=f.url, headers={"Authorization": f"Bearer {f.keys['acme']}"}) as http:
+            validator("Response").validate((await http.get(f"/v1/responses/{running}")).json())    # in progress
+        assert (await c.responses.cancel(running)).status == "cancelled"
+        assert (await c.responses.retrieve(running)).status == "cancelled"
