@@ -16,6 +16,7 @@ import pytest_asyncio
 from loadtest.fleet import Fleet
 from loadtest.scenarios import PoolSpec, TenantSpec
 from tests.e2e.test_batches_api import check, client, finished, jsonl
+from tests.nats_refusals import violations
 from tests.openapi import validator
 from tests.wait import eventually
 
@@ -126,3 +127,9 @@ async def test_a_line_continues_only_its_own_tenants_responses(fleet: Fleet) -> 
     assert other_out == {}
     answer = other_errors["theirs"]["response"]
     assert answer["status_code"] == 404 and answer["body"]["error"]["param"] == "previous_response_id", answer
+
+
+async def test_the_services_ran_it_all_within_their_generated_permissions(fleet: Fleet) -> None:
+    """Every line above, stored, continued and refused, under the generated users: the server
+    logged no violation by a service."""
+    assert violations(fleet.data_dir, "svc-") == []
