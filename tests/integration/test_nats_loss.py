@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import signal
 
 import aiohttp
@@ -116,6 +117,18 @@ async def one_busy_slot(tmp_path, bridge_config: BridgeConfig):
         await server.stop()
 
 
+async def bounded(request):
+    """`request` within HANG_S. A hang (seen under a whole suite's load, never alone) fails with
+    the stack of every task in the process, the stack's bridge among them: where it waits."""
+    try:
+        return await asyncio.wait_for(request, HANG_S)
+    except TimeoutError:
+        stacks = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=12, file=stacks)
+        pytest.fail(f"no answer within {HANG_S} s; the tasks then:\n{stacks.getvalue()}")
+
+
 def cancelled_count(s: Stack) -> float:
     return s.broker.metrics.cancelled.labels("interactive")._value.get()     # the tenant's default class
 
@@ -126,7 +139,7 @@ async def test_a_request_never_confirmed_gets_503_and_its_stored_copy_is_cancell
     async with one_busy_slot(tmp_path, BridgeConfig(publish_timeout_s=0.3, publish_tries=2)) as (server, s, http):
         server.process.send_signal(signal.SIGSTOP)
         try:
-            result = await asyncio.wait_for(stream_chat(http, s.url, KEY, body(4)), HANG_S)
+            result = await bounded(stream_chat(http, s.url, KEY, body(4)))
         finally:
             server.process.send_signal(signal.SIGCONT)
         assert (result.status, result.error) == (503, "overloaded"), result
