@@ -208,9 +208,9 @@ class Responses(Generations):
         render = self._renderer(request, generate)
         payload = self._payload(generate)
         tenant, ttl_s = generate.tenant, asked.policy.retention_s
-        rerun = Rerun(payload, await request.read(), asked.history_len, asked.conversation or "")
+        listing = encode_rerun(Rerun(payload, await request.read(), asked.history_len, asked.conversation or ""))
         # One too big for a NATS message cannot be kept: it fails with its bridge.
-        rerunnable = len(encode_rerun(rerun)) + PUT_HEADROOM <= self._nc.max_payload
+        rerunnable = len(listing) + PUT_HEADROOM <= self._nc.max_payload
         try:
             revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
                                                                       self.background.lease_s, rerunnable),
@@ -218,14 +218,12 @@ class Responses(Generations):
         except Conflict:        # an Idempotency-Key's id, already created
             raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was already "
                             "accepted", "Idempotency-Key") from None
-        stream = self.demux.open(generate.request_id, tenant, generate.deadline + REPLY_GRACE_S)
         try:
             if rerunnable:
                 listed_s = int(max(generate.deadline - time.time(), 0) + LISTED_PAST_DEADLINE_S)
-                await self.store.list_running(tenant, render.id, rerun, listed_s)
-            await self._publish(generate, payload)
+                await self.store.list_running(tenant, render.id, listing, listed_s)
+            stream = await self._published(generate, payload)
         except BaseException:
-            self.demux.close(generate.request_id)
             with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
                 await self.store.delete(tenant, render.id)
             if rerunnable:
@@ -264,7 +262,10 @@ class Responses(Generations):
             return None         # another bridge took it over, or it was cancelled
         await self._cancel(tenant_name, record.request_id)      # the first generation, if it still runs
         try:
-            stream = await self._republish(generate)
+            if generate.deadline <= time.time():
+                raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before another bridge could "
+                                "run the response again")
+            stream = await self._published(generate, self._payload(generate))
         except EdgeError as exc:
             left = msgspec.structs.replace(claimed, beat_at=0.0) if exc.code in PASSING else \
                 ended(claimed, "failed", {"code": "server_error", "message": exc.message})
@@ -298,11 +299,8 @@ class Responses(Generations):
             return None
         return (asked, original, head) if _begins(head, record) else None
 
-    async def _republish(self, generate: GenerateRequest) -> ResponseStream:
-        if generate.deadline <= time.time():
-            raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before another bridge could run "
-                            "the response again")
-        payload = self._payload(generate)
+    async def _published(self, generate: GenerateRequest, payload: bytes) -> ResponseStream:
+        """The request accepted (its PubAck), its frames awaited by a stream opened first."""
         stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S)
         try:
             await self._publish(generate, payload)

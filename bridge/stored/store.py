@@ -22,7 +22,7 @@ from nats.js.api import Header, KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from schemas import stored
-from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, Rerun, StoredConversation, StoredResponse
+from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, StoredConversation, StoredResponse
 from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, BadToken, Subjects, stored_response_key
 
 log = logging.getLogger("laneway.bridge")
@@ -97,11 +97,11 @@ class ResponseStore:
     async def delete(self, tenant: str, response_id: str) -> None:
         await self.kv.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
 
-    async def list_running(self, tenant: str, response_id: str, rerun: Rerun, ttl_s: int) -> None:
-        """A background response runs: listed, with its request, for every bridge to watch, until
-        `unlist` or `ttl_s` (past its deadline nothing can run it again)."""
+    async def list_running(self, tenant: str, response_id: str, listing: bytes, ttl_s: int) -> None:
+        """A background response runs: listed, with its request (a `Rerun`, encoded), for every
+        bridge to watch, until `unlist` or `ttl_s` (past its deadline nothing can run it again)."""
         await self.js.publish(f"$KV.{self.running_bucket}.{stored_response_key(tenant, response_id)}",
-                              stored.encode_rerun(rerun), msg_ttl=ttl_s)
+                              listing, msg_ttl=ttl_s)
 
     async def listed(self, tenant: str, response_id: str) -> bytes | None:
         """The request listed with a running background response (a `Rerun`, encoded), if any."""
