@@ -133,7 +133,8 @@ class Broker:
         self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
                        asyncio.create_task(beat_forever(self._beat, BROKER_HEARTBEAT_S), name="broker-heartbeats"),
                        asyncio.create_task(self._lease.run(), name="scheduler-lease"),
-                       asyncio.create_task(self._origin.resend_forever(), name="scheduler-resend")]
+                       asyncio.create_task(self._origin.resend_forever(), name="scheduler-resend"),
+                       asyncio.create_task(self._dead.run(), name="laneway-dead-letters")]
         log.info("broker %s ready: scheduler=%s classes=%s pools=%s", self.id, self.scheduler.active,
                  sorted(self.live.classes), sorted(self.live.pool_names()))
 

@@ -5,6 +5,15 @@ and JetStream's MAX_DELIVERIES advisory for a request whose every delivery died 
 answer (workers crashing on it). Records carry headers naming the reason; the client, where it
 can be told safely, gets an `engine_error`.
 
+What the broker cannot read costs its sender, not the other tenants: the intake counts it,
+terminates it at once (it stops counting against the sender's backlog) and queues its record;
+`run`, a task of its own, redacts and writes the records. The queue is bounded: in a flood the
+records that do not fit are dropped and counted (`laneway_dead_letters_dropped_total{reason}`),
+and the warning is sampled (core/logsample.py), so a sender decides neither how long the intake
+waits nor how much the disk takes (LW_DLQ's own caps: core/topology.py). A record is written
+after its message is gone, so a broker that dies in between loses it: a junk message's record is
+a diagnosis, never the only copy of accepted work.
+
 A record outlives the request (LW_DLQ keeps it for days), so with the PII stage on it never holds
 the raw text: it holds the request as the gate lets it on, redacted under the tenant's policy
 (the worker's own dead letters carry the admitted request, already redacted). A body that cannot
@@ -13,10 +22,13 @@ be decoded or analysed is withheld: the record keeps its size (`Laneway-Body: wi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -24,6 +36,7 @@ from nats.aio.msg import Msg
 from broker.gate.pipeline import Gate
 from broker.gate.validate import validate
 from broker.metrics import BrokerMetrics
+from core.logsample import SampledLog
 from core.policy.refusal import Refusal
 from core.policy.tenants import TenantDirectory
 from schemas import codec
@@ -34,11 +47,26 @@ from schemas.subjects import BadToken, Subjects
 
 log = logging.getLogger("laneway.dlq")
 
+QUEUE_SIZE = 1024       # records waiting for `run`; one more is dropped (counted)
+STOP_DRAIN_S = 2.0      # at stop, what is still queued gets this long to be written
+LOG_EVERY_S = 10.0      # a warning per reason at most this often, with a count of the rest
+
+
+@dataclass(frozen=True, slots=True)
+class Letter:
+    """What a record keeps of a message that is terminated before the record is written."""
+
+    subject: str
+    data: bytes
+    reason: str
+    detail: str
+    attempt: int
+
 
 class DeadLetters:
     def __init__(self, nc: Client, s: Subjects, metrics: BrokerMetrics, max_deliver: int,
                  on_removed: Callable[[str, str], Awaitable[None]], gate: Gate,
-                 tenants: TenantDirectory) -> None:
+                 tenants: TenantDirectory, queue_size: int = QUEUE_SIZE) -> None:
         self._nc = nc
         self.s = s
         self._metrics = metrics
@@ -46,6 +74,8 @@ class DeadLetters:
         self._on_removed = on_removed      # (tenant, request_id): give back what it held
         self._gate = gate                  # its PII stage redacts what a record keeps
         self._tenants = tenants
+        self._queue: asyncio.Queue[Letter] = asyncio.Queue(queue_size)
+        self._warn = SampledLog(log, LOG_EVERY_S)
 
     @property
     def advisory_subject(self) -> str:
@@ -87,15 +117,59 @@ class DeadLetters:
         return b""
 
     async def unreadable(self, msg: Msg, reason: str, detail: str) -> None:
-        """Park a message the broker cannot serve, then terminate it."""
+        """Count a message the broker cannot serve, queue its record and terminate it. Never
+        waits on the DLQ: `run` writes the record; a full queue drops it (counted)."""
         self._metrics.dead_lettered.labels(reason).inc()
-        klass, tenant = self._origin(msg.subject)
-        log.warning("dead-lettered a request on %s: %s", msg.subject, reason)
-        headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
-                   "Laneway-Subject": msg.subject, "Laneway-Attempt": str(msg.metadata.num_delivered)}
-        body = await self._record(msg.data, self._decode(msg.data), tenant, headers)
-        await self._nc.jetstream().publish(self.s.dlq(klass, tenant), body, headers=headers)
+        self._warn.warning(reason, "dead-lettered a request on %s: %s", msg.subject, reason)
+        try:
+            self._queue.put_nowait(Letter(msg.subject, msg.data, reason, detail[:512], msg.metadata.num_delivered))
+        except asyncio.QueueFull:
+            self._metrics.dead_letters_dropped.labels(reason).inc()
         await msg.term()
+
+    async def run(self) -> None:
+        """Write the queued records, one at a time, until cancelled (the broker stopping); then
+        write the one it was writing (again: a record twice, rather than none) and what is still
+        queued, for at most STOP_DRAIN_S, count the rest dropped, and stop."""
+        letter: Letter | None = None
+        try:
+            while True:
+                letter = None
+                letter = await self._queue.get()
+                await self._write(letter)
+        except asyncio.CancelledError:
+            await self._drain(letter)
+            raise
+
+    async def _drain(self, writing: Letter | None) -> None:
+        try:
+            async with asyncio.timeout(STOP_DRAIN_S):
+                if writing is not None:
+                    await self._write(writing)
+                while not self._queue.empty():
+                    await self._write(self._queue.get_nowait())
+        except TimeoutError:
+            pass
+        left = self._queue.qsize()
+        while not self._queue.empty():
+            self._metrics.dead_letters_dropped.labels(self._queue.get_nowait().reason).inc()
+        if left:
+            log.warning("stopping: %d dead letters not written in %.0f s, dropped", left, STOP_DRAIN_S)
+
+    async def _write(self, letter: Letter) -> None:
+        klass, tenant = self._origin(letter.subject)
+        headers = {"Laneway-Reason": letter.reason, "Laneway-Detail": letter.detail,
+                   "Laneway-Subject": letter.subject, "Laneway-Attempt": str(letter.attempt)}
+        try:
+            body = await self._record(letter.data, self._decode(letter.data), tenant, headers)
+            await self._nc.jetstream().publish(self.s.dlq(klass, tenant), body, headers=headers)
+        except nats.errors.Error as exc:    # disconnected, or JetStream did not answer
+            self._metrics.dead_letters_dropped.labels(letter.reason).inc()
+            self._warn.warning("unwritten", "a dead letter could not be written: %r", exc)
+        except Exception:
+            # A bug, not a lost connection: count it and keep writing the others.
+            self._metrics.dead_letters_dropped.labels(letter.reason).inc()
+            log.exception("writing a dead letter failed")
 
     async def on_max_deliveries(self, msg: Msg) -> None:
         """Every attempt died without an answer: dead-letter it, tell the client, and remove it
@@ -123,4 +197,4 @@ class DeadLetters:
             await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
             await self._on_removed(tenant, request.request_id)
         await js.delete_msg(self.s.req_stream, seq)
-        log.warning("dead-lettered stream message %d after max deliveries", seq)
+        self._warn.warning("max_deliver", "dead-lettered stream message %d after max deliveries", seq)

@@ -44,6 +44,10 @@ class BrokerMetrics:
         self.rejected = Counter("laneway_rejected_total", "Requests refused by the broker", ["reason"], registry=r)
         self.cancelled = Counter("laneway_cancelled_total", "Requests cancelled before they ran", ["class"], registry=r)
         self.dead_lettered = Counter("laneway_dead_lettered_total", "Messages moved to the DLQ", ["reason"], registry=r)
+        self.dead_letters_dropped = Counter(
+            "laneway_dead_letters_dropped_total",
+            "Dead letters counted and terminated but never written to the DLQ (its queue full, or the "
+            "publish failed)", ["reason"], registry=r)
         self.parked_pulls = Gauge("laneway_parked_pulls", "Worker pulls held open", ["pool"], registry=r)
         self.ready_workers = Gauge("laneway_ready_workers", "Workers with a fresh ready heartbeat", ["pool"], registry=r)
         self.routing_decisions = Counter("laneway_routing_decisions_total", "Requests routed, by pool and why",

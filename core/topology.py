@@ -7,7 +7,7 @@ Provisioning (`core/provision.py`: `laneway up`, `laneway ops provision`) calls
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -48,6 +48,12 @@ class StreamLimits:
     # LW_DLQ keeps a dead letter this long: long enough to look into a failure, short enough that
     # what a record holds (redacted when the PII stage is on) does not pile up.
     dlq_max_age_s: float = 7 * 86400.0
+    # ... and at most this much, the oldest going first: a sender's flood of junk must not fill the
+    # disk. Per subject (class, tenant) first, so a flood rolls over its sender's own records
+    # before the whole stream's cap reaches anyone else's. JetStream reserves max_bytes on disk.
+    dlq_max_msgs_per_subject: int = 10_000
+    dlq_max_msgs: int = 100_000
+    dlq_max_bytes: int = 256 * 1024**2
 
 
 class StorageRefused(RuntimeError):
@@ -98,6 +104,15 @@ def _log_stream(s: Subjects, name: str, subject: str, limits: StreamLimits, max_
                         storage=StorageType.FILE, max_age=max_age, num_replicas=limits.replicas)
 
 
+def dead_letter_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
+    """LW_DLQ: a log, capped by age, count and bytes, per subject and in all; discard old. An
+    install made before the caps gets them on its next provisioning (`_ensure_stream` updates
+    it, and JetStream drops the oldest records over them)."""
+    return replace(_log_stream(s, s.dlq_stream, s.dlq_all, limits, limits.dlq_max_age_s),
+                   discard=DiscardPolicy.OLD, max_msgs_per_subject=limits.dlq_max_msgs_per_subject,
+                   max_msgs=limits.dlq_max_msgs, max_bytes=limits.dlq_max_bytes)
+
+
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         try:
@@ -116,7 +131,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:
     await _ensure_stream(js, request_stream(s, limits))
     await _ensure_stream(js, _log_stream(s, s.usage_stream, s.usage_all, limits, 90 * 86400))
-    await _ensure_stream(js, _log_stream(s, s.dlq_stream, s.dlq_all, limits, limits.dlq_max_age_s))
+    await _ensure_stream(js, dead_letter_stream(s, limits))
     await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
     await js.add_consumer(s.req_stream, broker_consumer(s, limits))
     for name in BUCKETS:

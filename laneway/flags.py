@@ -60,6 +60,8 @@ def limits_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas", type=int, default=d.replicas, help="stream replicas (3 on a cluster)")
     g.add_argument("--dlq-max-age-days", type=float, default=d.dlq_max_age_s / 86400,
                    help="days LW_DLQ keeps a dead-lettered request")
+    g.add_argument("--dlq-max-mib", type=positive_float, default=d.dlq_max_bytes / 1024**2,
+                   help="MiB LW_DLQ may take (reserved on disk); beyond it the oldest records go")
 
 
 def stream_limits(args: argparse.Namespace) -> StreamLimits:
@@ -67,7 +69,8 @@ def stream_limits(args: argparse.Namespace) -> StreamLimits:
     return StreamLimits(max_msgs_per_subject=args.backlog_per_tenant, ack_wait_s=args.ack_wait,
                         max_deliver=args.max_deliver, replicas=args.replicas,
                         max_bytes=int(args.max_stream_gib * 1024**3),
-                        dlq_max_age_s=args.dlq_max_age_days * 86400)
+                        dlq_max_age_s=args.dlq_max_age_days * 86400,
+                        dlq_max_bytes=int(args.dlq_max_mib * 1024**2))
 
 
 def edge_flags(parser: argparse.ArgumentParser) -> None:

@@ -13,11 +13,25 @@ the service account exports to it, and the server rewrites the reply of a servic
 the PubAck can only come back to the publisher, inside the tenant's own account.
 
 Each tenant account imports exactly its protocol (README, "The subject protocol"):
-`lw.req.*.<tenant>` and `lw.cancel.<tenant>.*` as services, `lw.tok.<tenant>.>` as a stream.
-It has no JetStream of its own and sees nothing else. Its one user also has subject permissions
-(the same subjects), so a publish outside them is refused with a permissions error that the
-client can report, instead of vanishing; and account limits (connections, subscriptions,
-payload), so one tenant cannot exhaust the server.
+`lw.req.<class>.<tenant>` for each class its tenant document lists, and `lw.cancel.<tenant>.*`,
+as services, `lw.tok.<tenant>.>` as a stream. It has no JetStream of its own and sees nothing
+else. Its one user also has subject permissions (the same subjects), so a publish outside them is
+refused with a permissions error that the client can report, instead of vanishing; and account
+limits (connections, subscriptions, payload), so one tenant cannot exhaust the server.
+
+Why per class and not `lw.req.*.<tenant>`: LW_REQ caps each subject's backlog, not a tenant's
+total, so a tenant free to name any class token could store as many messages as it could invent
+tokens, and every one costs the broker a read and a dead letter. Named classes bound it to
+(classes listed) x `--backlog-per-tenant`; a made-up or a withheld class is refused by the server.
+
+The classes are the tenant documents' as the config is written (the settings file's, or a new
+tenant's defaults for a bare `--tenant` name). The config does not follow live changes: a class
+given to a tenant with `laneway tenants set` (or a class added with `laneway classes set` that the
+document did not already list) reaches its NATS user only when the config is written again and
+nats-server reloads it (`laneway up`: a restart; docker compose: rerun `nats-auth`, then SIGHUP
+the nodes; the Helm chart: an upgrade with the new settings). Until then the bridge serves the
+class (it publishes as the bridge's user) and the broker still refuses a class taken away (the
+gate reads the live document).
 
 Services get the subjects their code uses, found by reading it and by running every feature
 under these roles until the server logged no permission violation
@@ -51,6 +65,7 @@ from bridge.file_store import FILE_DATA_BUCKET, FILES_BUCKET
 from broker.gate.quota.store import QUOTA_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
+from core.policy.tenants import Tenant
 from core.topology import BUCKETS as LIVE_BUCKETS  # classes, tenants, routing: watched live
 from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, Subjects, check_token, service_inbox
 
@@ -186,32 +201,44 @@ class TenantLimits:
                 "max_payload": self.max_payload}
 
 
-def tenant_subjects(s: Subjects, tenant: str) -> tuple[str, str, str]:
-    """The tenant's protocol: (requests, cancels, tokens)."""
+def tenant_classes(tenants: Iterable[str | Tenant]) -> dict[str, tuple[str, ...]]:
+    """tenant → the classes its NATS user may publish requests in: a document's `classes`; a
+    bare name gets a new tenant's default classes. A name listed twice is a config error: the
+    first one counts."""
+    found: dict[str, tuple[str, ...]] = {}
+    for t in tenants:
+        doc = t if isinstance(t, Tenant) else Tenant(name=check_token("tenant", t))
+        found.setdefault(doc.name, tuple(dict.fromkeys(check_token("class", c) for c in doc.classes)))
+    return found
+
+
+def tenant_subjects(s: Subjects, tenant: str, classes: Iterable[str]) -> tuple[list[str], str, str]:
+    """The tenant's protocol: (its request subject in each of `classes`, cancels, tokens)."""
     check_token("tenant", tenant)
-    return s.req("*", tenant), s.cancel(tenant, "*"), f"{s.tok_tenant_prefix(tenant)}>"
+    requests = [s.req(check_token("class", klass), tenant) for klass in classes]
+    return requests, s.cancel(tenant, "*"), f"{s.tok_tenant_prefix(tenant)}>"
 
 
-def tenant_permissions(s: Subjects, tenant: str) -> dict:
+def tenant_permissions(s: Subjects, tenant: str, classes: Iterable[str]) -> dict:
     """Within its own account: publish only its requests and cancels, read its tokens and the
     PubAcks of its publishes (`_INBOX.>`, nats-py's default; `_INBOX_<tenant>.>` for clients
     configured with that prefix before tenants had accounts)."""
-    requests, cancels, tokens = tenant_subjects(s, tenant)
-    return _permissions([requests, cancels], [tokens, "_INBOX.>", f"_INBOX_{tenant}.>"])
+    requests, cancels, tokens = tenant_subjects(s, tenant, classes)
+    return _permissions([*requests, cancels], [tokens, "_INBOX.>", f"_INBOX_{tenant}.>"])
 
 
-def tenant_exports(s: Subjects, tenant: str) -> list[dict]:
+def tenant_exports(s: Subjects, tenant: str, classes: Iterable[str]) -> list[dict]:
     """What the service account offers this tenant's account, and no other."""
-    requests, cancels, tokens = tenant_subjects(s, tenant)
+    requests, cancels, tokens = tenant_subjects(s, tenant, classes)
     to = [tenant_account(tenant)]
-    return [{"service": requests, "accounts": to, "response_type": "singleton"},   # one PubAck
+    return [*({"service": r, "accounts": to, "response_type": "singleton"} for r in requests),  # one PubAck
             {"service": cancels, "accounts": to},
             {"stream": tokens, "accounts": to}]
 
 
-def tenant_imports(s: Subjects, tenant: str) -> list[dict]:
-    requests, cancels, tokens = tenant_subjects(s, tenant)
-    return [{"service": {"account": SERVICE_ACCOUNT, "subject": requests}},
+def tenant_imports(s: Subjects, tenant: str, classes: Iterable[str]) -> list[dict]:
+    requests, cancels, tokens = tenant_subjects(s, tenant, classes)
+    return [*({"service": {"account": SERVICE_ACCOUNT, "subject": r}} for r in requests),
             {"service": {"account": SERVICE_ACCOUNT, "subject": cancels}},
             {"stream": {"account": SERVICE_ACCOUNT, "subject": tokens}}]
 
@@ -220,19 +247,20 @@ def _user(name: str, passwords: dict[str, str], permissions: dict) -> dict:
     return {"user": name, "password": passwords[name], "permissions": permissions}
 
 
-def accounts(s: Subjects, tenants: Iterable[str], passwords: dict[str, str],
+def accounts(s: Subjects, tenants: Iterable[str | Tenant], passwords: dict[str, str],
              limits: TenantLimits = TenantLimits()) -> dict:
     """The `accounts` map: the service account with JetStream and every role's user, and one
-    account per tenant with its user, its imports and its limits."""
-    tenants = list(tenants)
+    account per tenant with its user, its imports and its limits. A tenant is its document (its
+    classes are what its user may publish in) or a bare name (a new tenant's default classes)."""
+    classes = tenant_classes(tenants)
     services = {"jetstream": "enabled",
                 "users": [_user(user_name(role), passwords, perms)
                           for role, perms in service_permissions(s).items()],
-                "exports": [export for t in tenants for export in tenant_exports(s, t)]}
+                "exports": [export for t, c in classes.items() for export in tenant_exports(s, t, c)]}
     result = {SERVICE_ACCOUNT: services}
-    for t in tenants:
-        result[tenant_account(t)] = {"users": [_user(tenant_user(t), passwords, tenant_permissions(s, t))],
-                                     "imports": tenant_imports(s, t), "limits": limits.block()}
+    for t, c in classes.items():
+        result[tenant_account(t)] = {"users": [_user(tenant_user(t), passwords, tenant_permissions(s, t, c))],
+                                     "imports": tenant_imports(s, t, c), "limits": limits.block()}
     return result
 
 
@@ -244,14 +272,14 @@ def generate_passwords(tenants: Iterable[str]) -> dict[str, str]:
     return {name: secrets.token_urlsafe(24) for name in user_names(tenants)}
 
 
-def accounts_block(s: Subjects, tenants: Iterable[str], passwords: dict[str, str],
+def accounts_block(s: Subjects, tenants: Iterable[str | Tenant], passwords: dict[str, str],
                    limits: TenantLimits = TenantLimits()) -> str:
     """`accounts {...}` alone: a whole config, or a file to `include` in one. JSON is valid
     nats-server config syntax as a map value, so quoting is exact."""
     return "accounts " + json.dumps(accounts(s, tenants, passwords, limits), indent=2) + "\n"
 
 
-def render(s: Subjects, tenants: Iterable[str], passwords: dict[str, str], *, store_dir: str | None = None,
+def render(s: Subjects, tenants: Iterable[str | Tenant], passwords: dict[str, str], *, store_dir: str | None = None,
            host: str = "0.0.0.0", port: int = 4222, limits: TenantLimits = TenantLimits()) -> str:
     """A whole config, for `laneway nats-config`."""
     config: dict = {"host": host, "port": port, "jetstream": {"store_dir": store_dir} if store_dir else {},
@@ -282,11 +310,13 @@ class UpAuth:
     tenants: dict[str, tuple[str, str]]         # tenant → (user, password)
 
 
-def up_auth(s: Subjects, tenants: Iterable[str], data_dir: Path) -> UpAuth:
+def up_auth(s: Subjects, tenants: Iterable[str | Tenant], data_dir: Path) -> UpAuth:
     """Users for `laneway up`'s nats-server, in `data_dir`. Passwords already in its credentials
     file are kept, so a restart on the same data dir works with the same credentials; a new
-    tenant gets a new one and a tenant no longer listed loses its user."""
-    tenants = list(dict.fromkeys(tenants))     # a user listed twice is a config error
+    tenant gets a new one and a tenant no longer listed loses its user. Tenants as `accounts`
+    takes them: documents (their classes), or names (the default classes)."""
+    tenants = list(tenants)
+    names = list(tenant_classes(tenants))       # a user listed twice is a config error: once here
     data_dir.mkdir(parents=True, exist_ok=True)
     auth_path, creds_path = data_dir / AUTH_FILE, data_dir / CREDENTIALS_FILE
     known: dict[str, str] = {}
@@ -297,19 +327,20 @@ def up_auth(s: Subjects, tenants: Iterable[str], data_dir: Path) -> UpAuth:
                 raise ValueError("not a JSON object of user → password")
         except ValueError as exc:
             raise ValueError(f"{creds_path}: {exc}; delete it to generate new passwords") from None
-    fresh = generate_passwords(tenants)
+    fresh = generate_passwords(names)
     passwords = {name: known.get(name) or fresh[name] for name in fresh}
     write_private(auth_path, accounts_block(s, tenants, passwords))
     write_private(creds_path, json.dumps(passwords, indent=2))
     return UpAuth(auth_path, creds_path,
                   {role: (user_name(role), passwords[user_name(role)]) for role in ROLES},
-                  {t: (tenant_user(t), passwords[tenant_user(t)]) for t in tenants})
+                  {t: (tenant_user(t), passwords[tenant_user(t)]) for t in names})
 
 
 # -- laneway nats-config ----------------------------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tenant", action="append", default=[], help="a tenant name (repeat)")
-    parser.add_argument("--settings", help="take tenant names from this settings TOML")
+    parser.add_argument("--tenant", action="append", default=[],
+                        help="a tenant name (repeat); its user may publish in the default classes")
+    parser.add_argument("--settings", help="take tenants, and the classes each may use, from this settings TOML")
     parser.add_argument("--prefix", default="lw")
     parser.add_argument("--port", type=int, default=4222)
     parser.add_argument("--store-dir", default=None)
@@ -319,16 +350,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tenants = list(args.tenant)
+    tenants: list[str | Tenant] = []
     if args.settings:
         from core.settings import load_settings
 
-        tenants += list(load_settings(Path(args.settings)).tenants)
-    tenants = list(dict.fromkeys(tenants))
-    passwords = generate_passwords(tenants)
+        tenants += load_settings(Path(args.settings)).tenants.values()
+    tenants = [*tenants, *args.tenant]      # a name the settings list keeps the settings' classes
+    passwords = generate_passwords(tenant_classes(tenants))
     write_private(args.out, render(Subjects(args.prefix), tenants, passwords,
                                    store_dir=args.store_dir, port=args.port))
     write_private(args.credentials_out, json.dumps(passwords, indent=2))
-    print(f"wrote {args.out} ({len(tenants)} tenants, {len(ROLES)} roles: {', '.join(ROLES)}) "
+    print(f"wrote {args.out} ({len(passwords) - len(ROLES)} tenants, {len(ROLES)} roles: {', '.join(ROLES)}) "
           f"and {args.credentials_out}")
     return 0

@@ -294,7 +294,7 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    auth = None if args.no_nats_auth else up_auth(Subjects(_prefix(forwarded)), settings.tenants, data_dir)
+    auth = None if args.no_nats_auth else up_auth(Subjects(_prefix(forwarded)), settings.tenants.values(), data_dir)
     nats = NatsServer(data_dir / "nats", port=args.nats_port,
                       config_file=auth.authorization_file if auth else None,
                       encryption_key_file=None if args.no_encrypt_at_rest else data_dir / "nats" / "jetstream.key")

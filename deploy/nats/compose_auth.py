@@ -60,7 +60,7 @@ def cluster_auth(password: str, routes: list[str]) -> str:
 
 
 def write(args: argparse.Namespace) -> None:
-    tenants = list(load_settings(args.settings).tenants) if args.settings else []
+    tenants = list(load_settings(args.settings).tenants.values()) if args.settings else []
     auth = up_auth(Subjects(args.prefix), tenants, args.out)
     write_private(args.out / CLUSTER_FILE, cluster_auth(route_password(args.out), args.routes.split(",")))
     ca = certs.ensure(args.out, args.tls_names.split(","))

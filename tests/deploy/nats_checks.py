@@ -14,7 +14,8 @@ S = Subjects("lw")
 # Subjects a tenant must never publish to (the control plane, JetStream's API, broker events).
 FORBIDDEN = ("$KV.lw_tenants.{other}", "$KV.lw_routing.rules", "$KV.lw_quota_use.{tenant}.tokens",
              "$JS.API.INFO", "$JS.API.STREAM.LIST", "$JS.API.STREAM.DELETE.LW_REQ",
-             "lw.evt.broker.forged", "lw.usage.{tenant}", "lw.req.interactive.{other}")
+             "lw.evt.broker.forged", "lw.usage.{tenant}", "lw.req.interactive.{other}",
+             "lw.req.no-such-class.{tenant}")       # its requests only in the classes it may use
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

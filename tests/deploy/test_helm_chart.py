@@ -36,6 +36,7 @@ from pathlib import Path
 import helm_python as helm
 import jsonschema
 import kubernetes_validate
+import msgspec
 import nats
 import nats.errors
 import pytest
@@ -614,8 +615,16 @@ def rendered_accounts(variant: str) -> dict:
 
 
 def rendered_tenants(variant: str) -> list[str]:
+    return sorted(rendered_tenant_docs(variant))
+
+
+def rendered_tenant_docs(variant: str) -> dict:
+    """tenant → its document, as the settings the chart rendered give it (its classes included)."""
+    from core.policy.tenants import Tenant
+
     settings = named(variant, "ConfigMap", f"{RELEASE}-laneway-settings")["data"]["settings.toml"]
-    return sorted(tomllib.loads(settings).get("tenants", {}))
+    tenants = tomllib.loads(settings).get("tenants", {})
+    return {name: msgspec.convert({"name": name, **doc}, Tenant) for name, doc in tenants.items()}
 
 
 def canonical(accounts: dict) -> dict:
@@ -641,7 +650,11 @@ def test_rendered_accounts_are_the_codes_for_the_settings_tenants(variant: str) 
         assert secret["user"] == user_name(role)
         passwords[secret["user"]] = secret["password"]
     assert len(set(passwords.values())) == len(passwords), "every user its own password"
-    assert canonical(rendered_accounts(variant)) == canonical(accounts(Subjects("lw"), tenants, passwords))
+    docs = rendered_tenant_docs(variant).values()     # each user publishes in its tenant's classes alone
+    assert canonical(rendered_accounts(variant)) == canonical(accounts(Subjects("lw"), docs, passwords))
+    if variant == "all-on":
+        globex = rendered_accounts(variant)["TENANT_globex"]["users"][0]["permissions"]["publish"]["allow"]
+        assert globex == ["lw.req.batch.globex", "lw.cancel.globex.*"]
     if variant == "all-on":     # a password chosen in values is the one in both Secrets
         assert passwords["ops"] == values(variant)["natsAuth"]["passwords"]["ops"]
 

@@ -67,7 +67,11 @@ def test_a_tenant_cannot_publish_into_the_control_plane_or_another_tenant(source
         reachable = allow + imported(accounts[account])
         for subject in (f.format(tenant=tenant, other=f"x{tenant}") for f in FORBIDDEN):
             assert not [a for a in reachable if subject_matches(a, subject)], f"tenant-{tenant} reaches {subject}"
-        assert any(subject_matches(a, S.req("interactive", tenant)) for a in allow), "its own requests"
+        # Its own requests, each class by name (its settings' classes): never a class wildcard.
+        requests = [a for a in allow if a.startswith(f"{S.prefix}.req.")]
+        assert requests, f"tenant-{tenant} publishes no request"
+        assert all(a.split(".")[2] not in ("*", ">") and a == S.req(a.split(".")[2], tenant) for a in requests), \
+            requests
         # Only its own subjects cross into its account, and only from the service account.
         for i in accounts[account]["imports"]:
             source_account = next(iter(i.values()))["account"]
@@ -87,7 +91,7 @@ def test_the_service_account_exports_to_each_tenant_only_its_own_subjects(source
         (tenant,) = [a.removeprefix("TENANT_") for a in e["accounts"]]
         subject = e.get("service") or e["stream"]
         assert tenant in subject.split("."), e
-        if subject == S.req("*", tenant):
+        if subject.startswith(f"{S.prefix}.req."):      # each class the tenant may use
             # One reply, rewritten by the server: the PubAck can only go back to the publisher.
             assert e["response_type"] == "singleton", e
 

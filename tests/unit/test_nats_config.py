@@ -5,6 +5,7 @@ is tests/integration/test_nats_isolation.py's job; the attacks are tests/securit
 
 from __future__ import annotations
 
+import argparse
 import json
 import stat
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.natsd import server_binary
+from core.policy.tenants import Tenant
 from laneway.nats_config import (
     ROLES,
     SERVICE_ACCOUNT,
@@ -21,6 +23,7 @@ from laneway.nats_config import (
     accounts_block,
     generate_passwords,
     render,
+    run,
     service_permissions,
     tenant_permissions,
     up_auth,
@@ -114,8 +117,8 @@ def test_jetstream_rights_are_per_verb_and_stream():
     assert {role for role, subjects in publish.items() if making & set(subjects)} == {"ops"}
     assert making <= set(publish["ops"])
     assert all(len(subjects) == len(set(subjects)) for subjects in publish.values())
-    tenant = tenant_permissions(S, "acme")
-    assert tenant["publish"]["allow"] == ["lw.req.*.acme", "lw.cancel.acme.*"]
+    tenant = tenant_permissions(S, "acme", ["interactive", "batch"])
+    assert tenant["publish"]["allow"] == ["lw.req.interactive.acme", "lw.req.batch.acme", "lw.cancel.acme.*"]
     assert tenant["subscribe"]["allow"] == ["lw.tok.acme.>", "_INBOX.>", "_INBOX_acme.>"]
 
 
@@ -131,7 +134,8 @@ def test_each_tenant_account_imports_only_its_own_protocol():
     assert [u["user"] for u in acme["users"]] == ["tenant-acme"]
     assert acme["limits"]["max_connections"] == 3
     imported = [(kind, spec["subject"]) for i in acme["imports"] for kind, spec in i.items()]
-    assert imported == [("service", "lw.req.*.acme"), ("service", "lw.cancel.acme.*"), ("stream", "lw.tok.acme.>")]
+    assert imported == [("service", "lw.req.interactive.acme"), ("service", "lw.req.standard.acme"),
+                        ("service", "lw.req.batch.acme"), ("service", "lw.cancel.acme.*"), ("stream", "lw.tok.acme.>")]
     # Every export names the one account that may import it: no public export.
     for export in services["exports"]:
         subject = export.get("service") or export["stream"]
@@ -147,3 +151,30 @@ def test_each_service_user_reads_only_its_own_inbox():
     assert len({service_inbox(user_name(role)) for role in ROLES}) == len(ROLES)
     assert service_inbox("ops@corp.example") == "_INBOX_ops_corp_example"     # one token, always
     assert service_inbox(None) == "_INBOX"
+
+
+def test_a_tenant_user_reaches_only_the_classes_its_document_lists(tmp_path):
+    """A class token is the publisher's word: `lw.req.*.<tenant>` would let a tenant store a
+    backlog in every token it can invent. Its document's classes are exported, imported and
+    permitted, each; a bare name gets a new tenant's default classes."""
+    nightly = Tenant(name="nightly", default_class="batch", classes=["batch", "batch"])
+    accts = accounts(S, [nightly, "acme"], generate_passwords(["nightly", "acme"]))
+    requests = {e["service"] for e in accts[SERVICE_ACCOUNT]["exports"] if ".req." in e.get("service", "")}
+    assert requests == {"lw.req.batch.nightly", *(f"lw.req.{c}.acme" for c in ("interactive", "standard", "batch"))}
+    account = accts["TENANT_nightly"]
+    assert account["users"][0]["permissions"]["publish"]["allow"] == ["lw.req.batch.nightly", "lw.cancel.nightly.*"]
+    assert [i["service"]["subject"] for i in account["imports"] if "service" in i] == [
+        "lw.req.batch.nightly", "lw.cancel.nightly.*"]
+    assert not any("*" in s for s in requests)
+    assert up_auth(S, {"nightly": nightly}.values(), tmp_path).tenants.keys() == {"nightly"}
+    assert '"lw.req.batch.nightly"' in (tmp_path / "nats-auth.conf").read_text()
+    # `laneway nats-config --settings`: the settings' classes, also for a name given again.
+    (tmp_path / "settings.toml").write_text('[tenants.nightly]\ndefault_class = "batch"\nclasses = ["batch"]\n')
+    args = argparse.Namespace(tenant=["nightly", "acme"], settings=str(tmp_path / "settings.toml"), prefix="lw",
+                              port=4222, store_dir=None, out=tmp_path / "nats.conf",
+                              credentials_out=tmp_path / "creds.json")
+    assert run(args) == 0
+    written = json.loads((tmp_path / "nats.conf").read_text())["accounts"]
+    assert written["TENANT_nightly"]["imports"][0]["service"]["subject"] == "lw.req.batch.nightly"
+    assert len(written["TENANT_nightly"]["imports"]) == 3 and len(written["TENANT_acme"]["imports"]) == 5
+    assert nats_server_accepts(tmp_path / "nats.conf").returncode == 0
