@@ -5,14 +5,15 @@ tenant's flood of long prompts (each hundreds of milliseconds in the PII pool) w
 other tenant's request at the gate behind the whole flood, whatever share of the pool each
 tenant's jobs may take. So each message is admitted in a task of its own:
 
-- a tenant has at most `per_tenant` admissions running; its others wait in arrival order
-  (`broker/share.py`), so one tenant cannot start unbounded gate work;
+- a tenant has at most `per_tenant` admissions running; its others wait by class, then in
+  arrival order (`broker/share.py`), so one tenant cannot start unbounded gate work, and its chat
+  arriving behind thousands of its own batch requests is the next one through;
 - messages with the same (tenant, request id) are admitted one after another, so the gate's
   duplicate check sees how the earlier one ended;
 - `len()` counts every message not yet through, so the intake's room covers them: no pull brings
   in more than the broker may hold.
 
-    admitting.submit(tenant, request_id, lambda: admit(msg))   # from the subscription callback
+    admitting.submit(tenant, request_id, rank, lambda: admit(msg))   # from the subscription callback
     await admitting.wait_idle()                                  # stopping: all of them through
 
 A task that raises is logged and its message left unacked: JetStream delivers it again after
@@ -45,9 +46,10 @@ class Admitting:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def submit(self, tenant: str, request_id: str, admit: Callable[[], Awaitable[None]]) -> None:
+    def submit(self, tenant: str, request_id: str, rank: int, admit: Callable[[], Awaitable[None]]) -> None:
+        """`rank`: the request's class rank (0 first), its place among the tenant's waiting ones."""
         key = (tenant, request_id)
-        task = asyncio.create_task(self._run(tenant, self._last.get(key), admit),
+        task = asyncio.create_task(self._run(tenant, rank, self._last.get(key), admit),
                                    name=f"laneway-admit-{tenant}")
         self._last[key] = task
         self._tasks.add(task)
@@ -57,11 +59,11 @@ class Admitting:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    async def _run(self, tenant: str, before: asyncio.Task[None] | None,
+    async def _run(self, tenant: str, rank: int, before: asyncio.Task[None] | None,
                    admit: Callable[[], Awaitable[None]]) -> None:
         if before is not None:
             await asyncio.wait([before])    # its outcome is its own (logged there), not ours
-        await self._share.take(tenant)
+        await self._share.take(tenant, rank=rank)
         try:
             await admit()
         except Exception:

@@ -69,7 +69,7 @@ class Broker:
         self.s = config.nats.subjects
         self.metrics = metrics or BrokerMetrics()
         self.live = LiveConfig(on_classes=self._apply_classes, on_catalogue=self._catalogue_changed)
-        self.gate = Gate(self.s, max_context_tokens=config.max_context_tokens)
+        self.gate = Gate(self.s, max_context_tokens=config.max_context_tokens, rank_of=self.live.rank)
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self.peers = Peers(self.id, PEER_STALE_S)
@@ -299,7 +299,7 @@ class Broker:
             return
         delivery = Delivery(attempt, metadata.sequence.stream, (msg.headers or {}).get(MSG_ID_HEADER), escalated)
         # Off the subscription's one task: another tenant's next message need not wait for this one.
-        self._admitting.submit(tenant, request.request_id,
+        self._admitting.submit(tenant, request.request_id, self.live.rank(klass),
                                lambda: self._admit(msg, request, klass, tenant, delivery))
 
     async def _admit(self, msg: Msg, request: GenerateRequest, klass: str, tenant: str,

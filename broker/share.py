@@ -1,12 +1,13 @@
 """Each tenant's bounded share of something many tenants use at once. Pure asyncio: no clock.
 
-A tenant holds at most `limit` units at once; its other callers wait in FIFO order, and a wait
-of one tenant never holds up another's. The PII stage counts one unit per job in its analyzer
+A tenant holds at most `limit` units at once; its other callers wait in order of their class
+(`rank`, 0 first: a tenant's chat is never queued behind its own batch flood), in arrival order
+within a rank, and a wait of one tenant never holds up another's. The PII stage counts one unit per job in its analyzer
 pool (one process busy): a tenant flooding the gate with large prompts keeps at most `limit`
 processes busy, and another tenant's job queues behind at most the jobs already there, never
 behind the flood. The broker counts one unit per request under admission (`broker/admitting.py`).
 
-    units = await share.take(tenant, want)   # 1..want units, FIFO per tenant; cancellable
+    units = await share.take(tenant, want, rank)   # 1..want units, by rank then FIFO; cancellable
     ...                                      # one unit per job handed to the pool
     share.give_back(tenant)                  # as each job ends: its process is free again
 
@@ -17,7 +18,8 @@ unit given back passes straight to the first waiter, which then holds it).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import heapq
+import itertools
 
 
 def default_share(processes: int) -> int:
@@ -32,18 +34,21 @@ class TenantShare:
             raise ValueError(f"a tenant's share is at least one job, not {limit}")
         self.limit = limit
         self._held: dict[str, int] = {}
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        # Per tenant, a heap of (rank, arrival, waiter): the first live one is served next.
+        self._waiting: dict[str, list[tuple[int, int, asyncio.Future[None]]]] = {}
+        self._arrivals = itertools.count()
 
     def held(self, tenant: str) -> int:
         """Units the tenant holds, those handed to a waiter that has not resumed yet included."""
         return self._held.get(tenant, 0)
 
     def waiting(self, tenant: str) -> int:
-        return sum(not w.done() for w in self._waiting.get(tenant, ()))
+        return sum(not w.done() for _, _, w in self._waiting.get(tenant, ()))
 
-    async def take(self, tenant: str, want: int = 1) -> int:
-        """Wait for one unit (behind the tenant's earlier callers), then take as many more as are
-        free, up to `want` while none of the tenant's callers waits: how many the caller now holds.
+    async def take(self, tenant: str, want: int = 1, rank: int = 0) -> int:
+        """Wait for one unit (behind the tenant's callers of a lower rank number, and its earlier
+        ones of the same rank), then take as many more as are free, up to `want` while none of
+        the tenant's callers waits: how many the caller now holds.
 
         Cancelled while it waits, a caller has taken nothing and gives back nothing; cancelled
         after a unit was handed to it but before it resumed, it passes that unit on."""
@@ -52,7 +57,7 @@ class TenantShare:
             self._held[tenant] = held + 1
         else:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.setdefault(tenant, deque()).append(waiter)
+            heapq.heappush(self._waiting.setdefault(tenant, []), (rank, next(self._arrivals), waiter))
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -84,11 +89,11 @@ class TenantShare:
         queue = self._waiting.get(tenant)
         if queue is None:
             return False
-        while queue and queue[0].done():         # cancelled, its task not yet resumed
-            queue.popleft()
+        while queue and queue[0][2].done():      # cancelled, its task not yet resumed
+            heapq.heappop(queue)
         woken = bool(queue)
         if woken:
-            queue.popleft().set_result(None)
+            heapq.heappop(queue)[2].set_result(None)
         if not queue:
             del self._waiting[tenant]
         return woken
@@ -97,9 +102,9 @@ class TenantShare:
         queue = self._waiting.get(tenant)
         if queue is None:
             return
-        try:
-            queue.remove(waiter)
-        except ValueError:
-            pass                                 # give_back already dropped it
+        kept = [entry for entry in queue if entry[2] is not waiter]
+        if len(kept) != len(queue):             # else give_back already dropped it
+            heapq.heapify(kept)
+            queue[:] = kept
         if not queue:
             del self._waiting[tenant]

@@ -33,6 +33,9 @@ def _nothing(*_: object) -> None:
     pass
 
 
+LAST_RANK = 1_000        # past every class's rank (a class's is at most 100)
+
+
 class Catalogue:
     def __init__(self, *, on_classes: Callable[[], None] = _nothing,
                  on_catalogue: Callable[[], None] = _nothing,
@@ -62,6 +65,11 @@ class Catalogue:
 
     def model_names(self) -> set[str]:
         return served_names(self.models, self.rules)
+
+    def rank(self, klass: str) -> int:
+        """A class's rank (0 is served first); an unknown one is served last (a gate refuses it)."""
+        policy = self.classes.get(klass)
+        return policy.rank if policy is not None else LAST_RANK
 
     # -- KV watch callbacks ---------------------------------------------------------------
     def _put_class(self, name: str, value: bytes) -> None:

@@ -74,8 +74,10 @@ class Gate:
     def __init__(self, s: Subjects, *, quota: Quota | None = None, pii: PiiGate | None = None,
                  cache: ResponseCache | None = None,
                  publish_audit: Callable[[str, PiiAudit], Awaitable[None]] | None = None,
-                 max_context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> None:
+                 max_context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+                 rank_of: Callable[[str], int] = lambda klass: 0) -> None:
         self.s = s
+        self._rank_of = rank_of         # a class's rank: its place in the PII pool's tenant queue
         self.max_context_tokens = max_context_tokens    # rule-routed models' (the table's set their own)
         self.quota = quota
         self.pii = pii
@@ -190,7 +192,8 @@ class Gate:
                           f"this tenant's policy asks for PII handling and the PII stage is not running "
                           f"({self.pii_missing})")
         try:
-            decision, redacted = await self.pii.inspect_request(tenant, tenant_doc.pii, request)
+            decision, redacted = await self.pii.inspect_request(tenant, tenant_doc.pii, request,
+                                                                rank=self._rank_of(request.klass))
         except PiiUnavailable as exc:
             raise Refusal(ErrorCode.pii_unavailable,
                           f"PII analysis is unavailable and this tenant's policy fails closed ({exc})") from None

@@ -28,8 +28,8 @@ class Gates:
 async def test_a_tenant_stuck_in_the_gate_holds_up_no_other_tenant() -> None:
     admitting, g = Admitting(per_tenant=2), Gates()
     for i in range(10):
-        admitting.submit("acme", f"a{i}", g.admit(f"a{i}"))
-    admitting.submit("globex", "g0", g.admit("g0"))
+        admitting.submit("acme", f"a{i}", 0, g.admit(f"a{i}"))
+    admitting.submit("globex", "g0", 0, g.admit("g0"))
     assert await eventually(lambda: "g0" in g.started)
     assert g.started[:2] == ["a0", "a1"] and "a2" not in g.started    # acme: two at once
     assert len(admitting) == 11
@@ -42,9 +42,9 @@ async def test_a_tenant_stuck_in_the_gate_holds_up_no_other_tenant() -> None:
 
 async def test_one_request_id_is_admitted_once_at_a_time() -> None:
     admitting, g = Admitting(per_tenant=8), Gates()
-    admitting.submit("acme", "same", g.admit("first"))
-    admitting.submit("acme", "same", g.admit("copy"))
-    admitting.submit("acme", "other", g.admit("other"))
+    admitting.submit("acme", "same", 0, g.admit("first"))
+    admitting.submit("acme", "same", 0, g.admit("copy"))
+    admitting.submit("acme", "other", 0, g.admit("other"))
     assert await eventually(lambda: "other" in g.started)
     assert "copy" not in g.started                  # behind the first, whatever the room
     g.gates["first"].set()
@@ -59,9 +59,29 @@ async def test_a_failed_admission_is_logged_and_frees_its_place(caplog) -> None:
 
     async def broken() -> None:
         raise RuntimeError("the gate broke")
-    admitting.submit("acme", "a0", broken)
-    admitting.submit("acme", "a1", g.admit("a1"))
+    admitting.submit("acme", "a0", 0, broken)
+    admitting.submit("acme", "a1", 0, g.admit("a1"))
     assert await eventually(lambda: "a1" in g.started)
     assert "admitting a request of acme failed" in caplog.text
     g.gates["a1"].set()
     await admitting.wait_idle()
+
+
+async def test_a_tenants_chat_behind_its_own_batch_flood_is_admitted_next() -> None:
+    """The door's order is the lanes': a lower rank number first, arrival order within a rank."""
+    admitting, g = Admitting(per_tenant=2), Gates()
+    for i in range(50):
+        admitting.submit("acme", f"batch{i}", 2, g.admit(f"batch{i}"))
+    admitting.submit("acme", "standard", 1, g.admit("standard"))
+    admitting.submit("acme", "chat", 0, g.admit("chat"))
+    assert await eventually(lambda: g.started == ["batch0", "batch1"])
+    g.gates["batch0"].set()
+    assert await eventually(lambda: len(g.started) == 3)
+    assert g.started[2] == "chat"                   # not batch2: the chat arrived 52nd
+    g.gates["batch1"].set()
+    assert await eventually(lambda: len(g.started) == 4)
+    assert g.started[3] == "standard"
+    for gate in g.gates.values():
+        gate.set()
+    await admitting.wait_idle()
+    assert g.started[4:] == [f"batch{i}" for i in range(2, 50)]

@@ -253,3 +253,26 @@ async def test_the_gate_refuses_it_as_pii_too_large():
     with pytest.raises(Refusal) as refused:
         await g._pii(request, "t", Tenant(name="t"))
     assert refused.value.code is ErrorCode.pii_too_large and refused.value.param == "messages"
+
+
+async def test_a_tenants_waiting_jobs_go_by_class_rank_then_arrival() -> None:
+    """A tenant's chat queued behind its own batch flood for the analyzer pool is the next job
+    through: the pool's door keeps the lanes' order (a lower rank first)."""
+    share = TenantShare(1)
+    assert await share.take("acme", rank=2) == 1               # a batch job holds the one unit
+    order: list[str] = []
+
+    async def job(name: str, rank: int) -> None:
+        await share.take("acme", rank=rank)
+        order.append(name)
+
+    tasks = [asyncio.create_task(job(f"batch{i}", 2)) for i in range(5)]
+    tasks.append(asyncio.create_task(job("chat", 0)))
+    while share.waiting("acme") < 6:
+        await asyncio.sleep(0)
+    for done in range(1, 7):        # each unit given back goes to the first waiter by rank
+        share.give_back("acme")
+        while len(order) < done:
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert order[0] == "chat" and order[1:] == [f"batch{i}" for i in range(5)]

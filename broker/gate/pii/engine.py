@@ -119,7 +119,7 @@ class PiiEngine:
         return list(pool._processes) if pool is not None and pool._processes else []  # type: ignore[attr-defined]
 
     async def analyze(self, tenant: str, plan: Plan, texts: list[str],
-                      timeout_s: float) -> tuple[list[list[Hit]], float]:
+                      timeout_s: float, *, rank: int = 0) -> tuple[list[list[Hit]], float]:
         """Findings per text (offsets in that text), and the CPU milliseconds of the slowest job:
         the latency floor on idle cores. The wait for the tenant's share counts in `timeout_s`.
         Raises `PiiUnavailable`."""
@@ -131,7 +131,7 @@ class PiiEngine:
         jobs: list[list[Piece]] = []
         try:
             async with asyncio.timeout(timeout_s):
-                units = await self.share.take(tenant, self._jobs_for(texts))
+                units = await self.share.take(tenant, self._jobs_for(texts), rank)
                 pool = self._pool          # replaced (or closed) while this waited
                 if pool is None:
                     raise PiiUnavailable("the analyzer pool is not running")

@@ -174,11 +174,12 @@ class PiiGate:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def inspect_request(self, tenant: str, policy: TenantPiiPolicy,
-                              request: GenerateRequest) -> tuple[PiiDecision, GenerateRequest]:
+    async def inspect_request(self, tenant: str, policy: TenantPiiPolicy, request: GenerateRequest,
+                              *, rank: int = 0) -> tuple[PiiDecision, GenerateRequest]:
         """`inspect` over all a request carries to an engine: its body and its extra fields.
-        Returns the decision and `decision.redacted(request)`."""
-        decision = await self.inspect_body(tenant, policy, request.body, request.extra)
+        Returns the decision and `decision.redacted(request)`. `rank`: its class's (0 first), its
+        place among the tenant's jobs waiting for the analyzer pool."""
+        decision = await self.inspect_body(tenant, policy, request.body, request.extra, rank=rank)
         return decision, decision.redacted(request)
 
     async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[Message],
@@ -188,7 +189,7 @@ class PiiGate:
                                                                 stop=list(stop) or None))
 
     async def inspect_body(self, tenant: str, policy: TenantPiiPolicy, body: Body,
-                           extra: bytes = b"") -> PiiDecision:
+                           extra: bytes = b"", *, rank: int = 0) -> PiiDecision:
         """Raises `PiiUnavailable` when analysis fails and the policy fails closed, `PiiTooLarge`
         (before any analysis) when the texts are over `max_chars`; a blocked request is a decision
         (audit it, then `raise_if_blocked()`)."""
@@ -204,7 +205,7 @@ class PiiGate:
                                refusal=PiiRefused("extra is not a JSON object", "extra"))
         found = collect(body, decoded, lambda digest: (tenant, key, digest) in self._clean)
         _check_size(found, self.max_chars)
-        hits, analyzed, unavailable, cpu_ms = await self._analyze(tenant, key, plan, policy, found.texts)
+        hits, analyzed, unavailable, cpu_ms = await self._analyze(tenant, key, plan, policy, found.texts, rank)
         findings, edits = self._findings(tenant, policy, found, hits)
         if unavailable is None:
             self._remember_clean(tenant, key, found, {slot for slot, _ in edits})
@@ -217,7 +218,7 @@ class PiiGate:
         )
 
     async def _analyze(self, tenant: str, key: str, plan: Plan, policy: TenantPiiPolicy,
-                       texts: list[str]) -> tuple[list[tuple[Hit, ...] | None], int, str | None, float]:
+                       texts: list[str], rank: int) -> tuple[list[tuple[Hit, ...] | None], int, str | None, float]:
         """Findings per text (None: unavailable, the policy failing open), the texts sent to the
         pool, why analysis was unavailable, and the pool's CPU milliseconds."""
         # Each distinct text once: a schema repeats "type" and "string" dozens of times.
@@ -240,7 +241,7 @@ class PiiGate:
         if todo:
             try:
                 results, cpu_ms = await self.engine.analyze(tenant, plan, [t for t, _ in todo],
-                                                            policy.timeout_ms / 1000)
+                                                            policy.timeout_ms / 1000, rank=rank)
             except PiiUnavailable as exc:
                 if not policy.fail_open:
                     raise
