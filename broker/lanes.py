@@ -7,6 +7,11 @@
   holds that have not started; a class's (with what this batch adds) stay under
   `max_prefill_share` of the step, so a flood of long prompts cannot fill the steps a chat's
   first token waits on. A class with none pending may always take one prompt, however long.
+  And whatever the classes' caps, a worker holds at most `QUEUED_PREFILL_STEPS` steps of unstarted
+  prompts of the same or a higher class than the one taken: an engine serves its queue by
+  priority, then in arrival order, so what a worker holds beyond what it can start soon waits
+  there in arrival order, out of the lanes' reach. A neighbour's flood in a chat's own class
+  then queues here, where tenants share fairly, not in the engine ahead of the chat.
 - Within a class: start-time fair queuing across tenants, cost counted in tokens (prompt
   estimate + max_tokens) divided by the tenant's weight. A tenant that goes idle cannot bank
   credit: on becoming backlogged again its virtual time is lifted to the class clock.
@@ -35,6 +40,9 @@ from core.policy.classes import ClassPolicy
 
 AFFINITY_SLACK_S = 0.25         # how much later a deadline an affinity choice may serve first
 AFFINITY_SLACK_COST = 4096.0    # fair-share virtual time (tokens / weight) it may skip across tenants
+# A worker's unstarted prompts of a class and those above it, at most (in engine steps' tokens):
+# two steps keep a chunked prefill busy; a chat dispatched behind them starts within about that.
+QUEUED_PREFILL_STEPS = 2
 HEAD_CANDIDATES = 3             # a tenant's heap entries looked at: its root and the root's children
 
 
@@ -236,11 +244,12 @@ class Lanes:
             first = worker_empty and not out.dispatch
             room = min(free_slots, lane.policy.slot_cap(total_slots) - held.get(lane.policy.name, 0))
             fair_vtime = queue.vtime            # the lane's clock: the fair tenant's, whatever is picked
+            ahead = self._queued_ahead(lane.policy, pending)
             if prefer is not None:
                 chosen = self._preferred(lane, queue, item, now, prefer)
-                if first or self._fits(lane.policy, chosen[1], token_budget, room, pending, step_tokens):
+                if first or self._fits(lane.policy, chosen[1], token_budget, room, pending, step_tokens, ahead):
                     queue, item = chosen
-            if not (first or self._fits(lane.policy, item, token_budget, room, pending, step_tokens)):
+            if not (first or self._fits(lane.policy, item, token_budget, room, pending, step_tokens, ahead)):
                 blocked.add(lane.policy.name)
                 continue
             if max_bytes is not None and out.dispatch and item.size > max_bytes:
@@ -262,9 +271,20 @@ class Lanes:
     # -- internals ------------------------------------------------------------------------
     @classmethod
     def _fits(cls, policy: ClassPolicy, item: Item, token_budget: int, room: int, pending: dict[str, int],
-              step_tokens: int) -> bool:
+              step_tokens: int, ahead: int) -> bool:
         return (item.cost <= token_budget and item.slots <= room
-                and cls._prefill_fits(policy, item, pending, step_tokens))
+                and cls._prefill_fits(policy, item, pending, step_tokens)
+                and (step_tokens <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step_tokens))
+
+    def _queued_ahead(self, policy: ClassPolicy, pending: dict[str, int]) -> int:
+        """Unstarted prompt tokens at the worker that an item of `policy`'s class would queue
+        behind in its engine: those of its rank or a higher one (a class it does not know, too)."""
+        total = 0
+        for name, tokens in pending.items():
+            lane = self._lanes.get(name)
+            if lane is None or lane.policy.rank <= policy.rank:
+                total += tokens
+        return total
 
     @staticmethod
     def _prefill_fits(policy: ClassPolicy, item: Item, pending: dict[str, int], step_tokens: int) -> bool:

@@ -282,6 +282,27 @@ def test_no_step_size_reported_means_no_prefill_cap():
     assert _pick(lanes, {"batch": 5000}, step=0) == floods
 
 
+def test_a_neighbours_flood_in_the_chats_own_class_waits_here_not_in_the_engine():
+    """Interactive has no prefill cap of its own, but a worker holding two steps of unstarted
+    interactive prompts takes no more of them: another tenant's chat arriving next is chosen
+    here by fair share as soon as the engine starts those, instead of queueing in the engine
+    behind a hundred of the neighbour's prompts in arrival order."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    flood = [_prompt("interactive", 1536) for _ in range(40)]
+    for it in flood:
+        it.tenant = "globex"
+        lanes.admit(it, 0.0)
+    taken = _pick(lanes, {}, slots=40)
+    assert sum(it.prompt for it in taken[1:]) <= 2 * 8192 < sum(it.prompt for it in taken) + 1536
+    pending = {"interactive": sum(it.prompt for it in taken)}
+    assert _pick(lanes, pending, slots=40) == []          # the engine has two steps queued
+    chat = _prompt("interactive", 512)
+    chat.tenant = "acme"
+    lanes.admit(chat, 0.0)
+    assert _pick(lanes, {"interactive": 2 * 8192 - 600}, slots=40)[0] is chat   # room again: fair share
+    assert _pick(lanes, {"batch": 10 * 8192}, slots=1)[0].klass == "interactive"  # lower classes: behind it
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(1, 4000), min_size=1, max_size=20), st.integers(0, 3000),
        st.floats(0.05, 0.9), st.sampled_from([2048, 8192]))
