@@ -5,6 +5,7 @@ Parses SSE itself (no SDK) so the load generator spends as little CPU per token 
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ class Result:
     request_id: str = ""                                 # Laneway's (x-request-id): usage records name it
     finish_reason: str | None = None                     # the last choice chunk's, once the stream ends
     retry_after: float | None = None                     # a refusal's Retry-After, seconds
+    retries: int = 0                                     # attempts refused (429/503) before this one
 
     @property
     def ok(self) -> bool:
@@ -47,14 +49,17 @@ class Result:
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, body: dict,
-                      headers: dict[str, str] | None = None, result: Result | None = None) -> Result:
+                      headers: dict[str, str] | None = None, result: Result | None = None,
+                      since: float | None = None) -> Result:
     """Fills `result` (a new one if None) as the stream goes, so a caller that cancels this
-    coroutine still holds what arrived so far."""
+    coroutine still holds what arrived so far. `since`: the perf_counter the user started waiting
+    (a retry's first attempt); TTFT and e2e count from it."""
     if result is None:
         result = Result()
-    result.started_at = time.time()
+    if since is None:
+        result.started_at = time.time()
     h = {"Authorization": f"Bearer {api_key}", **(headers or {})}
-    start = time.perf_counter()
+    start = time.perf_counter() if since is None else since
     try:
         async with session.post(f"{url}/v1/chat/completions", json=body, headers=h) as resp:
             result.status = resp.status
@@ -91,6 +96,17 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
     finally:
         result.e2e = time.perf_counter() - start
     return result
+
+
+RETRIED = (408, 409, 429, 500, 502, 503, 504)      # what the OpenAI SDK retries
+
+
+def sdk_backoff(attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
+    """The OpenAI SDK's wait before retry `attempt` (1, 2, ...): the server's Retry-After when it
+    gives one (up to 60 s), else 0.5 s doubling to at most 8 s, less up to a quarter of jitter."""
+    if retry_after_s is not None:
+        return retry_after_s
+    return min(0.5 * 2 ** (attempt - 1), 8.0) * (1 - 0.25 * rng.random())
 
 
 def retry_after(value: str | None) -> float | None:

@@ -31,6 +31,9 @@ class Flow:
     max_tokens_spread: float = 0.0  # max_tokens drawn uniformly in ±spread·max_tokens
     ramp_s: float = 0.0            # closed loop: users start spread over this long
     distinct: bool = False         # each prompt begins with its own tag: no engine prefix-cache hits
+    # Open loop: a 429/503 is retried this many times as the OpenAI SDK does (its Retry-After,
+    # else exponential backoff), and TTFT counts from the first attempt: what its user waits.
+    retries: int = 0
 
     @property
     def open_loop(self) -> bool:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import aiohttp
 
-from loadtest.http_client import Result, stream_chat
+from loadtest.http_client import RETRIED, Result, sdk_backoff, stream_chat
 from loadtest.scenarios import Flow, RequestShape
 
 
@@ -30,6 +30,7 @@ class Call:
     model: str
     prompt: str
     max_tokens: int
+    retries: int = 0               # 429/503 retried as the OpenAI SDK does (Flow.retries)
 
 
 class Target(Protocol):
@@ -47,6 +48,7 @@ class HttpTarget:
         self.url = url
         self.keys = keys
         self._session: aiohttp.ClientSession | None = None
+        self._rng = random.Random(0)        # the retries' jitter
 
     async def __aenter__(self) -> "HttpTarget":
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -63,8 +65,16 @@ class HttpTarget:
         body = {"model": call.model, "stream": True, "max_tokens": call.max_tokens,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "user", "content": call.prompt}]}
-        await stream_chat(self._session, self.url, self.keys[call.tenant], body,
-                          {"x-laneway-class": call.klass}, result=result)
+        result.started_at, since = time.time(), time.perf_counter()
+        for attempt in range(call.retries + 1):
+            if attempt:
+                await asyncio.sleep(sdk_backoff(attempt, result.retry_after, self._rng))
+                result.status, result.error, result.retry_after = 0, None, None
+                result.retries = attempt
+            await stream_chat(self._session, self.url, self.keys[call.tenant], body,
+                              {"x-laneway-class": call.klass}, result=result, since=since)
+            if result.status not in RETRIED:
+                return
 
 
 class NatsTarget:
@@ -196,7 +206,7 @@ def _call(flow: Flow, shape: RequestShape, rng: random.Random) -> Call:
     if flow.distinct:   # the tag replaces as many characters: the length (the token count) holds
         tag = f"{rng.getrandbits(64):016x} "
         prompt = tag + prompt[len(tag):]
-    return Call(flow.name, flow.tenant, flow.klass, flow.model, prompt, tokens)
+    return Call(flow.name, flow.tenant, flow.klass, flow.model, prompt, tokens, flow.retries)
 
 
 async def open_loop(target: Target, rec: Recorder, flow: Flow, until: float, rng: random.Random,
