@@ -1,0 +1,241 @@
+"""Benchmark: noisy neighbours. Interactive chats alone, then beside each kind of noise a
+multi-tenant Laneway meets, in ONE run on one `laneway up` (two tenants, one API key each).
+
+    python -m loadtest.noisy [--max-seqs 256] [--cases same-flood,other-flood,junk,batch-job,retry-storm]
+                             [--duration 30] [--warmup 8] [--json out.json]
+
+Chats: tenant `acme`, class `interactive`, Poisson 2/s, ~2 KB prompts (512 tokens), 32 tokens out,
+retrying a 429/503 as the OpenAI SDK does (twice, honouring Retry-After): TTFT counts from the
+first attempt, so a refusal costs the chat what it costs its user. Each case, after the last drained:
+
+  alone        the chats alone: the baseline
+  same-flood   acme's own batch flood over HTTP: `--flood-users` clients, class `batch`, 6 KB prompts,
+               ~400 tokens out, each retrying a refusal after its Retry-After (closed loop)
+  other-flood  the same flood from tenant globex in its default class (`interactive`): a neighbour
+               that labels nothing
+  junk         globex's own NATS user (its generated credentials) publishing undecodable messages
+               to `lw.req.<class>.globex` as fast as the server takes them: chats of acme beside it
+  batch-job    a `--batch-lines` Batch API job of acme (1.5K in / 400 out lines) running
+  retry-storm  `--storm-clients` clients of globex (class `standard`, short prompts) that each retry
+               every refusal after its Retry-After
+
+Each case is judged against the engine's physics: a chat's first token needs the steps it needed
+alone, each as long as a step under that noise (the chats' inter-token gap p50, flooded ÷ alone).
+`bound = TTFT p95 alone × step inflation` (at least 1×); a case meets it when its TTFT p95 ≤ bound
+and ≤ 5× alone. The junk case is held to 1.2× alone (it adds no engine work). Engine: SIMULATION
+(llama-8b-h100, scheduled as vLLM V1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
+from loadtest.fleet import Fleet
+from loadtest.phases import Phase, run_phase
+from loadtest.scenarios import Flow, PoolSpec, TenantSpec
+from loadtest.stats import ms, summary
+from loadtest.traffic import HttpTarget
+
+CHATS, NEIGHBOUR = "acme", "globex"
+CASES = ("same-flood", "other-flood", "junk", "batch-job", "retry-storm")
+MOST_RATIO = 5.0          # the issue's ceiling on this 2-core machine, whatever the physics
+JUNK_RATIO = 1.2          # junk adds no engine work: the chats stay within this of alone
+SDK_RETRIES = 2           # the OpenAI SDK's default max_retries
+
+
+def chat_flow(args: argparse.Namespace) -> Flow:
+    return Flow("chat", CHATS, "interactive", rate=args.chat_rate, prompt_tokens=args.chat_prompt,
+                max_tokens=args.chat_tokens, distinct=True, retries=SDK_RETRIES)
+
+
+def noise_flows(args: argparse.Namespace, case: str) -> list[Flow]:
+    flood = dict(users=args.flood_users, prompt_tokens=args.flood_prompt_bytes // 4, max_tokens=args.flood_tokens,
+                 max_tokens_spread=0.5, ramp_s=1.0, distinct=True)
+    if case == "same-flood":
+        return [Flow("noise", CHATS, "batch", **flood)]
+    if case == "other-flood":
+        return [Flow("noise", NEIGHBOUR, "interactive", **flood)]
+    if case == "retry-storm":
+        return [Flow("noise", NEIGHBOUR, "standard", users=args.storm_clients, prompt_tokens=64,
+                     max_tokens=args.flood_tokens, max_tokens_spread=0.5, ramp_s=2.0, distinct=True)]
+    return []
+
+
+def chats_started(rec) -> bool:
+    return all(r.ttft is not None or r.error is not None or r.status not in (0, 200)
+               for r in rec.results if r.flow == "chat")
+
+
+async def junk(nats_url: str, user: str, password: str, until: float, counts: dict) -> None:
+    """Undecodable messages on every class token of the neighbour's subjects, as fast as its
+    connection takes them (flushed every 1,000 so the server, not the client's buffer, paces it)."""
+    import nats
+    import nats.errors
+
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(type(exc).__name__)
+
+    nc = await nats.connect(nats_url, user=user, password=password, error_cb=on_error,
+                            allow_reconnect=False)
+    classes = ("interactive", "standard", "batch", "j0", "j1", "j2")
+    try:
+        loop = asyncio.get_running_loop()
+        while loop.time() < until:
+            for i in range(1_000):
+                await nc.publish(f"lw.req.{classes[i % len(classes)]}.{NEIGHBOUR}", b"\xffjunk")
+            counts["sent"] = counts.get("sent", 0) + 1_000
+            try:
+                await nc.flush(timeout=5)
+            except nats.errors.Error:
+                pass
+    finally:
+        counts["permission_errors"] = len(errors)
+        await nc.close()
+
+
+async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float, counts: dict) -> None:
+    """A Batch API job of `--batch-lines` lines, submitted and left running until `until`."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=fleet.keys[CHATS], max_retries=5)
+    prompt = "x " * (args.flood_prompt_bytes // 2)
+    lines = "\n".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                  "body": {"model": "laneway-sim", "max_tokens": args.flood_tokens,
+                                           "messages": [{"role": "user", "content": f"{i} {prompt}"}]}})
+                      for i in range(args.batch_lines))
+    file = await client.files.create(file=("noisy.jsonl", lines.encode()), purpose="batch")
+    batch = await client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h", extra_headers={"x-laneway-class": "batch"})
+    counts["batch_id"] = batch.id
+    loop = asyncio.get_running_loop()
+    while loop.time() < until:
+        await asyncio.sleep(1.0)
+    current = await client.batches.retrieve(batch.id)
+    counts["lines_done"] = current.request_counts.completed if current.request_counts else 0
+    await client.batches.cancel(batch.id)
+    await client.close()
+
+
+async def run_case(fleet: Fleet, target: HttpTarget, args: argparse.Namespace, case: str, seed: int) -> tuple[Phase, dict]:
+    counts: dict = {}
+    side = None
+    until = asyncio.get_running_loop().time() + args.duration
+    if case == "junk":
+        creds = json.loads((fleet.data_dir / "nats-credentials.json").read_text())
+        side = asyncio.create_task(junk(fleet.nats_url, f"tenant-{NEIGHBOUR}", creds[f"tenant-{NEIGHBOUR}"],
+                                        until, counts))
+    elif case == "batch-job":
+        side = asyncio.create_task(batch_job(fleet, args, until, counts))
+    try:
+        phase = await run_phase(fleet, target, case, [chat_flow(args), *noise_flows(args, case)], args.duration,
+                                args.warmup, drain_s=120.0, drained=chats_started, seed=seed,
+                                show_progress=not args.quiet)
+    finally:
+        if side is not None:
+            await asyncio.gather(side, return_exceptions=False)
+    return phase, counts
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict:
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        raise SystemExit(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
+    pool = PoolSpec(profile=args.profile, speed=args.sim_speed, max_seqs=args.max_seqs,
+                    long_prefill_token_threshold=args.long_prefill_token_threshold)
+    tenants = [TenantSpec(CHATS), TenantSpec(NEIGHBOUR)]
+    phases: dict[str, tuple[Phase, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="laneway-noisy-") as tmp:
+        async with Fleet(Path(tmp) / "lw", tenants, [pool], up_flags=["--pii", args.pii]) as fleet:
+            async with HttpTarget(fleet.url, fleet.keys) as target:
+                for i, case in enumerate(["alone", *cases]):
+                    phases[case] = await run_case(fleet, target, args, case, args.seed + i)
+    f = {case: phase_figures(phase, counts) for case, (phase, counts) in phases.items()}
+    alone = f["alone"]
+    for case in cases:
+        p = f[case]
+        p["ttft_p95_ratio"] = p["chat_ttft_s"]["p95"] / alone["chat_ttft_s"]["p95"]
+        p["ttft_p50_ratio"] = p["chat_ttft_s"]["p50"] / alone["chat_ttft_s"]["p50"]
+        p["step_inflation"] = max(1.0, p["chat_itl_p50_s"] / alone["chat_itl_p50_s"])
+        p["bound_ratio"] = JUNK_RATIO if case == "junk" else min(MOST_RATIO, p["step_inflation"])
+        p["met"] = p["ttft_p95_ratio"] <= max(p["bound_ratio"], 1.0) and p["chat_errors"] == 0
+    doc = {"kind": "benchmark", "benchmark": "noisy",
+           "description": "Noisy neighbours: interactive chat TTFT alone vs beside five kinds of noise",
+           "engine": fleet.describe(), "config": {k: v for k, v in vars(args).items() if k != "json"},
+           "figures": {"cases": f}, "runs": [p.doc for p, _ in phases.values()]}
+    doc["headline"] = render(doc).splitlines()
+    return doc
+
+
+def phase_figures(phase: Phase, counts: dict) -> dict:
+    """The chats sent inside the phase's window (every one followed to its first token), and the noise."""
+    chats = [r for r in phase.rec.results if r.flow == "chat" and r.started_at >= phase.window[0]]
+    noise = [r for r in phase.rec.results if r.flow == "noise" and r.started_at >= phase.window[0]]
+    span = phase.window[1] - phase.window[0]
+    return {
+        "chat_ttft_s": summary([r.ttft for r in chats if r.ttft is not None]),
+        "chat_itl_p50_s": summary([g for r in chats for g in r.gaps])["p50"],
+        "chat_errors": sum(1 for r in chats if r.ttft is None),
+        "chat_retried": sum(1 for r in chats if r.retries),
+        "noise_ok": sum(1 for r in noise if r.ok),
+        "noise_refused": sum(1 for r in noise if r.status in (429, 503)),
+        "noise_tokens_per_s": sum(r.tokens for r in noise if r.ok) / span if span > 0 else 0.0,
+        **counts,
+    }
+
+
+def render(doc: dict) -> str:
+    f, c = doc["figures"]["cases"], doc["config"]
+    lines = [f"Noisy neighbours: sim/{c['profile']} (SIMULATION, vLLM V1 scheduling), {c['max_seqs']} slots, "
+             f"chats of {CHATS} {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out tokens "
+             f"(SDK retries), floods {c['flood_users']} clients × {c['flood_prompt_bytes']:,} B / ~{c['flood_tokens']} "
+             f"out, {c['duration']:.0f} s phases ({c['warmup']:.0f} s warm-up), PII stage {c['pii']}",
+             f"  {'case':<12} {'chats':>5} {'err':>3} {'retried':>7} | {'TTFT p50':>9} {'p95':>9} {'p99':>9} | "
+             f"{'step':>7} | {'p95 ×':>6} {'bound':>6} {'':>6} | noise"]
+    for case, p in f.items():
+        t = p["chat_ttft_s"]
+        verdict = ("" if case == "alone" else
+                   f"{p['ttft_p95_ratio']:>5.2f}× {p['bound_ratio']:>5.2f}× {'MET' if p['met'] else 'MISSED':>6}")
+        noise = (f"{p['noise_ok']} ok, {p['noise_refused']} refused, {p['noise_tokens_per_s']:,.0f} tok/s"
+                 if p["noise_ok"] or p["noise_refused"] else "")
+        if "sent" in p:
+            noise = f"{p['sent']:,} junk messages sent, {p['permission_errors']} refused by the server"
+        if "batch_id" in p:
+            noise = f"batch job: {p.get('lines_done', 0):,} of {c['batch_lines']:,} lines done in the phase"
+        lines.append(f"  {case:<12} {t['n']:>5} {p['chat_errors']:>3} {p['chat_retried']:>7} | {ms(t['p50']):>9} "
+                     f"{ms(t['p95']):>9} {ms(t['p99']):>9} | {ms(p['chat_itl_p50_s']):>7} | {verdict:<20} | {noise}")
+    return "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_fleet_flags(parser, duration=30.0, warmup=8.0, max_seqs=256)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--chat-rate", type=float, default=2.0, help="chats per second (Poisson)")
+    parser.add_argument("--chat-prompt", type=int, default=512, help="chat prompt tokens (~2 KB)")
+    parser.add_argument("--chat-tokens", type=int, default=32)
+    parser.add_argument("--flood-users", type=int, default=300, help="concurrent clients of a flood")
+    parser.add_argument("--flood-prompt-bytes", type=int, default=6144)
+    parser.add_argument("--flood-tokens", type=int, default=400, help="mean max_tokens (±50%%)")
+    parser.add_argument("--storm-clients", type=int, default=3000, help="clients of the retry storm")
+    parser.add_argument("--batch-lines", type=int, default=10_000, help="lines of the Batch API job")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=128,
+                        help="the engine's per-request prefill chunk per step (vLLM's)")
+    parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="off",
+                        help="the broker's PII stage (off: the figures are the queues', not Presidio's)")
+    add_output_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_and_report(args, run_benchmark, render)
+
+
+if __name__ == "__main__":
+    main(__doc__, configure, run)
