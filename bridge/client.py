@@ -69,7 +69,7 @@ class LanewayClient:
             request_id=request_id or uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=body.model,
             reply_to=self.s.tok(self.tenant, self.edge_id), created_at=now, deadline=now + timeout_s,
             chat=chat, completion=completion, extra=extra)
-        stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S)
+        stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S, klass)
         subject = self.s.req(klass, self.tenant)
         last_error = self._nc.last_error
         done = False

@@ -10,6 +10,9 @@ What a slow reader may hold is bounded: a stream whose client does not read lets
 here, so past `BufferLimits.stream_bytes` buffered, or when its tenant's streams together pass
 `BufferLimits.tenant_bytes`, the stream (the tenant's largest) ends with `slow_reader` and its
 buffer is dropped. One tenant's stalled clients cannot fill the bridge's memory.
+
+Open streams are counted by class and by tenant, for the bridge's admission (bridge/admission.py):
+per class, per (tenant, class), and how many tenants hold streams of each class.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from nats.aio.msg import Msg
 
@@ -34,6 +38,8 @@ LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says no
 STREAM_BUFFER_BYTES = 1024 * 1024     # ~250k tokens of text waiting: only a reader that stopped
 TENANT_BUFFER_BYTES = 32 * 1024 * 1024
 RESUME_TENANT_BYTES = 256 * 1024 * 1024     # ~4,000 answers of 400 tokens kept for resuming
+
+K = TypeVar("K")
 
 
 class DeliveryLag:
@@ -69,25 +75,28 @@ class BufferLimits:
 
 
 class TenantShare:
-    """What one tenant holds at this edge: its open streams and the bytes they buffer."""
+    """What one tenant holds at this edge: its open streams (and how many of each class) and the
+    bytes they buffer."""
 
-    __slots__ = ("streams", "buffered", "on_overflow")
+    __slots__ = ("streams", "classes", "buffered", "on_overflow")
 
     def __init__(self, on_overflow: Callable[[str], None] = lambda reason: None) -> None:
         self.streams: set[ResponseStream] = set()
+        self.classes: dict[str, int] = {}     # class → open streams (counted by the Demux: open to close)
         self.buffered = 0
         self.on_overflow = on_overflow      # told "stream" or "tenant": which limit ended a stream
 
 
 class ResponseStream:
-    __slots__ = ("request_id", "tenant", "attempt", "next_seq", "streamed", "closed", "_buffer",
+    __slots__ = ("request_id", "tenant", "klass", "attempt", "next_seq", "streamed", "closed", "_buffer",
                  "_waiter", "source", "edge_failed", "expired", "_timer", "_share", "_limits", "buffered",
                  "__weakref__")
 
     def __init__(self, request_id: str, tenant: str, expires_at: float, share: TenantShare | None = None,
-                 limits: BufferLimits = BufferLimits()) -> None:
+                 limits: BufferLimits = BufferLimits(), klass: str = "") -> None:
         self.request_id = request_id
         self.tenant = tenant
+        self.klass = klass           # the class it was admitted as ('': none known)
         self.attempt = 0
         self.next_seq = 0
         self.streamed = False        # a delta has been handed to the route
@@ -204,18 +213,22 @@ class Demux:
     def __init__(self, metrics: BridgeMetrics | None = None, limits: BufferLimits = BufferLimits()) -> None:
         self._streams: dict[str, ResponseStream] = {}
         self._tenants: dict[str, TenantShare] = {}
+        self._classes: dict[str, int] = {}                # class → open streams
+        self._holders: dict[str, int] = {}                # class → tenants holding streams of it
         self._metrics = metrics or BridgeMetrics()
         self.limits = limits
         self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
         self.heard: dict[str, float] = {}     # worker id → when its last frame came (monotonic)
 
-    def open(self, request_id: str, tenant: str, expires_at: float) -> ResponseStream:
-        """A stream for one request; waiting on it past `expires_at` (unix time) raises TimeoutError."""
+    def open(self, request_id: str, tenant: str, expires_at: float, klass: str = "") -> ResponseStream:
+        """A stream for one request of class `klass` ('': none known; admission counts it with the
+        last class); waiting on it past `expires_at` (unix time) raises TimeoutError."""
         share = self._tenants.get(tenant)
         if share is None:
             share = self._tenants[tenant] = TenantShare(self._slow_reader)
-        stream = ResponseStream(request_id, tenant, expires_at, share, self.limits)
+        stream = ResponseStream(request_id, tenant, expires_at, share, self.limits, klass)
         share.streams.add(stream)
+        self._count(share, klass, 1)
         self._streams[request_id] = stream
         self._metrics.open_streams.set(len(self._streams))
         return stream
@@ -225,9 +238,20 @@ class Demux:
         if stream is not None:
             stream.release()
             share = self._tenants.get(stream.tenant)
-            if share is not None and not share.streams:
-                del self._tenants[stream.tenant]
+            if share is not None:
+                self._count(share, stream.klass, -1)
+                if not share.streams:
+                    del self._tenants[stream.tenant]
         self._metrics.open_streams.set(len(self._streams))
+
+    def _count(self, share: TenantShare, klass: str, step: int) -> None:
+        """One stream of `klass` more (step 1) or fewer (-1): per class, per tenant, and the
+        class's holders when the tenant's first comes or its last goes."""
+        _add(self._classes, klass, step)
+        _add(share.classes, klass, step)
+        held = share.classes.get(klass, 0)
+        if held == 0 or (held == 1 and step > 0):
+            _add(self._holders, klass, step)
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -239,6 +263,19 @@ class Demux:
         """Open streams of one tenant at this edge."""
         share = self._tenants.get(tenant)
         return len(share.streams) if share else 0
+
+    def by_class(self) -> Mapping[str, int]:
+        """Open streams of each class at this edge (classes with none left out)."""
+        return self._classes
+
+    def classes_of(self, tenant: str) -> Mapping[str, int]:
+        """One tenant's open streams of each class."""
+        share = self._tenants.get(tenant)
+        return share.classes if share else {}
+
+    def holders(self, klass: str) -> int:
+        """Tenants holding open streams of one class at this edge."""
+        return self._holders.get(klass, 0)
 
     def buffered_by(self, tenant: str) -> int:
         share = self._tenants.get(tenant)
@@ -275,3 +312,12 @@ class Demux:
             stream = streams.get(entry.request_id)
             if stream is None or stream.tenant != tenant or not stream.feed(entry, frame.source, size):
                 self._metrics.stale_entries.inc()
+
+
+def _add(counts: dict[K, int], key: K, step: int) -> None:
+    """Add `step` to a count, leaving no key at 0."""
+    n = counts.get(key, 0) + step
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]

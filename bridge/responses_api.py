@@ -301,7 +301,8 @@ class Responses(Generations):
 
     async def _published(self, generate: GenerateRequest, payload: bytes) -> ResponseStream:
         """The request accepted (its PubAck), its frames awaited by a stream opened first."""
-        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S)
+        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S,
+                                 generate.klass)
         try:
             await self._publish(generate, payload)
         except BaseException:
