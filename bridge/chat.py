@@ -142,9 +142,10 @@ class Generations:
                                                lambda request_id: {REQUEST_ID_HEADER: answer_id(request, request_id)})
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
-        self._admit(tenant.name)
-        body, extra = await self._parse(request)
+        # The class is in the headers: each is admitted by its own share (bridge/admission.py).
         klass = self._class_for(request, tenant)
+        self._admit(tenant.name, self.catalogue.classes[klass])
+        body, extra = await self._parse(request)
         self._check_model(body.model, tenant.name)
         now = time.time()
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
@@ -217,7 +218,8 @@ class Generations:
         """The request stored and its first entries arrived (an error before any token raises);
         on the way out its stream is ended and, unless it finished, its work cancelled (unless
         the run was handed on: `held`)."""
-        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S)
+        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S,
+                                 generate.klass)
         run = _Run(stream)
         published = False
         try:

@@ -29,6 +29,9 @@ class BridgeConfig:
     # One tenant's share of this bridge (0: no cap): open streams, then bytes its slow readers may
     # hold (bridge/demux.py), and how long one SSE write may wait on a client that does not read.
     tenant_max_streams: int = 5_000     # the reference's whole concurrency; past it, 429 before storing
+    # Of a class's room in the stream limit, what one tenant may take while others want it
+    # (bridge/admission.py `admit`; 1.0: off): past it, 503 before storing.
+    tenant_stream_share: float = 0.9
     stream_buffer_bytes: int = STREAM_BUFFER_BYTES
     tenant_buffer_bytes: int = TENANT_BUFFER_BYTES
     write_timeout_s: float = 30.0
@@ -60,5 +63,7 @@ class BridgeConfig:
             raise ValueError("the resume window is a number of seconds, 0 or more")
         if self.publish_tries < 1 or self.publish_timeout_s <= 0:
             raise ValueError("the bridge publishes a request at least once, with a timeout above 0")
+        if not 0 < self.tenant_stream_share <= 1:
+            raise ValueError("a tenant's share of the stream limit is a fraction in (0, 1]")
         if len(self.idempotency_secret) < MIN_SECRET_CHARS:
             raise ValueError(f"the idempotency secret must be at least {MIN_SECRET_CHARS} characters")

@@ -93,6 +93,9 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tenant-max-streams", type=int, default=d.tenant_max_streams,
                    help="one tenant's open streams on this bridge at most (0: no cap); past it, 429 "
                         "before the request is stored")
+    g.add_argument("--tenant-stream-share", type=float, default=d.tenant_stream_share,
+                   help="of a class's share of the stream limit, what one tenant may hold while other "
+                        "tenants want streams there (1.0: off); past it, 503 before the request is stored")
     g.add_argument("--stream-buffer-bytes", type=int, default=d.stream_buffer_bytes,
                    help="bytes of one stream that may wait for a client that is not reading; past "
                         "it the stream ends with slow_reader and its generation is cancelled")

@@ -93,6 +93,7 @@ async def run_bridge(args: argparse.Namespace) -> int:
                                  max_streams=args.max_streams, initial_stream_limit=args.initial_stream_limit,
                                  max_delivery_lag_s=args.max_delivery_lag,
                                  tenant_max_streams=args.tenant_max_streams,
+                                 tenant_stream_share=args.tenant_stream_share,
                                  stream_buffer_bytes=args.stream_buffer_bytes,
                                  tenant_buffer_bytes=args.tenant_buffer_bytes, write_timeout_s=args.write_timeout,
                                  resume_window_s=args.resume_window_s,

@@ -1,25 +1,37 @@
 """The bridge's admission: a stream cap and a delivery-lag limit, refused as 503 `overloaded`, and
-one tenant's share of the streams, refused as 429 `rate_limited`."""
+one tenant's configured cap on its streams, refused as 429 `rate_limited`. (Order by class and
+fair shares between tenants: tests/unit/test_admission_order.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from bridge.admission import admit
+from bridge.admission import Held, admit
 from bridge.demux import LAG_FRESH_S, DeliveryLag
 from bridge.errors import EdgeError
+from core.policy.classes import DEFAULT_CLASSES
 from schemas.errors import ErrorCode
+
+INTERACTIVE = DEFAULT_CLASSES[0]
+
+
+def held(total: int, tenant: int = 0) -> Held:
+    """`total` open streams, `tenant` of them the asking tenant's (to an interactive request,
+    every stream is one it competes with)."""
+    return Held(total=total, below=total, in_class=total, sharing=1 if total else 0, tenant=tenant,
+                tenant_in_class=tenant)
 
 
 def test_under_both_limits_a_stream_is_admitted():
-    admit(9, 0.2, 4, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
-    admit(10_000, 30.0, 10_000, max_streams=0, max_delivery_lag_s=0, tenant_max_streams=0)  # 0: each off
+    admit(held(9, 4), 0.2, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
+    admit(held(10_000, 10_000), 30.0, INTERACTIVE, max_streams=0, max_delivery_lag_s=0,
+          tenant_max_streams=0)  # 0: each off
 
 
 @pytest.mark.parametrize("open_streams,lag,kind", [(10, 0.0, "streams"), (0, 0.6, "delivery_lag")])
 def test_past_a_limit_the_answer_is_a_503_with_retry_after(open_streams, lag, kind):
     with pytest.raises(EdgeError) as refused:
-        admit(open_streams, lag, 0, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
+        admit(held(open_streams), lag, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
     e = refused.value
     assert e.code is ErrorCode.overloaded and e.status == 503 and e.type == "server_error"
     assert int(e.headers["Retry-After"]) > 0 and e.headers["x-laneway-overload"] == kind
@@ -27,11 +39,12 @@ def test_past_a_limit_the_answer_is_a_503_with_retry_after(open_streams, lag, ki
 
 def test_a_tenant_at_its_share_gets_a_429_while_the_bridge_has_room():
     with pytest.raises(EdgeError) as refused:
-        admit(5, 0.0, 5, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
+        admit(held(5, 5), 0.0, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
     e = refused.value
     assert e.code is ErrorCode.rate_limited and e.status == 429 and e.code_name == "rate_limit_exceeded"
     assert e.headers["x-laneway-overload"] == "tenant_streams" and int(e.headers["Retry-After"]) > 0
-    admit(5, 0.0, 4, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)   # another tenant
+    admit(held(5, 4), 0.0, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5,
+          tenant_max_streams=5)   # another tenant
 
 
 def test_one_late_frame_is_not_a_trend_but_a_run_of_them_is():

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.admission import RetryAfter, StreamLimit, admit
+from bridge.admission import Held, RetryAfter, StreamLimit, admit
 from bridge.errors import EdgeError
 from bridge.readiness import Readiness
 from core.looplag import LoopLag
+from core.policy.classes import DEFAULT_CLASSES
 from core.routing.health import stale_after
 from schemas import codec
 from schemas.errors import ErrorCode
@@ -16,12 +17,16 @@ from schemas.work import Heartbeat
 
 
 def run(limit: StreamLimit, seconds: float, *, open_streams, lag_s: float = 0.0, loop_lag_s: float = 0.0,
-        start: float = 0.0, step: float = 0.1) -> float:
-    """Feed the limit every `step` seconds; `open_streams` may follow the limit (a callable)."""
+        start: float = 0.0, step: float = 0.1, refusing: bool | None = None) -> float:
+    """Feed the limit every `step` seconds; `open_streams` may follow the limit (a callable). More
+    clients than it admits are refused (`refused`) when `refusing`, by default when the streams
+    open reach the limit."""
     t = start
     while t < start + seconds:
         n = open_streams(limit) if callable(open_streams) else open_streams
         limit.observe(t, open_streams=n, lag_s=lag_s, loop_lag_s=loop_lag_s)
+        if refusing if refusing is not None else n >= int(limit.limit):
+            limit.refused()
         t += step
     return t
 
@@ -30,10 +35,20 @@ def test_the_limit_grows_only_while_it_binds_and_delivery_is_on_time() -> None:
     limit = StreamLimit(limit=100)
     t = run(limit, 10, open_streams=10)                              # far below it: nothing to learn
     assert limit.limit == 100
+    t = run(limit, 10, open_streams=95, refusing=False, start=t)     # near it, but nobody refused
+    assert limit.limit == 100
     t = run(limit, 10, open_streams=lambda lim: int(lim.limit), lag_s=0.02, start=t)  # binding, but late
     assert limit.limit == 100
     run(limit, 10, open_streams=lambda lim: int(lim.limit), start=t)   # binding and on time
     assert 150 < limit.limit < 180, "about 5 % a second"
+
+
+def test_a_flood_held_at_a_share_of_the_limit_still_grows_it_while_on_time() -> None:
+    """One tenant's batch flood is held at 0.81 of the limit (batch's 0.9, the tenant's 0.9 of
+    that): its refusals say the limit binds, though the streams open never come near it."""
+    limit = StreamLimit(limit=100)
+    run(limit, 10, open_streams=lambda lim: int(0.81 * lim.limit), refusing=True)
+    assert 150 < limit.limit < 180
 
 
 def test_late_delivery_cuts_below_the_open_streams_once_per_cooldown() -> None:
@@ -55,9 +70,12 @@ def test_the_limit_stays_between_its_floor_and_ceiling() -> None:
 
 
 def test_admission_refuses_at_the_measured_limit_before_the_configured_one() -> None:
-    admit(99, 0.0, 0, max_streams=0, max_delivery_lag_s=0.5, tenant_max_streams=0, measured_limit=100)
+    interactive = DEFAULT_CLASSES[0]
+    admit(Held(total=99, below=99), 0.0, interactive, max_streams=0, max_delivery_lag_s=0.5, tenant_max_streams=0,
+          measured_limit=100)
     with pytest.raises(EdgeError) as refused:
-        admit(100, 0.0, 0, max_streams=0, max_delivery_lag_s=0.5, tenant_max_streams=0, measured_limit=100)
+        admit(Held(total=100, below=100), 0.0, interactive, max_streams=0, max_delivery_lag_s=0.5,
+              tenant_max_streams=0, measured_limit=100)
     assert refused.value.code is ErrorCode.overloaded
     assert refused.value.headers["x-laneway-overload"] == "measured_streams"
 
