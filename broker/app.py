@@ -33,7 +33,7 @@ from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii.service import start_pii
 from broker.gate.pipeline import Admission, Delivery, Gate
 from broker.gate.quota import Quota
-from broker.intake import PullIntake
+from broker.intakes import ClassIntakes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics, UsageMetrics
 from broker.scheduler.answers import refuse
@@ -82,7 +82,7 @@ class Broker:
         self.scheduler: Scheduler | None = None
         self._origin: Origin | None = None
         self._lease: Lease | None = None
-        self._intake: PullIntake | None = None
+        self._intake: ClassIntakes | None = None
         self._retiring: set[asyncio.Task[None]] = set()     # intakes stopping (draining) in the background
         self._admitting = Admitting(on_ended=self._poke_intake)   # what the intake handed over, in the gate
         self._stopping = False
@@ -97,7 +97,7 @@ class Broker:
         self._stopping = False
         self._nc = await connect(n, "laneway-broker")
         js = self._nc.jetstream()
-        await wait_provisioned(js, self.s, "broker", consumer=True)   # `laneway up` / `ops provision`
+        await wait_provisioned(js, self.s, "broker", requests=True)   # `laneway up` / `ops provision`
         await self._start_gate(js)
         self._dead = DeadLetters(self._nc, self.s, self.metrics, self.config.limits.max_deliver,
                                  self._release, self.gate, self.live.tenants)
@@ -213,9 +213,9 @@ class Broker:
                 return
             self.gating = gating
             if gating:
-                self._intake = PullIntake(self._nc, self.s.req_stream, self.s.broker_durable,
-                                          self._on_request, room=self._room)
-                await self._intake.start()
+                self._intake = ClassIntakes(self._nc, self.s, self._on_request, self._held,
+                                            self.config.max_held, self.live.classes.get)
+                self._intake.follow(self.live.classes)
             elif self._intake is not None:
                 # Off this task (the lease's, a heartbeat's, a peer's callback): the intake's drain
                 # runs the gate on what its last pull delivered, which must not delay a renewal.
@@ -256,10 +256,10 @@ class Broker:
 
     # -- what live config changes ----------------------------------------------------------
     def _apply_classes(self) -> None:
-        if self.scheduler is None:
-            return
-        for pool in self.scheduler.pools.values():
+        for pool in self.scheduler.pools.values() if self.scheduler is not None else ():
             pool.lanes.set_classes(self.live.classes.values())
+        if self._intake is not None:
+            self._intake.follow(self.live.classes)
 
     def _catalogue_changed(self) -> None:
         tenants = self.live.tenants
@@ -277,11 +277,11 @@ class Broker:
         await self._nc.publish(self.s.broker_event(self.id), codec.encode(beat))
 
     # -- intake ---------------------------------------------------------------------------
-    def _room(self) -> int:
-        return self.config.max_held - len(self.scheduler) - len(self._origin) - len(self._admitting)
+    def _held(self) -> int:
+        return len(self.scheduler) + len(self._origin) + len(self._admitting)
 
     def _poke_intake(self) -> None:
-        if self._intake is not None and self._room() > 0:
+        if self._intake is not None:
             self._intake.poke()
 
     async def _on_request(self, msg: Msg) -> None:
@@ -354,8 +354,7 @@ class Broker:
 
     async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int, code: ErrorCode,
                       message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
-        """A gate refusal: the gate gave back what it charged. Nothing is released here, by id:
-        the id may be held by another message (a copy refused as a duplicate)."""
+        """A gate refusal (the gate gave back what it charged). Nothing is released by id here."""
         await refuse(self._nc, self.metrics, msg, request, attempt, code, message, param, headers)
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:

@@ -79,7 +79,7 @@ class DeadLetters:
 
     @property
     def advisory_subject(self) -> str:
-        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.{self.s.broker_durable}"
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.*"     # every class's
 
     def _origin(self, subject: str) -> tuple[str, str]:
         try:

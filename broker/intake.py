@@ -1,4 +1,4 @@
-"""A continuous pull on the broker's durable consumer: messages arrive the moment they are stored.
+"""A continuous pull on one durable consumer: messages arrive the moment they are stored.
 
 nats-py's `fetch()` waits for a whole batch (or its timeout) once a long poll has begun, which
 would add up to the timeout to a lone request's latency. Instead we keep ONE pull request open
@@ -52,7 +52,7 @@ class PullIntake:
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._deliver)
-        self._task = asyncio.create_task(self._keep_pulling(), name="laneway-intake")
+        self._task = asyncio.create_task(self._keep_pulling(), name=f"laneway-intake-{self._next_subject}")
 
     async def stop(self) -> None:
         """No new pull; then hand on what the open pull delivered before the server saw the UNSUB
@@ -104,11 +104,14 @@ class PullIntake:
             if status == "100":          # idle heartbeat: the pull is alive
                 return
             # 404/408: the pull expired or had nothing; 409: max waiting, leadership change,
-            # consumer deleted. Either way this pull is over.
-            if status == "409":
-                log.info("pull ended: %s %s", status, msg.headers.get("Description", ""))
+            # consumer deleted. Either way this pull is over. 503: no such consumer (yet: a class
+            # set live before ops made its consumer); the next try waits a heartbeat, not at once.
+            if status in ("409", "503"):
+                log.info("pull on %s ended: %s %s", self._next_subject, status,
+                         msg.headers.get("Description", ""))
             self._remaining = 0
-            self._wake.set()
+            if status != "503":
+                self._wake.set()
             return
         self._remaining = max(0, self._remaining - 1)
         if self._remaining == 0:

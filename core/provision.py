@@ -1,6 +1,6 @@
 """Provisioning: everything the services use but do not create themselves, in one run.
 
-The topology (streams, the broker's durable consumer, the live buckets with the default classes,
+The topology (streams, the brokers' class consumers, the live buckets with the default classes,
 `core/topology.py`) and the settings file's documents (a key per tenant, the models table, the
 price book). `laneway up` runs it before it starts anything; `laneway ops provision` runs it as
 the ops user for compose and Kubernetes. By default a settings document is written only where its
@@ -116,13 +116,13 @@ async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) ->
 _UNAVAILABLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError)
 
 
-async def _missing(js: JetStreamContext, s: Subjects, consumer: bool, buckets: tuple[str, ...]) -> list[str]:
+async def _missing(js: JetStreamContext, s: Subjects, requests: bool, buckets: tuple[str, ...]) -> list[str]:
     missing = []
-    if consumer:
-        try:
-            await js.consumer_info(s.req_stream, s.broker_durable)
-        except nats.js.errors.NotFoundError:    # no stream, or no durable on it
-            missing.append(f"consumer {s.req_stream}/{s.broker_durable}")
+    if requests:
+        try:    # the class consumers come with it; one made later is waited for by its intake
+            await js.stream_info(s.req_stream)
+        except nats.js.errors.NotFoundError:
+            missing.append(f"stream {s.req_stream}")
         except _UNAVAILABLE as exc:
             missing.append(f"JetStream ({type(exc).__name__})")
     for name in buckets:
@@ -135,14 +135,14 @@ async def _missing(js: JetStreamContext, s: Subjects, consumer: bool, buckets: t
     return missing
 
 
-async def wait_provisioned(js: JetStreamContext, s: Subjects, who: str, *, consumer: bool = False,
+async def wait_provisioned(js: JetStreamContext, s: Subjects, who: str, *, requests: bool = False,
                            buckets: tuple[str, ...] = BUCKETS, interval_s: float = 0.25) -> None:
     """Until the live buckets it reads exist (`buckets`, each looked up with the caller's NATS
-    rights) and the broker's durable consumer, with `consumer`. Waits rather than fails, so a
+    rights) and the request stream, with `requests`. Waits rather than fails, so a
     service may start before provisioning ran, and says what it waits for."""
     loop = asyncio.get_running_loop()
     next_log = loop.time()
-    while missing := await _missing(js, s, consumer, buckets):
+    while missing := await _missing(js, s, requests, buckets):
         if loop.time() >= next_log:
             log.warning("%s: waiting for provisioning (missing %s): run `laneway ops provision`",
                         who, ", ".join(missing))

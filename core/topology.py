@@ -1,8 +1,9 @@
-"""Streams, the broker's durable consumer and KV buckets, created idempotently.
+"""Streams, the brokers' consumers (one per priority class) and KV buckets, created idempotently.
 
 Provisioning (`core/provision.py`: `laneway up`, `laneway ops provision`) calls
 `ensure_topology`; creating what exists is a no-op, and a changed limit is applied with an update
-(JetStream allows raising/lowering limits in place). The services only open what it made.
+(JetStream allows raising/lowering limits in place). The services only open what it made. A
+class set live (`laneway classes set`, as ops) gets its consumer there, before the class exists.
 """
 
 from __future__ import annotations
@@ -87,15 +88,20 @@ def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
     )
 
 
-def broker_consumer(s: Subjects, limits: StreamLimits) -> ConsumerConfig:
+def class_consumer(s: Subjects, klass: str, limits: StreamLimits) -> ConsumerConfig:
+    """One class's requests, for every broker's intake of that class (broker/intakes.py). Per
+    class, because JetStream delivers a consumer's messages in stream order: a chat stored
+    behind 10,000 batch requests on one consumer waits for the broker to take all of them."""
+    name = s.class_durable(klass)
     return ConsumerConfig(
-        durable_name=s.broker_durable,
+        name=name,
+        durable_name=name,
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=limits.ack_wait_s,
         max_deliver=limits.max_deliver,
         max_ack_pending=limits.max_ack_pending,
         max_waiting=64,
-        filter_subjects=s.req_stream_subjects,
+        filter_subjects=s.class_filters(klass),
     )
 
 
@@ -133,7 +139,6 @@ async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimit
     await _ensure_stream(js, _log_stream(s, s.usage_stream, s.usage_all, limits, 90 * 86400))
     await _ensure_stream(js, dead_letter_stream(s, limits))
     await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
-    await js.add_consumer(s.req_stream, broker_consumer(s, limits))
     for name in BUCKETS:
         await js.create_key_value(KeyValueConfig(
             bucket=s.bucket(name), history=16 if name == "routing" else 5,
@@ -144,6 +149,36 @@ async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimit
             await classes.create(policy.name, class_docs.encode(policy))
         except nats.js.errors.KeyWrongLastSequenceError:
             pass  # an operator's value wins over the defaults
+    await _drop_legacy_consumer(js, s)
+    for klass in await classes.keys():
+        await ensure_class_consumer(js, s, klass, limits)
+
+
+async def ensure_class_consumer(js: JetStreamContext, s: Subjects, klass: str,
+                                limits: StreamLimits | None = None) -> None:
+    """Create (or update) one class's consumer. Without `limits`, the class takes those its
+    siblings were provisioned with (`laneway classes set` does not know the flags of `up`)."""
+    if limits is None:
+        limits = await _provisioned_limits(js, s)
+    await js.add_consumer(s.req_stream, class_consumer(s, klass, limits))
+
+
+async def _provisioned_limits(js: JetStreamContext, s: Subjects) -> StreamLimits:
+    for info in await js.consumers_info(s.req_stream):
+        if info.name.startswith(s.class_durable_prefix):
+            c = info.config
+            return replace(StreamLimits(), ack_wait_s=c.ack_wait, max_deliver=c.max_deliver,
+                           max_ack_pending=c.max_ack_pending)
+    return StreamLimits()
+
+
+async def _drop_legacy_consumer(js: JetStreamContext, s: Subjects) -> None:
+    """An install from before per-class consumers has one on the whole stream; the class ones
+    would overlap it. What it had delivered and not acked goes to the class consumers."""
+    try:
+        await js.delete_consumer(s.req_stream, s.legacy_durable)
+    except nats.js.errors.NotFoundError:
+        pass
 
 
 async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) -> None:

@@ -50,6 +50,7 @@ class Stack:
     admin: AdminConfig | None = None
     pii: str = "off"                        # the broker's PII stage: off | auto | regex | ner
     cache_ttl_s: float = 3600.0
+    max_held: int = BrokerConfig.max_held   # requests the broker takes from JetStream at most
     broker: Broker | None = None
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
@@ -59,7 +60,7 @@ class Stack:
         await provision_at(self._nats("ops"), self.limits, self.settings)
         self.broker = await self._exit.enter_async_context(
             Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits, pii=self.pii,
-                                cache_ttl_s=self.cache_ttl_s)))
+                                cache_ttl_s=self.cache_ttl_s, max_held=self.max_held)))
         engines = [SimEngine(PROFILES["zero"])] if self.engines is None else self.engines
         for i, engine in enumerate(engines):
             pool = self.pools[i] if self.pools else self.pool

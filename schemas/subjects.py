@@ -60,8 +60,22 @@ class Subjects:
         return f"{self.prefix.upper()}_BATCH"
 
     @property
-    def broker_durable(self) -> str:
+    def legacy_durable(self) -> str:
+        """The one consumer on the whole request stream that installs before per-class intake
+        had: provisioning deletes it (a work queue's consumers may not overlap)."""
         return f"{self.prefix}-broker"
+
+    def class_durable(self, klass: str) -> str:
+        """The brokers' consumer of one priority class's requests (broker/intakes.py)."""
+        return f"{self.prefix}-req-{check_token('class', klass)}"
+
+    @property
+    def class_durable_prefix(self) -> str:
+        return f"{self.prefix}-req-"
+
+    def class_filters(self, klass: str) -> list[str]:
+        """A class's requests, direct and escalated (the consumer's filter)."""
+        return [self.req(klass, "*"), f"{self.req(klass, '*')}.{ESCALATED}"]
 
     # -- subjects ---------------------------------------------------------------------------
     def req(self, klass: str, tenant: str) -> str:

@@ -178,7 +178,7 @@ async def test_the_dead_letter_queue_drops_what_does_not_fit_and_writes_the_rest
         await ensure_topology(js, s, LIMITS)
         for i in range(5):
             await js.publish(s.req("interactive", "acme"), b"\x93junk %d" % i)
-        pull = await js.pull_subscribe_bind(s.broker_durable, s.req_stream)
+        pull = await js.pull_subscribe_bind(s.class_durable("interactive"), s.req_stream)
         for msg in await pull.fetch(5, timeout=10):
             await dead.unreadable(msg, "malformed", "not a request")
         assert metrics.registry.get_sample_value("laneway_dead_lettered_total", {"reason": "malformed"}) == 5

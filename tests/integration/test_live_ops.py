@@ -7,9 +7,12 @@ import asyncio
 import subprocess
 import sys
 
+import nats
 import pytest
 
+from bridge.client import LanewayClient
 from loadtest.stack import Stack, demo_settings
+from tests.requests import chat
 from tests.wait import eventually
 
 
@@ -36,6 +39,30 @@ async def test_class_change_applies_live(stack, nats_server):
     assert policy.max_slot_share == 0.5 and policy.starve_after_s == 12
     listed = await asyncio.to_thread(laneway, nats_server.url, "classes", "list")
     assert '"max_slot_share":0.5' in listed.stdout.replace(" ", "")
+
+
+async def test_a_class_created_live_gets_its_consumer_and_is_served(stack, nats_server):
+    """Each class has a consumer of its own (the intake pulls a chat past a batch flood): the
+    one a new class needs is made by `classes set`, with the limits its siblings have."""
+    result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "vip", "--rank", "0",
+                                     "--max-queue-wait", "30", "--max-tenant-depth", "64",
+                                     "--max-slot-share", "1", "--starve-after", "60")
+    assert result.returncode == 0, result.stderr
+    result = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "vipco", "--classes", "vip",
+                                     "--default-class", "vip")
+    assert result.returncode == 0, result.stderr
+    assert await eventually(lambda: "vip" in stack.broker.live.classes and stack.broker.live.tenants.get("vipco"))
+    nc = await nats.connect(nats_server.url)
+    try:
+        js, s = nc.jetstream(), stack.broker.s
+        made = await js.consumer_info(s.req_stream, s.class_durable("vip"))
+        sibling = await js.consumer_info(s.req_stream, s.class_durable("batch"))
+        assert (made.config.max_deliver, made.config.ack_wait) == (sibling.config.max_deliver, sibling.config.ack_wait)
+        async with LanewayClient(nc, tenant="vipco", prefix="ops") as client:
+            parts = [t async for t in client.generate(chat("hi", max_tokens=3), klass="vip")]
+        assert len("".join(parts).split()) == 3
+    finally:
+        await nc.close()
 
 
 async def test_bad_class_is_refused_and_nothing_changes(stack, nats_server):

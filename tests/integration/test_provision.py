@@ -1,4 +1,4 @@
-"""Provisioning is its own step: `laneway ops provision` makes the streams, the broker's durable,
+"""Provisioning is its own step: `laneway ops provision` makes the streams, the class consumers,
 the live buckets and the settings file's documents, and a second run leaves an operator's live
 edit alone; a broker and a bridge started before it wait for it, then serve."""
 
@@ -13,6 +13,7 @@ import sys
 import aiohttp
 import nats
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from bridge.app import Bridge
 from bridge.config import BridgeConfig
@@ -25,7 +26,7 @@ from core.policy import tenants as tenant_docs
 from core.policy.classes import DEFAULT_CLASSES
 from core.policy.tenants import Tenant, hash_key
 from core.provision import provision_at
-from core.topology import StreamLimits
+from core.topology import StreamLimits, ensure_topology, request_stream
 from loadtest.stack import demo_settings
 from schemas.subjects import Subjects
 from tests.wait import eventually
@@ -64,7 +65,11 @@ async def test_ops_provision_creates_everything_and_a_rerun_keeps_a_live_edit(na
         js = nc.jetstream()
         for stream in (s.req_stream, s.usage_stream, s.dlq_stream, s.audit_stream):
             assert (await js.stream_info(stream)).config.name == stream
-        assert (await js.consumer_info(s.req_stream, s.broker_durable)).config.max_deliver == 7
+        for policy in DEFAULT_CLASSES:      # one consumer per class, none on the whole stream
+            info = await js.consumer_info(s.req_stream, s.class_durable(policy.name))
+            assert (info.config.max_deliver, info.config.filter_subjects) == (7, s.class_filters(policy.name))
+        assert sorted(c.name for c in await js.consumers_info(s.req_stream)) \
+            == sorted(s.class_durable(c.name) for c in DEFAULT_CLASSES)
         classes = await js.key_value(s.bucket("classes"))
         assert sorted(await classes.keys()) == sorted(c.name for c in DEFAULT_CLASSES)
         routing = await js.key_value(s.bucket("routing"))
@@ -144,3 +149,31 @@ async def test_services_started_before_provisioning_wait_for_it_then_serve(nats_
             await asyncio.gather(*starts, return_exceptions=True)
             for service in (worker, bridge, broker):
                 await service.stop()
+
+
+async def test_an_install_from_before_class_consumers_loses_nothing_it_stored(nats_server):
+    """Its one consumer on the whole request stream would overlap the class consumers (a work
+    queue's may not): provisioning deletes it, and what it stored, delivered and not, is pulled
+    by the class consumers."""
+    s = Subjects("legacy")
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(request_stream(s, StreamLimits()))
+        await js.add_consumer(s.req_stream, ConsumerConfig(
+            durable_name=s.legacy_durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=600,
+            filter_subjects=s.req_stream_subjects))
+        for klass in ("interactive", "batch"):
+            await js.publish(s.req(klass, "acme"), klass.encode())
+        old = await js.pull_subscribe_bind(s.legacy_durable, s.req_stream)
+        assert [m.data for m in await old.fetch(1, timeout=10)] == [b"interactive"]    # never acked
+        await old.unsubscribe()
+
+        await ensure_topology(js, s, StreamLimits())
+        names = {c.name for c in await js.consumers_info(s.req_stream)}
+        assert s.legacy_durable not in names and s.class_durable("interactive") in names
+        for klass in ("interactive", "batch"):
+            pull = await js.pull_subscribe_bind(s.class_durable(klass), s.req_stream)
+            assert [m.data for m in await pull.fetch(1, timeout=10)] == [klass.encode()]
+    finally:
+        await nc.close()

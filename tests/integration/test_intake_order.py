@@ -1,0 +1,70 @@
+"""The intake's door on a real nats-server: a chat published behind a stored batch flood reaches
+the lanes at once, and is served first, while the flood still waits in JetStream.
+
+JetStream delivers one consumer's messages in stream order; with one consumer on the whole
+request stream, the broker (which takes at most `max_held`) saw the chat only after it had taken
+every batch request stored before it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import nats
+
+from bridge.client import LanewayClient
+from loadtest.stack import Stack, demo_settings
+from tests.requests import chat
+from tests.wait import eventually
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
+from workers.runner import Worker, WorkerConfig
+
+FLOOD = 40
+MAX_HELD = 10       # batch may fill 90% of it: 9
+
+
+async def test_a_chat_stored_behind_a_batch_flood_is_pulled_and_served_first(nats_server):
+    async with Stack(nats_server.url, demo_settings("sk-order"), engines=[], prefix="order",
+                     max_held=MAX_HELD) as stack:
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        s, lanes = stack.broker.s, stack.broker.scheduler.pools
+        finished: list[str] = []
+
+        async def ask(klass: str, name: str) -> None:
+            async for _ in client.generate(chat(name, max_tokens=2), klass=klass):
+                pass
+            finished.append(name)
+
+        async def batch_left_in_jetstream() -> int:
+            return (await js.consumer_info(s.req_stream, s.class_durable("batch"))).num_pending
+
+        try:
+            async with LanewayClient(nc, tenant="demo", prefix="order") as client:
+                flood = [asyncio.create_task(ask("batch", f"batch-{i}")) for i in range(FLOOD)]
+                # All stored before the chat is published; the broker took what fits.
+                assert await eventually(lambda: _stored(js, s.req_stream, FLOOD))
+                assert await eventually(lambda: _waiting(lanes, "batch") >= MAX_HELD - 1)
+                chat_task = asyncio.create_task(ask("interactive", "the-chat"))
+                assert await eventually(lambda: _waiting(lanes, "interactive") == 1), \
+                    "the chat waited in JetStream behind the batch flood"
+                assert _waiting(lanes, "batch") == MAX_HELD - 1       # its share of the room
+                assert await batch_left_in_jetstream() == FLOOD - (MAX_HELD - 1)
+
+                # One slot: what the lanes hand it first is the chat, the flood after.
+                config = replace(WorkerConfig(), nats=stack._nats("worker"), pool="sim")
+                async with Worker(config, SimEngine(PROFILES["zero"], max_seqs=1)):
+                    await asyncio.wait_for(asyncio.gather(chat_task, *flood), 120)
+                assert finished[0] == "the-chat"
+                assert sorted(finished[1:]) == sorted(f"batch-{i}" for i in range(FLOOD))
+        finally:
+            await nc.close()
+
+
+def _waiting(pools, klass: str) -> int:
+    return sum(pool.lanes.depth(klass) for pool in pools.values())
+
+
+async def _stored(js, stream: str, n: int) -> bool:
+    return (await js.stream_info(stream)).state.messages == n
