@@ -7,14 +7,20 @@
   holds that have not started; a class's (with what this batch adds) stay under
   `max_prefill_share` of the step, so a flood of long prompts cannot fill the steps a chat's
   first token waits on. A class with none pending may always take one prompt, however long.
-  And whatever the classes' caps, a worker holds at most `QUEUED_PREFILL_STEPS` steps of unstarted
-  prompts of the same or a higher class than the one taken: an engine serves its queue by
-  priority, then in arrival order, so what a worker holds beyond what it can start soon waits
+  And whatever the classes' caps, a worker holds at most `QUEUED_PREFILL_STEPS` steps of
+  unstarted prompts of the same or a higher class than the one taken: an engine serves its queue
+  by priority, then in arrival order, so what a worker holds beyond what it can start soon waits
   there in arrival order, out of the lanes' reach. A neighbour's flood in a chat's own class
   then queues here, where tenants share fairly, not in the engine ahead of the chat.
 - Within a class: start-time fair queuing across tenants, cost counted in tokens (prompt
   estimate + max_tokens) divided by the tenant's weight. A tenant that goes idle cannot bank
   credit: on becoming backlogged again its virtual time is lifted to the class clock.
+- Tenant headroom: while another tenant is active in the class (it has requests waiting there,
+  or had one admitted within `ACTIVE_WINDOW_S`), a tenant holds at most `max_tenant_share` of
+  the class's slots at a worker and of its KV cache, as the worker's credit reports them (a
+  tenant holding none there may take one). A tenant at its cap is passed over for the next fair
+  tenant, so a neighbour's next request finds a slot and KV room at once instead of waiting for
+  one of the flood's to end. A lone tenant keeps everything.
 - Within a tenant: earliest deadline first.
 - Prefix affinity (`select(prefer=...)`): among the items the rules above would serve next, within
   AFFINITY_SLACK_S of the head's deadline and AFFINITY_SLACK_COST of the fair tenant's virtual
@@ -24,6 +30,7 @@
   (or `forget`, when a redelivery supersedes it).
 
 The dispatcher calls `admit`, `select`, `cancel` and `expire`; time is passed in, never read.
+What fits a worker (its room, the caps above) is judged in broker/room.py.
 """
 
 from __future__ import annotations
@@ -36,14 +43,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from broker.room import Room
 from core.policy.classes import ClassPolicy
 
 AFFINITY_SLACK_S = 0.25         # how much later a deadline an affinity choice may serve first
 AFFINITY_SLACK_COST = 4096.0    # fair-share virtual time (tokens / weight) it may skip across tenants
-# A worker's unstarted prompts of a class and those above it, at most (in engine steps' tokens):
-# two steps keep a chunked prefill busy; a chat dispatched behind them starts within about that.
-QUEUED_PREFILL_STEPS = 2
 HEAD_CANDIDATES = 3             # a tenant's heap entries looked at: its root and the root's children
+# A tenant with nothing waiting in a class is still active in it this long after its last
+# admission: the gaps of one sending every few seconds (at 0.5/s, Poisson, one gap in ~150 is
+# longer), at a cost to a lone flood of its headroom share for 10 s after the other's last request.
+ACTIVE_WINDOW_S = 10.0
 
 
 class State(Enum):
@@ -89,6 +98,7 @@ class _TenantQueue:
     heap: list[tuple[float, int, Item]] = field(default_factory=list)
     waiting: int = 0
     vtime: float = 0.0
+    admitted_at: float = float("-inf")  # its last admission: activity for the tenant headroom
 
 
 @dataclass(slots=True)
@@ -184,6 +194,7 @@ class Lanes:
             # Idle tenants cannot bank credit for the time they sent nothing.
             queue.vtime = max(queue.vtime, lane.vclock)
         item.order = next(self._order)
+        queue.admitted_at = now
         item.state = State.WAITING
         heapq.heappush(queue.heap, (item.deadline, item.order, item))
         queue.waiting += 1
@@ -220,37 +231,51 @@ class Lanes:
         step_tokens: int = 0,
         prefill: dict[str, int] | None = None,
         prefer: Callable[[Item], float] | None = None,
+        kv_tokens: int = 0,
+        tenant_slots: dict[str, dict[str, int]] | None = None,
+        tenant_tokens: dict[str, dict[str, int]] | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would
         otherwise never run anywhere). `max_bytes` bounds the batch's message size (NATS
         max_payload); the first item always goes. `step_tokens` and `prefill` (the worker's
-        unstarted prompt tokens per class) apply the classes' prefill caps. `prefer` scores an
-        item for this worker (prefix affinity), within the slack the module's top describes."""
+        unstarted prompt tokens per class) apply the classes' prefill caps; `kv_tokens` and
+        `tenant_slots`/`tenant_tokens` (class → tenant → what it holds there) the tenant headroom.
+        `prefer` scores an item for this worker (prefix affinity), within the slack the module's
+        top describes."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
-        held = dict(running)
-        pending = dict(prefill or {})
-        worker_empty = sum(running.values()) == 0
+        room = Room.of(free_slots=free_slots, token_budget=token_budget, total_slots=total_slots,
+                       running=running, step_tokens=step_tokens, prefill=prefill, kv_tokens=kv_tokens,
+                       tenant_slots=tenant_slots, tenant_tokens=tenant_tokens)
         blocked: set[str] = set()
-        while free_slots > 0:
-            lane = self._pick_lane(now, held, total_slots, allowed - blocked)
+        capped: dict[str, set[str]] = {}        # class → tenants at their headroom cap here
+        while room.free_slots > 0:
+            lane = self._pick_lane(now, room.held, room.total_slots, allowed - blocked)
             if lane is None:
                 break
-            head = self._head(lane, now, out.expired)
+            policy = lane.policy
+            skip = capped.setdefault(policy.name, set())
+            head = self._head(lane, now, out.expired, skip)
             if head is None:
+                if lane.waiting:
+                    blocked.add(policy.name)    # every tenant waiting there is at its cap
                 continue
             queue, item = head
-            first = worker_empty and not out.dispatch
-            room = min(free_slots, lane.policy.slot_cap(total_slots) - held.get(lane.policy.name, 0))
-            fair_vtime = queue.vtime            # the lane's clock: the fair tenant's, whatever is picked
-            ahead = self._queued_ahead(lane.policy, pending)
+            first = room.empty and not out.dispatch
+            if not first and not self._within_share(lane, room, item, now):
+                skip.add(item.tenant)
+                continue
+            # The lane's clock: the fair tenant's, whatever is picked (a capped one's too).
+            fair_vtime = min(q.vtime for q in lane.tenants.values() if q.waiting) if skip else queue.vtime
+            ahead = room.queued_ahead(policy, self._rank)
             if prefer is not None:
-                chosen = self._preferred(lane, queue, item, now, prefer)
-                if first or self._fits(lane.policy, chosen[1], token_budget, room, pending, step_tokens, ahead):
+                chosen = self._preferred(lane, queue, item, now, prefer, skip)
+                if first or (room.fits(policy, chosen[1], ahead)
+                             and self._within_share(lane, room, chosen[1], now)):
                     queue, item = chosen
-            if not (first or self._fits(lane.policy, item, token_budget, room, pending, step_tokens, ahead)):
-                blocked.add(lane.policy.name)
+            if not (first or room.fits(policy, item, ahead)):
+                blocked.add(policy.name)
                 continue
             if max_bytes is not None and out.dispatch and item.size > max_bytes:
                 break   # the message is full; the rest go in the next pull's batch
@@ -262,35 +287,21 @@ class Lanes:
             lane.vclock = fair_vtime
             queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
             out.dispatch.append(item)
-            free_slots -= item.slots
-            token_budget -= item.cost
-            held[lane.policy.name] = held.get(lane.policy.name, 0) + item.slots
-            pending[lane.policy.name] = pending.get(lane.policy.name, 0) + item.prompt
+            room.take(item)
         return out
 
     # -- internals ------------------------------------------------------------------------
-    @classmethod
-    def _fits(cls, policy: ClassPolicy, item: Item, token_budget: int, room: int, pending: dict[str, int],
-              step_tokens: int, ahead: int) -> bool:
-        return (item.cost <= token_budget and item.slots <= room
-                and cls._prefill_fits(policy, item, pending, step_tokens)
-                and (step_tokens <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step_tokens))
-
-    def _queued_ahead(self, policy: ClassPolicy, pending: dict[str, int]) -> int:
-        """Unstarted prompt tokens at the worker that an item of `policy`'s class would queue
-        behind in its engine: those of its rank or a higher one (a class it does not know, too)."""
-        total = 0
-        for name, tokens in pending.items():
-            lane = self._lanes.get(name)
-            if lane is None or lane.policy.rank <= policy.rank:
-                total += tokens
-        return total
+    def _rank(self, klass: str) -> int | None:
+        lane = self._lanes.get(klass)
+        return None if lane is None else lane.policy.rank
 
     @staticmethod
-    def _prefill_fits(policy: ClassPolicy, item: Item, pending: dict[str, int], step_tokens: int) -> bool:
-        cap = policy.prefill_cap(step_tokens)
-        queued = pending.get(policy.name, 0)
-        return cap is None or queued == 0 or queued + item.prompt <= cap
+    def _within_share(lane: _ClassLane, room: Room, item: Item, now: float) -> bool:
+        """The tenant headroom: only while another tenant is active in the class."""
+        if room.within_tenant_share(lane.policy, item):
+            return True
+        return not any(name != item.tenant and (q.waiting or now - q.admitted_at < ACTIVE_WINDOW_S)
+                       for name, q in lane.tenants.items())
 
     @staticmethod
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:
@@ -317,13 +328,15 @@ class Lanes:
         return best
 
     def _head(
-        self, lane: _ClassLane, now: float, expired: list[Item]
+        self, lane: _ClassLane, now: float, expired: list[Item], skip: set[str]
     ) -> tuple[_TenantQueue, Item] | None:
-        """The next item of the lane by fair queuing, dropping expired and stale entries."""
+        """The next item of the lane by fair queuing, of a tenant not in `skip`, dropping expired
+        and stale entries; None when no such tenant has one waiting."""
         while lane.waiting:
-            tenant = min(
-                (t for t in lane.tenants.values() if t.waiting), key=lambda t: t.vtime
-            )
+            tenant = min((q for name, q in lane.tenants.items() if q.waiting and name not in skip),
+                         key=lambda q: q.vtime, default=None)
+            if tenant is None:
+                return None
             while tenant.heap:
                 item = tenant.heap[0][2]
                 if item.state is not State.WAITING:
@@ -337,11 +350,12 @@ class Lanes:
         return None
 
     def _preferred(self, lane: _ClassLane, queue: _TenantQueue, head: Item, now: float,
-                   prefer: Callable[[Item], float]) -> tuple[_TenantQueue, Item]:
-        """The best-scored item within the affinity slack of `head` (which wins ties)."""
+                   prefer: Callable[[Item], float], skip: set[str]) -> tuple[_TenantQueue, Item]:
+        """The best-scored item within the affinity slack of `head` (which wins ties), of a
+        tenant not in `skip`."""
         best, best_score = (queue, head), prefer(head)
-        for q in lane.tenants.values():
-            if not q.waiting or q.vtime > queue.vtime + AFFINITY_SLACK_COST:
+        for name, q in lane.tenants.items():
+            if not q.waiting or name in skip or q.vtime > queue.vtime + AFFINITY_SLACK_COST:
                 continue
             for _, _, item in q.heap[:HEAD_CANDIDATES]:
                 if (item is head or item.state is not State.WAITING

@@ -22,6 +22,9 @@ class Credit(msgspec.Struct, omit_defaults=True, gc=False):
     prefill: dict[str, int] = {}            # prompt tokens accepted, not yet started, per class
     kv_tokens: int = 0                      # the engine's whole KV cache (prefix affinity); 0 = unknown
     adapters: list[str] = []                # LoRA adapters it holds loaded (their logical model names)
+    # What each tenant holds here, per class (class → tenant → n): for the tenants' headroom.
+    tenant_slots: dict[str, dict[str, int]] = {}    # sequence slots
+    tenant_tokens: dict[str, dict[str, int]] = {}   # KV tokens (prompt estimate + max_tokens)
 
 
 class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):

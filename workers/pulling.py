@@ -71,15 +71,21 @@ class Puller:
         cap = self.engine.capacity()
         running: dict[str, int] = {}
         prefill: dict[str, int] = {}        # prompts not yet through the engine's prefill
+        tenant_slots: dict[str, dict[str, int]] = {}
+        tenant_tokens: dict[str, dict[str, int]] = {}
         unstarted_cost = 0
         taken = 0                           # each of a request's n choices is a sequence slot
         for active in self._accepted.values():
             request = active.dispatch.request
-            running[request.klass] = running.get(request.klass, 0) + request.choices
+            klass, tenant, cost = request.klass, request.tenant, request.estimated_cost()
+            running[klass] = running.get(klass, 0) + request.choices
+            slots, tokens = tenant_slots.setdefault(klass, {}), tenant_tokens.setdefault(klass, {})
+            slots[tenant] = slots.get(tenant, 0) + request.choices
+            tokens[tenant] = tokens.get(tenant, 0) + cost
             taken += request.choices
             if active.first_token_at is None:
-                unstarted_cost += request.estimated_cost()
-                prefill[request.klass] = prefill.get(request.klass, 0) + request.estimated_prompt_tokens()
+                unstarted_cost += cost
+                prefill[klass] = prefill.get(klass, 0) + request.estimated_prompt_tokens()
         free = min(cap.free_slots, cap.total_slots - taken)
         self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
         self.metrics.slots_in_use.labels(self.config.pool).set(taken)
@@ -91,7 +97,7 @@ class Puller:
                       total_slots=cap.total_slots, classes=list(self.config.classes),
                       running=running, wait_s=self.config.pull_wait_s,
                       step_tokens=cap.step_tokens, prefill=prefill, kv_tokens=cap.kv_tokens,
-                      adapters=list(cap.adapters))
+                      adapters=list(cap.adapters), tenant_slots=tenant_slots, tenant_tokens=tenant_tokens)
 
     async def run(self) -> None:
         while not self._stopping.is_set():

@@ -218,7 +218,8 @@ class Scheduler:
             free_slots=credit.free_slots, token_budget=credit.token_budget,
             total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
             now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
-            step_tokens=credit.step_tokens, prefill=credit.prefill,
+            step_tokens=credit.step_tokens, prefill=credit.prefill, kv_tokens=credit.kv_tokens,
+            tenant_slots=credit.tenant_slots, tenant_tokens=credit.tenant_tokens,
             prefer=self._preference(pool, credit) if self.affinity else None,
         )
         for item in selection.expired:

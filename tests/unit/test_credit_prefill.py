@@ -1,5 +1,6 @@
 """A worker's credit reports its engine's step size and, per class, the prompt tokens it has
-accepted that the engine has not started: what the broker's prefill caps read."""
+accepted that the engine has not started: what the broker's prefill caps read. And what each
+tenant holds there per class: what the tenants' headroom reads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from dataclasses import dataclass
 
 from schemas.requests import GenerateRequest
-from schemas.work import Dispatch
+from schemas.work import Credit, Dispatch
 from tests.requests import chat
 from workers.config import WorkerConfig
 from workers.engines.sim.engine import SimEngine
@@ -22,23 +23,35 @@ class Active:
     first_token_at: float | None
 
 
-def accepted(rid: str, klass: str, chars: int, started: bool) -> Active:
-    request = GenerateRequest(request_id=rid, tenant="acme", klass=klass, model="m", reply_to="lw.tok.acme.e",
+def accepted(rid: str, klass: str, chars: int, started: bool, tenant: str = "acme") -> Active:
+    request = GenerateRequest(request_id=rid, tenant=tenant, klass=klass, model="m", reply_to="lw.tok.acme.e",
                               created_at=0.0, deadline=1.0, chat=chat("x" * chars, model="m"))
     return Active(Dispatch(request, "ack", 1), 1.0 if started else None)
 
 
-def test_the_credit_counts_unstarted_prompt_tokens_per_class_and_the_step_size():
-    engine = SimEngine(PROFILES["llama-8b-h100"], max_num_batched_tokens=4096)
-    running = {i: a for i, a in enumerate([
-        accepted("b1", "batch", 6144, started=False),
-        accepted("b2", "batch", 6144, started=True),     # its first token came: prefilled
-        accepted("b3", "batch", 400, started=False),
-        accepted("c1", "interactive", 800, started=False),
-    ])}
+def credit_of(engine: SimEngine, *active: Active) -> Credit:
     puller = Puller(None, "lw.pull.sim", WorkerConfig(pool="sim", worker_id="w1"), engine,  # type: ignore[arg-type]
-                    WorkerMetrics(), running, lambda batch: None, asyncio.Event(), asyncio.Event())
+                    WorkerMetrics(), dict(enumerate(active)), lambda batch: None, asyncio.Event(), asyncio.Event())
     credit = puller.credit()
     assert credit is not None
+    return credit
+
+
+def test_the_credit_counts_unstarted_prompt_tokens_per_class_and_the_step_size():
+    credit = credit_of(SimEngine(PROFILES["llama-8b-h100"], max_num_batched_tokens=4096),
+                       accepted("b1", "batch", 6144, started=False),
+                       accepted("b2", "batch", 6144, started=True),     # its first token came: prefilled
+                       accepted("b3", "batch", 400, started=False),
+                       accepted("c1", "interactive", 800, started=False))
     assert credit.step_tokens == 4096
     assert credit.prefill == {"batch": (6144 + 400) // 4, "interactive": 800 // 4}   # ~4 characters a token
+
+
+def test_the_credit_counts_what_each_tenant_holds_per_class():
+    g1, g2 = (accepted(rid, "interactive", 6144, started=rid == "g1", tenant="globex") for rid in ("g1", "g2"))
+    c1, b1 = accepted("c1", "interactive", 800, started=True), accepted("b1", "batch", 400, started=False)
+    credit = credit_of(SimEngine(PROFILES["llama-8b-h100"]), g1, g2, c1, b1)
+    assert credit.tenant_slots == {"interactive": {"globex": 2, "acme": 1}, "batch": {"acme": 1}}
+    cost = {a.dispatch.request.request_id: a.dispatch.request.estimated_cost() for a in (g1, g2, c1, b1)}
+    assert credit.tenant_tokens == {"interactive": {"globex": cost["g1"] + cost["g2"], "acme": cost["c1"]},
+                                    "batch": {"acme": cost["b1"]}}

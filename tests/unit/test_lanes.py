@@ -8,7 +8,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.lanes import Admit, Item, Lanes, State
+from broker.lanes import ACTIVE_WINDOW_S, Admit, Item, Lanes, State
 from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
 
 _ids = itertools.count()
@@ -319,3 +319,96 @@ def test_prefill_cap_invariant(prompts, already, share, step):
     if rest and chosen:
         head = min(rest, key=lambda it: it.order)
         assert total + head.prompt > cap
+
+
+# -- tenant headroom within a class ------------------------------------------------------------
+def _held(lanes: Lanes, now: float, slots: int, held: dict[str, int], tokens: dict[str, int] | None = None,
+          total: int = 100, kv: int = 0, budget: int = 10**9) -> list[Item]:
+    """A pull from a worker of `total` slots whose interactive slots are held per tenant as given."""
+    return lanes.select(free_slots=slots, token_budget=budget, total_slots=total,
+                        running={"interactive": sum(held.values())}, now=now, kv_tokens=kv,
+                        tenant_slots={"interactive": held}, tenant_tokens={"interactive": tokens or {}}).dispatch
+
+
+def test_a_flood_leaves_another_active_tenant_its_share_of_the_class_at_a_worker():
+    """acme chats now and then; globex floods the same class. globex takes 90 of the 100 slots,
+    not all 99 free: acme's next chat starts at once instead of waiting for a flood request to end."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    lanes.admit(item("acme"), 0.0)
+    assert _held(lanes, 0.0, 100, {}) != []
+    for _ in range(200):
+        lanes.admit(item("globex"), 1.0)
+    flood = _held(lanes, 1.0, 99, {"acme": 1})
+    assert len(flood) == 90 and {it.tenant for it in flood} == {"globex"}
+    chat = item("acme", at=2.0)
+    lanes.admit(chat, 2.0)
+    assert _held(lanes, 2.0, 9, {"acme": 1, "globex": 90}) == [chat]
+    assert _held(lanes, 2.0, 8, {"acme": 2, "globex": 90}) == []        # globex stays at its cap
+
+
+def test_a_tenant_at_its_cap_is_passed_over_for_the_next_fair_tenant_not_the_whole_lane():
+    lanes = Lanes(DEFAULT_CLASSES)
+    lanes.admit(item("acme"), 0.0)
+    _held(lanes, 0.0, 1, {})                                            # acme's virtual time moves on
+    floods = [item("globex") for _ in range(10)]
+    chats = [item("acme") for _ in range(3)]
+    for it in floods + chats:
+        lanes.admit(it, 0.0)
+    # globex is the fair tenant (the lower virtual time) but holds its 90 of 100 slots here.
+    assert _held(lanes, 0.0, 10, {"acme": 0, "globex": 90}) == chats
+    # Under its cap again, it is served first as before.
+    assert _held(lanes, 0.0, 1, {"globex": 80}) == floods[:1]
+
+
+def test_a_tenants_kv_tokens_stay_within_its_share_of_the_cache_while_another_is_active():
+    lanes = Lanes(DEFAULT_CLASSES)
+    floods = [item("globex", cost=500) for _ in range(10)]
+    chat = item("acme", cost=500)
+    for it in [*floods, chat]:
+        lanes.admit(it, 0.0)
+    # 10,000 KV tokens, globex holds 8,600 of them in 4 of 100 slots: one more (500) passes 9,000.
+    got = _held(lanes, 0.0, 10, {"globex": 4}, {"globex": 8600}, kv=10_000)
+    assert got == [chat]
+    assert _held(lanes, 0.0, 10, {"globex": 4}, {"globex": 8000}, kv=10_000) == floods[:2]
+
+
+def test_a_lone_tenant_keeps_every_slot_and_the_whole_cache():
+    lanes = Lanes(DEFAULT_CLASSES)
+    floods = [item("globex", cost=500) for _ in range(40)]
+    for it in floods:
+        lanes.admit(it, 0.0)
+    assert _held(lanes, 0.0, 10, {"globex": 90}, {"globex": 9000}, kv=10_000) == floods[:10]
+    # Another tenant's request, served, keeps it active for the window; then globex is alone again.
+    lanes.admit(item("acme"), 1.0)
+    assert [it.tenant for it in _held(lanes, 1.0, 10, {"globex": 85})] == ["acme", *["globex"] * 5]
+    assert _held(lanes, 1.0 + ACTIVE_WINDOW_S - 0.1, 9, {"acme": 1, "globex": 90}) == []
+    assert len(_held(lanes, 1.0 + ACTIVE_WINDOW_S, 9, {"acme": 1, "globex": 90})) == 9
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 64), st.integers(0, 40), st.integers(0, 40), st.integers(0, 20_000),
+       st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 3000)), min_size=1, max_size=40))
+def test_tenant_headroom_invariant(total, held_a, held_b, kv, offered):
+    """Both tenants active: what each holds after a pull stays within its caps (a tenant holding
+    nothing may take one item), and a pull stops short only at a cap, never with room for more."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    policy = lanes.policy("interactive")
+    for tenant in "ab":
+        lanes.admit(item(tenant), 0.0)          # both active, whatever `offered` holds
+    for tenant, cost in offered:
+        lanes.admit(item(tenant, cost=cost), 0.0)
+    held = {"a": min(held_a, total), "b": min(held_b, max(0, total - held_a))}
+    tokens = {t: n * 300 for t, n in held.items()}
+    free = total - sum(held.values())
+    chosen = _held(lanes, 0.0, free, held, tokens, total=total, kv=kv) if free > 0 else []
+    slot_cap, kv_cap = policy.tenant_slot_cap(total), policy.tenant_kv_cap(kv)
+    for t in "ab":
+        mine = [it for it in chosen if it.tenant == t]
+        slots, cost = held[t] + len(mine), tokens[t] + sum(it.cost for it in mine)
+        exempt = held[t] == 0 and len(mine) == 1
+        assert not mine or exempt or slots <= slot_cap
+        assert not mine or exempt or kv_cap is None or cost <= kv_cap
+        rest = sorted((it for it in lanes.waiting_items() if it.tenant == t), key=lambda it: it.order)
+        if rest and len(chosen) < free:
+            within = slots + 1 <= slot_cap and (kv_cap is None or cost + rest[0].cost <= kv_cap)
+            assert slots and not within, "a pull stopped short with room for this tenant"

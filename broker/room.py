@@ -1,0 +1,99 @@
+"""A worker's room while one pull's batch fills it, and whether an item fits there. Pure, no I/O.
+
+The lanes (broker/lanes.py) choose what goes next and list the rules; this module holds the
+worker's side of them: its slots and KV budget, each class's slots and unstarted prompts, and
+what each tenant of a class holds (for the tenants' headroom). `take` counts a chosen item in,
+so the next choice of the same batch sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from core.policy.classes import ClassPolicy
+
+# A worker's unstarted prompts of a class and those above it, at most (in engine steps' tokens):
+# two steps keep a chunked prefill busy; a chat dispatched behind them starts within about that.
+QUEUED_PREFILL_STEPS = 2
+
+
+class Wants(Protocol):
+    """What a `Room` reads of an item (`broker.lanes.Item`)."""
+
+    tenant: str
+    klass: str
+    cost: int
+    slots: int
+    prompt: int
+
+
+@dataclass(slots=True)
+class Room:
+    free_slots: int
+    token_budget: int                   # KV tokens still free
+    total_slots: int
+    held: dict[str, int]                # slots per class
+    pending: dict[str, int]             # prompt tokens accepted, not yet started, per class
+    step_tokens: int = 0                # the engine's tokens per step; 0: unknown, no prefill caps
+    kv_tokens: int = 0                  # the whole KV cache; 0: unknown, no KV share for tenants
+    tenant_slots: dict[str, dict[str, int]] = field(default_factory=dict)   # class → tenant → slots
+    tenant_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → KV tokens
+    empty: bool = False                 # it held nothing when the pull came: its first item always goes
+
+    @classmethod
+    def of(cls, *, free_slots: int, token_budget: int, total_slots: int, running: dict[str, int],
+           step_tokens: int = 0, prefill: dict[str, int] | None = None, kv_tokens: int = 0,
+           tenant_slots: dict[str, dict[str, int]] | None = None,
+           tenant_tokens: dict[str, dict[str, int]] | None = None) -> Room:
+        """From a credit's fields, copied: `take` changes the room, never the credit."""
+        return cls(free_slots, token_budget, total_slots, dict(running), dict(prefill or {}), step_tokens,
+                   kv_tokens, {k: dict(v) for k, v in (tenant_slots or {}).items()},
+                   {k: dict(v) for k, v in (tenant_tokens or {}).items()},
+                   empty=sum(running.values()) == 0)
+
+    def fits(self, policy: ClassPolicy, item: Wants, ahead: int) -> bool:
+        """The worker's room, the class's slot share and the prefill caps. `ahead`: the unstarted
+        prompt tokens of the item's class and higher ones that it would queue behind."""
+        room = min(self.free_slots, policy.slot_cap(self.total_slots) - self.held.get(policy.name, 0))
+        step = self.step_tokens
+        return (item.cost <= self.token_budget and item.slots <= room and self._prefill_fits(policy, item)
+                and (step <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step))
+
+    def queued_ahead(self, policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:
+        """Unstarted prompt tokens here that an item of `policy`'s class would queue behind in the
+        engine: those of its rank or a higher one (of a class `rank` does not know, too)."""
+        total = 0
+        for name, tokens in self.pending.items():
+            other = rank(name)
+            if other is None or other <= policy.rank:
+                total += tokens
+        return total
+
+    def within_tenant_share(self, policy: ClassPolicy, item: Wants) -> bool:
+        """Whether the item's tenant, with it, stays within its share of the class's slots and of
+        the KV cache here. A tenant holding nothing of the class here may always take one."""
+        slots = self.tenant_slots.get(policy.name, {}).get(item.tenant, 0)
+        if slots == 0:
+            return True
+        if slots + item.slots > policy.tenant_slot_cap(self.total_slots):
+            return False
+        kv_cap = policy.tenant_kv_cap(self.kv_tokens)
+        tokens = self.tenant_tokens.get(policy.name, {}).get(item.tenant, 0)
+        return kv_cap is None or tokens + item.cost <= kv_cap
+
+    def take(self, item: Wants) -> None:
+        self.free_slots -= item.slots
+        self.token_budget -= item.cost
+        self.held[item.klass] = self.held.get(item.klass, 0) + item.slots
+        self.pending[item.klass] = self.pending.get(item.klass, 0) + item.prompt
+        slots = self.tenant_slots.setdefault(item.klass, {})
+        slots[item.tenant] = slots.get(item.tenant, 0) + item.slots
+        tokens = self.tenant_tokens.setdefault(item.klass, {})
+        tokens[item.tenant] = tokens.get(item.tenant, 0) + item.cost
+
+    def _prefill_fits(self, policy: ClassPolicy, item: Wants) -> bool:
+        cap = policy.prefill_cap(self.step_tokens)
+        queued = self.pending.get(policy.name, 0)
+        return cap is None or queued == 0 or queued + item.prompt <= cap
