@@ -25,8 +25,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from bridge.config import BridgeConfig
 from bridge.demux import Demux
@@ -137,13 +137,19 @@ def fair_from(room: int, tenant_share: float) -> int:
 
 
 def admit(held: Held, lag_s: float, policy: ClassPolicy, *, max_streams: int, max_delivery_lag_s: float,
-          tenant_max_streams: int, measured_limit: int = 0, tenant_share: float = 1.0) -> None:
+          tenant_max_streams: int, measured_limit: int = 0, tenant_share: float = 1.0,
+          lower: ClassPolicy | None = None) -> None:
     """Raise `overloaded` (503, Retry-After) when the bridge must not take another stream of this
     class from this tenant, or `rate_limited` (429) when the tenant holds its configured cap.
-    `measured_limit` is `StreamLimit`'s (0: not measured).
+    `measured_limit` is `StreamLimit`'s (0: not measured); `lower`, of the classes after this
+    one, the one with the largest share (None: it is the last).
 
     Order at this door, of `limit` (the lower of the configured and the measured limits):
-    - every stream counts against `limit`;
+    - every stream counts against `limit`, the classes after this one's no more than they may
+      fill (`lower.slot_cap(limit)`): when the measured limit is cut below what a flood holds
+      (its streams are accepted work, never preempted), the flood's excess must not refuse the
+      classes above it until its streams end. A chat still finds the headroom no lower class
+      may take; the bridge then holds more than `limit` by that headroom at most;
     - a class's `room` is `policy.slot_cap(limit)`, shared with the classes after it: batch at
       0.9 holds at most 90 % with standard, and the last 10 % only standard (at 0.95) and
       interactive (1.0) can take. A lower class is refused first, and a chat finds room at once
@@ -172,6 +178,7 @@ def admit(held: Held, lag_s: float, policy: ClassPolicy, *, max_streams: int, ma
     else:
         limit, kind, what = measured_limit, MEASURED, "what it can deliver on time now"
     if limit:
+        held = _lower_counted_to_their_room(held, lower, limit)
         if held.total >= limit:
             raise EdgeError(ErrorCode.overloaded, f"this bridge holds {held.total} open streams, {what} "
                             f"({limit}); retry shortly", headers={OVERLOAD_HEADER: kind})
@@ -193,17 +200,29 @@ def admit(held: Held, lag_s: float, policy: ClassPolicy, *, max_streams: int, ma
                         "catches up; retry shortly", headers={OVERLOAD_HEADER: "delivery_lag"})
 
 
+def _lower_counted_to_their_room(held: Held, lower: ClassPolicy | None, limit: int) -> Held:
+    """`held` with the streams of the classes after the asking one counted up to what they may
+    fill of `limit` (the largest room among them, `lower`'s), as a request of a higher class sees
+    them."""
+    after = held.below - held.in_class
+    if lower is None or after <= (room := lower.slot_cap(limit)):
+        return held
+    return replace(held, total=held.total - after + room, below=held.in_class + room)
+
+
 class EdgeAdmission:
     """The bridge's admission: the limits above over what it measures now (its open streams by
     class and tenant, its frames' lag, its loop's lag), asked once per request before its body is
-    read. `rank` gives a class's rank (the catalogue's: an unknown class counts as the last)."""
+    read. `rank` gives a class's rank (the catalogue's: an unknown class counts as the last);
+    `classes`, the live classes (the catalogue's, read at each request)."""
 
     def __init__(self, config: BridgeConfig, demux: Demux, loop_lag: LoopLag, metrics: BridgeMetrics,
-                 rank: Callable[[str], int]) -> None:
+                 rank: Callable[[str], int], classes: Mapping[str, ClassPolicy]) -> None:
         self.config = config
         self.demux = demux
         self.loop_lag = loop_lag
         self.rank = rank
+        self.classes = classes
         self.limit = (StreamLimit(limit=float(config.initial_stream_limit), ceiling=config.max_streams)
                       if config.initial_stream_limit else None)
         self.retry_after = RetryAfter()
@@ -223,6 +242,11 @@ class EdgeAdmission:
                     in_class=by_class.get(klass, 0), sharing=demux.holders(klass),
                     tenant=demux.held_by(tenant), tenant_in_class=demux.classes_of(tenant).get(klass, 0))
 
+    def lower(self, policy: ClassPolicy) -> ClassPolicy | None:
+        """Of the classes after `policy`, the one that may fill the most (its headroom's bound)."""
+        after = [p for p in self.classes.values() if p.rank > policy.rank]
+        return max(after, key=lambda p: p.max_slot_share, default=None)
+
     def __call__(self, tenant: str, policy: ClassPolicy) -> None:
         now = time.monotonic()
         lag = self.demux.lag.current(now)
@@ -234,7 +258,7 @@ class EdgeAdmission:
             admit(self.held(tenant, policy), lag, policy, max_streams=self.config.max_streams,
                   max_delivery_lag_s=self.config.max_delivery_lag_s,
                   tenant_max_streams=self.config.tenant_max_streams, measured_limit=measured,
-                  tenant_share=self.config.tenant_stream_share)
+                  tenant_share=self.config.tenant_stream_share, lower=self.lower(policy))
         except EdgeError as refusal:
             if refusal.code is ErrorCode.overloaded:
                 if self.limit is not None and refusal.headers.get(OVERLOAD_HEADER) == MEASURED:

@@ -80,7 +80,8 @@ class Bridge:
         self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes,
                                                            config.resume_tenant_bytes))
         self.loop_lag = LoopLag()
-        self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics, self.catalogue.rank)
+        self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics, self.catalogue.rank,
+                                       self.catalogue.classes)
         self.losses = Losses(self.demux, self.readiness, self.loop_lag)
         self.resumes = Resumes(self.edge_id, config.resume_window_s, self.demux.limits, self.demux, self.metrics,
                                self._cancel)

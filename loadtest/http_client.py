@@ -68,6 +68,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                 result.retry_after = retry_after(resp.headers.get("Retry-After"))
                 payload = await resp.json(content_type=None)
                 result.error = (payload.get("error") or {}).get("code") or str(resp.status)
+                if why := resp.headers.get("x-laneway-overload"):    # which limit refused it
+                    result.error = f"{result.error}:{why}"
                 return result
             async for raw in resp.content:
                 if not raw.startswith(b"data: "):

@@ -34,7 +34,7 @@ class Edge:
         catalogue.classes.update(CLASSES)
         self.demux = Demux()
         self.admission = EdgeAdmission(BridgeConfig(**config), self.demux, LoopLag(), BridgeMetrics(),
-                                       catalogue.rank)
+                                       catalogue.rank, catalogue.classes)
         self.open: dict[str, list[str]] = defaultdict(list)
         self._ids = itertools.count()
 
@@ -92,6 +92,23 @@ async def test_at_the_limit_held_by_batch_a_chat_is_admitted_and_batch_refused()
                           loop_lag_s=0.0)
             assert limit.limit > 10
         edge.close_all()
+
+
+async def test_a_limit_cut_below_what_a_flood_holds_still_admits_a_chat_to_its_headroom():
+    """The measured limit falls fast (0.8 of the open streams) when delivery runs late; a retry
+    storm of standard then holds more than the whole new limit, and its streams are long. The
+    storm's excess must not refuse every chat until they end: the storm counts up to its room."""
+    edge = Edge(initial_stream_limit=100, tenant_stream_share=1.0)     # the classes' order alone
+    limit = edge.admission.limit
+    limit.growth = 0.0                      # the limit moves only where the test moves it
+    admitted, refusal = edge.flood("storm", "standard")
+    assert admitted == 95 and overloaded(refusal, MEASURED)
+    limit.limit = 50.0                      # a cut: standard may fill 47 of it, and holds 95
+    assert overloaded(edge.ask("storm", "standard"), MEASURED), "the storm gets nothing while over its room"
+    assert overloaded(edge.ask("storm", "batch"), MEASURED), "nor does any class after it"
+    assert [edge.ask("chat", "interactive") is None for _ in range(4)] == [True, True, True, False], \
+        "the chats take the headroom standard may never fill (50 - 47), and no more"
+    edge.close_all()
 
 
 async def test_a_tenant_holding_its_share_is_refused_while_another_is_admitted():
