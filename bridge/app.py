@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 
 import nats.errors
@@ -297,7 +298,8 @@ class Bridge:
         brokers = self.readiness.brokers()
         ready = (bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status)
                  and brokers > 0)
-        return web.json_response({"ready": ready, "nats": bool(self._nc and self._nc.is_connected),
+        return web.json_response({"ready": ready, "pid": os.getpid(),     # which server answers (`up`)
+                                  "nats": bool(self._nc and self._nc.is_connected),
                                   "brokers": brokers, "pools": status, "pii": self.readiness.pii_stages()},
                                  status=200 if ready else 503)
 

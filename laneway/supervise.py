@@ -5,6 +5,9 @@ their lanes from unacked messages, workers re-register by heartbeat, the bridge 
 port, and every process reconnects to a restarted nats-server by itself, so restarting the one
 that died is all that is needed. A child that keeps crashing is restarted ever more slowly
 (backoff doubling to `max_s`); one that stayed up for `reset_after_s` starts the count afresh.
+A child that fails the same way twice in a row (the same exit code, each time within
+`crash_loop_s` of its start: a port taken, a bad flag, a model that does not load) is not
+restarted again: restarting would only repeat it. The supervisor says so and sets `gave_up`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Backoff:
     first_s: float = 0.5
     max_s: float = 30.0
     reset_after_s: float = 60.0
+    crash_loop_s: float = 10.0
 
     def delay(self, restarts: int) -> float:
         """The wait before restart number `restarts + 1` in a row."""
@@ -38,6 +42,9 @@ class Supervisor:
     say: Callable[[str], None] = lambda line: print(f"laneway: {line}", file=sys.stderr, flush=True)
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)   # total per role
+    gave_up: asyncio.Event = field(default_factory=asyncio.Event)   # a child failed in a loop
+    why: str = ""                                                      # ... how
+    failed: str = ""                                                   # ... and which
     _keepers: dict[str, asyncio.Task] = field(default_factory=dict)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -50,6 +57,7 @@ class Supervisor:
     async def _keep(self, role: str, proc: asyncio.subprocess.Process, start: Start) -> None:
         loop = asyncio.get_running_loop()
         in_a_row = 0
+        quick_code: int | None = None      # the exit code of the last exit soon after a start
         started = loop.time()
         while True:
             code = await proc.wait()
@@ -58,6 +66,15 @@ class Supervisor:
             lived = loop.time() - started
             if lived >= self.backoff.reset_after_s:
                 in_a_row = 0
+            quick = lived < self.backoff.crash_loop_s
+            if quick and code == quick_code:
+                self.why = (f"{role} (pid {proc.pid}) exited with {code} {lived:.1f}s after its start, "
+                            "the same as the time before; not restarting it")
+                self.say(self.why)
+                self.failed = role
+                self.gave_up.set()
+                return
+            quick_code = code if quick else None
             self.restarts[role] += 1
             self.say(f"{role} (pid {proc.pid}) exited with {code} after {lived:.1f}s; "
                      f"restarting in {self.backoff.delay(in_a_row):.1f}s (restart {self.restarts[role]})")

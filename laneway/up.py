@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import secrets
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port
 from core.provision import provision_at
 from core.settings import BadSettings, LogicalModel, Settings, load_serving_settings
+from laneway.banner import banner
 from laneway.flags import stream_limits
 from laneway.nats_config import UpAuth, up_auth, write_private
 from laneway.supervise import Supervisor
@@ -86,23 +88,53 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], timeout: float,
                       brokers: int, pool: str, workers: int) -> dict:
     """Until the bridge is ready and has heard from every broker and worker started (each serves
-    its metrics before it beats, so the banner's processes all answer); the bridge's `/readyz`."""
+    its metrics before it beats, so the banner's processes all answer); the bridge's `/readyz`,
+    from this bridge (its pid), never from another server that answers on the same port."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with aiohttp.ClientSession() as http:
         while loop.time() < deadline:
             for role, proc in procs.items():
                 if proc.returncode is not None:
-                    raise RuntimeError(f"{role} exited with {proc.returncode} during start-up")
+                    raise ChildFailed(role, f"{role} exited with {proc.returncode} during start-up")
             try:
                 async with http.get(f"{url}/readyz") as resp:
                     state = await resp.json()
-                    if resp.status == 200 and state["brokers"] >= brokers and state["pools"].get(pool, 0) >= workers:
+                    if (resp.status == 200 and state.get("pid") == procs["bridge"].pid
+                            and state["brokers"] >= brokers and state["pools"].get(pool, 0) >= workers):
                         return state
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.25)
     raise RuntimeError(f"not ready after {timeout:.0f}s")
+
+
+class ChildFailed(RuntimeError):
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+def log_tail(log_dir: Path, name: str, lines: int = 4) -> str:
+    """A child's last log lines, indented: why it failed, on the terminal that started it."""
+    try:
+        text = (log_dir / f"{name}.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "".join(f"\n  {name}.log: {line[:300]}" for line in tail)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why the bridge could not listen on host:port now (None: it could). Checked before anything
+    starts, so a clash is said at once, not after the bridge's log fills with retries."""
+    if port == 0:
+        return None
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def _demo_key(data_dir: Path, requested: str | None) -> tuple[str, str, bool]:
@@ -180,57 +212,6 @@ def worker_argvs(argv: list[str], n: int) -> list[list[str]]:
     return [argv + ["--worker-id", f"{base}-{i}"] for i in range(1, n + 1)]   # the last one wins
 
 
-def _nats_lines(nats_url: str, auth: UpAuth | None) -> str:
-    if auth is None:
-        return "  NATS auth   off (--no-nats-auth): any local process can read every subject\n"
-    ops_user, ops_password = auth.services["ops"]
-    tenant_users = ", ".join(f"{t} as {user}" for t, (user, _) in auth.tenants.items())
-    return (f"  NATS users  one per service and tenant ({tenant_users}); passwords in\n"
-            f"              {auth.credentials_file} (0600)\n"
-            f"\nOperate it live (laneway classes|tenants|routing|usage) as the ops user:\n"
-            f"  export LANEWAY_NATS_URL={nats_url} LANEWAY_NATS_USER={ops_user} "
-            f"LANEWAY_NATS_PASSWORD={ops_password}\n")
-
-
-def _banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path,
-            auth: UpAuth | None, counts: dict[str, int], pii_stages: dict[str, int]) -> str:
-    pii = ", ".join(PII_LINES.get(stage, stage) for stage in sorted(pii_stages)) or "unknown"
-    # A key from the environment in the shell example is one from the environment in Python's.
-    py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
-              else f"'{api_key}'")
-    python = sys.executable    # the interpreter Laneway (and so openai) is installed in
-    return f"""
-Laneway is up: {url}
-  NATS        {nats_url}
-  API key     {api_key}{key_note}
-  model       {model}
-  processes   {", ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in counts.items())}
-  PII         {pii}
-  logs        {logs}/
-{_nats_lines(nats_url, auth)}
-Stream a reply with curl:
-  curl -N {url}/v1/chat/completions \\
-    -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
-    -d '{{"model": "{model}", "stream": true, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
-
-Or with the openai client (installed with Laneway):
-  {python} -c "from openai import OpenAI
-c = OpenAI(base_url='{url}/v1', api_key={py_key})
-for ch in c.chat.completions.create(model='{model}', stream=True,
-        messages=[{{'role': 'user', 'content': 'Hello!'}}]):
-    print(ch.choices[0].delta.content or '' if ch.choices else '', end='', flush=True)"
-
-Ctrl-C stops everything.
-"""
-
-
-PII_LINES = {
-    "ner": "on (Presidio, with spaCy's NER for names)",
-    "regex": "on (Presidio's pattern recognizers)",
-    "off": "OFF (--pii off): no tenant's PII policy is enforced",
-    "missing": "NOT RUNNING: tenants whose policy asks for PII handling get 503",
-}
-
 ROLES = ("broker", "worker", "bridge")
 # Flags that cannot be shared by processes on one host, or that `up` owns (its own nats-server).
 _NOT_FORWARDED = {"--metrics-port": "each process needs its own port: run the roles separately "
@@ -289,6 +270,10 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         settings_path = data_dir / "settings.toml"
         settings_path.write_text(_settings_toml(settings))
 
+    if (taken := port_taken(args.host, args.port)) is not None:
+        print(f"laneway up: {taken}: another process serves there (a Laneway started before?); "
+              "stop it, or choose another --port", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -335,14 +320,21 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
         counts = {"broker": args.brokers, "worker": args.workers, "bridge": 1}
-        print(_banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {})),
+        print(banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {})),
               flush=True)
         if "missing" in state.get("pii", {}):
             print(f"laneway: ERROR: the PII stage is NOT RUNNING (see {log_dir}/broker.log): tenants whose "
                   "policy asks for PII handling are refused with 503 pii_unavailable", file=sys.stderr, flush=True)
-        await stopped
+        gave_up = asyncio.create_task(supervisor.gave_up.wait())
+        await asyncio.wait([stopped, gave_up], return_when=asyncio.FIRST_COMPLETED)
+        gave_up.cancel()
+        if supervisor.gave_up.is_set():
+            print(f"laneway: stopping: {supervisor.why}{log_tail(log_dir, supervisor.failed)}\n"
+                  f"see the logs in {log_dir}/", file=sys.stderr)
+            code = 1
     except RuntimeError as exc:
-        print(f"laneway: {exc}; see the logs in {log_dir}/", file=sys.stderr)
+        tail = log_tail(log_dir, exc.name) if isinstance(exc, ChildFailed) else ""
+        print(f"laneway: {exc}{tail}\nsee the logs in {log_dir}/", file=sys.stderr)
         code = 1
     finally:
         await supervisor.stop()

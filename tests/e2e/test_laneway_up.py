@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 
 import openai
@@ -30,6 +31,7 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
             assert line, f"laneway up exited early: {banner.decode()}"
             banner += line
         assert f"http://127.0.0.1:{port}".encode() in banner and b"curl -N" in banner
+        assert b"export KEY=sk-up-test\n" in banner and b'Bearer $KEY' in banner    # the curl pastes as printed
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-up-test")
         stream = await client.chat.completions.create(
             model="laneway-sim", stream=True, max_tokens=8,
@@ -91,3 +93,22 @@ async def test_up_runs_nats_with_users_and_the_banner_says_how_to_operate_it(tmp
     violations = [line for line in log.splitlines() if " Violation - " in line]   # publish/subscribe
     assert violations and all("tenant-demo" in line and "someone-else" in line for line in violations), \
         violations
+
+
+async def test_a_port_taken_is_said_on_the_terminal_and_nothing_starts(tmp_path):
+    """Another server holds the port: `up` says why on stderr and exits non-zero at once, before
+    it starts a nats-server or a child (it used to print "up" while curl reached the other)."""
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    data_dir = tmp_path / "lw"
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "laneway.cli", "up", "--port", str(port), "--data-dir", str(data_dir),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        holder.close()
+    assert proc.returncode == 2, (out, err)
+    assert f"cannot listen on 127.0.0.1:{port}".encode() in err and b"in use" in err, err
+    assert b"Laneway is up" not in out
+    assert pids_mentioning(str(data_dir)) == []

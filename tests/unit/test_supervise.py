@@ -24,7 +24,8 @@ async def sleeper() -> asyncio.subprocess.Process:
 
 async def test_a_dying_child_is_restarted_and_said_so_and_stop_ends_it() -> None:
     said: list[str] = []
-    sup = Supervisor(backoff=Backoff(first_s=0.01, max_s=0.05), say=said.append)
+    # crash_loop_s 0: no exit is quick, so a crash loop is restarted for ever (its own test below)
+    sup = Supervisor(backoff=Backoff(first_s=0.01, max_s=0.05, crash_loop_s=0.0), say=said.append)
     steady = await sleeper()
     sup.keep("steady", steady, sleeper)
     sup.keep("crashy", await crasher(), crasher)
@@ -59,3 +60,33 @@ async def test_a_start_that_fails_is_retried() -> None:
     await sup.stop()
     sup.procs["flaky"].kill()
     await sup.procs["flaky"].wait()
+
+
+async def test_a_child_that_fails_the_same_way_twice_in_a_row_is_not_restarted_again() -> None:
+    """A port taken, a bad flag: the second quick exit with the same code says restarting only
+    repeats it. The supervisor gives up on that child, says why, and tells `up` (gave_up)."""
+    said: list[str] = []
+    sup = Supervisor(backoff=Backoff(first_s=0.01, max_s=0.05, crash_loop_s=10.0), say=said.append)
+    steady = await sleeper()
+    sup.keep("steady", steady, sleeper)
+    sup.keep("bridge", await crasher(), crasher)
+    assert await eventually(sup.gave_up.is_set, timeout=30)
+    assert sup.failed == "bridge" and sup.restarts["bridge"] == 1
+    assert "exited with 3" in sup.why and "not restarting it" in sup.why and said[-1] == sup.why
+    assert steady.returncode is None and sup.restarts["steady"] == 0, "the others run on"
+    await sup.stop()
+    steady.kill()
+    await steady.wait()
+
+
+async def test_quick_exits_that_differ_are_still_restarted() -> None:
+    codes = iter(range(3, 100))
+
+    async def varied() -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec("sh", "-c", f"exit {next(codes)}")
+
+    sup = Supervisor(backoff=Backoff(first_s=0.01, max_s=0.05, crash_loop_s=10.0), say=lambda line: None)
+    sup.keep("worker", await varied(), varied)
+    assert await eventually(lambda: sup.restarts["worker"] >= 3, timeout=30)
+    assert not sup.gave_up.is_set()
+    await sup.stop()
