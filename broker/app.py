@@ -214,7 +214,7 @@ class Broker:
             self.gating = gating
             if gating:
                 self._intake = ClassIntakes(self._nc, self.s, self._on_request, self._held,
-                                            self.config.max_held, self.live.classes.get)
+                                            self.config.max_held, self.live.classes.get, self.live.rank)
                 self._intake.follow(self.live.classes)
             elif self._intake is not None:
                 # Off this task (the lease's, a heartbeat's, a peer's callback): the intake's drain

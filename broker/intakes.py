@@ -24,7 +24,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.intake import PullIntake
-from core.catalogue import LAST_RANK
 from core.policy.classes import ClassPolicy
 from schemas.subjects import Subjects
 
@@ -38,6 +37,7 @@ class ClassIntakes:
         held: Callable[[], int],
         max_held: int,
         policy: Callable[[str], ClassPolicy | None],
+        rank: Callable[[str], int],
     ) -> None:
         self._nc = nc
         self._s = s
@@ -45,6 +45,7 @@ class ClassIntakes:
         self._held = held              # requests this broker holds now: in the gate, lanes, handed over
         self._max_held = max_held
         self._policy = policy
+        self._rank = rank              # the catalogue's: an unknown class is served last
         self._intakes: dict[str, PullIntake] = {}
         self._starting: set[asyncio.Task[None]] = set()
 
@@ -79,7 +80,3 @@ class ClassIntakes:
         await asyncio.gather(*starting, return_exceptions=True)
         intakes, self._intakes = list(self._intakes.values()), {}
         await asyncio.gather(*(intake.stop() for intake in intakes))
-
-    def _rank(self, klass: str) -> int:
-        policy = self._policy(klass)
-        return policy.rank if policy is not None else LAST_RANK
