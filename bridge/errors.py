@@ -7,6 +7,7 @@ from http import HTTPStatus
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
+from core.policy.storage_quota import StorageExceeded
 from schemas.codec import encode_json
 from schemas.errors import ErrorCode
 from schemas.openai_out import ErrorBody, ErrorResponse
@@ -25,6 +26,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.queue_full: (429, "rate_limit_error"),
     ErrorCode.rate_limited: (429, "rate_limit_error"),
     ErrorCode.insufficient_quota: (429, "insufficient_quota"),
+    ErrorCode.storage_quota_exceeded: (403, "invalid_request_error"),    # not retried: it will not fit later either
     ErrorCode.pii_blocked: (400, "invalid_request_error"),
     ErrorCode.pii_unavailable: (503, "server_error"),
     ErrorCode.pii_too_large: (413, "invalid_request_error"),
@@ -109,6 +111,11 @@ def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
     if status == 504:
         return EdgeError(ErrorCode.deadline_exceeded, "the request timed out")
     return EdgeError(ErrorCode.internal_error, "internal error", status=status)
+
+
+def storage_refused(exc: StorageExceeded, param: str | None = None) -> EdgeError:
+    """Over the tenant's storage quota: the message names the limit, its value and the holding."""
+    return EdgeError(ErrorCode.storage_quota_exceeded, str(exc), param)
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> EdgeError:

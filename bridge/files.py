@@ -4,19 +4,24 @@
 answered as an unknown one.
 
 An upload is read here, not by the app's body middleware: a file may be far larger than a chat
-body (`max_file_bytes`), and it is bounded in size and time while it streams in."""
+body (`max_file_bytes`), and it is bounded in size, time and the tenant's storage quota while it
+streams, chunk by chunk, into the object store: the bridge holds one chunk of it at a time."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from aiohttp import BodyPartReader, web
 
 from bridge.chat import authenticate
-from bridge.errors import EdgeError, body_timeout, not_found
-from bridge.file_store import FileStore
+from bridge.errors import EdgeError, body_timeout, not_found, storage_refused
+from bridge.file_store import FileStore, new_file_id
+from bridge.object_upload import CHUNK_BYTES
 from bridge.paging import page_query, window
 from core.catalogue import Catalogue
+from core.policy.storage_quota import StorageExceeded
+from core.policy.tenants import Tenant
 from schemas import codec
 from schemas.batches import UPLOAD_PURPOSES, Deleted, FileList, FileObject
 from schemas.errors import ErrorCode
@@ -24,6 +29,9 @@ from schemas.errors import ErrorCode
 MAX_FILE_BYTES = 200 * 1024 * 1024       # OpenAI's limit for a batch's input file
 EXPIRES_AFTER_S = (3600, 30 * 86_400)    # OpenAI's bounds for expires_after[seconds]
 MAX_LIST = 10_000
+MAX_FIELD_BYTES = 4096                   # a form field besides the file: `purpose`, `expires_after[...]`
+HOLD_STEP = 16 * 1024 * 1024             # an upload of unknown length holds quota in steps of this
+HOLD_SLACK_S = 60                        # a hold outlives its upload's time limit by this, then lapses
 
 
 def _invalid(message: str, param: str | None = None) -> EdgeError:
@@ -58,46 +66,81 @@ class FilesApi:
         tenant = authenticate(request, self.catalogue.tenants)
         if not request.content_type.startswith("multipart/form-data"):
             raise _invalid("upload a file as multipart/form-data with the fields 'file' and 'purpose'")
+        file_id = new_file_id()
         try:
-            async with asyncio.timeout(self.upload_timeout_s):
-                fields, content, filename = await self._read_form(request)
-        except TimeoutError:
-            raise body_timeout(self.upload_timeout_s) from None
-        purpose = fields.get("purpose")
-        if purpose not in UPLOAD_PURPOSES:
-            raise _invalid(f"purpose must be one of {list(UPLOAD_PURPOSES)}", "purpose")
-        if content is None:
-            raise _invalid("the form has no 'file' field", "file")
-        if not content:
-            raise _invalid("the file is empty", "file")
-        file = await self.store.put(tenant.name, content, filename or "upload", purpose,
-                                    self._expires_after(fields))
+            try:
+                async with asyncio.timeout(self.upload_timeout_s):
+                    fields, size, filename = await self._read_form(request, tenant, file_id)
+            except TimeoutError:
+                raise body_timeout(self.upload_timeout_s) from None
+            purpose = fields.get("purpose")
+            if purpose not in UPLOAD_PURPOSES:
+                raise _invalid(f"purpose must be one of {list(UPLOAD_PURPOSES)}", "purpose")
+            if size is None:
+                raise _invalid("the form has no 'file' field", "file")
+            if not size:
+                raise _invalid("the file is empty", "file")
+            file = await self.store.finish(tenant.name, file_id, size, filename or "upload", purpose,
+                                           self._expires_after(fields))
+        except BaseException:       # refused, timed out, or the client went: nothing of it is kept
+            await asyncio.shield(self.store.discard(tenant.name, file_id))
+            raise
         return json_response(file)
 
-    async def _read_form(self, request: web.Request) -> tuple[dict[str, str], bytes | None, str | None]:
+    async def _read_form(self, request: web.Request, tenant: Tenant,
+                         file_id: str) -> tuple[dict[str, str], int | None, str | None]:
+        """The form's small fields, and the file's size and name: its bytes go to the store as
+        they arrive, never held here whole."""
         fields: dict[str, str] = {}
-        content: bytes | None = None
+        size: int | None = None
         filename: str | None = None
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 raise _invalid("nested multipart bodies are not supported")
             if part.name == "file":
+                if size is not None:
+                    raise _invalid("the form has more than one 'file' field", "file")
                 filename = part.filename
-                content = await self._read_bounded(part)
+                size = await self.store.put_stream(tenant.name, file_id,
+                                                   self._chunks(part, tenant, file_id, request.content_length))
             elif part.name is not None:
-                fields[part.name] = (await part.read(decode=True)).decode(errors="replace")[:256]
-        return fields, content, filename
+                fields[part.name] = (await self._read_field(part)).decode(errors="replace")[:256]
+        return fields, size, filename
 
-    async def _read_bounded(self, part: BodyPartReader) -> bytes:
-        chunks, size = [], 0
-        while chunk := await part.read_chunk(1 << 16):
+    async def _chunks(self, part: BodyPartReader, tenant: Tenant, file_id: str,
+                      length: int | None) -> AsyncIterator[bytes]:
+        """The file's bytes, under the size limit and the tenant's storage quota: held first for
+        the whole body when its length is known (a file that cannot fit is refused before a
+        byte is stored), else in steps as they come."""
+        ttl_s = int(self.upload_timeout_s) + HOLD_SLACK_S
+        held = min(length or HOLD_STEP, self.max_file_bytes)
+        await self._hold(tenant, file_id, held, ttl_s)
+        size = 0
+        while chunk := await part.read_chunk(CHUNK_BYTES):
             size += len(chunk)
             if size > self.max_file_bytes:
                 raise EdgeError(ErrorCode.payload_too_large,
                                 f"the file is over {self.max_file_bytes} bytes, the limit", "file")
-            chunks.append(chunk)
-        return b"".join(chunks)
+            if size > held:
+                held = min(max(size, held + HOLD_STEP), self.max_file_bytes)
+                await self._hold(tenant, file_id, held, ttl_s)
+            yield chunk
+
+    async def _hold(self, tenant: Tenant, file_id: str, nbytes: int, ttl_s: int) -> None:
+        try:
+            await self.store.hold(tenant.name, file_id, nbytes, ttl_s, tenant.storage)
+        except StorageExceeded as exc:
+            raise storage_refused(exc, "file") from None
+
+    @staticmethod
+    async def _read_field(part: BodyPartReader) -> bytes:
+        data = bytearray()
+        while chunk := await part.read_chunk(MAX_FIELD_BYTES):
+            data += chunk
+            if len(data) > MAX_FIELD_BYTES:
+                raise _invalid(f"the form field {part.name!r} is over {MAX_FIELD_BYTES} bytes", part.name)
+        return bytes(data)
 
     @staticmethod
     def _expires_after(fields: dict[str, str]) -> int | None:

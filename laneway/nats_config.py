@@ -44,7 +44,7 @@ eval`, via LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it alone creates and update
 broker's durable consumer and the live buckets (provisioning); it writes classes, tenants and
 routing rules, and reads the usage, audit and dead-letter streams. It cannot touch requests or
 tokens. The services create only the buckets of their own runtime state (quota, response cache,
-the bridge's stored responses, which ops may read).
+the bridge's stored responses and its count of what each tenant stores, which ops may read).
 
 Passwords are generated and stored in plain text in the config (keep it 0600; it is written so)
 and in a credentials file to hand out; nats-server also accepts bcrypt hashes in their place.
@@ -67,7 +67,7 @@ from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
 from core.policy.tenants import Tenant
 from core.topology import BUCKETS as LIVE_BUCKETS  # classes, tenants, routing: watched live
-from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, Subjects, check_token, service_inbox
+from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, STORAGE_BUCKET, Subjects, check_token, service_inbox
 
 SERVICE_ROLES = ("broker", "worker", "bridge")
 ROLES = (*SERVICE_ROLES, "ops")
@@ -115,11 +115,12 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     req = s.req_stream
     classes = f"{req}.*"        # the class consumers (core/topology.py): by class name, one token
     kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET,
-                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET)}
+                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET, STORAGE_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
     file_data = f"OBJ_{s.bucket(FILE_DATA_BUCKET)}"
-    batch_state = [f"KV_{s.bucket(FILES_BUCKET)}", f"KV_{s.bucket(BATCHES_BUCKET)}", file_data, s.batch_stream]
+    batch_state = [f"KV_{s.bucket(FILES_BUCKET)}", f"KV_{s.bucket(BATCHES_BUCKET)}", file_data, s.batch_stream,
+                   kv[STORAGE_BUCKET]]
     # Provisioning (core/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
     # or (limits changed) update the streams, open the buckets, write the default classes
     # (`kv.create` reads the key when it exists: found on a rerun) and the settings file's
@@ -165,6 +166,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              "$JS.API.STREAM.NAMES",        # nats-py's object get finds the chunks' stream by subject
              f"$KV.{s.bucket(FILES_BUCKET)}.>", f"$KV.{s.bucket(BATCHES_BUCKET)}.>",
              f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all,
+             f"$KV.{s.bucket(STORAGE_BUCKET)}.>",       # each tenant's storage, counted (laneway usage)
              # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it;
              # and the running background responses' list, which every bridge watches (takeover.py)
              *_api("STREAM.CREATE", kv[RESPONSES_BUCKET], kv[BACKGROUND_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
@@ -177,7 +179,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              *_api("STREAM.INFO", req),                     # the queue's depth, never its messages
              *(f"$KV.{s.bucket(name)}.>" for name in LIVE_BUCKETS),
              *_kv_read(kv[LEASE_BUCKET]),                   # which broker schedules now
-             *_kv_read(kv[RESPONSES_BUCKET])],              # a stored response, read (never written)
+             *_kv_read(kv[RESPONSES_BUCKET]),               # a stored response, read (never written)
+             *_kv_read(kv[STORAGE_BUCKET])],                # what each tenant stores, counted (laneway usage)
             [inbox["ops"]]),
     }
 

@@ -2,6 +2,9 @@
 
   laneway usage --tenant acme --since 2026-11-01 [--until 2026-12-01] [--csv] [--group-by day]
 
+Below the table, what Laneway stores for the tenant (its files' bytes and count, as the bridge
+last counted them in `lw_storage`) against its storage quota (its document in `lw_tenants`).
+
 Reads with an ordered, ephemeral consumer filtered to `lw.usage.<tenant>`, starting at the
 stream time `--since` (less a minute of clock-skew slack: a record's `finished_at` is the
 worker's clock, its stream time the server's) and stopping once nothing is pending. Records are
@@ -19,15 +22,19 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TextIO
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+from nats.js import JetStreamContext
 
 from core.connect import NatsSettings, connect_once
+from core.policy import tenants
+from core.policy.storage_quota import StorageQuota
 from core.usage_log import read_usage
 from laneway.flags import nats_from_env
-from schemas.subjects import check_token
-from schemas.usage import Usage
+from schemas.subjects import STORAGE_BUCKET, Subjects, check_token
+from schemas.usage import StorageUsage, Usage
 
 GROUPS = ("model", "served_model", "pool", "class", "day")
 # `cached`: requests answered from the response cache. The last three are the engines' prefix-cache
@@ -133,6 +140,31 @@ def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None
     out.write("  ".join("-" * w for w in widths) + "\n" + line(table[-1]) + "\n")
 
 
+def storage_line(tenant: str, held: StorageUsage | None, quota: StorageQuota) -> str:
+    if held is None:
+        return f"storage: tenant {tenant!r} has stored no files (quota {quota.file_bytes} bytes, {quota.files} files)\n"
+    at = datetime.fromtimestamp(held.counted_at, timezone.utc).isoformat(timespec="seconds")
+    return (f"storage: {held.file_bytes} bytes in {held.files} files of the quota's {quota.file_bytes} bytes "
+            f"and {quota.files} files (counted {at})\n")
+
+
+async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> tuple[StorageUsage | None, StorageQuota]:
+    """The tenant's last counted storage (None: never counted) and its quota (a tenant with no
+    document has the defaults)."""
+    held, quota = None, StorageQuota()
+    try:
+        entry = await (await js.key_value(s.bucket(STORAGE_BUCKET))).get(tenant)
+        held = msgspec.json.decode(entry.value, type=StorageUsage) if entry.value else None
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        pass
+    try:
+        entry = await (await js.key_value(s.bucket("tenants"))).get(tenant)
+        quota = tenants.decode(tenant, entry.value).storage
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        pass
+    return held, quota
+
+
 # -- the command ----------------------------------------------------------------------------
 async def _quiet(exc: Exception) -> None:
     pass    # the one failure that matters is reported below, once
@@ -153,6 +185,7 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
     try:
         records = [u async for u in read_usage(nc.jetstream(), n.subjects, args.tenant, args.since,
                                                args.until, args.idle_timeout)]
+        held, quota = await read_storage(nc.jetstream(), n.subjects, args.tenant)
     finally:
         await nc.close()
     rows, total = summarize(records, args.group_by)
@@ -162,6 +195,8 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"no usage for tenant {args.tenant!r} since {args.since.isoformat()}\n")
     else:
         write_table(rows, total, args.group_by, out)
+    if not args.csv:        # the CSV stays one table of the columns above
+        out.write(storage_line(args.tenant, held, quota))
     return 0
 
 

@@ -37,7 +37,7 @@ def settings_toml(tenants: tuple[TenantSpec, ...] | list[TenantSpec], pools: tup
         classes = ", ".join(f'"{c}"' for c in t.classes)
         lines += [f"[tenants.{t.name}]", f'api_key_sha256 = ["{hash_key(api_key(t.name))}"]',
                   f'default_class = "{t.default_class}"', f"classes = [{classes}]",
-                  f"weight = {float(t.weight)}", ""]
+                  f"weight = {float(t.weight)}", *t.more, ""]
     for model, pool in sorted({(p.model, p.pool) for p in pools}):
         lines += [f'[models."{model}"]', f'pool = "{pool}"', ""]
     for p in pools:     # LoRA adapters on the pool's model (the sim loads any path: it has no weights)
@@ -229,7 +229,7 @@ class Fleet:
         docs = []
         for i, t in enumerate(self.tenants):
             if t.name in weights:
-                self.tenants[i] = t = TenantSpec(t.name, weights[t.name], t.classes, t.default_class)
+                self.tenants[i] = t = TenantSpec(t.name, weights[t.name], t.classes, t.default_class, t.more)
                 docs.append(Tenant(name=t.name, api_key_sha256=[hash_key(self.keys[t.name])],
                                    default_class=t.default_class, classes=list(t.classes), weight=t.weight))
         nc = await self.up.connect_nats("ops")

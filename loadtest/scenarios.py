@@ -51,6 +51,7 @@ class TenantSpec:
     weight: float = 1.0
     classes: tuple[str, ...] = CLASSES
     default_class: str = "interactive"
+    more: tuple[str, ...] = ()      # more of its document, as TOML lines (`storage.files = 3`)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ class ErrorCode(str, Enum):
     queue_full = "queue_full"            # this tenant's backlog in this class is at its cap
     rate_limited = "rate_limited"        # over the tenant's requests/tokens per minute or concurrency
     insufficient_quota = "insufficient_quota"   # the tenant's monthly token budget is spent
+    storage_quota_exceeded = "storage_quota_exceeded"   # keeping this would take the tenant past its storage quota
     pii_blocked = "pii_blocked"          # the tenant's policy blocks an entity type found in the input
     pii_unavailable = "pii_unavailable"  # PII analysis failed and the policy fails closed
     pii_too_large = "pii_too_large"      # more text than the broker's PII stage analyses for one request

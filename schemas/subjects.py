@@ -224,6 +224,8 @@ RESPONSES_BUCKET = "responses"
 # The background responses running now, by the same keys, each with its request (`Rerun`): every
 # bridge watches the keys for one whose bridge is gone, and reads the request to run it again.
 BACKGROUND_BUCKET = "background"
+# What each tenant keeps at rest (`StorageUsage`), key `<tenant>`: the bridges write it, `ops` reads it.
+STORAGE_BUCKET = "storage"
 
 
 def stored_response_key(tenant: str, response_id: str) -> str:

@@ -32,3 +32,13 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     # prefilling, and what that saved at the prices in force (full prompt rate less cached rate).
     cached_tokens: int = 0
     prefix_saved_usd: float = 0.0
+
+
+class StorageUsage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What Laneway keeps for a tenant at rest (`lw_storage`, key `<tenant>`): written by the
+    bridge whenever the tenant's files change, read by `laneway usage`. Numbers only: nothing of
+    the files themselves, which `ops` may not read."""
+
+    file_bytes: int = 0
+    files: int = 0
+    counted_at: float = 0.0         # when the bridge counted it (Unix time)

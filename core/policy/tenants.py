@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from core.policy.pii import TenantPiiPolicy
 from core.policy.quota import QuotaPolicy
+from core.policy.storage_quota import StorageQuota
 from core.policy.stored import StoragePolicy
 from schemas.requests import Token
 
@@ -48,6 +49,7 @@ class Tenant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pii: TenantPiiPolicy = TenantPiiPolicy()     # sensible B2B defaults; custom recognizers live here
     cache_group: Token | None = None             # tenants in one group share cached answers
     responses: StoragePolicy = StoragePolicy()   # stored responses: kept or not, for how long
+    storage: StorageQuota = StorageQuota()       # what Laneway keeps for it at rest: files, stored records
 
     def may_use(self, klass: str) -> bool:
         return klass in self.classes
