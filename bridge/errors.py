@@ -113,9 +113,9 @@ def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
     return EdgeError(ErrorCode.internal_error, "internal error", status=status)
 
 
-def storage_refused(exc: StorageExceeded, param: str | None = None) -> EdgeError:
+def storage_refused(exc: StorageExceeded, param: str | None = None, remedy: str | None = None) -> EdgeError:
     """Over the tenant's storage quota: the message names the limit, its value and the holding."""
-    return EdgeError(ErrorCode.storage_quota_exceeded, str(exc), param)
+    return EdgeError(ErrorCode.storage_quota_exceeded, f"{exc}; {remedy}" if remedy else str(exc), param)
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> EdgeError:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
 from bridge.demux import REPLY_GRACE_S, ResponseStream
-from bridge.errors import EdgeError, not_found
+from bridge.errors import EdgeError, not_found, storage_refused
 from bridge.render_responses import ResponsesRenderer
 from bridge.responses import item_messages, to_chat
 from bridge.stored.background import Background, Job, mark_lost, queued
@@ -32,6 +32,7 @@ from bridge.stored.items import decode_messages, to_items
 from bridge.stored.lifecycle import ended, status_of
 from bridge.stored.routes import StoredRoutes
 from bridge.stored.store import Conflict, ResponseStore
+from core.policy.storage_quota import StorageExceeded
 from core.policy.stored import StoragePolicy
 from core.policy.tenants import Tenant
 from schemas import codec
@@ -72,6 +73,14 @@ class _Asked:
 
 
 ASKED = web.RequestKey("responses_asked", _Asked)
+
+
+async def _admit(store: ResponseStore, tenant: Tenant) -> None:
+    """One more stored response, if the tenant's budget of stored records has room."""
+    try:
+        await store.budget.admit(tenant.name, tenant.storage)
+    except StorageExceeded as exc:
+        raise storage_refused(exc, "store", "send store: false, or delete stored responses or conversations") from None
 
 
 def _echoed(render: ResponsesRenderer, asked: _Asked) -> list[Message]:
@@ -131,6 +140,8 @@ class Responses(Generations):
             why = "store is false" if body.store is False else "this API key's responses are never stored"
             raise EdgeError(ErrorCode.invalid_request, f"a background response is a stored one, and {why}",
                             "background")
+        if store and tenant is not None:
+            await _admit(self.store, tenant)
         history: list[Message] = []
         conversation = _conversation_id(body)
         if conversation is not None:

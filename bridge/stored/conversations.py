@@ -22,12 +22,13 @@ from aiohttp import web
 from msgspec import Meta
 
 from bridge.chat import authenticate
-from bridge.errors import EdgeError, not_found
+from bridge.errors import EdgeError, not_found, storage_refused
 from bridge.responses import item_messages
 from bridge.stored.items import page, to_items
 from bridge.stored.routes import json_answer, paged
 from bridge.stored.store import Conflict, ResponseStore
 from core.catalogue import Catalogue
+from core.policy.storage_quota import StorageExceeded
 from core.policy.tenants import Tenant
 from schemas.errors import ErrorCode
 from schemas.openai import Message
@@ -138,6 +139,10 @@ class Conversations:
     async def create(self, request: web.Request) -> web.Response:
         tenant = authenticate(request, self.catalogue.tenants)
         body = _decode(await request.read(), ConversationBody)
+        try:
+            await self.store.budget.admit(tenant.name, tenant.storage)
+        except StorageExceeded as exc:
+            raise storage_refused(exc, None, "delete stored responses or conversations") from None
         cid = f"{CONVERSATION_PREFIX}{uuid.uuid4().hex}"
         items = self._client_items(tenant, cid, body.items, 0) if body.items else []
         conversation = orjson.dumps({"id": cid, "object": "conversation", "created_at": int(time.time()),

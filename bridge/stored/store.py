@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import Header, KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from bridge.stored.budget import RecordBudget
 from schemas import stored
 from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, StoredConversation, StoredResponse
 from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, BadToken, Subjects, stored_response_key
@@ -48,6 +49,7 @@ class ResponseStore:
         self.running_bucket = s.bucket(BACKGROUND_BUCKET)
         self._writes: set[asyncio.Task[None]] = set()     # `keep`s in flight: held, and awaited on stop
         self._prefix = f"$KV.{s.bucket(RESPONSES_BUCKET)}."
+        self.budget = RecordBudget(js, f"KV_{s.bucket(RESPONSES_BUCKET)}", self._prefix)    # records per tenant
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> "ResponseStore":

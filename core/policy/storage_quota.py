@@ -1,6 +1,6 @@
 """A tenant's storage quota: how much Laneway keeps for it at rest (the Files API's bytes and
-objects; one stored response or conversation's size). Pure: the bridge measures what a tenant
-holds and asks `over` before it keeps more (`bridge/file_store.py`, `bridge/stored/`)."""
+files; its stored responses and conversations). Pure: the bridge measures what a tenant holds
+and asks here before it keeps more (`bridge/file_store.py`, `bridge/stored/budget.py`)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import msgspec
 from msgspec import Meta
 
 GIB = 1 << 30
-MIB = 1 << 20
 
 
 class StorageQuota(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """Defaults hold five of the largest batch input files (200 MB each) and any number of
-    ordinary ones; a stored record holds a long conversation's items."""
+    """The defaults hold five of the largest batch input files (200 MB each), or many small
+    ones, and ten thousand stored responses (at most 10 GiB; most are a few KB)."""
 
     file_bytes: Annotated[int, Meta(ge=0)] = GIB          # all of a tenant's files together
     files: Annotated[int, Meta(ge=0)] = 1000               # how many files it may keep
-    record_bytes: Annotated[int, Meta(ge=1024)] = 4 * MIB   # one stored response or conversation
+    # stored responses and conversations together, each at most one NATS message (1 MiB)
+    records: Annotated[int, Meta(ge=0)] = 10_000
 
 
 class StorageExceeded(Exception):
@@ -27,7 +27,7 @@ class StorageExceeded(Exception):
     allows `allowed`; it holds `used` already."""
 
     def __init__(self, limit: str, allowed: int, used: int, wanted: int) -> None:
-        unit = "" if limit == "files" else " bytes"
+        unit = " bytes" if limit.endswith("bytes") else ""
         super().__init__(f"storage quota exceeded: the tenant's {limit} limit is {allowed}{unit}; "
                          f"it holds {used}{unit} and this would add {wanted}{unit}")
         self.limit = limit
@@ -45,7 +45,8 @@ def over_files(quota: StorageQuota, held_bytes: int, held_files: int, wanted_byt
     return None
 
 
-def over_record(quota: StorageQuota, size: int) -> StorageExceeded | None:
-    if size > quota.record_bytes:
-        return StorageExceeded("record_bytes", quota.record_bytes, 0, size)
+def over_records(quota: StorageQuota, held_records: int) -> StorageExceeded | None:
+    """None when one more stored response or conversation fits."""
+    if held_records + 1 > quota.records:
+        return StorageExceeded("records", quota.records, held_records, 1)
     return None

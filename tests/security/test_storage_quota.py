@@ -2,7 +2,10 @@
 official `openai` client. On main a tenant stored as much as it liked (no limit anywhere), and
 an upload was held whole in the bridge's memory (three 150 MB uploads: 61 -> 945 MB RSS).
 
-acme's quota is small (3 MB, 5 files); globex keeps the defaults."""
+Stored responses and conversations had no budget either: a tenant's count of them is bounded
+now (each is one NATS message, so their bytes are too).
+
+acme's quota is small (3 MB in 5 files, 3 stored records); globex keeps the defaults."""
 
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ import pytest_asyncio
 from loadtest.fleet import Fleet, rss_bytes
 from loadtest.scenarios import PoolSpec, TenantSpec
 from schemas.subjects import Subjects
+from tests.wait import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
+MODEL = "laneway-sim"
 QUOTA = 3_000_000
 MB = 1_000_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
-    tenants = [TenantSpec("acme", more=(f"storage.file_bytes = {QUOTA}", "storage.files = 5")), TenantSpec("globex")]
+    tenants = [TenantSpec("acme", more=(f"storage.file_bytes = {QUOTA}", "storage.files = 5",
+                                           "storage.records = 3")), TenantSpec("globex")]
     async with Fleet(tmp_path_factory.mktemp("storage") / "lw", tenants, [PoolSpec(profile="zero")],
                      up_flags=["--pii", "off"]) as running:
         yield running
@@ -115,6 +121,40 @@ async def test_a_large_upload_streams_through_the_bridge(fleet: Fleet) -> None:
     content = (await globex.files.content(file.id)).content
     assert len(content) == size and content == b"x" * size
     await globex.files.delete(file.id)
+
+
+async def test_stored_responses_and_conversations_are_bounded_per_tenant(fleet: Fleet) -> None:
+    acme, globex = client(fleet, "acme"), client(fleet, "globex")
+    kept = [await acme.responses.create(model=MODEL, input=f"note {i}", max_output_tokens=4) for i in range(2)]
+    conversation = await acme.conversations.create()
+
+    async def stored() -> bool:     # an ended response is written after its answer
+        try:
+            return all([await acme.responses.retrieve(r.id) for r in kept])
+        except openai.NotFoundError:
+            return False
+    assert await eventually(stored)
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        await acme.responses.create(model=MODEL, input="one more", max_output_tokens=4)
+    error = refused.value.body
+    assert error["code"] == "storage_quota_exceeded" and error["param"] == "store", error
+    assert "records limit is 3" in error["message"] and "store: false" in error["message"]
+    with pytest.raises(openai.PermissionDeniedError):
+        await acme.conversations.create()
+    unstored = await acme.responses.create(model=MODEL, input="not kept", max_output_tokens=4, store=False)
+    assert unstored.store is False
+    assert (await globex.responses.create(model=MODEL, input="mine", max_output_tokens=4)).store is True
+    assert (await acme.responses.retrieve(kept[0].id)).id == kept[0].id     # what was kept stays
+    await acme.responses.delete(kept[0].id)
+
+    async def room_again() -> bool:
+        try:
+            await acme.responses.create(model=MODEL, input="after a delete", max_output_tokens=4)
+        except openai.PermissionDeniedError:
+            return False
+        return True
+    assert await eventually(room_again, timeout=30, interval=0.5)
+    await acme.conversations.delete(conversation.id)
 
 
 async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
