@@ -2,8 +2,9 @@
 
   laneway usage --tenant acme --since 2026-11-01 [--until 2026-12-01] [--csv] [--group-by day]
 
-Below the table, what Laneway stores for the tenant (its files' bytes and count, as the bridge
-last counted them in `lw_storage`) against its storage quota (its document in `lw_tenants`).
+Below the table, what Laneway stores for the tenant against its storage quota (its document in
+`lw_tenants`): its files' bytes and count, as the bridge last counted them in `lw_storage`, and
+its stored responses and conversations, counted by the server now.
 
 Reads with an ordered, ephemeral consumer filtered to `lw.usage.<tenant>`, starting at the
 stream time `--since` (less a minute of clock-skew slack: a record's `finished_at` is the
@@ -28,12 +29,13 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 
+from bridge.stored.budget import CountFailed, RecordBudget
 from core.connect import NatsSettings, connect_once
 from core.policy import tenants
 from core.policy.storage_quota import StorageQuota
 from core.usage_log import read_usage
 from laneway.flags import nats_from_env
-from schemas.subjects import STORAGE_BUCKET, Subjects, check_token
+from schemas.subjects import RESPONSES_BUCKET, STORAGE_BUCKET, Subjects, check_token
 from schemas.usage import StorageUsage, Usage
 
 GROUPS = ("model", "served_model", "pool", "class", "day")
@@ -140,21 +142,32 @@ def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None
     out.write("  ".join("-" * w for w in widths) + "\n" + line(table[-1]) + "\n")
 
 
-def storage_line(tenant: str, held: StorageUsage | None, quota: StorageQuota) -> str:
-    if held is None:
-        return f"storage: tenant {tenant!r} has stored no files (quota {quota.file_bytes} bytes, {quota.files} files)\n"
-    at = datetime.fromtimestamp(held.counted_at, timezone.utc).isoformat(timespec="seconds")
-    return (f"storage: {held.file_bytes} bytes in {held.files} files of the quota's {quota.file_bytes} bytes "
-            f"and {quota.files} files (counted {at})\n")
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What the tenant stores: files (None: never counted) and stored records (None: unknown)."""
+    files: StorageUsage | None
+    records: int | None
+    quota: StorageQuota
 
 
-async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> tuple[StorageUsage | None, StorageQuota]:
-    """The tenant's last counted storage (None: never counted) and its quota (a tenant with no
-    document has the defaults)."""
-    held, quota = None, StorageQuota()
+def storage_lines(tenant: str, stored: Stored) -> str:
+    q = stored.quota
+    if stored.files is None:
+        files = f"storage: tenant {tenant!r} has stored no files (quota {q.file_bytes} bytes, {q.files} files)"
+    else:
+        at = datetime.fromtimestamp(stored.files.counted_at, timezone.utc).isoformat(timespec="seconds")
+        files = (f"storage: {stored.files.file_bytes} bytes in {stored.files.files} files of the quota's "
+                 f"{q.file_bytes} bytes and {q.files} files (counted {at})")
+    records = "?" if stored.records is None else str(stored.records)
+    return f"{files}\nstored responses and conversations: {records} of the quota's {q.records}\n"
+
+
+async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> Stored:
+    """The tenant's storage and its quota (a tenant with no document has the defaults)."""
+    files, records, quota = None, None, StorageQuota()
     try:
         entry = await (await js.key_value(s.bucket(STORAGE_BUCKET))).get(tenant)
-        held = msgspec.json.decode(entry.value, type=StorageUsage) if entry.value else None
+        files = msgspec.json.decode(entry.value, type=StorageUsage) if entry.value else None
     except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
         pass
     try:
@@ -162,7 +175,14 @@ async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> tuple[
         quota = tenants.decode(tenant, entry.value).storage
     except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
         pass
-    return held, quota
+    bucket = s.bucket(RESPONSES_BUCKET)
+    try:
+        records = await RecordBudget(js, f"KV_{bucket}", f"$KV.{bucket}.").count(tenant)
+    except CountFailed:         # no bridge has stored a response yet: no bucket
+        records = 0
+    except nats.errors.Error:
+        pass
+    return Stored(files, records, quota)
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -185,7 +205,7 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
     try:
         records = [u async for u in read_usage(nc.jetstream(), n.subjects, args.tenant, args.since,
                                                args.until, args.idle_timeout)]
-        held, quota = await read_storage(nc.jetstream(), n.subjects, args.tenant)
+        stored = await read_storage(nc.jetstream(), n.subjects, args.tenant)
     finally:
         await nc.close()
     rows, total = summarize(records, args.group_by)
@@ -196,7 +216,7 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
     else:
         write_table(rows, total, args.group_by, out)
     if not args.csv:        # the CSV stays one table of the columns above
-        out.write(storage_line(args.tenant, held, quota))
+        out.write(storage_lines(args.tenant, stored))
     return 0
 
 

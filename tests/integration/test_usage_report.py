@@ -74,8 +74,9 @@ async def test_table_and_csv_sums(nats_server, stream) -> None:
     assert lines[0].split() == ["model", *report.COLUMNS]
     chat = next(line for line in lines if line.startswith("chat")).split()
     assert chat == ["chat", "3", "1", "3500", "800", "4300", "0.015000", "0", "0.0%", "0.000000"]
-    total = lines[-2].split()        # the last line: what the tenant stores
-    assert lines[-1].startswith("storage: tenant 'acme' has stored no files")
+    total = lines[-3].split()        # the last lines: what the tenant stores
+    assert lines[-2].startswith("storage: tenant 'acme' has stored no files")
+    assert lines[-1] == "stored responses and conversations: 0 of the quota's 10000"
     assert total == ["total", "4", "1", "6500", "1800", "8300", "0.065000", "0", "0.0%", "0.000000"]
 
     rows = list(csv.DictReader(io.StringIO(
@@ -95,7 +96,7 @@ async def test_prefix_cache_hits_their_rate_and_savings(nats_server, stream) -> 
     chat = next(line for line in lines if line.startswith("chat")).split()
     assert chat[-3:] == ["2048", "51.2%", "0.003000"]
     assert next(line for line in lines if line.startswith("code")).split()[-3:] == ["0", "0.0%", "0.000000"]
-    assert lines[-2].split()[-3:] == ["2048", "41.0%", "0.003000"]
+    assert lines[-3].split()[-3:] == ["2048", "41.0%", "0.003000"]
     rows = list(csv.DictReader(io.StringIO(
         await run_report(nats_server.url, s, "--tenant", "acme", "--since", since, "--csv"))))
     total = rows[-1]

@@ -126,7 +126,7 @@ async def test_a_large_upload_streams_through_the_bridge(fleet: Fleet) -> None:
 async def test_stored_responses_and_conversations_are_bounded_per_tenant(fleet: Fleet) -> None:
     acme, globex = client(fleet, "acme"), client(fleet, "globex")
     kept = [await acme.responses.create(model=MODEL, input=f"note {i}", max_output_tokens=4) for i in range(2)]
-    conversation = await acme.conversations.create()
+    await acme.conversations.create()
 
     async def stored() -> bool:     # an ended response is written after its answer
         try:
@@ -149,12 +149,12 @@ async def test_stored_responses_and_conversations_are_bounded_per_tenant(fleet: 
 
     async def room_again() -> bool:
         try:
-            await acme.responses.create(model=MODEL, input="after a delete", max_output_tokens=4)
+            kept[0] = await acme.responses.create(model=MODEL, input="after a delete", max_output_tokens=4)
         except openai.PermissionDeniedError:
             return False
         return True
     assert await eventually(room_again, timeout=30, interval=0.5)
-    await acme.conversations.delete(conversation.id)
+    assert await eventually(stored)      # 3 records again: 2 responses and the conversation
 
 
 async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
@@ -168,3 +168,4 @@ async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
         capture_output=True, text=True, timeout=60, env=fleet.up.nats_env("ops"), cwd=ROOT)
     assert report.returncode == 0, report.stderr
     assert f"storage: 12345 bytes in 1 files of the quota's {QUOTA} bytes and 5 files" in report.stdout, report.stdout
+    assert "stored responses and conversations: 3 of the quota's 3" in report.stdout, report.stdout
