@@ -132,7 +132,8 @@ class BatchRun:
         if content is None:
             return [BatchError("file_not_found", f"the input file {b.input_file_id!r} no longer exists",
                                "input_file_id")]
-        lines, errors = jsonl.parse(content, b.endpoint)
+        # In a thread: a large file's lines take the parser long enough to stall every stream here.
+        lines, errors = await asyncio.to_thread(jsonl.parse, content, b.endpoint)
         return errors or lines
 
     async def _validate(self) -> str:
