@@ -30,7 +30,6 @@ MAX_FILE_BYTES = 200 * 1024 * 1024       # OpenAI's limit for a batch's input fi
 EXPIRES_AFTER_S = (3600, 30 * 86_400)    # OpenAI's bounds for expires_after[seconds]
 MAX_LIST = 10_000
 MAX_FIELD_BYTES = 4096                   # a form field besides the file: `purpose`, `expires_after[...]`
-HOLD_STEP = 16 * 1024 * 1024             # an upload of unknown length holds quota in steps of this
 HOLD_SLACK_S = 60                        # a hold outlives its upload's time limit by this, then lapses
 
 
@@ -112,10 +111,11 @@ class FilesApi:
                       length: int | None) -> AsyncIterator[bytes]:
         """The file's bytes, under the size limit and the tenant's storage quota: held first for
         the whole body when its length is known (a file that cannot fit is refused before a
-        byte is stored), else in steps as they come."""
+        byte is stored), else a file's place first and its bytes in doubling steps as they come."""
         ttl_s = int(self.upload_timeout_s) + HOLD_SLACK_S
-        held = min(length or HOLD_STEP, self.max_file_bytes)
-        await self._hold(tenant, file_id, held, ttl_s)
+        held = min(length, self.max_file_bytes) if length else 0
+        if (refused := await self._hold(tenant, file_id, held, ttl_s)) is not None:
+            raise refused
         size = 0
         while chunk := await part.read_chunk(CHUNK_BYTES):
             size += len(chunk)
@@ -123,15 +123,23 @@ class FilesApi:
                 raise EdgeError(ErrorCode.payload_too_large,
                                 f"the file is over {self.max_file_bytes} bytes, the limit", "file")
             if size > held:
-                held = min(max(size, held + HOLD_STEP), self.max_file_bytes)
-                await self._hold(tenant, file_id, held, ttl_s)
+                held = await self._grow(tenant, file_id, size, held, ttl_s)
             yield chunk
 
-    async def _hold(self, tenant: Tenant, file_id: str, nbytes: int, ttl_s: int) -> None:
+    async def _grow(self, tenant: Tenant, file_id: str, size: int, held: int, ttl_s: int) -> int:
+        """Hold twice as much, or (near the quota) just what has come: refused only when that
+        does not fit."""
+        for want in dict.fromkeys((min(max(size, 2 * held), self.max_file_bytes), size)):
+            if (refused := await self._hold(tenant, file_id, want, ttl_s)) is None:
+                return want
+        raise refused
+
+    async def _hold(self, tenant: Tenant, file_id: str, nbytes: int, ttl_s: int) -> EdgeError | None:
         try:
             await self.store.hold(tenant.name, file_id, nbytes, ttl_s, tenant.storage)
         except StorageExceeded as exc:
-            raise storage_refused(exc, "file") from None
+            return storage_refused(exc, "file")
+        return None
 
     @staticmethod
     async def _read_field(part: BodyPartReader) -> bytes:

@@ -15,6 +15,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 import pytest_asyncio
@@ -82,6 +83,34 @@ async def test_a_tenant_over_its_byte_quota_is_refused_and_nothing_is_stored(fle
     with pytest.raises(openai.PermissionDeniedError) as too_many:
         await acme.files.create(file=("six.jsonl", b"6"), purpose="batch")
     assert "files limit is 5" in too_many.value.body["message"]
+    await clear(acme)
+
+
+async def test_an_upload_of_unknown_length_is_held_as_it_streams(fleet: Fleet) -> None:
+    """Sent chunked (no Content-Length): the bridge holds quota as the bytes come, so one that
+    fits goes in and one that does not is cut off where it passes the quota, nothing kept."""
+    acme = client(fleet, "acme")
+    await clear(acme)
+
+    async def upload(size: int) -> tuple[int, dict]:
+        async def body():
+            for _ in range(size // 100_000):
+                yield b"z" * 100_000
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", body(), filename="chunked.jsonl", content_type="application/octet-stream")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{fleet.url}/v1/files", data=form,
+                                 headers={"Authorization": f"Bearer {fleet.keys['acme']}"}) as resp:
+                assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
+                return resp.status, await resp.json()
+    status, body = await upload(2 * MB)
+    assert status == 200 and body["bytes"] == 2 * MB, body
+    before = await stored_bytes(fleet)
+    status, body = await upload(2 * MB)
+    assert status == 403 and body["error"]["code"] == "storage_quota_exceeded", body
+    assert await stored_bytes(fleet) == before
+    assert [f.bytes async for f in acme.files.list()] == [2 * MB]
     await clear(acme)
 
 
