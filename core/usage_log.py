@@ -19,7 +19,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import codec
 from schemas.subjects import Subjects, check_token
-from schemas.usage import Usage
+from schemas.usage import Superseded, Usage
 
 log = logging.getLogger("laneway.usage")
 SKEW = timedelta(seconds=60)
@@ -28,7 +28,29 @@ SKEW = timedelta(seconds=60)
 async def read_usage(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
                      until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage]:
     """Every `Usage` of `tenant` that finished in [since, until), in stream order, up to the
-    tenant's last record when the read began (a snapshot: later records are not waited for)."""
+    tenant's last record when the read began (a snapshot: later records are not waited for):
+    every generation, a batch line's runs that were superseded too (`billed` leaves them out)."""
+    async for record in read_records(js, s, tenant, since, until, idle_timeout):
+        if isinstance(record, Usage):
+            yield record
+
+
+def billed(records: list[Usage | Superseded]) -> list[Usage]:
+    """The usage to bill: each batch line once, as its output line names it (`Superseded`)."""
+    superseded = {(r.batch_id, r.line): r for r in records if isinstance(r, Superseded)}
+    return [u for u in records if isinstance(u, Usage) and not _voided(u, superseded)]
+
+
+def _voided(u: Usage, superseded: dict[tuple[str, int], Superseded]) -> bool:
+    batch_id, _, rest = u.request_id.partition("-")
+    line = rest.partition("-")[0]
+    found = superseded.get((batch_id, int(line))) if line.isdigit() else None
+    return found is not None and found.voids(u)
+
+
+async def read_records(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
+                       until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage | Superseded]:
+    """`read_usage`'s records and, wherever they fall in the read, the batch lines superseded."""
     check_token("tenant", tenant)
     lo, hi = since.timestamp(), until.timestamp() if until else float("inf")
     subject = s.usage(tenant)
@@ -48,14 +70,22 @@ async def read_usage(js: JetStreamContext, s: Subjects, tenant: str, since: date
             except nats.errors.TimeoutError:
                 log.warning("the usage stream went quiet before the end; the records may be partial")
                 return
-            try:
-                usage = codec.decode_usage(msg.data)
-            except codec.DecodeError:
-                usage = None        # a record we cannot read is skipped, not fatal
-            if usage is not None and lo <= usage.finished_at < hi:
-                yield usage
+            record = _decoded(msg.data)     # a record we cannot read is skipped, not fatal
+            if isinstance(record, Superseded) or (record is not None and lo <= record.finished_at < hi):
+                yield record
             meta = msg.metadata
             if meta.sequence.stream >= last.seq or meta.timestamp.timestamp() > hi + SKEW.total_seconds():
                 return
     finally:
         await sub.unsubscribe()
+
+
+def _decoded(data: bytes) -> Usage | Superseded | None:
+    try:
+        return codec.decode_usage(data)
+    except codec.DecodeError:
+        pass
+    try:
+        return codec.decode_superseded(data)
+    except codec.DecodeError:
+        return None

@@ -167,6 +167,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$KV.{s.bucket(FILES_BUCKET)}.>", f"$KV.{s.bucket(BATCHES_BUCKET)}.>",
              f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all,
              f"$KV.{s.bucket(STORAGE_BUCKET)}.>",       # each tenant's storage, counted (laneway usage)
+             usage,                 # a batch line run again: which run is billed (bridge/batch/run.py)
              # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it;
              # and the running background responses' list, which every bridge watches (takeover.py)
              *_api("STREAM.CREATE", kv[RESPONSES_BUCKET], kv[BACKGROUND_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),

@@ -6,6 +6,9 @@ Below the table, what Laneway stores for the tenant against its storage quota (i
 `lw_tenants`): its files' bytes and count, as the bridge last counted them in `lw_storage`, and
 its stored responses and conversations, counted by the server now.
 
+A batch's line run again after its bridge died is billed once: the run its output line names
+(`Superseded`, which the new run publishes; the other runs' records stay in the stream).
+
 Reads with an ordered, ephemeral consumer filtered to `lw.usage.<tenant>`, starting at the
 stream time `--since` (less a minute of clock-skew slack: a record's `finished_at` is the
 worker's clock, its stream time the server's) and stopping once nothing is pending. Records are
@@ -33,7 +36,7 @@ from bridge.stored.budget import CountFailed, RecordBudget
 from core.connect import NatsSettings, connect_once
 from core.policy import tenants
 from core.policy.storage_quota import StorageQuota
-from core.usage_log import read_usage
+from core.usage_log import billed, read_records
 from laneway.flags import nats_from_env
 from schemas.subjects import RESPONSES_BUCKET, STORAGE_BUCKET, Subjects, check_token
 from schemas.usage import StorageUsage, Usage
@@ -203,8 +206,8 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
         print(f"laneway usage: cannot reach NATS at {n.url}: {exc}", file=sys.stderr)
         return 1
     try:
-        records = [u async for u in read_usage(nc.jetstream(), n.subjects, args.tenant, args.since,
-                                               args.until, args.idle_timeout)]
+        records = billed([r async for r in read_records(nc.jetstream(), n.subjects, args.tenant, args.since,
+                                                        args.until, args.idle_timeout)])
         stored = await read_storage(nc.jetstream(), n.subjects, args.tenant)
     finally:
         await nc.close()

@@ -17,7 +17,7 @@ from schemas.openai import (
 )
 from schemas.requests import Cancel, GenerateRequest
 from schemas.resume import Relayed, ResumeControl
-from schemas.usage import Usage
+from schemas.usage import Superseded, Usage
 from schemas.work import AdmitAnswer, Admitted, Batch, BrokerBeat, Credit, Heartbeat, Settled
 
 # NATS payloads: one msgpack encoder for every struct, one typed decoder per message kind.
@@ -31,6 +31,7 @@ decode_batch = msgspec.msgpack.Decoder(Batch).decode
 decode_cancel = msgspec.msgpack.Decoder(Cancel).decode
 decode_heartbeat = msgspec.msgpack.Decoder(Heartbeat).decode
 decode_usage = msgspec.msgpack.Decoder(Usage).decode
+decode_superseded = msgspec.msgpack.Decoder(Superseded).decode
 decode_admitted = msgspec.msgpack.Decoder(Admitted).decode
 decode_admit_answer = msgspec.msgpack.Decoder(AdmitAnswer).decode
 decode_settled = msgspec.msgpack.Decoder(Settled).decode

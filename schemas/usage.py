@@ -42,3 +42,20 @@ class StorageUsage(msgspec.Struct, frozen=True, omit_defaults=True):
     file_bytes: int = 0
     files: int = 0
     counted_at: float = 0.0         # when the bridge counted it (Unix time)
+
+
+class Superseded(msgspec.Struct, frozen=True, tag_field="kind", tag="superseded"):
+    """A batch's line run again because the bridge that ran it died: every other run of line
+    `line` of `batch_id` is void for billing, and `kept`, the request id its output line names,
+    is the one billed. On the tenant's usage subject beside the `Usage` records (whose decoder
+    refuses it: readers of `Usage` alone skip it)."""
+
+    tenant: str
+    batch_id: str
+    line: int
+    kept: str
+    at: float
+
+    def voids(self, u: Usage) -> bool:
+        """The record is another run of this line (its request id: `<batch>-<line>-<owner>-<try>`)."""
+        return u.request_id != self.kept and u.request_id.startswith(f"{self.batch_id}-{self.line}-")

@@ -17,6 +17,7 @@ from bridge.batch import lines as jsonl
 from bridge.errors import EdgeError
 from schemas.batches import BatchError, BatchErrors, BatchState, BatchUsage, LineResult, RequestCounts
 from schemas.errors import PASSING, ErrorCode
+from schemas.usage import Superseded
 
 if TYPE_CHECKING:
     from bridge.batch.runner import BatchRunner
@@ -50,6 +51,7 @@ class BatchRun:
         # Lines the previous owner may have in flight: cancelled before they run here again.
         self.before = before if before is not None and before.owner not in ("", runner.edge_id) else None
         self.done: dict[int, LineResult] = {}
+        self.rerun: set[int] = set()            # lines the previous owner had in flight, run again here
         self.submitted = state.submitted
         self.ending: str | None = None          # "cancelled" | "expired": stop submitting
         self._lines: dict[int, asyncio.Task[None]] = {}
@@ -161,6 +163,7 @@ class BatchRun:
             for line in range(self.before.submitted):
                 if line not in self.done:
                     await self.runner._cancel(self.tenant, line_request_id(self.id, line, self.before.owner, 0))
+                    self.rerun.add(line)
         if time.time() >= self.state.batch.expires_at:
             self.ending = "expired"
         slots = self.runner.slots
@@ -207,6 +210,8 @@ class BatchRun:
                 break
         self.done[index] = result
         await self.runner.store.record_line(self.tenant, self.id, result)
+        if index in self.rerun:     # the earlier run may have been generated and metered: billed once
+            await self.runner.store.supersede(Superseded(self.tenant, self.id, index, request_id, time.time()))
 
     # -- finalizing ---------------------------------------------------------------------------
     async def _finalize(self, outcome: str) -> None:

@@ -20,8 +20,10 @@ from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
 from core.kvwatch import current_values
+from schemas import codec
 from schemas.batches import BatchState, LineResult
 from schemas.subjects import MSG_ID_HEADER, Subjects
+from schemas.usage import Superseded
 
 BATCHES_BUCKET = "batches"
 DUPLICATE_WINDOW_S = 120.0
@@ -52,6 +54,10 @@ class BatchStore:
             if exc.err_code != 10058:       # it exists, made by another bridge: use it as it is
                 raise
         return cls(js, kv, s)
+
+    async def supersede(self, superseded: Superseded) -> None:
+        """Say on the tenant's usage subject (`LW_USAGE`) which run of a line run again is billed."""
+        await self.js.publish(self.s.usage(superseded.tenant), codec.encode(superseded))
 
     # -- records --------------------------------------------------------------------------
     async def create(self, state: BatchState) -> None:

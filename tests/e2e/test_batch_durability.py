@@ -6,15 +6,23 @@ the rest."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
 
 import openai
 import pytest
 
 from loadtest.fleet import Fleet, _role
 from loadtest.scenarios import PoolSpec, TenantSpec
+from core.usage_log import billed, read_records
+from schemas.subjects import Subjects
+from schemas.usage import Superseded, Usage
 from tests.e2e.test_batches_api import chat_line, jsonl
 from tests.openapi import validator
 from tests.wait import eventually
@@ -79,6 +87,7 @@ async def assert_each_line_once(c: openai.AsyncOpenAI, batch) -> None:
 async def test_a_batch_survives_its_bridge_killed_mid_batch(tmp_path) -> None:
     async with fleet(tmp_path / "lw") as f:
         c = client(f)
+        since = datetime.now(timezone.utc)
         batch = await start(c)
         await progressed(c, batch.id, 2)
         bridge = next(pid for pid in f.pids() if _role(pid) == "bridge")
@@ -86,6 +95,33 @@ async def test_a_batch_survives_its_bridge_killed_mid_batch(tmp_path) -> None:
         done = await ended(c, batch.id)
         assert done.status == "completed", done
         await assert_each_line_once(c, done)
+        await assert_each_line_billed_once(f, since)
+
+
+async def assert_each_line_billed_once(f: Fleet, since: datetime) -> None:
+    """The lines the killed bridge had in flight were generated (and metered) by it and again by
+    the run that took over: `laneway usage` bills each line once (issue 35), as its output names."""
+    nc = await f.up.connect_nats("ops")
+    try:
+        async def metered() -> list:     # every line's billed usage has landed (the batch ended
+            # after its lines' Superseded records were written)
+            records = [r async for r in read_records(nc.jetstream(), Subjects(), "acme", since, idle_timeout=2)]
+            return records if len(billed(records)) >= LINES else []
+        assert await eventually(metered, timeout=60, interval=0.5)
+        records = await metered()
+    finally:
+        await nc.close()
+    generated = [r for r in records if isinstance(r, Usage)]
+    assert len(generated) > LINES, "no line was generated twice: the kill tested nothing"
+    assert len(billed(records)) == LINES, f"{len(generated)} generations, billed {len(billed(records))}"
+    assert any(isinstance(r, Superseded) for r in records)
+    report = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "laneway.cli", "usage", "--tenant", "acme", "--since",
+                         since.isoformat(), "--csv", "--nats-url", f.nats_url],
+        capture_output=True, text=True, timeout=60, env=f.up.nats_env("ops"), cwd=Path(__file__).resolve().parents[2])
+    assert report.returncode == 0, report.stderr
+    total = report.stdout.strip().splitlines()[-1].split(",")
+    assert total[:2] == ["total", str(LINES)], report.stdout
 
 
 async def test_a_batch_survives_a_restart_of_every_process(tmp_path) -> None:
