@@ -20,7 +20,7 @@ import aiohttp
 from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port
 from loadtest.processes import LanewayUp
-from loadtest.promtext import Scrape, parse
+from core.promtext import Scrape, parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 
 ROLES = ("nats-server", "bridge", "broker", "worker")
