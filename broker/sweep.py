@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -69,6 +69,12 @@ def set_depth(metrics: BrokerMetrics, live: LiveConfig, name: str, pool: Pool) -
     live.health.set_queue_depth(name, len(pool.lanes))
 
 
+def set_tenant_depths(metrics: BrokerMetrics, pools: dict[str, Pool]) -> None:
+    """Waiting requests by (pool, class, tenant): `laneway top`'s waiting column."""
+    metrics.tenant_queue_depth.set(Counter((name, item.klass, item.tenant) for name, pool in pools.items()
+                                           for item in pool.lanes.waiting_items()))
+
+
 def set_ready_workers(metrics: BrokerMetrics, live: LiveConfig) -> None:
     for name, h in live.refresh_health().items():
         metrics.ready_workers.labels(name).set(h.ready_workers)
@@ -114,6 +120,7 @@ class Sweep:
             await self._publishing("answering due pulls", answer_due_pulls(self.nc, pool, mono))
             await self._publishing("serving parked pulls", self.serve_parked(name, pool))
             set_depth(self.metrics, self.live, name, pool)
+        set_tenant_depths(self.metrics, self.pools)
         set_ready_workers(self.metrics, self.live)
         await self.gate.release_expired(now)
         forget_cancels(self.recent_cancels, mono - CANCEL_MEMORY_S)
