@@ -22,7 +22,8 @@ def nats_lines(nats_url: str, auth: UpAuth | None) -> str:
 
 
 def banner(url: str, api_key: str, model: str, key_note: str, nats_url: str, logs: Path,
-            auth: UpAuth | None, counts: dict[str, int], pii_stages: dict[str, int]) -> str:
+            auth: UpAuth | None, counts: dict[str, int], pii_stages: dict[str, int], scrape_file: Path,
+           every_process: bool = True) -> str:
     pii = ", ".join(PII_LINES.get(stage, stage) for stage in sorted(pii_stages)) or "unknown"
     # A key from the environment in the shell example is one from the environment in Python's.
     py_key = (f"__import__('os').environ['{api_key[1:]}']" if api_key.startswith("$")
@@ -37,6 +38,8 @@ Laneway is up: {url}
   processes   {", ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in counts.items())}
   PII         {pii}
   logs        {logs}/
+  metrics     {"every process's endpoint" if every_process else "the bridge's alone (--no-metrics)"} in {scrape_file}
+              (a Prometheus scrape config); watch them live: laneway top
 {nats_lines(nats_url, auth)}
 Stream a reply with curl:
   export KEY={shell_key}

@@ -71,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--brokers", type=at_least_one, default=1,
                    help="broker processes (they share the request stream; each is restarted alone)")
     p.add_argument("--workers", type=at_least_one, default=1, help="worker processes of the pool")
-    p.add_argument("--metrics", action="store_true",
-                   help="every broker and worker serves Prometheus metrics on a free port of its own "
-                        "(its --metrics-port, in `ps`; the bridge serves them at /metrics anyway)")
+    p.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="every broker and worker serves Prometheus metrics on a free loopback port of "
+                        "its own, listed with the bridge's in DATA_DIR/prometheus.yml (on by default; "
+                        "the bridge serves /metrics anyway)")
     p.set_defaults(run=processes.run_up)
 
     p = sub.add_parser("nats", help="an embedded nats-server with JetStream")

@@ -31,6 +31,7 @@ from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port
 from core.provision import provision_at
 from core.settings import BadSettings, LogicalModel, Settings, load_serving_settings
+from laneway import scrape_config
 from laneway.banner import banner
 from laneway.flags import stream_limits
 from laneway.nats_config import UpAuth, up_auth, write_private
@@ -196,11 +197,16 @@ def instances(role: str, n: int) -> list[str]:
     return [role] if n == 1 else [f"{role}-{i}" for i in range(1, n + 1)]
 
 
-def _metrics_port(enabled: bool) -> list[str]:
-    """A free port of a child's own for its Prometheus metrics, kept across its restarts."""
-    if not enabled:
-        return []
-    return ["--metrics-port", str(free_port())]
+def _metrics_argv(ports: dict[str, int], name: str) -> list[str]:
+    """The child's own port for its Prometheus metrics (chosen once: kept across its restarts)."""
+    return ["--metrics-port", str(ports[name])] if name in ports else []
+
+
+def metrics_targets(host: str, port: int, ports: dict[str, int]) -> list[scrape_config.Target]:
+    """Every process's metrics endpoint: the bridge's on its HTTP port, the others' on loopback."""
+    bridge_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    return [scrape_config.Target("bridge", "bridge", f"{bridge_host}:{port}"),
+            *(scrape_config.Target(name.split("-")[0], name, f"127.0.0.1:{p}") for name, p in ports.items())]
 
 
 def worker_argvs(argv: list[str], n: int) -> list[list[str]]:
@@ -295,9 +301,12 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     def start(role: str, argv: list[str], name: str, secrets_env: dict[str, str] | None = None):
         return lambda: _spawn(role, argv, log_dir, auth, name, secrets_env)
 
-    starts = {name: start("broker", broker_argv + _metrics_port(args.metrics), name)
+    children = instances("broker", args.brokers) + instances("worker", args.workers)
+    ports = {name: free_port() for name in children} if args.metrics else {}
+    scrape_file = scrape_config.write(data_dir, metrics_targets(args.host, args.port, ports))
+    starts = {name: start("broker", broker_argv + _metrics_argv(ports, name), name)
               for name in instances("broker", args.brokers)}
-    starts |= {name: start("worker", argv + _metrics_port(args.metrics), name) for name, argv in
+    starts |= {name: start("worker", argv + _metrics_argv(ports, name), name) for name, argv in
                zip(instances("worker", args.workers), worker_argvs(worker_argv, args.workers))}
     starts["bridge"] = start("bridge", bridge_argv, "bridge", _bridge_secrets(data_dir))
     procs: dict[str, asyncio.subprocess.Process] = {}
@@ -320,8 +329,8 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
         counts = {"broker": args.brokers, "worker": args.workers, "bridge": 1}
-        print(banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {})),
-              flush=True)
+        print(banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {}),
+                     scrape_file, args.metrics), flush=True)
         if "missing" in state.get("pii", {}):
             print(f"laneway: ERROR: the PII stage is NOT RUNNING (see {log_dir}/broker.log): tenants whose "
                   "policy asks for PII handling are refused with 503 pii_unavailable", file=sys.stderr, flush=True)
