@@ -13,6 +13,7 @@ the command line and the environment (through `core/env.py`); `processes.py` run
   laneway routing   show | set | rollback | history of the routing rules
   laneway eval      the eval gate: candidate vs current rules on the golden set
   laneway usage     a tenant's metered usage (tokens, cost)
+  laneway top       a live view of the lanes, workers and bridges (from their metrics)
   laneway loadtest  the load generator (scenarios from the reference designs)
   laneway plan      the capacity and budget planner
   laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=processes.run_bridge)
 
     # Tools: a module's configure(parser) and run(args), run_sync when it needs no event loop.
-    from laneway import nats_config, ops_config, ops_provision, ops_routing
+    from laneway import nats_config, ops_config, ops_provision, ops_routing, top
     from laneway import ops_usage as usage_report
 
     p = sub.add_parser("ops", help="operator one-shots: provision")
@@ -156,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tool("usage", "a tenant's metered usage from LW_USAGE (table or CSV)", usage_flags, usage_report.run,
          sync=True)
+    tool("top", "a live view of the lanes, workers and bridges, from their metrics",
+         top.configure, top.run, sync=False)
     tool("loadtest", "load generator: named scenarios, open or closed loop",
          generator.configure, generator.run, sync=True)
     tool("plan", "capacity and budget planner", planner.configure, planner.run, sync=True)
