@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -64,15 +64,15 @@ async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
 
 
 def set_depth(metrics: BrokerMetrics, live: LiveConfig, name: str, pool: Pool) -> None:
-    for klass, depth in pool.lanes.depths().items():
-        metrics.queue_depth.labels(name, klass).set(depth)
+    for klass, tenants in pool.lanes.depths().items():
+        metrics.queue_depth.labels(name, klass).set(sum(tenants.values()))
     live.health.set_queue_depth(name, len(pool.lanes))
 
 
 def set_tenant_depths(metrics: BrokerMetrics, pools: dict[str, Pool]) -> None:
     """Waiting requests by (pool, class, tenant): `laneway top`'s waiting column."""
-    metrics.tenant_queue_depth.set(Counter((name, item.klass, item.tenant) for name, pool in pools.items()
-                                           for item in pool.lanes.waiting_items()))
+    metrics.tenant_queue_depth.set({(name, klass, tenant): n for name, pool in pools.items()
+                                    for klass, tenants in pool.lanes.depths().items() for tenant, n in tenants.items()})
 
 
 def set_ready_workers(metrics: BrokerMetrics, live: LiveConfig) -> None:
