@@ -107,12 +107,20 @@ async def run(args: argparse.Namespace) -> int:
         if args.once:
             print(render(await frame(http, targets), source=str(path)), end="", flush=True)
             return 0
-        await _live(http, targets, args, str(path))
+        await _live(http, path, targets, args)
     return 0
 
 
-async def _live(http: aiohttp.ClientSession, targets: list[Target], args: argparse.Namespace,
-                source: str) -> None:
+def _reread(path: Path, targets: list[Target]) -> list[Target]:
+    """The scrape config again (an `up` started anew chose new ports); the last one read while
+    the file is being rewritten or names nothing."""
+    try:
+        return read(path) or targets
+    except BadScrapeConfig:
+        return targets
+
+
+async def _live(http: aiohttp.ClientSession, path: Path, targets: list[Target], args: argparse.Namespace) -> None:
     """A frame every `--interval`: redrawn in place on a terminal, one after another otherwise
     (as `top -b`). The TTFT p95 is over the frames of the last `--window` seconds."""
     quit = asyncio.Event()
@@ -120,10 +128,13 @@ async def _live(http: aiohttp.ClientSession, targets: list[Target], args: argpar
     on_tty = sys.stdout.isatty()
     with _screen(quit) if on_tty else contextlib.nullcontext():
         while not quit.is_set():
+            if (fresh := _reread(path, targets)) != targets:
+                targets = fresh
+                frames.clear()          # counters of other processes: no window across them
             now = await frame(http, targets)
             while frames and frames[0].at < now.at - args.window:
                 frames.popleft()
-            text = render(now, frames[0] if frames else None, source)
+            text = render(now, frames[0] if frames else None, str(path))
             frames.append(now)
             if on_tty:
                 _draw(text)
