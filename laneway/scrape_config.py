@@ -37,6 +37,14 @@ class BadScrapeConfig(ValueError):
         self.why = why
 
 
+def up_targets(host: str, port: int, ports: dict[str, int]) -> list[Target]:
+    """`laneway up`'s processes: the bridge's /metrics on its HTTP port, each broker's and
+    worker's (`ports`, by its name: broker, worker-2) on loopback."""
+    bridge_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    return [Target("bridge", "bridge", f"{bridge_host}:{port}"),
+            *(Target(name.split("-")[0], name, f"127.0.0.1:{p}") for name, p in ports.items())]
+
+
 def render(targets: list[Target]) -> str:
     jobs = []
     for kind in KINDS:

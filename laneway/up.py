@@ -202,13 +202,6 @@ def _metrics_argv(ports: dict[str, int], name: str) -> list[str]:
     return ["--metrics-port", str(ports[name])] if name in ports else []
 
 
-def metrics_targets(host: str, port: int, ports: dict[str, int]) -> list[scrape_config.Target]:
-    """Every process's metrics endpoint: the bridge's on its HTTP port, the others' on loopback."""
-    bridge_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
-    return [scrape_config.Target("bridge", "bridge", f"{bridge_host}:{port}"),
-            *(scrape_config.Target(name.split("-")[0], name, f"127.0.0.1:{p}") for name, p in ports.items())]
-
-
 def worker_argvs(argv: list[str], n: int) -> list[list[str]]:
     """One argv per worker. Ids are unique: a `--worker-id X` given to `up` becomes X-1, X-2...
     for several workers; without one, each worker draws its own."""
@@ -303,7 +296,7 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
 
     children = instances("broker", args.brokers) + instances("worker", args.workers)
     ports = {name: free_port() for name in children} if args.metrics else {}
-    scrape_file = scrape_config.write(data_dir, metrics_targets(args.host, args.port, ports))
+    scrape_file = scrape_config.write(data_dir, scrape_config.up_targets(args.host, args.port, ports))
     starts = {name: start("broker", broker_argv + _metrics_argv(ports, name), name)
               for name in instances("broker", args.brokers)}
     starts |= {name: start("worker", argv + _metrics_argv(ports, name), name) for name, argv in

@@ -120,3 +120,11 @@ def test_live_series_drop_a_row_that_holds_nothing() -> None:
     series.set({("acme",): 2})
     text = generate_latest(registry).decode()
     assert 'held{tenant="acme"} 2.0' in text and "beta" not in text
+
+
+def test_up_lists_the_bridge_where_a_client_reaches_it_and_the_others_on_loopback() -> None:
+    targets = scrape_config.up_targets("0.0.0.0", 8080, {"broker": 11, "worker-1": 12, "worker-2": 13})
+    assert [(t.kind, t.name, t.address) for t in targets] == [
+        ("bridge", "bridge", "127.0.0.1:8080"), ("broker", "broker", "127.0.0.1:11"),
+        ("worker", "worker-1", "127.0.0.1:12"), ("worker", "worker-2", "127.0.0.1:13")]
+    assert scrape_config.up_targets("::1", 8080, {})[0].url == "http://[::1]:8080/metrics"
