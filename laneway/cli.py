@@ -15,6 +15,8 @@ the command line and the environment (through `core/env.py`); `processes.py` run
   laneway usage     a tenant's metered usage (tokens, cost)
   laneway loadtest  the load generator (scenarios from the reference designs)
   laneway plan      the capacity and budget planner
+  laneway batches   list | show | watch | cancel | download a tenant's batches (the bridge's API)
+  laneway files     list | show | upload | download | delete a tenant's files
   laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
 """
 
@@ -158,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     tool("loadtest", "load generator: named scenarios, open or closed loop",
          generator.configure, generator.run, sync=True)
     tool("plan", "capacity and budget planner", planner.configure, planner.run, sync=True)
+    from laneway import ops_batches, ops_files
+
+    tool("batches", "list, watch, cancel and download a tenant's batches (the bridge's Batch API)",
+         ops_batches.configure, ops_batches.run, sync=True)
+    tool("files", "list, upload, download and delete a tenant's files (the bridge's Files API)",
+         ops_files.configure, ops_files.run, sync=True)
 
     p = sub.add_parser("model", help="model preparation")
     model_sub = p.add_subparsers(dest="model_command", required=True)
