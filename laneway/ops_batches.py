@@ -103,7 +103,7 @@ def summary(batch: Batch) -> int:
     print(f"{batch.id} {batch.status}: {c.completed} completed, {c.failed} failed, {c.total} total")
     files = [f"{name} {fid}" for name, fid in (("output", batch.output_file_id), ("errors", batch.error_file_id)) if fid]
     if files:
-        print(f"  {', '.join(files)}  (laneway batches download {batch.id})")
+        print(f"  {'  '.join(files)}\n  laneway batches download {batch.id}")
     for error in (batch.errors.data or []) if batch.errors else []:
         where = f" (line {error.line})" if error.line is not None else ""
         print(f"  error {error.code}{where}: {error.message}", file=sys.stderr)
