@@ -6,6 +6,7 @@ No progress library: one line of text does not earn a dependency the base instal
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import TextIO
@@ -74,14 +75,22 @@ def bar(frac: float, width: int, cells: str = UNICODE_BAR) -> str:
     return done * filled + head + todo * (width - filled - len(head))
 
 
+def columns(stream: TextIO) -> int:
+    """The terminal's width where the line is drawn (stderr's, whatever stdout is piped into)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 80
+
+
 class Screen:
     """Where the line goes. On a terminal each line replaces the last (`\\r`, clear to the end);
     elsewhere a line is written when the status changes, or the counts did and `every_s` passed."""
 
-    def __init__(self, stream: TextIO, width: int, every_s: float = 10.0) -> None:
+    def __init__(self, stream: TextIO, width: int | None = None, every_s: float = 10.0) -> None:
         self.stream = stream
         self.tty = stream.isatty()
-        self.width = width
+        self.width = width or columns(stream)
         self.cells = UNICODE_BAR if "utf" in (getattr(stream, "encoding", None) or "").lower() else ASCII_BAR
         self.every_s = every_s
         self.last: tuple[float, str, int] | None = None     # (when, status, done) last written

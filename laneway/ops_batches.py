@@ -11,7 +11,6 @@ redrawn in place, into a pipe a line when the status changes or every ten second
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -78,7 +77,7 @@ def watch(args: argparse.Namespace) -> int:
     batch = c.batches.retrieve(args.batch_id)
     print(f"{batch.id}  {batch.endpoint}  created {when(batch.created_at)}  window {batch.completion_window}",
           file=sys.stderr)
-    screen = Screen(sys.stderr, shutil.get_terminal_size().columns)
+    screen = Screen(sys.stderr)
     rate = Rate()
     try:
         while True:
