@@ -1,22 +1,9 @@
-"""The `laneway` command: its parser and entry point. With `flags.py` the one place that reads
-the command line and the environment (through `core/env.py`); `processes.py` runs what it names.
+"""The `laneway` command's parser and entry point.
 
-  laneway up        nats-server + broker + worker + bridge on this machine, one command
-  laneway nats      an embedded nats-server with JetStream
-  laneway nats-config   users and permissions per tenant and service role
-  laneway broker    the scheduler (joins any NATS via --nats-url)
-  laneway worker    one engine (sim | vllm | openai) in a pool
-  laneway bridge    the OpenAI-compatible HTTP edge
-  laneway ops provision   streams, buckets, the settings file into KV (compose, Kubernetes)
-  laneway classes   list | set: priority classes, live
-  laneway tenants   list | set: tenants, live
-  laneway routing   show | set | rollback | history of the routing rules
-  laneway eval      the eval gate: candidate vs current rules on the golden set
-  laneway usage     a tenant's metered usage (tokens, cost)
-  laneway top       a live view of the lanes, workers and bridges (from their metrics)
-  laneway loadtest  the load generator (scenarios from the reference designs)
-  laneway plan      the capacity and budget planner
-  laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
+With `flags.py` this is the one place that reads the command line and the environment (through
+`core/env.py`); `processes.py` runs what it names. Each tool module gives `configure(parser)` and
+`run(args)` (`run_sync` when it needs no event loop). What users read is `DESCRIPTION` and each
+subcommand's help: no file names of this repository in them.
 """
 
 from __future__ import annotations
@@ -41,11 +28,23 @@ from laneway.flags import (
 
 log = logging.getLogger("laneway")
 
+DESCRIPTION = """\
+Laneway serves OpenAI-compatible LLM requests through NATS JetStream: an HTTP bridge, a broker
+that schedules priority classes and tenants fairly, and workers that run the engines.
+
+Start here:
+  laneway up                    everything on this machine (NATS, broker, worker, bridge)
+  laneway batches watch ID      follow a batch: a progress bar until it ends
+  laneway files list            a tenant's files (batch inputs, outputs, errors)
+
+Each command's own --help says more: laneway COMMAND --help
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="laneway", description=__doc__,
+    parser = argparse.ArgumentParser(prog="laneway", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--log-level", default=env.LOG_LEVEL.get())
+    parser.add_argument("--log-level", default=env.LOG_LEVEL.get(), help=f"[{env.LOG_LEVEL.name}]")
     sub = parser.add_subparsers(dest="command", required=True)
     parser.set_defaults(subcommands=sub.choices)
 
@@ -162,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     tool("loadtest", "load generator: named scenarios, open or closed loop",
          generator.configure, generator.run, sync=True)
     tool("plan", "capacity and budget planner", planner.configure, planner.run, sync=True)
+    from laneway import ops_batches, ops_files
+
+    tool("batches", "list, watch, cancel and download a tenant's batches (the bridge's Batch API)",
+         ops_batches.configure, ops_batches.run, sync=True)
+    tool("files", "list, upload, download and delete a tenant's files (the bridge's Files API)",
+         ops_files.configure, ops_files.run, sync=True)
 
     p = sub.add_parser("model", help="model preparation")
     model_sub = p.add_subparsers(dest="model_command", required=True)

@@ -4,6 +4,7 @@ configs they build. Each group of flags and the function that reads it back sit 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bridge.config import BridgeConfig
 from broker.config import DEFAULT_PII_MAX_CHARS
@@ -170,3 +171,26 @@ def metrics_flag(parser: argparse.ArgumentParser) -> None:
     # pass 0.0.0.0 behind their network policy / unpublished ports).
     parser.add_argument("--metrics-host", default="127.0.0.1",
                         help="address the metrics listener binds (default loopback only)")
+
+
+# `laneway up` keeps its demo tenant's key here, in its data dir: the Files and Batches commands
+# fall back to it, so they work on the machine that runs `up` with nothing exported.
+DEMO_KEY_FILE = "demo-api-key"
+
+
+def api_flags(parser: argparse.ArgumentParser) -> None:
+    """--base-url, --api-key, --data-dir: a bridge's OpenAI API and a tenant's key for it."""
+    g = parser.add_argument_group("the bridge")
+    g.add_argument("--base-url", default=env.BASE_URL.get(), help=f"its OpenAI API [{env.BASE_URL.name}]")
+    g.add_argument("--api-key", default=env.API_KEY.get(),
+                   help=f"a tenant's key [{env.API_KEY.name}; else the demo key of `laneway up` in --data-dir]")
+    g.add_argument("--data-dir", default=env.DATA_DIR.get(), help=f"`laneway up`'s data dir [{env.DATA_DIR.name}]")
+
+
+def api_key_from_args(args: argparse.Namespace) -> str | None:
+    if args.api_key:
+        return args.api_key
+    path = Path(args.data_dir) / DEMO_KEY_FILE
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None

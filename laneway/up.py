@@ -33,7 +33,7 @@ from core.provision import provision_at
 from core.settings import BadSettings, LogicalModel, Settings, load_serving_settings
 from laneway import scrape_config
 from laneway.banner import banner
-from laneway.flags import stream_limits
+from laneway.flags import DEMO_KEY_FILE, stream_limits
 from laneway.nats_config import UpAuth, up_auth, write_private
 from laneway.supervise import Supervisor
 from schemas.subjects import Subjects
@@ -141,7 +141,7 @@ def port_taken(host: str, port: int) -> str | None:
 def _demo_key(data_dir: Path, requested: str | None) -> tuple[str, str, bool]:
     """(the demo tenant's key, a note, whether it differs from the last run's). A generated key
     is kept in the data dir (0600), so `up` again on the same data dir keeps the same key."""
-    path = data_dir / "demo-api-key"
+    path = data_dir / DEMO_KEY_FILE
     previous = path.read_text().strip() if path.is_file() else None
     key = requested or previous or f"lw-{secrets.token_urlsafe(24)}"
     if key != previous:
