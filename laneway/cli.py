@@ -34,6 +34,7 @@ that schedules priority classes and tenants fairly, and workers that run the eng
 
 Start here:
   laneway up                    everything on this machine (NATS, broker, worker, bridge)
+  laneway top                   a live view of the lanes, workers and bridges
   laneway batches watch ID      follow a batch: a progress bar until it ends
   laneway files list            a tenant's files (batch inputs, outputs, errors)
 
