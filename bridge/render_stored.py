@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import orjson
 
 from schemas import codec
 from schemas.openai import Message
@@ -28,6 +27,14 @@ _decode_echoed = msgspec.json.Decoder(Echoed).decode
 _decode_first = msgspec.json.Decoder(list[Message]).decode
 KEPT_FIELDS = ("metadata", "safety_identifier", "prompt_cache_key")     # stored, never given to an engine
 WITHHELD_SCHEMA = {"type": "json_schema", "name": "withheld", "schema": {}}
+
+
+def _read(decode: Any, echoed: bytes) -> Any:
+    """An echo as it decodes; nothing (withheld) when there is none or it does not read."""
+    try:
+        return decode(echoed) if echoed else None
+    except msgspec.DecodeError:
+        return None
 
 
 def kept_of(body: ResponsesBody) -> bytes:
@@ -60,8 +67,8 @@ def stored_view(response: dict[str, Any], body: ResponsesBody, messages: bytes, 
     """`response` with every text it repeats of the request as the gate left it (`messages`,
     `fields`: the Finished entry's), or withheld where none came back."""
     out = dict(response)
-    first = _decode_first(messages)[:1] if messages and body.instructions else []
-    echoed = _decode_echoed(fields) if fields else None
+    first = (_read(_decode_first, messages) or [])[:1] if body.instructions else []
+    echoed = _read(_decode_echoed, fields)
     instructions = first[0].content if first and first[0].role == "system" else None
     out["instructions"] = instructions if isinstance(instructions, str) else None
     out["tools"] = [{"type": "function", **msgspec.to_builtins(t.function)}
@@ -72,7 +79,7 @@ def stored_view(response: dict[str, Any], body: ResponsesBody, messages: bytes, 
     out.pop("user", None)
     if echoed is not None and echoed.user is not None:
         out["user"] = echoed.user
-    kept = orjson.loads(echoed.kept) if echoed is not None and echoed.kept is not None else {}
+    kept = echoed.kept if echoed is not None and echoed.kept is not None else {}
     out["metadata"] = kept.get("metadata") or {}
     out["safety_identifier"] = kept.get("safety_identifier")
     out["prompt_cache_key"] = kept.get("prompt_cache_key")

@@ -8,7 +8,7 @@ refuse by name. Schema evolution follows msgspec's rules: new fields go last, wi
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -34,7 +34,7 @@ class Echoed(msgspec.Struct, omit_defaults=True, gc=False):
     tool_choice: ToolChoice | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
-    kept: msgspec.Raw | None = None         # `GenerateRequest.kept`, a JSON object
+    kept: dict[str, Any] | None = None      # `GenerateRequest.kept` (encoded from its bytes, as they are)
 
 
 class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
