@@ -2,8 +2,9 @@
 or the hosted API behind it (`slots.py` says where: messages, their names, content parts, tool
 calls and their ids, tools and their schemas, the response format, stop sequences, a
 completion's prompt, the texts to embed, `user`, and every string and key of the fields Laneway
-does not type), apply the tenant's policy, and say what was done. A part no analyser reads (an
-image, audio, a file) is refused for a tenant whose policy looks for anything.
+does not type and of those the edge stores beside the answer, `kept`), apply the tenant's
+policy, and say what was done. A part no analyser reads (an image, audio, a file) is refused
+for a tenant whose policy looks for anything.
 
 Speed comes from not repeating work: a chat resends its whole history every turn, so results are
 cached by (tenant, policy version, text hash) and only texts never seen before go to the pool,

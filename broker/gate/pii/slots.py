@@ -5,7 +5,7 @@ A slot is a path from the body (or from `extra`) to one string. The typed bodies
 `FIELDS`, which says how each field reaches the engine; `NOT_TEXT` names the fields that carry no
 text (numbers, flags, enums, the model name the engine replaces), and a unit test fails when a
 body gains a field listed in neither. Free-form JSON (a tool's parameter schema, a JSON schema,
-every member of `extra`) is walked whole: each string and each object key; a root whose very
+every member of `extra` and of `kept`) is walked whole: each string and each object key; a root whose very
 bytes the gate found clean under this policy is skipped (an agent resends its tools every turn).
 Content parts other than text (image_url, input_audio, file, ...) cannot be analysed: they come
 back as `unreadable`, for the gate to refuse.
