@@ -51,6 +51,7 @@ class TenantSpec:
     weight: float = 1.0
     classes: tuple[str, ...] = CLASSES
     default_class: str = "interactive"
+    pii: bool = True            # its PII policy: the default one, or off (nothing looked for)
 
 
 @dataclass(frozen=True)
