@@ -24,6 +24,7 @@ import aiohttp
 
 from core import env
 from core.promtext import Scrape, parse
+from core.tasks import wait_event
 from laneway.scrape_config import SCRAPE_FILE, BadScrapeConfig, Target, read
 from laneway.top_view import Frame, render
 
@@ -140,5 +141,4 @@ async def _live(http: aiohttp.ClientSession, path: Path, targets: list[Target], 
                 _draw(text)
             else:
                 print(text, flush=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(quit.wait(), args.interval)
+            await wait_event(quit, args.interval)
