@@ -53,12 +53,12 @@ class DirInUse(RuntimeError):
     """`directory` is held by another owner: `owner` as its lock file says (None: unreadable),
     `alive` whether that pid still runs (False: its children are still finishing)."""
 
-    def __init__(self, directory: Path, owner: Owner | None, alive: bool) -> None:
+    def __init__(self, lock_file: Path, owner: Owner | None, alive: bool) -> None:
         who = owner.describe() if owner is not None else "a process that has not said who it is"
         if owner is not None and not alive:
-            who += ", which has ended; processes it started still hold the directory"
-        super().__init__(f"{directory} is in use by {who}")
-        self.directory, self.owner, self.alive = directory, owner, alive
+            who += f", which has ended; processes it started still hold {lock_file} (`fuser -v` names them)"
+        super().__init__(f"{lock_file.parent} is in use by {who}")
+        self.directory, self.owner, self.alive = lock_file.parent, owner, alive
 
 
 def read_owner(path: Path) -> Owner | None:
@@ -114,7 +114,7 @@ class OwnerLock:
         except BlockingIOError:
             os.close(fd)
             holder = read_owner(self.path)
-            raise DirInUse(self.path.parent, holder, holder is not None and holder.alive()) from None
+            raise DirInUse(self.path, holder, holder is not None and holder.alive()) from None
         self._fd = fd
         self.update(owner)
 

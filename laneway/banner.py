@@ -17,7 +17,7 @@ def nats_lines(nats_url: str, auth: UpAuth | None, data_dir: Path) -> str:
     return (f"  NATS users  one per service and tenant ({tenant_users}); passwords in\n"
             f"              {auth.credentials_file} (0600)\n"
             f"\nOperate it live (laneway classes|tenants|routing|usage) as the ops user: on this machine\n"
-            f"  laneway classes list --data-dir {data_dir}\n"
+            f"  laneway classes --data-dir {data_dir} list\n"
             f"(no export needed here: the data dir, default ./.laneway, says where it runs); elsewhere:\n"
             f"  export LANEWAY_NATS_URL={nats_url} LANEWAY_NATS_USER={ops_user} "
             f"LANEWAY_NATS_PASSWORD={ops_password}\n")
