@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 
+from nats.errors import NoServersError
+
 from core import env
 from core.tracing import configure as configure_tracing
 from laneway import processes
@@ -27,6 +29,7 @@ from laneway.flags import (
     limits_flags,
     metrics_flag,
     ops_nats_flags,
+    unreachable,
 )
 
 log = logging.getLogger("laneway")
@@ -195,6 +198,26 @@ def _install_uvloop() -> None:
 TRACED = ("bridge", "broker", "worker")     # the processes a request's trace crosses
 
 
+def _operator_command(args: argparse.Namespace) -> int:
+    """A one-shot operator command: NATS as its flags or the environment say, else the stack
+    running on its --data-dir; a missing or unreachable NATS is one line that says what to do,
+    never a traceback."""
+    try:
+        find_stack(args)
+        if hasattr(args, "run_sync"):
+            return args.run_sync(args)
+        _install_uvloop()
+        return asyncio.run(args.run(args))
+    except NoNats as exc:
+        print(f"laneway {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except NoServersError as exc:
+        print(f"laneway {args.command}: {unreachable(args, exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -210,12 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"up: {exc}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if getattr(args, "find_stack", False):     # an operator command
-        try:
-            find_stack(args)
-        except NoNats as exc:
-            print(f"laneway {args.command}: {exc}", file=sys.stderr)
-            return 2
+    if getattr(args, "find_stack", False):
+        return _operator_command(args)
     if hasattr(args, "run_sync"):
         return args.run_sync(args)
     _install_uvloop()

@@ -66,6 +66,12 @@ def find_stack(args: argparse.Namespace) -> None:
         args.nats_user, args.nats_password = login
 
 
+def unreachable(args: argparse.Namespace, exc: Exception) -> str:
+    return (f"cannot reach NATS at {args.nats_url} ({exc}). Is it running there? Without --nats-url and "
+            f"{env.NATS_URL.name}, an operator command reaches the `laneway up` running on its --data-dir "
+            f"({Path(args.data_dir).resolve()})")
+
+
 def nats_from_args(args: argparse.Namespace) -> NatsSettings:
     return NatsSettings(url=args.nats_url, prefix=args.prefix, user=args.nats_user,
                         password=args.nats_password, tls_ca=args.nats_tls_ca)
