@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from core.owner import Owner, OwnerLock, held_by
+from core.owner import DirInUse, Owner, OwnerLock, held_by
 from core.ports import free_port, port_taken
 from laneway.nats_config import user_name, write_private
 
@@ -27,9 +27,14 @@ ENDED_OWNER_WAIT_S = 60.0   # a SIGKILLed `up`'s children draining (a worker's -
 
 
 async def claim(data_dir: Path, url: str) -> OwnerLock:
-    """Own `data_dir` for this `up` (serving `url`), or raise `core.owner.DirInUse`."""
+    """Own `data_dir` for this `up` (serving `url`), or raise `core.owner.DirInUse`: also when a
+    live process (a `laneway nats`) owns its store, said before `up` writes anything."""
     lock = OwnerLock(data_dir / LOCK_FILE)
     await lock.own(Owner(pid=os.getpid(), url=url), ENDED_OWNER_WAIT_S)
+    store = data_dir / STORE_DIR / LOCK_FILE
+    if (holder := held_by(store)) is not None and holder.alive():
+        lock.release()
+        raise DirInUse(store, holder, alive=True)
     return lock
 
 
