@@ -221,10 +221,19 @@ DEMO_KEY_FILE = "demo-api-key"
 def api_flags(parser: argparse.ArgumentParser) -> None:
     """--base-url, --api-key, --data-dir: a bridge's OpenAI API and a tenant's key for it."""
     g = parser.add_argument_group("the bridge")
-    g.add_argument("--base-url", default=env.BASE_URL.get(), help=f"its OpenAI API [{env.BASE_URL.name}]")
+    g.add_argument("--base-url", default=env.BASE_URL.given(),
+                   help=f"its OpenAI API [{env.BASE_URL.name}; else the bridge of the `laneway up` running on "
+                        f"--data-dir; else {env.BASE_URL.default}]")
     g.add_argument("--api-key", default=env.API_KEY.get(),
                    help=f"a tenant's key [{env.API_KEY.name}; else the demo key of `laneway up` in --data-dir]")
     g.add_argument("--data-dir", default=env.DATA_DIR.get(), help=f"`laneway up`'s data dir [{env.DATA_DIR.name}]")
+
+
+def base_url_from_args(args: argparse.Namespace) -> str:
+    if args.base_url:
+        return args.base_url
+    running = stack_dir.running(Path(args.data_dir).resolve())
+    return f"{running.url}/v1" if running is not None and running.url else env.BASE_URL.default
 
 
 def api_key_from_args(args: argparse.Namespace) -> str | None:

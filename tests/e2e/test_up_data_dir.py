@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.timeout(300),
 KEY = "sk-data-dir"
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 120        # a bound on a hang, not a window the behaviour must fit in
+KEPT = b"what the first run stored\n"
 
 
 def bare_env() -> dict[str, str]:
@@ -46,22 +47,26 @@ async def laneway(*argv: str, cwd: Path) -> tuple[int, str, str]:
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-async def stored_response(up: LanewayUp) -> str:
+async def store_some(up: LanewayUp) -> tuple[str, str]:
+    """(a stored response's id, a file's id) of the demo tenant."""
     async with openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0) as client:
         response = await client.responses.create(model="laneway-sim", input="Keep me.", max_output_tokens=4)
         assert response.output_text
-        return response.id
+        file = await client.files.create(file=("kept.txt", KEPT), purpose="user_data")
+        return response.id, file.id
 
 
-async def still_stored(up: LanewayUp, response_id: str) -> bool:
+async def still_stored(up: LanewayUp, kept: tuple[str, str]) -> bool:
+    response_id, file_id = kept
     async with openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0) as client:
-        return (await client.responses.retrieve(response_id)).id == response_id
+        return ((await client.responses.retrieve(response_id)).id == response_id
+                and (await client.files.content(file_id)).content == KEPT)
 
 
 async def test_a_second_up_on_a_data_dir_is_refused_and_the_first_keeps_its_data(tmp_path):
     data = tmp_path / "lw"
     async with LanewayUp(data, KEY, ["--pii", "off", "--sim-profile", "zero"]) as first:
-        kept = await stored_response(first)
+        kept = await store_some(first)
         before = {p: p.read_bytes() for p in data.iterdir() if p.is_file()}
         port = free_port()
         code, out, err = await laneway("up", "--data-dir", str(data), "--port", str(port),
@@ -74,7 +79,7 @@ async def test_a_second_up_on_a_data_dir_is_refused_and_the_first_keeps_its_data
         assert pids_mentioning(f"--port {port}") == []
         # The first still serves, and still has what it stored.
         assert await still_stored(first, kept)
-        assert await stored_response(first)
+        assert await store_some(first)
 
 
 async def test_a_killed_up_starts_again_on_its_port_and_the_ops_commands_find_it(tmp_path):
@@ -82,7 +87,7 @@ async def test_a_killed_up_starts_again_on_its_port_and_the_ops_commands_find_it
     data = tmp_path / ".laneway"
     extra = ["--pii", "off", "--sim-profile", "zero"]
     async with LanewayUp(data, KEY, extra) as first:
-        kept = await stored_response(first)
+        kept = await store_some(first)
         nats_url = first.nats_url
         first.proc.kill()       # SIGKILL: no clean-up of its own; its children get SIGTERM
         await first.proc.wait()
@@ -100,6 +105,9 @@ async def test_a_killed_up_starts_again_on_its_port_and_the_ops_commands_find_it
         assert await eventually(metered, timeout=HANG_S), usage
         code, out, err = await laneway("classes", "list", cwd=tmp_path)
         assert code == 0 and '"interactive"' in out, (code, out, err)
+        # `laneway files`: the bridge's URL from the data dir too (its port is not the default).
+        code, out, err = await laneway("files", "list", cwd=tmp_path)
+        assert code == 0 and kept[1] in out, (code, out, err)
 
 
 async def test_with_no_stack_and_no_url_the_ops_commands_say_how_to_fix_it(tmp_path):
