@@ -24,6 +24,10 @@ class Var:
         """The value as set (an empty string included), else the default."""
         return os.environ.get(self.name, self.default)
 
+    def given(self) -> str | None:
+        """The value as set, None when unset: whether the operator chose one."""
+        return os.environ.get(self.name)
+
 
 # -- NATS: every process ---------------------------------------------------------------------
 NATS_URL = Var("LANEWAY_NATS_URL", "nats://127.0.0.1:4222", "server URL(s), comma-separated")

@@ -14,16 +14,22 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 
+from nats.errors import NoServersError
+
 from core import env
 from core.tracing import configure as configure_tracing
 from laneway import processes
 from laneway.flags import (
+    NoNats,
     add_nats_flags,
     at_least_one,
     edge_flags,
+    find_stack,
     gate_flags,
     limits_flags,
     metrics_flag,
+    ops_nats_flags,
+    unreachable,
 )
 
 log = logging.getLogger("laneway")
@@ -55,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=env.DATA_DIR.get())
     p.add_argument("--api-key", default=env.API_KEY.get(),
                    help="the demo tenant's key (generated and printed if absent)")
-    p.add_argument("--nats-port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--nats-port", type=int, default=0,
+                   help="0: the port of the last run on this data dir while it is free, else a free one "
+                        "(kept in DATA_DIR/nats-port)")
     p.add_argument("--settings", help="settings TOML (tenants, models) instead of the demo tenant")
     p.add_argument("--engine", choices=("sim", "vllm", "openai"), default="sim")
     p.add_argument("--model", help="model directory for --engine vllm")
@@ -130,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops_sub = p.add_subparsers(dest="ops_command", required=True)
     p = ops_sub.add_parser("provision", help="streams, buckets and the settings file into KV "
                                              "(create-if-absent), then exit: run it before the services")
-    add_nats_flags(p)
+    ops_nats_flags(p)
     limits_flags(p)
     ops_provision.configure(p)
     p.set_defaults(run_sync=processes.run_provision)
@@ -152,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
          ops_config.configure_classes, ops_config.run, sync=True)
     tool("tenants", "list or change tenants, live", ops_config.configure_tenants, ops_config.run, sync=True)
     def usage_flags(p: argparse.ArgumentParser) -> None:
-        add_nats_flags(p)
+        ops_nats_flags(p)
         usage_report.configure(p)
 
     tool("usage", "a tenant's metered usage from LW_USAGE (table or CSV)", usage_flags, usage_report.run,
@@ -190,6 +198,26 @@ def _install_uvloop() -> None:
 TRACED = ("bridge", "broker", "worker")     # the processes a request's trace crosses
 
 
+def _operator_command(args: argparse.Namespace) -> int:
+    """A one-shot operator command: NATS as its flags or the environment say, else the stack
+    running on its --data-dir; a missing or unreachable NATS is one line that says what to do,
+    never a traceback."""
+    try:
+        find_stack(args)
+        if hasattr(args, "run_sync"):
+            return args.run_sync(args)
+        _install_uvloop()
+        return asyncio.run(args.run(args))
+    except NoNats as exc:
+        print(f"laneway {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except NoServersError as exc:
+        print(f"laneway {args.command}: {unreachable(args, exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -205,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"up: {exc}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "find_stack", False):
+        return _operator_command(args)
     if hasattr(args, "run_sync"):
         return args.run_sync(args)
     _install_uvloop()

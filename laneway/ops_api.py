@@ -13,7 +13,7 @@ from typing import TextIO
 
 import openai
 
-from laneway.flags import api_flags, api_key_from_args
+from laneway.flags import api_flags, api_key_from_args, base_url_from_args
 
 USAGE = 2       # argparse's status for a command line that cannot work
 # The HTTP client logs every request at INFO; a command's output is its answer, not its traffic.
@@ -49,6 +49,7 @@ def guarded(command: str, action: Callable[[argparse.Namespace], int]) -> Callab
     def run(args: argparse.Namespace) -> int:
         for name in CLIENT_LOGGERS:
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+        args.base_url = base_url_from_args(args)
         try:
             return action(args)
         except NoApiKey as exc:
