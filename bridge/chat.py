@@ -144,6 +144,14 @@ class Generations:
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
         # The class is in the headers: each is admitted by its own share (bridge/admission.py).
         klass = self._class_for(request, tenant)
+        try:
+            return await self._admitted(request, tenant, klass, request_id, started)
+        except EdgeError as exc:
+            self.metrics.refused.labels(klass, tenant.name, exc.code.value if exc.code else str(exc.status)).inc()
+            raise
+
+    async def _admitted(self, request: web.Request, tenant: Tenant, klass: str, request_id: str,
+                        started: float) -> web.StreamResponse:
         self._admit(tenant.name, self.catalogue.classes[klass])
         body, extra = await self._parse(request)
         self._check_model(body.model, tenant.name)

@@ -118,6 +118,13 @@ def storage_refused(exc: StorageExceeded, param: str | None = None, remedy: str 
     return EdgeError(ErrorCode.storage_quota_exceeded, f"{exc}; {remedy}" if remedy else str(exc), param)
 
 
+def unanalysed(what: str, param: str, instead: str) -> EdgeError:
+    """Text the PII stage never sees (it would be stored as sent) from a tenant whose policy
+    looks for PII: refused, never stored raw nor dropped."""
+    return EdgeError(ErrorCode.invalid_request, f"{what} would be stored unredacted, and this API key's PII "
+                     f"policy redacts; {instead}", param)
+
+
 def not_found(what: str, ident: str, param: str | None = None) -> EdgeError:
     """An object the key's tenant does not have: another tenant's reads the same as none at all."""
     return EdgeError(ErrorCode.invalid_request, f"No {what} found with id '{ident}'.", param, status=404,

@@ -1,4 +1,5 @@
-"""The bridge's Prometheus metrics (labels bounded: see `core/metrics.py`)."""
+"""The bridge's Prometheus metrics (labels bounded: see `core/metrics.py`; a tenant label only once
+its API key is authenticated)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ class BridgeMetrics:
         self.requests = Counter("laneway_http_requests_total", "Chat completion requests by outcome",
                                 ["class", "status"], registry=r)
         self.ttft = Histogram("laneway_ttft_seconds", "Time to first token as the client sees it",
-                              ["class"], buckets=LATENCY_BUCKETS, registry=r)
+                              ["class", "tenant"], buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("laneway_request_seconds", "End-to-end request time", ["class"],
                              buckets=LATENCY_BUCKETS, registry=r)
         self.tokens = Counter("laneway_output_tokens_total", "Tokens streamed to clients", ["class"], registry=r)
         self.rejected = Counter("laneway_edge_rejected_total", "Requests refused at the edge", ["reason"], registry=r)
+        self.refused = Counter("laneway_refused_total",
+                               "Chat and completion requests of a known tenant and class answered with an "
+                               "error instead of a stream or a body, by its code", ["class", "tenant", "reason"],
+                               registry=r)
         self.publish_retries = Counter("laneway_publish_retries_total",
                                        "Publishes of a request repeated after a PubAck timed out", registry=r)
         self.open_streams = Gauge("laneway_open_streams", "Requests in flight at this edge", registry=r)

@@ -17,6 +17,7 @@ import orjson
 
 from bridge.errors import EdgeError
 from bridge.render import finish_reason
+from bridge.render_stored import stored_view
 from schemas.frames import Delta, Finished, TokenLogprob
 from schemas.requests import GenerateRequest
 from schemas.responses import ResponsesBody
@@ -83,7 +84,8 @@ class ResponsesRenderer:
         self.request = body
         self.store = store              # what the tenant's policy made of the client's `store`
         self.final: dict[str, Any] | None = None    # the last Response object: what is stored
-        self.input_messages = b""       # the input as the engine got it (Finished.messages)
+        self.input_messages = b""       # the input as the engine got it (Finished.messages) ...
+        self.input_fields = b""         # ... and its other texts (Finished.fields)
         self.id = f"resp_{generate.request_id}"
         self.created = int(generate.created_at)
         self.model = generate.model
@@ -254,12 +256,20 @@ class ResponsesRenderer:
         if body.conversation is not None:
             conversation = body.conversation
             response["conversation"] = {"id": conversation if isinstance(conversation, str) else conversation["id"]}
-        return response
+        # A background response is only ever read from the store, its events too: as stored.
+        return self.stored(response) if body.background else response
 
-    def _ended(self, response: dict[str, Any], finished: Finished | None = None) -> dict[str, Any]:
+    def stored(self, response: dict[str, Any]) -> dict[str, Any]:
+        """`response` as it is stored: what it repeats of the request as the PII stage left it."""
+        return stored_view(response, self.request, self.input_messages, self.input_fields)
+
+    def _echoed(self, finished: Finished) -> Finished:
+        """The input as the engine got it, taken before the final Response is made of it."""
+        self.input_messages, self.input_fields = finished.messages, finished.fields
+        return finished
+
+    def _ended(self, response: dict[str, Any]) -> dict[str, Any]:
         self.final = response
-        if finished is not None:
-            self.input_messages = finished.messages
         return response
 
     def snapshot(self, status: str) -> dict[str, Any]:
@@ -298,7 +308,7 @@ class ResponsesRenderer:
     def finish(self, finished: Finished) -> bytes:
         status = self._final_status(finished)
         self._close_item("incomplete" if status == "incomplete" else "completed")
-        response = self._ended(self._response(status, finished), finished)
+        response = self._ended(self._response(status, self._echoed(finished)))
         self._event("response.completed" if status == "completed" else "response.incomplete", response=response)
         return self._flush()
 
@@ -316,5 +326,5 @@ class ResponsesRenderer:
         self.streaming = False
         self._close_item()
         status = self._final_status(finished)
-        response = self._ended(self._response(status, finished), finished)
+        response = self._ended(self._response(status, self._echoed(finished)))
         return orjson.dumps(response)

@@ -108,7 +108,7 @@ def render_entries(render: Render, generate: GenerateRequest, entries: list[Entr
     for entry in entries:
         if isinstance(entry, Delta):
             if progress.first_token:
-                metrics.ttft.labels(generate.klass).observe(time.monotonic() - progress.started)
+                metrics.ttft.labels(generate.klass, generate.tenant).observe(time.monotonic() - progress.started)
                 progress.first_token = False
             out.append(render.delta(entry))
         elif isinstance(entry, Finished):
@@ -166,7 +166,7 @@ async def collect_body(stream: ResponseStream, generate: GenerateRequest, render
         for entry in entries:
             if isinstance(entry, Delta):
                 if not tokens:
-                    metrics.ttft.labels(klass).observe(time.monotonic() - started)
+                    metrics.ttft.labels(klass, generate.tenant).observe(time.monotonic() - started)
                 render.add(entry)
                 tokens += len(entry.token_ids) or 1
             elif isinstance(entry, Finished):

@@ -25,6 +25,7 @@ from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
 from bridge.demux import REPLY_GRACE_S, ResponseStream
 from bridge.errors import EdgeError, not_found, storage_refused
 from bridge.render_responses import ResponsesRenderer
+from bridge.render_stored import kept_of
 from bridge.responses import item_messages, to_chat
 from bridge.stored.background import Background, Job, mark_lost, queued
 from bridge.stored.conversations import Conversations
@@ -66,10 +67,11 @@ class _Asked:
         self.render = ResponsesRenderer(generate, self.body, store=self.store)
         return self.render
 
-    @property
-    def echo(self) -> bool:
-        """The input as the engine gets it is wanted back: to store it, or add it to the conversation."""
-        return self.store or self.conversation is not None
+    def ask_echo(self, generate: GenerateRequest) -> None:
+        """Ask for the input back as the engine gets it (redacted): to store it, or add it to the
+        conversation; and, to store them, the fields no engine reads, analysed by the gate."""
+        generate.echo_input = self.store or self.conversation is not None
+        generate.kept = kept_of(self.body) if self.store else b""
 
 
 ASKED = web.RequestKey("responses_asked", _Asked)
@@ -93,13 +95,13 @@ def _echoed(render: ResponsesRenderer, asked: _Asked) -> list[Message]:
 
 def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
     """What is kept of an ended response: the Response object, this request's input items and the
-    conversation through its output, both from the input as the engine got it (redacted)."""
+    conversation through its output, all from the input as the engine got it (redacted)."""
     final = render.final
     assert final is not None
     echoed = _echoed(render, asked)
     new_input = echoed[asked.history_len:]
     history = [*echoed, *item_messages(final["output"])] if echoed else []
-    return StoredResponse(response=orjson.dumps(final), request_id=generate.request_id,
+    return StoredResponse(response=orjson.dumps(render.stored(final)), request_id=generate.request_id,
                           input_items=orjson.dumps(to_items(new_input, generate.request_id)),
                           history=codec.encode_json(history))
 
@@ -168,7 +170,7 @@ class Responses(Generations):
 
     async def _answer(self, request: web.Request, generate: GenerateRequest, started: float) -> web.StreamResponse:
         asked = request[ASKED]
-        generate.echo_input = asked.echo
+        asked.ask_echo(generate)
         if asked.body.background:
             return await self._background(request, generate, asked)
         response = await super()._answer(request, generate, started)
@@ -194,7 +196,7 @@ class Responses(Generations):
             raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole, in its output "
                             "file: background must be false or left out", "background")
         generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
-        generate.echo_input = asked.echo
+        asked.ask_echo(generate)
         answer = await self._collect(generate, asked.renderer(generate))
         self._keep(generate, asked)
         return answer

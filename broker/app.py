@@ -346,7 +346,7 @@ class Broker:
         """A cache hit streams back as a normal stream, and is metered as cached."""
         request, hit = admission.request, admission.hit
         entries = replay_entries(hit, request.request_id, attempt, admission.headers)
-        entries[-1].messages = request.echoed_input()       # the Finished: the input as redacted
+        entries[-1].messages, entries[-1].fields = request.echoed()     # the Finished: the input as redacted
         await self._nc.publish(request.reply_to, codec.encode(TokenFrame("cache", entries, time.time())))
         usage = replay_usage(hit, request, admission.decision.pool)
         await self._nc.publish(self.s.usage(request.tenant), codec.encode(usage))

@@ -166,8 +166,9 @@ class Lanes:
         queue = lane.tenants.get(tenant)
         return queue.waiting if queue else 0
 
-    def depths(self) -> dict[str, int]:
-        return {name: lane.waiting for name, lane in self._lanes.items()}
+    def depths(self) -> dict[str, dict[str, int]]:
+        """Waiting per class, then per tenant (one with none waiting left out): the gauges."""
+        return {name: {t: q.waiting for t, q in lane.tenants.items() if q.waiting} for name, lane in self._lanes.items()}
 
     def get(self, tenant: str, request_id: str) -> Item | None:
         return self._items.get((tenant, request_id))

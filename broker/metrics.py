@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from core.metrics import LATENCY_BUCKETS
+from core.metrics import LATENCY_BUCKETS, LiveSeries
 from schemas.usage import Usage
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -28,6 +28,9 @@ class BrokerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.queue_depth = Gauge("laneway_queue_depth", "Requests waiting in the lanes", ["pool", "class"], registry=r)
+        self.tenant_queue_depth = LiveSeries(Gauge(
+            "laneway_tenant_queue_depth", "Requests waiting in the lanes, by tenant (those with any)",
+            ["pool", "class", "tenant"], registry=r))
         self.queue_wait = Histogram("laneway_queue_wait_seconds", "Time from accept to dispatch",
                                     ["class"], buckets=LATENCY_BUCKETS, registry=r)
         self.dispatched = Counter("laneway_dispatched_total", "Requests handed to workers", ["pool", "class"], registry=r)

@@ -64,9 +64,15 @@ async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
 
 
 def set_depth(metrics: BrokerMetrics, live: LiveConfig, name: str, pool: Pool) -> None:
-    for klass, depth in pool.lanes.depths().items():
-        metrics.queue_depth.labels(name, klass).set(depth)
+    for klass, tenants in pool.lanes.depths().items():
+        metrics.queue_depth.labels(name, klass).set(sum(tenants.values()))
     live.health.set_queue_depth(name, len(pool.lanes))
+
+
+def set_tenant_depths(metrics: BrokerMetrics, pools: dict[str, Pool]) -> None:
+    """Waiting requests by (pool, class, tenant): `laneway top`'s waiting column."""
+    metrics.tenant_queue_depth.set({(name, klass, tenant): n for name, pool in pools.items()
+                                    for klass, tenants in pool.lanes.depths().items() for tenant, n in tenants.items()})
 
 
 def set_ready_workers(metrics: BrokerMetrics, live: LiveConfig) -> None:
@@ -114,6 +120,7 @@ class Sweep:
             await self._publishing("answering due pulls", answer_due_pulls(self.nc, pool, mono))
             await self._publishing("serving parked pulls", self.serve_parked(name, pool))
             set_depth(self.metrics, self.live, name, pool)
+        set_tenant_depths(self.metrics, self.pools)
         set_ready_workers(self.metrics, self.live)
         await self.gate.release_expired(now)
         forget_cancels(self.recent_cancels, mono - CANCEL_MEMORY_S)

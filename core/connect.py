@@ -72,8 +72,12 @@ async def connect(n: NatsSettings, name: str, *, on_disconnect: Callable[[], Non
 
 async def connect_once(n: NatsSettings, name: str, *,
                        error_cb: Callable[[Exception], Awaitable[None]] | None = None) -> Client:
-    """A command-line tool's connection: one try, no reconnects, so it fails loudly and at once."""
-    kwargs = {"error_cb": error_cb} if error_cb is not None else {}
+    """A command-line tool's connection: one try, no reconnects, so it fails loudly and at once.
+    Errors reported asynchronously (a permissions violation) are one log line each; nats-py's
+    default would print a traceback, for a refused connection too, which the caller reports."""
+    async def error(exc: Exception) -> None:
+        log.warning("%s: NATS error: %s", name, exc)
+
     return await nats.connect(servers=n.url.split(","), name=name, user=n.user, password=n.password,
                               tls=n.tls_context(), inbox_prefix=service_inbox(n.user), connect_timeout=5,
-                              allow_reconnect=False, max_reconnect_attempts=1, **kwargs)
+                              allow_reconnect=False, max_reconnect_attempts=1, error_cb=error_cb or error)

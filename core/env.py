@@ -24,6 +24,10 @@ class Var:
         """The value as set (an empty string included), else the default."""
         return os.environ.get(self.name, self.default)
 
+    def given(self) -> str | None:
+        """The value as set, None when unset: whether the operator chose one."""
+        return os.environ.get(self.name)
+
 
 # -- NATS: every process ---------------------------------------------------------------------
 NATS_URL = Var("LANEWAY_NATS_URL", "nats://127.0.0.1:4222", "server URL(s), comma-separated")
@@ -50,7 +54,10 @@ OTEL_ENDPOINT = Var("OTEL_EXPORTER_OTLP_ENDPOINT", None,
                     "OpenTelemetry collector; unset, tracing is off and costs nothing")
 
 # -- operator commands -----------------------------------------------------------------------
-API_KEY = Var("LANEWAY_API_KEY", None, "a tenant's key, for `laneway up`'s demo tenant and the eval/routing tools")
+API_KEY = Var("LANEWAY_API_KEY", None, "a tenant's key, for `laneway up`'s demo tenant, the eval/routing "
+              "tools and `laneway batches|files`")
+BASE_URL = Var("LANEWAY_BASE_URL", "http://127.0.0.1:8080/v1",
+               "the bridge's OpenAI API that `laneway batches|files` talk to (default: `laneway up`'s)")
 ADMIN_NAME = Var("LANEWAY_ADMIN_NAME", None, "who `laneway routing set|rollback` records as the author")
 
 REGISTRY: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))

@@ -13,6 +13,10 @@ neither a config file nor the process's argv.
 disk's free space at start, and a stream with `max_bytes` reserves that much of it when it is
 created, so whether streams fit would depend on the machine's disk. Like the key, it goes in a
 generated jetstream block, which replaces the one of a `config_file`, if that has one.
+
+A store has one owner (core/owner.py): `start` takes `store_dir/owner.lock` and hands it to its
+nats-server, and refuses (`DirInUse`, naming the owner's pid and URL) a store another holds;
+`stop` lets it go. A second server on one store would corrupt it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from core import env
 from core.lifetime import tied_to_this_process
+from core.owner import Owner, OwnerLock
 from core.ports import free_port
 
 
@@ -41,6 +46,8 @@ class NatsServerError(RuntimeError):
 KEY_ENV = env.NATS_JS_KEY.name
 CIPHER = "chachapoly"      # constant-time in software on every CPU, unlike AES without AES-NI
 MIN_KEY_CHARS = 32         # nats-server's advice: a key of at least 32 bytes
+OWNER_FILE = "owner.lock"
+STOP_WAIT_S = 15.0          # an ended owner's nats-server finishing its SIGTERM (stop() waits 10 s)
 
 
 def encryption_key(path: Path) -> str:
@@ -83,13 +90,18 @@ class NatsServer:
     extra_args: list[str] = field(default_factory=list)
     url: str = ""
     process: asyncio.subprocess.Process | None = None
+    _owned: OwnerLock | None = field(default=None, init=False, repr=False)
 
     @property
     def log_file(self) -> Path:
         return self.store_dir / "nats-server.log"
 
     async def start(self, timeout: float = 15.0) -> str:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        """Raises `core.owner.DirInUse` before it touches a store another process owns."""
+        if self._owned is None:     # a restart (`laneway up`'s supervisor) keeps its hold
+            owned = OwnerLock(self.store_dir / OWNER_FILE)
+            await owned.own(Owner(pid=os.getpid()), STOP_WAIT_S)
+            self._owned = owned
         ports_dir = self.store_dir / "ports"
         shutil.rmtree(ports_dir, ignore_errors=True)
         ports_dir.mkdir()
@@ -110,6 +122,7 @@ class NatsServer:
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=environ,
             preexec_fn=tied_to_this_process(),     # never outlives `up` or the test that started it
+            pass_fds=(self._owned.fd,),            # the store stays owned until it has exited too
         )
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
@@ -124,6 +137,7 @@ class NatsServer:
                 if ports and ports.get("nats"):
                     self.url = ports["nats"][0]
                     self.port = int(self.url.rsplit(":", 1)[1])
+                    self._owned.update(Owner(pid=os.getpid(), nats_url=self.url))
                     return self.url
             await asyncio.sleep(0.05)
         await self.stop()
@@ -148,15 +162,17 @@ class NatsServer:
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.returncode is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            async with asyncio.timeout(10):
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(sig)
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
                 await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if self._owned is not None:     # the server has exited: the store is free
+            self._owned.release()
+            self._owned = None
 
     async def kill(self) -> None:
         await self.stop(signal.SIGKILL)

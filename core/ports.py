@@ -53,3 +53,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port now (None: it could). Checked before anything
+    starts, so a clash is said at once, not after a log fills with retries."""
+    if port == 0:
+        return None
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None

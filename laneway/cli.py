@@ -1,21 +1,9 @@
-"""The `laneway` command: its parser and entry point. With `flags.py` the one place that reads
-the command line and the environment (through `core/env.py`); `processes.py` runs what it names.
+"""The `laneway` command's parser and entry point.
 
-  laneway up        nats-server + broker + worker + bridge on this machine, one command
-  laneway nats      an embedded nats-server with JetStream
-  laneway nats-config   users and permissions per tenant and service role
-  laneway broker    the scheduler (joins any NATS via --nats-url)
-  laneway worker    one engine (sim | vllm | openai) in a pool
-  laneway bridge    the OpenAI-compatible HTTP edge
-  laneway ops provision   streams, buckets, the settings file into KV (compose, Kubernetes)
-  laneway classes   list | set: priority classes, live
-  laneway tenants   list | set: tenants, live
-  laneway routing   show | set | rollback | history of the routing rules
-  laneway eval      the eval gate: candidate vs current rules on the golden set
-  laneway usage     a tenant's metered usage (tokens, cost)
-  laneway loadtest  the load generator (scenarios from the reference designs)
-  laneway plan      the capacity and budget planner
-  laneway model prepare NAME DIR   a real small model for the vLLM engine, offline
+With `flags.py` this is the one place that reads the command line and the environment (through
+`core/env.py`); `processes.py` runs what it names. Each tool module gives `configure(parser)` and
+`run(args)` (`run_sync` when it needs no event loop). What users read is `DESCRIPTION` and each
+subcommand's help: no file names of this repository in them.
 """
 
 from __future__ import annotations
@@ -26,25 +14,44 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 
+from nats.errors import NoServersError
+
 from core import env
 from core.tracing import configure as configure_tracing
 from laneway import processes
 from laneway.flags import (
+    NoNats,
     add_nats_flags,
     at_least_one,
     edge_flags,
+    find_stack,
     gate_flags,
     limits_flags,
     metrics_flag,
+    ops_nats_flags,
+    unreachable,
 )
 
 log = logging.getLogger("laneway")
 
+DESCRIPTION = """\
+Laneway serves OpenAI-compatible LLM requests through NATS JetStream: an HTTP bridge, a broker
+that schedules priority classes and tenants fairly, and workers that run the engines.
+
+Start here:
+  laneway up                    everything on this machine (NATS, broker, worker, bridge)
+  laneway top                   a live view of the lanes, workers and bridges
+  laneway batches watch ID      follow a batch: a progress bar until it ends
+  laneway files list            a tenant's files (batch inputs, outputs, errors)
+
+Each command's own --help says more: laneway COMMAND --help
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="laneway", description=__doc__,
+    parser = argparse.ArgumentParser(prog="laneway", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--log-level", default=env.LOG_LEVEL.get())
+    parser.add_argument("--log-level", default=env.LOG_LEVEL.get(), help=f"[{env.LOG_LEVEL.name}]")
     sub = parser.add_subparsers(dest="command", required=True)
     parser.set_defaults(subcommands=sub.choices)
 
@@ -54,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=env.DATA_DIR.get())
     p.add_argument("--api-key", default=env.API_KEY.get(),
                    help="the demo tenant's key (generated and printed if absent)")
-    p.add_argument("--nats-port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--nats-port", type=int, default=0,
+                   help="0: the port of the last run on this data dir while it is free, else a free one "
+                        "(kept in DATA_DIR/nats-port)")
     p.add_argument("--settings", help="settings TOML (tenants, models) instead of the demo tenant")
     p.add_argument("--engine", choices=("sim", "vllm", "openai"), default="sim")
     p.add_argument("--model", help="model directory for --engine vllm")
@@ -71,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--brokers", type=at_least_one, default=1,
                    help="broker processes (they share the request stream; each is restarted alone)")
     p.add_argument("--workers", type=at_least_one, default=1, help="worker processes of the pool")
-    p.add_argument("--metrics", action="store_true",
-                   help="every broker and worker serves Prometheus metrics on a free port of its own "
-                        "(its --metrics-port, in `ps`; the bridge serves them at /metrics anyway)")
+    p.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="every broker and worker serves Prometheus metrics on a free loopback port of "
+                        "its own, listed with the bridge's in DATA_DIR/prometheus.yml (on by default; "
+                        "the bridge serves /metrics anyway)")
     p.set_defaults(run=processes.run_up)
 
     p = sub.add_parser("nats", help="an embedded nats-server with JetStream")
@@ -121,14 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=processes.run_bridge)
 
     # Tools: a module's configure(parser) and run(args), run_sync when it needs no event loop.
-    from laneway import nats_config, ops_config, ops_provision, ops_routing
+    from laneway import nats_config, ops_config, ops_provision, ops_routing, top
     from laneway import ops_usage as usage_report
 
     p = sub.add_parser("ops", help="operator one-shots: provision")
     ops_sub = p.add_subparsers(dest="ops_command", required=True)
     p = ops_sub.add_parser("provision", help="streams, buckets and the settings file into KV "
                                              "(create-if-absent), then exit: run it before the services")
-    add_nats_flags(p)
+    ops_nats_flags(p)
     limits_flags(p)
     ops_provision.configure(p)
     p.set_defaults(run_sync=processes.run_provision)
@@ -150,14 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
          ops_config.configure_classes, ops_config.run, sync=True)
     tool("tenants", "list or change tenants, live", ops_config.configure_tenants, ops_config.run, sync=True)
     def usage_flags(p: argparse.ArgumentParser) -> None:
-        add_nats_flags(p)
+        ops_nats_flags(p)
         usage_report.configure(p)
 
     tool("usage", "a tenant's metered usage from LW_USAGE (table or CSV)", usage_flags, usage_report.run,
          sync=True)
+    tool("top", "a live view of the lanes, workers and bridges, from their metrics",
+         top.configure, top.run, sync=False)
     tool("loadtest", "load generator: named scenarios, open or closed loop",
          generator.configure, generator.run, sync=True)
     tool("plan", "capacity and budget planner", planner.configure, planner.run, sync=True)
+    from laneway import ops_batches, ops_files
+
+    tool("batches", "list, watch, cancel and download a tenant's batches (the bridge's Batch API)",
+         ops_batches.configure, ops_batches.run, sync=True)
+    tool("files", "list, upload, download and delete a tenant's files (the bridge's Files API)",
+         ops_files.configure, ops_files.run, sync=True)
 
     p = sub.add_parser("model", help="model preparation")
     model_sub = p.add_subparsers(dest="model_command", required=True)
@@ -180,6 +198,26 @@ def _install_uvloop() -> None:
 TRACED = ("bridge", "broker", "worker")     # the processes a request's trace crosses
 
 
+def _operator_command(args: argparse.Namespace) -> int:
+    """A one-shot operator command: NATS as its flags or the environment say, else the stack
+    running on its --data-dir; a missing or unreachable NATS is one line that says what to do,
+    never a traceback."""
+    try:
+        find_stack(args)
+        if hasattr(args, "run_sync"):
+            return args.run_sync(args)
+        _install_uvloop()
+        return asyncio.run(args.run(args))
+    except NoNats as exc:
+        print(f"laneway {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except NoServersError as exc:
+        print(f"laneway {args.command}: {unreachable(args, exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -195,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"up: {exc}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "find_stack", False):
+        return _operator_command(args)
     if hasattr(args, "run_sync"):
         return args.run_sync(args)
     _install_uvloop()

@@ -4,6 +4,7 @@ configs they build. Each group of flags and the function that reads it back sit 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bridge.config import BridgeConfig
 from broker.config import DEFAULT_PII_MAX_CHARS
@@ -12,6 +13,7 @@ from core import env
 from core.connect import NatsSettings
 from core.settings import DEFAULT_CONTEXT_TOKENS
 from core.topology import StreamLimits
+from laneway import stack_dir
 
 
 def nats_from_env() -> NatsSettings:
@@ -29,6 +31,45 @@ def add_nats_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nats-password", default=d.password, help=f"[{env.NATS_PASSWORD.name}]")
     g.add_argument("--nats-tls-ca", default=d.tls_ca, metavar="PEM",
                    help=f"trust only this CA for TLS (tls:// URLs), not the system's [{env.NATS_TLS_CA.name}]")
+
+
+def ops_nats_flags(parser: argparse.ArgumentParser) -> None:
+    """An operator command's NATS flags: where neither a flag nor the environment names NATS, the
+    NATS of the `laneway up` running on --data-dir, as its ops user (`find_stack` below)."""
+    add_nats_flags(parser)
+    parser.add_argument("--data-dir", default=env.DATA_DIR.get(),
+                        help="without --nats-url: reach the `laneway up` running on this data dir, as its "
+                             f"ops user [{env.DATA_DIR.name}]")
+    parser.set_defaults(nats_url=env.NATS_URL.given(), find_stack=True)
+
+
+class NoNats(RuntimeError):
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(f"no NATS to reach: no --nats-url or ${env.NATS_URL.name}, and no `laneway up` runs "
+                         f"on the data dir {data_dir}. Start `laneway up` (or pass --data-dir of the one "
+                         f"running), or pass --nats-url URL / set {env.NATS_URL.name}")
+        self.data_dir = data_dir
+
+
+def find_stack(args: argparse.Namespace) -> None:
+    """Fill in an operator command's NATS URL from the stack running on its --data-dir when none
+    was given, and the ops user's login when none was given for that stack's URL. Raises NoNats
+    when there is neither a URL nor a stack: the default port would only fail further on."""
+    data_dir = Path(args.data_dir).resolve()
+    running = stack_dir.running(data_dir)
+    if args.nats_url is None:
+        if running is None:
+            raise NoNats(data_dir)
+        args.nats_url = running.nats_url
+    if (args.nats_user is None and running is not None and running.nats_url == args.nats_url
+            and (login := stack_dir.ops_login(running)) is not None):
+        args.nats_user, args.nats_password = login
+
+
+def unreachable(args: argparse.Namespace, exc: Exception) -> str:
+    return (f"cannot reach NATS at {args.nats_url} ({exc}). Is it running there? Without --nats-url and "
+            f"{env.NATS_URL.name}, an operator command reaches the `laneway up` running on its --data-dir "
+            f"({Path(args.data_dir).resolve()})")
 
 
 def nats_from_args(args: argparse.Namespace) -> NatsSettings:
@@ -170,3 +211,35 @@ def metrics_flag(parser: argparse.ArgumentParser) -> None:
     # pass 0.0.0.0 behind their network policy / unpublished ports).
     parser.add_argument("--metrics-host", default="127.0.0.1",
                         help="address the metrics listener binds (default loopback only)")
+
+
+# `laneway up` keeps its demo tenant's key here, in its data dir: the Files and Batches commands
+# fall back to it, so they work on the machine that runs `up` with nothing exported.
+DEMO_KEY_FILE = "demo-api-key"
+
+
+def api_flags(parser: argparse.ArgumentParser) -> None:
+    """--base-url, --api-key, --data-dir: a bridge's OpenAI API and a tenant's key for it."""
+    g = parser.add_argument_group("the bridge")
+    g.add_argument("--base-url", default=env.BASE_URL.given(),
+                   help=f"its OpenAI API [{env.BASE_URL.name}; else the bridge of the `laneway up` running on "
+                        f"--data-dir; else {env.BASE_URL.default}]")
+    g.add_argument("--api-key", default=env.API_KEY.get(),
+                   help=f"a tenant's key [{env.API_KEY.name}; else the demo key of `laneway up` in --data-dir]")
+    g.add_argument("--data-dir", default=env.DATA_DIR.get(), help=f"`laneway up`'s data dir [{env.DATA_DIR.name}]")
+
+
+def base_url_from_args(args: argparse.Namespace) -> str:
+    if args.base_url:
+        return args.base_url
+    running = stack_dir.running(Path(args.data_dir).resolve())
+    return f"{running.url}/v1" if running is not None and running.url else env.BASE_URL.default
+
+
+def api_key_from_args(args: argparse.Namespace) -> str | None:
+    if args.api_key:
+        return args.api_key
+    path = Path(args.data_dir) / DEMO_KEY_FILE
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None

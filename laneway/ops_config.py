@@ -23,7 +23,7 @@ from core.connect import connect_once
 from core.policy import classes as class_docs
 from core.policy import tenants as tenant_docs
 from core.topology import ensure_class_consumer
-from laneway.flags import add_nats_flags, nats_from_args
+from laneway.flags import nats_from_args, ops_nats_flags
 
 _CLASS_FLAGS = {"rank": int, "max_queue_wait_s": float, "max_tenant_depth": int,
                 "max_slot_share": float, "starve_after_s": float}
@@ -33,7 +33,7 @@ _TENANT_FLAGS = {"weight": float, "default_class": str}
 
 
 def configure_classes(parser: argparse.ArgumentParser) -> None:
-    add_nats_flags(parser)
+    ops_nats_flags(parser)
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="every class and its policy")
     p = sub.add_parser("set", help="create or change a class")
@@ -45,7 +45,7 @@ def configure_classes(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_tenants(parser: argparse.ArgumentParser) -> None:
-    add_nats_flags(parser)
+    ops_nats_flags(parser)
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="every tenant (key hashes only)")
     p = sub.add_parser("set", help="create or change a tenant")

@@ -41,7 +41,7 @@ from core.routing.eval_gate import (
     save_results,
 )
 from core.routing.rules import RuleSet, RuleSetError, decode
-from laneway.flags import add_nats_flags
+from laneway.flags import ops_nats_flags
 
 
 def http_completer(session: aiohttp.ClientSession, base_url: str, api_key: str,
@@ -71,7 +71,7 @@ def http_completer(session: aiohttp.ClientSession, base_url: str, api_key: str,
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_nats_flags(parser)
+    ops_nats_flags(parser)
     parser.add_argument("--rules", required=True, type=Path, help="candidate rule set (JSON)")
     parser.add_argument("--baseline", type=Path, help="compare with this file instead of the stored rules")
     parser.add_argument("--golden", type=Path, default=GOLDEN_PATH)

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 from core import env
-from laneway.flags import add_nats_flags
+from laneway.flags import ops_nats_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_nats_flags(parser)
+    ops_nats_flags(parser)
     sub = parser.add_subparsers(dest="routing_command", required=True)
     p = sub.add_parser("show", help="the current rule set and its version")
     p.add_argument("--json", action="store_true", help="only the rule set document")

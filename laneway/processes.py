@@ -115,12 +115,20 @@ async def run_bridge(args: argparse.Namespace) -> int:
 
 async def run_nats(args: argparse.Namespace) -> int:
     from core.natsd import NatsServer
+    from core.owner import DirInUse
 
     server = NatsServer(Path(args.data_dir) / "nats", host=args.host, port=args.nats_port,
                         config_file=Path(args.config) if args.config else None)
-    async with server:
+    try:
+        await server.start()
+    except DirInUse as exc:
+        print(f"laneway nats: {exc}: stop it first, or choose another --data-dir", file=sys.stderr)
+        return 2
+    try:
         print(f"nats-server with JetStream on {server.url} (store {server.store_dir})", flush=True)
         await until_signalled(asyncio.Event())
+    finally:
+        await server.stop()
     return 0
 
 

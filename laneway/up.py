@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -27,17 +27,20 @@ from core import env
 from core.connect import NatsSettings
 from core.lifetime import tied_to_this_process
 from core.natsd import NatsServer, encryption_key
+from core.owner import DirInUse, Owner, OwnerLock
 from core.policy.tenants import Tenant, hash_key
-from core.ports import free_port
+from core.ports import free_port, port_taken
 from core.provision import provision_at
 from core.settings import BadSettings, LogicalModel, Settings, load_serving_settings
+from laneway import scrape_config, stack_dir
 from laneway.banner import banner
-from laneway.flags import stream_limits
+from laneway.flags import DEMO_KEY_FILE, stream_limits
 from laneway.nats_config import UpAuth, up_auth, write_private
 from laneway.supervise import Supervisor
 from schemas.subjects import Subjects
 
 STOP_GRACE_S = 20.0
+NATS_HOST = "127.0.0.1"     # the embedded nats-server listens on loopback only
 
 
 def _settings_toml(settings: Settings) -> str:
@@ -60,9 +63,10 @@ def _engine_defaults(args: argparse.Namespace) -> tuple[str, str]:
     return args.model_name or "laneway-sim", args.pool or "sim"
 
 
-async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
+async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None, owned: OwnerLock,
                  name: str | None = None, secrets_env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
-    """`name` tells apart several children of one role (`broker-2`): their logs and restarts."""
+    """`name` tells apart several children of one role (`broker-2`): their logs and restarts.
+    Each holds the data dir's lock too, so it stays owned until the last child has ended."""
     child_env = env.child(secrets_env)
     if auth is not None:    # in the environment, not argv, where any local user could read it
         child_env[env.NATS_USER.name], child_env[env.NATS_PASSWORD.name] = auth.services[role]
@@ -70,7 +74,7 @@ async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "laneway.cli", role, *argv,
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            preexec_fn=tied_to_this_process(), env=child_env)
+            preexec_fn=tied_to_this_process(), env=child_env, pass_fds=(owned.fd,))
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -125,22 +129,10 @@ def log_tail(log_dir: Path, name: str, lines: int = 4) -> str:
     return "".join(f"\n  {name}.log: {line[:300]}" for line in tail)
 
 
-def port_taken(host: str, port: int) -> str | None:
-    """Why the bridge could not listen on host:port now (None: it could). Checked before anything
-    starts, so a clash is said at once, not after the bridge's log fills with retries."""
-    if port == 0:
-        return None
-    try:
-        socket.create_server((host, port)).close()
-    except OSError as exc:
-        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-    return None
-
-
 def _demo_key(data_dir: Path, requested: str | None) -> tuple[str, str, bool]:
     """(the demo tenant's key, a note, whether it differs from the last run's). A generated key
     is kept in the data dir (0600), so `up` again on the same data dir keeps the same key."""
-    path = data_dir / "demo-api-key"
+    path = data_dir / DEMO_KEY_FILE
     previous = path.read_text().strip() if path.is_file() else None
     key = requested or previous or f"lw-{secrets.token_urlsafe(24)}"
     if key != previous:
@@ -196,11 +188,9 @@ def instances(role: str, n: int) -> list[str]:
     return [role] if n == 1 else [f"{role}-{i}" for i in range(1, n + 1)]
 
 
-def _metrics_port(enabled: bool) -> list[str]:
-    """A free port of a child's own for its Prometheus metrics, kept across its restarts."""
-    if not enabled:
-        return []
-    return ["--metrics-port", str(free_port())]
+def _metrics_argv(ports: dict[str, int], name: str) -> list[str]:
+    """The child's own port for its Prometheus metrics (chosen once: kept across its restarts)."""
+    return ["--metrics-port", str(ports[name])] if name in ports else []
 
 
 def worker_argvs(argv: list[str], n: int) -> list[list[str]]:
@@ -249,7 +239,22 @@ def route_flags(tokens: list[str], role_parsers: dict[str, argparse.ArgumentPars
 
 
 async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
-    data_dir = Path(args.data_dir).resolve()
+    """The data dir is owned before anything in it is read or written, and until the end."""
+    data_dir, url = Path(args.data_dir).resolve(), f"http://{args.host}:{args.port}"
+    try:
+        owned = await stack_dir.claim(data_dir, url)
+    except DirInUse as exc:
+        print(f"laneway up: {exc}: stop it first (Ctrl-C in its terminal), or choose another --data-dir",
+              file=sys.stderr)
+        return 2
+    try:
+        return await _up(args, forwarded, data_dir, url, owned)
+    finally:
+        owned.release()
+
+
+async def _up(args: argparse.Namespace, forwarded: dict[str, list[str]], data_dir: Path, url: str,
+              owned: OwnerLock) -> int:
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     model, pool = _engine_defaults(args)
@@ -274,16 +279,28 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         print(f"laneway up: {taken}: another process serves there (a Laneway started before?); "
               "stop it, or choose another --port", file=sys.stderr)
         return 2
+    if (taken := port_taken(NATS_HOST, args.nats_port)) is not None:
+        print(f"laneway up: NATS {taken}: stop what serves there, or choose another --nats-port", file=sys.stderr)
+        return 2
+    nats_port, moved = stack_dir.nats_port(data_dir, NATS_HOST, args.nats_port)
+    if moved:
+        print(f"laneway up: {moved}", file=sys.stderr)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
     auth = None if args.no_nats_auth else up_auth(Subjects(_prefix(forwarded)), settings.tenants.values(), data_dir)
-    nats = NatsServer(data_dir / "nats", port=args.nats_port,
+    nats = NatsServer(data_dir / stack_dir.STORE_DIR, host=NATS_HOST, port=nats_port,
                       config_file=auth.authorization_file if auth else None,
                       encryption_key_file=None if args.no_encrypt_at_rest else data_dir / "nats" / "jetstream.key")
-    await nats.start()
+    try:
+        await nats.start()
+    except DirInUse as exc:      # a `laneway nats` on this data dir's store
+        print(f"laneway up: {exc}: stop it first, or choose another --data-dir", file=sys.stderr)
+        return 2
+    owned.update(Owner(pid=os.getpid(), url=url, nats_url=nats.url,
+                       credentials=str(auth.credentials_file) if auth else ""))
     common = ["--nats-url", nats.url]
     bridge_argv = common + ["--host", args.host, "--port", str(args.port), "--settings", str(settings_path),
                             *forwarded["bridge"]]
@@ -293,11 +310,14 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
     broker_argv = common + ["--pii", args.pii] + forwarded["broker"]
 
     def start(role: str, argv: list[str], name: str, secrets_env: dict[str, str] | None = None):
-        return lambda: _spawn(role, argv, log_dir, auth, name, secrets_env)
+        return lambda: _spawn(role, argv, log_dir, auth, owned, name, secrets_env)
 
-    starts = {name: start("broker", broker_argv + _metrics_port(args.metrics), name)
+    children = instances("broker", args.brokers) + instances("worker", args.workers)
+    ports = {name: free_port() for name in children} if args.metrics else {}
+    scrape_file = scrape_config.write(data_dir, scrape_config.up_targets(args.host, args.port, ports))
+    starts = {name: start("broker", broker_argv + _metrics_argv(ports, name), name)
               for name in instances("broker", args.brokers)}
-    starts |= {name: start("worker", argv + _metrics_port(args.metrics), name) for name, argv in
+    starts |= {name: start("worker", argv + _metrics_argv(ports, name), name) for name, argv in
                zip(instances("worker", args.workers), worker_argvs(worker_argv, args.workers))}
     starts["bridge"] = start("bridge", bridge_argv, "bridge", _bridge_secrets(data_dir))
     procs: dict[str, asyncio.subprocess.Process] = {}
@@ -307,7 +327,6 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         await _provision(args, forwarded, nats.url, auth, settings, overwrite)
         for name, start_child in starts.items():
             procs[name] = await start_child()
-        url = f"http://{args.host}:{args.port}"
         ready = asyncio.create_task(_wait_ready(url, procs, args.startup_timeout, args.brokers, pool, args.workers))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -320,8 +339,8 @@ async def up(args: argparse.Namespace, forwarded: dict[str, list[str]]) -> int:
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
         counts = {"broker": args.brokers, "worker": args.workers, "bridge": 1}
-        print(banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {})),
-              flush=True)
+        print(banner(url, api_key, model, key_note, nats.url, log_dir, auth, counts, state.get("pii", {}),
+                     scrape_file, args.metrics), flush=True)
         if "missing" in state.get("pii", {}):
             print(f"laneway: ERROR: the PII stage is NOT RUNNING (see {log_dir}/broker.log): tenants whose "
                   "policy asks for PII handling are refused with 503 pii_unavailable", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ workers start as soon as nats-server listens (its port is chosen here and passed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import socket
 import sys
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import aiohttp
 
+from core.policy.pii import TenantPiiPolicy
 from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port
 from loadtest.processes import LanewayUp
-from loadtest.promtext import Scrape, parse
+from core.promtext import Scrape, parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 
 ROLES = ("nats-server", "bridge", "broker", "worker")
@@ -38,6 +40,8 @@ def settings_toml(tenants: tuple[TenantSpec, ...] | list[TenantSpec], pools: tup
         lines += [f"[tenants.{t.name}]", f'api_key_sha256 = ["{hash_key(api_key(t.name))}"]',
                   f'default_class = "{t.default_class}"', f"classes = [{classes}]",
                   f"weight = {float(t.weight)}", *t.more, ""]
+        if not t.pii:
+            lines += [f"[tenants.{t.name}.pii]", "enabled = false", ""]
     for model, pool in sorted({(p.model, p.pool) for p in pools}):
         lines += [f'[models."{model}"]', f'pool = "{pool}"', ""]
     for p in pools:     # LoRA adapters on the pool's model (the sim loads any path: it has no weights)
@@ -229,9 +233,10 @@ class Fleet:
         docs = []
         for i, t in enumerate(self.tenants):
             if t.name in weights:
-                self.tenants[i] = t = TenantSpec(t.name, weights[t.name], t.classes, t.default_class, t.more)
+                self.tenants[i] = t = dataclasses.replace(t, weight=weights[t.name])
                 docs.append(Tenant(name=t.name, api_key_sha256=[hash_key(self.keys[t.name])],
-                                   default_class=t.default_class, classes=list(t.classes), weight=t.weight))
+                                   default_class=t.default_class, classes=list(t.classes), weight=t.weight,
+                                   pii=TenantPiiPolicy(enabled=t.pii)))
         nc = await self.up.connect_nats("ops")
         try:
             await put_tenants(nc.jetstream(), Subjects(), docs)

@@ -7,8 +7,8 @@
 
 By default it starts the system itself (`laneway up` with the scenario's tenants and models plus
 extra simulated workers, all separate processes) and stops it after. With `--url` (HTTP) or
-`--nats-url` (NATS) it drives an existing deployment instead. Scenarios come from the two
-reference documents (`loadtest/scenarios.py`); `--scale` multiplies rates, users and workers.
+`--nats-url` (NATS) it drives an existing deployment instead. The scenarios are in
+`loadtest/scenarios.py`; `--scale` multiplies rates, users and workers.
 The engine is a SIMULATION (modelled GPU step times): every figure is labelled so.
 
 Per class, tenant and flow: TTFT, inter-token latency and end-to-end p50/p95/p99, throughput,
@@ -174,7 +174,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.list or not args.scenario:
         for s in scenarios.SCENARIOS.values():
-            print(f"{s.name:<22} {s.description}\n{'':<22} from {s.source}")
+            print(f"{s.name:<22} {s.description}\n{'':<22} ({s.source})")
         return 0 if args.list else 2
     s = scenarios.get(args.scenario).scaled(args.scale).with_duration(args.duration)
     doc = asyncio.run(run_scenario(s, target=args.target, url=args.url, keys=_keys(args.api_key),

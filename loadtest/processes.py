@@ -172,7 +172,7 @@ class LanewayUp:
     async def schedulers(self, http) -> list[int]:
         """The brokers whose `laneway_broker_scheduler` gauge reads 1 (`up --metrics` serves it);
         `http` is an aiohttp session. A broker not serving its metrics (restarting) is not one."""
-        from loadtest.promtext import parse
+        from core.promtext import parse
 
         found = []
         for pid in self.role_pids("broker"):

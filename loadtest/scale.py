@@ -40,7 +40,7 @@ from loadtest.fleet import ROLES, Fleet, rss_bytes
 from loadtest.generator import raise_fd_limit
 from loadtest.phases import settle
 from loadtest.progress import Progress
-from loadtest.promtext import bucket_delta, fraction_at_most, histogram_quantile
+from core.promtext import bucket_delta, fraction_at_most, histogram_quantile
 from loadtest.results import error_kind, run_document, token_times
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary

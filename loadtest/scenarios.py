@@ -51,6 +51,7 @@ class TenantSpec:
     weight: float = 1.0
     classes: tuple[str, ...] = CLASSES
     default_class: str = "interactive"
+    pii: bool = True            # its PII policy: the default one, or off (nothing looked for)
     more: tuple[str, ...] = ()      # more of its document, as TOML lines (`storage.files = 3`)
 
 
@@ -124,7 +125,7 @@ def _b2b() -> Scenario:
         name="b2b-100k-dau",
         description="B2B SaaS customer-service chat: 5,000 concurrent users with think time, "
                     "20 tenants, interactive class, p95 < 1 s",
-        source="reference/000 (Designing LLM Serving for a B2B SaaS with 100k DAUs)",
+        source="sized as a B2B SaaS chat service with 100k daily users",
         flows=flows, tenants=tenants,
         pools=(PoolSpec(profile="llama-8b-h100", workers=8, max_seqs=128),),
         duration_s=120.0)
@@ -148,7 +149,7 @@ def _cost_stack() -> Scenario:
         name="cost-stack-120qps",
         description="Cost-optimized multi-model stack: 120 QPS Poisson, ~1.5K tokens in / 400 out, "
                     "70% to an 8B pool and 30% to a 70B pool, chat p95 TTFT < 800 ms",
-        source="reference/004 (Cost-Optimized LLM Inference Stack)",
+        source="sized as a cost-optimized inference stack: an 8B and a 70B pool",
         flows=flows, tenants=tenants,
         pools=(PoolSpec("laneway-8b", "small", "llama-8b-h100", workers=20, max_seqs=256),
                PoolSpec("laneway-70b", "large", "llama-70b-fp8-2xh100", workers=10, max_seqs=256)),
@@ -161,7 +162,7 @@ def _batch_flood() -> Scenario:
         name="batch-flood",
         description="Interactive chats (Poisson) while a batch job keeps the pool full of long "
                     "generations: the head-of-line blocking case the lanes exist for",
-        source="reference/004 (Bottlenecks at scale: head-of-line blocking → latency classes)",
+        source="the case for latency classes: head-of-line blocking at scale",
         flows=(Flow("chat", "acme", "interactive", rate=40.0, prompt_tokens=200, max_tokens=48),
                Flow("flood", "bulkco", "batch", users=800, prompt_tokens=128, max_tokens=1024,
                     max_tokens_spread=0.5, ramp_s=2.0)),
@@ -176,7 +177,7 @@ def _fairness() -> Scenario:
         name="two-tenant-fairness",
         description="Two tenants in the standard class with equal weights, offered load 10:1 "
                     "(closed loop, no think time), both backlogged: served shares should be 50/50",
-        source="reference/004 (tenant quotas) and DESIGN.md (tenant-fair queues)",
+        source="the case for tenant-fair queues within a class",
         flows=(Flow("heavy", "heavy", "standard", users=2400, prompt_tokens=64, max_tokens=64),
                Flow("light", "light", "standard", users=240, prompt_tokens=64, max_tokens=64)),
         tenants=(TenantSpec("heavy", default_class="standard"), TenantSpec("light", default_class="standard")),

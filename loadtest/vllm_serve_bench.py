@@ -35,7 +35,7 @@ from core import env as core_env
 from loadtest.benchcli import main
 from loadtest.fleet import Fleet
 from loadtest.processes import metrics_port
-from loadtest.promtext import parse
+from core.promtext import parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 
 SCENARIO = "cost-stack-120qps"

@@ -73,6 +73,7 @@ class Finished(msgspec.Struct, tag=1, array_like=True, gc=False):
     vectors: list[bytes] = []       # an embedding request's answer: float32 little-endian, per input
     headers: dict[str, str] = {}    # for the edge's answer when no Delta came first (embeddings)
     messages: bytes = b""           # the chat messages the engine got (JSON), when the request asked (echo_input)
+    fields: bytes = b""             # the chat's other texts and `kept`, so (`GenerateRequest.echoed_fields`)
 
 
 class StreamError(msgspec.Struct, tag=2, array_like=True, gc=False):

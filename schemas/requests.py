@@ -8,13 +8,13 @@ refuse by name. Schema evolution follows msgspec's rules: new fields go last, wi
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
 from schemas.checks import Invalid, check_body
-from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody
+from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, ResponseFormat, Tool, ToolChoice
 
 _encode_json = msgspec.json.Encoder().encode
 MAX_ECHO_BYTES = 512 * 1024     # half of NATS's default max_payload: a Finished entry must fit in a frame
@@ -25,6 +25,16 @@ Token = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 # The output length the broker assumes for cost and KV reservation when the client sets no
 # limit (the engine then generates up to the model's context): the reference shape's 400 out.
 EXPECTED_OUTPUT_TOKENS = 400
+
+
+class Echoed(msgspec.Struct, omit_defaults=True, gc=False):
+    """A chat's texts besides its messages, as the engine's side holds them (`Finished.fields`)."""
+
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    kept: dict[str, Any] | None = None      # `GenerateRequest.kept` (encoded from its bytes, as they are)
 
 
 class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
@@ -51,6 +61,11 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     # Send the chat messages back on `Finished.messages` as the engine got them (redacted where the
     # tenant's PII policy says): a stored response keeps that input, never the raw one.
     echo_input: bool = False
+    # The body's fields that the edge stores beside the answer and that no engine reads (a JSON
+    # object: a Response's `metadata`, `safety_identifier`, `prompt_cache_key`). The gate
+    # analyses them like `extra`; `Finished.fields` brings them back as the tenant's policy left
+    # them, so that what is stored is never the raw value.
+    kept: bytes = b""
 
     def echoed_input(self) -> bytes:
         """What `Finished.messages` carries for this request: its chat messages as JSON, when asked
@@ -60,6 +75,19 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
             return b""
         echoed = _encode_json(self.chat.messages)
         return echoed if len(echoed) <= MAX_ECHO_BYTES else b""
+
+    def echoed(self) -> tuple[bytes, bytes]:
+        """What `Finished.messages` and `Finished.fields` carry: `echoed_input()`, and the chat's
+        other texts a stored response repeats (tools, tool_choice, response_format, user) with
+        `kept`, as the engine's side holds them (redacted), when they fit beside the messages
+        under MAX_ECHO_BYTES (else nothing: the store withholds them)."""
+        messages = self.echoed_input()
+        if not self.echo_input or self.chat is None:
+            return messages, b""
+        chat = self.chat
+        fields = _encode_json(Echoed(chat.tools, chat.tool_choice, chat.response_format, chat.user,
+                                     msgspec.Raw(self.kept) if self.kept else None))
+        return messages, fields if len(messages) + len(fields) <= MAX_ECHO_BYTES else b""
 
     def validate_shape(self) -> None:
         """Cross-field rules msgspec types cannot express; raises `checks.Invalid` naming the field."""

@@ -1,8 +1,9 @@
 """A stored response as the `lw_responses` bucket holds it (key `<tenant>.<id>`, msgpack).
 
 The JSON members are kept as the bytes the edge answers with, so a GET serves them without
-re-encoding. What is stored of the input is only what came back from the engine's side
-(`Finished.messages`): the input as the tenant's PII policy let it reach the model.
+re-encoding. What is stored of the request is only what came back from the engine's side
+(`Finished.messages`, `Finished.fields`): the input, and every text the Response repeats of the
+request, as the tenant's PII policy let them through.
 Fields are append-only, with defaults (msgspec's schema evolution).
 """
 

@@ -1,8 +1,11 @@
-"""The worker's Prometheus metrics, bounded labels (pool, class, finish reason, publish kind)."""
+"""The worker's Prometheus metrics, bounded labels (pool, class, finish reason, publish kind, and the
+tenant, which its request's subject names: only a configured tenant's NATS user may publish there)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from core.metrics import LiveSeries
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -13,6 +16,12 @@ class WorkerMetrics:
         r = self.registry
         self.slots_in_use = Gauge("laneway_worker_slots_in_use", "Sequences running in the engine", ["pool"], registry=r)
         self.slots_total = Gauge("laneway_worker_slots_total", "Engine sequence slots", ["pool"], registry=r)
+        self.running = LiveSeries(Gauge("laneway_worker_running", "Sequence slots held, by class and tenant",
+                                        ["pool", "class", "tenant"], registry=r))
+        self.kv_tokens = Gauge("laneway_worker_kv_tokens", "The engine's KV cache in tokens (0: not reported)",
+                               ["pool"], registry=r)
+        self.kv_free_tokens = Gauge("laneway_worker_kv_free_tokens", "KV-cache tokens free for new sequences",
+                                    ["pool"], registry=r)
         self.tokens = Counter("laneway_worker_tokens_total", "Tokens generated", ["pool", "class"], registry=r)
         self.prompt_tokens = Counter("laneway_worker_prompt_tokens_total", "Prompt tokens of metered requests",
                                      ["pool", "class"], registry=r)

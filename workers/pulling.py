@@ -89,6 +89,10 @@ class Puller:
         free = min(cap.free_slots, cap.total_slots - taken)
         self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
         self.metrics.slots_in_use.labels(self.config.pool).set(taken)
+        self.metrics.kv_tokens.labels(self.config.pool).set(cap.kv_tokens)
+        self.metrics.kv_free_tokens.labels(self.config.pool).set(cap.token_budget)
+        self.metrics.running.set({(self.config.pool, klass, tenant): n for klass, held in tenant_slots.items()
+                                  for tenant, n in held.items()})
         if free <= 0:
             return None
         self._reported_prefill, self._step_tokens = sum(prefill.values()), cap.step_tokens

@@ -179,10 +179,11 @@ class Serving:
                             self._emit(active, held)
                     reason = "cancelled" if active.cancelled else out.finish_reason
                     told = 0 if self.engine.shared_prefix_cache else out.cached_tokens
+                    messages, fields = r.echoed()
                     finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
                                         TokenUsage(out.prompt_tokens, out.completion_tokens, told),
                                         self.engine.model, out.finish_reasons, out.vectors,
-                                        messages=r.echoed_input())
+                                        messages=messages, fields=fields)
                     active.cached_tokens = out.cached_tokens      # metered whatever the client is told
                 if gate is not None and gate.verdict is Verdict.ESCALATE:
                     break   # leaving the iterator aborts the small request in the engine

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from bridge.batch.store import BatchStore
 from bridge.chat import authenticate
-from bridge.errors import EdgeError, not_found
+from bridge.errors import EdgeError, not_found, unanalysed
 from bridge.file_store import FileStore
 from bridge.files import json_response
 from bridge.paging import page_query, window
@@ -57,6 +57,8 @@ class BatchesApi:
             ask = _decode_create(await request.read())
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise EdgeError(ErrorCode.invalid_request, f"not a valid batch: {exc}") from None
+        if ask.metadata and tenant.pii.looks:     # no generation carries it past the PII stage
+            raise unanalysed("a batch's metadata", "metadata", "leave it out")
         if ask.endpoint not in ENDPOINTS:
             raise EdgeError(ErrorCode.invalid_request, f"endpoint must be one of {list(ENDPOINTS)}", "endpoint")
         self._check_class(tenant)

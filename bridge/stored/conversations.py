@@ -3,9 +3,10 @@ conversation is a record `<tenant>.conv_<id>` holding its items in order. A resp
 `conversation` reads them as its history and, once it has ended, appends its input (as the engine
 got it: redacted) and its output (`append`).
 
-Items a client adds directly (on create, or `POST .../items`) would be stored as the client sent
-them: that is only allowed for a tenant whose PII policy redacts nothing; any other gets a 400
-and adds its turns through responses. Every lookup is under the caller's tenant (404 otherwise).
+Items a client adds directly (on create, or `POST .../items`) and the conversation's metadata
+would be stored as the client sent them, never seen by the PII stage: that is only allowed for a
+tenant whose PII policy redacts nothing; any other gets a 400 (and adds its turns through
+responses). Every lookup is under the caller's tenant (404 otherwise).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from bridge.chat import authenticate
-from bridge.errors import EdgeError, not_found, storage_refused
+from bridge.errors import EdgeError, not_found, storage_refused, unanalysed
 from bridge.responses import item_messages
 from bridge.stored.items import page, to_items
 from bridge.stored.routes import json_answer, paged
@@ -59,8 +60,11 @@ def _decode(raw: bytes, kind: type) -> Any:
         raise EdgeError(ErrorCode.invalid_request, f"the body is not valid JSON: {exc}") from None
 
 
-def _plain_items_allowed(tenant: Tenant) -> bool:
-    return not tenant.pii.enabled or not tenant.pii.detected()
+def _check_metadata(tenant: Tenant, body: ConversationBody) -> None:
+    """Metadata no generation carries past the PII stage: kept only where the policy looks for nothing."""
+    if body.metadata and tenant.pii.looks:
+        raise unanalysed("a conversation's metadata", "metadata", "leave it out (a response's metadata is analysed "
+                         "and kept)")
 
 
 class Conversations:
@@ -130,15 +134,14 @@ class Conversations:
         return tenant, cid, *found
 
     def _client_items(self, tenant: Tenant, cid: str, items: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
-        if not _plain_items_allowed(tenant):
-            raise EdgeError(ErrorCode.invalid_request, "items added directly would be stored unredacted, and this "
-                            "API key's PII policy redacts; add turns with POST /v1/responses and conversation",
-                            "items")
+        if tenant.pii.looks:
+            raise unanalysed("items added directly", "items", "add turns with POST /v1/responses and conversation")
         return to_items(item_messages(items, "items"), cid[len(CONVERSATION_PREFIX):], start)
 
     async def create(self, request: web.Request) -> web.Response:
         tenant = authenticate(request, self.catalogue.tenants)
         body = _decode(await request.read(), ConversationBody)
+        _check_metadata(tenant, body)
         try:
             await self.store.budget.admit(tenant.name, tenant.storage)
         except StorageExceeded as exc:
@@ -159,6 +162,7 @@ class Conversations:
         body = _decode(await request.read(), ConversationBody)
         if body.items is not None or body.metadata is None:
             raise EdgeError(ErrorCode.invalid_request, "an update sets metadata, and only metadata", "metadata")
+        _check_metadata(tenant, body)
         conversation = orjson.dumps({**orjson.loads(record.conversation), "metadata": body.metadata})
         await self._put(tenant, cid, record, orjson.loads(record.items), after=revision, conversation=conversation)
         return json_answer(conversation)

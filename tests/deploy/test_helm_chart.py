@@ -42,6 +42,7 @@ import nats.errors
 import pytest
 import yaml
 
+from laneway.scrape_config import JOB_PREFIX, KINDS
 from schemas.subjects import service_inbox
 from tests.deploy.nats_checks import check_tenant_is_fenced, parse_accounts
 from tests.unit.test_deploy_stack import exported_metrics, promql_metrics
@@ -423,7 +424,7 @@ def test_monitoring_configmaps_reuse_the_deploy_files() -> None:
     config = yaml.safe_load(prom["prometheus.yml"])
     assert config["rule_files"] == ["alerts.yml"]
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
-    assert {"laneway-broker", "laneway-bridge", "laneway-worker", "nats"} <= set(jobs)
+    assert {f"{JOB_PREFIX}{kind}" for kind in KINDS} | {"nats"} <= set(jobs)    # as `laneway up` names them
     # Each Laneway pod is annotated with the port its process serves metrics on, and one job keeps it.
     keeps = {name: re.compile(rule["regex"]) for name, job in jobs.items() for rule in job["relabel_configs"]
              if rule.get("action") == "keep" and "app_kubernetes_io_component" in " ".join(rule["source_labels"])}

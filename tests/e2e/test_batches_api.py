@@ -24,7 +24,7 @@ MODEL = "laneway-sim"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
-    async with Fleet(tmp_path_factory.mktemp("batches") / "lw", [TenantSpec("acme"), TenantSpec("globex")],
+    async with Fleet(tmp_path_factory.mktemp("batches") / "lw", [TenantSpec("acme", pii=False), TenantSpec("globex")],
                      [PoolSpec(profile="zero")], up_flags=["--pii", "off"]) as running:
         yield running
 
@@ -85,6 +85,10 @@ async def test_a_batch_answers_every_line_in_openai_format(fleet: Fleet) -> None
                                    metadata={"job": "nightly"})
     check("Batch", batch)
     assert batch.status == "validating"
+    with pytest.raises(openai.BadRequestError) as err:     # globex's policy redacts: no raw metadata kept
+        await client(fleet, "globex").batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h", metadata={"job": "nightly"})
+    assert err.value.body["param"] == "metadata"
     done = await finished(c, batch.id)
     check("Batch", done)
     assert done.status == "completed", done

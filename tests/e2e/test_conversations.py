@@ -1,7 +1,7 @@
 """The Conversations API over the stored responses' bucket, with the official `openai` client, and
 responses created with `conversation`: the engine is handed the conversation so far, each ended
 turn is appended as the engine got it (PII redacted: the stack runs the regex PII stage), items
-a client adds directly are refused for a tenant whose policy redacts, and another tenant's key
+a client adds directly (and metadata) are refused for a tenant whose policy redacts, and another tenant's key
 finds nothing. The sim SIMULATES text: shapes and what the engine saw, never words."""
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ async def _items(client: openai.AsyncOpenAI, conversation_id: str, count: int) -
 
 
 async def test_a_conversation_is_created_read_updated_and_deleted(stack):
-    client = _client(stack)
+    client = _client(stack, PLAIN_KEY)      # metadata is kept only where nothing is redacted (below)
     created = await client.conversations.create(metadata={"topic": "billing"})
     assert created.id.startswith("conv_") and created.metadata == {"topic": "billing"}
-    headers = {"Authorization": f"Bearer {KEY}"}
+    headers = {"Authorization": f"Bearer {PLAIN_KEY}"}
     async with httpx.AsyncClient(base_url=stack.url, headers=headers) as http:
         validator("ConversationResource").validate((await http.get(f"/v1/conversations/{created.id}")).json())
         updated = await client.conversations.update(created.id, metadata={"topic": "refunds"})
@@ -96,14 +96,20 @@ async def test_responses_in_a_conversation_see_it_and_extend_it_redacted(stack, 
     assert err.value.body["param"] == "conversation"
 
 
-async def test_items_added_directly_only_where_nothing_is_redacted(stack):
+async def test_items_and_metadata_added_directly_only_where_nothing_is_redacted(stack):
     client, plain = _client(stack), _client(stack, PLAIN_KEY)
     with pytest.raises(openai.BadRequestError) as err:
         await client.conversations.create(items=[{"role": "user", "content": f"mail {EMAIL}"}])
     assert err.value.body["param"] == "items"
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.conversations.create(metadata={"customer": EMAIL})
+    assert err.value.body["param"] == "metadata"
     conversation = await client.conversations.create()
     with pytest.raises(openai.BadRequestError):
         await client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.conversations.update(conversation.id, metadata={"customer": EMAIL})
+    assert err.value.body["param"] == "metadata"
 
     created = await plain.conversations.create(items=[{"role": "user", "content": "first"}])
     added = await plain.conversations.items.create(created.id, items=[
@@ -120,8 +126,8 @@ async def test_items_added_directly_only_where_nothing_is_redacted(stack):
 
 
 async def test_another_tenants_key_finds_no_conversation(stack):
-    owner, other = _client(stack), _client(stack, OTHER_KEY)
-    conversation = await owner.conversations.create(metadata={"owner": "acme"})
+    owner, other = _client(stack, PLAIN_KEY), _client(stack, OTHER_KEY)
+    conversation = await owner.conversations.create(metadata={"owner": "plain"})
     with pytest.raises(openai.NotFoundError):
         await other.conversations.retrieve(conversation.id)
     with pytest.raises(openai.NotFoundError):
@@ -131,6 +137,6 @@ async def test_another_tenants_key_finds_no_conversation(stack):
     with pytest.raises(openai.NotFoundError) as err:
         await other.responses.create(model=MODEL, input="hi", conversation=conversation.id)
     assert err.value.body["param"] == "conversation"
-    assert (await owner.conversations.retrieve(conversation.id)).metadata == {"owner": "acme"}
+    assert (await owner.conversations.retrieve(conversation.id)).metadata == {"owner": "plain"}
     with pytest.raises(openai.NotFoundError):        # a response id is no conversation id, and back
         await owner.responses.retrieve(conversation.id)

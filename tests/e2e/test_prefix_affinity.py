@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from loadtest.fleet import Fleet
 from loadtest.processes import metrics_port
-from loadtest.promtext import parse
+from core.promtext import parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 from loadtest.sessions import prose, system_prompt
 

@@ -203,6 +203,29 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
     assert req.chat.messages[1].tool_calls[0].function.arguments.count(EMAIL) == 1   # input untouched
 
 
+async def test_what_the_edge_keeps_is_analysed_like_the_prompt_and_never_reaches_the_engine(gate: PiiGate) -> None:
+    """`kept` (a Response's metadata, safety_identifier, prompt_cache_key: stored, read by no
+    engine) is redacted like `extra`, keys too, and named by its fields; the body is left as it was."""
+    import orjson
+
+    from broker.gate.pii import PiiRefused
+
+    kept = orjson.dumps({"metadata": {"who": f"cc {EMAIL}", CARD: "card"}, "safety_identifier": PHONE})
+    body = chat("hi", max_tokens=4)
+    req = GenerateRequest(request_id="r-kept", tenant="acme", klass="interactive", model=body.model,
+                          reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body, kept=kept)
+    d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
+    assert d.action == "redacted" and out.chat is req.chat
+    assert {(f.param, f.entity_type) for f in d.findings} == {
+        ("metadata", "EMAIL_ADDRESS"), ("metadata", "CREDIT_CARD"), ("safety_identifier", "PHONE_NUMBER")}
+    assert orjson.loads(out.kept) == {"metadata": {"who": "cc <EMAIL_ADDRESS>", "<CREDIT_CARD>": "card"},
+                                      "safety_identifier": "<PHONE_NUMBER>"}
+    d, _ = await gate.inspect_request("acme", TenantPiiPolicy(), msgspec.structs.replace(req, kept=b"[1]"))
+    with pytest.raises(PiiRefused) as err:
+        d.raise_if_blocked()
+    assert err.value.param == "kept"
+
+
 async def test_a_schema_found_clean_is_skipped_next_turn_and_one_with_pii_never_is(gate: PiiGate) -> None:
     """An agent resends its tools every turn: a schema whose very bytes held nothing under this
     policy is not walked again; one that held something is redacted every time."""

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from loadtest.processes import LanewayUp, metrics_port
-from loadtest.promtext import parse
+from core.promtext import parse
 from tests.security.conftest import KEYS, write_settings
 from tests.wait import eventually
 

@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from loadtest.processes import LanewayUp, metrics_port
-from loadtest.promtext import parse
+from core.promtext import parse
 from schemas import codec
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually

@@ -5,7 +5,8 @@ No Docker engine runs here, so nothing is started. The checks:
 - every Laneway service runs a real `laneway` subcommand with flags that subcommand has, and its
   command line parses; pools, GPUs, NATS nodes and the settings file are consistent; a one-shot
   `laneway ops provision` runs before every service;
-- every Prometheus scrape target is a compose service on a port that service exposes and listens on;
+- every Prometheus scrape target is a compose service on a port that service exposes and listens on,
+  and each kind of process is scraped under the job `laneway up`'s scrape config gives it;
 - every metric named in the Grafana dashboard and the alert rules is exported by a `*Metrics`
   class of Laneway (or is a recording rule defined in the rules file);
 - promtool accepts the Prometheus config, the rules and every dashboard query (skipped without it).
@@ -28,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+
+from laneway.scrape_config import JOB_PREFIX, KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -241,6 +244,21 @@ def test_scrape_targets_are_services_on_exposed_ports() -> None:
     config = yaml.safe_load(PROMETHEUS.read_text())
     for rule_file in config.get("rule_files", []):
         assert (PROMETHEUS.parent / rule_file).is_file(), rule_file
+
+
+def test_every_process_kind_is_scraped_under_the_job_up_gives_it() -> None:
+    """Compose scrapes every kind of process (bridge, broker, worker) and under one job name per
+    kind, the one `laneway up`'s scrape config and the chart use (tests/deploy/test_helm_chart.py):
+    a board or a rule that picks a job works on all three."""
+    jobs_of: dict[str, set[str]] = {}
+    for job, host, _ in scrape_targets():
+        jobs_of.setdefault(host, set()).add(job)
+    kinds = set()
+    for name, command in laneway_services().items():
+        if command[0] in KINDS:
+            assert jobs_of.get(name) == {f"{JOB_PREFIX}{command[0]}"}, f"{name}: scraped by {jobs_of.get(name)}"
+            kinds.add(command[0])
+    assert kinds == set(KINDS), f"compose runs no {set(KINDS) - kinds}"
 
 
 # -- (d) dashboards and alerts name metrics Laneway exports ---------------------------------------

@@ -412,3 +412,13 @@ def test_tenant_headroom_invariant(total, held_a, held_b, kv, offered):
         if rest and len(chosen) < free:
             within = slots + 1 <= slot_cap and (kv_cap is None or cost + rest[0].cost <= kv_cap)
             assert slots and not within, "a pull stopped short with room for this tenant"
+
+
+def test_depths_by_class_and_tenant_count_only_what_waits():
+    lanes = Lanes(DEFAULT_CLASSES)
+    for tenant, klass in [("acme", "batch"), ("acme", "batch"), ("beta", "batch"), ("acme", "interactive")]:
+        lanes.admit(item(tenant, klass), now=0.0)
+    lanes.cancel("beta", next(i.request_id for i in lanes.waiting_items() if i.tenant == "beta"))
+    take(lanes)                                          # the interactive one goes first
+    depths = lanes.depths()
+    assert depths["batch"] == {"acme": 2} and depths["interactive"] == {}

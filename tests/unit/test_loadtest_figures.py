@@ -10,7 +10,7 @@ from core.policy.tenants import hash_key
 from loadtest import scenarios
 from loadtest.fleet import api_key, settings_toml
 from loadtest.http_client import Result
-from loadtest.promtext import bucket_delta, fraction_at_most, histogram_quantile, parse
+from core.promtext import bucket_delta, fraction_at_most, histogram_quantile, parse
 from loadtest.results import group_stats, to_json, token_times, tokens_in
 
 

@@ -119,7 +119,7 @@ def redact(found, needle: str, replacement: str) -> list[tuple[Slot, str]]:
 def test_write_back_copies_only_along_the_edited_paths() -> None:
     body = ChatBody(model="m", messages=[Message("system", "fixed"), Message("user", "mail a@b.c now")],
                     tools=CHAT.tools)
-    body_edits, extra_edits = split(redact(collect(body, {}), "a@b.c", "<EMAIL_ADDRESS>"))
+    body_edits, extra_edits, _ = split(redact(collect(body, {}), "a@b.c", "<EMAIL_ADDRESS>"))
     assert extra_edits == []
     out = edited(body, body_edits, [])
     assert out.messages[1].content == "mail <EMAIL_ADDRESS> now" and body.messages[1].content == "mail a@b.c now"

@@ -1,14 +1,18 @@
 """The stored responses' pure parts: chat messages → input items, paging, a background record's
-staleness, and the echo a worker sends back (never past the frame's room)."""
+staleness, the echo a worker sends back (never past the frame's room), and what a stored Response
+repeats of its request (only what came back from the gate: withheld until then)."""
 
 from __future__ import annotations
 
+import msgspec
 import orjson
 
+from bridge.render_stored import kept_of, stored_view
 from bridge.stored.items import page, to_items
 from bridge.stored.lifecycle import BRIDGE_LOST, ended, lost, running, stale
-from schemas.openai import ChatBody, FunctionCall, Message, ToolCall
-from schemas.requests import MAX_ECHO_BYTES, GenerateRequest
+from schemas.openai import ChatBody, FunctionCall, FunctionDef, JsonSchemaFormat, Message, ResponseFormat, Tool, ToolCall
+from schemas.requests import MAX_ECHO_BYTES, Echoed, GenerateRequest
+from schemas.responses import ResponsesBody, ResponsesTool, TextConfig, TextFormat
 from schemas.stored import StoredResponse
 
 
@@ -72,3 +76,46 @@ def test_a_streamed_background_response_keeps_its_last_events_within_the_bound()
     assert job.event_bytes <= MAX_STORED_EVENT_BYTES and sum(map(len, job.events)) == job.event_bytes
     assert job.first_event + len(job.events) == 400 and job.first_event > 0
     assert all(e.endswith(b"\n\n") and e.startswith(b"event: ") for e in job.events)
+
+
+
+def _asked() -> ResponsesBody:
+    return ResponsesBody(model="m", input="hi", instructions="Mail a@b.c", user="a@b.c",
+                         tools=[ResponsesTool(type="function", name="f", description="for a@b.c")],
+                         text=TextConfig(format=TextFormat(type="json_schema", name="t", description="a@b.c",
+                                                           schema={"type": "object"})),
+                         metadata={"who": "a@b.c"}, safety_identifier="a@b.c", prompt_cache_key="a@b.c")
+
+
+def test_a_stored_response_repeats_the_request_only_as_the_gate_left_it():
+    body = _asked()
+    raw = {"instructions": body.instructions, "tools": [{"type": "function", "name": "f", "description": "for a@b.c"}],
+           "tool_choice": "auto", "text": {"format": {"type": "json_schema", "description": "a@b.c"}},
+           "user": body.user, "metadata": body.metadata, "safety_identifier": "a@b.c", "prompt_cache_key": "a@b.c"}
+    withheld = stored_view(raw, body, b"", b"")         # nothing came back (yet): nothing of it is kept
+    assert b"a@b.c" not in orjson.dumps(withheld) and withheld["metadata"] == {} and "user" not in withheld
+
+    messages = orjson.dumps([{"role": "system", "content": "Mail <E>"}, {"role": "user", "content": "hi"}])
+    fields = msgspec.json.encode(Echoed(
+        tools=[Tool(function=FunctionDef(name="f", description="for <E>", strict=True))],
+        response_format=ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+            name="t", description="<E>", schema={"type": "object"})),
+        user="<E>", kept={"metadata": {"who": "<E>"}, "safety_identifier": "<E>", "prompt_cache_key": "<E>"}))
+    kept = stored_view(raw, body, messages, fields)
+    assert b"a@b.c" not in orjson.dumps(kept)
+    assert kept["instructions"] == "Mail <E>" and kept["user"] == "<E>" and kept["metadata"] == {"who": "<E>"}
+    assert kept["tools"] == [{"type": "function", "name": "f", "description": "for <E>", "strict": True}]
+    assert kept["text"]["format"]["description"] == "<E>" and kept["safety_identifier"] == "<E>"
+    assert stored_view(raw, body, messages, b"not json")["metadata"] == {}      # an echo that does not read
+
+
+def test_the_fields_no_engine_reads_ride_kept_and_come_back_in_the_echo():
+    kept = kept_of(_asked())
+    assert orjson.loads(kept) == {"metadata": {"who": "a@b.c"}, "safety_identifier": "a@b.c",
+                                  "prompt_cache_key": "a@b.c"}
+    request = GenerateRequest(request_id="r", tenant="t", klass="c", model="m", reply_to="x", created_at=0,
+                              deadline=1, kept=kept, echo_input=True,
+                              chat=ChatBody(model="m", messages=[Message(role="user", content="hi")], user="u"))
+    assert orjson.loads(request.echoed()[1]) == {"user": "u", "kept": orjson.loads(kept)}
+    long = ChatBody(model="m", messages=[Message(role="user", content="x" * (MAX_ECHO_BYTES - 40))], user="u" * 100)
+    assert msgspec.structs.replace(request, chat=long).echoed()[1] == b""   # no room beside the messages: withheld

@@ -38,9 +38,10 @@ def test_flags_no_role_can_take_are_refused_by_name(argv, message):
 
 def test_brokers_and_workers_default_to_one_each_and_are_up_s_own():
     args, forwarded = build_parser().parse_known_args(["up"])
-    assert (args.brokers, args.workers, args.metrics) == (1, 1, False)
-    args, forwarded = build_parser().parse_known_args(["up", "--brokers", "3", "--workers=2", "--metrics"])
-    assert forwarded == [] and (args.brokers, args.workers, args.metrics) == (3, 2, True)
+    assert (args.brokers, args.workers, args.metrics) == (1, 1, True)      # every process's metrics
+    args, forwarded = build_parser().parse_known_args(["up", "--brokers", "3", "--workers=2", "--no-metrics"])
+    assert forwarded == [] and (args.brokers, args.workers, args.metrics) == (3, 2, False)
+    assert build_parser().parse_known_args(["up", "--metrics"])[0].metrics     # as before it was the default
 
 
 @pytest.mark.parametrize("flag", ["--brokers", "--workers"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from broker.gate.pii.slots import EXTRA, Slot
+from broker.gate.pii.slots import EXTRA, KEPT, Slot
 from schemas import codec
 
 # One replacement: the path left to walk, the slot it came from, what goes there.
@@ -49,21 +49,21 @@ def edited(node: Any, edits: list[Edit], clashes: list[Slot]) -> Any:
     return result
 
 
-def split(edits: list[tuple[Slot, Any]]) -> tuple[list[Edit], list[Edit]]:
-    """The edits of the body and those of `extra` (their paths without the EXTRA head)."""
+def split(edits: list[tuple[Slot, Any]]) -> tuple[list[Edit], list[Edit], list[Edit]]:
+    """The edits of the body, those of `extra` and those of `kept` (paths without their head)."""
     body: list[Edit] = []
-    extra: list[Edit] = []
+    free: dict[str | int, list[Edit]] = {EXTRA: [], KEPT: []}
     for slot, value in edits:
-        if slot.path[0] == EXTRA:
-            extra.append((slot.path[1:], slot, value))
+        if slot.path[0] in free:
+            free[slot.path[0]].append((slot.path[1:], slot, value))
         else:
             body.append((slot.path, slot, value))
-    return body, extra
+    return body, free[EXTRA], free[KEPT]
 
 
 def edited_extra(raw: dict[str, msgspec.Raw], decoded: dict[str, Any], edits: list[Edit],
                  clashes: list[Slot]) -> bytes:
-    """`extra` re-joined with the edits applied: only edited members are encoded again."""
+    """`extra` (or `kept`) re-joined with the edits applied: only edited members are encoded again."""
     touched = {rest[0] for rest, slot, _ in edits if not (slot.key and len(rest) == 1)}
     root = {k: decoded[k] if k in touched else v for k, v in raw.items()}
     return codec.encode_json(edited(root, edits, clashes))

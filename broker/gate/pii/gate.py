@@ -2,8 +2,9 @@
 or the hosted API behind it (`slots.py` says where: messages, their names, content parts, tool
 calls and their ids, tools and their schemas, the response format, stop sequences, a
 completion's prompt, the texts to embed, `user`, and every string and key of the fields Laneway
-does not type), apply the tenant's policy, and say what was done. A part no analyser reads (an
-image, audio, a file) is refused for a tenant whose policy looks for anything.
+does not type and of those the edge stores beside the answer, `kept`), apply the tenant's
+policy, and say what was done. A part no analyser reads (an image, audio, a file) is refused
+for a tenant whose policy looks for anything.
 
 Speed comes from not repeating work: a chat resends its whole history every turn, so results are
 cached by (tenant, policy version, text hash) and only texts never seen before go to the pool,
@@ -84,6 +85,7 @@ class PiiDecision:
     cpu_ms: float = 0.0              # pool CPU on the critical path (slowest job); 0 if all cached
     extra: bytes = b""               # the request's other fields, redacted like `body`
     refusal: PiiRefused | None = None    # refused whatever the findings say
+    kept: bytes = b""                # what the edge stores beside the answer, redacted like `body`
 
     @property
     def messages(self) -> list[Message]:
@@ -103,10 +105,10 @@ class PiiDecision:
     def redacted(self, request: GenerateRequest) -> GenerateRequest:
         """`request` as it may go on: its body and extra fields replaced by the redacted ones (a
         blocked request comes back fully redacted too, without what could not be analysed)."""
-        if self.body is request.body and self.extra is request.extra:
+        if self.body is request.body and self.extra is request.extra and self.kept is request.kept:
             return request
         kind = "chat" if request.chat is not None else "completion" if request.completion is not None else "embedding"
-        return msgspec.structs.replace(request, **{kind: self.body}, extra=self.extra)
+        return msgspec.structs.replace(request, **{kind: self.body}, extra=self.extra, kept=self.kept)
 
     def audit(self, request_id: str, at: float | None = None) -> PiiAudit:
         counts: dict[str, int] = {}
@@ -179,7 +181,8 @@ class PiiGate:
         """`inspect` over all a request carries to an engine: its body and its extra fields.
         Returns the decision and `decision.redacted(request)`. `rank`: its class's (0 first), its
         place among the tenant's jobs waiting for the analyzer pool."""
-        decision = await self.inspect_body(tenant, policy, request.body, request.extra, rank=rank)
+        decision = await self.inspect_body(tenant, policy, request.body, request.extra, rank=rank,
+                                           kept=request.kept)
         return decision, decision.redacted(request)
 
     async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[Message],
@@ -189,32 +192,35 @@ class PiiGate:
                                                                 stop=list(stop) or None))
 
     async def inspect_body(self, tenant: str, policy: TenantPiiPolicy, body: Body,
-                           extra: bytes = b"", *, rank: int = 0) -> PiiDecision:
+                           extra: bytes = b"", *, rank: int = 0, kept: bytes = b"") -> PiiDecision:
         """Raises `PiiUnavailable` when analysis fails and the policy fails closed, `PiiTooLarge`
         (before any analysis) when the texts are over `max_chars`; a blocked request is a decision
         (audit it, then `raise_if_blocked()`)."""
         key = fingerprint(policy)
         plan = self._plan(key, policy) if policy.enabled else None
         if plan is None or plan.empty:      # nothing to look for: nothing to refuse either
-            return PiiDecision("pass", body, [], tenant, key, self.mode, extra=extra)
-        try:
-            raw = dict(codec.extra_members(extra))
-            decoded = {k: _decode_value(v) for k, v in raw.items()}
-        except codec.DecodeError:       # the gate refuses it before; a record keeps none of it
-            return PiiDecision("blocked", body, [], tenant, key, self.mode, extra=b"",
-                               refusal=PiiRefused("extra is not a JSON object", "extra"))
-        found = collect(body, decoded, lambda digest: (tenant, key, digest) in self._clean)
+            return PiiDecision("pass", body, [], tenant, key, self.mode, extra=extra, kept=kept)
+        members: dict[str, tuple[dict[str, msgspec.Raw], dict[str, Any]]] = {}
+        for name, value in (("extra", extra), ("kept", kept)):
+            try:
+                raw = dict(codec.extra_members(value))
+                members[name] = raw, {k: _decode_value(v) for k, v in raw.items()}
+            except codec.DecodeError:       # the gate refuses it before; a record keeps none of it
+                return PiiDecision("blocked", body, [], tenant, key, self.mode, extra=b"",
+                                   refusal=PiiRefused(f"{name} is not a JSON object", name))
+        found = collect(body, members["extra"][1], lambda digest: (tenant, key, digest) in self._clean,
+                        members["kept"][1])
         _check_size(found, self.max_chars)
         hits, analyzed, unavailable, cpu_ms = await self._analyze(tenant, key, plan, policy, found.texts, rank)
         findings, edits = self._findings(tenant, policy, found, hits)
         if unavailable is None:
             self._remember_clean(tenant, key, found, {slot for slot, _ in edits})
-        body, extra, refusal = _written(body, extra, raw, decoded, found, edits)
+        body, extra, kept, refusal = _written(body, extra, kept, members, found, edits)
         actions = {f.action for f in findings}
         verdict: Verdict = "blocked" if Action.block in actions or refusal else "redacted" if actions else "pass"
         return PiiDecision(
             verdict, body, findings, tenant, key, self.mode, analyzed, len(found.texts) - analyzed,
-            unavailable, sorted({f.entity_type for f in findings}), cpu_ms, extra, refusal,
+            unavailable, sorted({f.entity_type for f in findings}), cpu_ms, extra, refusal, kept,
         )
 
     async def _analyze(self, tenant: str, key: str, plan: Plan, policy: TenantPiiPolicy,
@@ -307,23 +313,27 @@ def _check_size(found: Found, limit: int) -> None:
     raise PiiTooLarge(chars, limit, max(per_part, key=per_part.__getitem__))
 
 
-def _written(body: Body, extra: bytes, raw: dict[str, msgspec.Raw], decoded: dict[str, Any], found: Found,
-             edits: list[tuple[Slot, Any]]) -> tuple[Body, bytes, PiiRefused | None]:
-    """The body and extra fields with the edits written back, and why the request is refused
-    whatever the policy's actions: what cannot be analysed (left out of the copy too), or two
-    keys that the edits made one."""
+def _written(body: Body, extra: bytes, kept: bytes,
+             members: dict[str, tuple[dict[str, msgspec.Raw], dict[str, Any]]], found: Found,
+             edits: list[tuple[Slot, Any]]) -> tuple[Body, bytes, bytes, PiiRefused | None]:
+    """The body, extra and kept fields with the edits written back, and why the request is
+    refused whatever the policy's actions: what cannot be analysed (left out of the copy too),
+    or two keys that the edits made one."""
     edits = edits + [(slot, instead) for slot, _, instead in found.unreadable]
     clashes: list[Slot] = []
-    body_edits, extra_edits = split(edits)
+    body_edits, extra_edits, kept_edits = split(edits)
     if body_edits:
         body = edited(body, body_edits, clashes)
     if extra_edits:
-        extra = edited_extra(raw, decoded, extra_edits, clashes)
+        extra = edited_extra(*members["extra"], extra_edits, clashes)
+    if kept_edits:
+        kept = edited_extra(*members["kept"], kept_edits, clashes)
+    refusal = None
     if found.unreadable:
         slot, what, _ = found.unreadable[0]
-        return body, extra, PiiRefused(f"{what} cannot be analysed for PII, and this tenant's policy asks "
-                                       "for PII handling; send it as text", slot.param)
-    if clashes:
+        refusal = PiiRefused(f"{what} cannot be analysed for PII, and this tenant's policy asks "
+                             "for PII handling; send it as text", slot.param)
+    elif clashes:
         param = clashes[0].param
-        return body, extra, PiiRefused(f"two keys of {param} read the same once redacted", param)
-    return body, extra, None
+        refusal = PiiRefused(f"two keys of {param} read the same once redacted", param)
+    return body, extra, kept, refusal

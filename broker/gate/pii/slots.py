@@ -5,7 +5,7 @@ A slot is a path from the body (or from `extra`) to one string. The typed bodies
 `FIELDS`, which says how each field reaches the engine; `NOT_TEXT` names the fields that carry no
 text (numbers, flags, enums, the model name the engine replaces), and a unit test fails when a
 body gains a field listed in neither. Free-form JSON (a tool's parameter schema, a JSON schema,
-every member of `extra`) is walked whole: each string and each object key; a root whose very
+every member of `extra` and of `kept`) is walked whole: each string and each object key; a root whose very
 bytes the gate found clean under this policy is skipped (an agent resends its tools every turn).
 Content parts other than text (image_url, input_audio, file, ...) cannot be analysed: they come
 back as `unreadable`, for the gate to refuse.
@@ -40,6 +40,7 @@ from schemas.openai_extra import NAMED
 
 _encode = msgspec.json.Encoder().encode
 EXTRA = "extra"     # the first element of a path into `extra` (no typed body has such a field)
+KEPT = "kept"       # ... into `GenerateRequest.kept` (what the edge stores, and no engine reads)
 # Content parts whose every string is text the model reads; any other type is not analysable.
 TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
 
@@ -89,7 +90,7 @@ NOT_TEXT: dict[type, set[str]] = {
 
 
 class Slot(NamedTuple):   # a tuple: a tools-heavy request has hundreds of them
-    path: tuple[str | int, ...]    # from the body; (EXTRA, member, ...) into `extra`
+    path: tuple[str | int, ...]    # from the body; (EXTRA, member, ...) into `extra`, (KEPT, ...) `kept`
     root: int                      # how much of the path names the field (free-form JSON below it)
     name: bool = False             # an identifier: replaced name-safe
     key: bool = False              # the text is the path's last element: an object's key
@@ -98,8 +99,8 @@ class Slot(NamedTuple):   # a tuple: a tools-heavy request has hundreds of them
     def param(self) -> str:
         """The field as OpenAI names it: what errors and audits say. Below a free-form root
         (a schema, a member of `extra`) keys are the client's text: never named."""
-        if self.path[0] == EXTRA:        # a name of ours names the member; any other is the client's
-            return self.path[1] if self.path[1] in NAMED else EXTRA  # type: ignore[return-value]
+        if self.path[0] in (EXTRA, KEPT):    # a name of ours names the member; any other is the client's
+            return self.path[1] if self.path[1] in NAMED else self.path[0]  # type: ignore[return-value]
         return render(self.path[:self.root])
 
     @property
@@ -130,15 +131,16 @@ class Found:
 
 
 def collect(body: ChatBody | CompletionBody | EmbeddingBody, extra: dict[str, Any],
-            clean: Callable[[bytes], bool] | None = None) -> Found:
-    """Every text of `body` and of `extra` (its members, decoded) with its slot, and the parts
-    no analyser reads; free-form roots `clean` knows are skipped."""
+            clean: Callable[[bytes], bool] | None = None, kept: dict[str, Any] | None = None) -> Found:
+    """Every text of `body`, of `extra` and of `kept` (their members, decoded) with its slot, and
+    the parts no analyser reads; free-form roots `clean` knows are skipped."""
     found = Found(clean) if clean is not None else Found()
     _struct(found, body, ())
-    for member, value in extra.items():
-        if member not in NAMED:        # a name of ours is no client text; any other one is
-            found.add(member, (EXTRA, member), 2, key=True)
-        _root(found, value, (EXTRA, member), 2)
+    for head, members in ((EXTRA, extra), (KEPT, kept or {})):
+        for member, value in members.items():
+            if member not in NAMED:        # a name of ours is no client text; any other one is
+                found.add(member, (head, member), 2, key=True)
+            _root(found, value, (head, member), 2)
     return found
 
 

@@ -117,6 +117,11 @@ class TenantPiiPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         types = KNOWN_ENTITIES | {c.entity_type for c in self.custom}
         return frozenset(t for t in types if self.action_for(t) is not Action.allow)
 
+    @property
+    def looks(self) -> bool:
+        """Whether this policy looks for anything: text it has not analysed may not be stored."""
+        return self.enabled and bool(self.detected())
+
 
 DEFAULT_POLICY = TenantPiiPolicy()
 

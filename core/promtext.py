@@ -1,4 +1,5 @@
-"""Prometheus text exposition → plain values, and quantiles from histogram buckets."""
+"""Prometheus text exposition → plain values, and quantiles from histogram buckets (the load
+tests' figures and `laneway top`)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,24 @@ class Scrape:
 
     def buckets(self, name: str) -> list[tuple[float, float]]:
         """Cumulative (le, count) of an unlabelled histogram, summed over label sets."""
-        acc: dict[float, float] = {}
+        return self.buckets_by(name).get((), [])
+
+    def by(self, name: str, *keys: str) -> dict[tuple[str, ...], float]:
+        """`name`'s samples summed by the values of the labels `keys` (a missing label reads "")."""
+        out: dict[tuple[str, ...], float] = {}
         for (n, labels), v in self.samples.items():
-            if n == f"{name}_bucket":
-                le = float(dict(labels)["le"])
-                acc[le] = acc.get(le, 0.0) + v
-        return sorted(acc.items())
+            if n == name:
+                at = dict(labels)
+                key = tuple(at.get(k, "") for k in keys)
+                out[key] = out.get(key, 0.0) + v
+        return out
+
+    def buckets_by(self, name: str, *keys: str) -> dict[tuple[str, ...], list[tuple[float, float]]]:
+        """Cumulative (le, count) of a histogram, summed by the values of the labels `keys`."""
+        acc: dict[tuple[str, ...], dict[float, float]] = {}
+        for key, v in self.by(f"{name}_bucket", *keys, "le").items():
+            acc.setdefault(key[:-1], {})[float(key[-1])] = v     # `by` summed each (key, le) already
+        return {key: sorted(per.items()) for key, per in acc.items()}
 
 
 def parse(text: str) -> Scrape:
