@@ -3,7 +3,7 @@ quota), checked before a new one is created. Each record is one KV value, so at 
 message (`max_payload`, 1 MiB by default): a bound on their count is a bound on their bytes.
 
 The count is the server's: a `STREAM.INFO` of `lw_responses` filtered to the tenant's keys
-answers how many subjects match (`total`), one request, no reads of the records. It is asked
+answers how many subjects match (`total`), one small request, no reads of the records. It is asked
 again at most every `FRESH_S` per tenant while the tenant is well under its budget, and for
 every new record once it is near it. The bound is soft by the records created at once on all
 bridges in that window (each a new response or conversation, never an upload's bytes). A count
@@ -26,6 +26,7 @@ from core.policy.storage_quota import StorageQuota, over_records
 log = logging.getLogger("laneway.bridge")
 
 FRESH_S = 2.0
+PAST_THE_END = 1 << 31
 NEAR = 0.9          # from this share of its budget on, a tenant is counted for every new record
 
 
@@ -58,9 +59,11 @@ class RecordBudget:
         self._counted[tenant] = (now if now - at > FRESH_S else at, held + 1)
 
     async def count(self, tenant: str) -> int:
-        request = orjson.dumps({"subjects_filter": f"{self.subject_prefix}{tenant}.>"})
+        # An offset past the end: the server counts the matching subjects (`total`) but lists none,
+        # so the answer stays small however many records the tenant keeps.
+        request = orjson.dumps({"subjects_filter": f"{self.subject_prefix}{tenant}.>", "offset": PAST_THE_END})
         reply = await self.js._nc.request(f"{self.js._prefix}.STREAM.INFO.{self.stream}", request, timeout=5)
         info = orjson.loads(reply.data)
         if "error" in info:
             raise CountFailed(self.stream, info["error"].get("description", ""))
-        return int(info.get("total") or len(info.get("state", {}).get("subjects") or {}))
+        return int(info.get("total") or 0)
