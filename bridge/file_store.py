@@ -171,12 +171,19 @@ class FileStore:
         return file
 
     async def discard(self, tenant: str, file_id: str) -> None:
-        """An upload refused after its bytes were stored: they go, and its hold."""
+        """An upload refused, cut off or failed: its bytes go (if they were whole), and its hold.
+        Best effort, never raising over the reason it is discarded: a hold left behind lapses
+        with its TTL."""
         try:
             await self.data.delete(_key(tenant, file_id))
         except nats.js.errors.ObjectNotFoundError:
             pass
-        await self.release(tenant, file_id)
+        except nats.errors.Error as exc:
+            log.warning("upload %s of tenant %s not discarded: %s", file_id, tenant, type(exc).__name__)
+        try:
+            await self.release(tenant, file_id)
+        except nats.errors.Error as exc:
+            log.warning("hold of upload %s of tenant %s not released: %s", file_id, tenant, type(exc).__name__)
 
     async def get(self, tenant: str, file_id: str) -> FileObject | None:
         """The tenant's file; None for an unknown id, another tenant's, or an expired one."""
