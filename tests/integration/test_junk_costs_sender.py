@@ -151,6 +151,32 @@ async def test_a_flood_of_junk_costs_its_sender_not_another_tenant(junk, caplog)
 
 
 # -- the pieces on a server of their own --------------------------------------------------------
+async def test_the_servers_log_of_refused_publishes_stays_within_its_bounds(tmp_path):
+    """nats-server logs each publish a permission refuses: a flood of them rolls the log over
+    its size limit and old logs beyond the count are deleted, whatever the flood's length."""
+    config = tmp_path / "auth.conf"
+    config.write_text('authorization { users = [{user: "t", password: "p", permissions: {publish: "ok"}}] }\n')
+    server = NatsServer(tmp_path / "store", config_file=config, log_size_limit=20_000, log_max_files=2)
+    await server.start()
+    nc = await nats.connect(server.url, user="t", password="p", error_cb=_ignore)
+    try:
+        for i in range(3000):           # ~170 bytes of log each: 25 times the whole bound
+            await nc.publish(f"refused.{i}", b"x")
+        await nc.publish("refused.last", b"x")
+        await nc.flush()
+        assert await eventually(lambda: "refused.last" in server.log_file.read_text())
+        logs = list(server.log_file.parent.glob(f"{server.log_file.name}*"))
+        assert 1 < len(logs) <= 1 + 2, logs            # rolled, and no more old ones kept than 2
+        assert sum(p.stat().st_size for p in logs) <= 3 * 20_000 + 1_000
+    finally:
+        await nc.close()
+        await server.stop()
+
+
+async def _ignore(exc: Exception) -> None:
+    pass
+
+
 async def test_junk_is_read_at_a_bounded_rate_and_the_rest_waits_in_its_senders_backlog(nats_server, monkeypatch):
     """Each junk message spends a token; with none left the intake issues no pull (here the
     tokens never come back), so what it reads is the burst and at most the pull in flight."""
