@@ -59,23 +59,24 @@ class Subjects:
         """Finished lines of running batches, until each batch is finalized into its files."""
         return f"{self.prefix.upper()}_BATCH"
 
+    def legacy_durables(self, classes: list[str]) -> list[str]:
+        """The consumers of installs from before per-(class, tenant) intake: one on the whole
+        request stream, then one per class. Provisioning deletes them: a work queue's consumers
+        may not overlap."""
+        return [f"{self.prefix}-broker", *(f"{self.prefix}-req-{klass}" for klass in classes)]
+
+    def intake_durable(self, klass: str, tenant: str) -> str:
+        """The brokers' consumer of one tenant's requests in one class (broker/intakes.py). `~`
+        joins the two because no token may hold it: no two pairs share a name."""
+        return f"{self.intake_durable_prefix}{check_token('class', klass)}~{check_token('tenant', tenant)}"
+
     @property
-    def legacy_durable(self) -> str:
-        """The one consumer on the whole request stream that installs before per-class intake
-        had: provisioning deletes it (a work queue's consumers may not overlap)."""
-        return f"{self.prefix}-broker"
+    def intake_durable_prefix(self) -> str:
+        return f"{self.prefix}-in-"
 
-    def class_durable(self, klass: str) -> str:
-        """The brokers' consumer of one priority class's requests (broker/intakes.py)."""
-        return f"{self.prefix}-req-{check_token('class', klass)}"
-
-    @property
-    def class_durable_prefix(self) -> str:
-        return f"{self.prefix}-req-"
-
-    def class_filters(self, klass: str) -> list[str]:
-        """A class's requests, direct and escalated (the consumer's filter)."""
-        return [self.req(klass, "*"), f"{self.req(klass, '*')}.{ESCALATED}"]
+    def intake_filters(self, klass: str, tenant: str) -> list[str]:
+        """One tenant's requests in one class, direct and escalated (the consumer's filter)."""
+        return [self.req(klass, tenant), self.req_escalated(klass, tenant)]
 
     # -- subjects ---------------------------------------------------------------------------
     def req(self, klass: str, tenant: str) -> str:
@@ -95,9 +96,13 @@ class Subjects:
     def req_escalated_all(self) -> str:
         return f"{self.req_all}.{ESCALATED}"
 
-    @property
-    def req_stream_subjects(self) -> list[str]:
-        return [self.req_all, self.req_escalated_all]
+    def req_stream_subjects(self, tenants: list[str]) -> list[str]:
+        """What LW_REQ stores: the requests of the tenants with a document, and no other's. A
+        request for a tenant that has none finds no stream (the publisher is told at once), where
+        it would otherwise wait for an intake that nobody pulls. With no tenant at all, the stream
+        listens on its own name only (JetStream's default), which nobody publishes to."""
+        return [subject for tenant in sorted(set(tenants))
+                for subject in (self.req("*", check_token("tenant", tenant)), self.req_escalated("*", tenant))]
 
     def parse_req(self, subject: str) -> tuple[str, str, bool]:
         """`lw.req.<class>.<tenant>[.esc]` → (class, tenant, escalated)."""
