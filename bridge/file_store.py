@@ -21,7 +21,7 @@ from nats.js.object_store import ObjectStore
 
 from core.kvwatch import current_values
 from schemas.batches import FileObject, FilePurpose
-from schemas.subjects import Subjects
+from schemas.subjects import BadToken, Subjects, tenant_key
 
 FILES_BUCKET = "files"              # lw_files: file objects
 FILE_DATA_BUCKET = "file_data"      # lw_file_data: their bytes
@@ -33,7 +33,7 @@ def new_file_id() -> str:
 
 
 def _key(tenant: str, file_id: str) -> str:
-    return f"{tenant}.{file_id}"
+    return tenant_key(tenant, "file id", file_id)
 
 
 class FileStore:
@@ -64,9 +64,7 @@ class FileStore:
         """The tenant's file; None for an unknown id, another tenant's, or an expired one."""
         try:
             entry = await self.meta.get(_key(tenant, file_id))
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        except nats.js.errors.BadRequestError:      # not a valid key: not an id we gave out
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, BadToken):
             return None
         file = _decode(entry.value)
         if file.expires_at is not None and file.expires_at <= time.time():
@@ -84,10 +82,10 @@ class FileStore:
 
     async def delete(self, tenant: str, file_id: str) -> bool:
         """Really gone: the object's chunks are purged from the stream, the file object's key too."""
-        key = _key(tenant, file_id)
         try:
+            key = _key(tenant, file_id)
             await self.meta.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, nats.js.errors.BadRequestError):
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, BadToken):
             return False
         try:
             await self.data.delete(key)

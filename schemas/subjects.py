@@ -231,8 +231,15 @@ RESPONSES_BUCKET = "responses"
 BACKGROUND_BUCKET = "background"
 
 
+def tenant_key(tenant: str, what: str, ident: str) -> str:
+    """`<tenant>.<id>`: the KV key (or object name) of a tenant's stored object, so a tenant's
+    reads are confined to its own keys. Every id Laneway gives out is one token; any other (`*`,
+    `>`, `a.b`, a space) is one nobody was given: `BadToken`, which stores answer as unknown."""
+    return f"{check_token('tenant', tenant)}.{check_token(what, ident)}"
+
+
 def stored_response_key(tenant: str, response_id: str) -> str:
-    return f"{check_token('tenant', tenant)}.{check_token('response id', response_id)}"
+    return tenant_key(tenant, "response id", response_id)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
