@@ -4,7 +4,10 @@
 answered as an unknown one.
 
 An upload is read here, not by the app's body middleware: a file may be far larger than a chat
-body (`max_file_bytes`), and it is bounded in size and time while it streams in."""
+body (`max_file_bytes`), and it is bounded in size and time while it streams in. Its time is the
+body timeout, and one second more for each `MIN_UPLOAD_RATE` bytes it has delivered: a large file
+at any real speed arrives whole, and a body trickled a byte at a time is cut as a chat's is (a flat
+600 s held a trickling connection that long)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from schemas.errors import ErrorCode
 MAX_FILE_BYTES = 200 * 1024 * 1024       # OpenAI's limit for a batch's input file
 EXPIRES_AFTER_S = (3600, 30 * 86_400)    # OpenAI's bounds for expires_after[seconds]
 MAX_LIST = 10_000
+MIN_UPLOAD_RATE = 64 * 1024              # bytes a second: 512 kbit/s, slower than any real uplink
 
 
 def _invalid(message: str, param: str | None = None) -> EdgeError:
@@ -41,11 +45,11 @@ def json_response(obj: object, status: int = 200) -> web.Response:
 
 class FilesApi:
     def __init__(self, store: FileStore, catalogue: Catalogue, max_file_bytes: int = MAX_FILE_BYTES,
-                 upload_timeout_s: float = 600.0) -> None:
+                 body_timeout_s: float = 30.0) -> None:
         self.store = store
         self.catalogue = catalogue
         self.max_file_bytes = max_file_bytes
-        self.upload_timeout_s = upload_timeout_s
+        self.body_timeout_s = body_timeout_s
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/files", self.create)
@@ -59,10 +63,10 @@ class FilesApi:
         if not request.content_type.startswith("multipart/form-data"):
             raise _invalid("upload a file as multipart/form-data with the fields 'file' and 'purpose'")
         try:
-            async with asyncio.timeout(self.upload_timeout_s):
-                fields, content, filename = await self._read_form(request)
+            async with asyncio.timeout(self.body_timeout_s) as clock:
+                fields, content, filename = await self._read_form(request, clock)
         except TimeoutError:
-            raise body_timeout(self.upload_timeout_s) from None
+            raise body_timeout(self.body_timeout_s) from None
         purpose = fields.get("purpose")
         if purpose not in UPLOAD_PURPOSES:
             raise _invalid(f"purpose must be one of {list(UPLOAD_PURPOSES)}", "purpose")
@@ -74,7 +78,8 @@ class FilesApi:
                                     self._expires_after(fields))
         return json_response(file)
 
-    async def _read_form(self, request: web.Request) -> tuple[dict[str, str], bytes | None, str | None]:
+    async def _read_form(self, request: web.Request,
+                         clock: asyncio.Timeout) -> tuple[dict[str, str], bytes | None, str | None]:
         fields: dict[str, str] = {}
         content: bytes | None = None
         filename: str | None = None
@@ -84,15 +89,17 @@ class FilesApi:
                 raise _invalid("nested multipart bodies are not supported")
             if part.name == "file":
                 filename = part.filename
-                content = await self._read_bounded(part)
+                content = await self._read_bounded(part, clock)
             elif part.name is not None:
                 fields[part.name] = (await part.read(decode=True)).decode(errors="replace")[:256]
         return fields, content, filename
 
-    async def _read_bounded(self, part: BodyPartReader) -> bytes:
+    async def _read_bounded(self, part: BodyPartReader, clock: asyncio.Timeout) -> bytes:
         chunks, size = [], 0
+        began = asyncio.get_running_loop().time()
         while chunk := await part.read_chunk(1 << 16):
             size += len(chunk)
+            clock.reschedule(began + self.body_timeout_s + size / MIN_UPLOAD_RATE)
             if size > self.max_file_bytes:
                 raise EdgeError(ErrorCode.payload_too_large,
                                 f"the file is over {self.max_file_bytes} bytes, the limit", "file")
