@@ -27,7 +27,7 @@ from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.openai import Body, ChatBody
 from schemas.requests import Cancel, GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
+from schemas.subjects import MSG_ID_HEADER, Subjects
 
 
 class LanewayError(Exception):
@@ -77,7 +77,7 @@ class LanewayClient:
             try:
                 await self._nc.jetstream().publish(
                     subject, codec.encode(request),
-                    headers={MSG_ID_HEADER: msg_id(self.tenant, request.request_id)})
+                    headers={MSG_ID_HEADER: uuid.uuid4().hex})
             except nats.js.errors.APIError as exc:
                 code = publish_errors.refusal(exc) or ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None

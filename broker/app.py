@@ -37,6 +37,7 @@ from broker.holdings import Holdings
 from broker.intakes import Intakes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics, UsageMetrics
+from broker.received import Copy, Received
 from broker.scheduler.answers import refuse
 from broker.scheduler.lease import Lease, open_lease_bucket
 from broker.scheduler.origin import Origin
@@ -142,6 +143,7 @@ class Broker:
 
     async def _start_gate(self, js) -> None:
         cfg = self.config
+        self.gate.received = await Received.open(js, self.s, cfg.limits.replicas)
         if cfg.quotas:
             self.gate.quota = await Quota.open(js, self.s, cfg.limits.replicas)
             await self.gate.quota.start()
@@ -180,10 +182,7 @@ class Broker:
             await self.gate.quota.close()     # unused leases go back to the other replicas
         if self.gate.pii is not None:
             await self.gate.pii.close()
-        if self._nc.is_connected:
-            await self._nc.drain()
-        else:
-            await self._nc.close()
+        await (self._nc.drain() if self._nc.is_connected else self._nc.close())
         self._nc = None
 
     async def __aenter__(self) -> "Broker":
@@ -311,6 +310,8 @@ class Broker:
         try:
             admission = await self.gate.admit(request, klass, tenant, delivery,
                                               self.live.tenants.get(tenant), self.live.routing())
+        except Copy:            # of a message received: that one answers on the same reply subject
+            return await msg.term()
         except Refusal as refusal:
             self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
                                  tenant=tenant, attempt=attempt, refused=refusal.code.value)

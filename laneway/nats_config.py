@@ -63,6 +63,7 @@ from pathlib import Path
 from bridge.batch.store import BATCHES_BUCKET
 from bridge.file_store import FILE_DATA_BUCKET, FILES_BUCKET
 from broker.gate.quota.store import QUOTA_BUCKET
+from broker.received import RECEIVED_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
 from core.policy.tenants import Tenant
@@ -115,7 +116,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     req = s.req_stream
     intakes = f"{req}.*"        # the intake consumers (core/topology.py): one token per (class, tenant)
     kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET,
-                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET)}
+                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET, RECEIVED_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
     file_data = f"OBJ_{s.bucket(FILE_DATA_BUCKET)}"
@@ -143,6 +144,9 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              *_consume(*live),
              f"$JS.API.CONSUMER.MSG.NEXT.{intakes}",               # broker/intakes.py
              *_api("STREAM.MSG.GET STREAM.MSG.DELETE", req),        # broker/deadletter.py
+             # broker/received.py: each request id once per tenant
+             *_api("STREAM.CREATE", kv[RECEIVED_BUCKET]), *_kv_read(kv[RECEIVED_BUCKET]),
+             f"$KV.{s.bucket(RECEIVED_BUCKET)}.>",
              # broker/scheduler: the lease bucket, admissions, settled notices, announcements
              *_api("STREAM.CREATE", kv[LEASE_BUCKET]), *_kv_read(kv[LEASE_BUCKET]),
              f"$KV.{s.bucket(LEASE_BUCKET)}.>", s.sched_admit, s.sched_settled_all, s.sched_leader],

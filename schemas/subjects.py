@@ -222,6 +222,11 @@ class Subjects:
         return f"{self.prefix}.evt.ping"
 
 
+# A publish's `Nats-Msg-Id` is random (uuid4 hex), and kept by that publish's retries, so
+# JetStream stores a retried publish once. Its duplicate window is one per stream, keyed by this
+# header alone: a key anyone could write (`<tenant>:<request_id>`, before issue 35) let one tenant
+# store its message under another's and have that one's request dropped as a duplicate. That a
+# request id is served once per tenant is the broker's (`received_key`, broker/received.py).
 MSG_ID_HEADER = "Nats-Msg-Id"
 # The bridges' stored responses (`/v1/responses` with `store`), one key per response:
 # `<tenant>.<response id>`, so a tenant's reads are confined to its own keys.
@@ -251,9 +256,8 @@ def service_inbox(user: str | None) -> str:
     return "_INBOX" if not user else f"_INBOX_{_NOT_TOKEN.sub('_', user)}"
 
 
-def msg_id(tenant: str, request_id: str, escalated: bool = False) -> str:
-    """JetStream dedup key: a retried publish of the same request is stored once. The broker
-    refuses a request stored under any other key: a key naming another tenant or request could
-    make JetStream drop that one's publish as a duplicate."""
-    key = f"{tenant}:{request_id}"
-    return f"{key}:{ESCALATED}" if escalated else key
+def received_key(tenant: str, request_id: str, escalated: bool = False) -> str:
+    """`<tenant>.<request_id>` in the broker's received bucket: the tenant is the request
+    subject's, which nats-server enforced, so only that tenant's requests can occupy its keys."""
+    key = tenant_key(tenant, "request id", request_id)
+    return f"{key}.{ESCALATED}" if escalated else key
