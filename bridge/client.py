@@ -7,8 +7,8 @@
 It follows the same protocol as the bridge (README, "The subject protocol"), so a service in
 another language can do the same with any NATS client: subscribe to one inbox
 `lw.tok.<tenant>.<edge_id>`, publish msgpack `GenerateRequest`s to `lw.req.<class>.<tenant>`
-through JetStream with header `Nats-Msg-Id: <tenant>:<request_id>`, read `TokenFrame`s, and
-publish a `Cancel` to `lw.cancel.<tenant>.<request_id>` when giving up.
+through JetStream with a random `Nats-Msg-Id` (no one else can guess it), read `TokenFrame`s,
+and publish a `Cancel` to `lw.cancel.<tenant>.<request_id>` when giving up.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ class LanewayClient:
                                        f"{why}: this NATS user may not send requests as tenant {self.tenant!r}",
                                        request.request_id) from None
                 # Not accepted (no PubAck): e.g. the stream is electing a new leader. Safe to retry
-                # with the same request_id: the dedup window keeps it to one generation.
+                # with the same request_id: this try is cancelled on the way out, so a copy of it
+                # that was stored never runs (if the broker took that copy in before the cancel,
+                # the retry is answered duplicate_request; never run twice).
                 raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",
                                    request.request_id) from exc
             while True:
