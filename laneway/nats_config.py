@@ -44,7 +44,7 @@ eval`, via LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it alone creates and update
 broker's durable consumer and the live buckets (provisioning); it writes classes, tenants and
 routing rules, and reads the usage, audit and dead-letter streams. It cannot touch requests or
 tokens. The services create only the buckets of their own runtime state (quota, response cache,
-the bridge's stored responses, which ops may read).
+the request ids the brokers received, the bridge's stored responses, which ops may read).
 
 Passwords are generated and stored in plain text in the config (keep it 0600; it is written so)
 and in a credentials file to hand out; nats-server also accepts bcrypt hashes in their place.
