@@ -1,4 +1,4 @@
-"""The admission gate, in order: validate → quota → PII → route → cache.
+"""The admission gate, in order: validate → received once (per tenant and id) → quota → PII → route → cache.
 
 Every entry path (the bridge and direct publishers) passes through here in the broker, before
 any engine or hosted API sees a request. A stage refuses with `Refusal` (code, message, param,
