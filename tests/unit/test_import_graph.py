@@ -30,6 +30,7 @@ RANK = {
     "workers": 2,       # the worker loop and its engines
     "loadtest": 3,      # benchmarks and the planner, over the product
     "laneway": 4,       # the command line, over everything it can start
+    "tools": 5,         # offline tools (not installed): over the product, imported by none of it
 }
 TOPS = tuple(RANK)
 # Pure: a module named here, or inside a package named here.
