@@ -6,8 +6,9 @@ import time
 
 from core.policy.refusal import Refusal
 from core.policy.tenants import Tenant
-from schemas import checks, codec
-from schemas.checks import Invalid, check_deadline
+from schemas import codec, request_checks
+from schemas.checks import Invalid
+from schemas.request_checks import check_deadline
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects
@@ -39,7 +40,7 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
 
 def check_context(request: GenerateRequest, max_context_tokens: int) -> None:
     try:
-        checks.check_context(request, max_context_tokens)
+        request_checks.check_context(request, max_context_tokens)
     except Invalid as exc:
         raise refusal(exc) from None
 
