@@ -241,7 +241,7 @@ class Bridge:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi_spec)
-        FilesApi(self.files, self.catalogue, self.config.max_file_bytes).routes(app)
+        FilesApi(self.files, self.catalogue, self.config.max_file_bytes, self.config.body_timeout_s).routes(app)
         BatchesApi(self.batches, self.files, self.catalogue).routes(app)
         app.add_subapp("/v1/admin", admin_app(self.rule_store, self.evaluator, self.admin))
         return app

@@ -43,7 +43,7 @@ from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
 from schemas.openai import Body
 from schemas.requests import GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, msg_id
+from schemas.subjects import MSG_ID_HEADER
 
 log = logging.getLogger("laneway.bridge")
 
@@ -236,6 +236,10 @@ class Generations:
             run.entries = await self._first_entries(stream)
             first = run.entries[0]
             if isinstance(first, StreamError):
+                if first.code == ErrorCode.duplicate_request.value:
+                    # Over HTTP only a reused Idempotency-Key names a request id twice.
+                    raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was "
+                                    "already accepted", "Idempotency-Key")
                 raise from_code(first.code, first.message, first.param, first.headers)
             yield run
         finally:
@@ -331,7 +335,7 @@ class Generations:
         if not self._nc.is_connected:    # nats-py would buffer it and leave the client waiting
             raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
         subject = self.s.req(generate.klass, generate.tenant)
-        headers = {MSG_ID_HEADER: msg_id(generate.tenant, generate.request_id)}
+        headers = {MSG_ID_HEADER: uuid.uuid4().hex}    # its retries keep it: stored once
         js = self._nc.jetstream()
         last_error = self._nc.last_error
         timed_out = False               # a try timed out: it may have been stored all the same
@@ -344,12 +348,13 @@ class Generations:
                     raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before the request "
                                     "log confirmed the request")
                 try:
-                    ack = await js.publish(subject, payload, headers=headers,
-                                           timeout=min(self.config.publish_timeout_s, left_s))
+                    await js.publish(subject, payload, headers=headers,
+                                     timeout=min(self.config.publish_timeout_s, left_s))
                     break
                 except nats.errors.TimeoutError:
                     # The PubAck did not come back. Sending it again under the same Nats-Msg-Id
-                    # cannot store it twice, and the answer says whether a try was stored.
+                    # stores it once (and a copy stored past the stream's window is dropped at
+                    # the broker's intake: broker/received.py).
                     timed_out = True
                     if tries < self.config.publish_tries:
                         self.metrics.publish_retries.inc()
@@ -378,14 +383,6 @@ class Generations:
             if timed_out or not isinstance(exc, (EdgeError, nats.js.errors.APIError)):
                 await self._cancel(generate.tenant, generate.request_id)
             raise
-        if ack.duplicate and tries == 1:
-            # The same Idempotency-Key was accepted moments ago: it is generated exactly once,
-            # by the request that first sent it. On a later try the duplicate is taken for this
-            # request's own earlier try, stored though its PubAck was lost. (A second client
-            # request with the same key, in flight through the same PubAck timeout, is taken
-            # for it too: rare, and one of the two then ends at its deadline.)
-            raise EdgeError(ErrorCode.duplicate_request,
-                            "a request with this Idempotency-Key was already accepted", "Idempotency-Key")
 
     async def _first_entries(self, stream: ResponseStream) -> list[Entry]:
         try:

@@ -7,8 +7,8 @@
 It follows the same protocol as the bridge (README, "The subject protocol"), so a service in
 another language can do the same with any NATS client: subscribe to one inbox
 `lw.tok.<tenant>.<edge_id>`, publish msgpack `GenerateRequest`s to `lw.req.<class>.<tenant>`
-through JetStream with header `Nats-Msg-Id: <tenant>:<request_id>`, read `TokenFrame`s, and
-publish a `Cancel` to `lw.cancel.<tenant>.<request_id>` when giving up.
+through JetStream with a random `Nats-Msg-Id` (no one else can guess it), read `TokenFrame`s,
+and publish a `Cancel` to `lw.cancel.<tenant>.<request_id>` when giving up.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.openai import Body, ChatBody
 from schemas.requests import Cancel, GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
+from schemas.subjects import MSG_ID_HEADER, Subjects
 
 
 class LanewayError(Exception):
@@ -77,7 +77,7 @@ class LanewayClient:
             try:
                 await self._nc.jetstream().publish(
                     subject, codec.encode(request),
-                    headers={MSG_ID_HEADER: msg_id(self.tenant, request.request_id)})
+                    headers={MSG_ID_HEADER: uuid.uuid4().hex})
             except nats.js.errors.APIError as exc:
                 code = publish_errors.refusal(exc) or ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None
@@ -87,7 +87,9 @@ class LanewayClient:
                                        f"{why}: this NATS user may not send requests as tenant {self.tenant!r}",
                                        request.request_id) from None
                 # Not accepted (no PubAck): e.g. the stream is electing a new leader. Safe to retry
-                # with the same request_id: the dedup window keeps it to one generation.
+                # with the same request_id: this try is cancelled on the way out, so a copy of it
+                # that was stored never runs (if the broker took that copy in before the cancel,
+                # the retry is answered duplicate_request; never run twice).
                 raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",
                                    request.request_id) from exc
             while True:

@@ -20,7 +20,9 @@ class BridgeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     worker_stale_s: float = 15.0        # a worker silent this long no longer counts as ready
     header_timeout_s: float = 30.0      # a connection without a whole request head this long is closed
-    body_timeout_s: float = 60.0        # a body not read whole by then gets 408
+    # A body not read whole by then gets 408 (an upload: more for each 64 KiB it delivered, bridge/files.py).
+    # As the head's: a connection trickling its body is held no longer than one trickling its head.
+    body_timeout_s: float = 30.0
     max_connections: int = 10_000       # open connections at most; past it, 503 and closed
     max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
     # Where the measured stream limit starts (bridge/admission.py StreamLimit; 0: not measured).

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterable
@@ -38,7 +37,7 @@ from bridge.object_upload import put_chunks
 from core.kvwatch import current_values
 from core.policy.storage_quota import StorageQuota, over_files
 from schemas.batches import FileObject, FilePurpose
-from schemas.subjects import STORAGE_BUCKET, Subjects
+from schemas.subjects import STORAGE_BUCKET, BadToken, Subjects, tenant_key
 from schemas.usage import StorageUsage
 
 log = logging.getLogger("laneway.bridge")
@@ -48,7 +47,6 @@ FILE_DATA_BUCKET = "file_data"      # lw_file_data: their bytes
 PURGE_MARKER_TTL_S = 1              # a released hold leaves nothing behind for long
 HOLD = "hold"                       # `<tenant>.<file_id>.hold`: an upload's bytes still to come
 _decode = msgspec.json.Decoder(FileObject).decode
-_ID = re.compile(r"^[-_=A-Za-z0-9]{1,128}$")      # one KV key token: no `.`, `*`, `>`
 
 
 class Hold(msgspec.Struct, frozen=True):
@@ -69,7 +67,7 @@ def new_file_id() -> str:
 
 
 def _key(tenant: str, file_id: str) -> str:
-    return f"{tenant}.{file_id}"
+    return tenant_key(tenant, "file id", file_id)
 
 
 def _hold_key(tenant: str, file_id: str) -> str:
@@ -187,13 +185,9 @@ class FileStore:
 
     async def get(self, tenant: str, file_id: str) -> FileObject | None:
         """The tenant's file; None for an unknown id, another tenant's, or an expired one."""
-        if not _ID.match(file_id):           # not an id we gave out (nor a key of the bucket's)
-            return None
         try:
             entry = await self.meta.get(_key(tenant, file_id))
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        except nats.js.errors.BadRequestError:      # not a valid key: not an id we gave out
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, BadToken):
             return None
         file = _decode(entry.value)
         if file.expires_at is not None and file.expires_at <= time.time():
@@ -218,12 +212,10 @@ class FileStore:
         return removed
 
     async def _remove(self, tenant: str, file_id: str) -> bool:
-        if not _ID.match(file_id):
-            return False
-        key = _key(tenant, file_id)
         try:
+            key = _key(tenant, file_id)
             await self.meta.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, nats.js.errors.BadRequestError):
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, BadToken):
             return False
         try:
             await self.data.delete(key)

@@ -5,7 +5,10 @@ answered as an unknown one.
 
 An upload is read here, not by the app's body middleware: a file may be far larger than a chat
 body (`max_file_bytes`), and it is bounded in size, time and the tenant's storage quota while it
-streams, chunk by chunk, into the object store: the bridge holds one chunk of it at a time."""
+streams, chunk by chunk, into the object store: the bridge holds one chunk of it at a time. Its
+time is the body timeout, and one second more for each `MIN_UPLOAD_RATE` bytes it has delivered:
+a large file at any real speed arrives whole, and a body trickled a byte at a time is cut as a
+chat's is (a flat 600 s held a trickling connection that long)."""
 
 from __future__ import annotations
 
@@ -29,8 +32,9 @@ from schemas.errors import ErrorCode
 MAX_FILE_BYTES = 200 * 1024 * 1024       # OpenAI's limit for a batch's input file
 EXPIRES_AFTER_S = (3600, 30 * 86_400)    # OpenAI's bounds for expires_after[seconds]
 MAX_LIST = 10_000
+MIN_UPLOAD_RATE = 64 * 1024              # bytes a second: 512 kbit/s, slower than any real uplink
 MAX_FIELD_BYTES = 4096                   # a form field besides the file: `purpose`, `expires_after[...]`
-HOLD_SLACK_S = 60                        # a hold outlives its upload's time limit by this, then lapses
+HOLD_SLACK_S = 60                        # a hold outlives the time its bytes may take by this, then lapses
 
 
 def _invalid(message: str, param: str | None = None) -> EdgeError:
@@ -48,11 +52,11 @@ def json_response(obj: object, status: int = 200) -> web.Response:
 
 class FilesApi:
     def __init__(self, store: FileStore, catalogue: Catalogue, max_file_bytes: int = MAX_FILE_BYTES,
-                 upload_timeout_s: float = 600.0) -> None:
+                 body_timeout_s: float = 30.0) -> None:
         self.store = store
         self.catalogue = catalogue
         self.max_file_bytes = max_file_bytes
-        self.upload_timeout_s = upload_timeout_s
+        self.body_timeout_s = body_timeout_s
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/files", self.create)
@@ -68,10 +72,10 @@ class FilesApi:
         file_id = new_file_id()
         try:
             try:
-                async with asyncio.timeout(self.upload_timeout_s):
-                    fields, size, filename = await self._read_form(request, tenant, file_id)
+                async with asyncio.timeout(self.body_timeout_s) as clock:
+                    fields, size, filename = await self._read_form(request, tenant, file_id, clock)
             except TimeoutError:
-                raise body_timeout(self.upload_timeout_s) from None
+                raise body_timeout(self.body_timeout_s) from None
             purpose = fields.get("purpose")
             if purpose not in UPLOAD_PURPOSES:
                 raise _invalid(f"purpose must be one of {list(UPLOAD_PURPOSES)}", "purpose")
@@ -86,8 +90,8 @@ class FilesApi:
             raise
         return json_response(file)
 
-    async def _read_form(self, request: web.Request, tenant: Tenant,
-                         file_id: str) -> tuple[dict[str, str], int | None, str | None]:
+    async def _read_form(self, request: web.Request, tenant: Tenant, file_id: str,
+                         clock: asyncio.Timeout) -> tuple[dict[str, str], int | None, str | None]:
         """The form's small fields, and the file's size and name: its bytes go to the store as
         they arrive, never held here whole."""
         fields: dict[str, str] = {}
@@ -101,40 +105,45 @@ class FilesApi:
                 if size is not None:
                     raise _invalid("the form has more than one 'file' field", "file")
                 filename = part.filename
-                size = await self.store.put_stream(tenant.name, file_id,
-                                                   self._chunks(part, tenant, file_id, request.content_length))
+                size = await self.store.put_stream(tenant.name, file_id, self._chunks(
+                    part, tenant, file_id, request.content_length, clock))
             elif part.name is not None:
                 fields[part.name] = (await self._read_field(part)).decode(errors="replace")[:256]
         return fields, size, filename
 
-    async def _chunks(self, part: BodyPartReader, tenant: Tenant, file_id: str,
-                      length: int | None) -> AsyncIterator[bytes]:
-        """The file's bytes, under the size limit and the tenant's storage quota: held first for
-        the whole body when its length is known (a file that cannot fit is refused before a
-        byte is stored), else a file's place first and its bytes in doubling steps as they come."""
-        ttl_s = int(self.upload_timeout_s) + HOLD_SLACK_S
+    async def _chunks(self, part: BodyPartReader, tenant: Tenant, file_id: str, length: int | None,
+                      clock: asyncio.Timeout) -> AsyncIterator[bytes]:
+        """The file's bytes, under the size limit, the time they may take and the tenant's storage
+        quota: held first for the whole body when its length is known (a file that cannot fit is
+        refused before a byte is stored), else a file's place first and its bytes in doubling
+        steps as they come."""
         held = min(length, self.max_file_bytes) if length else 0
-        if (refused := await self._hold(tenant, file_id, held, ttl_s)) is not None:
+        if (refused := await self._hold(tenant, file_id, held)) is not None:
             raise refused
         size = 0
+        began = asyncio.get_running_loop().time()
         while chunk := await part.read_chunk(CHUNK_BYTES):
             size += len(chunk)
+            clock.reschedule(began + self.body_timeout_s + size / MIN_UPLOAD_RATE)
             if size > self.max_file_bytes:
                 raise EdgeError(ErrorCode.payload_too_large,
                                 f"the file is over {self.max_file_bytes} bytes, the limit", "file")
             if size > held:
-                held = await self._grow(tenant, file_id, size, held, ttl_s)
+                held = await self._grow(tenant, file_id, size, held)
             yield chunk
 
-    async def _grow(self, tenant: Tenant, file_id: str, size: int, held: int, ttl_s: int) -> int:
+    async def _grow(self, tenant: Tenant, file_id: str, size: int, held: int) -> int:
         """Hold twice as much, or (near the quota) just what has come: refused only when that
         does not fit."""
         for want in dict.fromkeys((min(max(size, 2 * held), self.max_file_bytes), size)):
-            if (refused := await self._hold(tenant, file_id, want, ttl_s)) is None:
+            if (refused := await self._hold(tenant, file_id, want)) is None:
                 return want
         raise refused
 
-    async def _hold(self, tenant: Tenant, file_id: str, nbytes: int, ttl_s: int) -> EdgeError | None:
+    async def _hold(self, tenant: Tenant, file_id: str, nbytes: int) -> EdgeError | None:
+        """Hold `nbytes` for as long as they may take to arrive (a bridge that dies mid-upload
+        leaves its hold no longer), or the refusal to answer with."""
+        ttl_s = int(self.body_timeout_s + nbytes / MIN_UPLOAD_RATE) + HOLD_SLACK_S
         try:
             await self.store.hold(tenant.name, file_id, nbytes, ttl_s, tenant.storage)
         except StorageExceeded as exc:

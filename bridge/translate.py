@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from bridge.errors import EdgeError
-from schemas import checks
+from schemas import request_checks
 from schemas.checks import Invalid, check_body
 from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody
 from schemas.requests import GenerateRequest
@@ -47,6 +47,6 @@ def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass
 def check_context(generate: GenerateRequest, max_context_tokens: int) -> None:
     """Refuse, before anything is stored, a prompt that leaves the model no room to answer."""
     try:
-        checks.check_context(generate, max_context_tokens)
+        request_checks.check_context(generate, max_context_tokens)
     except Invalid as exc:
         raise edge_error(exc) from None

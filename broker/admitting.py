@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from broker.share import TenantShare
@@ -40,11 +41,15 @@ class Admitting:
         self._on_ended = on_ended
         self._tasks: set[asyncio.Task[None]] = set()
         self._last: dict[tuple[str, str], asyncio.Task[None]] = {}   # the latest task of each id
+        self._per_tenant: Counter[str] = Counter()
         self._idle = asyncio.Event()
         self._idle.set()
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+    def of(self, tenant: str) -> int:
+        return self._per_tenant[tenant]
 
     def submit(self, tenant: str, request_id: str, rank: int, admit: Callable[[], Awaitable[None]]) -> None:
         """`rank`: the request's class rank (0 first), its place among the tenant's waiting ones."""
@@ -53,6 +58,7 @@ class Admitting:
                                    name=f"laneway-admit-{tenant}")
         self._last[key] = task
         self._tasks.add(task)
+        self._per_tenant[tenant] += 1
         self._idle.clear()
         task.add_done_callback(lambda t: self._ended(key, t))
 
@@ -74,6 +80,9 @@ class Admitting:
 
     def _ended(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._per_tenant[key[0]] -= 1
+        if not self._per_tenant[key[0]]:
+            del self._per_tenant[key[0]]
         if self._last.get(key) is task:
             del self._last[key]
         if not self._tasks:

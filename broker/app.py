@@ -33,9 +33,11 @@ from broker.gate.pii import PiiAudit, encode_audit
 from broker.gate.pii.service import start_pii
 from broker.gate.pipeline import Admission, Delivery, Gate
 from broker.gate.quota import Quota
-from broker.intakes import ClassIntakes
+from broker.holdings import Holdings
+from broker.intakes import Intakes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics, UsageMetrics
+from broker.received import Copy, Received
 from broker.scheduler.answers import refuse
 from broker.scheduler.lease import Lease, open_lease_bucket
 from broker.scheduler.origin import Origin
@@ -49,7 +51,6 @@ from core.provision import wait_provisioned
 from core.tasks import beat_forever, cancel_and_wait
 from core.tracing import tracer
 from schemas import codec
-from schemas.errors import ErrorCode
 from schemas.frames import TokenFrame
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, BadToken
@@ -82,7 +83,8 @@ class Broker:
         self.scheduler: Scheduler | None = None
         self._origin: Origin | None = None
         self._lease: Lease | None = None
-        self._intake: ClassIntakes | None = None
+        self._intake: Intakes | None = None
+        self._held: Holdings | None = None
         self._retiring: set[asyncio.Task[None]] = set()     # intakes stopping (draining) in the background
         self._admitting = Admitting(on_ended=self._poke_intake)   # what the intake handed over, in the gate
         self._stopping = False
@@ -106,6 +108,7 @@ class Broker:
                                    lambda: self._scopes, self._release, self._take_cancel,
                                    affinity=cfg.prefix_affinity)
         self._origin = Origin(self._nc, self.s, self.id, self.metrics, self.scheduler, self._release)
+        self._held = Holdings(self.scheduler, self._origin, self._admitting)
         await self._origin.start()
         self._subs = [
             await self._nc.subscribe(self.s.worker_events, cb=self.live.on_heartbeat),
@@ -140,6 +143,7 @@ class Broker:
 
     async def _start_gate(self, js) -> None:
         cfg = self.config
+        self.gate.received = await Received.open(js, self.s, cfg.limits.replicas)
         if cfg.quotas:
             self.gate.quota = await Quota.open(js, self.s, cfg.limits.replicas)
             await self.gate.quota.start()
@@ -178,10 +182,7 @@ class Broker:
             await self.gate.quota.close()     # unused leases go back to the other replicas
         if self.gate.pii is not None:
             await self.gate.pii.close()
-        if self._nc.is_connected:
-            await self._nc.drain()
-        else:
-            await self._nc.close()
+        await (self._nc.drain() if self._nc.is_connected else self._nc.close())
         self._nc = None
 
     async def __aenter__(self) -> "Broker":
@@ -213,9 +214,8 @@ class Broker:
                 return
             self.gating = gating
             if gating:
-                self._intake = ClassIntakes(self._nc, self.s, self._on_request, self._held,
-                                            self.config.max_held, self.live.classes.get, self.live.rank)
-                self._intake.follow(self.live.classes)
+                self._intake = Intakes(self._nc, self.s, self._on_request, self._held, self.config.max_held, self.live)
+                self._intake.follow()
             elif self._intake is not None:
                 # Off this task (the lease's, a heartbeat's, a peer's callback): the intake's drain
                 # runs the gate on what its last pull delivered, which must not delay a renewal.
@@ -258,10 +258,14 @@ class Broker:
     def _apply_classes(self) -> None:
         for pool in self.scheduler.pools.values() if self.scheduler is not None else ():
             pool.lanes.set_classes(self.live.classes.values())
+        self._follow()
+
+    def _follow(self) -> None:
         if self._intake is not None:
-            self._intake.follow(self.live.classes)
+            self._intake.follow()
 
     def _catalogue_changed(self) -> None:
+        self._follow()
         tenants = self.live.tenants
         self._scopes = CacheScope({t.name: t.cache_group for t in tenants if t.cache_group})
         if self.gate.cache is not None:
@@ -277,14 +281,11 @@ class Broker:
         await self._nc.publish(self.s.broker_event(self.id), codec.encode(beat))
 
     # -- intake ---------------------------------------------------------------------------
-    def _held(self) -> int:
-        return len(self.scheduler) + len(self._origin) + len(self._admitting)
-
     def _poke_intake(self) -> None:
         if self._intake is not None:
             self._intake.poke()
 
-    async def _on_request(self, msg: Msg) -> None:
+    async def _on_request(self, msg: Msg) -> bool:     # False: junk, its sender's pull waits
         metadata = msg.metadata
         attempt = metadata.num_delivered
         try:
@@ -292,15 +293,16 @@ class Broker:
             request = codec.decode_request(msg.data)
         except (BadToken, codec.DecodeError) as exc:
             await self._dead.unreadable(msg, "malformed", str(exc))
-            return
+            return False
         if self._take_cancel(tenant, request.request_id):
             self.metrics.cancelled.labels(klass).inc()      # the cancel came first: it never runs
             await msg.term()
-            return
+            return True
         delivery = Delivery(attempt, metadata.sequence.stream, (msg.headers or {}).get(MSG_ID_HEADER), escalated)
         # Off the subscription's one task: another tenant's next message need not wait for this one.
         self._admitting.submit(tenant, request.request_id, self.live.rank(klass),
                                lambda: self._admit(msg, request, klass, tenant, delivery))
+        return True
 
     async def _admit(self, msg: Msg, request: GenerateRequest, klass: str, tenant: str,
                      delivery: Delivery) -> None:
@@ -308,6 +310,8 @@ class Broker:
         try:
             admission = await self.gate.admit(request, klass, tenant, delivery,
                                               self.live.tenants.get(tenant), self.live.routing())
+        except Copy:            # of a message received: that one answers on the same reply subject
+            return await msg.term()
         except Refusal as refusal:
             self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
                                  tenant=tenant, attempt=attempt, refused=refusal.code.value)
@@ -315,8 +319,9 @@ class Broker:
                 # Never answer on a reply subject the request was not entitled to.
                 await self._dead.unreadable(msg, "invalid", refusal.message)
             else:
-                await self._refuse(msg, request, attempt, refusal.code, refusal.message,
-                                   refusal.param, refusal.headers)
+                # The gate gave back what it charged: nothing is released by id here.
+                await refuse(self._nc, self.metrics, msg, request, attempt, refusal.code, refusal.message,
+                             refusal.param, refusal.headers)
             return
         decision = admission.decision
         self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
@@ -351,11 +356,6 @@ class Broker:
         usage = replay_usage(hit, request, admission.decision.pool)
         await self._nc.publish(self.s.usage(request.tenant), codec.encode(usage))
         await msg.ack()
-
-    async def _refuse(self, msg: Msg, request: GenerateRequest, attempt: int, code: ErrorCode,
-                      message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
-        """A gate refusal (the gate gave back what it charged). Nothing is released by id here."""
-        await refuse(self._nc, self.metrics, msg, request, attempt, code, message, param, headers)
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:
         await self.gate.release(tenant, request_id, tokens)

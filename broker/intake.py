@@ -6,6 +6,12 @@ with a batch of up to `batch` messages and server idle heartbeats; each message 
 `on_message` as it lands, and a new pull is issued when the current one is used up or expires.
 Room is the caller's: no pull is issued while `room()` is 0 (the lanes are full), which is the
 backpressure that keeps unbounded work in JetStream, not in memory.
+
+Junk is read at a bounded rate: `on_message` says whether a message was readable, and each junk
+message spends a token of a bucket (`JUNK_BURST`, refilled at `JUNK_RATE` a second); with none
+left, no pull is issued until one is back. A flood of junk then costs the broker a few hundred
+reads a second, whatever its sender's rate: the rest waits in its sender's own backlog, which
+JetStream caps (and then refuses the sender's publishes), in front of that sender's own requests.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from core.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger("laneway.intake")
 
+JUNK_BURST = 256           # junk messages read at once before the rate applies ...
+JUNK_RATE = 100.0          # ... then this many a second (a well-formed request spends nothing)
+
 
 class PullIntake:
     def __init__(
@@ -30,7 +39,7 @@ class PullIntake:
         nc: Client,
         stream: str,
         durable: str,
-        on_message: Callable[[Msg], Awaitable[None]],
+        on_message: Callable[[Msg], Awaitable[bool]],
         room: Callable[[], int],
         batch: int = 256,
         expires_s: float = 10.0,
@@ -47,6 +56,8 @@ class PullIntake:
         self._sub = None
         self._remaining = 0           # messages the open pull may still deliver
         self._last_seen = 0.0
+        self._junk_tokens = JUNK_BURST    # junk this pull may still read, as of `_junk_at`
+        self._junk_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -82,8 +93,9 @@ class PullIntake:
             if self._remaining and now - self._last_seen > 3 * self._heartbeat_s + 1:
                 log.info("pull request went silent; issuing a new one")
                 self._remaining = 0
+            hold = self._junk_hold(now)
             room = self._room()
-            if self._remaining == 0 and room > 0 and self._nc.is_connected:
+            if self._remaining == 0 and room > 0 and hold == 0 and self._nc.is_connected:
                 n = min(self._batch, room)
                 request = {"batch": n, "expires": int(self._expires_s * 1e9),
                            "idle_heartbeat": int(self._heartbeat_s * 1e9)}
@@ -95,7 +107,13 @@ class PullIntake:
                 except nats.errors.Error as exc:  # disconnected: the client reconnects by itself
                     log.warning("pull request failed: %s", exc)
             self._wake.clear()
-            await wait_event(self._wake, self._heartbeat_s)
+            await wait_event(self._wake, hold or self._heartbeat_s)
+
+    def _junk_hold(self, now: float) -> float:
+        """How much longer the next pull waits for a junk token to come back."""
+        self._junk_tokens = min(JUNK_BURST, self._junk_tokens + (now - self._junk_at) * JUNK_RATE)
+        self._junk_at = now
+        return 0.0 if self._junk_tokens >= 1 else (1 - self._junk_tokens) / JUNK_RATE
 
     async def _deliver(self, msg: Msg) -> None:
         self._last_seen = asyncio.get_running_loop().time()
@@ -117,7 +135,8 @@ class PullIntake:
         if self._remaining == 0:
             self._wake.set()
         try:
-            await self._on_message(msg)
+            if not await self._on_message(msg):
+                self._junk_tokens -= 1
         except Exception:
             # The loop boundary: whatever a message breaks (a dropped connection mid-handling, or
             # a bug), it stays unacked and comes back after ack_wait; never lose the loop.

@@ -19,6 +19,24 @@ from core.policy.classes import ClassPolicy
 QUEUED_PREFILL_STEPS = 2
 
 
+# The engine's priority (lower first; vLLM's and the sim's waiting queue and preemption order) of
+# a dispatched request: its class's rank first, then how many slots its tenant holds of the class
+# at the worker, so the engine serves its queue as the lanes share a class, not in arrival order.
+TENANT_SPREAD = 10_000
+
+
+def engine_priorities(items: list[Wants], tenant_slots: dict[str, dict[str, int]],
+                      rank: Callable[[str], int]) -> list[int]:
+    """Each item's engine priority, counting the items before it in the batch as held."""
+    held = {klass: dict(tenants) for klass, tenants in tenant_slots.items()}
+    priorities = []
+    for item in items:
+        slots = held.setdefault(item.klass, {})
+        priorities.append(rank(item.klass) * TENANT_SPREAD + min(slots.get(item.tenant, 0), TENANT_SPREAD - 1))
+        slots[item.tenant] = slots.get(item.tenant, 0) + item.slots
+    return priorities
+
+
 class Wants(Protocol):
     """What a `Room` reads of an item (`broker.lanes.Item`)."""
 

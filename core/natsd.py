@@ -17,6 +17,10 @@ generated jetstream block, which replaces the one of a `config_file`, if that ha
 A store has one owner (core/owner.py): `start` takes `store_dir/owner.lock` and hands it to its
 nats-server, and refuses (`DirInUse`, naming the owner's pid and URL) a store another holds;
 `stop` lets it go. A second server on one store would corrupt it.
+
+The server's log rolls at `log_size_limit` and keeps `log_max_files` old ones: nats-server writes
+a line for every publish a user's permissions refuse, so a tenant flooding a subject it may not
+use (~20,000 lines a second) would otherwise fill the disk with them.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ class NatsServer:
     config_file: Path | None = None
     encryption_key_file: Path | None = None
     max_file_store: int | None = None
+    log_size_limit: int = 16 * 1024**2
+    log_max_files: int = 3
     extra_args: list[str] = field(default_factory=list)
     url: str = ""
     process: asyncio.subprocess.Process | None = None
@@ -113,10 +119,7 @@ class NatsServer:
         if self.encryption_key_file is not None:
             # Quoted, or nats-server would parse a key such as "12e4..." as a number.
             environ = env.child({KEY_ENV: f'"{encryption_key(self.encryption_key_file)}"'})
-        if self.encryption_key_file is not None or self.max_file_store is not None:
-            args += ["-c", str(self._write_config())]
-        elif self.config_file is not None:
-            args += ["-c", str(self.config_file)]
+        args += ["-c", str(self._write_config())]
         args += self.extra_args
         self.process = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -144,19 +147,21 @@ class NatsServer:
         raise NatsServerError("nats-server did not report its port in time", self._tail())
 
     def _write_config(self) -> Path:
-        """The jetstream block (the key's variable, the storage limit) after `config_file`
-        (included, so its jetstream block, if any, is replaced by this one; the store dir stays
-        the `-sd` flag's)."""
+        """The log's bounds and the jetstream block (the key's variable, the storage limit)
+        after `config_file` (included, so its jetstream block, if any, is replaced by this one;
+        the store dir stays the `-sd` flag's)."""
         conf = self.store_dir / "nats-server.conf"
         lines = ["# Written by laneway at each start. The key is in the environment, never here."]
         if self.config_file is not None:
             # nats-server resolves `include` relative to the including file, and refuses absolute paths.
             rel = os.path.relpath(self.config_file.resolve(), conf.parent.resolve())
             lines.append(f"include {json.dumps(rel)}")
+        lines += [f"logfile_size_limit: {self.log_size_limit}", f"logfile_max_num: {self.log_max_files}"]
         js = [f"cipher: {CIPHER}", f"key: ${KEY_ENV}"] if self.encryption_key_file is not None else []
         if self.max_file_store is not None:
             js.append(f"max_file_store: {self.max_file_store}")
-        lines.append(f"jetstream {{ {', '.join(js)} }}")
+        if js:
+            lines.append(f"jetstream {{ {', '.join(js)} }}")
         conf.write_text("\n".join(lines) + "\n")
         return conf
 

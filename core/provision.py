@@ -1,10 +1,11 @@
 """Provisioning: everything the services use but do not create themselves, in one run.
 
-The topology (streams, the brokers' class consumers, the live buckets with the default classes,
-`core/topology.py`) and the settings file's documents (a key per tenant, the models table, the
-price book). `laneway up` runs it before it starts anything; `laneway ops provision` runs it as
-the ops user for compose and Kubernetes. By default a settings document is written only where its
-key never had a value, so running it again cannot undo an operator's live edit or delete;
+The topology (streams, the live buckets with the default classes, `core/topology.py`) and the
+settings file's documents (a key per tenant, the models table, the price book), each tenant's
+after what serves it: its subjects on the request stream and a brokers' consumer per class.
+`laneway up` runs it before it starts anything; `laneway ops provision` runs it as the ops user
+for compose and Kubernetes. By default a settings document is written only where its key never
+had a value, so running it again cannot undo an operator's live edit or delete;
 `overwrite` (`--overwrite`) writes the file over KV, an explicit operator choice.
 
 The broker, the bridge and the workers open what it made and wait for it (`wait_provisioned`),
@@ -29,7 +30,7 @@ from core.metering import PRICES_KEY
 from core.models import MODELS_KEY, encode_models
 from core.policy import tenants as tenant_docs
 from core.settings import Settings
-from core.topology import BUCKETS, StreamLimits, ensure_topology
+from core.topology import BUCKETS, StreamLimits, ensure_intake, ensure_topology
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.provision")
@@ -40,6 +41,7 @@ WAIT_LOG_EVERY_S = 30.0     # while waiting, the "waiting for provisioning" line
 async def provision(js: JetStreamContext, s: Subjects, limits: StreamLimits, settings: Settings, *,
                     overwrite: bool = False) -> None:
     await ensure_topology(js, s, limits)
+    await ensure_intake(js, s, limits, tenants=list(settings.tenants))   # before a broker sees a document
     await (put_settings if overwrite else seed_settings)(js, s, settings)
 
 
@@ -119,7 +121,7 @@ _UNAVAILABLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError
 async def _missing(js: JetStreamContext, s: Subjects, requests: bool, buckets: tuple[str, ...]) -> list[str]:
     missing = []
     if requests:
-        try:    # the class consumers come with it; one made later is waited for by its intake
+        try:    # the intake consumers come with it; one made later is waited for by its intake
             await js.stream_info(s.req_stream)
         except nats.js.errors.NotFoundError:
             missing.append(f"stream {s.req_stream}")

@@ -1,9 +1,12 @@
-"""Streams, the brokers' consumers (one per priority class) and KV buckets, created idempotently.
+"""Streams, the brokers' consumers (one per priority class and tenant) and KV buckets, created
+idempotently.
 
-Provisioning (`core/provision.py`: `laneway up`, `laneway ops provision`) calls
-`ensure_topology`; creating what exists is a no-op, and a changed limit is applied with an update
-(JetStream allows raising/lowering limits in place). The services only open what it made. A
-class set live (`laneway classes set`, as ops) gets its consumer there, before the class exists.
+Provisioning (`core/provision.py`: `laneway up`, `laneway ops provision`) calls `ensure_topology`,
+then, once the settings file's tenants are in KV, `ensure_intake`; creating what exists is a
+no-op, and a changed limit is applied with an update (JetStream allows raising/lowering limits in
+place). The services only open what it made. A class or a tenant set live (`laneway classes|
+tenants set`, as ops) gets its consumers, and a tenant its subjects on the request stream, there,
+before the document exists.
 """
 
 from __future__ import annotations
@@ -71,10 +74,10 @@ class StorageRefused(RuntimeError):
         self.stream, self.max_bytes = stream, max_bytes
 
 
-def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
+def request_stream(s: Subjects, limits: StreamLimits, tenants: list[str]) -> StreamConfig:
     return StreamConfig(
         name=s.req_stream,
-        subjects=s.req_stream_subjects,
+        subjects=s.req_stream_subjects(tenants),
         retention=RetentionPolicy.WORK_QUEUE,   # a message lives until acked or terminated
         storage=StorageType.FILE,
         discard=DiscardPolicy.NEW,              # a full stream refuses new work: nothing accepted is dropped
@@ -88,11 +91,12 @@ def request_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
     )
 
 
-def class_consumer(s: Subjects, klass: str, limits: StreamLimits) -> ConsumerConfig:
-    """One class's requests, for every broker's intake of that class (broker/intakes.py). Per
-    class, because JetStream delivers a consumer's messages in stream order: a chat stored
-    behind 10,000 batch requests on one consumer waits for the broker to take all of them."""
-    name = s.class_durable(klass)
+def intake_consumer(s: Subjects, klass: str, tenant: str, limits: StreamLimits) -> ConsumerConfig:
+    """One tenant's requests in one class, for every broker's intake of them (broker/intakes.py).
+    JetStream delivers a consumer's messages in stream order, so whatever shares a consumer waits
+    in one line: per class, a chat stored behind 10,000 batch requests would wait for the broker to
+    take them all; per tenant, one tenant's chat would wait behind another's backlog (or junk)."""
+    name = s.intake_durable(klass, tenant)
     return ConsumerConfig(
         name=name,
         durable_name=name,
@@ -101,7 +105,7 @@ def class_consumer(s: Subjects, klass: str, limits: StreamLimits) -> ConsumerCon
         max_deliver=limits.max_deliver,
         max_ack_pending=limits.max_ack_pending,
         max_waiting=64,
-        filter_subjects=s.class_filters(klass),
+        filter_subjects=s.intake_filters(klass, tenant),
     )
 
 
@@ -135,7 +139,9 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:
-    await _ensure_stream(js, request_stream(s, limits))
+    """Streams and buckets, and the default classes. The request stream's subjects and the
+    consumers follow the tenants, which the settings file writes next: `ensure_intake`."""
+    await _ensure_stream(js, request_stream(s, limits, await _tenant_names(js, s, missing_ok=True)))
     await _ensure_stream(js, _log_stream(s, s.usage_stream, s.usage_all, limits, 90 * 86400))
     await _ensure_stream(js, dead_letter_stream(s, limits))
     await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
@@ -149,39 +155,60 @@ async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimit
             await classes.create(policy.name, class_docs.encode(policy))
         except nats.js.errors.KeyWrongLastSequenceError:
             pass  # an operator's value wins over the defaults
-    await _drop_legacy_consumer(js, s)
-    for klass in await classes.keys():
-        await ensure_class_consumer(js, s, klass, limits)
 
 
-async def ensure_class_consumer(js: JetStreamContext, s: Subjects, klass: str,
-                                limits: StreamLimits | None = None) -> None:
-    """Create (or update) one class's consumer. Without `limits`, the class takes those its
-    siblings were provisioned with (`laneway classes set` does not know the flags of `up`)."""
+async def ensure_intake(js: JetStreamContext, s: Subjects, limits: StreamLimits | None = None, *,
+                        classes: list[str] = (), tenants: list[str] = ()) -> None:
+    """The request stream takes every tenant's requests (those in KV and `tenants`), and each
+    (class, tenant) pair has its consumer (classes in KV and `classes`). Without `limits`, what is
+    made takes those of what provisioning made (`laneway classes|tenants set` do not know the
+    flags of `up`). A consumer is made before its class or tenant document exists, so the
+    brokers find it when they see the document."""
+    all_tenants = sorted({*await _tenant_names(js, s), *tenants})
+    all_classes = sorted({*await (await js.key_value(s.bucket("classes"))).keys(), *classes})
+    existing = {info.name: info for info in await js.consumers_info(s.req_stream)}
     if limits is None:
-        limits = await _provisioned_limits(js, s)
-    await js.add_consumer(s.req_stream, class_consumer(s, klass, limits))
+        limits = _provisioned_limits(existing.values())
+    stream = (await js.stream_info(s.req_stream)).config
+    if sorted(stream.subjects or ()) != sorted(s.req_stream_subjects(all_tenants)):
+        await js.update_stream(replace(stream, subjects=s.req_stream_subjects(all_tenants)))
+    for name in s.legacy_durables(all_classes):
+        if name in existing:     # what it delivered and nobody acked goes to the new consumers
+            await js.delete_consumer(s.req_stream, name)
+    for klass in all_classes:
+        for tenant in all_tenants:
+            config = intake_consumer(s, klass, tenant, limits)
+            if config.name not in existing or _changed(existing[config.name].config, config):
+                await js.add_consumer(s.req_stream, config)
 
 
-async def _provisioned_limits(js: JetStreamContext, s: Subjects) -> StreamLimits:
-    for info in await js.consumers_info(s.req_stream):
-        if info.name.startswith(s.class_durable_prefix):
-            c = info.config
-            return replace(StreamLimits(), ack_wait_s=c.ack_wait, max_deliver=c.max_deliver,
-                           max_ack_pending=c.max_ack_pending)
+async def _tenant_names(js: JetStreamContext, s: Subjects, missing_ok: bool = False) -> list[str]:
+    try:
+        return await (await js.key_value(s.bucket("tenants"))).keys()
+    except nats.js.errors.NoKeysError:
+        return []
+    except nats.js.errors.BucketNotFoundError:
+        if missing_ok:           # a first provisioning: the bucket comes next
+            return []
+        raise
+
+
+def _changed(have: ConsumerConfig, want: ConsumerConfig) -> bool:
+    return (have.ack_wait, have.max_deliver, have.max_ack_pending, sorted(have.filter_subjects or ())) != \
+        (want.ack_wait, want.max_deliver, want.max_ack_pending, sorted(want.filter_subjects or ()))
+
+
+def _provisioned_limits(consumers) -> StreamLimits:
+    for info in consumers:
+        c = info.config
+        return replace(StreamLimits(), ack_wait_s=c.ack_wait, max_deliver=c.max_deliver,
+                       max_ack_pending=c.max_ack_pending)
     return StreamLimits()
 
 
-async def _drop_legacy_consumer(js: JetStreamContext, s: Subjects) -> None:
-    """An install from before per-class consumers has one on the whole stream; the class ones
-    would overlap it. What it had delivered and not acked goes to the class consumers."""
-    try:
-        await js.delete_consumer(s.req_stream, s.legacy_durable)
-    except nats.js.errors.NotFoundError:
-        pass
-
-
 async def put_tenants(js: JetStreamContext, s: Subjects, tenants: list[Tenant]) -> None:
+    """Tenant documents, each after its intake (`ensure_intake`): served once the brokers see it."""
+    await ensure_intake(js, s, tenants=[t.name for t in tenants])
     kv = await js.key_value(s.bucket("tenants"))
     for tenant in tenants:
         await kv.put(tenant.name, tenant_docs.encode(tenant))

@@ -120,7 +120,8 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
                    help="seconds a connection may go without a whole request head (idle keep-alive too)")
     g.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
-                   help="seconds a request body may take to arrive; then 408")
+                   help="seconds a request body may take to arrive, however it trickles; then 408 "
+                        "(an upload: one more for each 64 KiB it delivered)")
     g.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="open connections at most; past it a connection gets 503 and is closed")
     g.add_argument("--max-streams", type=int, default=d.max_streams,

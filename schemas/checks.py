@@ -1,17 +1,13 @@
 """The rules a request must keep that its types cannot express: the cross-field rules OpenAI's
-API enforces, and the model's context. The bridge checks them before it stores a request, and
-the broker again for every request it takes, since a direct publisher never met the bridge."""
+API enforces on a body (`GenerateRequest.validate_shape` runs them), here; the model's context
+and the deadline, which read the whole request, in `request_checks.py`. The bridge checks them
+before it stores a request, and the broker again for every request it takes, since a direct
+publisher never met the bridge."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from schemas.errors import ErrorCode
 from schemas.openai import Body, ChatBody, CompletionBody
-
-if TYPE_CHECKING:
-    from schemas.requests import GenerateRequest
-
 
 MAX_TIMEOUT_S = 86_400.0       # the longest a request may live (x-laneway-timeout's bound)
 
@@ -54,20 +50,3 @@ def check_chat(body: ChatBody) -> None:
             raise Invalid("a tool message needs the tool_call_id it answers", f"messages[{i}].tool_call_id")
         if message.tool_calls and message.role != "assistant":
             raise Invalid("only assistant messages carry tool_calls", f"messages[{i}].tool_calls")
-
-
-def check_context(request: GenerateRequest, max_context_tokens: int) -> None:
-    """A prompt that leaves the model no room to answer. The count is the estimate quotas use
-    (~4 characters a token); engines check the exact count."""
-    prompt = request.estimated_prompt_tokens()
-    field = "messages" if request.chat is not None else "input" if request.embedding else "prompt"
-    if prompt >= max_context_tokens:
-        raise Invalid(f"this model's context is {max_context_tokens} tokens; the {field} are about "
-                      f"{prompt} tokens", field, ErrorCode.context_length_exceeded)
-
-
-def check_deadline(request: GenerateRequest, now: float) -> None:
-    """A deadline no further off than a client may ask for: a grant, a lane slot and a dedup
-    entry are held until it passes."""
-    if request.deadline > now + MAX_TIMEOUT_S or request.deadline < request.created_at:
-        raise Invalid(f"the deadline must lie between created_at and {MAX_TIMEOUT_S:.0f} s from now", "deadline")

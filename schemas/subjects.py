@@ -59,23 +59,24 @@ class Subjects:
         """Finished lines of running batches, until each batch is finalized into its files."""
         return f"{self.prefix.upper()}_BATCH"
 
+    def legacy_durables(self, classes: list[str]) -> list[str]:
+        """The consumers of installs from before per-(class, tenant) intake: one on the whole
+        request stream, then one per class. Provisioning deletes them: a work queue's consumers
+        may not overlap."""
+        return [f"{self.prefix}-broker", *(f"{self.prefix}-req-{klass}" for klass in classes)]
+
+    def intake_durable(self, klass: str, tenant: str) -> str:
+        """The brokers' consumer of one tenant's requests in one class (broker/intakes.py). `~`
+        joins the two because no token may hold it: no two pairs share a name."""
+        return f"{self.intake_durable_prefix}{check_token('class', klass)}~{check_token('tenant', tenant)}"
+
     @property
-    def legacy_durable(self) -> str:
-        """The one consumer on the whole request stream that installs before per-class intake
-        had: provisioning deletes it (a work queue's consumers may not overlap)."""
-        return f"{self.prefix}-broker"
+    def intake_durable_prefix(self) -> str:
+        return f"{self.prefix}-in-"
 
-    def class_durable(self, klass: str) -> str:
-        """The brokers' consumer of one priority class's requests (broker/intakes.py)."""
-        return f"{self.prefix}-req-{check_token('class', klass)}"
-
-    @property
-    def class_durable_prefix(self) -> str:
-        return f"{self.prefix}-req-"
-
-    def class_filters(self, klass: str) -> list[str]:
-        """A class's requests, direct and escalated (the consumer's filter)."""
-        return [self.req(klass, "*"), f"{self.req(klass, '*')}.{ESCALATED}"]
+    def intake_filters(self, klass: str, tenant: str) -> list[str]:
+        """One tenant's requests in one class, direct and escalated (the consumer's filter)."""
+        return [self.req(klass, tenant), self.req_escalated(klass, tenant)]
 
     # -- subjects ---------------------------------------------------------------------------
     def req(self, klass: str, tenant: str) -> str:
@@ -95,9 +96,13 @@ class Subjects:
     def req_escalated_all(self) -> str:
         return f"{self.req_all}.{ESCALATED}"
 
-    @property
-    def req_stream_subjects(self) -> list[str]:
-        return [self.req_all, self.req_escalated_all]
+    def req_stream_subjects(self, tenants: list[str]) -> list[str]:
+        """What LW_REQ stores: the requests of the tenants with a document, and no other's. A
+        request for a tenant that has none finds no stream (the publisher is told at once), where
+        it would otherwise wait for an intake that nobody pulls. With no tenant at all, the stream
+        listens on its own name only (JetStream's default), which nobody publishes to."""
+        return [subject for tenant in sorted(set(tenants))
+                for subject in (self.req("*", check_token("tenant", tenant)), self.req_escalated("*", tenant))]
 
     def parse_req(self, subject: str) -> tuple[str, str, bool]:
         """`lw.req.<class>.<tenant>[.esc]` → (class, tenant, escalated)."""
@@ -217,6 +222,11 @@ class Subjects:
         return f"{self.prefix}.evt.ping"
 
 
+# A publish's `Nats-Msg-Id` is random (uuid4 hex), and kept by that publish's retries, so
+# JetStream stores a retried publish once. Its duplicate window is one per stream, keyed by this
+# header alone: a key anyone could write (`<tenant>:<request_id>`, before issue 35) let one tenant
+# store its message under another's and have that one's request dropped as a duplicate. That a
+# request id is served once per tenant is the broker's (`received_key`, broker/received.py).
 MSG_ID_HEADER = "Nats-Msg-Id"
 # The bridges' stored responses (`/v1/responses` with `store`), one key per response:
 # `<tenant>.<response id>`, so a tenant's reads are confined to its own keys.
@@ -228,8 +238,15 @@ BACKGROUND_BUCKET = "background"
 STORAGE_BUCKET = "storage"
 
 
+def tenant_key(tenant: str, what: str, ident: str) -> str:
+    """`<tenant>.<id>`: the KV key (or object name) of a tenant's stored object, so a tenant's
+    reads are confined to its own keys. Every id Laneway gives out is one token; any other (`*`,
+    `>`, `a.b`, a space) is one nobody was given: `BadToken`, which stores answer as unknown."""
+    return f"{check_token('tenant', tenant)}.{check_token(what, ident)}"
+
+
 def stored_response_key(tenant: str, response_id: str) -> str:
-    return f"{check_token('tenant', tenant)}.{check_token('response id', response_id)}"
+    return tenant_key(tenant, "response id", response_id)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -241,9 +258,8 @@ def service_inbox(user: str | None) -> str:
     return "_INBOX" if not user else f"_INBOX_{_NOT_TOKEN.sub('_', user)}"
 
 
-def msg_id(tenant: str, request_id: str, escalated: bool = False) -> str:
-    """JetStream dedup key: a retried publish of the same request is stored once. The broker
-    refuses a request stored under any other key: a key naming another tenant or request could
-    make JetStream drop that one's publish as a duplicate."""
-    key = f"{tenant}:{request_id}"
-    return f"{key}:{ESCALATED}" if escalated else key
+def received_key(tenant: str, request_id: str, escalated: bool = False) -> str:
+    """`<tenant>.<request_id>` in the broker's received bucket: the tenant is the request
+    subject's, which nats-server enforced, so only that tenant's requests can occupy its keys."""
+    key = tenant_key(tenant, "request id", request_id)
+    return f"{key}.{ESCALATED}" if escalated else key

@@ -8,6 +8,7 @@ a dispatch that asked for one and re-publishes the request when the verdict is E
 from __future__ import annotations
 
 import logging
+import uuid
 
 import msgspec
 import nats.errors
@@ -15,7 +16,7 @@ from nats.js import JetStreamContext
 
 from core.policy.cascade import CascadeSettings, StreamGate
 from schemas import codec
-from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
+from schemas.subjects import MSG_ID_HEADER, Subjects
 from schemas.work import Dispatch
 from workers.engine import Engine, EngineOutput
 from workers.metrics import WorkerMetrics
@@ -49,7 +50,7 @@ class Escalator:
         try:
             await self._js.publish(
                 self._s.req_escalated(r.klass, r.tenant), codec.encode(escalated),
-                headers={MSG_ID_HEADER: msg_id(r.tenant, r.request_id, escalated=True)})
+                headers={MSG_ID_HEADER: uuid.uuid4().hex})    # a second escalated copy is dropped at intake
         except (nats.errors.Error, OSError) as exc:    # not stored (nats' TimeoutError is an OSError)
             log.warning("escalating %s failed (%s); retrying it", r.request_id, exc)
             return False

@@ -9,26 +9,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from bridge.batch import lines as jsonl
+from bridge.batch.lease import Lease, LeaseLost
 from bridge.errors import EdgeError
 from schemas.batches import BatchError, BatchErrors, BatchState, BatchUsage, LineResult, RequestCounts
 from schemas.errors import PASSING, ErrorCode
 from schemas.usage import Superseded
 
 if TYPE_CHECKING:
-    from bridge.batch.runner import BatchRunner
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from bridge.batch.store import BatchStore
+    from bridge.chat import Generations
+    from bridge.file_store import FileStore
+    from core.catalogue import Catalogue
 
 log = logging.getLogger("laneway.batch")
 
 MAX_BACKOFF_S = 10.0        # a line refused for a passing reason (PASSING) is tried again, with backoff
-
-
-class LeaseLost(Exception):
-    """Another bridge runs this batch now, or it is gone."""
 
 
 def line_request_id(batch_id: str, line: int, owner: str, attempt: int) -> str:
@@ -42,8 +44,23 @@ def output_file_ids(batch_id: str) -> tuple[str, str]:
     return f"file-{suffix}o", f"file-{suffix}e"
 
 
+class Runner(Protocol):
+    """What a run uses of the runner that started it (`runner.BatchRunner`), named here so that
+    this file need not import that one (which imports this)."""
+
+    store: BatchStore
+    files: FileStore
+    endpoints: Mapping[str, Generations]
+    catalogue: Catalogue
+    edge_id: str
+    klass: str
+    lease: Lease
+    slots: asyncio.Semaphore                        # lines in flight from this bridge
+    cancel: Callable[[str, str], Awaitable[None]]   # (tenant, request id)
+
+
 class BatchRun:
-    def __init__(self, runner: BatchRunner, state: BatchState, before: BatchState | None) -> None:
+    def __init__(self, runner: Runner, state: BatchState, before: BatchState | None) -> None:
         self.runner = runner
         self.state = state
         self.tenant = state.tenant
@@ -85,9 +102,9 @@ class BatchRun:
     # -- the lease, and what the record says meanwhile ---------------------------------------
     async def _keep_lease(self, main: asyncio.Task) -> None:
         while True:
-            await asyncio.sleep(self.runner.lease_s / 3)
+            await asyncio.sleep(self.runner.lease.seconds / 3)
             try:
-                self.state = await self.runner._claim(self.tenant, self.id, submitted=self.submitted)
+                self.state = await self.runner.lease.take(self.tenant, self.id, submitted=self.submitted)
             except LeaseLost:
                 self._lost = True
                 main.cancel()
@@ -146,7 +163,7 @@ class BatchRun:
             await self._finish_record()
             return "failed"
         model = msgspec.json.decode(bytes(found[0].body)).get("model") if found else None
-        self.state = await self.runner._claim(self.tenant, self.id, lines=len(found))
+        self.state = await self.runner.lease.take(self.tenant, self.id, lines=len(found))
         await self._set(status="in_progress", in_progress_at=now, request_counts=RequestCounts(total=len(found)),
                         model=model if isinstance(model, str) else None)
         return "in_progress"
@@ -162,7 +179,7 @@ class BatchRun:
         if self.before is not None:
             for line in range(self.before.submitted):
                 if line not in self.done:
-                    await self.runner._cancel(self.tenant, line_request_id(self.id, line, self.before.owner, 0))
+                    await self.runner.cancel(self.tenant, line_request_id(self.id, line, self.before.owner, 0))
                     self.rerun.add(line)
         if time.time() >= self.state.batch.expires_at:
             self.ending = "expired"

@@ -20,9 +20,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-import msgspec
-
-from bridge.batch.run import BatchRun, LeaseLost
+from bridge.batch.lease import Lease, LeaseLost
+from bridge.batch.run import BatchRun
 from bridge.batch.store import BATCHES_BUCKET, BatchStore, decode_state
 from bridge.chat import Generations
 from bridge.file_store import FileStore
@@ -46,9 +45,9 @@ class BatchRunner:
         self.endpoints = endpoints
         self.catalogue = catalogue
         self.edge_id = edge_id
-        self._cancel = cancel
+        self.cancel = cancel                            # (tenant, request id): cancels a line in flight
         self.concurrency = concurrency
-        self.lease_s = lease_s
+        self.lease = Lease(store, edge_id, lease_s)
         self.klass = klass
         self.slots = asyncio.Semaphore(concurrency)     # lines in flight from this bridge
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -99,36 +98,15 @@ class BatchRunner:
         task.add_done_callback(lambda _t: self._running.pop(key, None))
 
     # -- one batch --------------------------------------------------------------------------
-    async def _claim(self, tenant: str, batch_id: str, **progress) -> BatchState:
-        """Take the batch's lease (free, or ours to renew) and write `progress` with it. Raises
-        LeaseLost when another bridge holds it, or the batch is gone."""
-        def take(state: BatchState) -> BatchState | None:
-            if state.owner not in ("", self.edge_id) and state.lease_until > time.time():
-                raise LeaseLost(batch_id)
-            return msgspec.structs.replace(state, owner=self.edge_id, lease_until=time.time() + self.lease_s,
-                                           **progress)
-        state = await self.store.update(tenant, batch_id, take)
-        if state is None:
-            raise LeaseLost(batch_id)     # deleted
-        return state
-
     async def _run(self, tenant: str, batch_id: str) -> None:
         try:
             before = await self.store.get(tenant, batch_id)
-            state = await self._claim(tenant, batch_id)
+            state = await self.lease.take(tenant, batch_id)
             await BatchRun(self, state, before).go()
         except LeaseLost:
             return
         except asyncio.CancelledError:
-            await self._release(tenant, batch_id)
+            await self.lease.give_up(tenant, batch_id)
             raise
         except Exception:
             log.exception("batch %s stopped in this bridge; it is taken over when its lease ends", batch_id)
-
-    async def _release(self, tenant: str, batch_id: str) -> None:
-        def give_up(state: BatchState) -> BatchState | None:
-            return msgspec.structs.replace(state, lease_until=0.0) if state.owner == self.edge_id else None
-        try:
-            await asyncio.shield(self.store.update(tenant, batch_id, give_up))
-        except Exception:
-            pass        # the lease ends by itself

@@ -22,7 +22,7 @@ from nats.js.kv import KeyValue
 from core.kvwatch import current_values
 from schemas import codec
 from schemas.batches import BatchState, LineResult
-from schemas.subjects import MSG_ID_HEADER, Subjects
+from schemas.subjects import MSG_ID_HEADER, BadToken, Subjects, tenant_key
 from schemas.usage import Superseded
 
 BATCHES_BUCKET = "batches"
@@ -33,7 +33,7 @@ _encode = msgspec.msgpack.Encoder().encode
 
 
 def batch_key(tenant: str, batch_id: str) -> str:
-    return f"{tenant}.{batch_id}"
+    return tenant_key(tenant, "batch id", batch_id)
 
 
 class BatchStore:
@@ -64,13 +64,16 @@ class BatchStore:
         await self.kv.create(batch_key(state.tenant, state.batch.id), msgspec.json.encode(state))
 
     async def get(self, tenant: str, batch_id: str) -> BatchState | None:
-        found = await self._get(batch_key(tenant, batch_id))
+        try:
+            found = await self._get(batch_key(tenant, batch_id))
+        except BadToken:                # not an id Laneway gave out
+            return None
         return found[0] if found else None
 
     async def _get(self, key: str) -> tuple[BatchState, int] | None:
         try:
             entry = await self.kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, nats.js.errors.BadRequestError):
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
         return decode_state(entry.value), entry.revision
 
@@ -78,7 +81,10 @@ class BatchStore:
                      change: Callable[[BatchState], BatchState | None]) -> BatchState | None:
         """Apply `change` to the stored record until it lands on the revision it read. `change`
         returns None to leave the record as it is (that record is returned)."""
-        key = batch_key(tenant, batch_id)
+        try:
+            key = batch_key(tenant, batch_id)
+        except BadToken:
+            return None
         while True:
             found = await self._get(key)
             if found is None:

@@ -1,4 +1,4 @@
-"""The admission gate, in order: validate → quota → PII → route → cache.
+"""The admission gate, in order: validate → received once (per tenant and id) → quota → PII → route → cache.
 
 Every entry path (the bridge and direct publishers) passes through here in the broker, before
 any engine or hosted API sees a request. A stage refuses with `Refusal` (code, message, param,
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from broker.gate.pii import DEFAULT_POLICY, PiiAudit, PiiBlocked, PiiGate, PiiTooLarge, PiiUnavailable
 from broker.gate.quota import Quota, QuotaUnavailable
 from broker.gate.route import adapter_of, route
-from broker.gate.validate import check_context, check_stored_as, check_tenant, validate
+from broker.gate.validate import check_context, check_escalated, check_tenant, validate
+from broker.received import Copy, Received, Verdict
 from core.cache import CachedResponse, ResponseCache
 from core.policy.pii import document_fingerprint
 from core.policy.pii import encode as encode_pii_policy
@@ -83,6 +84,7 @@ class Gate:
         self.pii = pii
         self.pii_missing: str | None = None     # why the PII stage asked for is not running
         self.cache = cache
+        self.received: Received | None = None      # request ids received, per tenant (broker/received.py)
         self.ledger = GrantLedger()
         self._publish_audit = publish_audit
 
@@ -109,9 +111,10 @@ class Gate:
     async def admit(self, request: GenerateRequest, klass: str, tenant: str, delivery: Delivery,
                     tenant_doc: Tenant | None, routing: Routing) -> Admission:
         validate(request, klass, tenant, self.s)
-        check_stored_as(request, tenant, delivery.escalated, delivery.stored_as)
+        check_escalated(request, delivery.escalated)
         check_tenant(klass, tenant, tenant_doc)
         check_context(request, context_limit(routing.models, request.model, self.max_context_tokens))
+        await self._receive(request, tenant, delivery)
         output_pii = self._output_pii(request, tenant_doc)
         headers = await self._charge(request, tenant, delivery, tenant_doc)
         try:
@@ -124,6 +127,19 @@ class Gate:
         except Refusal:
             await self.release(tenant, request.request_id, 0)
             raise
+
+    async def _receive(self, request: GenerateRequest, tenant: str, delivery: Delivery) -> None:
+        """Each request id once per tenant (the subject's: the server enforced it); raises `Copy`
+        for another copy of a message received, answered by the first."""
+        if self.received is None:
+            return
+        verdict = await self.received.claim(tenant, request, delivery.stream_seq, delivery.stored_as,
+                                            delivery.escalated)
+        if verdict is Verdict.COPY:
+            raise Copy(tenant, request.request_id, delivery.stream_seq)
+        if verdict is Verdict.DUPLICATE:
+            raise Refusal(ErrorCode.duplicate_request,
+                          f"request_id {request.request_id!r} was already received", "request_id")
 
     # -- quota ------------------------------------------------------------------------------
     async def _charge(self, request: GenerateRequest, tenant: str, delivery: Delivery,

@@ -6,11 +6,12 @@ import time
 
 from core.policy.refusal import Refusal
 from core.policy.tenants import Tenant
-from schemas import checks, codec
-from schemas.checks import Invalid, check_deadline
+from schemas import codec, request_checks
+from schemas.checks import Invalid
+from schemas.request_checks import check_deadline
 from schemas.errors import ErrorCode
 from schemas.requests import GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
+from schemas.subjects import Subjects
 
 
 def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, s: Subjects) -> None:
@@ -39,7 +40,7 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
 
 def check_context(request: GenerateRequest, max_context_tokens: int) -> None:
     try:
-        checks.check_context(request, max_context_tokens)
+        request_checks.check_context(request, max_context_tokens)
     except Invalid as exc:
         raise refusal(exc) from None
 
@@ -48,17 +49,9 @@ def refusal(exc: Invalid) -> Refusal:
     return Refusal(exc.code, exc.message, exc.param)
 
 
-def check_stored_as(request: GenerateRequest, subject_tenant: str, escalated_subject: bool,
-                    stored_as: str | None) -> None:
-    """How the message was stored must be what its subject entitles it to. Its dedup key is
-    `tenant:request_id` (a key naming another tenant's request could make JetStream drop that
-    one's publish as a duplicate), and only the escalation subject, which only workers may
-    publish to, carries an escalated request (one admitted past its quota: it was charged
-    once, by its small pool)."""
-    expected = msg_id(subject_tenant, request.request_id, escalated=escalated_subject)
-    if stored_as != expected:
-        raise Refusal(ErrorCode.invalid_request,
-                      f"the {MSG_ID_HEADER} header must be {expected!r} (tenant:request_id)", MSG_ID_HEADER)
+def check_escalated(request: GenerateRequest, escalated_subject: bool) -> None:
+    """Only the escalation subject, which only workers may publish to, carries an escalated
+    request (one admitted past its quota: it was charged once, by its small pool)."""
     if request.escalated != escalated_subject:
         raise Refusal(ErrorCode.invalid_request, "only a worker may mark a request escalated", "escalated")
 

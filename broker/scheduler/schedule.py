@@ -24,6 +24,7 @@ from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Acks, Held, ParkedPull, Pool
+from broker.room import engine_priorities
 from broker.scheduler.answers import AckHandle, refuse
 from core.cache import CacheScope, prefix_salt
 from core.tracing import tracer
@@ -227,12 +228,12 @@ class Scheduler:
         if not selection.dispatch:
             return False
         dispatches = []
-        for item in selection.dispatch:
+        priorities = engine_priorities(selection.dispatch, credit.tenant_slots, self.live.rank)
+        for item, priority in zip(selection.dispatch, priorities, strict=True):
             held: Held = item.payload
-            policy = pool.lanes.policy(item.klass)
             queued = now - item.enqueued_at
             dispatches.append(Dispatch(held.request, held.ack.reply, held.attempt,
-                                       priority=policy.rank if policy else 0, queued_s=queued,
+                                       priority=priority, queued_s=queued,
                                        max_deliver=self._max_deliver,
                                        cache_key=held.cache_key, cache_model=held.cache_model,
                                        cache_salt=prefix_salt(self._scopes().scope(item.tenant)),

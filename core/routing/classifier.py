@@ -1,8 +1,8 @@
 """The intent classifier behind `auto`: `simple` | `complex` | `code`, with a confidence.
 
 Lightweight features (words, word pairs, code and math markers, length, question and multi-step
-cues) and a multinomial logistic regression trained offline by `train_classifier.py` and shipped
-as JSON weights (`intent_model.json`). Stdlib only: the broker runs it per `auto` request, so it
+cues) and a multinomial logistic regression trained offline by `tools/routing/train_classifier.py`
+and shipped as JSON weights (`intent_model.json`). Stdlib only: the broker runs it per `auto` request, so it
 must cost microseconds and pull in no ML runtime.
 """
 

@@ -201,6 +201,53 @@ async def test_slow_headers_and_slow_bodies_are_closed(limited_bridge):
         writer.close()
 
 
+BOUNDARY = "lwtrickle"
+UPLOAD_HEAD = (f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+               f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 10000000\r\n\r\n"
+               f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+               f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n"
+               "Content-Type: application/octet-stream\r\n\r\n").encode()
+CHAT_HEAD = SLOW_BODY.replace(b"Content-Length: 1000", b"Content-Length: 10000000")
+
+
+async def trickle(writer: asyncio.StreamWriter) -> None:
+    """One byte at a time, for as long as the bridge takes them."""
+    try:
+        while True:
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.02)     # scenario, kept: the attacker's pace, not a wait for the bridge
+    except (ConnectionError, OSError):
+        return
+
+
+@pytest.mark.parametrize("limited_bridge", [{"header_timeout_s": 5, "body_timeout_s": 0.5}], indirect=True)
+@pytest.mark.parametrize("head", [CHAT_HEAD, UPLOAD_HEAD], ids=["chat body", "file upload"])
+async def test_a_body_trickled_a_byte_at_a_time_is_cut_at_the_body_timeout(limited_bridge, head):
+    """Bytes keep coming, so neither the head's timer nor an idle one ever fires: only a bound on
+    the whole body's time closes it. On 0ea08ee an upload had a flat 600 s."""
+    reader, writer = await open_raw(limited_bridge.url, head)
+    sender = asyncio.create_task(trickle(writer))
+
+    async def until_closed() -> bytes:
+        """What the bridge answered, read as it comes: the close after it may be a reset, since
+        the trickle was still arriving (unread) when the bridge closed."""
+        answer = b""
+        try:
+            while chunk := await reader.read(1 << 16):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        return answer
+    try:
+        answer = await asyncio.wait_for(until_closed(), CLOSE_WITHIN_S)
+        assert answer.split(b" ", 2)[1] == b"408", answer
+        assert openai_error(json_body(answer))["code"] == "request_timeout"
+    finally:
+        sender.cancel()
+        writer.close()
+
+
 @pytest.mark.parametrize("limited_bridge", [{"max_connections": 3}], indirect=True)
 async def test_connections_past_the_cap_are_refused_and_service_resumes(limited_bridge):
     url = limited_bridge.url

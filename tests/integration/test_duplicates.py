@@ -1,8 +1,11 @@
-"""Nats-Msg-Id = <tenant>:<request_id>: a retried publish is stored once and generated once."""
+"""A retried publish (the same random Nats-Msg-Id) is stored once and generated once; the same
+request id published again is refused (broker/received.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import uuid
 
 import aiohttp
 import nats
@@ -11,9 +14,9 @@ import pytest
 from core.natsd import NatsServer
 from loadtest.stack import Stack, demo_settings
 from schemas import codec
-from schemas.frames import Finished
+from schemas.frames import Delta, Finished
 from schemas.requests import GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, msg_id
+from schemas.subjects import MSG_ID_HEADER
 from tests.requests import chat
 from tests.wait import eventually
 
@@ -52,24 +55,27 @@ def finished_count(stack) -> float:
                for sample in metric.samples if sample.name.endswith("_total"))
 
 
+async def listening(nc, request_id: str, inbox: str) -> tuple[GenerateRequest, list]:
+    """A request answered on `inbox`, and the frames that arrive there."""
+    frames: list = []
+    async def collect(msg):
+        frames.append(codec.decode_frame(msg.data))
+    await nc.subscribe(inbox, cb=collect)
+    now = time.time()
+    return GenerateRequest(request_id=request_id, tenant="demo", klass="interactive", model="laneway-sim",
+                           reply_to=inbox, created_at=now, deadline=now + 60, chat=chat("hi", max_tokens=3)), frames
+
+
 async def test_a_republished_request_is_generated_once(stack, nats_server):
     nc = await nats.connect(nats_server.url)
     try:
-        inbox = "dup.tok.demo.retrier"
-        frames: list = []
-        async def collect(msg):
-            frames.append(codec.decode_frame(msg.data))
-        await nc.subscribe(inbox, cb=collect)
-        now = time.time()
-        request = GenerateRequest(request_id="retry-me", tenant="demo", klass="interactive",
-                                  model="laneway-sim", reply_to=inbox, created_at=now, deadline=now + 60,
-                                  chat=chat("hi", max_tokens=3))
+        request, frames = await listening(nc, "retry-me", "dup.tok.demo.retrier")
         before = finished_count(stack)
-        acks = []
+        acks, publish_id = [], uuid.uuid4().hex
         for _ in range(3):   # a publisher that timed out waiting for its PubAck and retried
             acks.append(await nc.jetstream().publish(
                 "dup.req.interactive.demo", codec.encode(request),
-                headers={MSG_ID_HEADER: msg_id("demo", "retry-me")}))
+                headers={MSG_ID_HEADER: publish_id}))
         assert [a.duplicate for a in acks] == [None, True, True]
         def finished_frames() -> list:
             return [e for f in frames for e in f.entries if isinstance(e, Finished)]
@@ -79,6 +85,34 @@ async def test_a_republished_request_is_generated_once(stack, nats_server):
         assert len(finished) == 1
         assert finished_count(stack) - before == 1
     finally:
+        await nc.close()
+
+
+async def test_a_copy_stored_past_the_streams_window_is_dropped_not_run_or_answered(stack, nats_server):
+    """JetStream forgets a Nats-Msg-Id after its window: a publish retried later is stored again.
+    The broker drops that copy (the same Nats-Msg-Id: the same publish) without generating it
+    again or answering it. The window is cut to 1 s here to get there without waiting 120 s."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        config = (await js.stream_info(stack.broker.s.req_stream)).config
+        await js.update_stream(dataclasses.replace(config, duplicate_window=1.0))
+        request, frames = await listening(nc, "late-copy", "dup.tok.demo.late")
+        before, publish_id = finished_count(stack), uuid.uuid4().hex
+        async def publish() -> bool:
+            ack = await js.publish("dup.req.interactive.demo", codec.encode(request),
+                                   headers={MSG_ID_HEADER: publish_id})
+            return not ack.duplicate
+        assert await publish()
+        def entries() -> list:
+            return [e for f in frames for e in f.entries if not isinstance(e, Delta)]
+        assert await eventually(entries), "the request was never answered"
+        assert await eventually(publish), "the stream never stored the copy"     # past its window
+        assert await eventually(lambda: settled(stack)), "the copy was never taken off the stream"
+        assert [type(e) for e in entries()] == [Finished], entries()
+        assert finished_count(stack) - before == 1
+    finally:
+        await js.update_stream(config)
         await nc.close()
 
 

@@ -1,7 +1,8 @@
 """Junk costs its sender, not the other tenants (issue 34). Under the NATS accounts `laneway up`
 generates, a tenant's user may publish requests only in the classes its document lists: the
 server refuses another class and a made-up class token alike. A flood of undecodable messages
-from it is counted and terminated without the intake waiting on the DLQ, leaves a bounded
+from it is read at a bounded rate (its sender's own backlog holds the rest), counted and
+terminated without the intake waiting on the DLQ, leaves a bounded
 dead-letter stream (LW_DLQ's caps, applied to an old install's stream too) and a bounded log, and
 another tenant is served meanwhile. The DLQ writer's queue drops what does not fit (counted) and
 writes what it holds when the broker stops."""
@@ -18,13 +19,15 @@ import pytest
 from nats.js.api import StreamConfig
 
 from bridge.client import LanewayClient, LanewayError
+from broker import intake
 from broker.deadletter import LOG_EVERY_S, DeadLetters
+from broker.intake import PullIntake
 from broker.gate.pipeline import Gate
 from broker.metrics import BrokerMetrics
 from core.natsd import SHARED_DISK_FILE_STORE, NatsServer
 from core.policy.tenants import Tenant, TenantDirectory, hash_key
 from core.settings import LogicalModel, Settings
-from core.topology import StreamLimits, dead_letter_stream, ensure_topology
+from core.topology import StreamLimits, dead_letter_stream, ensure_intake, ensure_topology
 from laneway.nats_config import up_auth
 from loadtest.stack import Stack
 from schemas.subjects import Subjects
@@ -121,7 +124,7 @@ async def test_a_flood_of_junk_costs_its_sender_not_another_tenant(junk, caplog)
             text = "".join([t async for t in client.generate(chat("still there?", max_tokens=3), timeout_s=120)])
         assert len(text.split()) == 3
 
-        # Every junk message counted and terminated: none left in the queue against acme's backlog.
+        # Every junk message counted and terminated in the end (read at JUNK_RATE after a burst).
         assert await eventually(lambda: junk.counted("laneway_dead_lettered_total") - counted == JUNK, timeout=120)
         elapsed = time.monotonic() - began
 
@@ -148,6 +151,66 @@ async def test_a_flood_of_junk_costs_its_sender_not_another_tenant(junk, caplog)
 
 
 # -- the pieces on a server of their own --------------------------------------------------------
+async def test_the_servers_log_of_refused_publishes_stays_within_its_bounds(tmp_path):
+    """nats-server logs each publish a permission refuses: a flood of them rolls the log over
+    its size limit and old logs beyond the count are deleted, whatever the flood's length."""
+    config = tmp_path / "auth.conf"
+    config.write_text('authorization { users = [{user: "t", password: "p", permissions: {publish: "ok"}}] }\n')
+    server = NatsServer(tmp_path / "store", config_file=config, log_size_limit=20_000, log_max_files=2)
+    await server.start()
+    nc = await nats.connect(server.url, user="t", password="p", error_cb=_ignore)
+    try:
+        for i in range(3000):           # ~170 bytes of log each: 25 times the whole bound
+            await nc.publish(f"refused.{i}", b"x")
+        await nc.publish("refused.last", b"x")
+        await nc.flush()
+        assert await eventually(lambda: "refused.last" in server.log_file.read_text())
+        logs = list(server.log_file.parent.glob(f"{server.log_file.name}*"))
+        assert 1 < len(logs) <= 1 + 2, logs            # rolled, and no more old ones kept than 2
+        assert sum(p.stat().st_size for p in logs) <= 3 * 20_000 + 1_000
+    finally:
+        await nc.close()
+        await server.stop()
+
+
+async def _ignore(exc: Exception) -> None:
+    pass
+
+
+async def test_junk_is_read_at_a_bounded_rate_and_the_rest_waits_in_its_senders_backlog(nats_server, monkeypatch):
+    """Each junk message spends a token; with none left the intake issues no pull (here the
+    tokens never come back), so what it reads is the burst and at most the pull in flight."""
+    monkeypatch.setattr(intake, "JUNK_BURST", 20)
+    monkeypatch.setattr(intake, "JUNK_RATE", 1e-9)
+    s, batch, sent = Subjects("junkrate"), 8, 200
+    nc = await nats.connect(nats_server.url)
+    read: list[bytes] = []
+
+    async def unreadable(msg) -> bool:
+        read.append(msg.data)
+        await msg.term()
+        return False
+    pulls = PullIntake(nc, s.req_stream, s.intake_durable("interactive", "acme"), unreadable,
+                       room=lambda: 1000, batch=batch)
+    try:
+        js = nc.jetstream()
+        await ensure_topology(js, s, LIMITS)
+        await ensure_intake(js, s, LIMITS, tenants=["acme"])
+        for i in range(sent):
+            await js.publish(s.req("interactive", "acme"), b"\x93junk %d" % i)
+        await pulls.start()
+
+        async def holding() -> bool:
+            info = await js.consumer_info(s.req_stream, s.intake_durable("interactive", "acme"))
+            return len(read) >= 20 and info.num_waiting == 0 and info.num_ack_pending == 0
+        assert await eventually(holding), len(read)
+        assert len(read) < 20 + batch        # no pull after the tokens ran out
+        assert (await js.stream_info(s.req_stream)).state.messages == sent - len(read)
+    finally:
+        await pulls.stop()
+        await nc.close()
+
+
 async def test_provisioning_caps_an_old_installs_dead_letter_stream(nats_server):
     s = Subjects("olddlq")
     nc = await nats.connect(nats_server.url)
@@ -176,9 +239,10 @@ async def test_the_dead_letter_queue_drops_what_does_not_fit_and_writes_the_rest
     try:
         js = nc.jetstream()
         await ensure_topology(js, s, LIMITS)
+        await ensure_intake(js, s, LIMITS, tenants=["acme"])
         for i in range(5):
             await js.publish(s.req("interactive", "acme"), b"\x93junk %d" % i)
-        pull = await js.pull_subscribe_bind(s.class_durable("interactive"), s.req_stream)
+        pull = await js.pull_subscribe_bind(s.intake_durable("interactive", "acme"), s.req_stream)
         for msg in await pull.fetch(5, timeout=10):
             await dead.unreadable(msg, "malformed", "not a request")
         assert metrics.registry.get_sample_value("laneway_dead_lettered_total", {"reason": "malformed"}) == 5

@@ -42,8 +42,9 @@ async def test_class_change_applies_live(stack, nats_server):
 
 
 async def test_a_class_created_live_gets_its_consumer_and_is_served(stack, nats_server):
-    """Each class has a consumer of its own (the intake pulls a chat past a batch flood): the
-    one a new class needs is made by `classes set`, with the limits its siblings have."""
+    """Each (class, tenant) has a consumer of its own (the intake pulls a chat past a batch flood
+    and past another tenant's backlog): the ones a new class and a new tenant need are made by
+    `classes set` and `tenants set`, with the limits their siblings have."""
     result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "vip", "--rank", "0",
                                      "--max-queue-wait", "30", "--max-tenant-depth", "64",
                                      "--max-slot-share", "1", "--starve-after", "60")
@@ -55,8 +56,8 @@ async def test_a_class_created_live_gets_its_consumer_and_is_served(stack, nats_
     nc = await nats.connect(nats_server.url)
     try:
         js, s = nc.jetstream(), stack.broker.s
-        made = await js.consumer_info(s.req_stream, s.class_durable("vip"))
-        sibling = await js.consumer_info(s.req_stream, s.class_durable("batch"))
+        made = await js.consumer_info(s.req_stream, s.intake_durable("vip", "vipco"))
+        sibling = await js.consumer_info(s.req_stream, s.intake_durable("batch", "demo"))
         assert (made.config.max_deliver, made.config.ack_wait) == (sibling.config.max_deliver, sibling.config.ack_wait)
         async with LanewayClient(nc, tenant="vipco", prefix="ops") as client:
             parts = [t async for t in client.generate(chat("hi", max_tokens=3), klass="vip")]

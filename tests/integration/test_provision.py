@@ -9,9 +9,11 @@ import json
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 
 import aiohttp
 import nats
+import nats.js.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -26,7 +28,7 @@ from core.policy import tenants as tenant_docs
 from core.policy.classes import DEFAULT_CLASSES
 from core.policy.tenants import Tenant, hash_key
 from core.provision import provision_at
-from core.topology import StreamLimits, ensure_topology, request_stream
+from core.topology import StreamLimits, ensure_intake, ensure_topology, request_stream
 from loadtest.stack import demo_settings
 from schemas.subjects import Subjects
 from tests.wait import eventually
@@ -65,11 +67,12 @@ async def test_ops_provision_creates_everything_and_a_rerun_keeps_a_live_edit(na
         js = nc.jetstream()
         for stream in (s.req_stream, s.usage_stream, s.dlq_stream, s.audit_stream):
             assert (await js.stream_info(stream)).config.name == stream
-        for policy in DEFAULT_CLASSES:      # one consumer per class, none on the whole stream
-            info = await js.consumer_info(s.req_stream, s.class_durable(policy.name))
-            assert (info.config.max_deliver, info.config.filter_subjects) == (7, s.class_filters(policy.name))
+        for policy in DEFAULT_CLASSES:      # one consumer per (class, tenant), none wider
+            info = await js.consumer_info(s.req_stream, s.intake_durable(policy.name, "acme"))
+            assert (info.config.max_deliver, info.config.filter_subjects) == (7, s.intake_filters(policy.name, "acme"))
         assert sorted(c.name for c in await js.consumers_info(s.req_stream)) \
-            == sorted(s.class_durable(c.name) for c in DEFAULT_CLASSES)
+            == sorted(s.intake_durable(c.name, "acme") for c in DEFAULT_CLASSES)
+        assert (await js.stream_info(s.req_stream)).config.subjects == s.req_stream_subjects(["acme"])
         classes = await js.key_value(s.bucket("classes"))
         assert sorted(await classes.keys()) == sorted(c.name for c in DEFAULT_CLASSES)
         routing = await js.key_value(s.bucket("routing"))
@@ -151,29 +154,51 @@ async def test_services_started_before_provisioning_wait_for_it_then_serve(nats_
                 await service.stop()
 
 
-async def test_an_install_from_before_class_consumers_loses_nothing_it_stored(nats_server):
-    """Its one consumer on the whole request stream would overlap the class consumers (a work
-    queue's may not): provisioning deletes it, and what it stored, delivered and not, is pulled
-    by the class consumers."""
-    s = Subjects("legacy")
+@pytest.mark.parametrize("legacy", ["whole-stream", "per-class"])
+async def test_an_install_from_before_tenant_consumers_loses_nothing_it_stored(nats_server, legacy):
+    """Its consumers (one on the whole request stream, or later one per class) would overlap the
+    (class, tenant) ones (a work queue's may not): provisioning deletes them, and what they
+    stored, delivered and not, is pulled by the new consumers."""
+    s = Subjects(f"legacy{legacy[:3]}")
+    classes = ("interactive", "batch")
+    old_names = {"whole-stream": {f"{s.prefix}-broker": [s.req("*", "*"), s.req_escalated("*", "*")]},
+                 "per-class": {f"{s.prefix}-req-{k}": [s.req(k, "*"), s.req_escalated(k, "*")] for k in classes}}[legacy]
     nc = await nats.connect(nats_server.url)
     try:
         js = nc.jetstream()
-        await js.add_stream(request_stream(s, StreamLimits()))
-        await js.add_consumer(s.req_stream, ConsumerConfig(
-            durable_name=s.legacy_durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=600,
-            filter_subjects=s.req_stream_subjects))
-        for klass in ("interactive", "batch"):
+        await js.add_stream(replace(request_stream(s, StreamLimits(), []), subjects=[s.req("*", "*"), s.req_escalated("*", "*")]))
+        for name, filters in old_names.items():
+            await js.add_consumer(s.req_stream, ConsumerConfig(
+                durable_name=name, ack_policy=AckPolicy.EXPLICIT, ack_wait=600, filter_subjects=filters))
+        for klass in classes:
             await js.publish(s.req(klass, "acme"), klass.encode())
-        old = await js.pull_subscribe_bind(s.legacy_durable, s.req_stream)
+        first = next(iter(old_names))
+        old = await js.pull_subscribe_bind(first, s.req_stream)
         assert [m.data for m in await old.fetch(1, timeout=10)] == [b"interactive"]    # never acked
         await old.unsubscribe()
 
         await ensure_topology(js, s, StreamLimits())
+        await ensure_intake(js, s, StreamLimits(), tenants=["acme"])
         names = {c.name for c in await js.consumers_info(s.req_stream)}
-        assert s.legacy_durable not in names and s.class_durable("interactive") in names
-        for klass in ("interactive", "batch"):
-            pull = await js.pull_subscribe_bind(s.class_durable(klass), s.req_stream)
+        assert not names & set(old_names) and s.intake_durable("interactive", "acme") in names
+        for klass in classes:
+            pull = await js.pull_subscribe_bind(s.intake_durable(klass, "acme"), s.req_stream)
             assert [m.data for m in await pull.fetch(1, timeout=10)] == [klass.encode()]
+    finally:
+        await nc.close()
+
+
+async def test_a_request_for_a_tenant_with_no_document_is_refused_at_publish(nats_server):
+    """No consumer would ever pull it: the request stream does not take it, and the publisher
+    is told at once rather than left waiting."""
+    s = Subjects("nodoc")
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await ensure_topology(js, s, StreamLimits())
+        await ensure_intake(js, s, StreamLimits(), tenants=["acme"])
+        await js.publish(s.req("interactive", "acme"), b"{}")
+        with pytest.raises(nats.js.errors.NoStreamResponseError):
+            await js.publish(s.req("interactive", "stranger"), b"{}")
     finally:
         await nc.close()

@@ -10,7 +10,7 @@ import uuid
 from schemas import codec
 from schemas.frames import Delta, Entry
 from schemas.requests import GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, Subjects, msg_id
+from schemas.subjects import MSG_ID_HEADER, Subjects
 from tests.requests import chat
 
 S = Subjects("lw")
@@ -39,7 +39,7 @@ class Publisher:
                                chat=body, **fields)
 
     async def publish(self, request: GenerateRequest, stored_as: str | None = None) -> None:
-        headers = {MSG_ID_HEADER: stored_as or msg_id(request.tenant, request.request_id)}
+        headers = {MSG_ID_HEADER: stored_as or uuid.uuid4().hex}
         await self.nc.jetstream().publish(S.req(request.klass, self.tenant), codec.encode(request), headers=headers)
 
     async def first(self, request_id: str):

@@ -9,10 +9,11 @@ import pytest
 
 from core.routing import classifier
 from core.routing.classifier import IntentModel, features, predict, prompt_text
-from core.routing.train_classifier import LABELS, data_digest, evaluate, fit, load_examples, split, to_model
+from core.routing.intent_eval import LABELS, evaluate
 from schemas.openai import Message
 from schemas.requests import GenerateRequest
 from tests.requests import chat
+from tools.routing.train_classifier import data_digest, fit, load_examples, split, to_model
 
 # Measured 0.937 on 126 held-out prompts from 36 template groups the model never saw (the
 # majority class scores 0.38, a hand-written keyword rule over the same features 0.74). 0.85

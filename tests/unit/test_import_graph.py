@@ -10,7 +10,8 @@ still a dependency).
   each other: no I/O library, no clock-free code reaching for a socket.
 - One environment registry: `os.environ` and `os.getenv` appear in `core/env.py` alone.
 - No module over 400 lines; no import cycle between packages (each sub-package and top-level
-  module of a folder is one). `pytest -s` prints the package dependency list.
+  module of a folder is one), nor between files anywhere: two modules that need each other hold
+  a piece that belongs in a third. `pytest -s` prints the package dependency list.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ RANK = {
     "workers": 2,       # the worker loop and its engines
     "loadtest": 3,      # benchmarks and the planner, over the product
     "laneway": 4,       # the command line, over everything it can start
+    "tools": 5,         # offline tools (not installed): over the product, imported by none of it
 }
 TOPS = tuple(RANK)
 # Pure: a module named here, or inside a package named here.
@@ -131,8 +133,17 @@ def dependencies(edges: list[tuple[str, str]]) -> dict[str, set[str]]:
     return deps
 
 
+def module_dependencies(edges: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """Module → the other modules of ours it imports (a package by its `__init__`)."""
+    deps: dict[str, set[str]] = {m: set() for m in _modules()}
+    for src, dst in ours(edges):
+        if dst in deps and dst != src:
+            deps[src].add(dst)
+    return deps
+
+
 def cycles(deps: dict[str, set[str]]) -> set[frozenset[str]]:
-    """The strongly connected components with more than one package (Tarjan, iterative)."""
+    """The strongly connected components with more than one node (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -215,6 +226,12 @@ def test_no_cycles_between_packages_but_the_known_ones(edges) -> None:
         " ↔ ".join(sorted(c)) for c in gone)
 
 
+def test_no_cycles_between_modules(edges) -> None:
+    found = cycles(module_dependencies(edges))
+    assert not found, "modules that import each other (at any depth, TYPE_CHECKING too): " + "; ".join(
+        " ↔ ".join(sorted(c)) for c in sorted(found, key=sorted))
+
+
 def test_the_checks_see_the_tree_and_catch_a_wrong_import(edges) -> None:
     """Guards the test itself: a walk that found nothing would pass everything above."""
     deps = dependencies(edges)
@@ -232,3 +249,9 @@ def test_the_checks_see_the_tree_and_catch_a_wrong_import(edges) -> None:
         "core.policy.quota is pure but imports nats.js", "broker.lanes is pure but imports asyncio"]
     assert environ_reads("x", "import os\nkey = os.environ.get('K')\nfrom os import getenv")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
+    # Imports inside functions are edges (how cycles hide); two files importing each other are a cycle.
+    assert ("laneway.processes", "core.routing.eval_gate") in edges
+    assert cycles(module_dependencies([("core.env", "core.tasks"), ("core.tasks", "core.env"),
+                                       ("core.routing.classifier", "schemas.requests")])) == {
+        frozenset({"core.env", "core.tasks"})}
+    assert "tools.routing.train_classifier" in module_dependencies(edges)

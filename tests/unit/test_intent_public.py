@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core.routing.classifier import IntentModel, default_model
-from core.routing.train_classifier import LABELS, Example
+from core.routing.intent_eval import LABELS, Example
 from loadtest import intent_public
 from loadtest.intent_public import VIEWS, load, prose, score
 

@@ -47,7 +47,8 @@ class Ack:
 
 def scheduler() -> tuple[Scheduler, FakeNats]:
     nc = FakeNats()
-    live = SimpleNamespace(classes={c.name: c for c in DEFAULT_CLASSES},
+    classes = {c.name: c for c in DEFAULT_CLASSES}
+    live = SimpleNamespace(classes=classes, rank=lambda name: classes[name].rank,
                            tenants=SimpleNamespace(weight=lambda tenant: 1.0), rules=None)
 
     async def release(tenant: str, request_id: str) -> None: ...

@@ -1,6 +1,6 @@
 """Regenerate `intents.jsonl`: labelled prompts for the intent classifier (deterministic).
 
-    python core/routing/data/make_intents.py
+    python tools/routing/data/make_intents.py
 
 Each line: {"text", "label", "group"}. `group` names the template a prompt came from (or
 `hand-<n>` for a hand-written one); the train script holds out whole groups, so the reported

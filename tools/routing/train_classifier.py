@@ -1,7 +1,7 @@
 """Train the intent classifier offline and write `intent_model.json`. Stdlib only, deterministic.
 
-    python -m core.routing.train_classifier            # train, print held-out accuracy, write
-    python -m core.routing.train_classifier --check    # train and print, write nothing
+    python -m tools.routing.train_classifier            # train, print held-out accuracy, write
+    python -m tools.routing.train_classifier --check    # train and print, write nothing
 
 Multinomial logistic regression on `classifier.features`, fitted by SGD with AdaGrad steps and
 L2 in a seeded order. Held out: whole template groups (`held_out_groups`), a quarter of each label's, so
@@ -18,21 +18,13 @@ import math
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from core.routing.classifier import MODEL_PATH, IntentModel, features, softmax
+from core.routing.intent_eval import LABELS, Example, evaluate
 
 DATA_PATH = Path(__file__).with_name("data") / "intents.jsonl"
-LABELS = ("simple", "complex", "code")
 HOLDOUT_SHARE = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Example:
-    text: str
-    label: str
-    group: str
 
 
 def load_examples(path: Path = DATA_PATH) -> list[Example]:
@@ -100,14 +92,6 @@ def to_model(weights: dict[str, list[float]], meta: dict[str, object]) -> Intent
     kept = {f: tuple(round(w, 4) for w in row) for f, row in sorted(weights.items())
             if max(abs(w) for w in row) >= 5e-4}
     return IntentModel(LABELS, kept, meta)
-
-
-def evaluate(model: IntentModel, examples: Sequence[Example]) -> tuple[float, dict[str, dict[str, int]]]:
-    confusion = {a: {b: 0 for b in LABELS} for a in LABELS}
-    for e in examples:
-        confusion[e.label][model.predict(e.text)[0]] += 1
-    correct = sum(confusion[label][label] for label in LABELS)
-    return correct / max(1, len(examples)), confusion
 
 
 def write(model: IntentModel, path: Path = MODEL_PATH) -> None:
