@@ -4,7 +4,7 @@
         async for text in client.generate(model="laneway-sim", messages=[...]):
             print(text, end="")
 
-It follows the same protocol as the bridge (README, "The subject protocol"), so a service in
+It follows the same protocol as the bridge (docs/subject-protocol.md), so a service in
 another language can do the same with any NATS client: subscribe to one inbox
 `lw.tok.<tenant>.<edge_id>`, publish msgpack `GenerateRequest`s to `lw.req.<class>.<tenant>`
 through JetStream with a random `Nats-Msg-Id` (no one else can guess it), read `TokenFrame`s,

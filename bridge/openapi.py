@@ -76,7 +76,7 @@ def _spec(model_names: tuple[str, ...]) -> dict:
         [ChatBody, ChatCompletion, CompletionBody, TextCompletion, EmbeddingBody, ResponsesBody,
          ModelList, Model, ErrorResponse, CreateBatch, Batch, BatchList, FileObject, FileList, Deleted],
         ref_template="#/components/schemas/{name}")
-    # Answers Laneway writes from byte templates; their shape is OpenAI's (see the README).
+    # Answers Laneway writes from byte templates; their shape is OpenAI's (docs/openai-api.md).
     answer = {"type": "object"}
     if model_names:  # the live logical models, so generated requests can name a real one
         for body in ("ChatBody", "CompletionBody", "EmbeddingBody", "ResponsesBody"):

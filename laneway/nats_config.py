@@ -12,7 +12,7 @@ write there for it. In an account of its own, a tenant reaches the services only
 the service account exports to it, and the server rewrites the reply of a service import, so
 the PubAck can only come back to the publisher, inside the tenant's own account.
 
-Each tenant account imports exactly its protocol (README, "The subject protocol"):
+Each tenant account imports exactly its protocol (docs/subject-protocol.md):
 `lw.req.<class>.<tenant>` for each class its tenant document lists, and `lw.cancel.<tenant>.*`,
 as services, `lw.tok.<tenant>.>` as a stream. It has no JetStream of its own and sees nothing
 else. Its one user also has subject permissions (the same subjects), so a publish outside them is

@@ -91,7 +91,7 @@ class Api:
             assert response.headers["content-type"].startswith("text/event-stream")
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
-                    # An `id:` names the event for a resume (README, "Resuming a stream").
+                    # An `id:` names the event for a resume (docs/openai-api.md, "Resuming a stream").
                     assert not line.strip() or line.startswith((":", "id: ")), f"not SSE: {line!r}"
                     continue
                 data = line[len("data:"):].strip()

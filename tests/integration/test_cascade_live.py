@@ -52,7 +52,7 @@ async def stream(stack, content: str) -> tuple[str, list[str]]:
     async with aiohttp.ClientSession(base_url=stack.url) as http:
         async with http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as r:
             assert r.status == 200
-            # Each event's data line (an `id:` line may come first: README, "Resuming a stream").
+            # Each event's data line (an `id:` line may come first: docs/openai-api.md, "Resuming a stream").
             events = [e.split("\n")[-1] for e in (await r.text()).split("\n\n") if e]
     text = "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
                    for e in events if e.startswith("data: {") and '"choices":[{' in e)
