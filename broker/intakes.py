@@ -57,6 +57,7 @@ class Intakes:
         self._max_held = max_held
         self._live = live               # the classes (their shares, their rank) and the tenants
         self._intakes: dict[tuple[str, str], PullIntake] = {}
+        self._by_rank: list[tuple[tuple[str, str], PullIntake]] = []    # poke's order, made in `follow`
         self._starting: set[asyncio.Task[None]] = set()
 
     def room(self, klass: str, tenant: str) -> int:
@@ -82,10 +83,12 @@ class Intakes:
                 task = asyncio.create_task(intake.start(), name=f"laneway-intake-start-{klass}-{tenant}")
                 self._starting.add(task)
                 task.add_done_callback(self._starting.discard)
+        # Sorted here, not at each poke (one per admission ended): a rank changes only with the classes.
+        self._by_rank = sorted(self._intakes.items(), key=lambda item: self._live.rank(item[0][0]))
 
     def poke(self) -> None:
         """Room was freed: each pair with room pulls again, the highest class first."""
-        for (klass, tenant), intake in sorted(self._intakes.items(), key=lambda item: self._live.rank(item[0][0])):
+        for (klass, tenant), intake in self._by_rank:
             if self.room(klass, tenant) > 0:
                 intake.poke()
 
@@ -93,5 +96,5 @@ class Intakes:
         """Stop every pull; each hands on what its open pull delivered (PullIntake.stop)."""
         starting, self._starting = list(self._starting), set()
         await asyncio.gather(*starting, return_exceptions=True)
-        intakes, self._intakes = list(self._intakes.values()), {}
+        intakes, self._intakes, self._by_rank = list(self._intakes.values()), {}, []
         await asyncio.gather(*(intake.stop() for intake in intakes))
