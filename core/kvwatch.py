@@ -51,7 +51,7 @@ class BucketWatch:
                     raise
                 await asyncio.sleep(0.25)
         watcher = await kv.watchall(meta_only=self._meta_only)
-        self._task = asyncio.create_task(self._run(watcher), name=f"watch-{self._bucket}")
+        self._task = asyncio.create_task(self._run(kv, watcher), name=f"watch-{self._bucket}")
         async with asyncio.timeout(10):
             await self.loaded.wait()
 
@@ -59,11 +59,12 @@ class BucketWatch:
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
-    async def _run(self, watcher) -> None:
+    async def _run(self, kv: KeyValue, watcher) -> None:
         try:
             async for entry in watcher:
-                if entry is None:             # end of the initial values
-                    self.loaded.set()
+                if entry is None:             # end of the initial values, unless it came early
+                    if self.loaded.is_set() or not await _stores_any(kv, ">"):
+                        self.loaded.set()
                     continue
                 try:
                     if entry.operation in (KV_DEL, KV_PURGE):
@@ -84,14 +85,43 @@ class BucketWatch:
 async def current_values(kv: KeyValue, keys: str) -> list[bytes]:
     """The values stored now under `keys` (a KV key filter: `acme.*`, `>`), deletes left out: a
     snapshot, read once, where `BucketWatch` follows changes."""
-    values = []
-    watcher = await kv.watch(keys, ignore_deletes=True)
+    return [entry.value for entry in await _snapshot(kv, keys) if entry.value]
+
+
+async def current_keys(kv: KeyValue, keys: str = ">") -> list[str]:
+    """The keys stored now under `keys`, deletes left out, sorted (`kv.keys()` without its race,
+    and an empty bucket is `[]`)."""
+    return sorted(entry.key for entry in await _snapshot(kv, keys, meta_only=True))
+
+
+async def _snapshot(kv: KeyValue, keys: str, meta_only: bool = False) -> list[KeyValue.Entry]:
+    """The last entry of each key under `keys`. It ends at the entry with nothing pending after
+    it, not at nats-py's "nothing stored" marker alone: see `_stores_any`."""
+    entries: list[KeyValue.Entry] = []
+    watcher = await kv.watch(keys, meta_only=meta_only)
     try:
         async for entry in watcher:
-            if entry is None:           # the end of what is stored
+            if entry is None:
+                if not await _stores_any(kv, keys):
+                    break
+                continue
+            if entry.operation not in (KV_DEL, KV_PURGE):
+                entries.append(entry)
+            if entry.delta == 0:
                 break
-            if entry.value:
-                values.append(entry.value)
     finally:
         await watcher.stop()
-    return values
+    return entries
+
+
+async def _stores_any(kv: KeyValue, keys: str) -> bool:
+    """Whether any key under `keys` has a message (a delete's marker counts: the watch delivers it).
+
+    nats-py's watcher says "nothing stored" (a `None` first) when its consumer's info counts no
+    message pending and none has reached the subscription yet. The server answers that info apart
+    from the messages it pushes, and under load the answer can come first, with the messages
+    already counted as delivered: `kv.keys()` then raised `NoKeysError` on a full bucket (seen in
+    CI). That marker is checked here against the stream's subjects. nats-py keeps the bucket's
+    context, stream and subject prefix private; they are read in this one place."""
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}{keys}")
+    return bool(info.state.subjects)

@@ -25,6 +25,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from core.kvwatch import current_keys
 from core.policy import classes as class_docs
 from core.policy import tenants as tenant_docs
 from core.policy.classes import DEFAULT_CLASSES
@@ -165,7 +166,7 @@ async def ensure_intake(js: JetStreamContext, s: Subjects, limits: StreamLimits 
     flags of `up`). A consumer is made before its class or tenant document exists, so the
     brokers find it when they see the document."""
     all_tenants = sorted({*await _tenant_names(js, s), *tenants})
-    all_classes = sorted({*await (await js.key_value(s.bucket("classes"))).keys(), *classes})
+    all_classes = sorted({*await current_keys(await js.key_value(s.bucket("classes"))), *classes})
     existing = {info.name: info for info in await js.consumers_info(s.req_stream)}
     if limits is None:
         limits = _provisioned_limits(existing.values())
@@ -184,9 +185,7 @@ async def ensure_intake(js: JetStreamContext, s: Subjects, limits: StreamLimits 
 
 async def _tenant_names(js: JetStreamContext, s: Subjects, missing_ok: bool = False) -> list[str]:
     try:
-        return await (await js.key_value(s.bucket("tenants"))).keys()
-    except nats.js.errors.NoKeysError:
-        return []
+        return await current_keys(await js.key_value(s.bucket("tenants")))
     except nats.js.errors.BucketNotFoundError:
         if missing_ok:           # a first provisioning: the bucket comes next
             return []

@@ -20,6 +20,7 @@ import nats
 import nats.js.errors
 
 from core.connect import connect_once
+from core.kvwatch import current_keys
 from core.policy import classes as class_docs
 from core.policy import tenants as tenant_docs
 from core.topology import ensure_intake
@@ -100,11 +101,7 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         kv = await nc.jetstream().key_value(n.subjects.bucket(args.bucket))
         if args.action == "list":
-            try:
-                keys = await kv.keys()
-            except nats.js.errors.NoKeysError:
-                keys = []
-            for key in sorted(keys):
+            for key in await current_keys(kv):
                 print(json.dumps(json.loads((await kv.get(key)).value)))
             return 0
         current = None
