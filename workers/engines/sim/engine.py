@@ -34,7 +34,16 @@ import msgspec
 from core.tasks import cancel_and_wait
 from schemas.frames import ToolCallDelta
 from schemas.openai import ChatBody, EmbeddingBody
-from workers.engine import Capacity, Engine, EngineError, EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
+from workers.engine import (
+    Capacity,
+    Continued,
+    Engine,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    RequestKey,
+    UnsupportedRequest,
+)
 from workers.engines.sim.adapters import Adapters
 from workers.engines.sim.embed import accept_embedding
 from workers.engines.sim.output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
@@ -60,6 +69,7 @@ class _Req:
     waiter: asyncio.Future[None] | None = None
     vectors: list[bytes] | None = None   # an embedding request's SIMULATED answer
     stops: list[str] = field(default_factory=list)   # the body's, read once (not per token)
+    replayed: int = 0                 # a continuation's: answer tokens prefilled after the prompt
 
     def push(self, out: EngineOutput) -> None:
         if not (out.finish_reason is None and self._merged(out)):
@@ -104,6 +114,7 @@ class _Seq:
 class SimEngine(Engine):
     name = "sim"
     supports_logprobs = True
+    continues = True
 
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
                  max_seqs: int | None = None, kv_tokens: int | None = None,
@@ -168,7 +179,7 @@ class SimEngine(Engine):
         if request.key in self._reqs:
             raise EngineError(request.request_id, "the request is already running on this engine")
         req = self._plan(request)
-        need = req.sim.prompt_tokens + max((seq.reserve for seq in req.choices), default=0)
+        need = req.reserve + max((seq.reserve for seq in req.choices), default=0)
         if need > self.scheduler.config.num_blocks * BLOCK:
             raise EngineError(request.request_id, f"{need} tokens (prompt and output) exceed the "
                               f"simulated KV cache of {self.scheduler.config.num_blocks * BLOCK} tokens")
@@ -177,9 +188,10 @@ class SimEngine(Engine):
         self._reserved += req.reserve + sum(seq.reserve for seq in req.choices)
         # An adapter's KV is its own (vLLM puts the LoRA in the block hashes' extra keys).
         salt = f"{request.cache_salt}\0{request.body.model}" if request.adapter else request.cache_salt
-        hashes = block_hashes("".join(request.body.texts()), req.sim.prompt_tokens, salt)
+        prompt = req.sim.prompt_tokens + req.replayed
+        hashes = block_hashes("".join(request.body.texts()) + req.choices[0].text, prompt, salt)
         for seq in req.choices:
-            seq.sched = Sequence(seq, request.priority, req.order, req.sim.prompt_tokens, hashes,
+            seq.sched = Sequence(seq, request.priority, req.order, prompt, hashes,
                                  adapter=request.body.model if request.adapter else "")
             self.scheduler.add(seq.sched)
         self._wake.set()
@@ -228,7 +240,32 @@ class SimEngine(Engine):
                 answer.finish = "length"
             reserve = sim.cap if sim.limited else len(answer.pieces)
             req.choices.append(_Seq(req, i, answer, reserve, random.Random(rng.getrandbits(64))))
+        if request.continued is not None:
+            self._continue(req, request.continued)
         return req
+
+    @staticmethod
+    def _continue(req: _Req, continued: Continued) -> None:
+        """A continuation: a lost worker streamed the answer's first tokens. They are prefilled
+        with the prompt and generation goes on at the next planned token; the answer is a
+        function of the request, so a deterministic one goes on exactly as if unbroken."""
+        if len(req.choices) != 1 or req.top is not None:
+            raise EngineError(req.request.request_id, "only a single choice without logprobs can be continued")
+        seq = req.choices[0]
+        pieces, echo = seq.answer.pieces, req.sim.echo
+        if continued.token_ids:
+            k = len(continued.token_ids)
+        else:       # text only: the planned tokens it spans
+            k, spans = 0, len(echo)
+            while k < len(pieces) and spans + len(pieces[k].text) <= len(continued.text):
+                spans += len(pieces[k].text)
+                k += 1
+        k = min(k, len(pieces))
+        seq.produced = req.replayed = k
+        seq.text = "".join(p.text for p in pieces[:k] if p.call < 0)
+        # What the client got of that text (a stop string's possible start may be held back).
+        seq.sent = max(0, min(len(seq.text), len(continued.text) - (len(echo) if k else 0)))
+        req.reserve += k
 
     def _plan_embedding(self, request: EngineRequest) -> _Req:
         """An embedding: one sequence whose whole cost is its prefill (no output tokens)."""
@@ -269,7 +306,13 @@ class SimEngine(Engine):
         return -(zlib.crc32("".join(request.body.texts()).encode()) % 2000) / 1000
 
     def _decode_one(self, seq: _Seq) -> None:
-        req, piece = seq.req, seq.answer.pieces[seq.produced]
+        req = seq.req
+        if seq.produced == len(seq.answer.pieces):     # continued after its last token: only the end
+            req.push(EngineOutput(seq.text[seq.sent:], [], index=seq.index))
+            seq.sent = len(seq.text)
+            self._finish_choice(seq, seq.answer.finish)
+            return
+        piece = seq.answer.pieces[seq.produced]
         seq.produced += 1
         out = EngineOutput("", [piece.token_id], index=seq.index,
                            confidence=[req.mean] if req.request.confidence else [])
@@ -347,7 +390,8 @@ class SimEngine(Engine):
         # The prompt is counted once, so are its cache hits: choice 0's (choices queue in order: it starts first).
         hits = [seq.sched.first_hit for seq in req.choices if seq.sched and seq.sched.first_hit is not None]
         req.push(EngineOutput("", [], finish_reason="abort" if reason == "abort" else reasons[0],
-                              prompt_tokens=req.sim.prompt_tokens, cached_tokens=hits[0] if hits else 0,
-                              completion_tokens=sum(seq.produced for seq in req.choices),
+                              prompt_tokens=req.sim.prompt_tokens + req.replayed,
+                              cached_tokens=hits[0] if hits else 0,
+                              completion_tokens=sum(seq.produced for seq in req.choices) - req.replayed,
                               finish_reasons=reasons if len(reasons) > 1 else [],
                               vectors=(req.vectors or []) if reason != "abort" else []))
