@@ -31,6 +31,7 @@ from bridge.demux import BufferLimits, Demux
 from bridge.errors import EdgeError, body_timeout
 from bridge.file_store import FileStore
 from bridge.files import FilesApi, is_upload
+from bridge.continuation import Continuations
 from bridge.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
@@ -84,6 +85,7 @@ class Bridge:
         self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics, self.catalogue.rank,
                                        self.catalogue.classes)
         self.losses = Losses(self.demux, self.readiness, self.loop_lag)
+        self.continuations = Continuations(self.demux, config.max_migrations)
         self.resumes = Resumes(self.edge_id, config.resume_window_s, self.demux.limits, self.demux, self.metrics,
                                self._cancel)
         self.relay: RelayServer | None = None
@@ -115,6 +117,7 @@ class Bridge:
         # Subscribe first: frames for a request can never arrive before we listen.
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
+        await self._nc.subscribe(self.s.cont_edge(self.edge_id), cb=self.continuations.on_ask)
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
         if self.resumes.enabled:    # other replicas ask for the streams this one holds
             self.relay = RelayServer(self._nc, self.s, self.resumes)

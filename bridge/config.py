@@ -41,6 +41,8 @@ class BridgeConfig:
     # generation goes on meanwhile. 0: no resuming, the generation is cancelled at once.
     resume_window_s: float = 30.0
     resume_tenant_bytes: int = RESUME_TENANT_BYTES     # events one tenant's streams keep for resuming
+    # A stream whose worker dies goes on on another worker at most this many times (bridge/continuation.py).
+    max_migrations: int = 2
     max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
     # The Files and Batch APIs: the largest upload; lines one bridge has in flight for the batches
     # it runs; how long a bridge's claim on a batch lasts unrenewed (another takes over after it).

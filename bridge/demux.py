@@ -2,8 +2,10 @@
 
 Entries are checked here so the routes only see a clean, ordered stream:
 - an entry from an older delivery attempt than the newest seen is dropped (stale);
-- a newer attempt after tokens already reached the client cannot be spliced into what the
-  client saw, so the stream ends with `worker_lost` (the promise: never a silent truncation);
+- a newer attempt after tokens already reached the client goes on only where its worker asked
+  first and was told where to (bridge/continuation.py: the attempt, the next `seq`); one that
+  did not ask cannot be spliced into what the client saw, so the stream ends with `worker_lost`
+  (the promise: never a silent truncation);
 - a gap in `seq` (a lost frame) ends the stream with an error rather than skipping text.
 
 What a slow reader may hold is bounded: a stream whose client does not read lets entries pile up
@@ -90,7 +92,7 @@ class TenantShare:
 class ResponseStream:
     __slots__ = ("request_id", "tenant", "klass", "attempt", "next_seq", "streamed", "closed", "_buffer",
                  "_waiter", "source", "edge_failed", "expired", "_timer", "_share", "_limits", "buffered",
-                 "__weakref__")
+                 "continuable", "migrations", "lost_at", "_ids", "_texts", "__weakref__")
 
     def __init__(self, request_id: str, tenant: str, expires_at: float, share: TenantShare | None = None,
                  limits: BufferLimits = BufferLimits(), klass: str = "") -> None:
@@ -103,6 +105,13 @@ class ResponseStream:
         self.closed = False          # a terminal entry has been queued
         self.source = ""             # the worker serving the current attempt
         self.edge_failed = False     # ended here, not by its worker: the request may still run
+        # What a continuation needs (bridge/continuation.py): choice 0's tokens and text as they
+        # came, while every delta was plain text; the workers it moved to; when its worker was lost.
+        self.continuable = True
+        self.migrations = 0
+        self.lost_at: float | None = None
+        self._ids: list[int] = []
+        self._texts: list[str] = []
         self._buffer: deque[Entry] = deque()
         self.buffered = 0            # bytes of frames in `_buffer`, as they came off the wire
         self._share = share or TenantShare()
@@ -134,6 +143,12 @@ class ResponseStream:
         self.source = source
         if isinstance(entry, Delta):
             self.streamed = True
+            if self.continuable:
+                if entry.plain:
+                    self._ids += entry.token_ids
+                    self._texts.append(entry.text)
+                else:
+                    self.continuable = False
         elif isinstance(entry, Terminal):
             self.closed = True
         self._buffer.append(entry)
@@ -144,6 +159,12 @@ class ResponseStream:
             max(self._share.streams, key=lambda s: s.buffered, default=self).overflow("tenant")
         self._wake()
         return True
+
+    def delivered(self) -> tuple[list[int], str]:
+        """Choice 0's token ids and text as they came (when `continuable`)."""
+        text = "".join(self._texts)
+        self._texts = [text]
+        return self._ids, text
 
     def _hold(self, size: int) -> None:
         self.buffered += size
@@ -280,6 +301,9 @@ class Demux:
     def buffered_by(self, tenant: str) -> int:
         share = self._tenants.get(tenant)
         return share.buffered if share else 0
+
+    def get(self, request_id: str) -> ResponseStream | None:
+        return self._streams.get(request_id)
 
     def streams(self) -> list[ResponseStream]:
         return list(self._streams.values())

@@ -1,6 +1,9 @@
 """What the bridge does when something under an open stream goes away: NATS (every stream ends
 with `unavailable` at once; the routes' cancels wait in nats-py's reconnect buffer) or the
-stream's worker (`worker_lost` once it falls silent: no heartbeat and no frame).
+stream's worker (once it falls silent: no heartbeat and no frame). A stream that can go on
+elsewhere waits `CONTINUE_WITHIN_S` for the worker its request is delivered to next
+(bridge/continuation.py); one that cannot, or whose continuation does not come, ends with
+`worker_lost`.
 
 A busy worker is not a dead one. Its silence is judged against `stale_after` (3 missed beats,
 stretched by the loop lag the worker itself last reported) plus this bridge's own lateness (its
@@ -13,6 +16,7 @@ import asyncio
 import logging
 import time
 
+from bridge.continuation import LOST_MESSAGE
 from bridge.demux import Demux
 from bridge.readiness import Readiness
 from core.looplag import LoopLag
@@ -22,6 +26,9 @@ log = logging.getLogger("laneway.bridge")
 
 WORKER_LOST_CHECK_S = 1.0
 HEARD_KEEP_S = 600.0        # a worker silent this long is forgotten by the frame record
+# How long a stream whose worker was lost waits for its continuation: the redelivery comes at once
+# when the scheduler saw the loss, else after the consumer's ack_wait (30 s by default).
+CONTINUE_WITHIN_S = 35.0
 
 
 class Losses:
@@ -52,8 +59,8 @@ class Losses:
 
     # -- worker loss ----------------------------------------------------------------------
     async def _watch_workers(self) -> None:
-        """A stream whose worker stopped heartbeating ends with `worker_lost` instead of hanging
-        until JetStream redelivers (which cannot help once tokens reached the client)."""
+        """A stream whose worker stopped heartbeating waits for its continuation, a bounded
+        while; one that cannot continue ends with `worker_lost` at once instead of hanging."""
         heard = self.demux.heard
         while True:
             await asyncio.sleep(WORKER_LOST_CHECK_S)
@@ -64,11 +71,16 @@ class Losses:
                 source = stream.source
                 if (stream.streamed and not stream.closed and source and self.readiness.known(source)
                         and not self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack)):
-                    lost.add(source)
-                    stream.fail(ErrorCode.worker_lost,
-                                "the worker serving this request was lost after the stream started")
+                    if stream.continuable and stream.lost_at is None:
+                        stream.lost_at = now
+                        lost.add(source)
+                    elif not stream.continuable or now - (stream.lost_at or now) > CONTINUE_WITHIN_S:
+                        stream.fail(ErrorCode.worker_lost, f"{LOST_MESSAGE} (no worker continued it)"
+                                    if stream.continuable else LOST_MESSAGE)
+                        lost.add(source)
             for worker in lost:
-                log.warning("worker %s silent past its bound (this bridge %.1f s late): its streams ended",
+                log.warning("worker %s silent past its bound (this bridge %.1f s late): its streams wait "
+                            "for a continuation or end",
                             worker, slack)
             for worker, at in list(heard.items()):
                 if now - at > HEARD_KEEP_S:

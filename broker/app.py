@@ -43,7 +43,7 @@ from broker.scheduler.lease import Lease, open_lease_bucket
 from broker.scheduler.origin import Origin
 from broker.scheduler.peers import Peers
 from broker.scheduler.schedule import Scheduler
-from broker.sweep import Sweep
+from broker.sweep import Sweep, running_ended
 from core.cache import CacheScope, ResponseCache, replay_entries, replay_usage
 from core.connect import connect
 from core.policy.refusal import Refusal
@@ -369,6 +369,7 @@ class Broker:
             # Routing's TTFT: waiting in the lanes plus the engine's first token, as every
             # broker sees every usage record (the gate's own time before it is left out).
             self.live.health.observe_ttft(usage.pool, usage.queued_s + usage.ttft_s)
+        running_ended(self.scheduler.pools, usage.tenant, usage.request_id)
         await self._release(usage.tenant, usage.request_id, usage.prompt_tokens + usage.completion_tokens)
 
     async def _count_usage(self, msg: Msg) -> None:

@@ -43,6 +43,8 @@ class BrokerMetrics:
         self.affinity_tokens = Counter("laneway_prefix_affinity_tokens_total",
                                        "Prompt tokens the index expected cached on the worker a request went to",
                                        ["pool"], registry=r)
+        self.lost_handed_back = Counter("laneway_lost_worker_requests_total", "Requests running on a lost "
+                                        "worker, handed back to JetStream (-NAK) to go on elsewhere", registry=r)
         self.expired = Counter("laneway_expired_total", "Requests that expired before starting", ["class"], registry=r)
         self.rejected = Counter("laneway_rejected_total", "Requests refused by the broker", ["reason"], registry=r)
         self.cancelled = Counter("laneway_cancelled_total", "Requests cancelled before they ran", ["class"], registry=r)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.affinity import PrefixIndex
-from broker.lanes import Lanes
+from broker.lanes import Item, Lanes
+from broker.running import Running
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
 
@@ -56,3 +57,4 @@ class Pool:
     lanes: Lanes
     parked: list[ParkedPull] = field(default_factory=list)
     index: PrefixIndex = field(default_factory=PrefixIndex)    # which worker holds which prefix
+    running: Running = field(default_factory=Running)         # dispatched and not ended, by worker

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import nats.errors
 from nats.aio.client import Client
@@ -25,6 +25,7 @@ from broker.lanes import Item
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Held, Pool
+from broker.scheduler.answers import AckHandle
 from schemas import codec
 from schemas.work import Batch
 
@@ -61,6 +62,33 @@ async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
         await nc.publish(parked.reply, codec.encode(Batch()))
     if due:
         pool.parked = [p for p in pool.parked if p.until > mono]
+
+
+async def hand_back_lost(nc: Client, pool: Pool, lost: Callable[[str], bool], metrics: BrokerMetrics) -> None:
+    """`-NAK` the requests running on workers that are `lost` (broker/running.py): JetStream
+    delivers them again now, and each stream goes on on another worker (bridge/continuation.py).
+    Their pulls parked here are answered empty first, so none of it goes back to them."""
+    pool.running.expire(time.time())
+    # A dead worker's parked pull must take no more work (it would be lost again): answered empty.
+    gone = [p for p in pool.parked if lost(p.credit.worker_id)]
+    if gone:
+        pool.parked = [p for p in pool.parked if p not in gone]
+        for parked in gone:
+            await nc.publish(parked.reply, codec.encode(Batch()))
+    for worker in pool.running.workers():
+        if lost(worker):
+            gone = pool.running.lost(worker)
+            log.warning("worker %s lost with %d request(s) running: handed back for another worker",
+                        worker, len(gone))
+            for _key, ack_subject in gone:
+                await AckHandle(nc, ack_subject).nak()
+            metrics.lost_handed_back.inc(len(gone))
+
+
+def running_ended(pools: dict[str, Pool], tenant: str, request_id: str) -> None:
+    """Its usage record came: no longer running anywhere."""
+    for pool in pools.values():
+        pool.running.ended((tenant, request_id))
 
 
 def set_depth(metrics: BrokerMetrics, live: LiveConfig, name: str, pool: Pool) -> None:
@@ -101,6 +129,7 @@ class Sweep:
     after: Callable[[], None]                           # each tick, once the jobs are done
     interval_s: float
     touch_every_s: float
+    last_tick: float | None = field(default=None, init=False)
 
     async def run(self) -> None:
         while True:
@@ -114,7 +143,13 @@ class Sweep:
             self.after()
 
     async def once(self, now: float, mono: float) -> None:
+        # This loop's own lateness is slack: a beat it has not read yet is not a missing one.
+        late = 0.0 if self.last_tick is None else max(0.0, mono - self.last_tick - self.interval_s)
+        self.last_tick = mono
+        health = self.live.health
         for name, pool in list(self.pools.items()):   # a pull may add a pool meanwhile
+            await self._publishing("handing back a lost worker's requests",
+                                   hand_back_lost(self.nc, pool, lambda w: health.gone(w, late), self.metrics))
             await expire_waiting(pool, now, self.expire)
             await self._publishing("in-progress acks", touch_waiting(pool, mono, self.touch_every_s))
             await self._publishing("answering due pulls", answer_due_pulls(self.nc, pool, mono))

@@ -150,6 +150,9 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
                    help="seconds a streamed answer whose client left stays resumable with Last-Event-ID, "
                         "its generation going on meanwhile; then it is cancelled (0: no resuming, "
                         "cancelled at once)")
+    g.add_argument("--max-migrations", type=int, default=d.max_migrations,
+                   help="times a stream whose worker died goes on on another worker; the next loss "
+                        "ends it with worker_lost and its request is dead-lettered")
     g.add_argument("--resume-tenant-bytes", type=int, default=d.resume_tenant_bytes,
                    help="bytes of events one tenant's streams keep for resuming on this bridge; past it "
                         "its abandoned streams are expired first")

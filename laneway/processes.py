@@ -98,6 +98,7 @@ async def run_bridge(args: argparse.Namespace) -> int:
                                  tenant_buffer_bytes=args.tenant_buffer_bytes, write_timeout_s=args.write_timeout,
                                  resume_window_s=args.resume_window_s,
                                  resume_tenant_bytes=args.resume_tenant_bytes,
+                                 max_migrations=args.max_migrations,
                                  max_context_tokens=args.max_context_tokens,
                                  max_file_bytes=args.max_file_bytes, batch_concurrency=args.batch_concurrency,
                                  batch_lease_s=args.batch_lease_s,

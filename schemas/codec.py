@@ -6,6 +6,7 @@ import re
 
 import msgspec
 
+from schemas.continuation import ContinueAsk, Continuation
 from schemas.frames import TokenFrame
 from schemas.openai import (
     KNOWN_CHAT_FIELDS,
@@ -38,6 +39,8 @@ decode_settled = msgspec.msgpack.Decoder(Settled).decode
 _decode_broker_beat = msgspec.msgpack.Decoder(BrokerBeat).decode
 decode_resume_control = msgspec.msgpack.Decoder(ResumeControl).decode
 decode_relayed = msgspec.msgpack.Decoder(Relayed).decode
+decode_continue_ask = msgspec.msgpack.Decoder(ContinueAsk).decode
+decode_continuation = msgspec.msgpack.Decoder(Continuation).decode
 
 
 def broker_beat(data: bytes) -> BrokerBeat:

@@ -130,6 +130,21 @@ class Subjects:
         """Workers publish frames only under this prefix of the request's own tenant."""
         return f"{self.prefix}.tok.{tenant}."
 
+    def cont(self, reply_to: str) -> str | None:
+        """Where a worker asks the edge behind `reply_to` (`lw.tok.<tenant>.<edge>`) how a stream
+        goes on after its worker was lost (schemas/continuation.py); None: not an edge's inbox."""
+        parts = reply_to.split(".")
+        if len(parts) != self.prefix.count(".") + 4 or not reply_to.startswith(f"{self.prefix}.tok."):
+            return None
+        return f"{self.prefix}.cont.{parts[-2]}.{parts[-1]}"
+
+    def cont_edge(self, edge_id: str) -> str:
+        return f"{self.prefix}.cont.*.{edge_id}"
+
+    @property
+    def cont_all(self) -> str:
+        return f"{self.prefix}.cont.*.*"
+
     def cancel(self, tenant: str, request_id: str) -> str:
         return f"{self.prefix}.cancel.{tenant}.{request_id}"
 

@@ -32,6 +32,10 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     # prefilling, and what that saved at the prices in force (full prompt rate less cached rate).
     cached_tokens: int = 0
     prefix_saved_usd: float = 0.0
+    # A continuation (its worker was lost mid-stream): tokens the lost worker streamed, which this
+    # one prefilled after the prompt to go on. Counted once, in `completion_tokens` (the client
+    # got them, the lost worker recorded nothing) and billed so; this extra prefill is Laneway's.
+    continued_tokens: int = 0
 
 
 class StorageUsage(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -47,7 +47,7 @@ class UsageRecorder:
 
     def record(self, dispatch: Dispatch, started: float, first_token_at: float | None,
                finish_reason: str, prompt_tokens: int, completion_tokens: int, served_model: str,
-               cached_tokens: int = 0) -> None:
+               cached_tokens: int = 0, continued_tokens: int = 0) -> None:
         """Call after the stream's last entry: the record goes out with the flush that carries it."""
         r = dispatch.request
         total_s, finished_at = time.monotonic() - started, time.time()
@@ -63,6 +63,7 @@ class UsageRecorder:
                 cost_usd=self.meter.cost(self._pool, prompt_tokens, sent, cached_tokens=cached_tokens, klass=r.klass),
                 interrupted=delivery.lost, undelivered_tokens=completion_tokens - sent,
                 cached_tokens=cached_tokens, prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens, r.klass),
+                continued_tokens=continued_tokens,
             ))
 
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.

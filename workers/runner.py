@@ -39,6 +39,7 @@ from schemas.work import Dispatch
 from workers.cache import AnswerStore
 from workers.cascade import Escalator
 from workers.config import WorkerConfig
+from workers.continuing import EdgeAsk
 from workers.engine import Engine, RequestKey
 from workers.heartbeat import heartbeat
 from workers.metering import UsageRecorder
@@ -81,7 +82,8 @@ class Worker:
         self._serving = Serving(self.id, self.config.pool, self.s, self.engine, self.metrics, self._outbox,
                                 self.usage, Escalator(js, self.s, self.metrics, self.config.pool),
                                 AnswerStore(js, self.s), self._active, self._room, self._die,
-                                prefilled=lambda: self._puller.prefilled() if self._puller else None)
+                                prefilled=lambda: self._puller.prefilled() if self._puller else None,
+                                ask_edge=EdgeAsk(self._nc, self.s, self.id))
         self._tasks.append(self._watched(self.loop_lag.run(), "loop-lag"))
         self._tasks.append(self._watched(beat_forever(self._heartbeat, self.config.heartbeat_s), "heartbeats"))
         # Like the broker and the bridge: a worker may start before provisioning ran, and waits

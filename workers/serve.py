@@ -7,6 +7,11 @@ handed back (`-NAK`) or escalated, with its ack, its metrics and its usage recor
   failure is parked on `LW_DLQ` with its reason.
 - An `EngineDead` ends nothing: the worker stops without acking (`on_dead`), and JetStream
   redelivers its requests elsewhere. A `CancelledError` (worker shutdown) likewise.
+- A redelivered request first asks the edge holding its stream how it goes on
+  (workers/continuing.py): from its start, after the tokens the client already has (the engine
+  prefills them: `EngineRequest.continued`), not at all (the stream is over), or dead-lettered
+  (it lost too many workers). The client's usage counts the answer once, as if unbroken; the
+  usage record adds `continued_tokens`, the extra prefill.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from core.policy.cascade import StreamGate, Verdict
 from core.policy.pii.errors import PolicyError
 from core.tracing import tracer
 from schemas import codec
+from schemas.continuation import Continuation, Verdict
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.subjects import Subjects
@@ -28,6 +34,7 @@ from schemas.work import Dispatch
 from workers.cache import AnswerStore
 from workers.cascade import Escalator, stream_gate
 from workers.engine import (
+    Continued,
     Engine,
     EngineDead,
     EngineError,
@@ -65,6 +72,7 @@ class Active:
     parts: list[Delta] | None = None        # the answer's deltas, kept only when it will be cached
     redaction: OutputRedaction | None = None   # the tenant's PII policy on the answer
     cached_tokens: int = 0                  # the engine's prefix-cache hits (metered)
+    continued: Continued | None = None      # a continuation: the answer's start, streamed by a lost worker
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -87,7 +95,8 @@ class Serving:
     def __init__(self, worker_id: str, pool: str, subjects: Subjects, engine: Engine, metrics: WorkerMetrics,
                  outbox: Outbox, usage: UsageRecorder, escalator: Escalator, answers: AnswerStore,
                  active: dict[RequestKey, Active], room: asyncio.Event,
-                 on_dead: Callable[[BaseException], None], prefilled: Callable[[], None] = lambda: None) -> None:
+                 on_dead: Callable[[BaseException], None], prefilled: Callable[[], None] = lambda: None,
+                 ask_edge: Callable[[Dispatch], Awaitable[Continuation | None]] | None = None) -> None:
         self.id = worker_id
         self.pool = pool
         self.s = subjects
@@ -101,6 +110,7 @@ class Serving:
         self._room = room
         self._prefilled = prefilled             # a prompt's prefill is done (the first token came)
         self._on_dead = on_dead
+        self._ask_edge = ask_edge
         self._tracing = tracer()
 
     def start(self, dispatch: Dispatch) -> None:
@@ -128,7 +138,11 @@ class Serving:
     # -- the request's task ----------------------------------------------------------------
     async def _serve(self, active: Active) -> None:
         r = active.dispatch.request
-        gate = stream_gate(active.dispatch, self.engine)
+        if active.dispatch.attempt > 1 and self._ask_edge is not None:
+            if not self._goes_on(active, await self._ask_edge(active.dispatch)):
+                return
+        # A continuation's first tokens were let through already: no verdict to wait for.
+        gate = None if active.continued else stream_gate(active.dispatch, self.engine)
         try:
             finished = await self._generate(active, gate)
             if gate is not None and gate.verdict is Verdict.ESCALATE:
@@ -158,12 +172,35 @@ class Serving:
             return
         self._finish(active, finished)
 
+    def _goes_on(self, active: Active, answer: Continuation | None) -> bool:
+        """Act on the edge's answer to a redelivery; False: the request ended here."""
+        if answer is None or answer.verdict is Verdict.FRESH:
+            return True
+        if answer.verdict is Verdict.GONE:      # nobody waits for it: it never runs
+            self._release(active, TERM)
+            self._record_usage(active, ErrorCode.worker_lost.value, 0, 0, self.engine.model)
+            return False
+        if answer.verdict is Verdict.EXHAUSTED:
+            self._dead_letter(active, "max_migrations", answer.reason)
+            return False
+        active.seq, active.streamed, active.parts = answer.next_seq, True, None
+        d = active.dispatch
+        if not self.engine.continues or d.output_pii:
+            # The frames carried the answer as redacted, not as the engine made it.
+            why = "its output is redacted" if self.engine.continues else f"the {self.engine.name} engine cannot"
+            self._fail(active, ErrorCode.worker_lost, "the worker serving this request was lost after the "
+                       f"stream started, and it could not be continued on another ({why})")
+            return False
+        active.continued = Continued(answer.token_ids, answer.text)
+        return True
+
     async def _generate(self, active: Active, gate: StreamGate[EngineOutput] | None) -> Finished | None:
         """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
         d, r = active.dispatch, active.dispatch.request
         request = EngineRequest(r.request_id, r.body, r.extra, priority=d.priority, klass=r.klass,
                                 confidence=gate is not None, cache_salt=d.cache_salt, tenant=r.tenant,
-                                adapter=d.adapter)
+                                adapter=d.adapter, continued=active.continued)
+        replayed = len(active.continued.token_ids) if active.continued else 0
         finished: Finished | None = None
         async with asyncio.timeout(max(0.0, r.deadline - time.time())):
             async for out in self.engine.generate(request):
@@ -180,8 +217,10 @@ class Serving:
                     reason = "cancelled" if active.cancelled else out.finish_reason
                     told = 0 if self.engine.shared_prefix_cache else out.cached_tokens
                     messages, fields = r.echoed()
+                    # The client's usage is the unbroken answer's: the replayed tokens once, as output.
                     finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
-                                        TokenUsage(out.prompt_tokens, out.completion_tokens, told),
+                                        TokenUsage(out.prompt_tokens - replayed, out.completion_tokens + replayed,
+                                                   told),
                                         self.engine.model, out.finish_reasons, out.vectors,
                                         messages=messages, fields=fields)
                     active.cached_tokens = out.cached_tokens      # metered whatever the client is told
@@ -272,6 +311,9 @@ class Serving:
                    "Laneway-Attempt": str(active.dispatch.attempt), "Laneway-Worker": self.id}
         self.outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers,
                                 active.dispatch.ack_subject)
+        if reason == "max_migrations":      # the edge told the client already, in these words
+            self._fail(active, ErrorCode.worker_lost, detail)
+            return
         self._fail(active, ErrorCode.engine_error,
                    f"the request failed on all {active.dispatch.attempt} attempts: {detail}")
 
@@ -286,7 +328,8 @@ class Serving:
     def _record_usage(self, active: Active, finish_reason: str, prompt_tokens: int,
                       completion_tokens: int, served_model: str, cached_tokens: int = 0) -> None:
         self.usage.record(active.dispatch, active.started, active.first_token_at, finish_reason,
-                          prompt_tokens, completion_tokens, served_model, cached_tokens)
+                          prompt_tokens, completion_tokens, served_model, cached_tokens,
+                          len(active.continued.token_ids) if active.continued else 0)
         klass = active.dispatch.request.klass
         self.metrics.prompt_tokens.labels(self.pool, klass).inc(prompt_tokens)
         if cached_tokens:

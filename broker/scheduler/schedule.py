@@ -248,6 +248,7 @@ class Scheduler:
         await self._settle(selection.dispatch, release=False)     # before the Batch: see the top
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
         self._placed(pool, credit, selection.dispatch)            # bookkeeping, after the work is out
+        pool.running.placed(credit.worker_id, selection.dispatch)  # handed back if that worker is lost
         return True
 
     def _cascade(self, held: Held) -> dict:

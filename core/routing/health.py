@@ -54,6 +54,12 @@ class HealthBoard:
         self._workers[beat.worker_id] = _Worker(beat.pool, serving(beat), beat.free_slots, self._clock(),
                                                 stale_after(beat, self._stale_after_s))
 
+    def gone(self, worker_id: str, slack_s: float = 0.0, now: float | None = None) -> bool:
+        """Heard from once, silent since past its bound (and `slack_s`, the reader's own lateness)."""
+        w = self._workers.get(worker_id)
+        now = self._clock() if now is None else now
+        return w is not None and now - w.seen > w.stale_after + slack_s
+
     def set_queue_depth(self, pool: str, depth: int) -> None:
         self._depths[pool] = depth
 

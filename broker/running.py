@@ -1,0 +1,72 @@
+"""What the scheduler handed to each worker and has not seen end (no usage record yet), so that a
+lost worker's requests go back to JetStream at once (`-NAK`, redelivered now) instead of after
+`ack_wait`: their streams then go on on another worker within seconds (bridge/continuation.py).
+
+A worker is lost when it has been silent (no heartbeat) past the bound the bridge's worker-loss
+check uses (core/routing/health.py `stale_after`: 3 missed beats, stretched by the lateness its
+loop last reported), plus how late the scheduler's own loop runs: a beat it has not read yet is
+not a missing one. A false loss costs work, never an answer: the request is delivered again, its
+edge moves the stream to the new worker, and the old worker's frames are dropped as stale.
+
+Only the scheduler holds this, in memory: a new scheduler does not know what its predecessor
+dispatched, and those requests come back after `ack_wait`, as before. Pure state; the sweep naks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from broker.lanes import Item
+
+KEEP_PAST_DEADLINE_S = 60.0     # an entry whose usage never came is dropped this long after its deadline
+
+Key = tuple[str, str]           # (tenant, request id)
+
+
+@dataclass(slots=True)
+class _Dispatched:
+    worker: str
+    ack_subject: str
+    deadline: float
+
+
+class Running:
+    def __init__(self) -> None:
+        self._by_key: dict[Key, _Dispatched] = {}
+        self._by_worker: dict[str, set[Key]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def placed(self, worker: str, items: Iterable[Item]) -> None:
+        """A worker's pull took these lane items (their payload a `broker.pools.Held`)."""
+        for item in items:
+            self.add(worker, item.key, item.payload.ack.reply, item.deadline)
+
+    def add(self, worker: str, key: Key, ack_subject: str, deadline: float) -> None:
+        self.ended(key)
+        self._by_key[key] = _Dispatched(worker, ack_subject, deadline)
+        self._by_worker.setdefault(worker, set()).add(key)
+
+    def ended(self, key: Key) -> None:
+        """Its usage record came (finished, failed, cancelled, escalated)."""
+        gone = self._by_key.pop(key, None)
+        if gone is not None:
+            keys = self._by_worker.get(gone.worker)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_worker[gone.worker]
+
+    def workers(self) -> list[str]:
+        return list(self._by_worker)
+
+    def lost(self, worker: str) -> list[tuple[Key, str]]:
+        """The worker is gone: its requests, (key, ack subject), forgotten here."""
+        keys = self._by_worker.pop(worker, set())
+        return [(key, self._by_key.pop(key).ack_subject) for key in keys]
+
+    def expire(self, now: float) -> None:
+        for key, d in [(k, d) for k, d in self._by_key.items() if now - d.deadline > KEEP_PAST_DEADLINE_S]:
+            self.ended(key)

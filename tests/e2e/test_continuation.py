@@ -1,0 +1,209 @@
+"""A stream outlives its worker: under `laneway up --workers 2`, SIGKILL of a worker mid-stream
+costs its clients a stall, not their answers. Every stream completes with every token once,
+equal token by token (the sim's words are its tokens) to an unbroken run of the same requests,
+with the same finish_reason and usage, and one usage record each. A request whose worker dies
+more often than `--max-migrations` allows is ended with a clear `worker_lost` and dead-lettered.
+
+One `up` for the module (the sim is deterministic at temperature 0; no response cache, or the
+second run would be replayed from it), NATS without auth so the
+test reads usage records and dead letters as they are published. Only positive signals are
+waited for: tokens on the wire, a worker publishing frames, the stream ending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+
+from core.promtext import parse
+from loadtest.processes import LanewayUp, metrics_port
+from schemas import codec
+from schemas.subjects import Subjects
+from tests.wait import eventually
+from workers.engines.sim.output import natural_length
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600),
+              pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the children")]
+
+KEY = "sk-continue"
+STREAMS = 24
+HANG_S = 120          # a bound on a hang, not a window
+
+
+@dataclass
+class Stream:
+    text: str = ""
+    chunks: int = 0
+    finish_reason: str | None = None
+    usage: dict | None = None
+    error: dict | None = None
+    request_id: str = ""
+    status: int = 0
+    done: bool = False
+    pieces: list[str] = field(default_factory=list)
+
+
+async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Stream) -> Stream:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    try:
+        async with http.post(f"{up.url}/v1/chat/completions", json=body, headers=headers) as resp:
+            into.status, into.request_id = resp.status, resp.headers.get("x-request-id", "")
+            async for raw in resp.content:
+                if not raw.startswith(b"data: ") or raw.strip() == b"data: [DONE]":
+                    continue
+                chunk = orjson.loads(raw[6:])
+                if "error" in chunk:
+                    into.error = chunk["error"]
+                    continue
+                if chunk.get("usage"):
+                    into.usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    if content := choice["delta"].get("content"):
+                        into.pieces.append(content)
+                        into.text += content
+                        into.chunks += 1
+                    into.finish_reason = choice.get("finish_reason") or into.finish_reason
+    finally:
+        into.done = True
+    return into
+
+
+def prompts() -> list[str]:
+    """Distinct prompts whose SIMULATED answers run 60 tokens or more (the sim's natural length
+    is a hash of the prompt): half end at their own stop, half are capped by max_tokens."""
+    texts = (f"question number {i}: tell me about lanes" for i in itertools.count())
+    return list(itertools.islice((t for t in texts if natural_length(t, 0, True) >= 60), STREAMS))
+
+
+def body(i: int, prompt: str) -> dict:
+    b = {"model": "laneway-sim", "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True},
+         "messages": [{"role": "user", "content": prompt}]}
+    if i % 2:
+        b["max_tokens"] = 50 + 2 * i
+    return b
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def up(tmp_path_factory):
+    extra = ["--pii", "off", "--workers", "2", "--metrics", "--no-nats-auth", "--cache-ttl", "0", "--sim-profile", "llama-8b-h100",
+             "--sim-speed", "0.1", "--heartbeat-interval", "0.5"]
+    async with LanewayUp(tmp_path_factory.mktemp("continue") / "lw", KEY, extra) as running:
+        yield running
+
+
+async def frames(http: aiohttp.ClientSession, up: LanewayUp) -> dict[int, float]:
+    """Token frames each live worker has published (pid → count)."""
+    counts = {}
+    for pid in up.role_pids("worker"):
+        if (port := metrics_port(pid)) is not None:
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    counts[pid] = parse(await resp.text()).total("laneway_worker_frames_total")
+            except aiohttp.ClientError:
+                continue
+    return counts
+
+
+async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
+    """A worker publishing frames now (the one publishing most, over a moment); 0: none."""
+    before = await frames(http, up)
+    found = 0
+
+    async def moved() -> bool:
+        nonlocal found
+        now = await frames(http, up)
+        grew = {pid: n - before[pid] for pid, n in now.items() if pid in before and n > before[pid]}
+        found = max(grew, key=grew.__getitem__, default=0)
+        return found != 0
+    await eventually(moved, timeout=HANG_S)
+    return found
+
+
+async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: bool) -> tuple[list[Stream], int]:
+    streams = [Stream() for _ in range(STREAMS)]
+    tasks = [asyncio.create_task(read(http, up, body(i, p), s)) for i, (s, p) in enumerate(zip(streams, prompts()))]
+    victim = 0
+    if kill:
+        # Mid-stream: every stream has tokens on the wire.
+        assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
+        victim = await streaming_worker(http, up)
+        assert victim, "no worker streams"
+        os.kill(victim, signal.SIGKILL)
+    done, hung = await asyncio.wait(tasks, timeout=HANG_S)
+    assert not hung, f"{len(hung)} streams hung"
+    return streams, victim
+
+
+async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None:
+    nc = await up.connect_nats("")
+    records: dict[str, list] = {}
+
+    async def on_usage(msg) -> None:
+        usage = codec.decode_usage(msg.data)
+        records.setdefault(usage.request_id, []).append(usage)
+
+    await nc.subscribe(Subjects().usage_all, cb=on_usage)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            unbroken, _ = await run(up, http, kill=False)
+            assert all(s.status == 200 and s.error is None and s.finish_reason for s in unbroken), \
+                [s.error for s in unbroken]
+            broken, victim = await run(up, http, kill=True)
+        assert [s.error for s in broken] == [None] * STREAMS, [s.error for s in broken if s.error]
+        for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
+            # Word by word: the sim's tokens are its words, so no token is missing or repeated.
+            assert b.text.split() == a.text.split(), (i, a.text, b.text)
+            assert b.text == a.text, i
+            assert b.finish_reason == a.finish_reason, i
+            assert b.usage == a.usage, i
+        # One usage record per request, the same counts as unbroken; some went on elsewhere.
+        assert await eventually(lambda: all(s.request_id in records for s in broken)), "usage records missing"
+        await nc.flush()
+        for a, b in zip(unbroken, broken, strict=True):
+            assert len(records[b.request_id]) == 1, records[b.request_id]
+            mine, theirs = records[b.request_id][0], records[a.request_id][0]
+            assert (mine.prompt_tokens, mine.completion_tokens) == (theirs.prompt_tokens, theirs.completion_tokens)
+        continued = [records[s.request_id][0].continued_tokens for s in broken]
+        assert any(continued), "no stream was continued: the killed worker served none"
+        assert await eventually(lambda: up.role_pids("worker") not in ([], [victim])), "the worker never came back"
+    finally:
+        await nc.close()
+
+
+async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp) -> None:
+    nc = await up.connect_nats("")
+    dead: list = []
+
+    async def on_dead(msg) -> None:
+        dead.append(msg)
+
+    await nc.subscribe(Subjects().dlq_all, cb=on_dead)
+    long = {"model": "laneway-sim", "stream": True, "temperature": 0.0, "max_tokens": 2000,
+            "messages": [{"role": "user", "content": "the poison pill"}]}
+    stream = Stream()
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            task = asyncio.create_task(read(http, up, long, stream))
+            for death in range(3):      # the default --max-migrations is 2: the third loss ends it
+                seen = stream.chunks
+                assert await eventually(lambda: stream.chunks > seen or stream.done, timeout=HANG_S)
+                assert not stream.done, (death, stream.error)
+                victim = await streaming_worker(http, up)
+                assert victim, "no worker streams"
+                os.kill(victim, signal.SIGKILL)
+            await asyncio.wait_for(task, HANG_S)
+        assert stream.error is not None and stream.error["code"] == "worker_lost", stream.error
+        assert "dead-lettered" in stream.error["message"], stream.error
+        assert await eventually(lambda: any(m.headers and m.headers.get("Laneway-Reason") == "max_migrations"
+                                            for m in dead), timeout=HANG_S), [m.headers for m in dead]
+    finally:
+        await nc.close()
