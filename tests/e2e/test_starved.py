@@ -2,11 +2,11 @@
 end while CPU burners (at the same priority) starve every process, and while the bridge gets no
 CPU at all for longer than a worker's silence bound (SIGSTOP: starvation taken to its limit,
 the case that made a loaded bridge end live streams with `worker_lost`). A SIGKILLed worker is
-still found within that bound.
+still found within that bound, and its streams go on on the other worker.
 
 Positive signals only: streams finishing, or ending with an error; the one bound asserted is
-the promise itself (a dead worker's streams end within its silence bound plus one check, with
-room for a loaded machine).
+the promise itself (a dead worker's streams stall no longer than its silence bound plus one
+check, with room for a loaded machine).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
@@ -35,7 +34,7 @@ KEY = "sk-starved"
 STREAMS = 24
 HANG_S = 180            # a bound on a hang, not a window
 HEARTBEAT_S = 2.0       # the worker's default
-# Today's bound on a worker's silence (3 missed beats + 1 s), what `worker_lost` waits for.
+# Today's bound on a worker's silence (3 missed beats + 1 s), what a continuation waits for.
 BOUND_S = stale_after(Heartbeat("w", "p", "sim", "m", True, 1, 1, 0, HEARTBEAT_S), 15.0)
 CHECK_S = 1.0           # the bridge checks its streams' workers this often
 ROOM_S = 5.0            # a loaded CI machine's room on top
@@ -103,18 +102,11 @@ async def test_a_killed_worker_is_still_found_within_its_bound(up: LanewayUp) ->
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         results, load = await streams_running(up, http, 300)
         os.kill(workers[0], signal.SIGKILL)
-        killed_at = time.monotonic()
-        lost_after: list[float] = []
-
-        async def watch(task: asyncio.Task, result: Result) -> None:
-            await asyncio.wait([task])
-            if result.error == "worker_lost":
-                lost_after.append(time.monotonic() - killed_at)
-
-        done, hung = await asyncio.wait([asyncio.create_task(watch(t, r)) for t, r in zip(load, results)],
-                                        timeout=HANG_S)
+        done, hung = await asyncio.wait(load, timeout=HANG_S)
     assert not hung
-    # The dead worker's streams end with worker_lost; the live one's run to their end.
-    assert {r.error for r in results} == {"worker_lost", None}, {r.error for r in results}
-    assert all(r.finish_reason == "length" and r.tokens == 300 for r in results if r.error is None)
-    assert max(lost_after) <= BOUND_S + CHECK_S + ROOM_S, f"found after {max(lost_after):.1f} s"
+    # The dead worker's streams go on on the live one (bridge/continuation.py): every stream
+    # runs to its end, and the longest stall a client saw is the time to find the loss.
+    assert {r.error for r in results} == {None}, {r.error for r in results}
+    assert all(r.finish_reason == "length" and r.tokens == 300 for r in results)
+    stall = max(max(r.gaps) for r in results)
+    assert stall <= BOUND_S + CHECK_S + ROOM_S, f"stalled {stall:.1f} s"
