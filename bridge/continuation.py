@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 
 from bridge.demux import Demux, ResponseStream
 from schemas import codec
-from schemas.continuation import ContinueAsk, Continuation, Verdict
+from schemas.continuation import Continuation, ContinueAsk, Outcome
 from schemas.errors import ErrorCode
 
 log = logging.getLogger("laneway.bridge")
@@ -33,23 +33,23 @@ LOST_MESSAGE = "the worker serving this request was lost after the stream starte
 def answer(stream: ResponseStream | None, tenant: str, ask: ContinueAsk, max_migrations: int) -> Continuation:
     """What the worker asking does next; moves the stream to its attempt when it goes on."""
     if stream is None or stream.tenant != tenant or stream.closed or ask.attempt <= stream.attempt:
-        return Continuation(Verdict.GONE, reason="no open stream waits for this attempt here")
+        return Continuation(Outcome.GONE, reason="no open stream waits for this attempt here")
     if not stream.streamed:
         stream.attempt, stream.next_seq, stream.source = ask.attempt, 0, ask.worker
-        return Continuation(Verdict.FRESH)
+        return Continuation(Outcome.FRESH)
     if not stream.continuable:
         stream.fail(ErrorCode.worker_lost, f"{LOST_MESSAGE} (a stream of tool calls, logprobs or several "
                                            "choices is not continued on another worker)")
-        return Continuation(Verdict.GONE, reason="the stream cannot be continued")
+        return Continuation(Outcome.GONE, reason="the stream cannot be continued")
     if stream.migrations >= max_migrations:
         reason = (f"the request lost {stream.migrations + 1} workers while streaming (at most "
                   f"{max_migrations} continuations); it was dead-lettered")
         stream.fail(ErrorCode.worker_lost, reason)
-        return Continuation(Verdict.EXHAUSTED, reason=reason)
+        return Continuation(Outcome.EXHAUSTED, reason=reason)
     stream.migrations += 1
     stream.attempt, stream.source, stream.lost_at = ask.attempt, ask.worker, None
     ids, text = stream.delivered()
-    return Continuation(Verdict.CONTINUE, stream.next_seq, ids, text, stream.migrations)
+    return Continuation(Outcome.CONTINUE, stream.next_seq, ids, text, stream.migrations)
 
 
 class Continuations:
@@ -69,7 +69,7 @@ class Continuations:
         # lw.cont.<tenant>.<edge>: an ask may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         verdict = answer(self.demux.get(ask.request_id), tenant, ask, self.max_migrations)
-        if verdict.verdict is Verdict.CONTINUE:
+        if verdict.verdict is Outcome.CONTINUE:
             log.info("stream %s continues on worker %s (attempt %d, after %d tokens, move %d)",
                      ask.request_id, ask.worker, ask.attempt, len(verdict.token_ids), verdict.migrations)
         await msg.respond(codec.encode(verdict))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.affinity import PrefixIndex
-from broker.lanes import Item, Lanes
+from broker.lanes import Lanes
 from broker.running import Running
 from schemas.requests import GenerateRequest
 from schemas.work import Credit

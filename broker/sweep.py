@@ -70,10 +70,10 @@ async def hand_back_lost(nc: Client, pool: Pool, lost: Callable[[str], bool], me
     Their pulls parked here are answered empty first, so none of it goes back to them."""
     pool.running.expire(time.time())
     # A dead worker's parked pull must take no more work (it would be lost again): answered empty.
-    gone = [p for p in pool.parked if lost(p.credit.worker_id)]
-    if gone:
-        pool.parked = [p for p in pool.parked if p not in gone]
-        for parked in gone:
+    dead_pulls = [p for p in pool.parked if lost(p.credit.worker_id)]
+    if dead_pulls:
+        pool.parked = [p for p in pool.parked if p not in dead_pulls]
+        for parked in dead_pulls:
             await nc.publish(parked.reply, codec.encode(Batch()))
     for worker in pool.running.workers():
         if lost(worker):

@@ -15,7 +15,7 @@ from enum import IntEnum
 import msgspec
 
 
-class Verdict(IntEnum):
+class Outcome(IntEnum):
     FRESH = 0         # nothing reached the client: generate from the start (seq 0)
     CONTINUE = 1      # go on after `token_ids` / `text`, numbering entries from `next_seq`
     GONE = 2          # the client's stream is over (answered, or ended here): generate nothing
@@ -29,7 +29,7 @@ class ContinueAsk(msgspec.Struct, array_like=True, gc=False):
 
 
 class Continuation(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    verdict: Verdict
+    verdict: Outcome
     next_seq: int = 0
     token_ids: list[int] = []   # choice 0's, as streamed (empty when the frames carried none)
     text: str = ""              # choice 0's text as streamed

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import nats.errors
 from nats.aio.client import Client
 
 from schemas import codec
-from schemas.continuation import ContinueAsk, Continuation
+from schemas.continuation import Continuation, ContinueAsk
 from schemas.subjects import Subjects
 from schemas.work import Dispatch
 
@@ -37,7 +36,7 @@ class EdgeAsk:
         try:
             msg = await self._nc.request(subject, ask, timeout=ASK_TIMEOUT_S)
             return codec.decode_continuation(msg.data)
-        except (nats.errors.Error, asyncio.TimeoutError, codec.DecodeError) as exc:
+        except (nats.errors.Error, TimeoutError, codec.DecodeError) as exc:
             log.info("no edge answered for %s (attempt %d): %r; it runs from its start",
                      r.request_id, dispatch.attempt, exc)
             return None

@@ -26,7 +26,7 @@ from core.policy.cascade import StreamGate, Verdict
 from core.policy.pii.errors import PolicyError
 from core.tracing import tracer
 from schemas import codec
-from schemas.continuation import Continuation, Verdict
+from schemas.continuation import Continuation, Outcome
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.subjects import Subjects
@@ -138,9 +138,9 @@ class Serving:
     # -- the request's task ----------------------------------------------------------------
     async def _serve(self, active: Active) -> None:
         r = active.dispatch.request
-        if active.dispatch.attempt > 1 and self._ask_edge is not None:
-            if not self._goes_on(active, await self._ask_edge(active.dispatch)):
-                return
+        ask = self._ask_edge if active.dispatch.attempt > 1 else None    # a redelivery: how it goes on
+        if ask is not None and not self._goes_on(active, await ask(active.dispatch)):
+            return
         # A continuation's first tokens were let through already: no verdict to wait for.
         gate = None if active.continued else stream_gate(active.dispatch, self.engine)
         try:
@@ -174,13 +174,13 @@ class Serving:
 
     def _goes_on(self, active: Active, answer: Continuation | None) -> bool:
         """Act on the edge's answer to a redelivery; False: the request ended here."""
-        if answer is None or answer.verdict is Verdict.FRESH:
+        if answer is None or answer.verdict is Outcome.FRESH:
             return True
-        if answer.verdict is Verdict.GONE:      # nobody waits for it: it never runs
+        if answer.verdict is Outcome.GONE:      # nobody waits for it: it never runs
             self._release(active, TERM)
             self._record_usage(active, ErrorCode.worker_lost.value, 0, 0, self.engine.model)
             return False
-        if answer.verdict is Verdict.EXHAUSTED:
+        if answer.verdict is Outcome.EXHAUSTED:
             self._dead_letter(active, "max_migrations", answer.reason)
             return False
         active.seq, active.streamed, active.parts = answer.next_seq, True, None

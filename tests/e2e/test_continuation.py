@@ -138,7 +138,7 @@ async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: bool) -> tuple[l
         victim = await streaming_worker(http, up)
         assert victim, "no worker streams"
         os.kill(victim, signal.SIGKILL)
-    done, hung = await asyncio.wait(tasks, timeout=HANG_S)
+    _, hung = await asyncio.wait(tasks, timeout=HANG_S)
     assert not hung, f"{len(hung)} streams hung"
     return streams, victim
 
@@ -195,7 +195,7 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp
             task = asyncio.create_task(read(http, up, long, stream))
             for death in range(3):      # the default --max-migrations is 2: the third loss ends it
                 seen = stream.chunks
-                assert await eventually(lambda: stream.chunks > seen or stream.done, timeout=HANG_S)
+                assert await eventually(lambda seen=seen: stream.chunks > seen or stream.done, timeout=HANG_S)
                 assert not stream.done, (death, stream.error)
                 victim = await streaming_worker(http, up)
                 assert victim, "no worker streams"

@@ -9,7 +9,7 @@ import time
 from bridge.continuation import answer
 from bridge.demux import ResponseStream
 from broker.running import Running
-from schemas.continuation import ContinueAsk, Verdict
+from schemas.continuation import ContinueAsk, Outcome
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 
 
@@ -24,7 +24,7 @@ def test_a_stream_goes_on_after_what_its_client_got_and_drops_the_lost_worker_s_
     async def main() -> None:
         stream = streaming(Delta("r", 1, 0, "Hello ", [11]), Delta("r", 1, 1, "there ", [12, 13]))
         said = answer(stream, "acme", ContinueAsk("r", 2, "w2"), max_migrations=2)
-        assert (said.verdict, said.next_seq, said.token_ids, said.text) == (Verdict.CONTINUE, 2, [11, 12, 13],
+        assert (said.verdict, said.next_seq, said.token_ids, said.text) == (Outcome.CONTINUE, 2, [11, 12, 13],
                                                                             "Hello there ")
         assert stream.source == "w2" and stream.migrations == 1
         assert not stream.feed(Delta("r", 1, 2, "late ", [14]), "w1")     # the lost worker's
@@ -38,19 +38,19 @@ def test_a_stream_goes_on_after_what_its_client_got_and_drops_the_lost_worker_s_
 def test_the_answer_for_each_kind_of_stream() -> None:
     async def main() -> None:
         fresh = streaming()
-        assert answer(fresh, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Verdict.FRESH
-        assert answer(streaming(), "other", ContinueAsk("r", 2, "w2"), 2).verdict is Verdict.GONE
-        assert answer(None, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Verdict.GONE
+        assert answer(fresh, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.FRESH
+        assert answer(streaming(), "other", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
+        assert answer(None, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
         stale = streaming(Delta("r", 3, 0, "a", [1]))
-        assert answer(stale, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Verdict.GONE
+        assert answer(stale, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
         tools = streaming(Delta("r", 1, 0, "", [1], logprobs=[]), Delta("r", 1, 1, "", [], choice=1))
-        assert answer(tools, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Verdict.GONE
+        assert answer(tools, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
         assert isinstance((await tools.next_entries())[-1], StreamError)    # worker_lost, told at once
         tired = streaming(Delta("r", 1, 0, "a", [1]))
         for attempt in (2, 3):
-            assert answer(tired, "acme", ContinueAsk("r", attempt, "w"), 2).verdict is Verdict.CONTINUE
+            assert answer(tired, "acme", ContinueAsk("r", attempt, "w"), 2).verdict is Outcome.CONTINUE
         last = answer(tired, "acme", ContinueAsk("r", 4, "w"), 2)
-        assert last.verdict is Verdict.EXHAUSTED and "dead-lettered" in last.reason
+        assert last.verdict is Outcome.EXHAUSTED and "dead-lettered" in last.reason
         end = (await tired.next_entries())[-1]
         assert isinstance(end, StreamError) and end.code == "worker_lost" and "dead-lettered" in end.message
     asyncio.run(main())
