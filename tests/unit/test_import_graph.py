@@ -2,6 +2,7 @@
 and `from x import y`, those inside functions and `TYPE_CHECKING` blocks too (a lazy import is
 still a dependency).
 
+- Presidio and spaCy are loaded in `broker/pii_analysis/` alone (its processes, never an event loop).
 - Ranks: each top-level folder has one, in the order a request meets them. A module imports only
   its own folder and folders of a lower rank; folders of one rank (the three processes) never
   import each other.
@@ -203,6 +204,23 @@ def test_the_environment_is_read_in_the_registry_alone() -> None:
     reads = [hit for mod, (path, _) in _modules().items() if mod != ENV_REGISTRY
              for hit in environ_reads(mod, path.read_text())]
     assert not reads, "read these through core/env.py:\n" + "\n".join(reads)
+
+
+# Presidio and spaCy hold the GIL for up to hundreds of milliseconds a call: only the analysis
+# pool's processes may load them (and the PII benchmark, which measures stock Presidio).
+ANALYSERS = ("presidio_analyzer", "spacy")
+ANALYSIS_HOME = ("broker.pii_analysis", "loadtest.pii_bench")
+
+
+def analyser_imports(edges) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, b in edges
+                  if b.split(".")[0] in ANALYSERS and not a.startswith(ANALYSIS_HOME))
+
+
+def test_only_the_analysis_pool_loads_presidio_and_spacy(edges) -> None:
+    assert not analyser_imports(edges), "\n".join(analyser_imports(edges))
+    assert analyser_imports([("broker.gate.pii.gate", "presidio_analyzer")])
+    assert ("broker.pii_analysis.ner", "spacy") in edges
 
 
 def test_no_module_is_over_the_line_limit() -> None:

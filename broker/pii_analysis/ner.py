@@ -20,7 +20,7 @@ from presidio_analyzer import RecognizerResult
 from presidio_analyzer.nlp_engine.ner_model_configuration import MODEL_TO_PRESIDIO_ENTITY_MAPPING
 from spacy.lang.en.stop_words import STOP_WORDS
 
-from broker.gate.pii.spacy_model import DEFAULT_MODEL, model_installed
+from broker.pii_analysis.spacy_model import DEFAULT_MODEL, model_installed
 
 NER_SCORE = 0.85                           # Presidio's default score for spaCy entities
 WINDOW_WORDS = 4   # words each side of a candidate: 3 was the smallest matching whole-text recall

@@ -23,9 +23,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
-import broker.gate.pii.worker as worker
-from broker.gate.pii.plan import Hit, Plan, plan_for
-from broker.gate.pii.spacy_model import DEFAULT_MODEL, model_installed
+import broker.pii_analysis.worker as worker
+from broker.pii_analysis.plan import Hit, Plan, plan_for
+from broker.pii_analysis.spacy_model import DEFAULT_MODEL, model_installed
 from broker.share import TenantShare, default_share
 from core.policy.pii import Action, TenantPiiPolicy
 from core.policy.pii.errors import PiiUnavailable

@@ -8,7 +8,7 @@ import os
 import time
 from collections import OrderedDict
 
-from broker.gate.pii.plan import Hit, Plan
+from broker.pii_analysis.plan import Hit, Plan
 from core import env
 from core.lifetime import die_with_parent
 
@@ -17,18 +17,18 @@ BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
 
 class _State:
     def __init__(self, ner_model: str | None) -> None:
-        from broker.gate.pii.recognize import Recognizers
+        from broker.pii_analysis.recognize import Recognizers
 
         self.recognizers = Recognizers()
         self.ner = None
         if ner_model:
-            from broker.gate.pii.ner import Ner
+            from broker.pii_analysis.ner import Ner
 
             self.ner = Ner(ner_model)
         self.plans: OrderedDict[str, tuple[list, frozenset[str]]] = OrderedDict()
 
     def built(self, plan: Plan) -> tuple[list, frozenset[str]]:
-        from broker.gate.pii.recognize import Custom
+        from broker.pii_analysis.recognize import Custom
 
         hit = self.plans.get(plan.key)
         if hit is None:
@@ -60,7 +60,7 @@ def init(ner_model: str | None, parent_pid: int) -> None:
 def analyze(plan: Plan, texts: list[tuple[str, int, int]]) -> tuple[list[list[Hit]], float]:
     """Findings for each (text, lo, hi) that overlap [lo, hi), and the CPU seconds spent. A
     chunk of a long text has a lead-in and a lead-out, read for context only."""
-    from broker.gate.pii.recognize import finalize
+    from broker.pii_analysis.recognize import finalize
 
     assert _state is not None, "worker not initialised"
     cpu = time.process_time()
