@@ -1,10 +1,13 @@
 """The bridge process: OpenAI-compatible HTTP in, `GenerateRequest` on JetStream, frames back out.
 
-This module starts and stops the pieces and serves the small routes; `chat.py` serves
-`/v1/chat/completions`, `losses.py` ends streams whose NATS or worker went away, and the shared
-`core.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV. The bridge
-waits for provisioning (`core/provision.py`) to have made the streams and live buckets; the one
-bucket it creates is its own runtime state, the stored responses (`stored/store.py`).
+This module starts and stops the pieces and serves the small routes. The wings, in the order a
+request meets them: `auth.py` (key → tenant), `generate/` (chat, completions, embeddings: the
+one path every generation takes), `responses/`, `files/` and `batch/` (the endpoints over it),
+`streams/` (frames back, by request; streams whose NATS or worker went away), `render/` (entries
+→ OpenAI JSON and SSE), `resume/` (resumable streams). The shared `core.catalogue.Catalogue`
+keeps tenants, classes, models and rules current from KV. The bridge waits for provisioning
+(`core/provision.py`) to have made the streams and live buckets; the one bucket it creates is its
+own runtime state, the stored responses (`responses/stored/store.py`).
 """
 
 from __future__ import annotations
@@ -21,30 +24,31 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import openapi
 from bridge.admin import AdminConfig, Evaluator, admin_app
-from bridge.admission import EdgeAdmission
+from bridge.generate.admission import EdgeAdmission
 from bridge.batch.api import BatchesApi
 from bridge.batch.runner import BatchRunner
 from bridge.batch.store import BatchStore
-from bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate, bearer_key, tenant_of
+from bridge.auth import REQUEST_ID_HEADER, answer_id, authenticate, bearer_key, tenant_of
+from bridge.generate.routes import Generations
 from bridge.config import BridgeConfig
-from bridge.demux import BufferLimits, Demux
+from bridge.streams.demux import BufferLimits, Demux
 from bridge.errors import EdgeError, body_timeout
-from bridge.file_store import FileStore
-from bridge.files import FilesApi, is_upload
-from bridge.losses import Losses
+from bridge.files.store import FileStore
+from bridge.files.routes import FilesApi, is_upload
+from bridge.streams.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
-from bridge.relay import RelayClient, RelayServer
-from bridge.responses import decode_responses
-from bridge.responses_api import Responses
-from bridge.resume import Resumes
-from bridge.resume_http import ResumableStreams
+from bridge.resume.relay import RelayClient, RelayServer
+from bridge.responses.translate import decode_responses
+from bridge.responses.routes import Responses
+from bridge.resume.window import Resumes
+from bridge.resume.routes import ResumableStreams
 from bridge.server import HttpServer
-from bridge.stored.background import Background
-from bridge.stored.conversations import Conversations
-from bridge.stored.routes import StoredRoutes
-from bridge.stored.store import ResponseStore
-from bridge.stored.takeover import Takeover
+from bridge.responses.stored.background import Background
+from bridge.responses.stored.conversations import Conversations
+from bridge.responses.stored.routes import StoredRoutes
+from bridge.responses.stored.store import ResponseStore
+from bridge.responses.stored.takeover import Takeover
 from core.catalogue import Catalogue
 from core.connect import connect
 from core.looplag import LoopLag

@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 
-from bridge.stored.background import Background, Job
-from bridge.stored.lifecycle import running, stale
+from bridge.responses.stored.background import Background, Job
+from bridge.responses.stored.lifecycle import running, stale
 from core.kvwatch import BucketWatch
 from core.tasks import cancel_and_wait
 from schemas.stored import StoredResponse

@@ -1,4 +1,4 @@
-"""`POST /v1/responses`: the chat path (`chat.Generations`), with a Responses body in and Responses
+"""`POST /v1/responses`: the generation path (`generate.routes.Generations`), with a Responses body in and Responses
 events out, and the store (`stored/`): a response with `store` (OpenAI's default: true; a
 tenant's `responses.store = false` forces it off) is kept once it has ended, by a task of its
 own, so the answer's bytes never wait on the write; `previous_response_id` continues a stored
@@ -21,18 +21,19 @@ import nats.errors
 import orjson
 from aiohttp import web
 
-from bridge.chat import ANSWER_ID, REQUEST_ID_HEADER, Generations, tenant_of
-from bridge.demux import REPLY_GRACE_S, ResponseStream
+from bridge.auth import ANSWER_ID, REQUEST_ID_HEADER, tenant_of
+from bridge.generate.routes import Generations
+from bridge.streams.demux import REPLY_GRACE_S, ResponseStream
 from bridge.errors import EdgeError, not_found, storage_refused
-from bridge.render_responses import ResponsesRenderer
-from bridge.render_stored import kept_of
-from bridge.responses import item_messages, to_chat
-from bridge.stored.background import Background, Job, mark_lost, queued
-from bridge.stored.conversations import Conversations
-from bridge.stored.items import decode_messages, to_items
-from bridge.stored.lifecycle import ended, status_of
-from bridge.stored.routes import StoredRoutes
-from bridge.stored.store import Conflict, ResponseStore
+from bridge.render.responses import ResponsesRenderer
+from bridge.render.stored import kept_of
+from bridge.responses.translate import item_messages, to_chat
+from bridge.responses.stored.background import Background, Job, mark_lost, queued
+from bridge.responses.stored.conversations import Conversations
+from bridge.responses.stored.items import decode_messages, to_items
+from bridge.responses.stored.lifecycle import ended, status_of
+from bridge.responses.stored.routes import StoredRoutes
+from bridge.responses.stored.store import Conflict, ResponseStore
 from core.policy.storage_quota import StorageExceeded
 from core.policy.stored import StoragePolicy
 from core.policy.tenants import Tenant

@@ -20,11 +20,11 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from bridge.demux import ResponseStream
+from bridge.streams.demux import ResponseStream
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
-from bridge.respond import Progress, Render, next_entries, render_entries
-from bridge.sse import DONE
+from bridge.render.respond import Progress, Render, next_entries, render_entries
+from bridge.render.sse import DONE
 from schemas.errors import ErrorCode
 from schemas.frames import Entry
 from schemas.requests import GenerateRequest

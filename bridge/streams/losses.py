@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 
-from bridge.demux import Demux
+from bridge.streams.demux import Demux
 from bridge.readiness import Readiness
 from core.looplag import LoopLag
 from schemas.errors import ErrorCode

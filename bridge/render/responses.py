@@ -16,8 +16,8 @@ import msgspec
 import orjson
 
 from bridge.errors import EdgeError
-from bridge.render import finish_reason
-from bridge.render_stored import stored_view
+from bridge.render.chat import finish_reason
+from bridge.render.stored import stored_view
 from schemas.frames import Delta, Finished, TokenLogprob
 from schemas.requests import GenerateRequest
 from schemas.responses import ResponsesBody

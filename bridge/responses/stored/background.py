@@ -24,11 +24,11 @@ import msgspec
 import nats.errors
 import orjson
 
-from bridge.demux import Demux, ResponseStream
+from bridge.streams.demux import Demux, ResponseStream
 from bridge.errors import from_code
-from bridge.render_responses import ResponsesRenderer
-from bridge.stored.lifecycle import lost
-from bridge.stored.store import Conflict, ResponseStore
+from bridge.render.responses import ResponsesRenderer
+from bridge.responses.stored.lifecycle import lost
+from bridge.responses.stored.store import Conflict, ResponseStore
 from core.tasks import cancel_and_wait
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError

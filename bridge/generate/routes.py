@@ -3,15 +3,12 @@
 wait for the PubAck ("accepted") → wait for the first entry → answer. Errors before the first
 token are ordinary HTTP errors; after it they go in-band, then [DONE]. A client that goes away
 turns into a cancel on `lw.cancel.<tenant>.<request_id>`: at once, or, when streams are resumable
-(`--resume-window-s`, bridge/resume_http.py), once the window passed without it coming back."""
+(`--resume-window-s`, bridge/resume/routes.py), once the window passed without it coming back."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,18 +20,19 @@ from aiohttp import web
 from nats.aio.client import Client
 
 from bridge import publish_errors
-from bridge.admission import EdgeAdmission
+from bridge.auth import ANSWER_ID, MAX_IDEMPOTENCY_KEY, REQUEST_ID_HEADER, answer_id, authenticate, idempotent_id
+from bridge.generate.admission import EdgeAdmission
 from bridge.config import BridgeConfig
-from bridge.demux import REPLY_GRACE_S, Demux, ResponseStream
-from bridge.errors import EdgeError, from_code, unauthorized
+from bridge.streams.demux import REPLY_GRACE_S, Demux, ResponseStream
+from bridge.errors import EdgeError, from_code
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
-from bridge.render import renderer_for
-from bridge.respond import Render, collect_body, collect_json, stream_sse
-from bridge.resume_http import ResumableStreams
-from bridge.translate import check_context, param_of, to_generate
+from bridge.render.chat import renderer_for
+from bridge.render.respond import Render, collect_body, collect_json, stream_sse
+from bridge.resume.routes import ResumableStreams
+from bridge.generate.translate import check_context, param_of, to_generate
 from core.catalogue import Catalogue
-from core.policy.tenants import Tenant, TenantDirectory
+from core.policy.tenants import Tenant
 from core.settings import Settings, context_limit
 from core.tracing import tracer
 from schemas import codec
@@ -49,56 +47,8 @@ log = logging.getLogger("laneway.bridge")
 
 CLASS_HEADER = "x-laneway-class"
 TIMEOUT_HEADER = "x-laneway-timeout"
-REQUEST_ID_HEADER = "X-Request-Id"
-ANSWER_ID = web.RequestKey("answer_id", str)     # what `x-request-id` answers with
-TENANT = web.RequestKey("tenant", object)        # Tenant | None: whom the key opens (tenant_of)
-_PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 Decode = Callable[[bytes], tuple[Body, bytes]]
-
-
-def answer_id(request: web.Request, generated: str) -> str:
-    """What `x-request-id` answers with: the client's own `X-Request-Id` when it sent a printable
-    one, else `generated` (Laneway's request id). Decided once per request."""
-    if ANSWER_ID not in request:
-        asked = request.headers.get(REQUEST_ID_HEADER, "")
-        request[ANSWER_ID] = asked if _PRINTABLE.match(asked) else generated
-    return request[ANSWER_ID]
-
-
-def bearer_key(request: web.Request) -> str:
-    """The key of an `Authorization: Bearer <key>` header; '' when there is none."""
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" else ""
-
-
-def tenant_of(request: web.Request, tenants: TenantDirectory) -> Tenant | None:
-    """The tenant the request's key opens, looked up once a request (the body middleware asks
-    before the handler does)."""
-    if TENANT not in request:
-        key = bearer_key(request)
-        request[TENANT] = tenants.authenticate(key) if key else None
-    return request[TENANT]
-
-
-def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
-    if not bearer_key(request):
-        raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = tenant_of(request, tenants)
-    if tenant is None:
-        raise unauthorized("invalid API key")
-    return tenant
-
-
-MAX_IDEMPOTENCY_KEY = 255      # as the payment APIs that made the header common (Stripe's limit)
-
-
-def idempotent_id(secret: str, tenant: str, key: str) -> str:
-    """A client retry that carries the same Idempotency-Key maps to the same request id, so
-    JetStream's dedup window stores it once: exactly one generation. An HMAC under the bridges'
-    shared secret: whoever knows or guesses a tenant's key still cannot compute its request id
-    (to aim a request or a cancel at it). A tenant name holds no NUL, so the message is unambiguous."""
-    return hmac.new(secret.encode(), f"{tenant}\0{key}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 @dataclass(slots=True)
@@ -142,7 +92,7 @@ class Generations:
                                                lambda request_id: {REQUEST_ID_HEADER: answer_id(request, request_id)})
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
-        # The class is in the headers: each is admitted by its own share (bridge/admission.py).
+        # The class is in the headers: each is admitted by its own share (bridge/generate/admission.py).
         klass = self._class_for(request, tenant)
         try:
             return await self._admitted(request, tenant, klass, request_id, started)

@@ -11,7 +11,7 @@ here, so past `BufferLimits.stream_bytes` buffered, or when its tenant's streams
 `BufferLimits.tenant_bytes`, the stream (the tenant's largest) ends with `slow_reader` and its
 buffer is dropped. One tenant's stalled clients cannot fill the bridge's memory.
 
-Open streams are counted by class and by tenant, for the bridge's admission (bridge/admission.py):
+Open streams are counted by class and by tenant, for the bridge's admission (bridge/generate/admission.py):
 per class, per (tenant, class), and how many tenants hold streams of each class.
 """
 
@@ -66,7 +66,7 @@ class DeliveryLag:
 @dataclass(frozen=True, slots=True)
 class BufferLimits:
     """Bytes of frames waiting for a client's reader: per stream, and over one tenant's streams.
-    The events kept for resuming (bridge/resume.py) are bounded by `stream_bytes` per stream too,
+    The events kept for resuming (bridge/resume/window.py) are bounded by `stream_bytes` per stream too,
     and by `resume_bytes` over one tenant's streams."""
 
     stream_bytes: int = STREAM_BUFFER_BYTES
@@ -192,7 +192,7 @@ class ResponseStream:
             if not self._buffer:
                 if self.expired:
                     raise TimeoutError
-                return []       # interrupted: its reader is asked to look up (bridge/replay.py)
+                return []       # interrupted: its reader is asked to look up (bridge/resume/replay.py)
         entries = list(self._buffer)
         self._buffer.clear()
         self._hold(-self.buffered)

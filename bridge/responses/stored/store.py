@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import Header, KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from bridge.stored.budget import RecordBudget
+from bridge.responses.stored.budget import RecordBudget
 from schemas import stored
 from schemas.stored import CONVERSATION_PREFIX, RESPONSE_PREFIX, Record, StoredConversation, StoredResponse
 from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, BadToken, Subjects, stored_response_key

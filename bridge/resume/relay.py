@@ -19,9 +19,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bridge.metrics import BridgeMetrics
-from bridge.replay import UNKNOWN, EventId, follow, resume_error
-from bridge.respond import Writer, serve_sse
-from bridge.resume import Resumes
+from bridge.resume.replay import UNKNOWN, EventId, follow, resume_error
+from bridge.render.respond import Writer, serve_sse
+from bridge.resume.window import Resumes
 from schemas import codec
 from schemas.resume import Relayed, ResumeAsk, ResumeRelease
 from schemas.subjects import Subjects

@@ -33,7 +33,7 @@ from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from bridge.object_upload import put_chunks
+from bridge.files.upload import put_chunks
 from core.kvwatch import current_values
 from core.policy.storage_quota import StorageQuota, over_files
 from schemas.batches import FileObject, FilePurpose

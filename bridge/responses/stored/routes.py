@@ -12,13 +12,13 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from bridge.chat import authenticate
+from bridge.auth import authenticate
 from bridge.errors import EdgeError, not_found
 from bridge.paging import page_query, query_int
-from bridge.stored.background import FLUSH_S, mark_lost
-from bridge.stored.items import MAX_PAGE, page
-from bridge.stored.lifecycle import ended, running, stale
-from bridge.stored.store import Conflict, ResponseStore
+from bridge.responses.stored.background import FLUSH_S, mark_lost
+from bridge.responses.stored.items import MAX_PAGE, page
+from bridge.responses.stored.lifecycle import ended, running, stale
+from bridge.responses.stored.store import Conflict, ResponseStore
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant
 from schemas.errors import ErrorCode

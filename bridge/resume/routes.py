@@ -1,12 +1,12 @@
-"""The HTTP side of resumable streams (`--resume-window-s`, bridge/resume.py).
+"""The HTTP side of resumable streams (`--resume-window-s`, bridge/resume/window.py).
 
 A streamed chat or completion sent with `x-laneway-resumable: true` is answered with numbered
-events (bridge/replay.py); without it, the stream is as before (no ids; the generation is
+events (bridge/resume/replay.py); without it, the stream is as before (no ids; the generation is
 cancelled the moment its client leaves). A client cut
 off re-POSTs to the same endpoint with `Last-Event-ID: <id>` and the same API key: the body is
 not read (the id names the stream), nothing is generated again, and the answer is the events
 after that id, then the live rest, then `[DONE]`. A resume that reaches another replica than the
-one holding the stream is relayed from it over NATS (bridge/relay.py).
+one holding the stream is relayed from it over NATS (bridge/resume/relay.py).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from bridge.demux import ResponseStream
+from bridge.streams.demux import ResponseStream
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
-from bridge.relay import RelayClient
-from bridge.replay import LAST_EVENT_ID, UNKNOWN, BadEventId, EventId, Replay, follow, resume_error
-from bridge.respond import Render, Writer, serve_sse
-from bridge.resume import Resumes
+from bridge.resume.relay import RelayClient
+from bridge.resume.replay import LAST_EVENT_ID, UNKNOWN, BadEventId, EventId, Replay, follow, resume_error
+from bridge.render.respond import Render, Writer, serve_sse
+from bridge.resume.window import Resumes
 from schemas.errors import ErrorCode
 from schemas.frames import Entry
 from schemas.requests import GenerateRequest

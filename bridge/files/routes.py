@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import BodyPartReader, web
 
-from bridge.chat import authenticate
+from bridge.auth import authenticate
 from bridge.errors import EdgeError, body_timeout, not_found, storage_refused
-from bridge.file_store import FileStore, new_file_id
-from bridge.object_upload import CHUNK_BYTES
+from bridge.files.store import FileStore, new_file_id
+from bridge.files.upload import CHUNK_BYTES
 from bridge.paging import page_query, window
 from core.catalogue import Catalogue
 from core.policy.storage_quota import StorageExceeded

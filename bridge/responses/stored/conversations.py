@@ -22,12 +22,12 @@ import orjson
 from aiohttp import web
 from msgspec import Meta
 
-from bridge.chat import authenticate
+from bridge.auth import authenticate
 from bridge.errors import EdgeError, not_found, storage_refused, unanalysed
-from bridge.responses import item_messages
-from bridge.stored.items import page, to_items
-from bridge.stored.routes import json_answer, paged
-from bridge.stored.store import Conflict, ResponseStore
+from bridge.responses.translate import item_messages
+from bridge.responses.stored.items import page, to_items
+from bridge.responses.stored.routes import json_answer, paged
+from bridge.responses.stored.store import Conflict, ResponseStore
 from core.catalogue import Catalogue
 from core.policy.storage_quota import StorageExceeded
 from core.policy.tenants import Tenant

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from bridge.config import BridgeConfig
-from bridge.demux import Demux
+from bridge.streams.demux import Demux
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
 from core.looplag import LoopLag

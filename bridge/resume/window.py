@@ -3,7 +3,7 @@
 A streamed chat or completion is held from its first event. When its client goes away (or has
 read the end: it may have missed the last events in flight), the stream is *detached*: a keeper
 task reads on (the generation goes on, its events are kept) and the window starts. A resume
-within the window takes it back (bridge/resume_http.py, or bridge/relay.py from another
+within the window takes it back (bridge/resume/routes.py, or bridge/resume/relay.py from another
 replica); past the window the generation is cancelled, as it was at once before, and the
 events are freed.
 
@@ -21,10 +21,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from bridge.demux import BufferLimits, Demux, ResponseStream
+from bridge.streams.demux import BufferLimits, Demux, ResponseStream
 from bridge.metrics import BridgeMetrics
-from bridge.replay import Replay, follow
-from bridge.respond import Render
+from bridge.resume.replay import Replay, follow
+from bridge.render.respond import Render
 from schemas.requests import GenerateRequest
 
 log = logging.getLogger("laneway.bridge")

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from bridge.render_embeddings import EmbeddingRenderer
+from bridge.render.embeddings import EmbeddingRenderer
 from schemas.codec import encode_json
 from schemas.frames import Delta, Finished, TokenLogprob
 from schemas.openai import FunctionCall, ToolCall

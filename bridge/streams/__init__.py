@@ -1,0 +1,3 @@
+"""The frames an answer travels on, from the worker to the request that waits: one subscription
+per bridge, demultiplexed by request (`demux.py`), and a stream whose worker fell silent ended
+rather than left hanging (`losses.py`)."""
