@@ -34,7 +34,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from bridge.files.upload import put_chunks
-from core.kvwatch import current_values
+from core.kvwatch import current_entries, current_values
 from core.policy.storage_quota import StorageQuota, over_files
 from schemas.batches import FileObject, FilePurpose
 from schemas.subjects import STORAGE_BUCKET, BadToken, Subjects, tenant_key
@@ -120,25 +120,19 @@ class FileStore:
         revision `holds_before`, when given). An expired file still stored is removed here, and
         not counted."""
         total, count, expired, now = 0, 0, [], time.time()
-        watcher = await self.meta.watch(f"{tenant}.>", ignore_deletes=True)
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if not entry.value:
-                    continue
-                tokens = entry.key.split(".")
-                if len(tokens) == 3 and tokens[2] == HOLD:
-                    if holds_before is None or entry.revision < holds_before:
-                        total, count = total + _decode_hold(entry.value).bytes, count + 1
-                elif len(tokens) == 2:
-                    file = _decode(entry.value)
-                    if file.expires_at is not None and file.expires_at <= now:
-                        expired.append(file.id)
-                    else:
-                        total, count = total + file.bytes, count + 1
-        finally:
-            await watcher.stop()
+        for entry in await current_entries(self.meta, f"{tenant}.>"):
+            if not entry.value:
+                continue
+            tokens = entry.key.split(".")
+            if len(tokens) == 3 and tokens[2] == HOLD:
+                if holds_before is None or entry.revision < holds_before:
+                    total, count = total + _decode_hold(entry.value).bytes, count + 1
+            elif len(tokens) == 2:
+                file = _decode(entry.value)
+                if file.expires_at is not None and file.expires_at <= now:
+                    expired.append(file.id)
+                else:
+                    total, count = total + file.bytes, count + 1
         for file_id in expired:
             await self._remove(tenant, file_id)
         return Held(total, count)
