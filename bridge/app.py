@@ -33,7 +33,7 @@ from bridge.generate.routes import Generations
 from bridge.config import BridgeConfig
 from bridge.streams.demux import BufferLimits, Demux
 from bridge.errors import EdgeError, body_timeout
-from bridge.files.store import FileStore
+from bridge.files.store import SWEEP_EVERY_S, FileStore
 from bridge.files.routes import FilesApi, is_upload
 from bridge.streams.losses import Losses
 from bridge.metrics import BridgeMetrics
@@ -56,7 +56,7 @@ from core.provision import wait_provisioned
 from core.routing.rules import RuleSet
 from core.routing.store import RuleStore
 from core.settings import Settings
-from core.tasks import cancel_and_wait
+from core.tasks import beat_forever, cancel_and_wait
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai_out import Model, ModelList
@@ -99,6 +99,7 @@ class Bridge:
         self._nc: Client | None = None
         self._server: HttpServer | None = None
         self._loop_lag_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
 
     @property
     def rules(self) -> RuleSet | None:
@@ -126,6 +127,8 @@ class Bridge:
         await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
         self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
+        self._sweep_task = asyncio.create_task(beat_forever(self.files.sweep_uploads, SWEEP_EVERY_S),
+                                               name="upload-sweep")
         self.losses.start()
         app = self.build_app()
         self.batch_runner = BatchRunner(self.batches, self.files, self.endpoints, self.catalogue, self.edge_id,
@@ -158,9 +161,8 @@ class Bridge:
         if self.relay is not None:
             await self.relay.stop()
         await self.resumes.stop()       # cancels the generations no client will come back for
-        if self._loop_lag_task is not None:
-            await cancel_and_wait(self._loop_lag_task)
-            self._loop_lag_task = None
+        await cancel_and_wait(self._loop_lag_task, self._sweep_task)
+        self._loop_lag_task = self._sweep_task = None
         await self.catalogue.stop()
         if self._nc is not None:
             await self._nc.close()

@@ -12,6 +12,11 @@ earlier one is not refused for the later. A hold grows as the bytes stream in, b
 (a new revision: it now counts every other hold), and gives way to the file object once the
 bytes are whole.
 
+An upload's chunks are written under its own name (`up.<tenant>.<file_id>`), so a bridge killed
+mid-upload leaves chunks that say whose they are: once neither the file object nor the upload's
+hold exists (the hold lapses when the upload could no longer be running), `sweep_uploads`
+purges them.
+
 Only the bridges hold these buckets (their runtime state, created here like the broker creates
 its cache): a tenant's NATS account has no JetStream at all, so over NATS nobody but Laneway's
 services reads a file, and over HTTP every lookup is keyed by the caller's tenant.
@@ -33,8 +38,8 @@ from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from bridge.files.upload import put_chunks
-from core.kvwatch import current_entries, current_values
+from bridge.files.upload import chunk_subject_of, put_chunks
+from core.kvwatch import current_entries, current_keys, current_values
 from core.policy.storage_quota import StorageQuota, over_files
 from schemas.batches import FileObject, FilePurpose
 from schemas.subjects import STORAGE_BUCKET, BadToken, Subjects, tenant_key
@@ -46,6 +51,8 @@ FILES_BUCKET = "files"              # lw_files: file objects
 FILE_DATA_BUCKET = "file_data"      # lw_file_data: their bytes
 PURGE_MARKER_TTL_S = 1              # a released hold leaves nothing behind for long
 HOLD = "hold"                       # `<tenant>.<file_id>.hold`: an upload's bytes still to come
+UPLOAD_CHUNKS = "up"                # an upload's chunks: `$O.lw_file_data.C.up.<tenant>.<file_id>`
+SWEEP_EVERY_S = 300.0               # how often a bridge looks for uploads cut off (each bridge: idempotent)
 _decode = msgspec.json.Decoder(FileObject).decode
 
 
@@ -149,7 +156,28 @@ class FileStore:
     async def put_stream(self, tenant: str, file_id: str, chunks: AsyncIterable[bytes]) -> int:
         """The upload's bytes, chunk by chunk as they arrive; its size. Nothing is listed until
         `finish` writes the file object."""
-        return await put_chunks(self.data, _key(tenant, file_id), chunks)
+        return await put_chunks(self.data, _key(tenant, file_id), chunks, f"{UPLOAD_CHUNKS}.{_key(tenant, file_id)}")
+
+    async def sweep_uploads(self) -> int:
+        """Purge what uploads cut off by a killed bridge left: chunks (or a whole object) with
+        neither a file object nor a live hold. The chunk subjects are listed before the keys are
+        read: an upload running at the listing wrote its hold before its first chunk and keeps it
+        until its file object is written, so it is in what is read next. Returns how many."""
+        prefix = chunk_subject_of(self.data, f"{UPLOAD_CHUNKS}.")
+        listed = await self.data._js.stream_info(self.data._stream, subjects_filter=f"{prefix}>")
+        keys = set(await current_keys(self.meta))
+        swept = 0
+        for subject in listed.state.subjects or {}:
+            name = subject[len(prefix):]
+            if name in keys or f"{name}.{HOLD}" in keys:
+                continue
+            try:
+                await self.data.delete(name)        # its meta was written: the object goes whole
+            except nats.js.errors.NotFoundError:    # no meta, or a deleted object's
+                await self.data._js.purge_stream(self.data._stream, subject=subject)
+            log.info("swept the chunks of upload %s, cut off", name)
+            swept += 1
+        return swept
 
     async def finish(self, tenant: str, file_id: str, size: int, filename: str, purpose: FilePurpose,
                      expires_after_s: int | None) -> FileObject:

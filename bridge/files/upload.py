@@ -23,14 +23,15 @@ from nats.js.object_store import (OBJ_CHUNKS_PRE_TEMPLATE, OBJ_DEFAULT_CHUNK_SIZ
 CHUNK_BYTES = OBJ_DEFAULT_CHUNK_SIZE
 
 
-async def put_chunks(store: ObjectStore, name: str, chunks: AsyncIterable[bytes]) -> int:
-    """Write `name` from `chunks` (each at most a server message); returns its size. If the
-    source or a publish fails (or the task is cancelled) the chunks written so far are purged
-    and nothing of the object remains. A new object only: a name written before keeps its old
-    chunks (`ObjectStore.put` replaces; Laneway's file ids are never reused by an upload)."""
+async def put_chunks(store: ObjectStore, name: str, chunks: AsyncIterable[bytes], nuid: str) -> int:
+    """Write `name` from `chunks` (each at most a server message) on the chunk subject of `nuid`
+    (any subject tokens: readers take it from the meta); returns its size. If the source or a
+    publish fails (or the task is cancelled) the chunks written so far are purged and nothing of
+    the object remains; a process killed meanwhile leaves them, for whoever knows `nuid` to
+    sweep. A new object only: a name written before keeps its old chunks (`ObjectStore.put`
+    replaces; Laneway's file ids are never reused by an upload)."""
     js = store._js                                      # nats-py keeps these private; 2.16's layout
-    nuid = js._nc._nuid.next().decode()
-    chunk_subject = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=store._name, obj=nuid)
+    chunk_subject = chunk_subject_of(store, nuid)
     digest, size, count = sha256(), 0, 0
     try:
         async for chunk in chunks:
@@ -54,3 +55,7 @@ async def put_chunks(store: ObjectStore, name: str, chunks: AsyncIterable[bytes]
             await js.purge_stream(store._stream, subject=chunk_subject)
         raise
     return size
+
+
+def chunk_subject_of(store: ObjectStore, nuid: str) -> str:
+    return OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=store._name, obj=nuid)
