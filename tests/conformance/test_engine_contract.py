@@ -28,6 +28,7 @@ from workers.engine import (
 pytestmark = pytest.mark.timeout(120)
 
 LONG = 1000                          # an answer long enough to be cut part-way on every engine
+RUN_ON = {"ignore_eos": True}        # ... and that no end of sentence cuts short
 FREED_S = 10.0                       # a bound on a hang while a freed slot is seen, not a speed
 
 
@@ -73,7 +74,7 @@ async def test_a_reply_streams_deltas_then_one_final_output_with_usage(subject: 
 async def test_capacity_counts_a_running_request_and_frees_it(subject: Subject) -> None:
     idle = subject.engine.capacity()
     assert idle.free_slots == idle.total_slots > 0 and idle.running == {}
-    stream = subject.engine.generate(chat("held", max_tokens=16, extra={"ignore_eos": True}, klass="batch"))
+    stream = subject.engine.generate(chat("held", max_tokens=16, extra=RUN_ON, klass="batch"))
     await anext(stream)
     busy = subject.engine.capacity()
     assert busy.free_slots == busy.total_slots - 1
@@ -106,7 +107,7 @@ async def test_prefix_cache_hits_are_kept_apart_per_cache_salt(subject: Subject)
 
 
 async def test_abort_mid_stream_ends_it_with_abort_and_frees_the_slot(subject: Subject) -> None:
-    request = chat("abort-me", max_tokens=LONG)
+    request = chat("abort-me", max_tokens=LONG, extra=RUN_ON)
     outs: list[EngineOutput] = []
     async for out in subject.engine.generate(request):
         outs.append(out)
@@ -119,7 +120,7 @@ async def test_abort_mid_stream_ends_it_with_abort_and_frees_the_slot(subject: S
 
 
 async def test_closing_the_stream_early_aborts_the_request(subject: Subject) -> None:
-    stream = subject.engine.generate(chat("close-me", max_tokens=LONG))
+    stream = subject.engine.generate(chat("close-me", max_tokens=LONG, extra=RUN_ON))
     for _ in range(3):
         await anext(stream)
     assert not subject.idle()
@@ -131,7 +132,7 @@ async def test_cancelling_the_consumer_aborts_the_request(subject: Subject) -> N
     got = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in subject.engine.generate(chat("cancel-me", max_tokens=LONG)):
+        async for _ in subject.engine.generate(chat("cancel-me", max_tokens=LONG, extra=RUN_ON)):
             got.set()
 
     task = asyncio.create_task(consume())
@@ -152,8 +153,8 @@ async def test_aborting_a_key_the_engine_does_not_hold_is_a_no_op(subject: Subje
 
 
 async def test_two_tenants_share_a_request_id_and_an_abort_ends_only_its_own(subject: Subject) -> None:
-    requests = {"acme": chat("same", max_tokens=16, extra={"ignore_eos": True}, tenant="acme"),
-                "globex": chat("same", max_tokens=LONG, tenant="globex")}
+    requests = {"acme": chat("same", max_tokens=16, extra=RUN_ON, tenant="acme"),
+                "globex": chat("same", max_tokens=LONG, extra=RUN_ON, tenant="globex")}
     outs: dict[str, list[EngineOutput]] = {"acme": [], "globex": []}
     running = {tenant: asyncio.Event() for tenant in requests}
 
@@ -172,7 +173,7 @@ async def test_two_tenants_share_a_request_id_and_an_abort_ends_only_its_own(sub
 
 
 async def test_one_key_cannot_run_twice_at_once(subject: Subject) -> None:
-    request = chat("twice", max_tokens=LONG, tenant="acme")
+    request = chat("twice", max_tokens=LONG, extra=RUN_ON, tenant="acme")
     stream = subject.engine.generate(request)
     await anext(stream)
     with pytest.raises(EngineError, match="already running") as info:
