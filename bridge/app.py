@@ -1,10 +1,13 @@
 """The bridge process: OpenAI-compatible HTTP in, `GenerateRequest` on JetStream, frames back out.
 
-This module starts and stops the pieces and serves the small routes; `chat.py` serves
-`/v1/chat/completions`, `losses.py` ends streams whose NATS or worker went away, and the shared
-`core.catalogue.Catalogue` keeps tenants, classes, models and rules current from KV. The bridge
-waits for provisioning (`core/provision.py`) to have made the streams and live buckets; the one
-bucket it creates is its own runtime state, the stored responses (`stored/store.py`).
+This module starts and stops the pieces and serves the small routes. The wings, in the order a
+request meets them: `auth.py` (key → tenant), `generate/` (chat, completions, embeddings: the
+one path every generation takes), `responses/`, `files/` and `batch/` (the endpoints over it),
+`streams/` (frames back, by request; streams whose NATS or worker went away), `render/` (entries
+→ OpenAI JSON and SSE), `resume/` (resumable streams). The shared `core.catalogue.Catalogue`
+keeps tenants, classes, models and rules current from KV. The bridge waits for provisioning
+(`core/provision.py`) to have made the streams and live buckets; the one bucket it creates is its
+own runtime state, the stored responses (`responses/stored/store.py`).
 """
 
 from __future__ import annotations
@@ -21,31 +24,32 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import openapi
 from bridge.admin import AdminConfig, Evaluator, admin_app
-from bridge.admission import EdgeAdmission
+from bridge.generate.admission import EdgeAdmission
 from bridge.batch.api import BatchesApi
 from bridge.batch.runner import BatchRunner
 from bridge.batch.store import BatchStore
-from bridge.chat import REQUEST_ID_HEADER, Generations, answer_id, authenticate, bearer_key, tenant_of
+from bridge.auth import REQUEST_ID_HEADER, answer_id, authenticate, bearer_key, tenant_of
+from bridge.generate.routes import Generations
 from bridge.config import BridgeConfig
-from bridge.demux import BufferLimits, Demux
+from bridge.streams.demux import BufferLimits, Demux
 from bridge.errors import EdgeError, body_timeout
-from bridge.file_store import FileStore
-from bridge.files import FilesApi, is_upload
-from bridge.continuation import Continuations
-from bridge.losses import Losses
+from bridge.files.store import SWEEP_EVERY_S, FileStore
+from bridge.files.routes import FilesApi, is_upload
+from bridge.streams.continuation import Continuations
+from bridge.streams.losses import Losses
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
-from bridge.relay import RelayClient, RelayServer
-from bridge.responses import decode_responses
-from bridge.responses_api import Responses
-from bridge.resume import Resumes
-from bridge.resume_http import ResumableStreams
+from bridge.resume.relay import RelayClient, RelayServer
+from bridge.responses.translate import decode_responses
+from bridge.responses.routes import Responses
+from bridge.resume.window import Resumes
+from bridge.resume.routes import ResumableStreams
 from bridge.server import HttpServer
-from bridge.stored.background import Background
-from bridge.stored.conversations import Conversations
-from bridge.stored.routes import StoredRoutes
-from bridge.stored.store import ResponseStore
-from bridge.stored.takeover import Takeover
+from bridge.responses.stored.background import Background
+from bridge.responses.stored.conversations import Conversations
+from bridge.responses.stored.routes import StoredRoutes
+from bridge.responses.stored.store import ResponseStore
+from bridge.responses.stored.takeover import Takeover
 from core.catalogue import Catalogue
 from core.connect import connect
 from core.looplag import LoopLag
@@ -53,7 +57,7 @@ from core.provision import wait_provisioned
 from core.routing.rules import RuleSet
 from core.routing.store import RuleStore
 from core.settings import Settings
-from core.tasks import cancel_and_wait
+from core.tasks import beat_forever, cancel_and_wait
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai_out import Model, ModelList
@@ -97,6 +101,7 @@ class Bridge:
         self._nc: Client | None = None
         self._server: HttpServer | None = None
         self._loop_lag_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
 
     @property
     def rules(self) -> RuleSet | None:
@@ -125,6 +130,8 @@ class Bridge:
         await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
         self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
+        self._sweep_task = asyncio.create_task(beat_forever(self.files.sweep_uploads, SWEEP_EVERY_S),
+                                               name="upload-sweep")
         self.losses.start()
         app = self.build_app()
         self.batch_runner = BatchRunner(self.batches, self.files, self.endpoints, self.catalogue, self.edge_id,
@@ -157,9 +164,8 @@ class Bridge:
         if self.relay is not None:
             await self.relay.stop()
         await self.resumes.stop()       # cancels the generations no client will come back for
-        if self._loop_lag_task is not None:
-            await cancel_and_wait(self._loop_lag_task)
-            self._loop_lag_task = None
+        await cancel_and_wait(self._loop_lag_task, self._sweep_task)
+        self._loop_lag_task = self._sweep_task = None
         await self.catalogue.stop()
         if self._nc is not None:
             await self._nc.close()

@@ -21,7 +21,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from bridge import publish_errors
-from bridge.demux import REPLY_GRACE_S, Demux
+from bridge.streams.demux import REPLY_GRACE_S, Demux
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage

@@ -32,7 +32,7 @@ def _get(operation: str, answer: dict, errors: dict, security: list, path_param:
 
 
 def _stored(answer: dict, errors: dict, security: list) -> dict:
-    """The stored responses' and conversations' routes (bridge/stored/): the caller's own only."""
+    """The stored responses' and conversations' routes (bridge/responses/stored/): the caller's own only."""
     def op(operation: str, what: str, *query: tuple[str, dict], path: tuple[str, ...] = ("response_id",),
            body: bool = False) -> dict:
         parameters = [*({"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in path),

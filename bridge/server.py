@@ -7,7 +7,7 @@
   of it is read. Counted when a connection is made, so a burst of accepts cannot overshoot it.
 - Send buffer: each connection's kernel send buffer is fixed at `SEND_BUFFER_BYTES` (Linux would
   grow it to `tcp_wmem`'s 4 MiB for a client that does not read, in the pod's memory). A stalled
-  reader then backs up into the bridge's own bounded buffers (`bridge/demux.py`, the SSE write
+  reader then backs up into the bridge's own bounded buffers (`bridge/streams/demux.py`, the SSE write
   timeout) within a few hundred tokens. 256 KiB is ~1,000 streamed tokens, and ~2.5 MB/s at a
   100 ms round trip: far above what any answer needs.
 - aiohttp's own refusals (an oversize header, bytes that are not HTTP, a handler's crash) answer in

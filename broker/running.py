@@ -1,6 +1,6 @@
 """What the scheduler handed to each worker and has not seen end (no usage record yet), so that a
 lost worker's requests go back to JetStream at once (`-NAK`, redelivered now) instead of after
-`ack_wait`: their streams then go on on another worker within seconds (bridge/continuation.py).
+`ack_wait`: their streams then go on on another worker within seconds (bridge/streams/continuation.py).
 
 A worker is lost when it has been silent (no heartbeat) past the bound the bridge's worker-loss
 check uses (core/routing/health.py `stale_after`: 3 missed beats, stretched by the lateness its

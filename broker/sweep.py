@@ -66,7 +66,7 @@ async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
 
 async def hand_back_lost(nc: Client, pool: Pool, lost: Callable[[str], bool], metrics: BrokerMetrics) -> None:
     """`-NAK` the requests running on workers that are `lost` (broker/running.py): JetStream
-    delivers them again now, and each stream goes on on another worker (bridge/continuation.py).
+    delivers them again now, and each stream goes on on another worker (bridge/streams/continuation.py).
     Their pulls parked here are answered empty first, so none of it goes back to them."""
     pool.running.expire(time.time())
     # A dead worker's parked pull must take no more work (it would be lost again): answered empty.

@@ -85,18 +85,18 @@ class BucketWatch:
 async def current_values(kv: KeyValue, keys: str) -> list[bytes]:
     """The values stored now under `keys` (a KV key filter: `acme.*`, `>`), deletes left out: a
     snapshot, read once, where `BucketWatch` follows changes."""
-    return [entry.value for entry in await _snapshot(kv, keys) if entry.value]
+    return [entry.value for entry in await current_entries(kv, keys) if entry.value]
 
 
 async def current_keys(kv: KeyValue, keys: str = ">") -> list[str]:
     """The keys stored now under `keys`, deletes left out, sorted (`kv.keys()` without its race,
     and an empty bucket is `[]`)."""
-    return sorted(entry.key for entry in await _snapshot(kv, keys, meta_only=True))
+    return sorted(entry.key for entry in await current_entries(kv, keys, meta_only=True))
 
 
-async def _snapshot(kv: KeyValue, keys: str, meta_only: bool = False) -> list[KeyValue.Entry]:
-    """The last entry of each key under `keys`. It ends at the entry with nothing pending after
-    it, not at nats-py's "nothing stored" marker alone: see `_stores_any`."""
+async def current_entries(kv: KeyValue, keys: str, meta_only: bool = False) -> list[KeyValue.Entry]:
+    """The last entry of each key under `keys`, deletes left out. It ends at the entry with
+    nothing pending after it, not at nats-py's "nothing stored" marker alone: see `_stores_any`."""
     entries: list[KeyValue.Entry] = []
     watcher = await kv.watch(keys, meta_only=meta_only)
     try:

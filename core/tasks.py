@@ -55,10 +55,11 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
 
 
 async def beat_forever(send: Callable[[], Awaitable[None]], interval_s: float) -> None:
-    """Send a beat every `interval_s`; a failed one (disconnected) is retried by the next."""
+    """Send a beat (or do any periodic NATS work) every `interval_s`; a failed one
+    (disconnected) is retried by the next."""
     while True:
         try:
             await send()
         except (nats.errors.Error, OSError) as exc:
-            log.debug("heartbeat failed: %s", exc)
+            log.debug("%s failed: %s", getattr(send, "__name__", "beat"), exc)
         await asyncio.sleep(interval_s)

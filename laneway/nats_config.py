@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.batch.store import BATCHES_BUCKET
-from bridge.file_store import FILE_DATA_BUCKET, FILES_BUCKET
+from bridge.files.store import FILE_DATA_BUCKET, FILES_BUCKET
 from broker.gate.quota.store import QUOTA_BUCKET
 from broker.received import RECEIVED_BUCKET
 from broker.scheduler.lease import LEASE_BUCKET
@@ -168,7 +168,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
              f"$KV.{s.bucket('routing')}.>",                                    # the admin API's rules
-             # The Files and Batch APIs' state (bridge/file_store.py, bridge/batch/store.py): the
+             # The Files and Batch APIs' state (bridge/files/store.py, bridge/batch/store.py): the
              # bridges create it; a file's delete and a finalized batch purge their own subjects.
              *_api("STREAM.CREATE STREAM.INFO", *batch_state), *_kv_read(*batch_state), *_consume(*batch_state),
              *_api("STREAM.PURGE", file_data, s.batch_stream),
@@ -177,14 +177,14 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$O.{s.bucket(FILE_DATA_BUCKET)}.>", s.batch_done_all,
              f"$KV.{s.bucket(STORAGE_BUCKET)}.>",       # each tenant's storage, counted (laneway usage)
              usage,                 # a batch line run again: which run is billed (bridge/batch/run.py)
-             # stored responses (bridge/stored/): the bridge creates the bucket, reads and writes it;
+             # stored responses (bridge/responses/stored/): the bridge creates the bucket, reads and writes it;
              # and the running background responses' list, which every bridge watches (takeover.py)
              *_api("STREAM.CREATE", kv[RESPONSES_BUCKET], kv[BACKGROUND_BUCKET]), *_kv_read(kv[RESPONSES_BUCKET]),
              f"$KV.{s.bucket(RESPONSES_BUCKET)}.>", *_kv_read(kv[BACKGROUND_BUCKET]), *_consume(kv[BACKGROUND_BUCKET]),
              f"$KV.{s.bucket(BACKGROUND_BUCKET)}.>",
-             s.resume_all],                             # resumes between replicas (bridge/relay.py)
+             s.resume_all],                             # resumes between replicas (bridge/resume/relay.py)
             [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all,
-             s.cont_all],                               # workers' asks (bridge/continuation.py)
+             s.cont_all],                               # workers' asks (bridge/streams/continuation.py)
             responses=True),                            # ... answered to the asking worker's inbox
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),

@@ -32,7 +32,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from bridge.stored.budget import CountFailed, RecordBudget
+from bridge.responses.stored.budget import CountFailed, RecordBudget
 from core.connect import NatsSettings, connect_once
 from core.policy import tenants
 from core.policy.storage_quota import StorageQuota

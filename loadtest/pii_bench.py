@@ -71,7 +71,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from broker.gate.pii.spacy_model import model_installed
+    from broker.pii_analysis.spacy_model import model_installed
 
     modes = ["ner", "regex"] if args.mode == "both" else [args.mode]
     if "ner" in modes and not model_installed(NER_MODEL):

@@ -1,5 +1,5 @@
 """The OpenAI response objects the edge writes: chat completions, text completions, models, errors.
-Streamed chunks are rendered from byte templates in `bridge/sse.py`; these are the
+Streamed chunks are rendered from byte templates in `bridge/render/sse.py`; these are the
 non-streamed bodies and the shapes the OpenAPI document at `/openapi.json` describes."""
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ class Subjects:
         """A new scheduler's id (origins re-forward, workers re-pull); empty: the lease was given up."""
         return f"{self.prefix}.sched.leader"
 
-    # -- resuming a stream at another bridge replica (bridge/relay.py) -------------------------
+    # -- resuming a stream at another bridge replica (bridge/resume/relay.py) -------------------------
     def resume(self, edge_id: str) -> str:
         """Asks (and releases) to the bridge holding a stream: its edge id is in the stream's
         event ids. Bridges only: no tenant account imports or may reach it."""

@@ -12,10 +12,10 @@ import msgspec
 from aiohttp import web
 
 from bridge.batch.store import BatchStore
-from bridge.chat import authenticate
+from bridge.auth import authenticate
 from bridge.errors import EdgeError, not_found, unanalysed
-from bridge.file_store import FileStore
-from bridge.files import json_response
+from bridge.files.store import FileStore
+from bridge.files.routes import json_response
 from bridge.paging import page_query, window
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant

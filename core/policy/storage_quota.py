@@ -1,6 +1,6 @@
 """A tenant's storage quota: how much Laneway keeps for it at rest (the Files API's bytes and
 files; its stored responses and conversations). Pure: the bridge measures what a tenant holds
-and asks here before it keeps more (`bridge/file_store.py`, `bridge/stored/budget.py`)."""
+and asks here before it keeps more (`bridge/files/store.py`, `bridge/responses/stored/budget.py`)."""
 
 from __future__ import annotations
 

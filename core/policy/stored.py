@@ -1,5 +1,5 @@
 """A tenant's stored responses (`/v1/responses` with `store`): whether Laneway keeps them, and for
-how long. The store's per-message TTL enforces the retention (`bridge/stored/store.py`)."""
+how long. The store's per-message TTL enforces the retention (`bridge/responses/stored/store.py`)."""
 
 from __future__ import annotations
 

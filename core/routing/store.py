@@ -21,9 +21,10 @@ import nats
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
 from core.connect import NatsSettings, connect_once
+from core.kvwatch import current_entries
 from core.routing.rules import RuleSet, decode, encode, validate
 from schemas.subjects import Subjects
 
@@ -99,18 +100,9 @@ class RuleStore:
     async def history(self) -> list[RuleSet]:
         """Every version, oldest first."""
         found: dict[int, RuleSet] = {}
-        watcher = await self._kv.watch("rules.*")
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                m = _VERSION_KEY.match(entry.key)
-                if m and entry.operation not in (KV_DEL, KV_PURGE):
-                    found[int(m.group(1))] = decode(entry.value or b"")
-                if entry.delta == 0:
-                    break
-        finally:
-            await watcher.stop()
+        for entry in await current_entries(self._kv, "rules.*"):
+            if m := _VERSION_KEY.match(entry.key):
+                found[int(m.group(1))] = decode(entry.value or b"")
         current = await self.get_current()
         if current is not None and current.version not in found:
             await self._archive(current)

@@ -18,7 +18,7 @@ import pytest
 
 from bridge.app import Bridge
 from bridge.config import BridgeConfig
-from bridge.stored.lifecycle import BRIDGE_LOST
+from bridge.responses.stored.lifecycle import BRIDGE_LOST
 from core.connect import NatsSettings
 from core.settings import LogicalModel
 from loadtest.stack import Stack, demo_settings

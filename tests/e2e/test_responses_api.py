@@ -242,7 +242,7 @@ def test_reasoning_refusal_and_a_mid_stream_failure_render_as_the_client_expects
     from openai.types.responses import Response, ResponseStreamEvent
 
     from bridge.errors import from_code
-    from bridge.render_responses import ResponsesRenderer
+    from bridge.render.responses import ResponsesRenderer
     from schemas.frames import Delta, Finished, TokenUsage, ToolCallDelta
     from schemas.requests import GenerateRequest
     from schemas.responses import ResponsesBody

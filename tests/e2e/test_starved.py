@@ -104,7 +104,7 @@ async def test_a_killed_worker_is_still_found_within_its_bound(up: LanewayUp) ->
         os.kill(workers[0], signal.SIGKILL)
         done, hung = await asyncio.wait(load, timeout=HANG_S)
     assert not hung
-    # The dead worker's streams go on on the live one (bridge/continuation.py): every stream
+    # The dead worker's streams go on on the live one (bridge/streams/continuation.py): every stream
     # runs to its end, and the longest stall a client saw is the time to find the loss.
     assert {r.error for r in results} == {None}, {r.error for r in results}
     assert all(r.finish_reason == "length" and r.tokens == 300 for r in results)

@@ -91,3 +91,20 @@ async def test_a_bucket_watch_is_loaded_only_once_the_stored_values_are_applied(
                 await asyncio.sleep(0.01)
     finally:
         await watch.stop()
+
+
+async def test_a_tenants_storage_is_counted_past_an_early_marker(nats_server, early_marker):
+    """The storage quota's count (`FileStore.held`) read the bucket the racy way: under the race
+    a tenant with files would have counted as holding nothing, and its next upload passed."""
+    from bridge.files.store import FileStore
+    from schemas.subjects import Subjects
+
+    nc = await nats.connect(nats_server.url)
+    try:
+        files = await FileStore.open(nc.jetstream(), Subjects("snapfiles"))
+        await files.put("acme", b"x" * 1000, "a.jsonl", "batch")
+        await files.put("acme", b"y" * 500, "b.jsonl", "user_data")
+        held = await files.held("acme")
+        assert (held.bytes, held.files) == (1500, 2)
+    finally:
+        await nc.close()

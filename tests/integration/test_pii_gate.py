@@ -26,8 +26,8 @@ from broker.gate.pii import (  # noqa: E402
     decode_audit,
     encode_audit,
 )
-from broker.gate.pii.engine import merge, split  # noqa: E402
-from broker.gate.pii.spacy_model import model_installed  # noqa: E402
+from broker.pii_analysis.pool import merge, split  # noqa: E402
+from broker.pii_analysis.spacy_model import model_installed  # noqa: E402
 from schemas.openai import ChatBody, Message  # noqa: E402
 from schemas.requests import GenerateRequest  # noqa: E402
 from tests.requests import chat, completion  # noqa: E402
@@ -374,7 +374,7 @@ def test_pattern_findings_equal_stock_presidio() -> None:
     from presidio_analyzer import AnalyzerEngine
     from presidio_analyzer.nlp_engine import NlpEngineProvider
 
-    from broker.gate.pii.recognize import Recognizers, finalize
+    from broker.pii_analysis.recognize import Recognizers, finalize
     from core.policy.pii import PATTERN_ENTITIES
     from loadtest.pii_dataset import generate
 

@@ -3,7 +3,7 @@ hold are capped, and a client that stops reading is cut off.
 
 Before issue 20 a tenant could open streams until the bridge's own cap (none by default), and a
 client that sent a streamed request and never read let the bridge buffer its whole answer: the
-kernel grew the socket's send buffer to 4 MiB, then the stream's queue in `bridge/demux.py`
+kernel grew the socket's send buffer to 4 MiB, then the stream's queue in `bridge/streams/demux.py`
 grew without bound while the SSE write waited with no timeout, and the generation ran to its
 end. Now the stream cap answers 429 before the request is stored, a stalled stream ends with
 `slow_reader` (or its connection is dropped after `--write-timeout`), and its generation is

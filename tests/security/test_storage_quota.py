@@ -198,3 +198,21 @@ async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
     assert report.returncode == 0, report.stderr
     assert f"storage: 12345 bytes in 1 files of the quota's {QUOTA} bytes and 5 files" in report.stdout, report.stdout
     assert "stored responses and conversations: 3 of the quota's 3" in report.stdout, report.stdout
+
+
+async def test_the_bridges_user_may_sweep_uploads_cut_off(fleet: Fleet) -> None:
+    """The sweep (bridge/files/store.py) lists the store's chunk subjects and purges: under the
+    generated permissions, as the bridge runs it (its periodic task only logs a failure)."""
+    from bridge.files.store import FileStore
+
+    acme = client(fleet, "acme")
+    await clear(acme)
+    kept = await acme.files.create(file=("kept.jsonl", b"k" * 1000), purpose="batch")
+    nc = await fleet.up.connect_nats("svc-bridge")
+    try:
+        files = await FileStore.open(nc.jetstream(), Subjects())
+        assert await files.sweep_uploads() == 0
+    finally:
+        await nc.close()
+    assert (await acme.files.content(kept.id)).content == b"k" * 1000
+    await clear(acme)

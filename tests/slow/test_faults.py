@@ -63,7 +63,7 @@ async def test_worker_sigkill_with_200_accepted(nats_server):
     """100 streams mid-generation and 100 more accepted when the worker is SIGKILLed, some of
     those in its prefill and the rest waiting in the broker's lanes (a worker holds at most two
     engine steps of unstarted prompts: broker/lanes.py): the first go on elsewhere from their
-    next token (bridge/continuation.py), the second, redelivered or still waiting, complete
+    next token (bridge/streams/continuation.py), the second, redelivered or still waiting, complete
     elsewhere."""
     limits = StreamLimits(ack_wait_s=3.0)
     async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="wk") as s:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -31,7 +30,11 @@ from schemas.openai import (
 )
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
-from workers.engine import EngineDead, EngineOutput, EngineRequest, RequestKey, UnsupportedRequest
+from workers.engine import (
+    EngineDead,
+    EngineOutput,
+    EngineRequest,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(900)]
@@ -107,17 +110,6 @@ async def test_greedy_reply_streams_and_repeats_exactly(engine) -> None:
     assert again[-1].prompt_tokens == last.prompt_tokens
 
 
-async def test_completion_prompt_is_served(engine) -> None:
-    body = CompletionBody(model="smollm2", prompt="The capital of France is", max_tokens=8,
-                          temperature=0.0)
-    outs = await collect(engine, EngineRequest(request_id="raw-prompt", body=body))
-    assert outs[-1].finish_reason in ("stop", "length")
-    assert len(outs) > 1, "the completion was not streamed"
-    assert text_of(outs)
-    assert all(o.finish_reason is None for o in outs[:-1])
-    assert 0 < outs[-1].completion_tokens <= 8
-    assert outs[-1].completion_tokens == sum(len(o.token_ids) for o in outs)
-    assert outs[-1].prompt_tokens >= 5
 
 
 async def test_eight_concurrent_streams_complete(engine) -> None:
@@ -161,30 +153,8 @@ async def test_capacity_reflects_running_requests(engine) -> None:
     assert await eventually(lambda: engine.capacity().free_slots == SLOTS, 2.0)
 
 
-async def test_abort_mid_stream_frees_the_engine_slot(engine) -> None:
-    request = chat("abort-me", "Write a long essay about the history of Europe.",
-                   max_tokens=1000, temperature=0.8)
-    outs: list[EngineOutput] = []
-    async for out in engine.generate(request):
-        outs.append(out)
-        if len(outs) == 3:
-            assert engine.num_running() == 1
-            await engine.abort(request.key)
-    assert outs[-1].finish_reason == "abort"
-    assert len(outs) < 50
-    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
-                            2.0), "the engine still runs the aborted request after 2 s"
 
 
-async def test_closing_the_stream_early_aborts_it(engine) -> None:
-    stream = engine.generate(chat("close-me", "Write a long essay about the sea.",
-                                  max_tokens=1000, temperature=0.8))
-    for _ in range(3):
-        await anext(stream)
-    assert engine.num_running() == 1
-    await stream.aclose()
-    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
-                            2.0), "closing the iterator did not abort the request"
 
 
 async def test_abort_reaches_a_completion(engine) -> None:
@@ -202,51 +172,10 @@ async def test_abort_reaches_a_completion(engine) -> None:
                             2.0)
 
 
-async def test_two_tenants_share_a_request_id_and_an_abort_ends_only_its_tenants(engine) -> None:
-    """vLLM's abort of an external id aborts every request carrying it: ours are tenant-scoped."""
-    essay = "Write a long essay about the sea."
-    requests = {"acme": replace(chat("same", essay, max_tokens=40, extra={"ignore_eos": True}), tenant="acme"),
-                "globex": replace(chat("same", essay, max_tokens=1000, temperature=0.8), tenant="globex")}
-    outs: dict[str, list[EngineOutput]] = {"acme": [], "globex": []}
-    running = {tenant: asyncio.Event() for tenant in requests}
-
-    async def consume(tenant: str) -> None:
-        async for out in engine.generate(requests[tenant]):
-            outs[tenant].append(out)
-            running[tenant].set()
-
-    tasks = [asyncio.create_task(consume(tenant)) for tenant in requests]
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in running.values())), 300)
-    await engine.abort(RequestKey("globex", "same"))
-    await asyncio.wait_for(asyncio.gather(*tasks), 300)
-    assert outs["globex"][-1].finish_reason == "abort"
-    assert outs["acme"][-1].finish_reason == "length" and outs["acme"][-1].completion_tokens == 40
-    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0, 2.0)
 
 
-async def test_cancelling_the_consumer_aborts_it(engine) -> None:
-    got = asyncio.Event()
-
-    async def consume() -> None:
-        async for _ in engine.generate(chat("cancel-me", "Describe every planet in detail.",
-                                            max_tokens=1000, temperature=0.8)):
-            got.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(got.wait(), 120)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
-                            2.0)
 
 
-async def test_max_tokens_beyond_the_context_is_unsupported(engine) -> None:
-    with pytest.raises(UnsupportedRequest) as info:
-        await collect(engine, chat("too-long", "Hi", max_tokens=4096))
-    assert info.value.param == "max_tokens"
-    assert info.value.request_id == "too-long"
-    assert engine.capacity().free_slots == SLOTS
 
 
 CAPITAL = {"type": "object", "additionalProperties": False, "required": ["capital", "certain"],
@@ -333,21 +262,8 @@ async def test_two_choices(engine) -> None:
     assert text_of(outs, 0) and text_of(outs, 1)
 
 
-async def test_unknown_extra_field_is_refused_by_name(engine) -> None:
-    with pytest.raises(UnsupportedRequest) as info:
-        await collect(engine, chat("unknown-field", "Hi", extra={"frobnicate": 1}))
-    assert info.value.param == "frobnicate"
-    assert info.value.request_id == "unknown-field"
 
 
-async def test_lora_adapter_is_refused_without_enable_lora(engine) -> None:
-    request = chat("lora-off", "Hi")
-    request.body.model, request.adapter = "support-bot", "/srv/adapters/support-bot"
-    with pytest.raises(UnsupportedRequest) as info:
-        await collect(engine, request)
-    assert info.value.param == "model"
-    assert "'support-bot'" in info.value.message and "--enable-lora" in info.value.message
-    assert engine.capacity().adapters == ()
 
 
 async def test_extra_top_k_is_honoured(engine) -> None:
@@ -371,22 +287,6 @@ async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
     assert outs[-1].finish_reason in ("stop", "length")
 
 
-async def test_prefix_cache_hits_are_reported_per_cache_salt(engine) -> None:
-    """prompt_tokens_details is on: a repeated long prompt reports the blocks it found in vLLM's
-    prefix cache; the same prompt under another salt (another tenant scope) finds none."""
-    text = "Tell me about the sea and its tides, the moon and the wind. " * 20
-
-    async def hits(rid: str, salt: str) -> tuple[int, int]:
-        request = chat(rid, text, max_tokens=2)
-        request.cache_salt, request.tenant = salt, salt
-        last = (await collect(engine, request))[-1]
-        return last.prompt_tokens, last.cached_tokens
-
-    prompt, first = await hits("warm-1", "salt-a")
-    assert prompt > 64 and first == 0
-    _, again = await hits("warm-2", "salt-a")
-    assert 0 < again < prompt
-    assert (await hits("warm-3", "salt-b"))[1] == 0
 
 
 async def test_engine_death_is_engine_dead(engine) -> None:

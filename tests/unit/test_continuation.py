@@ -1,4 +1,4 @@
-"""The edge's answer to a redelivered request's worker (bridge/continuation.py) and the
+"""The edge's answer to a redelivered request's worker (bridge/streams/continuation.py) and the
 scheduler's record of what runs where (broker/running.py): pure, no server."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bridge.continuation import answer
-from bridge.demux import ResponseStream
+from bridge.streams.continuation import answer
+from bridge.streams.demux import ResponseStream
 from broker.running import Running
 from schemas.continuation import ContinueAsk, Outcome
 from schemas.frames import Delta, Finished, StreamError, TokenUsage

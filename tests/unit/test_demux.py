@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bridge.demux import BufferLimits, Demux
+from bridge.streams.demux import BufferLimits, Demux
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from tests.wait import eventually

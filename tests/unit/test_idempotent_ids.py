@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bridge.chat import idempotent_id
+from bridge.auth import idempotent_id
 from bridge.config import BridgeConfig
 
 SECRET = "s" * 64

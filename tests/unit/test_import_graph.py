@@ -2,9 +2,10 @@
 and `from x import y`, those inside functions and `TYPE_CHECKING` blocks too (a lazy import is
 still a dependency).
 
+- Presidio and spaCy are loaded in `broker/pii_analysis/` alone (its processes, never an event loop).
 - Ranks: each top-level folder has one, in the order a request meets them. A module imports only
   its own folder and folders of a lower rank; folders of one rank (the three processes) never
-  import each other.
+  import each other. The bridge's wings are ranked the same way (`BRIDGE_WINGS`).
 - Purity: the policy documents and decisions, the lanes, the sim scheduler and roofline, the
   breaker and the wire types import only the standard library's pure modules, msgspec, regex and
   each other: no I/O library, no clock-free code reaching for a socket.
@@ -91,6 +92,43 @@ def _all_imports() -> list[tuple[str, str]]:
 def ours(edges: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(importing module, imported module of ours), one per distinct pair."""
     return [(src, dst) for src, dst in edges if dst.split(".")[0] in TOPS]
+
+
+# The bridge's wings, each built on those below it: the shell's leaves (rank 0: they may import
+# each other, without a cycle), the way back (frames, rendering, resuming), the one generation
+# path, the endpoints over it, the app. Wings of one rank never import each other.
+BRIDGE_WINGS = {
+    **dict.fromkeys(("bridge.errors", "bridge.metrics", "bridge.readiness", "bridge.publish_errors",
+                     "bridge.paging", "bridge.auth", "bridge.server", "bridge.openapi", "bridge.admin"), 0),
+    "bridge.streams": 1,                    # frames back, by request
+    **dict.fromkeys(("bridge.render", "bridge.config", "bridge.client"), 2),
+    "bridge.resume": 3,
+    "bridge.generate": 4,                   # the one path every generation takes
+    **dict.fromkeys(("bridge.responses", "bridge.files"), 5),
+    "bridge.batch": 6,
+    "bridge.app": 7,
+}
+
+
+def wing_violations(edges: list[tuple[str, str]]) -> list[str]:
+    wrong = []
+    for src, dst in ours(edges):
+        a, b = package_of(src), package_of(dst)
+        if a == b or a not in BRIDGE_WINGS or b not in BRIDGE_WINGS:
+            continue
+        if BRIDGE_WINGS[b] > BRIDGE_WINGS[a] or BRIDGE_WINGS[b] == BRIDGE_WINGS[a] > 0:
+            wrong.append(f"{src} (wing rank {BRIDGE_WINGS[a]}) imports {dst} (wing rank {BRIDGE_WINGS[b]})")
+    return wrong
+
+
+def test_bridge_wings_import_down_only(edges) -> None:
+    unranked = sorted({package_of(m) for m in _modules() if m.startswith("bridge.")} - set(BRIDGE_WINGS))
+    assert not unranked, f"give these bridge modules a wing rank: {unranked}"
+    assert not wing_violations(edges), "\n".join(wing_violations(edges))
+    assert wing_violations([("bridge.streams.demux", "bridge.render.sse")])
+    assert wing_violations([("bridge.files.routes", "bridge.responses.stored.store")])
+    assert wing_violations([("bridge.errors", "bridge.generate.routes")])
+    assert not wing_violations([("bridge.auth", "bridge.errors"), ("bridge.batch.api", "bridge.files.store")])
 
 
 def rank_violations(edges: list[tuple[str, str]]) -> list[str]:
@@ -205,6 +243,23 @@ def test_the_environment_is_read_in_the_registry_alone() -> None:
     assert not reads, "read these through core/env.py:\n" + "\n".join(reads)
 
 
+# Presidio and spaCy hold the GIL for up to hundreds of milliseconds a call: only the analysis
+# pool's processes may load them (and the PII benchmark, which measures stock Presidio).
+ANALYSERS = ("presidio_analyzer", "spacy")
+ANALYSIS_HOME = ("broker.pii_analysis", "loadtest.pii_bench")
+
+
+def analyser_imports(edges) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, b in edges
+                  if b.split(".")[0] in ANALYSERS and not a.startswith(ANALYSIS_HOME))
+
+
+def test_only_the_analysis_pool_loads_presidio_and_spacy(edges) -> None:
+    assert not analyser_imports(edges), "\n".join(analyser_imports(edges))
+    assert analyser_imports([("broker.gate.pii.gate", "presidio_analyzer")])
+    assert ("broker.pii_analysis.ner", "spacy") in edges
+
+
 def test_no_module_is_over_the_line_limit() -> None:
     long = [f"{path.relative_to(ROOT)}: {n} lines" for path, _ in _modules().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES]
@@ -238,12 +293,12 @@ def test_the_checks_see_the_tree_and_catch_a_wrong_import(edges) -> None:
     assert {"schemas", "core.policy", "core.routing", "bridge.app", "broker.gate", "broker.app",
             "workers.engines", "laneway.cli", "loadtest.stack"} <= set(deps)
     assert "core.routing" in deps["broker.gate"]
-    assert ("bridge.demux", "schemas.codec") in edges     # `from schemas import codec`
+    assert ("bridge.streams.demux", "schemas.codec") in edges     # `from schemas import codec`
     assert ("broker.lanes", "heapq") in edges             # others' modules, as written
     # A lower layer importing a higher one, peers importing each other, a pure module's I/O:
     assert rank_violations([("core.settings", "broker.config")])
     assert rank_violations([("workers.serve", "broker.gate.pii")])
-    assert rank_violations([("bridge.chat", "laneway.flags")])
+    assert rank_violations([("bridge.generate.routes", "laneway.flags")])
     assert not rank_violations([("laneway.cli", "loadtest.planner"), ("broker.gate.route", "core.routing")])
     assert purity_violations([("core.policy.quota", "nats.js"), ("broker.lanes", "asyncio")]) == [
         "core.policy.quota is pure but imports nats.js", "broker.lanes is pure but imports asyncio"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from broker.gate.pii.plan import plan_for
+from broker.pii_analysis.plan import plan_for
 from broker.gate.pii.redact import Replacer, apply, mask
 from core.policy.pii import (
     DEFAULT_ACTIONS,

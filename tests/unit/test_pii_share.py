@@ -16,8 +16,8 @@ from concurrent.futures import Future
 import pytest
 
 from broker.gate.pii import PiiGate, PiiTooLarge, PiiUnavailable, TenantPiiPolicy
-from broker.gate.pii.engine import PiiEngine
-from broker.gate.pii.plan import plan_for
+from broker.pii_analysis.pool import PiiEngine
+from broker.pii_analysis.plan import plan_for
 from broker.gate.pipeline import Gate
 from broker.share import TenantShare, default_share
 from core.policy.refusal import Refusal

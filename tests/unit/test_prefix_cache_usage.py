@@ -7,7 +7,7 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge.render import usage_of
+from bridge.render.chat import usage_of
 from broker.metrics import UsageMetrics
 from core.metering import BadPrice, Meter, PoolPrice, PriceBook, parse_price_book
 from schemas import codec

@@ -1,4 +1,4 @@
-"""A resumable stream's event log (bridge/replay.py): one id per event, [DONE] without one, the
+"""A resumable stream's event log (bridge/resume/replay.py): one id per event, [DONE] without one, the
 events after a position, the oldest trimmed only once handed out, and one reader at a time: a
 resume that takes over stops the former reader without losing an entry."""
 
@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from bridge.demux import BufferLimits, Demux
+from bridge.streams.demux import BufferLimits, Demux
 from bridge.metrics import BridgeMetrics
-from bridge.render import renderer_for
-from bridge.replay import BadEventId, EventId, NotYet, Replay, Trimmed, follow
-from bridge.resume import Resumes
-from bridge.translate import to_generate
+from bridge.render.chat import renderer_for
+from bridge.resume.replay import BadEventId, EventId, NotYet, Replay, Trimmed, follow
+from bridge.resume.window import Resumes
+from bridge.generate.translate import to_generate
 from schemas.frames import Delta, Finished, TokenUsage
 from tests.requests import chat
 from tests.wait import eventually

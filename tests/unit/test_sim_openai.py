@@ -305,7 +305,6 @@ async def test_min_tokens_and_ignore_eos_are_honoured(engine):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"frobnicate": 1}, "frobnicate"),
     ({"reasoning_effort": "high"}, "reasoning_effort"),
     ({"top_k": "many"}, "top_k"),
     ({"ignore_eos": 1}, "ignore_eos"),

@@ -7,9 +7,9 @@ from __future__ import annotations
 import msgspec
 import orjson
 
-from bridge.render_stored import kept_of, stored_view
-from bridge.stored.items import page, to_items
-from bridge.stored.lifecycle import BRIDGE_LOST, ended, lost, running, stale
+from bridge.render.stored import kept_of, stored_view
+from bridge.responses.stored.items import page, to_items
+from bridge.responses.stored.lifecycle import BRIDGE_LOST, ended, lost, running, stale
 from schemas.openai import ChatBody, FunctionCall, FunctionDef, JsonSchemaFormat, Message, ResponseFormat, Tool, ToolCall
 from schemas.requests import MAX_ECHO_BYTES, Echoed, GenerateRequest
 from schemas.responses import ResponsesBody, ResponsesTool, TextConfig, TextFormat
@@ -66,7 +66,7 @@ def test_the_echo_is_asked_for_and_bounded():
 
 
 def test_a_streamed_background_response_keeps_its_last_events_within_the_bound():
-    from bridge.stored.background import Job
+    from bridge.responses.stored.background import Job
     from schemas.stored import MAX_STORED_EVENT_BYTES
 
     job = Job("t", None, None, 1, 0, lambda: None, lambda: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.admission import Held, RetryAfter, StreamLimit, admit
+from bridge.generate.admission import Held, RetryAfter, StreamLimit, admit
 from bridge.errors import EdgeError
 from bridge.readiness import Readiness
 from core.looplag import LoopLag

@@ -1,6 +1,6 @@
 """PII detection and redaction for the gate (Presidio in a process pool) and for streamed output.
 
-    gate = PiiGate()                      # spawns and warms the analyzer pool
+    gate = PiiGate()                      # spawns and warms the analyzer pool (broker/pii_analysis/)
     await gate.start()
     decision, request = await gate.inspect_request(tenant, policy, request)   # PiiTooLarge: over max_chars
     publish(decision.audit(request.request_id))   # when decision.findings

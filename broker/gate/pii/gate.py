@@ -30,8 +30,8 @@ import msgspec
 from broker.config import DEFAULT_PII_MAX_CHARS
 from broker.gate.pii.audit import AuditSpan, PiiAudit
 from broker.gate.pii.edit import edited, edited_extra, split
-from broker.gate.pii.engine import PiiEngine
-from broker.gate.pii.plan import Hit, Plan, plan_for
+from broker.pii_analysis.pool import PiiEngine
+from broker.pii_analysis.plan import Hit, Plan, plan_for
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.slots import Found, Slot, collect
 from core.policy.pii import Action, TenantPiiPolicy, fingerprint
