@@ -17,6 +17,7 @@ import itertools
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -50,6 +51,11 @@ class Stream:
     status: int = 0
     done: bool = False
     pieces: list[str] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)     # monotonic time of each content chunk
+
+    def stall(self) -> float:
+        """The longest wait between two content chunks."""
+        return max((b - a for a, b in itertools.pairwise(self.arrived)), default=0.0)
 
 
 async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Stream) -> Stream:
@@ -69,6 +75,7 @@ async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Str
                 for choice in chunk.get("choices") or ():
                     if content := choice["delta"].get("content"):
                         into.pieces.append(content)
+                        into.arrived.append(time.monotonic())
                         into.text += content
                         into.chunks += 1
                     into.finish_reason = choice.get("finish_reason") or into.finish_reason
@@ -174,6 +181,10 @@ async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None
             assert (mine.prompt_tokens, mine.completion_tokens) == (theirs.prompt_tokens, theirs.completion_tokens)
         continued = [records[s.request_id][0].continued_tokens for s in broken]
         assert any(continued), "no stream was continued: the killed worker served none"
+        # The stall its clients saw (last token before the kill → next after), for the record.
+        stalls = sorted(s.stall() for s, n in zip(broken, continued, strict=True) if n)
+        print(f"\ncontinued {len(stalls)}/{STREAMS} streams; stall p50 {stalls[len(stalls) // 2]:.2f} s, "
+              f"max {stalls[-1]:.2f} s (0.5 s heartbeats)")
         assert await eventually(lambda: up.role_pids("worker") not in ([], [victim])), "the worker never came back"
     finally:
         await nc.close()
