@@ -107,14 +107,15 @@ async def up(tmp_path_factory):
         yield running
 
 
-async def frames(http: aiohttp.ClientSession, up: LanewayUp) -> dict[int, float]:
-    """Token frames each live worker has published (pid → count)."""
+async def frames(http: aiohttp.ClientSession, up: LanewayUp, metric: str = "laneway_worker_frames_total"
+                 ) -> dict[int, float]:
+    """A metric of each live worker (pid → value): by default the token frames it published."""
     counts = {}
     for pid in up.role_pids("worker"):
         if (port := metrics_port(pid)) is not None:
             try:
                 async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    counts[pid] = parse(await resp.text()).total("laneway_worker_frames_total")
+                    counts[pid] = parse(await resp.text()).total(metric)
             except aiohttp.ClientError:
                 continue
     return counts
@@ -142,7 +143,9 @@ async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: bool) -> tuple[l
     if kill:
         # Mid-stream: every stream has tokens on the wire.
         assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
-        victim = await streaming_worker(http, up)
+        # The worker holding the most streams (as its last pull reported), else one streaming.
+        held = await frames(http, up, "laneway_worker_slots_in_use")
+        victim = max(held, key=held.__getitem__) if any(held.values()) else await streaming_worker(http, up)
         assert victim, "no worker streams"
         os.kill(victim, signal.SIGKILL)
     _, hung = await asyncio.wait(tasks, timeout=HANG_S)
