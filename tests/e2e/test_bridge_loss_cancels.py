@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest
               pytest.mark.skipif(sys.platform != "linux", reason="finds the children in /proc")]
 
 KEY = "sk-orphans"
-MAX_TOKENS = 1500       # at --sim-speed 0.05: a minute and more of generation, far past the kill
+# At --sim-speed 0.05 the simulated GPU makes ~7 tokens a second: 1,500 are over three minutes
+# of generation for nobody, 200 outlast the freeze below by far.
+MAX_TOKENS = 1500
+FROZEN_TOKENS = 200
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -57,7 +60,8 @@ async def worker_sample(up: LanewayUp, name: str, **labels: str) -> float:
                if s.name == name and labels.items() <= s.labels.items())
 
 
-async def streaming(up: LanewayUp, http: aiohttp.ClientSession, result: Result) -> asyncio.Task:
+async def streaming(up: LanewayUp, http: aiohttp.ClientSession, result: Result,
+                    max_tokens: int = MAX_TOKENS) -> asyncio.Task:
     """A long stream, once its first tokens reached the client (the bridge up first: `up` may
     be restarting it after the previous test)."""
     async def served() -> bool:
@@ -66,7 +70,7 @@ async def streaming(up: LanewayUp, http: aiohttp.ClientSession, result: Result) 
         except aiohttp.ClientError:
             return False
     assert await eventually(served, timeout=120)
-    task = asyncio.create_task(stream_chat(http, up.url, KEY, body(MAX_TOKENS), result=result))
+    task = asyncio.create_task(stream_chat(http, up.url, KEY, body(max_tokens), result=result))
     assert await eventually(lambda: result.tokens > 0 or task.done(), timeout=120) and not task.done(), result
     return task
 
@@ -75,7 +79,7 @@ async def test_a_frozen_bridge_keeps_its_stream(up: LanewayUp) -> None:
     [bridge] = up.role_pids("bridge")
     result = Result()
     async with aiohttp.ClientSession() as http:
-        task = await streaming(up, http, result)
+        task = await streaming(up, http, result, FROZEN_TOKENS)
         # Frozen for longer than a bridge without interest is given, as the worker counts it: its
         # probes of this bridge (and one more), or the generation ended meanwhile (cancelled).
         enough = await worker_sample(up, "laneway_worker_edge_probes_total") + math.ceil(GONE_S / PROBE_S) + 2
@@ -91,6 +95,8 @@ async def test_a_frozen_bridge_keeps_its_stream(up: LanewayUp) -> None:
         await asyncio.wait_for(task, timeout=300)
     assert result.ok and result.finish_reason == "length", (result.error, result.finish_reason)
     assert await worker_sample(up, "laneway_worker_orphans_cancelled_total") == 0
+    # ... and the freeze did outlast the threshold while the generation ran.
+    assert await worker_sample(up, "laneway_worker_edge_probes_total", answer="interest") >= enough
 
 
 async def test_a_killed_bridges_generation_is_cancelled_in_the_engine(up: LanewayUp) -> None:
