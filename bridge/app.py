@@ -20,6 +20,7 @@ import uuid
 import nats.errors
 from aiohttp import web
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import openapi
@@ -63,6 +64,10 @@ from schemas.openai_out import Model, ModelList
 from schemas.requests import Cancel
 
 log = logging.getLogger("laneway.bridge")
+
+
+async def _unanswered(msg: Msg) -> None:
+    """A worker's liveness probe: that it reached a subscriber is the whole answer."""
 
 
 class Bridge:
@@ -121,6 +126,9 @@ class Bridge:
         await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
+        # Held while this bridge is connected, never answered: the interest workers probe to
+        # cancel the work of a bridge that is gone (workers/orphans.py).
+        await self._nc.subscribe(self.s.alive(self.edge_id), cb=_unanswered)
         if self.resumes.enabled:    # other replicas ask for the streams this one holds
             self.relay = RelayServer(self._nc, self.s, self.resumes)
             await self._nc.subscribe(self.s.resume(self.edge_id), cb=self.relay.on_control)

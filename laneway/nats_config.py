@@ -159,6 +159,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
             responses=True),   # the Batch answering a worker's pull
         "worker": _permissions(
             [frames, s.pull_all, usage, dlq, s.worker_events, acks,
+             s.alive_all,                                   # probes the bridges awaiting its work
              s.req_escalated_all,                           # the cascade re-sends for the large pool
              *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
@@ -182,7 +183,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$KV.{s.bucket(RESPONSES_BUCKET)}.>", *_kv_read(kv[BACKGROUND_BUCKET]), *_consume(kv[BACKGROUND_BUCKET]),
              f"$KV.{s.bucket(BACKGROUND_BUCKET)}.>",
              s.resume_all],                             # resumes between replicas (bridge/resume/relay.py)
-            [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all]),
+            [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all,
+             s.alive_all]),                             # its liveness, as workers probe it (workers/orphans.py)
         "ops": _permissions(
             [*provision, *_kv_read(*live, *logs), *_consume(*live, *logs),
              *_api("STREAM.INFO", req),                     # the queue's depth, never its messages

@@ -66,6 +66,9 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     # analyses them like `extra`; `Finished.fields` brings them back as the tenant's policy left
     # them, so that what is stored is never the raw value.
     kept: bytes = b""
+    # The bridge awaiting the frames (its edge id): the worker cancels the work once that bridge is
+    # gone (workers/orphans.py). Empty for a tenant's own client, whose liveness nobody watches.
+    edge: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{0,64}$")] = ""
 
     def echoed_input(self) -> bytes:
         """What `Finished.messages` carries for this request: its chat messages as JSON, when asked

@@ -107,7 +107,7 @@ class Generations:
         self._check_model(body.model, tenant.name)
         now = time.time()
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                               reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
+                               reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=now,
                                deadline=self._deadline(request, now))
         # The request's trace: the client's when it sent a traceparent; its id rides the request.
         span = self._tracing.start("laneway.bridge.request", request.headers.get("traceparent", ""),
@@ -163,7 +163,8 @@ class Generations:
                             "false or left out", "stream")
         self._check_model(body.model, tenant.name)
         return to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                           reply_to=self.s.tok(tenant.name, self.edge_id), now=time.time(), deadline=deadline)
+                           reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=time.time(),
+                           deadline=deadline)
 
     async def _collect(self, generate: GenerateRequest, render: Render) -> bytes:
         """Publish a batch line's request and collect its answer whole."""

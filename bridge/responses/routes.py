@@ -267,7 +267,7 @@ class Responses(Generations):
             return None
         asked, original, head = rebuilt
         generate = msgspec.structs.replace(original, request_id=uuid.uuid4().hex,
-                                           reply_to=self.s.tok(tenant_name, self.edge_id))
+                                           reply_to=self.s.tok(tenant_name, self.edge_id), edge=self.edge_id)
         claimed = msgspec.structs.replace(record, owner=self.edge_id, beat_at=time.time(),
                                           lease_s=self.background.lease_s, request_id=generate.request_id)
         try:
