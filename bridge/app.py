@@ -162,7 +162,7 @@ class Bridge:
             await self._nc.close()
             self._nc = None
 
-    async def __aenter__(self) -> "Bridge":
+    async def __aenter__(self) -> Bridge:
         await self.start()
         return self
 
