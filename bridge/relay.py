@@ -82,7 +82,8 @@ class RelayServer:
         completed = False
 
         async def sink(events: list[bytes], upto: int) -> None:
-            position, chunk, size = upto - len(events), [], 0
+            chunk: list[bytes] = []
+            position, size = upto - len(events), 0
             for event in events:
                 if chunk and size + len(event) > self._chunk_bytes:
                     await self._send(ask.reply, Relayed(position, position + len(chunk), b"".join(chunk)))
