@@ -94,7 +94,7 @@ async def cancel_orphans(nc: Client, s: Subjects, active: Mapping[RequestKey, Ac
         ordered = sorted(edges)
         answers = await asyncio.gather(*(has_interest(nc, s.alive(edge)) for edge in ordered))
         now = loop.time()
-        for edge, interest in zip(ordered, answers):
+        for edge, interest in zip(ordered, answers, strict=True):
             metrics.edge_probes.labels(pool, "interest" if interest else "none").inc()
             silence.heard(edge, interest, now)
         gone = {edge for edge in ordered if silence.gone(edge, now)}

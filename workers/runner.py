@@ -160,7 +160,7 @@ class Worker:
                 log.debug("close: %s", exc)
             self._nc = None
 
-    async def __aenter__(self) -> "Worker":
+    async def __aenter__(self) -> Worker:
         await self.start()
         return self
 

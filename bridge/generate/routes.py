@@ -21,16 +21,16 @@ from nats.aio.client import Client
 
 from bridge import publish_errors
 from bridge.auth import ANSWER_ID, MAX_IDEMPOTENCY_KEY, REQUEST_ID_HEADER, answer_id, authenticate, idempotent_id
-from bridge.generate.admission import EdgeAdmission
 from bridge.config import BridgeConfig
-from bridge.streams.demux import REPLY_GRACE_S, Demux, ResponseStream
 from bridge.errors import EdgeError, from_code
+from bridge.generate.admission import EdgeAdmission
+from bridge.generate.translate import check_context, param_of, to_generate
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
 from bridge.render.chat import renderer_for
 from bridge.render.respond import Render, collect_body, collect_json, stream_sse
 from bridge.resume.routes import ResumableStreams
-from bridge.generate.translate import check_context, param_of, to_generate
+from bridge.streams.demux import REPLY_GRACE_S, Demux, ResponseStream
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant
 from core.settings import Settings, context_limit

@@ -13,8 +13,8 @@ import asyncio
 import logging
 import time
 
-from bridge.streams.demux import Demux
 from bridge.readiness import Readiness
+from bridge.streams.demux import Demux
 from core.looplag import LoopLag
 from schemas.errors import ErrorCode
 

@@ -14,7 +14,7 @@ import math
 import os
 import signal
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import aiohttp
 import pytest
@@ -100,7 +100,7 @@ async def test_a_frozen_bridge_keeps_its_stream(up: LanewayUp) -> None:
 
 
 async def test_a_killed_bridges_generation_is_cancelled_in_the_engine(up: LanewayUp) -> None:
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     [bridge] = up.role_pids("bridge")
     result = Result()
     async with aiohttp.ClientSession() as http:

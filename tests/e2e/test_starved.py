@@ -83,7 +83,7 @@ async def test_streams_of_starved_processes_run_to_their_end(up: LanewayUp) -> N
             os.kill(bridge[0], signal.SIGSTOP)
             await asyncio.sleep(BOUND_S + 2 * CHECK_S)     # the fault's length, not a wait for a result
             os.kill(bridge[0], signal.SIGCONT)
-            done, hung = await asyncio.wait(load, timeout=HANG_S)
+            _done, hung = await asyncio.wait(load, timeout=HANG_S)
         finally:
             os.kill(bridge[0], signal.SIGCONT)
             for p in spinning:
@@ -111,7 +111,7 @@ async def test_a_killed_worker_is_still_found_within_its_bound(up: LanewayUp) ->
             if result.error == "worker_lost":
                 lost_after.append(time.monotonic() - killed_at)
 
-        done, hung = await asyncio.wait([asyncio.create_task(watch(t, r)) for t, r in zip(load, results)],
+        _done, hung = await asyncio.wait([asyncio.create_task(watch(t, r)) for t, r in zip(load, results, strict=True)],
                                         timeout=HANG_S)
     assert not hung
     # The dead worker's streams end with worker_lost; the live one's run to their end.

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from bridge.streams.demux import BufferLimits, Demux
+from bridge.generate.translate import to_generate
 from bridge.metrics import BridgeMetrics
 from bridge.render.chat import renderer_for
 from bridge.resume.replay import BadEventId, EventId, NotYet, Replay, Trimmed, follow
 from bridge.resume.window import Resumes
-from bridge.generate.translate import to_generate
+from bridge.streams.demux import BufferLimits, Demux
 from schemas.frames import Delta, Finished, TokenUsage
 from tests.requests import chat
 from tests.wait import eventually
