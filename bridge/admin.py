@@ -46,7 +46,7 @@ class AdminConfig:
     key_sha256: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, text: str) -> "AdminConfig":
+    def parse(cls, text: str) -> AdminConfig:
         """The admin keys' hashes as `LANEWAY_ADMIN_KEY_SHA256` holds them: hex, comma-separated."""
         hashes = tuple(h.strip().lower() for h in text.split(",") if h.strip())
         bad = [h for h in hashes if not _HASH.match(h)]

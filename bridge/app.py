@@ -20,36 +20,37 @@ import uuid
 import nats.errors
 from aiohttp import web
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import openapi
 from bridge.admin import AdminConfig, Evaluator, admin_app
-from bridge.generate.admission import EdgeAdmission
+from bridge.auth import REQUEST_ID_HEADER, answer_id, authenticate, bearer_key, tenant_of
 from bridge.batch.api import BatchesApi
 from bridge.batch.runner import BatchRunner
 from bridge.batch.store import BatchStore
-from bridge.auth import REQUEST_ID_HEADER, answer_id, authenticate, bearer_key, tenant_of
-from bridge.generate.routes import Generations
 from bridge.config import BridgeConfig
-from bridge.streams.demux import BufferLimits, Demux
 from bridge.errors import EdgeError, body_timeout
-from bridge.files.store import SWEEP_EVERY_S, FileStore
 from bridge.files.routes import FilesApi, is_upload
-from bridge.streams.continuation import Continuations
-from bridge.streams.losses import Losses
+from bridge.files.store import SWEEP_EVERY_S, FileStore
+from bridge.generate.admission import EdgeAdmission
+from bridge.generate.routes import Generations
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
-from bridge.resume.relay import RelayClient, RelayServer
-from bridge.responses.translate import decode_responses
 from bridge.responses.routes import Responses
-from bridge.resume.window import Resumes
-from bridge.resume.routes import ResumableStreams
-from bridge.server import HttpServer
 from bridge.responses.stored.background import Background
 from bridge.responses.stored.conversations import Conversations
 from bridge.responses.stored.routes import StoredRoutes
 from bridge.responses.stored.store import ResponseStore
 from bridge.responses.stored.takeover import Takeover
+from bridge.responses.translate import decode_responses
+from bridge.resume.relay import RelayClient, RelayServer
+from bridge.resume.routes import ResumableStreams
+from bridge.resume.window import Resumes
+from bridge.server import HttpServer
+from bridge.streams.continuation import Continuations
+from bridge.streams.demux import BufferLimits, Demux
+from bridge.streams.losses import Losses
 from core.catalogue import Catalogue
 from core.connect import connect
 from core.looplag import LoopLag
@@ -64,6 +65,10 @@ from schemas.openai_out import Model, ModelList
 from schemas.requests import Cancel
 
 log = logging.getLogger("laneway.bridge")
+
+
+async def _unanswered(msg: Msg) -> None:
+    """A worker's liveness probe: that it reached a subscriber is the whole answer."""
 
 
 class Bridge:
@@ -124,6 +129,9 @@ class Bridge:
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
         await self._nc.subscribe(self.s.cont_edge(self.edge_id), cb=self.continuations.on_ask)
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
+        # Held while this bridge is connected, never answered: the interest workers probe to
+        # cancel the work of a bridge that is gone (workers/orphans.py).
+        await self._nc.subscribe(self.s.alive(self.edge_id), cb=_unanswered)
         if self.resumes.enabled:    # other replicas ask for the streams this one holds
             self.relay = RelayServer(self._nc, self.s, self.resumes)
             await self._nc.subscribe(self.s.resume(self.edge_id), cb=self.relay.on_control)
@@ -171,7 +179,7 @@ class Bridge:
             await self._nc.close()
             self._nc = None
 
-    async def __aenter__(self) -> "Bridge":
+    async def __aenter__(self) -> Bridge:
         await self.start()
         return self
 

@@ -15,7 +15,7 @@ from core.policy.tenants import Tenant, TenantDirectory
 
 REQUEST_ID_HEADER = "X-Request-Id"
 ANSWER_ID = web.RequestKey("answer_id", str)     # what `x-request-id` answers with
-TENANT = web.RequestKey("tenant", object)        # Tenant | None: whom the key opens (tenant_of)
+TENANT: web.RequestKey[Tenant | None] = web.RequestKey("tenant", Tenant)    # whom the key opens, or None
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 

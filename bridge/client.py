@@ -50,7 +50,7 @@ class LanewayClient:
         self._sub = None
         self.last_usage: TokenUsage | None = None
 
-    async def __aenter__(self) -> "LanewayClient":
+    async def __aenter__(self) -> LanewayClient:
         self._sub = await self._nc.subscribe(self.s.tok(self.tenant, self.edge_id),
                                              cb=self._demux.on_frame)
         return self

@@ -86,7 +86,7 @@ def _spec(model_names: tuple[str, ...]) -> dict:
                                    (403, "class not allowed"), (404, "unknown model"),
                                    (413, "request too large"), (429, "backlog full"),
                                    (503, "no worker or overloaded"), (504, "deadline exceeded")]}
-    security = [{"bearer": []}]
+    security: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "Laneway", "version": "0.1.0",

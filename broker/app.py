@@ -185,7 +185,7 @@ class Broker:
         await (self._nc.drain() if self._nc.is_connected else self._nc.close())
         self._nc = None
 
-    async def __aenter__(self) -> "Broker":
+    async def __aenter__(self) -> Broker:
         await self.start()
         return self
 

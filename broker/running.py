@@ -68,5 +68,5 @@ class Running:
         return [(key, self._by_key.pop(key).ack_subject) for key in keys]
 
     def expire(self, now: float) -> None:
-        for key, d in [(k, d) for k, d in self._by_key.items() if now - d.deadline > KEEP_PAST_DEADLINE_S]:
+        for key in [k for k, d in self._by_key.items() if now - d.deadline > KEEP_PAST_DEADLINE_S]:
             self.ended(key)

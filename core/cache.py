@@ -124,7 +124,7 @@ class ResponseCache:
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, ttl_s: float, scope: CacheScope | None = None,
-                   replicas: int = 1) -> "ResponseCache":
+                   replicas: int = 1) -> ResponseCache:
         return cls(await ensure_cache_bucket(js, s, ttl_s, replicas), scope)
 
     def key(self, tenant: str, model: str, model_version: str, body: Body, extra: bytes) -> str | None:

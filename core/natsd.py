@@ -182,7 +182,7 @@ class NatsServer:
     async def kill(self) -> None:
         await self.stop(signal.SIGKILL)
 
-    async def __aenter__(self) -> "NatsServer":
+    async def __aenter__(self) -> NatsServer:
         await self.start()
         return self
 

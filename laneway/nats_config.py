@@ -160,6 +160,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
         "worker": _permissions(
             [frames, s.pull_all, usage, dlq, s.worker_events, acks,
              s.cont_all,                                    # a redelivery asks its edge how it goes on
+             s.alive_all,                                   # probes the bridges awaiting its work
              s.req_escalated_all,                           # the cascade re-sends for the large pool
              *_api("STREAM.INFO", kv[CACHE_BUCKET], kv["routing"]),
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
@@ -184,6 +185,7 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$KV.{s.bucket(BACKGROUND_BUCKET)}.>",
              s.resume_all],                             # resumes between replicas (bridge/resume/relay.py)
             [frames, s.worker_events, s.broker_events, inbox["bridge"], s.resume_all,
+             s.alive_all,                                   # its liveness, as workers probe it (workers/orphans.py)
              s.cont_all],                               # workers' asks (bridge/streams/continuation.py)
             responses=True),                            # ... answered to the asking worker's inbox
         "ops": _permissions(

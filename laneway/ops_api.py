@@ -8,7 +8,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 import openai
@@ -72,13 +72,13 @@ def guarded(command: str, action: Callable[[argparse.Namespace], int]) -> Callab
 def when(epoch: int | None) -> str:
     if epoch is None:
         return "-"
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def write_table(header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        out.write("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
 def write_json(obj: openai.BaseModel, out: TextIO) -> None:

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def list_files(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for f in client(args).files.list(**({"purpose": args.purpose} if args.purpose else {})):
         if len(rows) == args.limit:
             break

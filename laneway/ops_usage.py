@@ -23,7 +23,7 @@ import csv
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 import msgspec
@@ -54,7 +54,7 @@ def parse_time(text: str) -> datetime:
         when = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date or date-time") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ class Row:
 
 def group_of(u: Usage, group_by: str) -> str:
     if group_by == "day":
-        return datetime.fromtimestamp(u.finished_at, timezone.utc).date().isoformat()
+        return datetime.fromtimestamp(u.finished_at, UTC).date().isoformat()
     return {"model": u.model, "served_model": u.served_model, "pool": u.pool, "class": u.klass}[group_by]
 
 
@@ -137,7 +137,7 @@ def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     out.write(line(table[0]) + "\n" + "  ".join("-" * w for w in widths) + "\n")
     for cells in table[1:-1]:
@@ -158,7 +158,7 @@ def storage_lines(tenant: str, stored: Stored) -> str:
     if stored.files is None:
         files = f"storage: tenant {tenant!r} has stored no files (quota {q.file_bytes} bytes, {q.files} files)"
     else:
-        at = datetime.fromtimestamp(stored.files.counted_at, timezone.utc).isoformat(timespec="seconds")
+        at = datetime.fromtimestamp(stored.files.counted_at, UTC).isoformat(timespec="seconds")
         files = (f"storage: {stored.files.file_bytes} bytes in {stored.files.files} files of the quota's "
                  f"{q.file_bytes} bytes and {q.files} files (counted {at})")
     records = "?" if stored.records is None else str(stored.records)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from core.tasks import cancel_and_wait, wait_event
 

@@ -59,7 +59,7 @@ async def _scrape(http: aiohttp.ClientSession, target: Target) -> Scrape | str:
 async def frame(http: aiohttp.ClientSession, targets: list[Target]) -> Frame:
     at = time.time()
     scrapes = await asyncio.gather(*(_scrape(http, t) for t in targets))
-    return Frame(at, list(zip(targets, scrapes)))
+    return Frame(at, list(zip(targets, scrapes, strict=True)))
 
 
 @contextlib.contextmanager

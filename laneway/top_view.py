@@ -86,7 +86,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for r in [header, *rows]:
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     return lines
 
@@ -145,7 +145,7 @@ def render(now: Frame, before: Frame | None = None, source: str = "") -> str:
     """One frame as plain text: the same lines on a terminal and in `--once`."""
     clock = time.strftime("%H:%M:%S", time.localtime(now.at))
     lines = [f"laneway top  {clock}  {len(now.scrapes)} processes{f'  from {source}' if source else ''}", ""]
-    lines += lanes(now, before) + [""] + workers(now) + [""] + bridges(now) + [""] + brokers(now)
+    lines += [*lanes(now, before), "", *workers(now), "", *bridges(now), "", *brokers(now)]
     down = [f"  {t.name} ({t.url}): {why}" for t, why in now.scrapes if isinstance(why, str)]
     if down:
         lines += ["", "not answering:", *down]

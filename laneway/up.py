@@ -199,7 +199,7 @@ def worker_argvs(argv: list[str], n: int) -> list[list[str]]:
     base = _flag_value(argv, "--worker-id")
     if n == 1 or base is None:
         return [list(argv) for _ in range(n)]
-    return [argv + ["--worker-id", f"{base}-{i}"] for i in range(1, n + 1)]   # the last one wins
+    return [[*argv, "--worker-id", f"{base}-{i}"] for i in range(1, n + 1)]   # the last one wins
 
 
 ROLES = ("broker", "worker", "bridge")
@@ -302,8 +302,7 @@ async def _up(args: argparse.Namespace, forwarded: dict[str, list[str]], data_di
     owned.update(Owner(pid=os.getpid(), url=url, nats_url=nats.url,
                        credentials=str(auth.credentials_file) if auth else ""))
     common = ["--nats-url", nats.url]
-    bridge_argv = common + ["--host", args.host, "--port", str(args.port), "--settings", str(settings_path),
-                            *forwarded["bridge"]]
+    bridge_argv = [*common, "--host", args.host, "--port", str(args.port), "--settings", str(settings_path), *forwarded["bridge"]]
     worker_argv = common + ["--pool", pool, "--engine", args.engine] + forwarded["worker"]
     if args.model:
         worker_argv += ["--model", args.model]
@@ -318,7 +317,7 @@ async def _up(args: argparse.Namespace, forwarded: dict[str, list[str]], data_di
     starts = {name: start("broker", broker_argv + _metrics_argv(ports, name), name)
               for name in instances("broker", args.brokers)}
     starts |= {name: start("worker", argv + _metrics_argv(ports, name), name) for name, argv in
-               zip(instances("worker", args.workers), worker_argvs(worker_argv, args.workers))}
+               zip(instances("worker", args.workers), worker_argvs(worker_argv, args.workers), strict=True)}
     starts["bridge"] = start("bridge", bridge_argv, "bridge", _bridge_secrets(data_dir))
     procs: dict[str, asyncio.subprocess.Process] = {}
     supervisor = Supervisor()

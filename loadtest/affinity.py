@@ -27,7 +27,7 @@ import argparse
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -55,7 +55,7 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
     shape = SessionShape(args.system_tokens, args.turn_tokens, args.answer_tokens, args.turns, args.think)
     turns: list[Turn] = []
     async with Fleet(tmp / label, [TenantSpec(TENANT)], [pool], up_flags=flags) as fleet:
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         t0 = time.time()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
             await run_sessions(http, fleet.url, fleet.keys[TENANT], adapters or (MODEL,), TENANT, shape,

@@ -21,8 +21,8 @@ import aiohttp
 from core.policy.pii import TenantPiiPolicy
 from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port
-from loadtest.processes import LanewayUp
 from core.promtext import Scrape, parse
+from loadtest.processes import LanewayUp
 from loadtest.scenarios import PoolSpec, TenantSpec
 
 ROLES = ("nats-server", "bridge", "broker", "worker")
@@ -115,7 +115,7 @@ class Fleet:
                           for p in self.pools],
                 "tenants": {t.name: t.weight for t in self.tenants}}
 
-    async def __aenter__(self) -> "Fleet":
+    async def __aenter__(self) -> Fleet:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
         settings = self.data_dir / "loadtest-settings.toml"
@@ -134,7 +134,7 @@ class Fleet:
                 raise starting.exception()
             await waiting
             for pool in self.pools:
-                for i in range(pool.workers - (1 if pool is first else 0)):
+                for _i in range(pool.workers - (1 if pool is first else 0)):
                     self.extra.append(await self._spawn_worker(pool, len(self.extra)))
             await starting
         except BaseException:
@@ -170,7 +170,7 @@ class Fleet:
         for proc in self.extra:
             try:
                 await asyncio.wait_for(proc.wait(), 40)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
                 await proc.wait()
         self.extra.clear()

@@ -107,7 +107,7 @@ def _cpu(phase: dict) -> str:
     """Each broker's CPU ms per request, the scheduler's marked `*` (a broker without the gauge
     schedules for itself: none is marked)."""
     return " / ".join(f"{c:.2f}{'*' if s else ''}" for c, s in zip(phase["broker_cpu_ms_per_request"],
-                                                               phase["scheduler"])) + \
+                                                               phase["scheduler"], strict=True)) + \
         f" (sum {sum(phase['broker_cpu_ms_per_request']):.2f})"
 
 

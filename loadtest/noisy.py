@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import tempfile
-import time
 from pathlib import Path
 
 from core.natsd import NatsServer
@@ -119,9 +118,7 @@ async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float, counts
     batch = await client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
                                         completion_window="24h", extra_headers={"x-laneway-class": "batch"})
     counts["batch_id"] = batch.id
-    loop = asyncio.get_running_loop()
-    while loop.time() < until:
-        await asyncio.sleep(1.0)
+    await asyncio.sleep(max(0.0, until - asyncio.get_running_loop().time()))
     current = await client.batches.retrieve(batch.id)
     counts["lines_done"] = current.request_counts.completed if current.request_counts else 0
     await client.batches.cancel(batch.id)

@@ -58,7 +58,7 @@ class Server:
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
 
-    async def __aenter__(self) -> "Server":
+    async def __aenter__(self) -> Server:
         with open(self.log or os.devnull, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
@@ -85,7 +85,7 @@ class Server:
         self.proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.proc.wait(), 20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
 
@@ -179,7 +179,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                 doc["systems"]["laneway"] = [await _level(up.url, KEY, c, n, args.tokens, up.cpu) for c, n in levels]
     direct = doc["systems"]["direct"]
     for name in SYSTEMS:
-        for lv, base in zip(doc["systems"][name], direct):
+        for lv, base in zip(doc["systems"][name], direct, strict=True):
             lv["added_ttft_p50"] = lv["ttft"]["p50"] - base["ttft"]["p50"]
             lv["added_ttft_p99"] = lv["ttft"]["p99"] - base["ttft"]["p99"]
     doc["best_error_free_rps"] = {name: max((lv["requests_per_s"] for lv in levels if lv["errors"] == 0),
@@ -215,7 +215,7 @@ def render(doc: dict) -> str:
     best = doc["best_error_free_rps"]
     lines.append("Highest error-free req/s: " + ", ".join(f"{LABELS[n]} {best[n]:.1f}" for n in ("direct", *SYSTEMS)))
     lines.append("Laneway / LiteLLM, per c:")
-    for lw, ll in zip(s["laneway"], s["litellm"]):
+    for lw, ll in zip(s["laneway"], s["litellm"], strict=True):
         lines.append(f"  c={lw['concurrency']}: req/s {_ratio(lw['requests_per_s'], ll['requests_per_s'])}, "
                      f"CPU/req {_ratio(lw['cpu_ms_per_request'], ll['cpu_ms_per_request'])}, "
                      f"added TTFT p50 {ms(lw['added_ttft_p50'])} vs {ms(ll['added_ttft_p50'])}, "

@@ -247,7 +247,7 @@ class _Gen:
     def ip(self) -> str:
         r = self.r
         if r.random() < 0.15:
-            return "2001:db8:%x:%x::%x" % (r.randint(1, 65535), r.randint(1, 65535), r.randint(1, 65535))
+            return f"2001:db8:{r.randint(1, 65535):x}:{r.randint(1, 65535):x}::{r.randint(1, 65535):x}"
         return r.choice((f"10.{r.randint(0, 255)}.{r.randint(0, 255)}.{r.randint(1, 254)}",
                          f"192.168.{r.randint(0, 255)}.{r.randint(1, 254)}",
                          f"{r.choice((34, 52, 54, 104, 185))}.{r.randint(0, 255)}.{r.randint(0, 255)}.{r.randint(1, 254)}"))
@@ -292,7 +292,7 @@ class _Gen:
             "AMOUNT": lambda: f"${r.randint(1, 90)},{r.randint(0, 999):03d}.00",
             "PCT": lambda: str(r.choice((5, 10, 15, 20, 25))), "N2": lambda: str(r.randint(10, 99)),
             "N3": lambda: str(r.randint(100, 999)), "N4": lambda: str(r.randint(1000, 9999)),
-            "N5": lambda: str(r.randint(10000, 99999)), "HASH": lambda: "%010x" % r.getrandbits(40),
+            "N5": lambda: str(r.randint(10000, 99999)), "HASH": lambda: f"{r.getrandbits(40):010x}",
             "ORDER": lambda: f"ORD-{r.randint(10000, 99999)}-{r.choice('ABCDEFGH')}{r.choice('KXZ')}",
             "INV": lambda: f"INV-2025-{r.randint(0, 99999):05d}", "INC": lambda: f"INC-{r.randint(1000, 9999)}",
         }

@@ -97,7 +97,7 @@ def _parse_model(spec: str) -> dict[str, Any]:
                                  "active_params_b": float(active), "quant": quant.lower()}
         if len(parts) == 5:
             if shape := re.fullmatch(r"(\d+)x(\d+)x(\d+)", parts[4]):
-                model.update(zip(("layers", "kv_heads", "head_dim"), map(int, shape.groups())))
+                model.update(zip(("layers", "kv_heads", "head_dim"), map(int, shape.groups()), strict=True))
             else:
                 model["kv_bytes_per_token"] = float(parts[4])
     except ValueError as exc:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(parser.parse_args(argv))
     except BrokenPipeError:  # `... | head`: the reader left; not an error worth a traceback
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit failing too
+        sys.stdout = open(os.devnull, "w")  # stops the flush at exit failing too
         return 0
 
 

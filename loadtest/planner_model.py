@@ -220,7 +220,7 @@ def _step_s(m: Model, gpu: Gpu, inp: PlanInput, gpus: int, batch: int) -> tuple[
 
 
 def _replica_gpus(m: Model, usable: float, inp: PlanInput, seq_bytes: float) -> int:
-    sizes = [1, 2, 4] + list(range(8, 513, 8))  # TP within a node, then whole 8-GPU nodes
+    sizes = [1, 2, 4, *range(8, 513, 8)]  # TP within a node, then whole 8-GPU nodes
     for n in sizes:
         room = n * usable - m.weight_bytes()
         if room >= inp.efficiency.min_kv_fraction * n * usable and room >= seq_bytes:
@@ -350,7 +350,7 @@ def search_mix(inp: PlanInput) -> list[MixOption]:
     steps = round(1 / inp.mix_step)
     found = []
     for combo in _compositions(steps, len(inp.models)):
-        shares = {m.name: c / steps for m, c in zip(inp.models, combo)}
+        shares = {m.name: c / steps for m, c in zip(inp.models, combo, strict=True)}
         fleet = plan_fleet(inp, shares, reps)
         if fleet.fits_budget and fleet.latency_ok:
             quality = sum(shares[m.name] * m.active_params_b for m in inp.models)

@@ -309,7 +309,10 @@ def build_report(inp: PlanInput) -> Report:
 
 def _table(header: list[str], body: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+
     return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in body)]
 
 

@@ -114,7 +114,7 @@ class LanewayUp:
         self.output: list[str] = []        # what `up` printed after its banner (restarts…)
         self._drain: asyncio.Task | None = None
 
-    async def __aenter__(self) -> "LanewayUp":
+    async def __aenter__(self) -> LanewayUp:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "up",
             "--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key", self.api_key,

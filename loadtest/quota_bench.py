@@ -88,7 +88,7 @@ async def accuracy(url: str, prefix: str) -> None:
     for i, (name, policy, offered) in enumerate(cases):
         conns, quotas = await _replicas(url, Subjects(f"{prefix}a{i}"))
 
-        async def one(quota: Quota) -> int:
+        async def one(quota: Quota, policy: QuotaPolicy = policy) -> int:
             tokens = random.randint(100, 300)
             try:
                 await quota.admit("acc", policy, tokens)
@@ -144,7 +144,7 @@ async def cache_latency(url: str, prefix: str, n: int) -> None:
         deltas = [Delta("r", 0, i, text[at:at + 32]) for i, at in enumerate(range(0, len(text), 32))]
         answer = CachedResponse(deltas, 1500, 400, "stop", "sim@1")
         key_times, hits, misses = [], [], []
-        for i in range(n):
+        for _ in range(n):
             start = time.perf_counter()
             key = cache_key("t:acme", "chat", "r1", greedy, b"")
             key_times.append(time.perf_counter() - start)

@@ -78,7 +78,7 @@ def throughput(doc: dict) -> bytes:
     plt = _pyplot()
     fig, axes = _per_run_axes(plt, len(doc["runs"]))
     colour = _colours(doc)
-    for ax, run in zip(axes, doc["runs"]):
+    for ax, run in zip(axes, doc["runs"], strict=True):
         tl = run["timeline"]
         for flow, series in tl["tokens_per_s"].items():
             ax.plot(tl["t"], series, label=flow, color=colour[flow])
@@ -97,7 +97,7 @@ def queue_depth(doc: dict) -> bytes:
     plt = _pyplot()
     fig, axes = _per_run_axes(plt, len(doc["runs"]))
     colour = _colours(doc)
-    for ax, run in zip(axes, doc["runs"]):
+    for ax, run in zip(axes, doc["runs"], strict=True):
         tl = run["timeline"]
         t = tl["sample_t"]
         for flow, series in tl["inflight"].items():

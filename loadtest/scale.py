@@ -29,18 +29,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import tempfile
 import time
 from pathlib import Path
 
 from bridge.config import BridgeConfig
+from core.promtext import bucket_delta, fraction_at_most, histogram_quantile
 from loadtest.benchcli import add_output_flags, main, run_and_report
 from loadtest.fleet import ROLES, Fleet, rss_bytes
 from loadtest.generator import raise_fd_limit
 from loadtest.phases import settle
 from loadtest.progress import Progress
-from core.promtext import bucket_delta, fraction_at_most, histogram_quantile
 from loadtest.results import error_kind, run_document, token_times
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
@@ -93,7 +94,7 @@ async def measure(args: argparse.Namespace, clients: int) -> dict:
     tenants = [TenantSpec(f"t{i:02d}") for i in range(n_tenants)]
     per = [clients // n_tenants + (1 if i < clients % n_tenants else 0) for i in range(n_tenants)]
     flows = [Flow("stream", t.name, "interactive", users=u, prompt_tokens=args.prompt, max_tokens=max_tokens,
-                  ramp_s=args.ramp) for t, u in zip(tenants, per)]
+                  ramp_s=args.ramp) for t, u in zip(tenants, per, strict=True)]
     with tempfile.TemporaryDirectory(prefix="laneway-scale-") as tmp:
         bridge_flags = ["--max-streams", str(args.max_streams), "--max-delivery-lag", str(args.max_delivery_lag)]
         async with Fleet(args.data_dir or Path(tmp) / "lw", tenants, [pool], up_flags=bridge_flags) as fleet:
@@ -134,7 +135,7 @@ async def measure(args: argparse.Namespace, clients: int) -> dict:
     tokens = 0
     for r in results:
         times = token_times(r)
-        for a, b in zip(times, times[1:]):
+        for a, b in itertools.pairwise(times):
             if window[0] <= b < window[1]:
                 gaps.append(b - a)
         tokens += sum(1 for t in times if window[0] <= t < window[1])

@@ -39,7 +39,7 @@ class Flow:
     def open_loop(self) -> bool:
         return self.rate > 0
 
-    def scaled(self, f: float) -> "Flow":
+    def scaled(self, f: float) -> Flow:
         if self.open_loop:
             return replace(self, rate=self.rate * f)
         return replace(self, users=max(1, round(self.users * f)))
@@ -102,14 +102,14 @@ class Scenario:
     slo_latency_s: float = 1.0     # p95 < 1 s (B2B design), applied to time to first token
     scale: float = 1.0
 
-    def scaled(self, f: float) -> "Scenario":
+    def scaled(self, f: float) -> Scenario:
         if f == 1.0:
             return self
         pools = tuple(replace(p, workers=max(1, math.ceil(p.workers * f))) for p in self.pools)
         return replace(self, flows=tuple(fl.scaled(f) for fl in self.flows), pools=pools,
                        scale=self.scale * f)
 
-    def with_duration(self, seconds: float | None) -> "Scenario":
+    def with_duration(self, seconds: float | None) -> Scenario:
         return self if seconds is None else replace(self, duration_s=seconds)
 
 

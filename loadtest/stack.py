@@ -55,7 +55,7 @@ class Stack:
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
 
-    async def __aenter__(self) -> "Stack":
+    async def __aenter__(self) -> Stack:
         self._exit = AsyncExitStack()
         await provision_at(self._nats("ops"), self.limits, self.settings)
         self.broker = await self._exit.enter_async_context(

@@ -52,7 +52,7 @@ def _pack(results: list[Result]) -> bytes:
 def _unpack(data: bytes) -> list[Result]:
     out = []
     for row in msgspec.msgpack.decode(data):
-        r = Result(**dict(zip(_ROW, row)))
+        r = Result(**dict(zip(_ROW, row[:-1], strict=True)))
         r.gaps = array.array("d", row[-1]).tolist()
         out.append(r)
     return out
@@ -115,7 +115,7 @@ class Swarm:
         self._done: list[asyncio.Event] = []     # set when a child said `done`, or exited
         self._finished: set[int] = set()          # the children that said `done`
 
-    async def __aenter__(self) -> "Swarm":
+    async def __aenter__(self) -> Swarm:
         for i, job in enumerate(self._jobs):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "loadtest.swarm", stdin=asyncio.subprocess.PIPE,

@@ -50,7 +50,7 @@ class HttpTarget:
         self._session: aiohttp.ClientSession | None = None
         self._rng = random.Random(0)        # the retries' jitter
 
-    async def __aenter__(self) -> "HttpTarget":
+    async def __aenter__(self) -> HttpTarget:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         self._session = aiohttp.ClientSession(connector=connector,
                                               timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
@@ -93,7 +93,7 @@ class NatsTarget:
         self._clients: dict[str, object] = {}
         self._lock = asyncio.Lock()
 
-    async def __aenter__(self) -> "NatsTarget":
+    async def __aenter__(self) -> NatsTarget:
         import nats
 
         from schemas.subjects import service_inbox
@@ -291,7 +291,7 @@ async def sampler(rec: Recorder, interval_s: float,
         if open_streams is not None:
             try:
                 value = await open_streams()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 value = None
         s = rec.sample(value)
         if on_sample is not None:

@@ -97,7 +97,7 @@ def render(doc: dict) -> str:
     lines = [f"vLLM direct vs through Laneway: {doc['engine']}, {doc['max_tokens']} tokens, temperature 0",
              f"  start: engine alone {d['start_s']:.1f} s; laneway up (nats, broker, worker + warm-up, "
              f"bridge) {lw['start_s']:.1f} s"]
-    for a, b in zip(d["levels"], lw["levels"]):
+    for a, b in zip(d["levels"], lw["levels"], strict=True):
         lines.append(
             f"  c={a['concurrency']}: tokens/s {a['tokens_per_s']:.1f} direct, {b['tokens_per_s']:.1f} "
             f"through Laneway (ratio {b['tokens_per_s'] / a['tokens_per_s']:.2f}); TTFT p50 "

@@ -32,10 +32,10 @@ from pathlib import Path
 import aiohttp
 
 from core import env as core_env
+from core.promtext import parse
 from loadtest.benchcli import main
 from loadtest.fleet import Fleet
 from loadtest.processes import metrics_port
-from core.promtext import parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 
 SCENARIO = "cost-stack-120qps"
@@ -132,7 +132,7 @@ async def _run_client(argv: list[str], key: str, log: Path, timeout_s: float) ->
                                                     stdout=out, stderr=asyncio.subprocess.STDOUT, env=env)
         try:
             return await asyncio.wait_for(proc.wait(), timeout_s)
-        except (asyncio.CancelledError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.CancelledError):
             proc.kill()
             await proc.wait()
             raise

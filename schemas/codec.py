@@ -6,7 +6,7 @@ import re
 
 import msgspec
 
-from schemas.continuation import ContinueAsk, Continuation
+from schemas.continuation import Continuation, ContinueAsk
 from schemas.frames import TokenFrame
 from schemas.openai import (
     KNOWN_CHAT_FIELDS,

@@ -8,7 +8,7 @@ refuse by name. Schema evolution follows msgspec's rules: new fields go last, wi
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgspec
 from msgspec import Meta
@@ -66,6 +66,9 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     # analyses them like `extra`; `Finished.fields` brings them back as the tenant's policy left
     # them, so that what is stored is never the raw value.
     kept: bytes = b""
+    # The bridge awaiting the frames (its edge id): the worker cancels the work once that bridge is
+    # gone (workers/orphans.py). Empty for a tenant's own client, whose liveness nobody watches.
+    edge: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{0,64}$")] = ""
 
     def echoed_input(self) -> bytes:
         """What `Finished.messages` carries for this request: its chat messages as JSON, when asked
@@ -86,7 +89,8 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
             return messages, b""
         chat = self.chat
         fields = _encode_json(Echoed(chat.tools, chat.tool_choice, chat.response_format, chat.user,
-                                     msgspec.Raw(self.kept) if self.kept else None))
+                                     # as it is: Raw writes the JSON object's bytes where the dict goes
+                                     cast(dict[str, Any], msgspec.Raw(self.kept)) if self.kept else None))
         return messages, fields if len(messages) + len(fields) <= MAX_ECHO_BYTES else b""
 
     def validate_shape(self) -> None:
@@ -103,7 +107,7 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
 
     @property
     def stream(self) -> bool:
-        return self.body.stream
+        return bool(self.body.stream)      # null is "not set": no stream
 
     @property
     def choices(self) -> int:

@@ -9,6 +9,8 @@ Fields are append-only, with defaults (msgspec's schema evolution).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 # A streamed background response resumes from its last events up to this size: the record, with
@@ -55,8 +57,10 @@ Record = StoredResponse | StoredConversation
 RESPONSE_PREFIX, CONVERSATION_PREFIX = "resp_", "conv_"     # an id says which kind its record is
 
 _encode = msgspec.msgpack.Encoder().encode
-_decoders = {StoredResponse: msgspec.msgpack.Decoder(StoredResponse).decode,
-             StoredConversation: msgspec.msgpack.Decoder(StoredConversation).decode}
+_decoders: dict[type[Record], Callable[[bytes], Record]] = {
+    StoredResponse: msgspec.msgpack.Decoder(StoredResponse).decode,
+    StoredConversation: msgspec.msgpack.Decoder(StoredConversation).decode,
+}
 
 
 encode_rerun = _encode

@@ -160,6 +160,16 @@ class Subjects:
     def cancel_all(self) -> str:
         return f"{self.prefix}.cancel.*.*"
 
+    def alive(self, edge_id: str) -> str:
+        """A bridge subscribes here for as long as it lives and never answers: a worker's probe gets
+        nats-server's "no responders" once that bridge's connection is gone (workers/orphans.py).
+        Services only: no tenant account imports it, so no tenant can keep a dead bridge alive."""
+        return f"{self.prefix}.alive.{check_token('edge', edge_id)}"
+
+    @property
+    def alive_all(self) -> str:
+        return f"{self.prefix}.alive.*"
+
     def usage(self, tenant: str) -> str:
         return f"{self.prefix}.usage.{tenant}"
 

@@ -4,9 +4,9 @@ test never straddles a window's edge by accident, yet running on as real time do
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-T0 = datetime(2026, 11, 10, 12, 0, 5, tzinfo=timezone.utc).timestamp()   # 5 s into a minute
+T0 = datetime(2026, 11, 10, 12, 0, 5, tzinfo=UTC).timestamp()   # 5 s into a minute
 
 
 class Clock:
@@ -26,7 +26,7 @@ class Clock:
         return self.t + time.monotonic() - self._start
 
     @classmethod
-    def early_in_this_minute(cls) -> "Clock":
+    def early_in_this_minute(cls) -> Clock:
         """From 5 s into the current minute: its window's edge is 55 s away, and the jump back
         stays inside the window that leases taken on the real clock belong to (for a service
         already running, whose clock a test swaps)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 
 async def eventually(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0,

@@ -24,7 +24,7 @@ class WorkerConfig:
     # tiny models) has its steps coalesced instead of costing one NATS message per step.
     frame_interval_s: float = 0.002
 
-    def with_id(self) -> "WorkerConfig":
+    def with_id(self) -> WorkerConfig:
         if self.worker_id:
             return self
         wid = f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}"

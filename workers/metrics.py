@@ -46,6 +46,13 @@ class WorkerMetrics:
         self.publish_failures = Counter("laneway_worker_publish_failures_total",
                                         "Publishes that failed; what they carried was dropped",
                                         ["pool", "kind"], registry=r)
+        self.edge_probes = Counter("laneway_worker_edge_probes_total",
+                                   "Probes of the bridges awaiting running requests, by whether NATS "
+                                   "had interest (none: that bridge's connection is gone)", ["pool", "answer"],
+                                   registry=r)
+        self.orphans = Counter("laneway_worker_orphans_cancelled_total",
+                               "Requests cancelled because the bridge awaiting their frames is gone",
+                               ["pool"], registry=r)
         self.ttft = Histogram("laneway_worker_ttft_seconds", "Dispatch to first token in the engine",
                               ["pool", "class"], registry=r,
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 5, 10, 30))

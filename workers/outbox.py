@@ -200,7 +200,7 @@ class Outbox:
             try:
                 await nc.request(subject, payload, timeout=CONFIRM_TIMEOUT_S)
                 return
-            except (nats.errors.Error, asyncio.TimeoutError) as exc:   # no answer yet: again
+            except (TimeoutError, nats.errors.Error) as exc:   # no answer yet: again
                 error = repr(exc)
             await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
         self._failures.record("control", subject, f"no confirmation after {CONFIRM_TRIES} tries: {error}")

@@ -128,7 +128,7 @@ class Puller:
         try:
             reply = await self._nc.request(self._subject, codec.encode(credit),
                                            timeout=self.config.pull_wait_s + 2.0)
-        except (NatsTimeout, asyncio.TimeoutError):
+        except (TimeoutError, NatsTimeout):
             return
         except NoRespondersError:
             await asyncio.sleep(0.5)    # no broker yet, or it is restarting

@@ -44,6 +44,7 @@ from workers.engine import Engine, RequestKey
 from workers.heartbeat import heartbeat
 from workers.metering import UsageRecorder
 from workers.metrics import WorkerMetrics
+from workers.orphans import cancel_orphans
 from workers.outbox import Outbox
 from workers.pulling import Puller
 from workers.serve import WPI, Active, Serving, nak_with_delay
@@ -102,7 +103,9 @@ class Worker:
                                        self.metrics, self._active, self._on_batch, self._room, self._stopping)
         self._flusher = self._watched(self._outbox.run(self._nc), "flusher")
         self._tasks += [self._flusher, self._watched(self._in_progress(), "in-progress"),
-                        self._watched(puller.run(), "pull-loop")]
+                        self._watched(puller.run(), "pull-loop"),
+                        self._watched(cancel_orphans(self._nc, self.s, self._active, self._abort, self.metrics,
+                                                     self.config.pool), "orphans")]
         log.info("worker %s ready: pool=%s engine=%s model=%s", self.id, self.config.pool,
                  self.engine.name, self.engine.model)
 
@@ -159,7 +162,7 @@ class Worker:
                 log.debug("close: %s", exc)
             self._nc = None
 
-    async def __aenter__(self) -> "Worker":
+    async def __aenter__(self) -> Worker:
         await self.start()
         return self
 
@@ -185,7 +188,13 @@ class Worker:
         except BadToken:
             return
         active = self._active.get(key)
-        if active is not None and not active.cancelled:
+        if active is not None:
+            await self._abort(key, active)
+
+    async def _abort(self, key: RequestKey, active: Active) -> None:
+        """A client's cancel, or its bridge gone (workers/orphans.py): the engine stops, the slot
+        comes back, the usage record says `cancelled`."""
+        if not active.cancelled:
             active.cancelled = True
             await self.engine.abort(key)
 

@@ -11,11 +11,11 @@ import uuid
 import msgspec
 from aiohttp import web
 
-from bridge.batch.store import BatchStore
 from bridge.auth import authenticate
+from bridge.batch.store import BatchStore
 from bridge.errors import EdgeError, not_found, unanalysed
-from bridge.files.store import FileStore
 from bridge.files.routes import json_response
+from bridge.files.store import FileStore
 from bridge.paging import page_query, window
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant

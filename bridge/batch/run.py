@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
     from bridge.batch.store import BatchStore
-    from bridge.generate.routes import Generations
     from bridge.files.store import FileStore
+    from bridge.generate.routes import Generations
     from core.catalogue import Catalogue
 
 log = logging.getLogger("laneway.batch")

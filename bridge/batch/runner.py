@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from bridge.batch.lease import Lease, LeaseLost
 from bridge.batch.run import BatchRun
 from bridge.batch.store import BATCHES_BUCKET, BatchStore, decode_state
-from bridge.generate.routes import Generations
 from bridge.files.store import FileStore
+from bridge.generate.routes import Generations
 from core.catalogue import Catalogue
 from core.kvwatch import BucketWatch
 from core.tasks import cancel_and_wait

@@ -12,13 +12,18 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from hashlib import sha256
 
 from nats.js import api
 from nats.js.kv import MSG_ROLLUP_SUBJECT
-from nats.js.object_store import (OBJ_CHUNKS_PRE_TEMPLATE, OBJ_DEFAULT_CHUNK_SIZE, OBJ_DIGEST_TEMPLATE,
-                                  OBJ_META_PRE_TEMPLATE, ObjectStore)
+from nats.js.object_store import (
+    OBJ_CHUNKS_PRE_TEMPLATE,
+    OBJ_DEFAULT_CHUNK_SIZE,
+    OBJ_DIGEST_TEMPLATE,
+    OBJ_META_PRE_TEMPLATE,
+    ObjectStore,
+)
 
 CHUNK_BYTES = OBJ_DEFAULT_CHUNK_SIZE
 
@@ -42,7 +47,7 @@ async def put_chunks(store: ObjectStore, name: str, chunks: AsyncIterable[bytes]
             size += len(chunk)
             count += 1
         info = api.ObjectInfo(name=name, bucket=store._name, nuid=nuid, size=size, chunks=count,
-                              mtime=datetime.now(timezone.utc).isoformat(),
+                              mtime=datetime.now(UTC).isoformat(),
                               options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
                               digest=OBJ_DIGEST_TEMPLATE.format(
                                   digest=base64.urlsafe_b64encode(digest.digest()).decode()))

@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from bridge.config import BridgeConfig
-from bridge.streams.demux import Demux
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
+from bridge.streams.demux import Demux
 from core.looplag import LoopLag
 from core.policy.classes import ClassPolicy
 from schemas.errors import ErrorCode

@@ -21,16 +21,16 @@ from nats.aio.client import Client
 
 from bridge import publish_errors
 from bridge.auth import ANSWER_ID, MAX_IDEMPOTENCY_KEY, REQUEST_ID_HEADER, answer_id, authenticate, idempotent_id
-from bridge.generate.admission import EdgeAdmission
 from bridge.config import BridgeConfig
-from bridge.streams.demux import REPLY_GRACE_S, Demux, ResponseStream
 from bridge.errors import EdgeError, from_code
+from bridge.generate.admission import EdgeAdmission
+from bridge.generate.translate import check_context, param_of, to_generate
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
 from bridge.render.chat import renderer_for
 from bridge.render.respond import Render, collect_body, collect_json, stream_sse
 from bridge.resume.routes import ResumableStreams
-from bridge.generate.translate import check_context, param_of, to_generate
+from bridge.streams.demux import REPLY_GRACE_S, Demux, ResponseStream
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant
 from core.settings import Settings, context_limit
@@ -107,7 +107,7 @@ class Generations:
         self._check_model(body.model, tenant.name)
         now = time.time()
         generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                               reply_to=self.s.tok(tenant.name, self.edge_id), now=now,
+                               reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=now,
                                deadline=self._deadline(request, now))
         # The request's trace: the client's when it sent a traceparent; its id rides the request.
         span = self._tracing.start("laneway.bridge.request", request.headers.get("traceparent", ""),
@@ -163,7 +163,8 @@ class Generations:
                             "false or left out", "stream")
         self._check_model(body.model, tenant.name)
         return to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                           reply_to=self.s.tok(tenant.name, self.edge_id), now=time.time(), deadline=deadline)
+                           reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=time.time(),
+                           deadline=deadline)
 
     async def _collect(self, generate: GenerateRequest, render: Render) -> bytes:
         """Publish a batch line's request and collect its answer whole."""

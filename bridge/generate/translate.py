@@ -31,7 +31,7 @@ def edge_error(exc: Invalid) -> EdgeError:
 
 
 def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass: str,
-                reply_to: str, now: float, deadline: float) -> GenerateRequest:
+                reply_to: str, edge: str, now: float, deadline: float) -> GenerateRequest:
     try:
         check_body(body)
     except Invalid as exc:
@@ -40,7 +40,7 @@ def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass
     completion = body if isinstance(body, CompletionBody) else None
     embedding = body if isinstance(body, EmbeddingBody) else None
     return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
-                           reply_to=reply_to, created_at=now, deadline=deadline, chat=chat,
+                           reply_to=reply_to, edge=edge, created_at=now, deadline=deadline, chat=chat,
                            completion=completion, embedding=embedding, extra=extra)
 
 

@@ -159,7 +159,7 @@ class ChatRenderer(Renderer):
 
     def body(self, finished: Finished) -> bytes:
         choices = []
-        for i, (choice, reason) in enumerate(zip(self._choices, self._finishes(finished))):
+        for i, (choice, reason) in enumerate(zip(self._choices, self._finishes(finished), strict=True)):
             content = "".join(choice.parts)
             message = ChoiceMessage(
                 # With tool calls and no text, content is null (OpenAI's shape); else a string.
@@ -205,7 +205,7 @@ class TextRenderer(Renderer):
 
     def body(self, finished: Finished) -> bytes:
         choices = [TextChoice(i, "".join(c.parts), reason, self._legacy(c.logprobs) if self.logprobs else None)
-                   for i, (c, reason) in enumerate(zip(self._choices, self._finishes(finished)))]
+                   for i, (c, reason) in enumerate(zip(self._choices, self._finishes(finished), strict=True))]
         return encode_json(TextCompletion(self.id, self.created, self.model, choices, usage_of(finished),
                                           fingerprint(finished.model)))
 

@@ -9,12 +9,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from bridge.streams.demux import ResponseStream
 from bridge.errors import EdgeError, from_code
 from bridge.metrics import BridgeMetrics
 from bridge.render.chat import ChatRenderer, TextRenderer
 from bridge.render.responses import ResponsesRenderer
 from bridge.render.sse import DONE, error_event
+from bridge.streams.demux import ResponseStream
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
 from schemas.requests import GenerateRequest

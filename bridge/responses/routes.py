@@ -22,18 +22,18 @@ import orjson
 from aiohttp import web
 
 from bridge.auth import ANSWER_ID, REQUEST_ID_HEADER, tenant_of
-from bridge.generate.routes import Generations
-from bridge.streams.demux import REPLY_GRACE_S, ResponseStream
 from bridge.errors import EdgeError, not_found, storage_refused
+from bridge.generate.routes import Generations
 from bridge.render.responses import ResponsesRenderer
 from bridge.render.stored import kept_of
-from bridge.responses.translate import item_messages, to_chat
 from bridge.responses.stored.background import Background, Job, mark_lost, queued
 from bridge.responses.stored.conversations import Conversations
 from bridge.responses.stored.items import decode_messages, to_items
 from bridge.responses.stored.lifecycle import ended, status_of
 from bridge.responses.stored.routes import StoredRoutes
 from bridge.responses.stored.store import Conflict, ResponseStore
+from bridge.responses.translate import item_messages, to_chat
+from bridge.streams.demux import REPLY_GRACE_S, ResponseStream
 from core.policy.storage_quota import StorageExceeded
 from core.policy.stored import StoragePolicy
 from core.policy.tenants import Tenant
@@ -267,7 +267,7 @@ class Responses(Generations):
             return None
         asked, original, head = rebuilt
         generate = msgspec.structs.replace(original, request_id=uuid.uuid4().hex,
-                                           reply_to=self.s.tok(tenant_name, self.edge_id))
+                                           reply_to=self.s.tok(tenant_name, self.edge_id), edge=self.edge_id)
         claimed = msgspec.structs.replace(record, owner=self.edge_id, beat_at=time.time(),
                                           lease_s=self.background.lease_s, request_id=generate.request_id)
         try:

@@ -19,8 +19,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bridge.metrics import BridgeMetrics
-from bridge.resume.replay import UNKNOWN, EventId, follow, resume_error
 from bridge.render.respond import Writer, serve_sse
+from bridge.resume.replay import UNKNOWN, EventId, follow, resume_error
 from bridge.resume.window import Resumes
 from schemas import codec
 from schemas.resume import Relayed, ResumeAsk, ResumeRelease
@@ -82,7 +82,8 @@ class RelayServer:
         completed = False
 
         async def sink(events: list[bytes], upto: int) -> None:
-            position, chunk, size = upto - len(events), [], 0
+            chunk: list[bytes] = []
+            position, size = upto - len(events), 0
             for event in events:
                 if chunk and size + len(event) > self._chunk_bytes:
                     await self._send(ask.reply, Relayed(position, position + len(chunk), b"".join(chunk)))

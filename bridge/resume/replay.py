@@ -20,11 +20,11 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from bridge.streams.demux import ResponseStream
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
 from bridge.render.respond import Progress, Render, next_entries, render_entries
 from bridge.render.sse import DONE
+from bridge.streams.demux import ResponseStream
 from schemas.errors import ErrorCode
 from schemas.frames import Entry
 from schemas.requests import GenerateRequest
@@ -48,7 +48,7 @@ class EventId:
     n: int
 
     @classmethod
-    def parse(cls, raw: str) -> "EventId":
+    def parse(cls, raw: str) -> EventId:
         match = _EVENT_ID.match(raw.strip())
         if match is None:
             raise BadEventId(raw)
@@ -96,7 +96,7 @@ class Replay:
 
     def __init__(self, edge_id: str, generate: GenerateRequest, path: str, stream: ResponseStream,
                  render: Render, metrics: BridgeMetrics, started: float, limit: int,
-                 on_grow: Callable[["Replay", int, int], None]) -> None:
+                 on_grow: Callable[[Replay, int, int], None]) -> None:
         self.edge_id = edge_id
         self.generate = generate
         self.path = path

@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from bridge.streams.demux import ResponseStream
 from bridge.errors import EdgeError
 from bridge.metrics import BridgeMetrics
+from bridge.render.respond import Render, Writer, serve_sse
 from bridge.resume.relay import RelayClient
 from bridge.resume.replay import LAST_EVENT_ID, UNKNOWN, BadEventId, EventId, Replay, follow, resume_error
-from bridge.render.respond import Render, Writer, serve_sse
 from bridge.resume.window import Resumes
+from bridge.streams.demux import ResponseStream
 from schemas.errors import ErrorCode
 from schemas.frames import Entry
 from schemas.requests import GenerateRequest

@@ -21,10 +21,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from bridge.streams.demux import BufferLimits, Demux, ResponseStream
 from bridge.metrics import BridgeMetrics
-from bridge.resume.replay import Replay, follow
 from bridge.render.respond import Render
+from bridge.resume.replay import Replay, follow
+from bridge.streams.demux import BufferLimits, Demux, ResponseStream
 from schemas.requests import GenerateRequest
 
 log = logging.getLogger("laneway.bridge")

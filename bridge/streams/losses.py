@@ -16,9 +16,9 @@ import asyncio
 import logging
 import time
 
+from bridge.readiness import Readiness
 from bridge.streams.continuation import LOST_MESSAGE
 from bridge.streams.demux import Demux
-from bridge.readiness import Readiness
 from core.looplag import LoopLag
 from schemas.errors import ErrorCode
 

@@ -8,8 +8,8 @@ from core.policy.refusal import Refusal
 from core.policy.tenants import Tenant
 from schemas import codec, request_checks
 from schemas.checks import Invalid
-from schemas.request_checks import check_deadline
 from schemas.errors import ErrorCode
+from schemas.request_checks import check_deadline
 from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects
 

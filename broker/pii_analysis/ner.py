@@ -91,7 +91,7 @@ class Ner:
         jobs = [(k, a, b) for k, (text, lo, hi) in enumerate(texts) for a, b in self.windows(text, lo, hi)]
         out: list[list[RecognizerResult]] = [[] for _ in texts]
         docs = self.nlp.pipe((texts[k][0][a:b] for k, a, b in jobs), batch_size=64)
-        for (k, a, _), doc in zip(jobs, docs):
+        for (k, a, _), doc in zip(jobs, docs, strict=True):
             for ent in doc.ents:
                 etype = MODEL_TO_PRESIDIO_ENTITY_MAPPING.get(ent.label_)
                 if etype in wanted:

@@ -50,7 +50,7 @@ class PiiEngine:
         self,
         *,
         workers: int | None = None,
-        ner_model: str | None | Literal["auto"] = "auto",
+        ner_model: str | Literal["auto"] | None = "auto",
         split_chars: int = 1500,
         stuck_after_s: float = 30.0,
         share: int | None = None,
@@ -155,7 +155,7 @@ class PiiEngine:
         except BrokenProcessPool:
             self._restart(pool)
             raise PiiUnavailable("an analyzer worker died") from None
-        except Exception as exc:  # noqa: BLE001 - the process boundary: anything a worker raises fails closed
+        except Exception as exc:  # the process boundary: anything a worker raises fails closed
             log.warning("PII analysis failed in a worker", exc_info=True)
             raise PiiUnavailable(f"analysis failed ({type(exc).__name__})") from None
         finally:
@@ -272,8 +272,8 @@ def merge(texts: list[str], jobs: list[list[Piece]], results: list[list[list[Hit
     score (Presidio's rule), should the two views differ."""
     out: list[list[Hit]] = [[] for _ in texts]
     split_texts = set()
-    for job, found in zip(jobs, results):
-        for (i, offset, piece, _, _), hits in zip(job, found):
+    for job, found in zip(jobs, results, strict=True):
+        for (i, offset, piece, _, _), hits in zip(job, found, strict=True):
             if len(piece) != len(texts[i]):
                 split_texts.add(i)
             out[i] += [(e, s + offset, t + offset, sc) for e, s, t, sc in hits]

@@ -223,7 +223,7 @@ class Recognizers:
             found = c.analyze(text)
             results += found
             contexts += [c.context] * len(found)
-        for r, words in zip(results, contexts):
+        for r, words in zip(results, contexts, strict=True):
             if words and _supported_by_context(text, r.start, words):
                 r.score = min(1.0, max(r.score + CONTEXT_FACTOR, CONTEXT_MIN_SCORE))
         return results

@@ -67,10 +67,10 @@ def analyze(plan: Plan, texts: list[tuple[str, int, int]]) -> tuple[list[list[Hi
     custom, allow = _state.built(plan)
     per_text = [_state.recognizers.analyze(text, plan.patterns, custom) for text, _, _ in texts]
     if plan.ner and _state.ner is not None:
-        for found, ner_found in zip(per_text, _state.ner.analyze(texts, plan.ner)):
+        for found, ner_found in zip(per_text, _state.ner.analyze(texts, plan.ner), strict=True):
             found += ner_found
     hits = [finalize(found, text, plan.min_score, allow, lo, hi)
-            for found, (text, lo, hi) in zip(per_text, texts)]
+            for found, (text, lo, hi) in zip(per_text, texts, strict=True)]
     return hits, time.process_time() - cpu
 
 

@@ -120,7 +120,7 @@ class Lease:
             self._revision = await self._kv.create(LEASE_KEY, self._holder)
         except nats.js.errors.KeyWrongLastSequenceError:
             return                              # another broker holds it
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error) as exc:
             log.debug("could not try the scheduler lease: %r", exc)
             return
         self.clock.wrote(sent_at)
@@ -139,7 +139,7 @@ class Lease:
                 return
             await self._lose("another broker holds the lease")
             return
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:   # retried; `lapsed` bounds it
+        except (TimeoutError, nats.errors.Error) as exc:   # retried; `lapsed` bounds it
             log.warning("could not renew the scheduler lease: %r", exc)
             if self.clock.lapsed(self._now()):
                 await self._lose("no renewal landed within the lease's time")
@@ -151,7 +151,7 @@ class Lease:
         try:
             async with asyncio.timeout(self.clock.left_s(self._now())):
                 entry = await self._kv.get(LEASE_KEY)
-        except (nats.errors.Error, asyncio.TimeoutError, nats.js.errors.KeyNotFoundError):
+        except (TimeoutError, nats.errors.Error, nats.js.errors.KeyNotFoundError):
             return False
         if entry.value != self._holder or entry.revision is None:
             return False
@@ -170,6 +170,6 @@ class Lease:
         self.clock.lost()
         try:
             await self._kv.delete(LEASE_KEY, last=self._revision)
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:   # it lapses after ttl anyway
+        except (TimeoutError, nats.errors.Error) as exc:   # it lapses after ttl anyway
             log.warning("could not give up the scheduler lease: %r", exc)
         return True

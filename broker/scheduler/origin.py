@@ -79,7 +79,7 @@ class Origin:
             reply = await self._nc.request(self.s.sched_admit, entry.data, timeout=ANSWER_TIMEOUT_S)
         except nats.errors.NoRespondersError:
             return      # no scheduler right now: sent again when one announces itself
-        except (nats.errors.Error, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.debug("no answer from the scheduler: %r", exc)
             return
         finally:

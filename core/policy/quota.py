@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Annotated, Any
 
@@ -153,14 +153,14 @@ def minute_of(t: float) -> int:
 
 
 def month_of(t: float) -> int:
-    d = datetime.fromtimestamp(t, timezone.utc)
+    d = datetime.fromtimestamp(t, UTC)
     return d.year * 100 + d.month
 
 
 def seconds_to_month_end(t: float) -> float:
-    d = datetime.fromtimestamp(t, timezone.utc)
+    d = datetime.fromtimestamp(t, UTC)
     year, month = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
-    return datetime(year, month, 1, tzinfo=timezone.utc).timestamp() - t
+    return datetime(year, month, 1, tzinfo=UTC).timestamp() - t
 
 
 def lease_chunk(limit: int, fraction: float) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Annotated
 
 import msgspec
@@ -115,7 +115,7 @@ class TenantDirectory:
             return tenant
         return None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tenant]:
         return iter(self._tenants.values())
 
     def __len__(self) -> int:

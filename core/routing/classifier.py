@@ -8,6 +8,7 @@ must cost microseconds and pull in no ML runtime.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -45,7 +46,7 @@ def features(text: str) -> dict[str, float]:
     f: dict[str, float] = {"bias_": 1.0}
     for w in set(words[:400]):
         f["w:" + w] = 1.0
-    for a, b in set(zip(words[:200], words[1:200], strict=False)):
+    for a, b in set(itertools.pairwise(words[:200])):
         f[f"b:{a}_{b}"] = 1.0
     if words:
         f["first:" + words[0]] = 1.0
@@ -77,7 +78,7 @@ class IntentModel:
     meta: Mapping[str, object]
 
     @classmethod
-    def load(cls, path: Path = MODEL_PATH) -> "IntentModel":
+    def load(cls, path: Path = MODEL_PATH) -> IntentModel:
         doc = json.loads(path.read_text())
         labels = tuple(doc["labels"])
         weights = {k: tuple(v) for k, v in doc["weights"].items()}

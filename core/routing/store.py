@@ -63,7 +63,7 @@ class RuleStore:
         self._clock = clock
 
     @classmethod
-    async def open(cls, js: JetStreamContext, s: Subjects) -> "RuleStore":
+    async def open(cls, js: JetStreamContext, s: Subjects) -> RuleStore:
         """The bucket exists once provisioning ran; create it for a bare NATS too."""
         try:
             kv = await js.key_value(s.bucket("routing"))

@@ -13,7 +13,7 @@ against the cluster's CA), so the one certificate serves both ends: server and c
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
@@ -85,12 +85,12 @@ def still_good(ca_pem: bytes, cert_pem: bytes, key_pem: bytes, names: list[str],
 
 def ensure(out: Path, names: list[str], now: datetime | None = None) -> bytes:
     """The CA (PEM) of the certificate for `names` kept in `out`, issued there first if need be."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     paths = [out / f for f in (CA_FILE, CERT_FILE, KEY_FILE)]
     if all(p.exists() for p in paths) and still_good(*(p.read_bytes() for p in paths), names, now):
         return paths[0].read_bytes()
     ca_pem, cert_pem, key_pem = issue(names, now)
     write_private(paths[2], key_pem.decode())
-    for path, pem in zip(paths[:2], (ca_pem, cert_pem)):
+    for path, pem in zip(paths[:2], (ca_pem, cert_pem), strict=True):
         path.write_bytes(pem)
     return ca_pem

@@ -129,7 +129,7 @@ def test_each_laneway_container_logs_in_as_its_own_role_only() -> None:
     auth_mounts = dict(volume_specs(auth))
     mounted_by = {}
     for name, svc in raw.items():
-        for source, target in volume_specs(svc):
+        for source, _target in volume_specs(svc):
             mounted_by.setdefault(source, set()).add(name)
         if "build" not in svc:
             continue
@@ -235,7 +235,7 @@ class ComposeCluster:
         """The service's --nats-url, each node at its loopback port, by the certificate's name."""
         command = [str(a) for a in raw_services()[service]["command"]]
         url = command[command.index("--nats-url") + 1]
-        for node, server in zip(NODES, self.servers):
+        for node, server in zip(NODES, self.servers, strict=True):
             url = url.replace(f"{node}:4222", f"localhost:{server.port}")
         return url
 

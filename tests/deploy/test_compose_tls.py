@@ -15,7 +15,7 @@ import importlib.util
 import json
 import ssl
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -84,11 +84,11 @@ def test_a_certificate_near_its_end_or_for_other_names_is_replaced(tmp_path: Pat
     names = ["nats-1", "localhost"]
     ca = certs.ensure(tmp_path, names)
     assert certs.ensure(tmp_path, names) == ca
-    late = datetime.now(timezone.utc) + certs.LIFETIME - certs.RENEW_BEFORE + timedelta(days=1)
+    late = datetime.now(UTC) + certs.LIFETIME - certs.RENEW_BEFORE + timedelta(days=1)
     renewed = certs.ensure(tmp_path, names, now=late)
     assert renewed != ca and certs.ensure(tmp_path, names) == renewed
     assert certs.ensure(tmp_path, [*names, "nats-2"]) != renewed
-    (tmp_path / certs.KEY_FILE).write_text(certs.issue(names, datetime.now(timezone.utc))[2].decode())
+    (tmp_path / certs.KEY_FILE).write_text(certs.issue(names, datetime.now(UTC))[2].decode())
     assert certs.ensure(tmp_path, [*names, "nats-2"]) != renewed, "a key that is not the certificate's"
 
 
@@ -130,7 +130,7 @@ async def test_a_service_connects_over_tls_with_its_login_and_the_compose_ca(clu
     nc = await connect(n, "laneway-broker-tls-test")
     try:
         await nc.flush()
-        node = next(node for node, s in zip(NODES, cluster.servers) if s.port == nc.connected_url.port)
+        node = next(node for node, s in zip(NODES, cluster.servers, strict=True) if s.port == nc.connected_url.port)
         connections = monitor(cluster, node, "connz?auth=1")["connections"]
         mine = [c for c in connections if c.get("name") == "laneway-broker-tls-test"]
         assert len(mine) == 1 and mine[0]["authorized_user"] == user, mine
@@ -161,7 +161,7 @@ async def test_a_client_that_does_not_trust_the_compose_ca_is_refused(cluster: C
     ca = None
     if trust == "another CA":
         ca = tmp_path / "other-ca.pem"
-        ca.write_bytes(certs.issue(tls_names(), datetime.now(timezone.utc))[0])
+        ca.write_bytes(certs.issue(tls_names(), datetime.now(UTC))[0])
     n = NatsSettings(url=cluster.nats_url("broker"), user=user, password=password, tls_ca=str(ca) if ca else None)
 
     async def quiet(exc: Exception) -> None:

@@ -246,7 +246,7 @@ def test_containers_run_real_laneway_commands(variant: str) -> None:
         seen.add(args[0])
         assert args[0] in LANEWAY_ROLES, f"{workload}: `laneway {args[0]}`"
         try:
-            parsed, rest = parser.parse_known_args(args)
+            _parsed, rest = parser.parse_known_args(args)
         except SystemExit:
             pytest.fail(f"{workload}: `laneway {' '.join(args)}` does not parse")
         assert not rest, f"{workload}: unknown arguments {rest}"
@@ -569,7 +569,7 @@ def test_the_route_password_is_set_in_values_never_in_the_nats_charts() -> None:
     for overrides in ({"nats": {"config": {"cluster": {"routeURLs": {"user": "route", "password": chosen}}}}},
                       {"natsAuth": {"routePassword": "with space/and@sign#0451"}},
                       {"natsAuth": {"routePassword": "short"}}):
-        with pytest.raises(helm.HelmError, match="natsAuth.routePassword"):
+        with pytest.raises(helm.HelmError, match=r"natsAuth\.routePassword"):
             render_values(overrides)
 
 

@@ -6,7 +6,7 @@ each, nothing is loaded again (the usage records say which worker served what)."
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import aiohttp
 import openai
@@ -69,7 +69,7 @@ async def test_adapters_are_listed_as_models(fleet: Fleet) -> None:
 
 
 async def test_each_adapter_stays_on_the_worker_that_holds_it(fleet: Fleet) -> None:
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     ids: dict[str, str] = {}
     c = client(fleet)
     for n, which in enumerate(ORDER):

@@ -12,15 +12,15 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import openai
 import pytest
 
+from core.usage_log import billed, read_records
 from loadtest.fleet import Fleet, _role
 from loadtest.scenarios import PoolSpec, TenantSpec
-from core.usage_log import billed, read_records
 from schemas.subjects import Subjects
 from schemas.usage import Superseded, Usage
 from tests.e2e.test_batches_api import chat_line, jsonl
@@ -87,7 +87,7 @@ async def assert_each_line_once(c: openai.AsyncOpenAI, batch) -> None:
 async def test_a_batch_survives_its_bridge_killed_mid_batch(tmp_path) -> None:
     async with fleet(tmp_path / "lw") as f:
         c = client(f)
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         batch = await start(c)
         await progressed(c, batch.id, 2)
         bridge = next(pid for pid in f.pids() if _role(pid) == "bridge")

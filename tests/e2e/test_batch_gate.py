@@ -6,7 +6,7 @@ record naming the `batch` class."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import msgspec
 import openai
@@ -37,7 +37,7 @@ def full_price(prompt_tokens: int, completion_tokens: int) -> float:
 async def test_batch_lines_are_redacted_audited_and_metered_at_the_batch_price(tmp_path) -> None:
     async with Fleet(tmp_path / "lw", [TenantSpec("acme")], [PoolSpec(profile="zero")],
                      up_flags=["--pii", "regex"]) as f:
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         ops = await f.up.connect_nats("ops")
         try:
             js = ops.jetstream()

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import sys
-
 from dataclasses import replace
 
 import openai
@@ -184,19 +183,19 @@ async def test_files_list_show_download_delete(cli, api, tmp_path) -> None:
 
 async def test_a_wrong_key_and_no_bridge_are_said_in_one_line(cli, stack, tmp_path) -> None:
     cli.env["LANEWAY_API_KEY"] = "sk-not-a-tenant"
-    rc, out, err = await cli.run("batches", "list")
+    rc, _out, err = await cli.run("batches", "list")
     assert rc == 1 and "401" in err and len(err.strip().splitlines()) == 1, err
 
     del cli.env["LANEWAY_API_KEY"]
-    rc, out, err = await cli.run("files", "list")
+    rc, _out, err = await cli.run("files", "list")
     assert rc == 2 and "no API key" in err, err
 
     # the key `laneway up` keeps in its data dir, when none is given
     data_dir = tmp_path / "up-data"
     data_dir.mkdir()
     (data_dir / "demo-api-key").write_text(KEY + "\n")
-    rc, out, err = await cli.run("files", "list", "--data-dir", str(data_dir))
+    rc, _out, err = await cli.run("files", "list", "--data-dir", str(data_dir))
     assert rc == 0, err
 
-    rc, out, err = await cli.run("batches", "list", "--api-key", KEY, "--base-url", "http://127.0.0.1:1/v1")
+    rc, _out, err = await cli.run("batches", "list", "--api-key", KEY, "--base-url", "http://127.0.0.1:1/v1")
     assert rc == 1 and "cannot reach the bridge at http://127.0.0.1:1/v1" in err, err

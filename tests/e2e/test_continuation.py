@@ -138,7 +138,7 @@ async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
 
 async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: bool) -> tuple[list[Stream], int]:
     streams = [Stream() for _ in range(STREAMS)]
-    tasks = [asyncio.create_task(read(http, up, body(i, p), s)) for i, (s, p) in enumerate(zip(streams, prompts()))]
+    tasks = [asyncio.create_task(read(http, up, body(i, p), s)) for i, (s, p) in enumerate(zip(streams, prompts(), strict=True))]
     victim = 0
     if kill:
         # Mid-stream: every stream has tokens on the wire.

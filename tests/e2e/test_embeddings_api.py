@@ -25,7 +25,7 @@ def norm(v: list[float]) -> float:
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b)) / (norm(a) * norm(b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (norm(a) * norm(b))
 
 
 async def test_float_embeddings_one_per_input_in_order_with_usage(client):
@@ -49,7 +49,7 @@ async def test_base64_decoded_by_the_client_equals_float(client):
     assert [d.embedding for d in default.data] == [d.embedding for d in floats.data]
     # Asked explicitly, it hands back the base64 text: float32 little-endian.
     raw = await client.embeddings.create(model=MODEL, input=texts, encoding_format="base64")
-    for d, f in zip(raw.data, floats.data):
+    for d, f in zip(raw.data, floats.data, strict=True):
         assert isinstance(d.embedding, str)
         data = base64.b64decode(d.embedding)
         assert len(data) == 4 * SIM_DIMS

@@ -86,8 +86,7 @@ async def test_tool_choice_none_answers_in_text(client):
 async def test_an_agent_loop_ends_with_text_after_the_tool_result(client):
     first = await client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=64)
     call = first.choices[0].message.tool_calls[0]
-    history = ASK + [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"status": "shipped"}'}]
+    history = [*ASK, first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": '{"status": "shipped"}'}]
     second = await client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=16)
     assert second.choices[0].finish_reason in ("stop", "length")
     assert second.choices[0].message.content

@@ -9,6 +9,7 @@ the two workers' parked pulls take turns, and each turn lands where its history 
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import aiohttp
@@ -16,9 +17,9 @@ import openai
 import pytest
 import pytest_asyncio
 
+from core.promtext import parse
 from loadtest.fleet import Fleet
 from loadtest.processes import metrics_port
-from core.promtext import parse
 from loadtest.scenarios import PoolSpec, TenantSpec
 from loadtest.sessions import prose, system_prompt
 
@@ -57,7 +58,7 @@ async def converse(client: openai.AsyncOpenAI, tag: str) -> list[tuple[int, int]
 
 async def test_each_turn_lands_where_its_history_is_cached(fleet: Fleet) -> None:
     turns = await converse(client(fleet, "acme"), "first")
-    found = [cached >= previous - BLOCK for (previous, _), (_, cached) in zip(turns, turns[1:], strict=False)]
+    found = [cached >= previous - BLOCK for (previous, _), (_, cached) in itertools.pairwise(turns)]
     # One race is allowed: a worker's fresh pull may reach the broker after the next turn does.
     assert sum(found) >= TURNS - 2, turns
 

@@ -5,7 +5,7 @@ same prompt from another tenant finds nothing (the cache salt is per tenant scop
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import nats
 import openai
@@ -43,7 +43,7 @@ async def ask(client: openai.AsyncOpenAI, question: str, stream: bool) -> openai
 
 
 async def test_a_repeated_prompt_is_read_from_the_prefix_cache_per_tenant(stack, nats_server) -> None:
-    since = datetime.now(timezone.utc) - timedelta(minutes=1)
+    since = datetime.now(UTC) - timedelta(minutes=1)
     demo, other = client_for(stack, KEY), client_for(stack, OTHER_KEY)
     first = await ask(demo, "Where is my parcel?", stream=False)
     assert first.prompt_tokens > 500 and first.prompt_tokens_details.cached_tokens == 0

@@ -185,7 +185,7 @@ async def _refused(http: aiohttp.ClientSession, url: str, key: str, event_id: st
 async def test_another_tenants_key_gets_404_and_no_byte_of_the_stream(stack, second):
     async with aiohttp.ClientSession() as http:
         first = await cut_after(http, stack.bridge.url, body("secret plans", max_tokens=400), 3)
-        edge, request_id, _ = first.last_id.split(".")
+        edge, _request_id, _ = first.last_id.split(".")
         unknown = await _refused(http, stack.bridge.url, KEY, f"{edge}.{'0' * 32}.1")
         assert unknown["status"] == 404 and unknown["code"] == "not_found", unknown
         for url in (stack.bridge.url, second.url):

@@ -82,7 +82,7 @@ async def test_streams_of_starved_processes_run_to_their_end(up: LanewayUp) -> N
             os.kill(bridge[0], signal.SIGSTOP)
             await asyncio.sleep(BOUND_S + 2 * CHECK_S)     # the fault's length, not a wait for a result
             os.kill(bridge[0], signal.SIGCONT)
-            done, hung = await asyncio.wait(load, timeout=HANG_S)
+            _done, hung = await asyncio.wait(load, timeout=HANG_S)
         finally:
             os.kill(bridge[0], signal.SIGCONT)
             for p in spinning:
@@ -102,7 +102,7 @@ async def test_a_killed_worker_is_still_found_within_its_bound(up: LanewayUp) ->
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         results, load = await streams_running(up, http, 300)
         os.kill(workers[0], signal.SIGKILL)
-        done, hung = await asyncio.wait(load, timeout=HANG_S)
+        _, hung = await asyncio.wait(load, timeout=HANG_S)
     assert not hung
     # The dead worker's streams go on on the live one (bridge/streams/continuation.py): every stream
     # runs to its end, and the longest stall a client saw is the time to find the loss.

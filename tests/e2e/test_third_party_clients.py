@@ -14,12 +14,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 os.environ.setdefault("LITELLM_LOG", "ERROR")
 
-import jsonschema  # noqa: E402
-import openai  # noqa: E402
-import pydantic  # noqa: E402
-import pytest  # noqa: E402
+import jsonschema
+import openai
+import pydantic
+import pytest
 
-from loadtest.stack import Stack, demo_settings  # noqa: E402
+from loadtest.stack import Stack, demo_settings
 
 KEY = "sk-test-third-party-key"
 MODEL = "laneway-sim"

@@ -40,7 +40,7 @@ class Collector:
                                        **{a.key: _value(a.value) for a in span.attributes}})
         return web.Response(content_type="application/x-protobuf", body=b"")
 
-    async def __aenter__(self) -> "Collector":
+    async def __aenter__(self) -> Collector:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
         self._runner = web.AppRunner(app)

@@ -111,7 +111,7 @@ async def test_a_killed_up_starts_again_on_its_port_and_the_ops_commands_find_it
 
 
 async def test_with_no_stack_and_no_url_the_ops_commands_say_how_to_fix_it(tmp_path):
-    code, out, err = await laneway("usage", "--tenant", "demo", "--since", "2020-01-01", cwd=tmp_path)
+    code, _out, err = await laneway("usage", "--tenant", "demo", "--since", "2020-01-01", cwd=tmp_path)
     assert code != 0
     assert "laneway up" in err and "--nats-url" in err and "LANEWAY_NATS_URL" in err, err
     assert str(tmp_path / ".laneway") in err, err       # the data dir it looked in

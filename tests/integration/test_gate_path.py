@@ -101,7 +101,7 @@ async def test_deterministic_answer_is_replayed_from_the_cache_for_that_tenant_o
     status, again, _ = await chat(stack, "acme", prompt, temperature=0)
     assert status == 200 and again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     assert stack.finished() == before, "a cache hit must not reach the engine"
-    status, other, _ = await chat(stack, "globex", prompt, temperature=0)
+    status, _other, _ = await chat(stack, "globex", prompt, temperature=0)
     assert status == 200 and stack.finished() == before + 1, "another tenant must not hit acme's entry"
     await chat(stack, "acme", prompt, temperature=0.7)          # not deterministic: never cached
     assert stack.finished() == before + 2
@@ -137,7 +137,7 @@ async def test_every_finished_request_is_metered(stack, nats_server):
     nc = await nats.connect(nats_server.url)
     try:
         js = nc.jetstream()
-        status, body, _ = await chat(stack, "globex", "meter me")
+        _status, body, _ = await chat(stack, "globex", "meter me")
         async def metered() -> bool:   # the usage record comes after the answer, in the background
             try:
                 msg = await js.get_last_msg("GATE_USAGE", "gate.usage.globex")

@@ -21,8 +21,8 @@ from nats.js.api import StreamConfig
 from bridge.client import LanewayClient, LanewayError
 from broker import intake
 from broker.deadletter import LOG_EVERY_S, DeadLetters
-from broker.intake import PullIntake
 from broker.gate.pipeline import Gate
+from broker.intake import PullIntake
 from broker.metrics import BrokerMetrics
 from core.natsd import SHARED_DISK_FILE_STORE, NatsServer
 from core.policy.tenants import Tenant, TenantDirectory, hash_key

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
@@ -304,7 +304,7 @@ async def test_a_repeated_request_is_a_cache_hit(secured):
 
 
 async def test_usage_is_metered_and_reported(secured):
-    since = datetime.now(timezone.utc) - timedelta(minutes=1)
+    since = datetime.now(UTC) - timedelta(minutes=1)
     ids = set()
     for i in range(2):
         status, body = await secured.chat("beta", f"meter me {i}")
@@ -337,7 +337,7 @@ async def test_quota_slots_come_back_and_the_rate_limit_holds(secured, monkeypat
         status, body = await secured.chat("tight", f"one at a time {i}")
         assert status == 200, body
         request_id = body["id"].removeprefix("chatcmpl-")
-        assert await eventually(lambda: ledger.get("tight", request_id) is None, timeout=10)
+        assert await eventually(lambda rid=request_id: ledger.get("tight", rid) is None, timeout=10)
     status, body = await secured.chat("tight", "one too many")
     assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
     assert secured.log.new() == []
@@ -452,7 +452,7 @@ async def test_poison_malformed_and_abandoned_requests_land_in_the_dlq(secured):
                 await doomed.close()
                 await put_models(ops.jetstream(), S, models)     # a pool with no worker is not ready
         for reason in ("engine_error", "malformed", "max_deliver"):
-            assert await eventually(lambda: dead_letters(ops, reason), timeout=10), reason
+            assert await eventually(lambda r=reason: dead_letters(ops, r), timeout=10), reason
     finally:
         await alpha.close()
         await ops.close()

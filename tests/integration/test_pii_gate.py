@@ -8,13 +8,14 @@ installed); the crash test runs last because it replaces the pool.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 
 import msgspec
 import pytest
 
-from broker.gate.pii import (  # noqa: E402
+from broker.gate.pii import (
     KNOWN_ENTITIES,
     Action,
     CustomPattern,
@@ -26,12 +27,12 @@ from broker.gate.pii import (  # noqa: E402
     decode_audit,
     encode_audit,
 )
-from broker.pii_analysis.pool import merge, split  # noqa: E402
-from broker.pii_analysis.spacy_model import model_installed  # noqa: E402
-from schemas.openai import ChatBody, Message  # noqa: E402
-from schemas.requests import GenerateRequest  # noqa: E402
-from tests.requests import chat, completion  # noqa: E402
-from tests.wait import eventually  # noqa: E402
+from broker.pii_analysis.pool import merge, split
+from broker.pii_analysis.spacy_model import model_installed
+from schemas.openai import ChatBody, Message
+from schemas.requests import GenerateRequest
+from tests.requests import chat, completion
+from tests.wait import eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -113,7 +114,7 @@ async def test_cache_hit_across_turns(gate: PiiGate) -> None:
     turn1 = [Message("system", "You are a support copilot."), user(f"Draft a reply to {EMAIL}.")]
     d1 = await gate.inspect("acme", policy, turn1)
     assert (d1.analyzed, d1.cached) == (2, 0)
-    turn2 = turn1 + [Message("assistant", "Hi, thanks for reaching out."), user(f"Add {PHONE}.")]
+    turn2 = [*turn1, Message("assistant", "Hi, thanks for reaching out."), user(f"Add {PHONE}.")]
     d2 = await gate.inspect("acme", policy, turn2)
     assert (d2.analyzed, d2.cached) == (2, 2)
     assert d2.cpu_ms > 0
@@ -326,7 +327,7 @@ def test_split_and_merge_cover_every_character() -> None:
     for i, text in enumerate(texts):
         spans = sorted(covered[i])
         assert spans[0][0] == 0 and spans[-1][1] == len(text)
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     # A finding seen whole in one piece and truncated in the previous one is kept once, whole.
     one = [[(0, 0, "ab cd", 0, 3), (0, 3, "cd ef", 0, 5)]]
     hits = [[[("PERSON", 3, 5, 0.85)], [("PERSON", 0, 5, 0.85)]]]

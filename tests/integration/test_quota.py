@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import count
 
 import nats
@@ -107,10 +107,10 @@ async def test_monthly_budget_is_insufficient_quota(replicas) -> None:
     admitted, exc = await admit_until_refused(quota, "acme", policy, 250)
     assert admitted == 4
     assert exc.code == INSUFFICIENT_QUOTA and exc.limit_name is LimitName.budget
-    assert exc.reset_s == pytest.approx(datetime(2026, 12, 1, tzinfo=timezone.utc).timestamp() - T0, abs=5)
+    assert exc.reset_s == pytest.approx(datetime(2026, 12, 1, tzinfo=UTC).timestamp() - T0, abs=5)
     with pytest.raises(QuotaExceeded):                  # the other replica sees the same budget
         await other.admit("acme", policy, 250)
-    clock.set(datetime(2026, 12, 1, 0, 0, 1, tzinfo=timezone.utc).timestamp())
+    clock.set(datetime(2026, 12, 1, 0, 0, 1, tzinfo=UTC).timestamp())
     await other.admit("acme", policy, 250)              # a new month
 
 

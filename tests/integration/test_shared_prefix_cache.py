@@ -5,7 +5,7 @@ block by block; the answer says 0 and the usage record keeps the real count."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import nats
 import openai
@@ -46,7 +46,7 @@ def test_the_hosted_upstream_engine_declares_its_cache_shared() -> None:
 
 
 async def test_a_guess_of_another_tenants_prefix_is_not_confirmed(stack, nats_server) -> None:
-    since = datetime.now(timezone.utc) - timedelta(minutes=1)
+    since = datetime.now(UTC) - timedelta(minutes=1)
     victim = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
     attacker = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=OTHER_KEY, max_retries=0)
     messages = [{"role": "system", "content": SECRET_PROMPT}, {"role": "user", "content": "balance?"}]

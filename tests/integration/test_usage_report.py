@@ -7,7 +7,7 @@ import asyncio
 import csv
 import io
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import count
 
 import nats
@@ -68,7 +68,7 @@ async def test_table_and_csv_sums(nats_server, stream) -> None:
                   usage("acme", "chat", 1000, 200, 0.0, cached=True),
                   usage("acme", "code", 3000, 1000, 0.05, pool="big"),
                   usage("globex", "chat", 99_999, 99_999, 9.0))          # another tenant: never counted
-    since = datetime.fromtimestamp(time.time() - 3600, timezone.utc).isoformat()
+    since = datetime.fromtimestamp(time.time() - 3600, UTC).isoformat()
     text = await run_report(nats_server.url, s, "--tenant", "acme", "--since", since)
     lines = text.splitlines()
     assert lines[0].split() == ["model", *report.COLUMNS]
@@ -91,7 +91,7 @@ async def test_prefix_cache_hits_their_rate_and_savings(nats_server, stream) -> 
     await publish(usage("acme", "chat", 2000, 100, 0.003, hits=1536, saved=0.0023),
                   usage("acme", "chat", 2000, 100, 0.004, hits=512, saved=0.0007),
                   usage("acme", "code", 1000, 50, 0.002))                 # no hits: 0 saved, 0%
-    since = datetime.fromtimestamp(time.time() - 3600, timezone.utc).isoformat()
+    since = datetime.fromtimestamp(time.time() - 3600, UTC).isoformat()
     lines = (await run_report(nats_server.url, s, "--tenant", "acme", "--since", since)).splitlines()
     chat = next(line for line in lines if line.startswith("chat")).split()
     assert chat[-3:] == ["2048", "51.2%", "0.003000"]
@@ -108,7 +108,7 @@ async def test_since_and_until_filter(nats_server, stream) -> None:
     s, publish = stream
     await publish(usage("acme", "chat", 100, 10, 0.001))
     await asyncio.sleep(0.05)    # scenario, kept: the clock moves past the first record ...
-    cut = datetime.now(timezone.utc)
+    cut = datetime.now(UTC)
     await asyncio.sleep(0.05)    # ... and past the cut before the next two, so the cut lies between them
     await publish(usage("acme", "chat", 200, 20, 0.002), usage("acme", "chat", 300, 30, 0.003))
     rows = list(csv.DictReader(io.StringIO(await run_report(
@@ -125,10 +125,10 @@ async def test_group_by_day(nats_server, stream) -> None:
     await publish(usage("acme", "chat", 10, 1, 0.0, finished_at=now - 2 * 86400),
                   usage("acme", "chat", 20, 2, 0.0, finished_at=now - 86400),
                   usage("acme", "chat", 30, 3, 0.0, finished_at=now))
-    since = datetime.fromtimestamp(now - 3 * 86400, timezone.utc).isoformat()
+    since = datetime.fromtimestamp(now - 3 * 86400, UTC).isoformat()
     rows = list(csv.DictReader(io.StringIO(await run_report(
         nats_server.url, s, "--tenant", "acme", "--since", since, "--csv", "--group-by", "day"))))
-    days = [datetime.fromtimestamp(t, timezone.utc).date().isoformat() for t in (now - 2 * 86400, now - 86400, now)]
+    days = [datetime.fromtimestamp(t, UTC).date().isoformat() for t in (now - 2 * 86400, now - 86400, now)]
     assert [r["day"] for r in rows] == [*days, "total"]
 
 

@@ -145,7 +145,7 @@ async def usage_record(nc, s: Subjects, request_id: str) -> Usage:
 async def _stream_ready(js, stream: str) -> bool:
     try:
         await js.stream_info(stream)
-    except (nats.errors.Error, asyncio.TimeoutError):
+    except (TimeoutError, nats.errors.Error):
         return False
     return True
 

@@ -24,7 +24,7 @@ class Publisher:
         self.edge = uuid.uuid4().hex[:12]
         self.entries: dict[str, asyncio.Queue] = {}
 
-    async def start(self) -> "Publisher":
+    async def start(self) -> Publisher:
         async def on_frame(msg) -> None:
             for entry in codec.decode_frame(msg.data).entries:
                 self.entries.setdefault(entry.request_id, asyncio.Queue()).put_nowait(entry)

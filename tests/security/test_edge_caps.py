@@ -21,8 +21,8 @@ from contextlib import AsyncExitStack, closing
 import aiohttp
 import pytest
 
-from loadtest.processes import LanewayUp, metrics_port
 from core.promtext import parse
+from loadtest.processes import LanewayUp, metrics_port
 from tests.security.conftest import KEYS, write_settings
 from tests.wait import eventually
 

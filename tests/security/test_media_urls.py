@@ -122,7 +122,7 @@ async def test_vllms_own_fetcher_as_the_worker_configures_it_fetches_nothing(tar
     with pytest.raises(ValueError, match="allowed domains"):
         await ours.load_from_url_async(f"{base}/meta-data", ImageMediaIO())
     assert hits == []
-    with pytest.raises(Exception):    # fetched, then not decodable as an image
+    with pytest.raises(ValueError, match="Failed to load image"):    # fetched, then not decodable
         await MediaConnector().load_from_url_async(f"{base}/meta-data", ImageMediaIO())
     assert hits == ["GET /meta-data"]
 

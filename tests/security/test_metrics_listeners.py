@@ -46,5 +46,5 @@ async def test_metrics_listen_on_loopback_only(up, role):
     ports = [port for pid in up.role_pids(role) if (port := metrics_port(pid)) is not None]
     assert ports, f"`laneway up --metrics` gave no {role} a metrics port"
     for port in ports:
-        assert await eventually(lambda: bool(listening_on(port)))
+        assert await eventually(lambda p=port: bool(listening_on(p)))
         assert listening_on(port) == {"127.0.0.1"}

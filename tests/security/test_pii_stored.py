@@ -128,7 +128,7 @@ async def test_nothing_stored_holds_a_raw_value(tmp_path):
                                              messages=[{"role": "user", "content": TEXT}])
 
         for response in stored:
-            assert await eventually(lambda: ended(client, response.id), timeout=60), response.id
+            assert await eventually(lambda rid=response.id: ended(client, rid), timeout=60), response.id
         assert await eventually(lambda: _batch_done(client, batch.id), timeout=120)
         assert await eventually(lambda: _appended(client, conversation.id)), "the turn was appended"
         # The stored copy is the redacted one, as the engine got it.

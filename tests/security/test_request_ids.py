@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture
 async def tenants(up):
     clients = [await up.connect_nats("tenant-acme"), await up.connect_nats("tenant-globex")]
-    yield [await Publisher(nc, tenant).start() for nc, tenant in zip(clients, ("acme", "globex"))]
+    yield [await Publisher(nc, tenant).start() for nc, tenant in zip(clients, ("acme", "globex"), strict=True)]
     for nc in clients:
         await nc.close()
 
@@ -41,7 +41,7 @@ async def same_id(publishers: list[Publisher], max_tokens: list[int]) -> str:
     """Each publisher's request, all under one request id, published at once."""
     request_id = uuid.uuid4().hex
     await asyncio.gather(*(p.publish(msgspec.structs.replace(p.request(max_tokens=n), request_id=request_id))
-                           for p, n in zip(publishers, max_tokens)))
+                           for p, n in zip(publishers, max_tokens, strict=True)))
     return request_id
 
 
@@ -58,7 +58,7 @@ async def test_two_tenants_run_one_request_id_at_once_each_with_its_own_answer(t
     lengths = [150, 120]
     request_id = await same_id(tenants, lengths)
     answers = await asyncio.gather(*(p.rest(request_id) for p in tenants))
-    for (deltas, end), n in zip(answers, lengths):
+    for (deltas, end), n in zip(answers, lengths, strict=True):
         check_whole(deltas, end, n)
 
 

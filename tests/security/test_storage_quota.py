@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
@@ -190,7 +190,7 @@ async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
     acme = client(fleet, "acme")
     await clear(acme)
     await acme.files.create(file=("u.jsonl", b"u" * 12_345), purpose="batch")
-    since = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     report = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "laneway.cli", "usage", "--tenant", "acme", "--since", since,
                          "--nats-url", fleet.nats_url],

@@ -90,7 +90,7 @@ async def test_killing_the_scheduler_loses_nothing_and_a_standby_takes_over(tmp_
         assert await eventually(lambda: _other(lease_holder(kv), holder), timeout=HANG_S), \
             f"no broker took the lease from {holder}"
         new_lease_s = time.monotonic() - killed
-        done, hung = await asyncio.wait([*load, probing], timeout=HANG_S)
+        _done, hung = await asyncio.wait([*load, probing], timeout=HANG_S)
         assert not hung, f"{len(hung)} of {STREAMS + 1} calls hung after the scheduler was killed"
         first_token = "none" if probe.ttft is None else f"{probe.ttft:.2f} s"
         print(f"\ntakeover ({brokers} brokers): kill → new lease {new_lease_s:.2f} s; kill → first token of a request "

@@ -84,5 +84,5 @@ async def test_gate_refuses_moving_traffic_off_the_real_model(up, capsys):
     real = load_results(scores)["vllm"]
     assert any(r.score > 0 for r in real.values()), "the real model should answer some golden prompts"
     forced = await ops_eval.run(build_parser().parse_args(
-        argv[:-2] + ["--scores", str(scores), "--force-reason", "cost experiment"]))
+        [*argv[:-2], "--scores", str(scores), "--force-reason", "cost experiment"]))
     assert forced == 0

@@ -96,7 +96,7 @@ async def test_worker_sigkill_with_200_accepted(nats_server):
                                                        "--sim-profile", "llama-8b-h100", "--sim-speed", "50",
                                                        "--sim-kv-tokens", "5000000"))
                 # A bound on a hang, far past what a slow machine needs; not a window.
-                done, pending = await asyncio.wait(first + second, timeout=HANG_S)
+                _done, pending = await asyncio.wait(first + second, timeout=HANG_S)
             assert not pending, f"{len(pending)} requests hung"
             continued = [t.result() for t in first]
             moved = [t.result() for t in second]

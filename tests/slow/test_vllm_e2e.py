@@ -16,8 +16,8 @@ import openai
 import pytest
 import pytest_asyncio
 
-from loadtest.processes import LanewayUp, metrics_port
 from core.promtext import parse
+from loadtest.processes import LanewayUp, metrics_port
 from schemas import codec
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually

@@ -66,7 +66,7 @@ def floats(raw: bytes) -> list[float]:
 
 def cosine(a: bytes, b: bytes) -> float:
     x, y = floats(a), floats(b)
-    return sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
+    return sum(p * q for p, q in zip(x, y, strict=True)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
 
 
 async def test_one_float32_vector_per_input_of_the_models_hidden_size(engine):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from bridge.errors import EdgeError
 from bridge.generate.admission import Held, admit
 from bridge.streams.demux import LAG_FRESH_S, DeliveryLag
-from bridge.errors import EdgeError
 from core.policy.classes import DEFAULT_CLASSES
 from schemas.errors import ErrorCode
 

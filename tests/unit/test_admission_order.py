@@ -12,11 +12,11 @@ from collections import Counter, defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.generate.admission import MEASURED, OVERLOAD_HEADER, STREAMS, EdgeAdmission
 from bridge.config import BridgeConfig
-from bridge.streams.demux import Demux
 from bridge.errors import EdgeError
+from bridge.generate.admission import MEASURED, OVERLOAD_HEADER, STREAMS, EdgeAdmission
 from bridge.metrics import BridgeMetrics
+from bridge.streams.demux import Demux
 from core.catalogue import Catalogue
 from core.looplag import LoopLag
 from core.policy.classes import DEFAULT_CLASSES

@@ -33,7 +33,7 @@ async def test_a_gap_in_seq_ends_the_stream_with_an_error():
     stream = Demux().open("r1", "acme", time.time() + 30)
     stream.feed(Delta("r1", 1, 0, "a", [1]), "w1")
     stream.feed(Finished("r1", 1, 2, "stop", TokenUsage(1, 2)), "w1")
-    first, second = await stream.next_entries()
+    _first, second = await stream.next_entries()
     assert isinstance(second, StreamError) and "expected chunk 1, got 2" in second.message
 
 

@@ -7,10 +7,10 @@ import math
 import tomllib
 
 from core.policy.tenants import hash_key
+from core.promtext import bucket_delta, fraction_at_most, histogram_quantile, parse
 from loadtest import scenarios
 from loadtest.fleet import api_key, settings_toml
 from loadtest.http_client import Result
-from core.promtext import bucket_delta, fraction_at_most, histogram_quantile, parse
 from loadtest.results import group_stats, to_json, token_times, tokens_in
 
 
@@ -43,7 +43,7 @@ def test_group_stats_counts_errors_as_slo_misses_and_excludes_warmup():
     warm = Result(ttft=50.0, e2e=51.0, tokens=1, started_at=1.0, status=200)
     failed = Result(error="queue_full", status=429, started_at=11.0)
     cut = Result(started_at=12.0, cut=True)
-    g = group_stats(ok + [warm, failed, cut], (5.0, 20.0))
+    g = group_stats([*ok, warm, failed, cut], (5.0, 20.0))
     assert g["requests"] == 11 and g["failed"] == 1 and g["errors"] == {"queue_full": 1}
     assert g["cut_waiting"] == 1 and g["ttft_s"]["n"] == 9
     assert g["slo"]["ttft_800ms"]["attainment"] == 7 / 10      # 0.1..0.7 s of 9, plus 1 failure

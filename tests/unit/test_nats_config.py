@@ -76,7 +76,7 @@ def test_files_left_readable_by_others_are_made_private(tmp_path):
 
 def test_unreadable_credentials_are_an_error_not_new_passwords(tmp_path):
     (tmp_path / "nats-credentials.json").write_text("{not json")
-    with pytest.raises(ValueError, match="nats-credentials.json.*delete it"):
+    with pytest.raises(ValueError, match=r"nats-credentials\.json.*delete it"):
         up_auth(S, [], tmp_path)
     with pytest.raises(BadToken):
         up_auth(S, ["a.b"], tmp_path / "other")

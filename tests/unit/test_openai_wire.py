@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -69,7 +70,7 @@ EVENTS = [b'{"a":1}', b"a\n b", b"", b"[DONE]"]
 
 def split_at(data: bytes, *cuts: int) -> list[bytes]:
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def run(reads: list[bytes]) -> list[bytes]:

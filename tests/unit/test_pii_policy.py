@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from broker.pii_analysis.plan import plan_for
 from broker.gate.pii.redact import Replacer, apply, mask
+from broker.pii_analysis.plan import plan_for
 from core.policy.pii import (
     DEFAULT_ACTIONS,
     DEFAULT_POLICY,

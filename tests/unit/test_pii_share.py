@@ -16,9 +16,9 @@ from concurrent.futures import Future
 import pytest
 
 from broker.gate.pii import PiiGate, PiiTooLarge, PiiUnavailable, TenantPiiPolicy
-from broker.pii_analysis.pool import PiiEngine
-from broker.pii_analysis.plan import plan_for
 from broker.gate.pipeline import Gate
+from broker.pii_analysis.plan import plan_for
+from broker.pii_analysis.pool import PiiEngine
 from broker.share import TenantShare, default_share
 from core.policy.refusal import Refusal
 from core.policy.tenants import Tenant
@@ -59,7 +59,7 @@ async def test_a_flooding_tenant_holds_at_most_its_share_and_the_rest_wait_in_or
     assert order == [0, 1] and share.held("flood") == 2
     for expected in ([0, 1, 2], [0, 1, 2, 3]):
         share.give_back("flood")
-        await turns_until(lambda: len(order) == len(expected))
+        await turns_until(lambda e=expected: len(order) == len(e))
         assert order == expected and share.held("flood") == 2
     share.give_back("flood", 6)
     await asyncio.gather(*tasks)
@@ -173,7 +173,7 @@ async def test_a_flood_keeps_one_job_in_the_pool_and_another_tenant_gets_in(engi
     assert len(pool.jobs) == 2 and engine.share.waiting("flood") == 3
     for job, submitted in ((0, 3), (2, 4), (3, 5), (4, 5)):   # each flood job ends; the next goes in
         pool.end(job)
-        await turns_until(lambda: len(pool.jobs) == submitted)
+        await turns_until(lambda n=submitted: len(pool.jobs) == n)
         assert engine.share.held("flood") <= 1
     await asyncio.gather(*flood)
     assert engine.share.held("flood") == 0

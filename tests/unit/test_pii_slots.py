@@ -46,7 +46,7 @@ CHAT = msgspec.convert({
 
 def slots_by_text(found) -> dict[str, list[Slot]]:
     out: dict[str, list[Slot]] = {}
-    for text, slot in zip(found.texts, found.slots):
+    for text, slot in zip(found.texts, found.slots, strict=True):
         out.setdefault(text, []).append(slot)
     return out
 
@@ -83,10 +83,10 @@ def test_a_chat_is_read_everywhere_a_model_reads_text() -> None:
 
 def test_completion_and_embedding_texts() -> None:
     found = collect(CompletionBody(model="m", prompt=["p"], suffix="sfx", user="u"), {})
-    assert [(t, s.param) for t, s in zip(found.texts, found.slots)] == [
+    assert [(t, s.param) for t, s in zip(found.texts, found.slots, strict=True)] == [
         ("p", "prompt[0]"), ("sfx", "suffix"), ("u", "user")]
     found = collect(EmbeddingBody(model="m", input=["a", "b"]), {})
-    assert [(t, s.param, s.first_index) for t, s in zip(found.texts, found.slots)] == [
+    assert [(t, s.param, s.first_index) for t, s in zip(found.texts, found.slots, strict=True)] == [
         ("a", "input[0]", 0), ("b", "input[1]", 1)]
     assert collect(EmbeddingBody(model="m", input=[1, 2, 3]), {}).texts == []
 
@@ -113,7 +113,7 @@ def test_a_bare_text_part_is_text() -> None:
 
 
 def redact(found, needle: str, replacement: str) -> list[tuple[Slot, str]]:
-    return [(slot, text.replace(needle, replacement)) for text, slot in zip(found.texts, found.slots) if needle in text]
+    return [(slot, text.replace(needle, replacement)) for text, slot in zip(found.texts, found.slots, strict=True) if needle in text]
 
 
 def test_write_back_copies_only_along_the_edited_paths() -> None:
@@ -141,7 +141,7 @@ def test_two_keys_that_read_the_same_once_redacted_are_a_clash() -> None:
     raw = dict(codec.extra_members(b'{"metadata":{"a@b.c":"1","d@e.f":"2"},"top_k": 5.50}'))
     decoded = {k: msgspec.json.decode(v) for k, v in raw.items()}
     found = collect(ChatBody(model="m", messages=[Message("user", "hi")]), decoded)
-    edits = [(s, "<E>") for t, s in zip(found.texts, found.slots) if "@" in t]
+    edits = [(s, "<E>") for t, s in zip(found.texts, found.slots, strict=True) if "@" in t]
     clashes: list[Slot] = []
     extra = edited_extra(raw, decoded, split(edits)[1], clashes)
     assert [c.param for c in clashes] == ["metadata"]

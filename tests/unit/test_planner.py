@@ -178,7 +178,7 @@ def test_a_prefix_hit_rate_shrinks_prefill_and_reports_the_savings(capsys: pytes
     warm = msgspec.structs.replace(cold, load=msgspec.structs.replace(cold.load, prefix_hit_rate=0.6))
     big = max(cold.models, key=lambda m: m.active_params_b)
     cold_fleet, warm_fleet = plan_fleet(cold), plan_fleet(warm)
-    for c, w in zip(cold_fleet.pools, warm_fleet.pools):
+    for c, w in zip(cold_fleet.pools, warm_fleet.pools, strict=True):
         assert w.prefill_replicas == pytest.approx(0.4 * c.prefill_replicas)    # 40% of the prompt prefilled
         assert w.decode_replicas == pytest.approx(c.decode_replicas)            # decode and KV unchanged
         assert w.kv_gb_at_peak == pytest.approx(c.kv_gb_at_peak)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -89,7 +89,7 @@ def test_grant_headers_have_no_retry_after() -> None:
 
 
 def test_periods() -> None:
-    t = datetime(2026, 12, 31, 23, 59, 30, tzinfo=timezone.utc).timestamp()
+    t = datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC).timestamp()
     assert month_of(t) == 202612 and seconds_to_month_end(t) == pytest.approx(30)
     assert minute_of(t) == int(t // 60) and minute_of(t + 30) == minute_of(t) + 1
     assert lease_chunk(5, 0.1) == 1 and lease_chunk(600, 0.1) == 60

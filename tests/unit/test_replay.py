@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from bridge.streams.demux import BufferLimits, Demux
+from bridge.generate.translate import to_generate
 from bridge.metrics import BridgeMetrics
 from bridge.render.chat import renderer_for
 from bridge.resume.replay import BadEventId, EventId, NotYet, Replay, Trimmed, follow
 from bridge.resume.window import Resumes
-from bridge.generate.translate import to_generate
+from bridge.streams.demux import BufferLimits, Demux
 from schemas.frames import Delta, Finished, TokenUsage
 from tests.requests import chat
 from tests.wait import eventually
@@ -22,7 +22,7 @@ from tests.wait import eventually
 
 def replay(n: int = 1, limit: int = 1 << 20) -> tuple[Replay, Demux]:
     generate = to_generate(chat("hi", n=n, stream=True), b"", request_id="r" * 32, tenant="acme", klass="interactive",
-                           reply_to="lw.tok.acme.e", now=time.time(), deadline=time.time() + 30)
+                           reply_to="lw.tok.acme.e", edge="e", now=time.time(), deadline=time.time() + 30)
     demux = Demux()
     stream = demux.open(generate.request_id, "acme", time.time() + 30)
     return Replay("edge01", generate, "/v1/chat/completions", stream, renderer_for(generate), BridgeMetrics(),
@@ -103,7 +103,7 @@ class Held:
 
     def open(self, request_id: str, tenant: str = "acme") -> Replay:
         generate = to_generate(chat("hi", stream=True), b"", request_id=request_id, tenant=tenant,
-                               klass="interactive", reply_to=f"lw.tok.{tenant}.e", now=time.time(),
+                               klass="interactive", reply_to=f"lw.tok.{tenant}.e", edge="e", now=time.time(),
                                deadline=time.time() + 60)
         stream = self.demux.open(request_id, tenant, generate.deadline)
         replay, token = self.resumes.open(generate, "/v1/chat/completions", stream, renderer_for(generate),

@@ -31,7 +31,7 @@ def floats(raw: bytes) -> list[float]:
 
 def cosine(a: bytes, b: bytes) -> float:
     x, y = floats(a), floats(b)
-    return sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
+    return sum(p * q for p, q in zip(x, y, strict=True)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
 
 
 @pytest.fixture

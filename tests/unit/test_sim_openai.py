@@ -244,7 +244,8 @@ async def test_json_object_and_json_schema_outputs_parse_and_validate(engine):
         jsonschema.validate(json.loads(text(outs)), schema, format_checker=FORMATS)
 
 
-@pytest.mark.parametrize("schema", SCHEMAS + [
+@pytest.mark.parametrize("schema", [
+    *SCHEMAS,
     {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
     {"type": "object", "properties": {"n": {"type": "number", "minimum": 0.25, "maximum": 0.5}},
      "required": ["n"], "minProperties": 2},

@@ -10,7 +10,16 @@ import orjson
 from bridge.render.stored import kept_of, stored_view
 from bridge.responses.stored.items import page, to_items
 from bridge.responses.stored.lifecycle import BRIDGE_LOST, ended, lost, running, stale
-from schemas.openai import ChatBody, FunctionCall, FunctionDef, JsonSchemaFormat, Message, ResponseFormat, Tool, ToolCall
+from schemas.openai import (
+    ChatBody,
+    FunctionCall,
+    FunctionDef,
+    JsonSchemaFormat,
+    Message,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+)
 from schemas.requests import MAX_ECHO_BYTES, Echoed, GenerateRequest
 from schemas.responses import ResponsesBody, ResponsesTool, TextConfig, TextFormat
 from schemas.stored import StoredResponse

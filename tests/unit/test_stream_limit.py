@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.generate.admission import Held, RetryAfter, StreamLimit, admit
 from bridge.errors import EdgeError
+from bridge.generate.admission import Held, RetryAfter, StreamLimit, admit
 from bridge.readiness import Readiness
 from core.looplag import LoopLag
 from core.policy.classes import DEFAULT_CLASSES

@@ -32,7 +32,7 @@ EXPECTED = (
 
 def stream(text: str, cuts: list[int], redactor: StreamRedactor) -> list[str]:
     pieces, pos = [], 0
-    for cut in sorted(set(cuts)) + [len(text)]:
+    for cut in [*sorted(set(cuts)), len(text)]:
         pieces.append(redactor.feed(text[pos:cut]))
         pos = cut
     pieces.append(redactor.flush())

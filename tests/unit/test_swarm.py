@@ -19,7 +19,7 @@ def test_results_come_back_whole():
                klass="interactive", tenant="t00", flow="stream", completion_tokens=3)
     cut = Result(status=503, error="overloaded", cut=False, klass="interactive", tenant="t01", flow="stream")
     back = _unpack(_pack([r, cut]))
-    for mine, theirs in zip([r, cut], back):
+    for mine, theirs in zip([r, cut], back, strict=True):
         for field in ("ttft", "e2e", "tokens", "gaps", "status", "error", "started_at", "klass", "tenant",
                       "flow", "completion_tokens", "cut"):
             assert getattr(theirs, field) == getattr(mine, field), field

@@ -24,11 +24,11 @@ import msgspec
 import nats.errors
 import orjson
 
-from bridge.streams.demux import Demux, ResponseStream
 from bridge.errors import from_code
 from bridge.render.responses import ResponsesRenderer
 from bridge.responses.stored.lifecycle import lost
 from bridge.responses.stored.store import Conflict, ResponseStore
+from bridge.streams.demux import Demux, ResponseStream
 from core.tasks import cancel_and_wait
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError

@@ -24,10 +24,10 @@ from msgspec import Meta
 
 from bridge.auth import authenticate
 from bridge.errors import EdgeError, not_found, storage_refused, unanalysed
-from bridge.responses.translate import item_messages
 from bridge.responses.stored.items import page, to_items
 from bridge.responses.stored.routes import json_answer, paged
 from bridge.responses.stored.store import Conflict, ResponseStore
+from bridge.responses.translate import item_messages
 from core.catalogue import Catalogue
 from core.policy.storage_quota import StorageExceeded
 from core.policy.tenants import Tenant

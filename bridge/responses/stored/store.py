@@ -52,7 +52,7 @@ class ResponseStore:
         self.budget = RecordBudget(js, f"KV_{s.bucket(RESPONSES_BUCKET)}", self._prefix)    # records per tenant
 
     @classmethod
-    async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> "ResponseStore":
+    async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> ResponseStore:
         """History 1: an update replaces the record; no bucket TTL, every write brings its own."""
         kv = await _bucket(js, KeyValueConfig(bucket=s.bucket(RESPONSES_BUCKET), history=1,
                                               storage=StorageType.FILE, replicas=replicas, direct=True))

@@ -30,10 +30,10 @@ import msgspec
 from broker.config import DEFAULT_PII_MAX_CHARS
 from broker.gate.pii.audit import AuditSpan, PiiAudit
 from broker.gate.pii.edit import edited, edited_extra, split
-from broker.pii_analysis.pool import PiiEngine
-from broker.pii_analysis.plan import Hit, Plan, plan_for
 from broker.gate.pii.redact import Replacer, apply
 from broker.gate.pii.slots import Found, Slot, collect
+from broker.pii_analysis.plan import Hit, Plan, plan_for
+from broker.pii_analysis.pool import PiiEngine
 from core.policy.pii import Action, TenantPiiPolicy, fingerprint
 from core.policy.pii.errors import PiiBlocked, PiiError, PiiRefused, PiiUnavailable
 from core.policy.pii.stream import StreamRedactor
@@ -253,7 +253,7 @@ class PiiGate:
                     raise
                 unavailable = exc.reason
             else:
-                for (text, digest), h in zip(todo, results):
+                for (text, digest), h in zip(todo, results, strict=True):
                     found[text] = self._remember((tenant, key, digest), tuple(h))
         return [found[t] for t in texts], len(todo), unavailable, cpu_ms
 
@@ -289,7 +289,7 @@ class PiiGate:
         findings: list[Finding] = []
         edits: list[tuple[Slot, Any]] = []
         replace = Replacer(self._hash_key, tenant)
-        for slot, text, found_here in zip(found.slots, found.texts, hits):
+        for slot, text, found_here in zip(found.slots, found.texts, hits, strict=True):
             spans = []
             for etype, start, end, score in found_here or ():
                 action = policy.action_for(etype)
@@ -308,7 +308,7 @@ def _check_size(found: Found, limit: int) -> None:
     if chars <= limit:
         return
     per_part: dict[str, int] = {}
-    for slot, text in zip(found.slots, found.texts):
+    for slot, text in zip(found.slots, found.texts, strict=True):
         per_part[slot.part] = per_part.get(slot.part, 0) + len(text)
     raise PiiTooLarge(chars, limit, max(per_part, key=per_part.__getitem__))
 

@@ -100,7 +100,7 @@ class Slot(NamedTuple):   # a tuple: a tools-heavy request has hundreds of them
         """The field as OpenAI names it: what errors and audits say. Below a free-form root
         (a schema, a member of `extra`) keys are the client's text: never named."""
         if self.path[0] in (EXTRA, KEPT):    # a name of ours names the member; any other is the client's
-            return self.path[1] if self.path[1] in NAMED else self.path[0]  # type: ignore[return-value]
+            return self.path[1] if self.path[1] in NAMED else self.path[0]
         return render(self.path[:self.root])
 
     @property

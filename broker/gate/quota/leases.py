@@ -94,7 +94,7 @@ class Quota:
         self._down_until = 0.0      # after a store failure, fail open without waiting until then
 
     @classmethod
-    async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1, **options: Any) -> "Quota":
+    async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1, **options: Any) -> Quota:
         return cls(await ensure_quota_bucket(js, s, replicas), **options)
 
     async def start(self) -> None:
@@ -112,7 +112,7 @@ class Quota:
                 except (QuotaUnavailable, nats.errors.Error) as exc:
                     log.warning("could not return %s's quota leases: %s", tenant, exc)
 
-    async def __aenter__(self) -> "Quota":
+    async def __aenter__(self) -> Quota:
         await self.start()
         return self
 

@@ -79,8 +79,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.config.cooldown_s:
-            self._move(BreakerState.HALF_OPEN)
+        self._apply_due()
         return self._state
 
     def allowance(self) -> int | None:
@@ -135,8 +134,13 @@ class CircuitBreaker:
     # -- internals ---------------------------------------------------------------------------
 
     def _current(self, permit: Permit) -> bool:
-        self.state  # apply a due OPEN → HALF_OPEN first, so generations are up to date
+        self._apply_due()  # first, so generations are up to date
         return permit.generation == self._generation and self._state is not BreakerState.OPEN
+
+    def _apply_due(self) -> None:
+        """A due OPEN → HALF_OPEN move (the cooldown has passed)."""
+        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.config.cooldown_s:
+            self._move(BreakerState.HALF_OPEN)
 
     def _record(self, *, failed: bool) -> None:
         now = self._clock()

@@ -164,7 +164,8 @@ def logprob_of(mean: float, piece: Piece, top: int, rng: random.Random) -> Token
     alternatives sharing the rest of the probability mass (so they sum to at most 1)."""
     lp = -(abs(mean) * (0.5 + rng.random()) + 1e-3)
     sampled = TopLogprob(piece.text, lp, list(piece.text.encode()))
-    alts, rest = [], math.log1p(-math.exp(lp))
+    alts: list[TopLogprob] = []
+    rest = math.log1p(-math.exp(lp))
     for j, w in enumerate(w for w in WORDS if w != piece.text):
         if len(alts) >= top - 1:
             break

@@ -15,15 +15,12 @@ from __future__ import annotations
 import math
 import random
 import re
+
+# The regex parser, where 3.11 (our floor) moved it; typeshed has no stubs for these private modules.
+import re._constants as _src  # type: ignore[import-not-found]
+import re._parser as _sre  # type: ignore[import-not-found]
 import uuid
 from typing import Any
-
-try:                                   # the regex parser moved in 3.11; both expose the same API
-    import re._constants as _src  # type: ignore[import-not-found]
-    import re._parser as _sre  # type: ignore[import-not-found]
-except ImportError:                    # pragma: no cover
-    import sre_constants as _src  # type: ignore[no-redef]
-    import sre_parse as _sre  # type: ignore[no-redef]
 
 MAX_DEPTH = 16                         # recursive $refs stop adding optional parts well before this
 # A client's schema is expanded on the event loop: bound the work one request can ask for.

@@ -1,0 +1,34 @@
+"""When a bridge counts as gone (workers/orphans.py): no interest for GONE_S without a break."""
+
+from __future__ import annotations
+
+from workers.orphans import Silence
+
+
+def test_a_bridge_without_interest_is_gone_only_after_the_threshold():
+    silence = Silence(gone_after_s=3.0)
+    silence.heard("e1", interest=False, now=10.0)
+    silence.heard("e1", interest=False, now=12.9)
+    assert not silence.gone("e1", 12.9)
+    silence.heard("e1", interest=False, now=13.0)
+    assert silence.gone("e1", 13.0)
+    assert not silence.gone("e2", 13.0)       # never probed: not gone
+
+
+def test_interest_between_silences_starts_the_count_again():
+    """A bridge reconnecting (a NATS restart, a move to another server) is not a dead one."""
+    silence = Silence(gone_after_s=3.0)
+    silence.heard("e1", interest=False, now=0.0)
+    silence.heard("e1", interest=True, now=2.0)
+    silence.heard("e1", interest=False, now=2.5)
+    assert not silence.gone("e1", 5.0)
+    assert silence.gone("e1", 5.5)
+
+
+def test_bridges_no_running_request_names_are_forgotten():
+    silence = Silence(gone_after_s=3.0)
+    silence.heard("e1", interest=False, now=0.0)
+    silence.heard("e2", interest=False, now=0.0)
+    silence.keep({"e2"})
+    silence.heard("e1", interest=False, now=4.0)
+    assert not silence.gone("e1", 4.0) and silence.gone("e2", 4.0)
