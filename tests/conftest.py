@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False     # xdist's default hands out the most tests first
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _scope(nodeid)
