@@ -23,6 +23,38 @@ async def nats_server(tmp_path_factory: pytest.TempPathFactory):
     await server.stop()
 
 
+# -- the suite in parallel (scripts/test: pytest-xdist) ----------------------------------
+# A worker takes a whole module at a time, so a module's fixtures (its nats-server, its stack,
+# a `laneway up`) start once, not once on each worker. A real vLLM engine on CPU takes every core
+# it is given and GiBs of memory: its modules are one unit, run one after another on one worker.
+# Modules are handed out in collection order; the long ones (tests/slow) come first, so the
+# short unit tests fill the other workers' time at the end rather than wait on a long tail.
+FIRST = ("tests/slow/", "tests/e2e/", "tests/security/", "tests/integration/", "tests/deploy/")
+
+
+def _scope(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return "vllm" if "vllm" in module.rsplit("/", 1)[-1] else module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, d in enumerate(FIRST) if item.nodeid.startswith(d)), len(FIRST))
+    items.sort(key=rank)        # stable: each module's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False     # xdist's default hands out the most tests first
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return ByModule(config, log)
+
+
 # -- a hung test says where it hung ---------------------------------------------------------
 # pytest-timeout prints thread stacks: for an asyncio test that is the event loop's select(),
 # never the await that hangs. Shortly before the timeout, print every task's stack instead.
