@@ -35,15 +35,15 @@ import nats.errors
 from nats.aio.client import Client
 
 from schemas.subjects import Subjects
+from workers.active import Active
 from workers.engine import RequestKey
 from workers.metrics import WorkerMetrics
-from workers.serve import Active
 
 log = logging.getLogger("laneway.worker")
 
-PROBE_S = 1.0           # how often the bridges awaiting running requests are probed
-PROBE_TIMEOUT_S = 0.5   # no answer by then (bridges never answer): interest, the bridge lives
-GONE_S = 3.0            # no interest for this long: the bridge is gone, its work is cancelled
+PROBE_S = 1.0  # how often the bridges awaiting running requests are probed
+PROBE_TIMEOUT_S = 0.5  # no answer by then (bridges never answer): interest, the bridge lives
+GONE_S = 3.0  # no interest for this long: the bridge is gone, its work is cancelled
 
 
 class Silence:
@@ -75,13 +75,19 @@ async def has_interest(nc: Client, subject: str) -> bool:
     except nats.errors.NoRespondersError:
         return False
     except (nats.errors.Error, OSError):
-        pass        # a timeout (the bridge lives and, by design, says nothing), or our NATS away
+        pass  # a timeout (the bridge lives and, by design, says nothing), or our NATS away
     return True
 
 
-async def cancel_orphans(nc: Client, s: Subjects, active: Mapping[RequestKey, Active],
-                         cancel: Callable[[RequestKey, Active], Awaitable[None]], metrics: WorkerMetrics,
-                         pool: str, silence: Silence | None = None) -> None:
+async def cancel_orphans(
+    nc: Client,
+    s: Subjects,
+    active: Mapping[RequestKey, Active],
+    cancel: Callable[[RequestKey, Active], Awaitable[None]],
+    metrics: WorkerMetrics,
+    pool: str,
+    silence: Silence | None = None,
+) -> None:
     """Forever: probe the bridges awaiting the running requests; cancel the work of those gone."""
     silence = silence or Silence()
     loop = asyncio.get_running_loop()
@@ -100,7 +106,6 @@ async def cancel_orphans(nc: Client, s: Subjects, active: Mapping[RequestKey, Ac
         gone = {edge for edge in ordered if silence.gone(edge, now)}
         for key, running in list(active.items()):
             if running.dispatch.request.edge in gone and not running.cancelled:
-                log.info("request %s: its bridge %s is gone, cancelled", key.request_id,
-                         running.dispatch.request.edge)
+                log.info("request %s: its bridge %s is gone, cancelled", key.request_id, running.dispatch.request.edge)
                 metrics.orphans.labels(pool).inc()
                 await cancel(key, running)

@@ -36,6 +36,7 @@ from core.tasks import beat_forever, cancel_and_wait
 from schemas import codec
 from schemas.subjects import BadToken
 from schemas.work import Dispatch
+from workers.active import Active, nak_with_delay
 from workers.cache import AnswerStore
 from workers.cascade import Escalator
 from workers.config import WorkerConfig
@@ -47,7 +48,7 @@ from workers.metrics import WorkerMetrics
 from workers.orphans import cancel_orphans
 from workers.outbox import Outbox
 from workers.pulling import Puller
-from workers.serve import WPI, Active, Serving, nak_with_delay
+from workers.serve import WPI, Serving
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -80,11 +81,22 @@ class Worker:
         n = self.config.nats
         self._nc = await connect(n, f"laneway-worker-{self.id}")
         js = self._nc.jetstream()
-        self._serving = Serving(self.id, self.config.pool, self.s, self.engine, self.metrics, self._outbox,
-                                self.usage, Escalator(js, self.s, self.metrics, self.config.pool),
-                                AnswerStore(js, self.s), self._active, self._room, self._die,
-                                prefilled=lambda: self._puller.prefilled() if self._puller else None,
-                                ask_edge=EdgeAsk(self._nc, self.s, self.id))
+        self._serving = Serving(
+            self.id,
+            self.config.pool,
+            self.s,
+            self.engine,
+            self.metrics,
+            self._outbox,
+            self.usage,
+            Escalator(js, self.s, self.metrics, self.config.pool),
+            AnswerStore(js, self.s),
+            self._active,
+            self._room,
+            self._die,
+            prefilled=lambda: self._puller.prefilled() if self._puller else None,
+            ask_edge=EdgeAsk(self._nc, self.s, self.id),
+        )
         self._tasks.append(self._watched(self.loop_lag.run(), "loop-lag"))
         self._tasks.append(self._watched(beat_forever(self._heartbeat, self.config.heartbeat_s), "heartbeats"))
         # Like the broker and the bridge: a worker may start before provisioning ran, and waits
@@ -99,15 +111,33 @@ class Worker:
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
         await self._nc.subscribe(self.s.sched_leader, cb=self._on_new_scheduler)
-        self._puller = puller = Puller(self._nc, self.s.pull(self.config.pool), self.config, self.engine,
-                                       self.metrics, self._active, self._on_batch, self._room, self._stopping)
+        self._puller = puller = Puller(
+            self._nc,
+            self.s.pull(self.config.pool),
+            self.config,
+            self.engine,
+            self.metrics,
+            self._active,
+            self._on_batch,
+            self._room,
+            self._stopping,
+        )
         self._flusher = self._watched(self._outbox.run(self._nc), "flusher")
-        self._tasks += [self._flusher, self._watched(self._in_progress(), "in-progress"),
-                        self._watched(puller.run(), "pull-loop"),
-                        self._watched(cancel_orphans(self._nc, self.s, self._active, self._abort, self.metrics,
-                                                     self.config.pool), "orphans")]
-        log.info("worker %s ready: pool=%s engine=%s model=%s", self.id, self.config.pool,
-                 self.engine.name, self.engine.model)
+        self._tasks += [
+            self._flusher,
+            self._watched(self._in_progress(), "in-progress"),
+            self._watched(puller.run(), "pull-loop"),
+            self._watched(
+                cancel_orphans(self._nc, self.s, self._active, self._abort, self.metrics, self.config.pool), "orphans"
+            ),
+        ]
+        log.info(
+            "worker %s ready: pool=%s engine=%s model=%s",
+            self.id,
+            self.config.pool,
+            self.engine.name,
+            self.engine.model,
+        )
 
     async def wait(self) -> int:
         """Until stopped or dead; the process exit code."""
@@ -122,8 +152,9 @@ class Worker:
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         error = None if task.cancelled() else task.exception()
         if error is not None:
-            log.error("worker loop %s died: %r; stopping without taking more work", task.get_name(), error,
-                      exc_info=error)
+            log.error(
+                "worker loop %s died: %r; stopping without taking more work", task.get_name(), error, exc_info=error
+            )
             self._die(error)
 
     def _die(self, error: BaseException) -> None:
@@ -141,9 +172,9 @@ class Worker:
             await asyncio.wait(pending, timeout=self.config.drain_s)
         for active in list(self._active.values()):
             if active.task is not None:
-                active.task.cancel()    # unacked: JetStream redelivers them
+                active.task.cancel()  # unacked: JetStream redelivers them
         if self._nc is not None and not (self._flusher is not None and self._flusher.done()):
-            await self._outbox.flush(self._nc)    # not if it already failed: it would again
+            await self._outbox.flush(self._nc)  # not if it already failed: it would again
             await self._outbox.confirmed(timeout_s=5)
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
@@ -176,7 +207,7 @@ class Worker:
             for d in dispatches:
                 self._outbox.after(d.ack_subject, nak_with_delay(0))
             return
-        assert self._serving is not None    # the puller starts after it
+        assert self._serving is not None  # the puller starts after it
         for dispatch in dispatches:
             self._serving.start(dispatch)
 
@@ -215,6 +246,13 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         assert self._nc is not None
-        beat = heartbeat(self.id, self.config, self.engine, self.metrics, ready=self.ready,
-                         stopping=self._stopping.is_set(), loop_lag_s=self.loop_lag.current())
+        beat = heartbeat(
+            self.id,
+            self.config,
+            self.engine,
+            self.metrics,
+            ready=self.ready,
+            stopping=self._stopping.is_set(),
+            loop_lag_s=self.loop_lag.current(),
+        )
         await self._nc.publish(self.s.worker_event(self.id), codec.encode(beat))

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 from core.policy.cascade import StreamGate, Verdict
 from core.policy.pii.errors import PolicyError
@@ -31,6 +30,7 @@ from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 from schemas.subjects import Subjects
 from schemas.work import Dispatch
+from workers.active import Active, carries, is_plain, nak_with_delay
 from workers.cache import AnswerStore
 from workers.cascade import Escalator, stream_gate
 from workers.engine import (
@@ -51,52 +51,29 @@ from workers.pii import OutputRedaction
 log = logging.getLogger("laneway.worker")
 
 ACK, WPI, TERM = b"+ACK", b"+WPI", b"+TERM"
-NAK_BACKOFF_S = 1.0     # a failed attempt is retried after this, not in a tight loop
-
-
-def nak_with_delay(delay_s: float) -> bytes:
-    return b'-NAK {"delay": %d}' % int(delay_s * 1e9)
-
-
-@dataclass(slots=True, eq=False)
-class Active:
-    """A request running on this worker."""
-    dispatch: Dispatch
-    started: float
-    seq: int = 0
-    streamed: bool = False
-    cancelled: bool = False
-    first_token_at: float | None = None
-    task: asyncio.Task[None] | None = None
-    tokens: int = 0
-    parts: list[Delta] | None = None        # the answer's deltas, kept only when it will be cached
-    redaction: OutputRedaction | None = None   # the tenant's PII policy on the answer
-    cached_tokens: int = 0                  # the engine's prefix-cache hits (metered)
-    continued: Continued | None = None      # a continuation: the answer's start, streamed by a lost worker
-
-    def next_seq(self) -> int:
-        seq = self.seq
-        self.seq += 1
-        return seq
-
-
-def _carries(out: EngineOutput) -> bool:
-    return bool(out.text or out.token_ids or out.tool_calls or out.refusal or out.reasoning or out.logprobs)
-
-
-def _plain(out: EngineOutput) -> bool:
-    """Text of choice 0 only: merges into the stream's open delta (one SSE chunk at the edge)."""
-    return not (out.index or out.tool_calls or out.logprobs or out.refusal or out.reasoning)
+NAK_BACKOFF_S = 1.0  # a failed attempt is retried after this, not in a tight loop
 
 
 class Serving:
     """Serves the dispatches a worker took; `active` holds the ones running, by (tenant, id)."""
 
-    def __init__(self, worker_id: str, pool: str, subjects: Subjects, engine: Engine, metrics: WorkerMetrics,
-                 outbox: Outbox, usage: UsageRecorder, escalator: Escalator, answers: AnswerStore,
-                 active: dict[RequestKey, Active], room: asyncio.Event,
-                 on_dead: Callable[[BaseException], None], prefilled: Callable[[], None] = lambda: None,
-                 ask_edge: Callable[[Dispatch], Awaitable[Continuation | None]] | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        pool: str,
+        subjects: Subjects,
+        engine: Engine,
+        metrics: WorkerMetrics,
+        outbox: Outbox,
+        usage: UsageRecorder,
+        escalator: Escalator,
+        answers: AnswerStore,
+        active: dict[RequestKey, Active],
+        room: asyncio.Event,
+        on_dead: Callable[[BaseException], None],
+        prefilled: Callable[[], None] = lambda: None,
+        ask_edge: Callable[[Dispatch], Awaitable[Continuation | None]] | None = None,
+    ) -> None:
         self.id = worker_id
         self.pool = pool
         self.s = subjects
@@ -108,7 +85,7 @@ class Serving:
         self.answers = answers
         self.active = active
         self._room = room
-        self._prefilled = prefilled             # a prompt's prefill is done (the first token came)
+        self._prefilled = prefilled  # a prompt's prefill is done (the first token came)
         self._on_dead = on_dead
         self._ask_edge = ask_edge
         self._tracing = tracer()
@@ -127,7 +104,7 @@ class Serving:
         self.active[key] = active
         try:
             active.redaction = OutputRedaction.for_dispatch(dispatch.output_pii)
-        except PolicyError as exc:     # the gate encoded it: a broker of another version?
+        except PolicyError as exc:  # the gate encoded it: a broker of another version?
             self._fail(active, ErrorCode.internal_error, f"the tenant's PII policy is unreadable here ({exc})")
             return
         if time.time() >= request.deadline:
@@ -138,7 +115,7 @@ class Serving:
     # -- the request's task ----------------------------------------------------------------
     async def _serve(self, active: Active) -> None:
         r = active.dispatch.request
-        ask = self._ask_edge if active.dispatch.attempt > 1 else None    # a redelivery: how it goes on
+        ask = self._ask_edge if active.dispatch.attempt > 1 else None  # a redelivery: how it goes on
         if ask is not None and not self._goes_on(active, await ask(active.dispatch)):
             return
         # A continuation's first tokens were let through already: no verdict to wait for.
@@ -163,7 +140,7 @@ class Serving:
             self._on_dead(exc)
             return
         except asyncio.CancelledError:
-            raise   # worker shutdown: left unacked on purpose, JetStream redelivers it
+            raise  # worker shutdown: left unacked on purpose, JetStream redelivers it
         except Exception:
             # The top of the request's task. A bug, not a request problem: log it with its
             # traceback and end the stream clearly rather than leave it hanging.
@@ -176,7 +153,7 @@ class Serving:
         """Act on the edge's answer to a redelivery; False: the request ended here."""
         if answer is None or answer.verdict is Outcome.FRESH:
             return True
-        if answer.verdict is Outcome.GONE:      # nobody waits for it: it never runs
+        if answer.verdict is Outcome.GONE:  # nobody waits for it: it never runs
             self._release(active, TERM)
             self._record_usage(active, ErrorCode.worker_lost.value, 0, 0, self.engine.model)
             return False
@@ -188,8 +165,12 @@ class Serving:
         if not self.engine.continues or d.output_pii:
             # The frames carried the answer as redacted, not as the engine made it.
             why = "its output is redacted" if self.engine.continues else f"the {self.engine.name} engine cannot"
-            self._fail(active, ErrorCode.worker_lost, "the worker serving this request was lost after the "
-                       f"stream started, and it could not be continued on another ({why})")
+            self._fail(
+                active,
+                ErrorCode.worker_lost,
+                "the worker serving this request was lost after the "
+                f"stream started, and it could not be continued on another ({why})",
+            )
             return False
         active.continued = Continued(answer.token_ids, answer.text)
         return True
@@ -197,35 +178,51 @@ class Serving:
     async def _generate(self, active: Active, gate: StreamGate[EngineOutput] | None) -> Finished | None:
         """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
         d, r = active.dispatch, active.dispatch.request
-        request = EngineRequest(r.request_id, r.body, r.extra, priority=d.priority, klass=r.klass,
-                                confidence=gate is not None, cache_salt=d.cache_salt, tenant=r.tenant,
-                                adapter=d.adapter, continued=active.continued)
+        request = EngineRequest(
+            r.request_id,
+            r.body,
+            r.extra,
+            priority=d.priority,
+            klass=r.klass,
+            confidence=gate is not None,
+            cache_salt=d.cache_salt,
+            tenant=r.tenant,
+            adapter=d.adapter,
+            continued=active.continued,
+        )
         replayed = len(active.continued.token_ids) if active.continued else 0
         finished: Finished | None = None
         async with asyncio.timeout(max(0.0, r.deadline - time.time())):
             async for out in self.engine.generate(request):
                 if gate is not None and out.tool_calls:
                     self._release_deltas(active, gate.commit())
-                if _carries(out):
+                if carries(out):
                     self._release_deltas(active, gate.push(out, out.confidence) if gate else [out])
                 if out.finish_reason is not None:
                     if gate is not None:
                         self._release_deltas(active, gate.finish())
-                    if active.redaction is not None:    # the text it held back, redacted
+                    if active.redaction is not None:  # the text it held back, redacted
                         for held in active.redaction.flush():
                             self._emit(active, held)
                     reason = "cancelled" if active.cancelled else out.finish_reason
                     told = 0 if self.engine.shared_prefix_cache else out.cached_tokens
                     messages, fields = r.echoed()
                     # The client's usage is the unbroken answer's: the replayed tokens once, as output.
-                    finished = Finished(r.request_id, d.attempt, active.next_seq(), reason,
-                                        TokenUsage(out.prompt_tokens - replayed, out.completion_tokens + replayed,
-                                                   told),
-                                        self.engine.model, out.finish_reasons, out.vectors,
-                                        messages=messages, fields=fields)
-                    active.cached_tokens = out.cached_tokens      # metered whatever the client is told
+                    finished = Finished(
+                        r.request_id,
+                        d.attempt,
+                        active.next_seq(),
+                        reason,
+                        TokenUsage(out.prompt_tokens - replayed, out.completion_tokens + replayed, told),
+                        self.engine.model,
+                        out.finish_reasons,
+                        out.vectors,
+                        messages=messages,
+                        fields=fields,
+                    )
+                    active.cached_tokens = out.cached_tokens  # metered whatever the client is told
                 if gate is not None and gate.verdict is Verdict.ESCALATE:
-                    break   # leaving the iterator aborts the small request in the engine
+                    break  # leaving the iterator aborts the small request in the engine
         return finished
 
     def _release_deltas(self, active: Active, outs: Iterable[EngineOutput]) -> None:
@@ -240,13 +237,13 @@ class Serving:
             active.tokens += len(out.token_ids) or 1
             if active.redaction is not None:
                 out = active.redaction.apply(out)
-                if not _carries(out):
-                    continue        # all of it held until it can be judged
+                if not carries(out):
+                    continue  # all of it held until it can be judged
             self._emit(active, out)
 
     def _emit(self, active: Active, out: EngineOutput) -> None:
         d, r = active.dispatch, active.dispatch.request
-        plain = _plain(out)
+        plain = is_plain(out)
         if not (plain and self.outbox.extend((r.reply_to, r.request_id, d.attempt), out.text, out.token_ids)):
             delta = Delta(r.request_id, d.attempt, active.next_seq(), out.text, list(out.token_ids))
             if delta.seq == 0 and d.headers:
@@ -256,22 +253,23 @@ class Serving:
                 delta.refusal, delta.reasoning = out.refusal, out.reasoning
             self.outbox.emit(r.reply_to, delta)
             if active.parts is not None:
-                active.parts.append(delta)     # the outbox extends this same object
+                active.parts.append(delta)  # the outbox extends this same object
         active.streamed = True
 
     # -- the ends --------------------------------------------------------------------------
     def _finish(self, active: Active, finished: Finished | None) -> None:
-        if finished is None:    # the engine ended the stream without saying why
+        if finished is None:  # the engine ended the stream without saying why
             self._fail(active, ErrorCode.engine_error, "the engine ended the stream without finishing")
             return
-        if active.seq == 1 and active.dispatch.headers:    # no delta went first: the answer's headers
+        if active.seq == 1 and active.dispatch.headers:  # no delta went first: the answer's headers
             finished.headers = active.dispatch.headers
         self.outbox.emit(active.dispatch.request.reply_to, finished)
         self._release(active, ACK)
         self.metrics.finished.labels(self.pool, finished.finish_reason).inc()
         u = finished.usage
-        self._record_usage(active, finished.finish_reason, u.prompt_tokens, u.completion_tokens, finished.model,
-                           active.cached_tokens)
+        self._record_usage(
+            active, finished.finish_reason, u.prompt_tokens, u.completion_tokens, finished.model, active.cached_tokens
+        )
         self.answers.keep(active.dispatch, active.parts, active.cancelled, finished)
 
     def _engine_failed(self, active: Active, exc: EngineError) -> None:
@@ -289,47 +287,67 @@ class Serving:
         acked, so the client sees one uninterrupted answer, from the large pool."""
         r = active.dispatch.request
         if not await self.escalator.hand_over(active.dispatch, score):
-            self._release(active, nak_with_delay(NAK_BACKOFF_S))   # serve it here after all
+            self._release(active, nak_with_delay(NAK_BACKOFF_S))  # serve it here after all
             return
         self._record_usage(active, "escalated", r.estimated_prompt_tokens(), 0, self.engine.model)
         self._release(active, ACK)
 
     def _fail(self, active: Active, code: ErrorCode, message: str, param: str | None = None) -> None:
         d = active.dispatch
-        self.outbox.emit(d.request.reply_to, StreamError(d.request.request_id, d.attempt,
-                                                         active.next_seq(), code.value, message, param))
+        self.outbox.emit(
+            d.request.reply_to,
+            StreamError(d.request.request_id, d.attempt, active.next_seq(), code.value, message, param),
+        )
         self.metrics.finished.labels(self.pool, code.value).inc()
         self._release(active, TERM)
         # Metered too: tokens already generated cost money, and the brokers free its quota slot.
-        self._record_usage(active, code.value, d.request.estimated_prompt_tokens(), active.tokens,
-                           self.engine.model)
+        self._record_usage(active, code.value, d.request.estimated_prompt_tokens(), active.tokens, self.engine.model)
 
     def _dead_letter(self, active: Active, reason: str, detail: str) -> None:
         """The last attempt failed: park the request on LW_DLQ with its reason, then end it."""
         r = active.dispatch.request
-        headers = {"Laneway-Reason": reason, "Laneway-Detail": detail[:512],
-                   "Laneway-Attempt": str(active.dispatch.attempt), "Laneway-Worker": self.id}
-        self.outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers,
-                                active.dispatch.ack_subject)
-        if reason == "max_migrations":      # the edge told the client already, in these words
+        headers = {
+            "Laneway-Reason": reason,
+            "Laneway-Detail": detail[:512],
+            "Laneway-Attempt": str(active.dispatch.attempt),
+            "Laneway-Worker": self.id,
+        }
+        self.outbox.dead_letter(self.s.dlq(r.klass, r.tenant), codec.encode(r), headers, active.dispatch.ack_subject)
+        if reason == "max_migrations":  # the edge told the client already, in these words
             self._fail(active, ErrorCode.worker_lost, detail)
             return
-        self._fail(active, ErrorCode.engine_error,
-                   f"the request failed on all {active.dispatch.attempt} attempts: {detail}")
+        self._fail(
+            active, ErrorCode.engine_error, f"the request failed on all {active.dispatch.attempt} attempts: {detail}"
+        )
 
     def _release(self, active: Active, ack: bytes) -> None:
         request = active.dispatch.request
-        if active.tokens:   # counted once per request: a labelled inc per token costs real CPU
+        if active.tokens:  # counted once per request: a labelled inc per token costs real CPU
             self.metrics.tokens.labels(self.pool, request.klass).inc(active.tokens)
         self.active.pop(RequestKey(request.tenant, request.request_id), None)
         self.outbox.after(active.dispatch.ack_subject, ack)
         self._room.set()
 
-    def _record_usage(self, active: Active, finish_reason: str, prompt_tokens: int,
-                      completion_tokens: int, served_model: str, cached_tokens: int = 0) -> None:
-        self.usage.record(active.dispatch, active.started, active.first_token_at, finish_reason,
-                          prompt_tokens, completion_tokens, served_model, cached_tokens,
-                          len(active.continued.token_ids) if active.continued else 0)
+    def _record_usage(
+        self,
+        active: Active,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        served_model: str,
+        cached_tokens: int = 0,
+    ) -> None:
+        self.usage.record(
+            active.dispatch,
+            active.started,
+            active.first_token_at,
+            finish_reason,
+            prompt_tokens,
+            completion_tokens,
+            served_model,
+            cached_tokens,
+            len(active.continued.token_ids) if active.continued else 0,
+        )
         klass = active.dispatch.request.klass
         self.metrics.prompt_tokens.labels(self.pool, klass).inc(prompt_tokens)
         if cached_tokens:
@@ -337,8 +355,18 @@ class Serving:
         if self._tracing.enabled:
             now, r = time.monotonic(), active.dispatch.request
             ttft = None if active.first_token_at is None else active.first_token_at - active.started
-            self._tracing.record("laneway.worker.generate", r.traceparent, time.time() - (now - active.started),
-                                 request_id=r.request_id, tenant=r.tenant, pool=self.pool, worker=self.id,
-                                 model=served_model, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
-                                 completion_tokens=completion_tokens, ttft_s=ttft,
-                                 attempt=active.dispatch.attempt)
+            self._tracing.record(
+                "laneway.worker.generate",
+                r.traceparent,
+                time.time() - (now - active.started),
+                request_id=r.request_id,
+                tenant=r.tenant,
+                pool=self.pool,
+                worker=self.id,
+                model=served_model,
+                finish_reason=finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                ttft_s=ttft,
+                attempt=active.dispatch.attempt,
+            )
