@@ -80,15 +80,20 @@ class Applied:
     outcome: EvalOutcome | None
 
 
-async def change_rules(store: RuleStore, candidate: RuleSet, evaluator: Evaluator | None,
-                       expected_version: int | None = None, force_reason: str | None = None) -> Applied:
+async def change_rules(
+    store: RuleStore,
+    candidate: RuleSet,
+    evaluator: Evaluator | None,
+    expected_version: int | None = None,
+    force_reason: str | None = None,
+) -> Applied:
     rules.validate(candidate)
     current = await store.get_current()
     actual = current.version if current else 0
     if expected_version is None:
         expected_version = actual
     elif expected_version != actual:
-        raise VersionConflict(expected_version, actual)     # before paying for an evaluation
+        raise VersionConflict(expected_version, actual)  # before paying for an evaluation
     outcome: EvalOutcome | None = None
     if evaluator is None:
         verdict = gate_unmeasured(current is not None, force_reason, "no evaluator configured")
@@ -98,8 +103,9 @@ async def change_rules(store: RuleStore, candidate: RuleSet, evaluator: Evaluato
         except EvalUnavailable as exc:
             verdict = gate_unmeasured(current is not None, force_reason, str(exc))
         else:
-            verdict = gate(outcome.candidate.quality,
-                           outcome.baseline.quality if outcome.baseline else None, force_reason)
+            verdict = gate(
+                outcome.candidate.quality, outcome.baseline.quality if outcome.baseline else None, force_reason
+            )
     if not verdict.allowed:
         raise GateRefused(verdict, outcome)
     recorded = msgspec.structs.replace(candidate, gate=gate_record(outcome, verdict))
@@ -125,8 +131,9 @@ _change = msgspec.json.Decoder(ChangeBody)
 _rollback = msgspec.json.Decoder(RollbackBody)
 
 
-def _error(status: int, message: str, code: str, param: str | None = None,
-           type: str = "invalid_request_error") -> EdgeError:
+def _error(
+    status: int, message: str, code: str, param: str | None = None, type: str = "invalid_request_error"
+) -> EdgeError:
     return EdgeError(None, message, param, status=status, type=type, code_name=code)
 
 
@@ -135,15 +142,26 @@ def _json(doc: object, status: int = 200) -> web.Response:
 
 
 def _summary(rs: RuleSet) -> dict[str, object]:
-    return {"version": rs.version, "author": rs.author, "reason": rs.reason, "created_at": rs.created_at,
-            "rollback_of": rs.rollback_of, "gate": rs.gate}
+    return {
+        "version": rs.version,
+        "author": rs.author,
+        "reason": rs.reason,
+        "created_at": rs.created_at,
+        "rollback_of": rs.rollback_of,
+        "gate": rs.gate,
+    }
 
 
 def _gate_doc(applied: Applied) -> dict[str, object]:
     v = applied.verdict
-    return {"allowed": v.allowed, "forced": v.forced, "message": v.message,
-            "candidate_quality": v.candidate_quality, "baseline_quality": v.baseline_quality,
-            "forced_reason": v.forced_reason}
+    return {
+        "allowed": v.allowed,
+        "forced": v.forced,
+        "message": v.message,
+        "candidate_quality": v.candidate_quality,
+        "baseline_quality": v.baseline_quality,
+        "forced_reason": v.forced_reason,
+    }
 
 
 class _Admin:
@@ -162,21 +180,30 @@ class _Admin:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return _error(exc.status, exc.reason or "request refused",
-                          "not_found" if exc.status == 404 else "invalid_request").response()
+            return _error(
+                exc.status, exc.reason or "request refused", "not_found" if exc.status == 404 else "invalid_request"
+            ).response()
 
     def _authenticate(self, request: web.Request) -> str:
         if not self.config.key_sha256:
-            raise _error(401, f"the admin API is disabled: no admin key configured ({ADMIN_KEY_ENV})",
-                         "admin_disabled", type="authentication_error")
+            raise _error(
+                401,
+                f"the admin API is disabled: no admin key configured ({ADMIN_KEY_ENV})",
+                "admin_disabled",
+                type="authentication_error",
+            )
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise _error(401, "missing admin key: send 'Authorization: Bearer <admin key>'",
-                         "invalid_api_key", type="authentication_error")
+            raise _error(
+                401,
+                "missing admin key: send 'Authorization: Bearer <admin key>'",
+                "invalid_api_key",
+                type="authentication_error",
+            )
         matched = self.config.authenticate(key.strip())
         if matched is None:
             raise _error(401, "invalid admin key", "invalid_api_key", type="authentication_error")
-        return f"admin-{matched[:8]}"     # who, in records, without the key or its full hash
+        return f"admin-{matched[:8]}"  # who, in records, without the key or its full hash
 
     async def get_current(self, request: web.Request) -> web.Response:
         current = await self.store.get_current()
@@ -197,11 +224,16 @@ class _Admin:
         # The admin key is the identity; a name in the document is kept beside it, not instead.
         who = self._authenticate(request)
         candidate = msgspec.structs.replace(
-            candidate, author=f"{candidate.author} ({who})" if candidate.author else who,
-            version=0, rollback_of=None, gate=None)
+            candidate,
+            author=f"{candidate.author} ({who})" if candidate.author else who,
+            version=0,
+            rollback_of=None,
+            gate=None,
+        )
         try:
-            applied = await change_rules(self.store, candidate, self.evaluator, body.expected_version,
-                                         body.force_reason)
+            applied = await change_rules(
+                self.store, candidate, self.evaluator, body.expected_version, body.force_reason
+            )
         except VersionConflict as exc:
             raise _error(409, str(exc), "version_conflict", "expected_version") from None
         except GateRefused as exc:
@@ -211,8 +243,9 @@ class _Admin:
     async def rollback(self, request: web.Request) -> web.Response:
         body = _decode(_rollback, await request.read())
         try:
-            stored = await self.store.rollback(body.version, self._authenticate(request), body.reason,
-                                               body.expected_version)
+            stored = await self.store.rollback(
+                body.version, self._authenticate(request), body.reason, body.expected_version
+            )
         except VersionNotFound as exc:
             raise _error(404, str(exc), "version_not_found", "version") from None
         except VersionConflict as exc:

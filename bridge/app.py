@@ -72,9 +72,15 @@ async def _unanswered(msg: Msg) -> None:
 
 
 class Bridge:
-    def __init__(self, config: BridgeConfig, settings: Settings | None = None,
-                 metrics: BridgeMetrics | None = None, *, admin: AdminConfig | None = None,
-                 evaluator: Evaluator | None = None) -> None:
+    def __init__(
+        self,
+        config: BridgeConfig,
+        settings: Settings | None = None,
+        metrics: BridgeMetrics | None = None,
+        *,
+        admin: AdminConfig | None = None,
+        evaluator: Evaluator | None = None,
+    ) -> None:
         self.config = config
         self.settings = settings or Settings()
         self.s = config.nats.subjects
@@ -88,21 +94,25 @@ class Bridge:
         self.background: Background | None = None
         self.takeover: Takeover | None = None
         self.readiness = Readiness(config.worker_stale_s)
-        self.demux = Demux(self.metrics, BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes,
-                                                           config.resume_tenant_bytes))
+        self.demux = Demux(
+            self.metrics,
+            BufferLimits(config.stream_buffer_bytes, config.tenant_buffer_bytes, config.resume_tenant_bytes),
+        )
         self.loop_lag = LoopLag()
-        self.admission = EdgeAdmission(config, self.demux, self.loop_lag, self.metrics, self.catalogue.rank,
-                                       self.catalogue.classes)
+        self.admission = EdgeAdmission(
+            config, self.demux, self.loop_lag, self.metrics, self.catalogue.rank, self.catalogue.classes
+        )
         self.losses = Losses(self.demux, self.readiness, self.loop_lag)
         self.continuations = Continuations(self.demux, config.max_migrations)
-        self.resumes = Resumes(self.edge_id, config.resume_window_s, self.demux.limits, self.demux, self.metrics,
-                               self._cancel)
+        self.resumes = Resumes(
+            self.edge_id, config.resume_window_s, self.demux.limits, self.demux, self.metrics, self._cancel
+        )
         self.relay: RelayServer | None = None
         self.url = ""
         self.files: FileStore | None = None
         self.batches: BatchStore | None = None
         self.batch_runner: BatchRunner | None = None
-        self.endpoints: dict[str, Generations] = {}     # what a batch's lines are answered by
+        self.endpoints: dict[str, Generations] = {}  # what a batch's lines are answered by
         self._nc: Client | None = None
         self._server: HttpServer | None = None
         self._loop_lag_task: asyncio.Task[None] | None = None
@@ -115,41 +125,56 @@ class Bridge:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         n = self.config.nats
-        self._nc = await connect(n, f"laneway-bridge-{self.edge_id}",
-                                 on_disconnect=self.losses.nats_lost)
+        self._nc = await connect(n, f"laneway-bridge-{self.edge_id}", on_disconnect=self.losses.nats_lost)
         js = self._nc.jetstream()
-        await wait_provisioned(js, self.s, "bridge")    # `laneway up` or `laneway ops provision`
+        await wait_provisioned(js, self.s, "bridge")  # `laneway up` or `laneway ops provision`
         await self.catalogue.start(js, self.s)
         self.rule_store = await RuleStore.open(js, self.s)
         self.files = await FileStore.open(js, self.s)
         self.batches = await BatchStore.open(js, self.s)
         self.responses = await ResponseStore.open(js, self.s, self.config.store_replicas)
         # Subscribe first: frames for a request can never arrive before we listen.
-        await self._nc.subscribe(self.s.tok_edge(self.edge_id), cb=self.demux.on_frame,
-                                 pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
+        await self._nc.subscribe(
+            self.s.tok_edge(self.edge_id),
+            cb=self.demux.on_frame,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1 << 30,
+        )
         await self._nc.subscribe(self.s.cont_edge(self.edge_id), cb=self.continuations.on_ask)
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
         # Held while this bridge is connected, never answered: the interest workers probe to
         # cancel the work of a bridge that is gone (workers/orphans.py).
         await self._nc.subscribe(self.s.alive(self.edge_id), cb=_unanswered)
-        if self.resumes.enabled:    # other replicas ask for the streams this one holds
+        if self.resumes.enabled:  # other replicas ask for the streams this one holds
             self.relay = RelayServer(self._nc, self.s, self.resumes)
             await self._nc.subscribe(self.s.resume(self.edge_id), cb=self.relay.on_control)
         await self._nc.subscribe(self.s.broker_events, cb=self.readiness.on_broker)
         await self._nc.publish(self.s.worker_ping, b"")
         self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
-        self._sweep_task = asyncio.create_task(beat_forever(self.files.sweep_uploads, SWEEP_EVERY_S),
-                                               name="upload-sweep")
+        self._sweep_task = asyncio.create_task(
+            beat_forever(self.files.sweep_uploads, SWEEP_EVERY_S), name="upload-sweep"
+        )
         self.losses.start()
         app = self.build_app()
-        self.batch_runner = BatchRunner(self.batches, self.files, self.endpoints, self.catalogue, self.edge_id,
-                                        self._cancel, concurrency=self.config.batch_concurrency,
-                                        lease_s=self.config.batch_lease_s)
+        self.batch_runner = BatchRunner(
+            self.batches,
+            self.files,
+            self.endpoints,
+            self.catalogue,
+            self.edge_id,
+            self._cancel,
+            concurrency=self.config.batch_concurrency,
+            lease_s=self.config.batch_lease_s,
+        )
         await self.batch_runner.start()
         if self.takeover is not None:
             await self.takeover.start()
-        self._server = HttpServer(app, self.metrics, max_connections=self.config.max_connections,
-                                  header_timeout_s=self.config.header_timeout_s)
+        self._server = HttpServer(
+            app,
+            self.metrics,
+            max_connections=self.config.max_connections,
+            header_timeout_s=self.config.header_timeout_s,
+        )
         port = await self._server.start(self.config.host, self.config.port)
         self.url = f"http://{self.config.host}:{port}"
         log.info("bridge listening on %s (edge %s)", self.url, self.edge_id)
@@ -159,7 +184,7 @@ class Bridge:
             await self._server.stop()
             self._server = None
         if self.batch_runner is not None:
-            await self.batch_runner.stop()      # its batches go to another bridge at once
+            await self.batch_runner.stop()  # its batches go to another bridge at once
             self.batch_runner = None
         await self.losses.stop()
         if self.takeover is not None:
@@ -171,7 +196,7 @@ class Bridge:
             await self.responses.drain()
         if self.relay is not None:
             await self.relay.stop()
-        await self.resumes.stop()       # cancels the generations no client will come back for
+        await self.resumes.stop()  # cancels the generations no client will come back for
         await cancel_and_wait(self._loop_lag_task, self._sweep_task)
         self._loop_lag_task = self._sweep_task = None
         await self.catalogue.stop()
@@ -217,34 +242,58 @@ class Bridge:
         if self._nc is None or self._nc.is_closed:
             return
         try:
-            await self._nc.publish(self.s.cancel(tenant, request_id),
-                                   codec.encode(Cancel(request_id=request_id, tenant=tenant)))
-        except nats.errors.Error as exc:    # the reconnect buffer full, the connection closing
+            await self._nc.publish(
+                self.s.cancel(tenant, request_id), codec.encode(Cancel(request_id=request_id, tenant=tenant))
+            )
+        except nats.errors.Error as exc:  # the reconnect buffer full, the connection closing
             log.warning("cancel for %s dropped: %s", request_id, type(exc).__name__)
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
         relay = RelayClient(self._nc, self.s, self.edge_id, self.metrics, self.config.write_timeout_s)
         resumable = ResumableStreams(self.resumes, relay, self.metrics, self.config.write_timeout_s)
-        shared = (self._nc, self.edge_id, self.config, self.settings, self.catalogue, self.readiness,
-                  self.demux, self.metrics, self._cancel, self.admission, resumable)
+        shared = (
+            self._nc,
+            self.edge_id,
+            self.config,
+            self.settings,
+            self.catalogue,
+            self.readiness,
+            self.demux,
+            self.metrics,
+            self._cancel,
+            self.admission,
+            resumable,
+        )
         chat = Generations(codec.decode_chat_request, *shared)
         completions = Generations(codec.decode_completion_request, *shared)
         routes = background = None
         if self.responses is not None:
             routes = StoredRoutes(self.responses, self.catalogue, self._cancel)
-            background = self.background = Background(self.responses, self.demux, self.edge_id, self._cancel,
-                                                      self.config.background_lease_s)
+            background = self.background = Background(
+                self.responses, self.demux, self.edge_id, self._cancel, self.config.background_lease_s
+            )
         conversations = Conversations(self.responses, self.catalogue) if self.responses is not None else None
-        responses = Responses(decode_responses, *shared, store=self.responses, background=background,
-                              routes=routes, conversations=conversations)
+        responses = Responses(
+            decode_responses,
+            *shared,
+            store=self.responses,
+            background=background,
+            routes=routes,
+            conversations=conversations,
+        )
         if background is not None:
             self.takeover = Takeover(background, responses.take_over)
         embeddings = Generations(codec.decode_embedding_request, *shared)
-        self.endpoints = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings,
-                          "/v1/responses": responses}
-        app = web.Application(client_max_size=self.config.max_body_bytes,
-                              middlewares=[self._errors_middleware, self._read_body])
+        self.endpoints = {
+            "/v1/chat/completions": chat,
+            "/v1/completions": completions,
+            "/v1/embeddings": embeddings,
+            "/v1/responses": responses,
+        }
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes, middlewares=[self._errors_middleware, self._read_body]
+        )
         app.router.add_post("/v1/chat/completions", chat)
         app.router.add_post("/v1/completions", completions)
         app.router.add_post("/v1/responses", responses)
@@ -281,8 +330,12 @@ class Bridge:
             if exc.status < 400:
                 raise
             code = ErrorCode.payload_too_large if exc.status == 413 else ErrorCode.invalid_request
-            err = EdgeError(code, exc.reason or "request refused", status=exc.status,
-                            code_name="not_found" if exc.status == 404 else None)
+            err = EdgeError(
+                code,
+                exc.reason or "request refused",
+                status=exc.status,
+                code_name="not_found" if exc.status == 404 else None,
+            )
             return err.response()
 
     @web.middleware
@@ -294,7 +347,7 @@ class Bridge:
         if request.body_exists and self._known_key(request) and not is_upload(request):
             try:
                 async with asyncio.timeout(self.config.body_timeout_s):
-                    await request.read()    # kept by aiohttp: the handler's read() returns it
+                    await request.read()  # kept by aiohttp: the handler's read() returns it
             except TimeoutError:
                 raise body_timeout(self.config.body_timeout_s) from None
         return await handler(request)
@@ -313,16 +366,21 @@ class Bridge:
         wanted = sorted({m.pool for m in self.catalogue.models.values()})
         status = {pool: pools.get(pool, 0) for pool in wanted}
         brokers = self.readiness.brokers()
-        ready = (bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status)
-                 and brokers > 0)
-        return web.json_response({"ready": ready, "pid": os.getpid(),     # which server answers (`up`)
-                                  "nats": bool(self._nc and self._nc.is_connected),
-                                  "brokers": brokers, "pools": status, "pii": self.readiness.pii_stages()},
-                                 status=200 if ready else 503)
+        ready = bool(self._nc and self._nc.is_connected) and all(status.values()) and bool(status) and brokers > 0
+        return web.json_response(
+            {
+                "ready": ready,
+                "pid": os.getpid(),  # which server answers (`up`)
+                "nats": bool(self._nc and self._nc.is_connected),
+                "brokers": brokers,
+                "pools": status,
+                "pii": self.readiness.pii_stages(),
+            },
+            status=200 if ready else 503,
+        )
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def openapi_spec(self, request: web.Request) -> web.Response:
         return web.Response(body=openapi.spec(tuple(self.model_names())), content_type="application/json")

@@ -14,8 +14,8 @@ from bridge.errors import unauthorized
 from core.policy.tenants import Tenant, TenantDirectory
 
 REQUEST_ID_HEADER = "X-Request-Id"
-ANSWER_ID = web.RequestKey("answer_id", str)     # what `x-request-id` answers with
-TENANT: web.RequestKey[Tenant | None] = web.RequestKey("tenant", Tenant)    # whom the key opens, or None
+ANSWER_ID = web.RequestKey("answer_id", str)  # what `x-request-id` answers with
+TENANT: web.RequestKey[Tenant | None] = web.RequestKey("tenant", Tenant)  # whom the key opens, or None
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
@@ -52,7 +52,7 @@ def authenticate(request: web.Request, tenants: TenantDirectory) -> Tenant:
     return tenant
 
 
-MAX_IDEMPOTENCY_KEY = 255      # as the payment APIs that made the header common (Stripe's limit)
+MAX_IDEMPOTENCY_KEY = 255  # as the payment APIs that made the header common (Stripe's limit)
 
 
 def idempotent_id(secret: str, tenant: str, key: str) -> str:

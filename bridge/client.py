@@ -51,24 +51,38 @@ class LanewayClient:
         self.last_usage: TokenUsage | None = None
 
     async def __aenter__(self) -> LanewayClient:
-        self._sub = await self._nc.subscribe(self.s.tok(self.tenant, self.edge_id),
-                                             cb=self._demux.on_frame)
+        self._sub = await self._nc.subscribe(self.s.tok(self.tenant, self.edge_id), cb=self._demux.on_frame)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._sub is not None:
             await self._sub.unsubscribe()
 
-    async def generate(self, body: Body, *, klass: str = "standard", timeout_s: float = 600.0,
-                       request_id: str | None = None, extra: bytes = b"") -> AsyncIterator[str]:
+    async def generate(
+        self,
+        body: Body,
+        *,
+        klass: str = "standard",
+        timeout_s: float = 600.0,
+        request_id: str | None = None,
+        extra: bytes = b"",
+    ) -> AsyncIterator[str]:
         """Yields text deltas of an OpenAI chat or completion body (and `extra`, its other
         fields as a JSON object); raises `LanewayError` if the request ends with an error."""
         now = time.time()
         chat, completion = (body, None) if isinstance(body, ChatBody) else (None, body)
         request = GenerateRequest(
-            request_id=request_id or uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=body.model,
-            reply_to=self.s.tok(self.tenant, self.edge_id), created_at=now, deadline=now + timeout_s,
-            chat=chat, completion=completion, extra=extra)
+            request_id=request_id or uuid.uuid4().hex,
+            tenant=self.tenant,
+            klass=klass,
+            model=body.model,
+            reply_to=self.s.tok(self.tenant, self.edge_id),
+            created_at=now,
+            deadline=now + timeout_s,
+            chat=chat,
+            completion=completion,
+            extra=extra,
+        )
         stream = self._demux.open(request.request_id, self.tenant, request.deadline + REPLY_GRACE_S, klass)
         subject = self.s.req(klass, self.tenant)
         last_error = self._nc.last_error
@@ -76,22 +90,25 @@ class LanewayClient:
         try:
             try:
                 await self._nc.jetstream().publish(
-                    subject, codec.encode(request),
-                    headers={MSG_ID_HEADER: uuid.uuid4().hex})
+                    subject, codec.encode(request), headers={MSG_ID_HEADER: uuid.uuid4().hex}
+                )
             except nats.js.errors.APIError as exc:
                 code = publish_errors.refusal(exc) or ErrorCode.overloaded
                 raise LanewayError(code.value, exc.description or str(exc), request.request_id) from None
             except publish_errors.NOT_STORED as exc:
                 if why := publish_errors.denied(self._nc, subject, last_error):
-                    raise LanewayError(ErrorCode.permission_denied.value,
-                                       f"{why}: this NATS user may not send requests as tenant {self.tenant!r}",
-                                       request.request_id) from None
+                    raise LanewayError(
+                        ErrorCode.permission_denied.value,
+                        f"{why}: this NATS user may not send requests as tenant {self.tenant!r}",
+                        request.request_id,
+                    ) from None
                 # Not accepted (no PubAck): e.g. the stream is electing a new leader. Safe to retry
                 # with the same request_id: this try is cancelled on the way out, so a copy of it
                 # that was stored never runs (if the broker took that copy in before the cancel,
                 # the retry is answered duplicate_request; never run twice).
-                raise LanewayError(ErrorCode.overloaded.value, "the request log is unavailable",
-                                   request.request_id) from exc
+                raise LanewayError(
+                    ErrorCode.overloaded.value, "the request log is unavailable", request.request_id
+                ) from exc
             while True:
                 for entry in await stream.next_entries():
                     if isinstance(entry, Delta):
@@ -106,6 +123,7 @@ class LanewayClient:
         finally:
             self._demux.close(request.request_id)
             if not done and self._nc.is_connected:
-                await self._nc.publish(self.s.cancel(self.tenant, request.request_id),
-                                       codec.encode(Cancel(request_id=request.request_id,
-                                                           tenant=self.tenant)))
+                await self._nc.publish(
+                    self.s.cancel(self.tenant, request.request_id),
+                    codec.encode(Cancel(request_id=request.request_id, tenant=self.tenant)),
+                )

@@ -9,7 +9,7 @@ from bridge.streams.demux import RESUME_TENANT_BYTES, STREAM_BUFFER_BYTES, TENAN
 from core.connect import NatsSettings
 from core.settings import DEFAULT_CONTEXT_TOKENS
 
-MIN_SECRET_CHARS = 32      # the bridge's idempotency secret: 128 bits as hex, at the least
+MIN_SECRET_CHARS = 32  # the bridge's idempotency secret: 128 bits as hex, at the least
 
 
 @dataclass(frozen=True)
@@ -18,19 +18,19 @@ class BridgeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 4 * 1024 * 1024
-    worker_stale_s: float = 15.0        # a worker silent this long no longer counts as ready
-    header_timeout_s: float = 30.0      # a connection without a whole request head this long is closed
+    worker_stale_s: float = 15.0  # a worker silent this long no longer counts as ready
+    header_timeout_s: float = 30.0  # a connection without a whole request head this long is closed
     # A body not read whole by then gets 408 (an upload: more for each 64 KiB it delivered, bridge/files/routes.py).
     # As the head's: a connection trickling its body is held no longer than one trickling its head.
     body_timeout_s: float = 30.0
-    max_connections: int = 10_000       # open connections at most; past it, 503 and closed
-    max_streams: int = 0                # open streams at most (0: no cap); past it, 503 before storing
+    max_connections: int = 10_000  # open connections at most; past it, 503 and closed
+    max_streams: int = 0  # open streams at most (0: no cap); past it, 503 before storing
     # Where the measured stream limit starts (bridge/generate/admission.py StreamLimit; 0: not measured).
     initial_stream_limit: int = 256
-    max_delivery_lag_s: float = 0.5     # frames this late (smoothed): no new stream until caught up (0: off)
+    max_delivery_lag_s: float = 0.5  # frames this late (smoothed): no new stream until caught up (0: off)
     # One tenant's share of this bridge (0: no cap): open streams, then bytes its slow readers may
     # hold (bridge/streams/demux.py), and how long one SSE write may wait on a client that does not read.
-    tenant_max_streams: int = 5_000     # the reference's whole concurrency; past it, 429 before storing
+    tenant_max_streams: int = 5_000  # the reference's whole concurrency; past it, 429 before storing
     # Of a class's room in the stream limit, what one tenant may take while others want it
     # (bridge/generate/admission.py `admit`; 1.0: off): past it, 503 before storing.
     tenant_stream_share: float = 0.9
@@ -40,10 +40,10 @@ class BridgeConfig:
     # How long a stream whose client left stays resumable (Last-Event-ID; bridge/resume/window.py): its
     # generation goes on meanwhile. 0: no resuming, the generation is cancelled at once.
     resume_window_s: float = 30.0
-    resume_tenant_bytes: int = RESUME_TENANT_BYTES     # events one tenant's streams keep for resuming
+    resume_tenant_bytes: int = RESUME_TENANT_BYTES  # events one tenant's streams keep for resuming
     # A stream whose worker dies goes on on another worker at most this many times (bridge/streams/continuation.py).
     max_migrations: int = 2
-    max_context_tokens: int = DEFAULT_CONTEXT_TOKENS   # rule-routed models' (the table's set their own)
+    max_context_tokens: int = DEFAULT_CONTEXT_TOKENS  # rule-routed models' (the table's set their own)
     # The Files and Batch APIs: the largest upload; lines one bridge has in flight for the batches
     # it runs; how long a bridge's claim on a batch lasts unrenewed (another takes over after it).
     max_file_bytes: int = 200 * 1024 * 1024
@@ -54,7 +54,7 @@ class BridgeConfig:
     # in the request stream's duplicate window (120 s), or a late try could be stored again.
     publish_timeout_s: float = 5.0
     publish_tries: int = 3
-    store_replicas: int = 1             # the stored responses bucket's replicas when this bridge creates it
+    store_replicas: int = 1  # the stored responses bucket's replicas when this bridge creates it
     # A background response's heartbeat in the store: unrefreshed for 4 of these, it reads as failed.
     background_lease_s: float = 5.0
     # The HMAC key of Idempotency-Key → request id (bridge/generate/routes.py), the same on every

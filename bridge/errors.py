@@ -26,7 +26,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.queue_full: (429, "rate_limit_error"),
     ErrorCode.rate_limited: (429, "rate_limit_error"),
     ErrorCode.insufficient_quota: (429, "insufficient_quota"),
-    ErrorCode.storage_quota_exceeded: (403, "invalid_request_error"),    # not retried: it will not fit later either
+    ErrorCode.storage_quota_exceeded: (403, "invalid_request_error"),  # not retried: it will not fit later either
     ErrorCode.pii_blocked: (400, "invalid_request_error"),
     ErrorCode.pii_unavailable: (503, "server_error"),
     ErrorCode.pii_too_large: (413, "invalid_request_error"),
@@ -41,19 +41,29 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.internal_error: (500, "server_error"),
 }
 
-_CODE_NAMES = {ErrorCode.unknown_model: "model_not_found", ErrorCode.queue_full: "rate_limit_exceeded",
-               ErrorCode.rate_limited: "rate_limit_exceeded"}
+_CODE_NAMES = {
+    ErrorCode.unknown_model: "model_not_found",
+    ErrorCode.queue_full: "rate_limit_exceeded",
+    ErrorCode.rate_limited: "rate_limit_exceeded",
+}
 
-RETRY_AFTER_S = {ErrorCode.queue_full: 1, ErrorCode.overloaded: 2, ErrorCode.no_worker: 5,
-                 ErrorCode.unavailable: 2}
+RETRY_AFTER_S = {ErrorCode.queue_full: 1, ErrorCode.overloaded: 2, ErrorCode.no_worker: 5, ErrorCode.unavailable: 2}
 
 
 class EdgeError(Exception):
     """An error to answer with; `status`/`type` may override the code's defaults (e.g. 401)."""
 
-    def __init__(self, code: ErrorCode | None, message: str, param: str | None = None, *,
-                 status: int | None = None, type: str | None = None, code_name: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode | None,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        code_name: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         default_status, default_type = _STATUS.get(code, (500, "server_error")) if code else (500, "server_error")
         self.code = code
@@ -70,20 +80,24 @@ class EdgeError(Exception):
         return encode_json(ErrorResponse(ErrorBody(self.message, self.type, self.param, self.code_name)))
 
     def response(self) -> web.Response:
-        return web.Response(status=self.status, body=self.body(), content_type="application/json",
-                            headers=self.headers)
+        return web.Response(status=self.status, body=self.body(), content_type="application/json", headers=self.headers)
 
     def http(self) -> bytes:
         """The whole HTTP/1.1 answer, for a connection refused before aiohttp reads a request."""
         body = self.body()
-        head = [f"HTTP/1.1 {self.status} {HTTPStatus(self.status).phrase}", "Content-Type: application/json",
-                f"Content-Length: {len(body)}", "Connection: close",
-                *(f"{name}: {value}" for name, value in self.headers.items())]
+        head = [
+            f"HTTP/1.1 {self.status} {HTTPStatus(self.status).phrase}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *(f"{name}: {value}" for name, value in self.headers.items()),
+        ]
         return "\r\n".join([*head, "", ""]).encode() + body
 
 
-def from_code(code_value: str, message: str, param: str | None = None,
-              headers: dict[str, str] | None = None) -> EdgeError:
+def from_code(
+    code_value: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> EdgeError:
     try:
         code = ErrorCode(code_value)
     except ValueError:
@@ -96,8 +110,13 @@ def unauthorized(message: str) -> EdgeError:
 
 
 def body_timeout(seconds: float) -> EdgeError:
-    return EdgeError(None, f"the request body did not arrive within {seconds:g} s", status=408,
-                     type="invalid_request_error", code_name="request_timeout")
+    return EdgeError(
+        None,
+        f"the request body did not arrive within {seconds:g} s",
+        status=408,
+        type="invalid_request_error",
+        code_name="request_timeout",
+    )
 
 
 def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
@@ -106,8 +125,7 @@ def protocol_error(status: int, exc: BaseException | None) -> EdgeError:
     if isinstance(exc, LineTooLong):
         return EdgeError(ErrorCode.invalid_request, f"a request line or header is over {exc.args[1]} bytes")
     if isinstance(exc, HttpProcessingError) and status < 500:
-        return EdgeError(ErrorCode.invalid_request, f"not a valid HTTP request ({type(exc).__name__})",
-                         status=status)
+        return EdgeError(ErrorCode.invalid_request, f"not a valid HTTP request ({type(exc).__name__})", status=status)
     if status == 504:
         return EdgeError(ErrorCode.deadline_exceeded, "the request timed out")
     return EdgeError(ErrorCode.internal_error, "internal error", status=status)
@@ -121,11 +139,15 @@ def storage_refused(exc: StorageExceeded, param: str | None = None, remedy: str 
 def unanalysed(what: str, param: str, instead: str) -> EdgeError:
     """Text the PII stage never sees (it would be stored as sent) from a tenant whose policy
     looks for PII: refused, never stored raw nor dropped."""
-    return EdgeError(ErrorCode.invalid_request, f"{what} would be stored unredacted, and this API key's PII "
-                     f"policy redacts; {instead}", param)
+    return EdgeError(
+        ErrorCode.invalid_request,
+        f"{what} would be stored unredacted, and this API key's PII policy redacts; {instead}",
+        param,
+    )
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> EdgeError:
     """An object the key's tenant does not have: another tenant's reads the same as none at all."""
-    return EdgeError(ErrorCode.invalid_request, f"No {what} found with id '{ident}'.", param, status=404,
-                     code_name="not_found")
+    return EdgeError(
+        ErrorCode.invalid_request, f"No {what} found with id '{ident}'.", param, status=404, code_name="not_found"
+    )

@@ -30,7 +30,11 @@ def page_query(request: web.Request, default_limit: int, max_limit: int) -> tupl
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise EdgeError(ErrorCode.invalid_request, "order must be 'asc' or 'desc'", "order")
-    return request.query.get("after"), query_int(request.query.get("limit"), default_limit, "limit", 1, max_limit), order
+    return (
+        request.query.get("after"),
+        query_int(request.query.get("limit"), default_limit, "limit", 1, max_limit),
+        order,
+    )
 
 
 def window(items: Sequence[T], ids: Sequence[str], after: str | None, limit: int, order: str) -> tuple[list[T], bool]:

@@ -26,18 +26,19 @@ from nats.aio.client import Client
 from schemas.errors import ErrorCode
 
 STREAM_STORE_FAILED = 10077
-RESOURCE_CODES = frozenset({
-    10023,   # JSInsufficientResourcesErr
-    10047,   # JSStorageResourcesExceededErr
-    10028,   # JSMemoryResourcesExceededErr
-    10002,   # JSAccountResourcesExceededErr
-})
-PER_SUBJECT_FULL = "maximum messages per subject exceeded"    # the filestore's ErrMaxMsgsPerSubject
+RESOURCE_CODES = frozenset(
+    {
+        10023,  # JSInsufficientResourcesErr
+        10047,  # JSStorageResourcesExceededErr
+        10028,  # JSMemoryResourcesExceededErr
+        10002,  # JSAccountResourcesExceededErr
+    }
+)
+PER_SUBJECT_FULL = "maximum messages per subject exceeded"  # the filestore's ErrMaxMsgsPerSubject
 
 # No PubAck came back, so nothing was stored (e.g. the stream is electing a leader): safe to
 # retry with the same request id, the dedup window keeps it to one generation.
-NOT_STORED = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-              nats.js.errors.NoStreamResponseError)
+NOT_STORED = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError)
 
 
 def refusal(exc: nats.js.errors.APIError) -> ErrorCode | None:

@@ -23,7 +23,7 @@ class _Seen:
 class Readiness:
     def __init__(self, stale_after_s: float = 15.0) -> None:
         self._workers: dict[str, _Seen] = {}
-        self._brokers: dict[str, tuple[float, str]] = {}     # id → (heard at, its PII stage)
+        self._brokers: dict[str, tuple[float, str]] = {}  # id → (heard at, its PII stage)
         self._stale_after_s = stale_after_s
 
     async def on_broker(self, msg: Msg) -> None:
@@ -53,8 +53,9 @@ class Readiness:
             return
         self._workers[beat.worker_id] = _Seen(beat, time.monotonic())
 
-    def alive(self, worker_id: str, now: float | None = None, *, heard_at: float | None = None,
-              slack_s: float = 0.0) -> bool:
+    def alive(
+        self, worker_id: str, now: float | None = None, *, heard_at: float | None = None, slack_s: float = 0.0
+    ) -> bool:
         """Heard from recently (a beat, or at `heard_at` by other means: its frames); a draining
         worker is still alive (it finishes its streams). `slack_s`: how late this process reads
         what arrives, so silence that is only its own backlog is not read as a death."""

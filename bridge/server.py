@@ -44,8 +44,7 @@ class _Count:
 
 
 class _Protocol(web.RequestHandler):
-    def __init__(self, manager: web.Server, count: _Count, metrics: BridgeMetrics, refusal: bytes,
-                 **kwargs) -> None:
+    def __init__(self, manager: web.Server, count: _Count, metrics: BridgeMetrics, refusal: bytes, **kwargs) -> None:
         super().__init__(manager, **kwargs)
         self._count = count
         self._metrics = metrics
@@ -72,8 +71,9 @@ class _Protocol(web.RequestHandler):
         self._count.open -= 1
         super().connection_lost(exc)
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("the response had started; the connection is dropped")  # as aiohttp does
         if status >= 500:
@@ -88,8 +88,9 @@ class _Protocol(web.RequestHandler):
 class HttpServer:
     """An aiohttp app on a listening socket of our own, so that every connection is a `_Protocol`."""
 
-    def __init__(self, app: web.Application, metrics: BridgeMetrics, *, header_timeout_s: float,
-                 max_connections: int) -> None:
+    def __init__(
+        self, app: web.Application, metrics: BridgeMetrics, *, header_timeout_s: float, max_connections: int
+    ) -> None:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self._metrics = metrics
         self._header_timeout_s = header_timeout_s
@@ -100,13 +101,21 @@ class HttpServer:
         """Listen; the port bound (the real one when asked for 0)."""
         await self._runner.setup()
         manager = self._runner.server
-        refusal = EdgeError(ErrorCode.overloaded, f"this bridge holds {self._count.limit} connections, "
-                            "its limit; retry shortly").http()
-        kwargs = {"loop": asyncio.get_running_loop(), "keepalive_timeout": self._header_timeout_s,
-                  "lingering_time": LINGER_S, "access_log": None}
+        refusal = EdgeError(
+            ErrorCode.overloaded, f"this bridge holds {self._count.limit} connections, its limit; retry shortly"
+        ).http()
+        kwargs = {
+            "loop": asyncio.get_running_loop(),
+            "keepalive_timeout": self._header_timeout_s,
+            "lingering_time": LINGER_S,
+            "access_log": None,
+        }
         self._listener = await asyncio.get_running_loop().create_server(
-            lambda: _Protocol(manager, self._count, self._metrics, refusal, **kwargs), host, port,
-            backlog=LISTEN_BACKLOG)
+            lambda: _Protocol(manager, self._count, self._metrics, refusal, **kwargs),
+            host,
+            port,
+            backlog=LISTEN_BACKLOG,
+        )
         return self._listener.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

@@ -40,7 +40,7 @@ class Admitting:
         self._share = TenantShare(per_tenant)
         self._on_ended = on_ended
         self._tasks: set[asyncio.Task[None]] = set()
-        self._last: dict[tuple[str, str], asyncio.Task[None]] = {}   # the latest task of each id
+        self._last: dict[tuple[str, str], asyncio.Task[None]] = {}  # the latest task of each id
         self._per_tenant: Counter[str] = Counter()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -54,8 +54,7 @@ class Admitting:
     def submit(self, tenant: str, request_id: str, rank: int, admit: Callable[[], Awaitable[None]]) -> None:
         """`rank`: the request's class rank (0 first), its place among the tenant's waiting ones."""
         key = (tenant, request_id)
-        task = asyncio.create_task(self._run(tenant, rank, self._last.get(key), admit),
-                                   name=f"laneway-admit-{tenant}")
+        task = asyncio.create_task(self._run(tenant, rank, self._last.get(key), admit), name=f"laneway-admit-{tenant}")
         self._last[key] = task
         self._tasks.add(task)
         self._per_tenant[tenant] += 1
@@ -65,10 +64,11 @@ class Admitting:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    async def _run(self, tenant: str, rank: int, before: asyncio.Task[None] | None,
-                   admit: Callable[[], Awaitable[None]]) -> None:
+    async def _run(
+        self, tenant: str, rank: int, before: asyncio.Task[None] | None, admit: Callable[[], Awaitable[None]]
+    ) -> None:
         if before is not None:
-            await asyncio.wait([before])    # its outcome is its own (logged there), not ours
+            await asyncio.wait([before])  # its outcome is its own (logged there), not ours
         await self._share.take(tenant, rank=rank)
         try:
             await admit()

@@ -22,13 +22,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-CHUNK_CHARS = 256                   # ~64 tokens at the ~4 characters a token estimates use
+CHUNK_CHARS = 256  # ~64 tokens at the ~4 characters a token estimates use
 CHUNK_TOKENS = CHUNK_CHARS // 4
-MAX_CHUNKS = 256                    # ~16K tokens: a longer prompt's affinity is its first 16K (bounded work)
-BALANCE = 0.2                       # a worker this far above the others (load, or share of dispatches) is passed over
-BALANCE_FLOOR = 1 / 16              # ... or this part of its slots more than the least loaded, whichever is larger
-SHARE_HALF_LIFE_S = 20.0            # how fast a worker's recent share of the dispatches forgets
-FORGET_AFTER_S = 60.0               # a worker not heard from in this long holds nothing
+MAX_CHUNKS = 256  # ~16K tokens: a longer prompt's affinity is its first 16K (bounded work)
+BALANCE = 0.2  # a worker this far above the others (load, or share of dispatches) is passed over
+BALANCE_FLOOR = 1 / 16  # ... or this part of its slots more than the least loaded, whichever is larger
+SHARE_HALF_LIFE_S = 20.0  # how fast a worker's recent share of the dispatches forgets
+FORGET_AFTER_S = 60.0  # a worker not heard from in this long holds nothing
 # What a loaded LoRA adapter is worth in a backlog's order, in prompt tokens: loading one takes an
 # engine hundreds of milliseconds (from disk, in its step), several long prefills' worth.
 ADAPTER_TOKENS = 8192
@@ -40,7 +40,7 @@ def prefix_hashes(texts: Iterable[str], salt: str) -> tuple[int, ...]:
     out: list[int] = []
     parent: object = salt
     for start in range(0, min(len(text) - CHUNK_CHARS + 1, MAX_CHUNKS * CHUNK_CHARS), CHUNK_CHARS):
-        parent = hash((parent, text[start:start + CHUNK_CHARS]))
+        parent = hash((parent, text[start : start + CHUNK_CHARS]))
         out.append(parent)
     return tuple(out)
 
@@ -51,9 +51,9 @@ class _Worker:
     def __init__(self) -> None:
         self.chunks: OrderedDict[int, None] = OrderedDict()
         self.capacity = 0
-        self.adapters: frozenset[str] = frozenset()     # LoRA adapters its last credit said it holds
+        self.adapters: frozenset[str] = frozenset()  # LoRA adapters its last credit said it holds
         self.seen = 0.0
-        self.rate = 0.0                 # dispatches, exponentially decayed (SHARE_HALF_LIFE_S)
+        self.rate = 0.0  # dispatches, exponentially decayed (SHARE_HALF_LIFE_S)
         self.rate_at = 0.0
 
     def decayed(self, now: float) -> float:
@@ -109,13 +109,22 @@ class PrefixIndex:
         """The most of `prefix` any other live worker holds."""
         if not prefix:
             return 0
-        return max((self.overlap(name, prefix) for name, w in self._workers.items()
-                    if name != worker and now - w.seen < FORGET_AFTER_S), default=0)
+        return max(
+            (
+                self.overlap(name, prefix)
+                for name, w in self._workers.items()
+                if name != worker and now - w.seen < FORGET_AFTER_S
+            ),
+            default=0,
+        )
 
     def adapter_elsewhere(self, worker: str, adapter: str, now: float) -> bool:
         """Whether another live worker holds the adapter loaded."""
-        return any(adapter in w.adapters for name, w in self._workers.items()
-                   if name != worker and now - w.seen < FORGET_AFTER_S)
+        return any(
+            adapter in w.adapters
+            for name, w in self._workers.items()
+            if name != worker and now - w.seen < FORGET_AFTER_S
+        )
 
     def share(self, worker: str, now: float) -> float:
         """The worker's recent dispatches over the live workers' mean (1.0: its fair part). Sessions
@@ -145,15 +154,16 @@ class Offer:
     """A worker with room, as the scheduler sees it when choosing where a request goes."""
 
     worker: str
-    load: int                       # sequences it holds (running and accepted)
-    pending_prefill: int            # prompt tokens it accepted and has not started
-    share: float = 1.0              # its recent share of the dispatches (PrefixIndex.share)
-    slots: int = 0                  # sequences it can hold
-    step_tokens: int = 0            # tokens one engine step computes (0: not known)
+    load: int  # sequences it holds (running and accepted)
+    pending_prefill: int  # prompt tokens it accepted and has not started
+    share: float = 1.0  # its recent share of the dispatches (PrefixIndex.share)
+    slots: int = 0  # sequences it can hold
+    step_tokens: int = 0  # tokens one engine step computes (0: not known)
 
 
-def choose(offers: Sequence[Offer], prompt_tokens: int, overlaps: Sequence[int],
-           unloaded: Sequence[bool] | None = None) -> int:
+def choose(
+    offers: Sequence[Offer], prompt_tokens: int, overlaps: Sequence[int], unloaded: Sequence[bool] | None = None
+) -> int:
     """The index of the offer that should take a request. Among workers within the balance, one
     that holds the request's LoRA adapter loaded (`unloaded[i]`: it would load it first), the
     fewest engine steps of prefill before its first token (its own uncached part after what the

@@ -47,9 +47,9 @@ from schemas.subjects import BadToken, Subjects
 
 log = logging.getLogger("laneway.dlq")
 
-QUEUE_SIZE = 1024       # records waiting for `run`; one more is dropped (counted)
-STOP_DRAIN_S = 2.0      # at stop, what is still queued gets this long to be written
-LOG_EVERY_S = 10.0      # a warning per reason at most this often, with a count of the rest
+QUEUE_SIZE = 1024  # records waiting for `run`; one more is dropped (counted)
+STOP_DRAIN_S = 2.0  # at stop, what is still queued gets this long to be written
+LOG_EVERY_S = 10.0  # a warning per reason at most this often, with a count of the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +64,30 @@ class Letter:
 
 
 class DeadLetters:
-    def __init__(self, nc: Client, s: Subjects, metrics: BrokerMetrics, max_deliver: int,
-                 on_removed: Callable[[str, str], Awaitable[None]], gate: Gate,
-                 tenants: TenantDirectory, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        s: Subjects,
+        metrics: BrokerMetrics,
+        max_deliver: int,
+        on_removed: Callable[[str, str], Awaitable[None]],
+        gate: Gate,
+        tenants: TenantDirectory,
+        queue_size: int = QUEUE_SIZE,
+    ) -> None:
         self._nc = nc
         self.s = s
         self._metrics = metrics
         self._max_deliver = max_deliver
-        self._on_removed = on_removed      # (tenant, request_id): give back what it held
-        self._gate = gate                  # its PII stage redacts what a record keeps
+        self._on_removed = on_removed  # (tenant, request_id): give back what it held
+        self._gate = gate  # its PII stage redacts what a record keeps
         self._tenants = tenants
         self._queue: asyncio.Queue[Letter] = asyncio.Queue(queue_size)
         self._warn = SampledLog(log, LOG_EVERY_S)
 
     @property
     def advisory_subject(self) -> str:
-        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.*"     # every class's
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.s.req_stream}.*"  # every class's
 
     def _origin(self, subject: str) -> tuple[str, str]:
         try:
@@ -102,8 +110,9 @@ class DeadLetters:
             return False
         return True
 
-    async def _record(self, data: bytes, request: GenerateRequest | None, tenant: str,
-                      headers: dict[str, str]) -> bytes:
+    async def _record(
+        self, data: bytes, request: GenerateRequest | None, tenant: str, headers: dict[str, str]
+    ) -> bytes:
         """The body a record keeps of `data` (`request` is its decoding, None if it has none):
         the bytes as they came with PII off, the redacted request with it on, nothing (and a
         header saying so) when that cannot be had (nor when the PII stage could not start)."""
@@ -158,12 +167,16 @@ class DeadLetters:
 
     async def _write(self, letter: Letter) -> None:
         klass, tenant = self._origin(letter.subject)
-        headers = {"Laneway-Reason": letter.reason, "Laneway-Detail": letter.detail,
-                   "Laneway-Subject": letter.subject, "Laneway-Attempt": str(letter.attempt)}
+        headers = {
+            "Laneway-Reason": letter.reason,
+            "Laneway-Detail": letter.detail,
+            "Laneway-Subject": letter.subject,
+            "Laneway-Attempt": str(letter.attempt),
+        }
         try:
             body = await self._record(letter.data, self._decode(letter.data), tenant, headers)
             await self._nc.jetstream().publish(self.s.dlq(klass, tenant), body, headers=headers)
-        except nats.errors.Error as exc:    # disconnected, or JetStream did not answer
+        except nats.errors.Error as exc:  # disconnected, or JetStream did not answer
             self._metrics.dead_letters_dropped.labels(letter.reason).inc()
             self._warn.warning("unwritten", "a dead letter could not be written: %r", exc)
         except Exception:
@@ -185,15 +198,23 @@ class DeadLetters:
             return  # already acked or removed
         self._metrics.dead_lettered.labels("max_deliver").inc()
         klass, tenant = self._origin(stored.subject)
-        headers = {"Laneway-Reason": "max_deliver", "Laneway-Subject": stored.subject,
-                   "Laneway-Detail": f"no attempt finished in {self._max_deliver} deliveries"}
+        headers = {
+            "Laneway-Reason": "max_deliver",
+            "Laneway-Subject": stored.subject,
+            "Laneway-Detail": f"no attempt finished in {self._max_deliver} deliveries",
+        }
         request = self._decode(stored.data or b"")
         body = await self._record(stored.data or b"", request, tenant, headers)
         await js.publish(self.s.dlq(klass, tenant), body, headers=headers)
         # Never answer on a reply subject the request was not entitled to.
         if request is not None and self._entitled(request, klass, tenant):
-            error = StreamError(request.request_id, self._max_deliver, 0, ErrorCode.engine_error.value,
-                                "the request failed on every delivery attempt")
+            error = StreamError(
+                request.request_id,
+                self._max_deliver,
+                0,
+                ErrorCode.engine_error.value,
+                "the request failed on every delivery attempt",
+            )
             await self._nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
             await self._on_removed(tenant, request.request_id)
         await js.delete_msg(self.s.req_stream, seq)

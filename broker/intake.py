@@ -29,8 +29,8 @@ from core.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger("laneway.intake")
 
-JUNK_BURST = 256           # junk messages read at once before the rate applies ...
-JUNK_RATE = 100.0          # ... then this many a second (a well-formed request spends nothing)
+JUNK_BURST = 256  # junk messages read at once before the rate applies ...
+JUNK_RATE = 100.0  # ... then this many a second (a well-formed request spends nothing)
 
 
 class PullIntake:
@@ -54,9 +54,9 @@ class PullIntake:
         self._heartbeat_s = heartbeat_s
         self._inbox = nc.new_inbox()
         self._sub = None
-        self._remaining = 0           # messages the open pull may still deliver
+        self._remaining = 0  # messages the open pull may still deliver
         self._last_seen = 0.0
-        self._junk_tokens = JUNK_BURST    # junk this pull may still read, as of `_junk_at`
+        self._junk_tokens = JUNK_BURST  # junk this pull may still read, as of `_junk_at`
         self._junk_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -97,11 +97,13 @@ class PullIntake:
             room = self._room()
             if self._remaining == 0 and room > 0 and hold == 0 and self._nc.is_connected:
                 n = min(self._batch, room)
-                request = {"batch": n, "expires": int(self._expires_s * 1e9),
-                           "idle_heartbeat": int(self._heartbeat_s * 1e9)}
+                request = {
+                    "batch": n,
+                    "expires": int(self._expires_s * 1e9),
+                    "idle_heartbeat": int(self._heartbeat_s * 1e9),
+                }
                 try:
-                    await self._nc.publish(self._next_subject, json.dumps(request).encode(),
-                                           reply=self._inbox)
+                    await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=self._inbox)
                     self._remaining = n
                     self._last_seen = now
                 except nats.errors.Error as exc:  # disconnected: the client reconnects by itself
@@ -119,14 +121,13 @@ class PullIntake:
         self._last_seen = asyncio.get_running_loop().time()
         status = msg.headers.get("Status") if msg.headers else None
         if status:
-            if status == "100":          # idle heartbeat: the pull is alive
+            if status == "100":  # idle heartbeat: the pull is alive
                 return
             # 404/408: the pull expired or had nothing; 409: max waiting, leadership change,
             # consumer deleted. Either way this pull is over. 503: no such consumer (yet: a class
             # set live before ops made its consumer); the next try waits a heartbeat, not at once.
             if status in ("409", "503"):
-                log.info("pull on %s ended: %s %s", self._next_subject, status,
-                         msg.headers.get("Description", ""))
+                log.info("pull on %s ended: %s %s", self._next_subject, status, msg.headers.get("Description", ""))
             self._remaining = 0
             if status != "503":
                 self._wake.set()

@@ -37,7 +37,7 @@ from broker.intake import PullIntake
 from core.catalogue import Catalogue
 from schemas.subjects import Subjects
 
-PULL_BATCH = 16      # one pull's most: a tenant's flood takes its room a pull at a time
+PULL_BATCH = 16  # one pull's most: a tenant's flood takes its room a pull at a time
 
 
 class Intakes:
@@ -52,12 +52,12 @@ class Intakes:
     ) -> None:
         self._nc = nc
         self._s = s
-        self._on_message = on_message   # False: the message was junk (unreadable, or not its sender's)
-        self._held = held               # requests this broker holds now: in the gate, lanes, handed over
+        self._on_message = on_message  # False: the message was junk (unreadable, or not its sender's)
+        self._held = held  # requests this broker holds now: in the gate, lanes, handed over
         self._max_held = max_held
-        self._live = live               # the classes (their shares, their rank) and the tenants
+        self._live = live  # the classes (their shares, their rank) and the tenants
         self._intakes: dict[tuple[str, str], PullIntake] = {}
-        self._by_rank: list[tuple[tuple[str, str], PullIntake]] = []    # poke's order, made in `follow`
+        self._by_rank: list[tuple[tuple[str, str], PullIntake]] = []  # poke's order, made in `follow`
         self._starting: set[asyncio.Task[None]] = set()
 
     def room(self, klass: str, tenant: str) -> int:
@@ -66,8 +66,10 @@ class Intakes:
             # A class gone from the live set fills no more than the smallest share would: its
             # requests are answered, never ahead of a live class's.
             return max(1, self._max_held // 2) - len(self._held)
-        return min(policy.slot_cap(self._max_held) - len(self._held),
-                   policy.tenant_slot_cap(self._max_held) - self._held.of(klass, tenant))
+        return min(
+            policy.slot_cap(self._max_held) - len(self._held),
+            policy.tenant_slot_cap(self._max_held) - self._held.of(klass, tenant),
+        )
 
     def follow(self) -> None:
         """Pull every (class, tenant) of the live sets too; the pairs already pulled go on."""
@@ -76,9 +78,14 @@ class Intakes:
             for tenant in tenants:
                 if (klass, tenant) in self._intakes:
                     continue
-                intake = PullIntake(self._nc, self._s.req_stream, self._s.intake_durable(klass, tenant),
-                                    self._on_message, room=lambda k=klass, t=tenant: self.room(k, t),
-                                    batch=PULL_BATCH)
+                intake = PullIntake(
+                    self._nc,
+                    self._s.req_stream,
+                    self._s.intake_durable(klass, tenant),
+                    self._on_message,
+                    room=lambda k=klass, t=tenant: self.room(k, t),
+                    batch=PULL_BATCH,
+                )
                 self._intakes[klass, tenant] = intake
                 task = asyncio.create_task(intake.start(), name=f"laneway-intake-start-{klass}-{tenant}")
                 self._starting.add(task)

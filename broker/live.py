@@ -27,7 +27,7 @@ class LiveConfig(Catalogue):
         super().__init__(on_classes=on_classes, on_catalogue=on_catalogue)
         self.health = HealthBoard()
         self.pool_health: dict[str, PoolHealth] = {}
-        self.pool_models: dict[str, str] = {}     # pool → the model its workers announce
+        self.pool_models: dict[str, str] = {}  # pool → the model its workers announce
 
     def routing(self) -> Routing:
         return Routing(self.models, self.rules, self.pool_health, self.pool_models)

@@ -35,14 +35,14 @@ class Held:
     request: GenerateRequest
     attempt: int
     pool: str
-    last_touch: float       # monotonic time of the last in-progress ack
+    last_touch: float  # monotonic time of the last in-progress ack
     cache_key: str = ""
     cache_model: str = ""
     escalate_to: str = ""
     headers: dict[str, str] = field(default_factory=dict)
-    origin: str = ""        # the broker whose gate admitted it: told when it settles
-    output_pii: str = ""    # the tenant's PII policy (JSON), for the worker to redact the answer
-    adapter: str = ""       # its model's LoRA adapter (path)
+    origin: str = ""  # the broker whose gate admitted it: told when it settles
+    output_pii: str = ""  # the tenant's PII policy (JSON), for the worker to redact the answer
+    adapter: str = ""  # its model's LoRA adapter (path)
 
 
 @dataclass(slots=True)
@@ -56,5 +56,5 @@ class ParkedPull:
 class Pool:
     lanes: Lanes
     parked: list[ParkedPull] = field(default_factory=list)
-    index: PrefixIndex = field(default_factory=PrefixIndex)    # which worker holds which prefix
-    running: Running = field(default_factory=Running)         # dispatched and not ended, by worker
+    index: PrefixIndex = field(default_factory=PrefixIndex)  # which worker holds which prefix
+    running: Running = field(default_factory=Running)  # dispatched and not ended, by worker

@@ -39,8 +39,8 @@ from schemas.requests import GenerateRequest
 from schemas.subjects import Subjects, received_key
 
 RECEIVED_BUCKET = "received"
-WINDOW_S = 120.0            # JetStream's default duplicate window: an Idempotency-Key's 409 lasts as long
-STREAM_IN_USE = 10058       # the bucket exists with another configuration (an operator's change)
+WINDOW_S = 120.0  # JetStream's default duplicate window: an Idempotency-Key's 409 lasts as long
+STREAM_IN_USE = 10058  # the bucket exists with another configuration (an operator's change)
 
 
 class Verdict(enum.Enum):
@@ -63,7 +63,7 @@ _decode = msgspec.msgpack.Decoder(Receipt).decode
 def verdict(held: Receipt, mine: Receipt, escalated: bool) -> Verdict:
     """`mine` found the id held by `held`."""
     if held.stream_seq == mine.stream_seq:
-        return Verdict.FIRST            # redelivered: the message that claimed it
+        return Verdict.FIRST  # redelivered: the message that claimed it
     if escalated or (mine.msg_id and held.msg_id == mine.msg_id):
         return Verdict.COPY
     return Verdict.DUPLICATE
@@ -91,8 +91,9 @@ class Received:
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> Received:
         """History 1, no bucket TTL: each key brings its own (`ttl_s`)."""
-        config = KeyValueConfig(bucket=s.bucket(RECEIVED_BUCKET), history=1, storage=StorageType.FILE,
-                                replicas=replicas)
+        config = KeyValueConfig(
+            bucket=s.bucket(RECEIVED_BUCKET), history=1, storage=StorageType.FILE, replicas=replicas
+        )
         try:
             return cls(await js.create_key_value(config))
         except nats.js.errors.BadRequestError as exc:
@@ -100,11 +101,12 @@ class Received:
                 raise
             return cls(await js.key_value(config.bucket))
 
-    async def claim(self, tenant: str, request: GenerateRequest, stream_seq: int, msg_id: str | None,
-                    escalated: bool) -> Verdict:
+    async def claim(
+        self, tenant: str, request: GenerateRequest, stream_seq: int, msg_id: str | None, escalated: bool
+    ) -> Verdict:
         key = received_key(tenant, request.request_id, escalated)
         mine = Receipt(stream_seq, msg_id or "")
-        for _ in range(2):          # the key may expire between a failed create and the get
+        for _ in range(2):  # the key may expire between a failed create and the get
             try:
                 await self._kv.create(key, _encode(mine), msg_ttl=ttl_s(request, time.time()))
                 return Verdict.FIRST
@@ -115,4 +117,4 @@ class Received:
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                 continue
             return verdict(_decode(entry.value), mine, escalated)
-        return Verdict.FIRST        # it expired twice in a row: no copy holds it now
+        return Verdict.FIRST  # it expired twice in a row: no copy holds it now

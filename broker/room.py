@@ -25,8 +25,9 @@ QUEUED_PREFILL_STEPS = 2
 TENANT_SPREAD = 10_000
 
 
-def engine_priorities(items: list[Wants], tenant_slots: dict[str, dict[str, int]],
-                      rank: Callable[[str], int]) -> list[int]:
+def engine_priorities(
+    items: list[Wants], tenant_slots: dict[str, dict[str, int]], rank: Callable[[str], int]
+) -> list[int]:
     """Each item's engine priority, counting the items before it in the batch as held."""
     held = {klass: dict(tenants) for klass, tenants in tenant_slots.items()}
     priorities = []
@@ -50,34 +51,55 @@ class Wants(Protocol):
 @dataclass(slots=True)
 class Room:
     free_slots: int
-    token_budget: int                   # KV tokens still free
+    token_budget: int  # KV tokens still free
     total_slots: int
-    held: dict[str, int]                # slots per class
-    pending: dict[str, int]             # prompt tokens accepted, not yet started, per class
-    step_tokens: int = 0                # the engine's tokens per step; 0: unknown, no prefill caps
-    kv_tokens: int = 0                  # the whole KV cache; 0: unknown, no KV share for tenants
-    tenant_slots: dict[str, dict[str, int]] = field(default_factory=dict)   # class → tenant → slots
+    held: dict[str, int]  # slots per class
+    pending: dict[str, int]  # prompt tokens accepted, not yet started, per class
+    step_tokens: int = 0  # the engine's tokens per step; 0: unknown, no prefill caps
+    kv_tokens: int = 0  # the whole KV cache; 0: unknown, no KV share for tenants
+    tenant_slots: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → slots
     tenant_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → KV tokens
-    empty: bool = False                 # it held nothing when the pull came: its first item always goes
+    empty: bool = False  # it held nothing when the pull came: its first item always goes
 
     @classmethod
-    def of(cls, *, free_slots: int, token_budget: int, total_slots: int, running: dict[str, int],
-           step_tokens: int = 0, prefill: dict[str, int] | None = None, kv_tokens: int = 0,
-           tenant_slots: dict[str, dict[str, int]] | None = None,
-           tenant_tokens: dict[str, dict[str, int]] | None = None) -> Room:
+    def of(
+        cls,
+        *,
+        free_slots: int,
+        token_budget: int,
+        total_slots: int,
+        running: dict[str, int],
+        step_tokens: int = 0,
+        prefill: dict[str, int] | None = None,
+        kv_tokens: int = 0,
+        tenant_slots: dict[str, dict[str, int]] | None = None,
+        tenant_tokens: dict[str, dict[str, int]] | None = None,
+    ) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
-        return cls(free_slots, token_budget, total_slots, dict(running), dict(prefill or {}), step_tokens,
-                   kv_tokens, {k: dict(v) for k, v in (tenant_slots or {}).items()},
-                   {k: dict(v) for k, v in (tenant_tokens or {}).items()},
-                   empty=sum(running.values()) == 0)
+        return cls(
+            free_slots,
+            token_budget,
+            total_slots,
+            dict(running),
+            dict(prefill or {}),
+            step_tokens,
+            kv_tokens,
+            {k: dict(v) for k, v in (tenant_slots or {}).items()},
+            {k: dict(v) for k, v in (tenant_tokens or {}).items()},
+            empty=sum(running.values()) == 0,
+        )
 
     def fits(self, policy: ClassPolicy, item: Wants, ahead: int) -> bool:
         """The worker's room, the class's slot share and the prefill caps. `ahead`: the unstarted
         prompt tokens of the item's class and higher ones that it would queue behind."""
         room = min(self.free_slots, policy.slot_cap(self.total_slots) - self.held.get(policy.name, 0))
         step = self.step_tokens
-        return (item.cost <= self.token_budget and item.slots <= room and self._prefill_fits(policy, item)
-                and (step <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step))
+        return (
+            item.cost <= self.token_budget
+            and item.slots <= room
+            and self._prefill_fits(policy, item)
+            and (step <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step)
+        )
 
     def queued_ahead(self, policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:
         """Unstarted prompt tokens here that an item of `policy`'s class would queue behind in the

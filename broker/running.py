@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from broker.lanes import Item
 
-KEEP_PAST_DEADLINE_S = 60.0     # an entry whose usage never came is dropped this long after its deadline
+KEEP_PAST_DEADLINE_S = 60.0  # an entry whose usage never came is dropped this long after its deadline
 
-Key = tuple[str, str]           # (tenant, request id)
+Key = tuple[str, str]  # (tenant, request id)
 
 
 @dataclass(slots=True)

@@ -62,7 +62,7 @@ class TenantShare:
                 await waiter
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
-                    self.give_back(tenant)       # it was handed over: pass it on
+                    self.give_back(tenant)  # it was handed over: pass it on
                 else:
                     self._forget(tenant, waiter)
                 raise
@@ -75,7 +75,7 @@ class TenantShare:
         """`units` jobs of the tenant ended: each unit goes to its first live waiter, if any."""
         for _ in range(units):
             if self._hand_over(tenant):
-                continue                         # the unit stays held, now for the waiter
+                continue  # the unit stays held, now for the waiter
             held = self._held.get(tenant, 0)
             if held <= 0:
                 raise RuntimeError(f"tenant {tenant!r} gave back a unit of the PII pool it did not hold")
@@ -89,7 +89,7 @@ class TenantShare:
         queue = self._waiting.get(tenant)
         if queue is None:
             return False
-        while queue and queue[0][2].done():      # cancelled, its task not yet resumed
+        while queue and queue[0][2].done():  # cancelled, its task not yet resumed
             heapq.heappop(queue)
         woken = bool(queue)
         if woken:
@@ -103,7 +103,7 @@ class TenantShare:
         if queue is None:
             return
         kept = [entry for entry in queue if entry[2] is not waiter]
-        if len(kept) != len(queue):             # else give_back already dropped it
+        if len(kept) != len(queue):  # else give_back already dropped it
             heapq.heapify(kept)
             queue[:] = kept
         if not queue:

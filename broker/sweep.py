@@ -31,7 +31,7 @@ from schemas.work import Batch
 
 log = logging.getLogger("laneway.sweep")
 
-CANCEL_MEMORY_S = 60.0      # how long a cancel that came before its request is remembered
+CANCEL_MEMORY_S = 60.0  # how long a cancel that came before its request is remembered
 
 
 async def expire_waiting(pool: Pool, now: float, expire: Callable[[Item], Awaitable[None]]) -> None:
@@ -40,7 +40,7 @@ async def expire_waiting(pool: Pool, now: float, expire: Callable[[Item], Awaita
     for item in pool.lanes.expire(now):
         try:
             await expire(item)
-        except nats.errors.Error as exc:   # its message comes back after ack_wait, still expired
+        except nats.errors.Error as exc:  # its message comes back after ack_wait, still expired
             failed.append(f"{item.request_id} ({exc!r})")
     if failed:
         log.warning("could not refuse %d expired request(s): %s", len(failed), ", ".join(failed[:5]))
@@ -78,8 +78,7 @@ async def hand_back_lost(nc: Client, pool: Pool, lost: Callable[[str], bool], me
     for worker in pool.running.workers():
         if lost(worker):
             gone = pool.running.lost(worker)
-            log.warning("worker %s lost with %d request(s) running: handed back for another worker",
-                        worker, len(gone))
+            log.warning("worker %s lost with %d request(s) running: handed back for another worker", worker, len(gone))
             for _key, ack_subject in gone:
                 await AckHandle(nc, ack_subject).nak()
             metrics.lost_handed_back.inc(len(gone))
@@ -99,8 +98,14 @@ def set_depth(metrics: BrokerMetrics, live: LiveConfig, name: str, pool: Pool) -
 
 def set_tenant_depths(metrics: BrokerMetrics, pools: dict[str, Pool]) -> None:
     """Waiting requests by (pool, class, tenant): `laneway top`'s waiting column."""
-    metrics.tenant_queue_depth.set({(name, klass, tenant): n for name, pool in pools.items()
-                                    for klass, tenants in pool.lanes.depths().items() for tenant, n in tenants.items()})
+    metrics.tenant_queue_depth.set(
+        {
+            (name, klass, tenant): n
+            for name, pool in pools.items()
+            for klass, tenants in pool.lanes.depths().items()
+            for tenant, n in tenants.items()
+        }
+    )
 
 
 def set_ready_workers(metrics: BrokerMetrics, live: LiveConfig) -> None:
@@ -124,9 +129,9 @@ class Sweep:
     metrics: BrokerMetrics
     gate: Gate
     recent_cancels: OrderedDict[tuple[str, str], float]
-    expire: Callable[[Item], Awaitable[None]]           # refuse one expired request
+    expire: Callable[[Item], Awaitable[None]]  # refuse one expired request
     serve_parked: Callable[[str, Pool], Awaitable[None]]
-    after: Callable[[], None]                           # each tick, once the jobs are done
+    after: Callable[[], None]  # each tick, once the jobs are done
     interval_s: float
     touch_every_s: float
     last_tick: float | None = field(default=None, init=False)
@@ -147,9 +152,11 @@ class Sweep:
         late = 0.0 if self.last_tick is None else max(0.0, mono - self.last_tick - self.interval_s)
         self.last_tick = mono
         health = self.live.health
-        for name, pool in list(self.pools.items()):   # a pull may add a pool meanwhile
-            await self._publishing("handing back a lost worker's requests",
-                                   hand_back_lost(self.nc, pool, lambda w: health.gone(w, late), self.metrics))
+        for name, pool in list(self.pools.items()):  # a pull may add a pool meanwhile
+            await self._publishing(
+                "handing back a lost worker's requests",
+                hand_back_lost(self.nc, pool, lambda w: health.gone(w, late), self.metrics),
+            )
             await expire_waiting(pool, now, self.expire)
             await self._publishing("in-progress acks", touch_waiting(pool, mono, self.touch_every_s))
             await self._publishing("answering due pulls", answer_due_pulls(self.nc, pool, mono))

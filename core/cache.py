@@ -42,7 +42,7 @@ from schemas.usage import Usage
 log = logging.getLogger("laneway.cache")
 
 CACHE_BUCKET = "cache"
-KEY_VERSION = 2            # bump to orphan every entry when the key layout changes
+KEY_VERSION = 2  # bump to orphan every entry when the key layout changes
 
 
 class CacheScope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -63,14 +63,14 @@ def prefix_salt(scope: str) -> str:
 
 
 class CachedResponse(msgspec.Struct, array_like=True, gc=False):
-    deltas: list[Delta]         # as the engine produced them (ids and seqs are re-stamped on replay)
+    deltas: list[Delta]  # as the engine produced them (ids and seqs are re-stamped on replay)
     prompt_tokens: int
     completion_tokens: int
-    finish_reason: str          # "stop" | "length" | "tool_calls"
-    served_model: str = ""      # the real model that produced it
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    served_model: str = ""  # the real model that produced it
     created_at: float = 0.0
     finish_reasons: list[str] = []
-    vectors: list[bytes] = []   # an embedding's answer
+    vectors: list[bytes] = []  # an embedding's answer
 
     @property
     def text(self) -> str:
@@ -94,15 +94,23 @@ def cache_key(scope: str, model: str, model_version: str, body: Body, extra: byt
     return hashlib.sha256(_key_encoder.encode(layout)).hexdigest()
 
 
-async def ensure_cache_bucket(js: JetStreamContext, s: Subjects, ttl_s: float, replicas: int = 1,
-                              max_bytes: int | None = None) -> KeyValue:
+async def ensure_cache_bucket(
+    js: JetStreamContext, s: Subjects, ttl_s: float, replicas: int = 1, max_bytes: int | None = None
+) -> KeyValue:
     """Create `lw_cache` (history 1, direct gets for fast reads) or apply a changed TTL/size."""
-    config = KeyValueConfig(bucket=s.bucket(CACHE_BUCKET), history=1, ttl=ttl_s, max_bytes=max_bytes,
-                            storage=StorageType.FILE, replicas=replicas, direct=True)
+    config = KeyValueConfig(
+        bucket=s.bucket(CACHE_BUCKET),
+        history=1,
+        ttl=ttl_s,
+        max_bytes=max_bytes,
+        storage=StorageType.FILE,
+        replicas=replicas,
+        direct=True,
+    )
     try:
         return await js.create_key_value(config)
     except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != 10058:       # "stream name already in use with a different configuration"
+        if exc.err_code != 10058:  # "stream name already in use with a different configuration"
             raise
     stream = f"KV_{config.bucket}"
     info = await js.stream_info(stream)
@@ -123,8 +131,9 @@ class ResponseCache:
         self.hits = self.misses = self.stores = 0
 
     @classmethod
-    async def open(cls, js: JetStreamContext, s: Subjects, ttl_s: float, scope: CacheScope | None = None,
-                   replicas: int = 1) -> ResponseCache:
+    async def open(
+        cls, js: JetStreamContext, s: Subjects, ttl_s: float, scope: CacheScope | None = None, replicas: int = 1
+    ) -> ResponseCache:
         return cls(await ensure_cache_bucket(js, s, ttl_s, replicas), scope)
 
     def key(self, tenant: str, model: str, model_version: str, body: Body, extra: bytes) -> str | None:
@@ -166,27 +175,52 @@ class ResponseCache:
         return True
 
 
-def replay_entries(cached: CachedResponse, request_id: str, attempt: int,
-                   headers: dict[str, str] | None = None) -> list[Entry]:
+def replay_entries(
+    cached: CachedResponse, request_id: str, attempt: int, headers: dict[str, str] | None = None
+) -> list[Entry]:
     """A cache hit as the entries a worker would have sent: Deltas with seq 0..n-1 (the first
     with the client's `headers`), then Finished."""
-    entries: list[Entry] = [msgspec.structs.replace(d, request_id=request_id, attempt=attempt, seq=seq,
-                                                    headers=(headers or {}) if seq == 0 else {})
-                            for seq, d in enumerate(cached.deltas)]
-    entries.append(Finished(request_id, attempt, len(entries), cached.finish_reason,
-                            TokenUsage(cached.prompt_tokens, cached.completion_tokens), cached.served_model,
-                            cached.finish_reasons, cached.vectors,
-                            (headers or {}) if not entries else {}))
+    entries: list[Entry] = [
+        msgspec.structs.replace(
+            d, request_id=request_id, attempt=attempt, seq=seq, headers=(headers or {}) if seq == 0 else {}
+        )
+        for seq, d in enumerate(cached.deltas)
+    ]
+    entries.append(
+        Finished(
+            request_id,
+            attempt,
+            len(entries),
+            cached.finish_reason,
+            TokenUsage(cached.prompt_tokens, cached.completion_tokens),
+            cached.served_model,
+            cached.finish_reasons,
+            cached.vectors,
+            (headers or {}) if not entries else {},
+        )
+    )
     return entries
 
 
 def replay_usage(cached: CachedResponse, request: GenerateRequest, pool: str) -> Usage:
     """The usage record of a cache hit: metered as cached, with no GPU time."""
-    return Usage(request_id=request.request_id, tenant=request.tenant, klass=request.klass,
-                 model=request.model, served_model=cached.served_model, pool=pool, worker_id="cache",
-                 prompt_tokens=cached.prompt_tokens, completion_tokens=cached.completion_tokens,
-                 finish_reason=cached.finish_reason, queued_s=0.0, ttft_s=0.0, total_s=0.0,
-                 finished_at=time.time(), cached=True)
+    return Usage(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        klass=request.klass,
+        model=request.model,
+        served_model=cached.served_model,
+        pool=pool,
+        worker_id="cache",
+        prompt_tokens=cached.prompt_tokens,
+        completion_tokens=cached.completion_tokens,
+        finish_reason=cached.finish_reason,
+        queued_s=0.0,
+        ttft_s=0.0,
+        total_s=0.0,
+        finished_at=time.time(),
+        cached=True,
+    )
 
 
 def parse_scope(raw: Mapping[str, str] | bytes) -> CacheScope:

@@ -33,13 +33,17 @@ def _nothing(*_: object) -> None:
     pass
 
 
-LAST_RANK = 1_000        # past every class's rank (a class's is at most 100)
+LAST_RANK = 1_000  # past every class's rank (a class's is at most 100)
 
 
 class Catalogue:
-    def __init__(self, *, on_classes: Callable[[], None] = _nothing,
-                 on_catalogue: Callable[[], None] = _nothing,
-                 on_rules: Callable[[RuleSet | None], None] = _nothing) -> None:
+    def __init__(
+        self,
+        *,
+        on_classes: Callable[[], None] = _nothing,
+        on_catalogue: Callable[[], None] = _nothing,
+        on_rules: Callable[[RuleSet | None], None] = _nothing,
+    ) -> None:
         self.classes: dict[str, class_docs.ClassPolicy] = {}
         self.tenants = TenantDirectory()
         self.models: dict[str, LogicalModel] = {}

@@ -25,7 +25,7 @@ class NatsSettings:
     prefix: str = "lw"
     user: str | None = None
     password: str | None = None
-    tls_ca: str | None = None       # PEM file of the CA to trust, instead of the system's
+    tls_ca: str | None = None  # PEM file of the CA to trust, instead of the system's
 
     @property
     def subjects(self) -> Subjects:
@@ -39,6 +39,7 @@ class NatsSettings:
 async def connect(n: NatsSettings, name: str, *, on_disconnect: Callable[[], None] | None = None) -> Client:
     """Connect with reconnects forever: Laneway processes outlive nats-server restarts.
     `on_disconnect` lets a process act on the loss (the bridge fails its open streams)."""
+
     async def disconnected() -> None:
         log.warning("%s: disconnected from NATS", name)
         if on_disconnect is not None:
@@ -57,7 +58,7 @@ async def connect(n: NatsSettings, name: str, *, on_disconnect: Callable[[], Non
         password=n.password,
         tls=n.tls_context(),
         inbox_prefix=service_inbox(n.user),
-        max_reconnect_attempts=-1,      # processes outlive server restarts
+        max_reconnect_attempts=-1,  # processes outlive server restarts
         reconnect_time_wait=0.5,
         connect_timeout=5,
         allow_reconnect=True,
@@ -70,14 +71,25 @@ async def connect(n: NatsSettings, name: str, *, on_disconnect: Callable[[], Non
     )
 
 
-async def connect_once(n: NatsSettings, name: str, *,
-                       error_cb: Callable[[Exception], Awaitable[None]] | None = None) -> Client:
+async def connect_once(
+    n: NatsSettings, name: str, *, error_cb: Callable[[Exception], Awaitable[None]] | None = None
+) -> Client:
     """A command-line tool's connection: one try, no reconnects, so it fails loudly and at once.
     Errors reported asynchronously (a permissions violation) are one log line each; nats-py's
     default would print a traceback, for a refused connection too, which the caller reports."""
+
     async def error(exc: Exception) -> None:
         log.warning("%s: NATS error: %s", name, exc)
 
-    return await nats.connect(servers=n.url.split(","), name=name, user=n.user, password=n.password,
-                              tls=n.tls_context(), inbox_prefix=service_inbox(n.user), connect_timeout=5,
-                              allow_reconnect=False, max_reconnect_attempts=1, error_cb=error_cb or error)
+    return await nats.connect(
+        servers=n.url.split(","),
+        name=name,
+        user=n.user,
+        password=n.password,
+        tls=n.tls_context(),
+        inbox_prefix=service_inbox(n.user),
+        connect_timeout=5,
+        allow_reconnect=False,
+        max_reconnect_attempts=1,
+        error_cb=error_cb or error,
+    )

@@ -31,12 +31,12 @@ class BucketWatch:
         meta_only: bool = False,
     ) -> None:
         self._js = js
-        self._meta_only = meta_only     # keys only: `on_put` gets b"" (the values stay on the server)
+        self._meta_only = meta_only  # keys only: `on_put` gets b"" (the values stay on the server)
         self._bucket = bucket
         self._on_put = on_put
         self._on_delete = on_delete
         self._task: asyncio.Task[None] | None = None
-        self.loaded = asyncio.Event()   # set once the current values have all been applied
+        self.loaded = asyncio.Event()  # set once the current values have all been applied
 
     async def start(self, wait_s: float = 60.0) -> None:
         """`wait_s`: how long to wait for the bucket to exist (provisioning creates it;
@@ -62,7 +62,7 @@ class BucketWatch:
     async def _run(self, kv: KeyValue, watcher) -> None:
         try:
             async for entry in watcher:
-                if entry is None:             # end of the initial values, unless it came early
+                if entry is None:  # end of the initial values, unless it came early
                     if self.loaded.is_set() or not await _stores_any(kv, ">"):
                         self.loaded.set()
                     continue
@@ -78,7 +78,7 @@ class BucketWatch:
         finally:
             try:
                 await watcher.stop()
-            except nats.errors.Error:   # connection closed or draining: the watch is gone anyway
+            except nats.errors.Error:  # connection closed or draining: the watch is gone anyway
                 pass
 
 

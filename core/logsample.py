@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 
 class SampledLog:
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._log = logger
         self.interval_s = interval_s
         self._clock = clock
-        self._last: dict[str, float] = {}       # key → when its last line was written
-        self._left_out: dict[str, int] = {}     # key → lines left out since then
+        self._last: dict[str, float] = {}  # key → when its last line was written
+        self._left_out: dict[str, int] = {}  # key → lines left out since then
 
     def warning(self, key: str, message: str, *args: object) -> bool:
         """Write `message % args` at WARNING unless a line for `key` was written less than

@@ -14,8 +14,8 @@ class LoopLag:
     def __init__(self, interval_s: float = 0.05, window_s: float = 2.0) -> None:
         self.interval_s = interval_s
         self.window_s = window_s
-        self._late: deque[tuple[float, float]] = deque()    # (woke at, seconds late), monotonic
-        self._sum = 0.0                                      # of the lateness in `_late`
+        self._late: deque[tuple[float, float]] = deque()  # (woke at, seconds late), monotonic
+        self._sum = 0.0  # of the lateness in `_late`
 
     async def run(self) -> None:
         """Tick until cancelled."""

@@ -37,11 +37,11 @@ Throughput = Annotated[float, Meta(gt=0, le=1e9)]
 class PoolPrice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     usd_per_1m_prompt: Price | None = None
     usd_per_1m_completion: Price | None = None
-    usd_per_1m_cached_prompt: Price | None = None       # prefix-cache hits; absent: the prompt price
+    usd_per_1m_cached_prompt: Price | None = None  # prefix-cache hits; absent: the prompt price
     gpu_usd_per_hour: Price | None = None
-    tokens_per_s: Throughput | None = None              # both kinds, unless given apart below
-    prompt_tokens_per_s: Throughput | None = None       # prefill throughput
-    completion_tokens_per_s: Throughput | None = None   # decode throughput, all streams together
+    tokens_per_s: Throughput | None = None  # both kinds, unless given apart below
+    prompt_tokens_per_s: Throughput | None = None  # prefill throughput
+    completion_tokens_per_s: Throughput | None = None  # decode throughput, all streams together
     utilization: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
 
@@ -63,7 +63,7 @@ class Rates(NamedTuple):
 
     prompt: float
     completion: float
-    cached_prompt: float            # a prompt token read from the prefix cache
+    cached_prompt: float  # a prompt token read from the prefix cache
 
 
 def rates(pool: str, price: PoolPrice) -> Rates:
@@ -72,9 +72,11 @@ def rates(pool: str, price: PoolPrice) -> Rates:
     per_gpu = price.gpu_usd_per_hour is not None
     where = f"pools.{pool}"
     if price.usd_per_1m_cached_prompt is not None and not per_token:
-        raise BadPrice(f"{where}.usd_per_1m_cached_prompt",
-                       f"pool {pool!r}: usd_per_1m_cached_prompt goes with per-token prices; "
-                       "from GPU hours a cached prompt token costs no prefill")
+        raise BadPrice(
+            f"{where}.usd_per_1m_cached_prompt",
+            f"pool {pool!r}: usd_per_1m_cached_prompt goes with per-token prices; "
+            "from GPU hours a cached prompt token costs no prefill",
+        )
     if per_token and per_gpu:
         raise BadPrice(f"{where}.gpu_usd_per_hour", f"pool {pool!r}: price per token or per GPU hour, not both")
     if per_token:
@@ -83,8 +85,10 @@ def rates(pool: str, price: PoolPrice) -> Rates:
                 raise BadPrice(f"{where}.{name}", f"pool {pool!r}: {name} is missing")
         cached = price.usd_per_1m_cached_prompt
         if cached is not None and cached > price.usd_per_1m_prompt:
-            raise BadPrice(f"{where}.usd_per_1m_cached_prompt",
-                           f"pool {pool!r}: usd_per_1m_cached_prompt exceeds usd_per_1m_prompt")
+            raise BadPrice(
+                f"{where}.usd_per_1m_cached_prompt",
+                f"pool {pool!r}: usd_per_1m_cached_prompt exceeds usd_per_1m_prompt",
+            )
         prompt = price.usd_per_1m_prompt / 1e6
         return Rates(prompt, price.usd_per_1m_completion / 1e6, prompt if cached is None else cached / 1e6)
     if not per_gpu:
@@ -124,7 +128,7 @@ def parse_price_book(raw: bytes | Mapping[str, Any]) -> PriceBook:
     book = _convert({**top, "pools": {}}, PriceBook, "")
     book = PriceBook(pools, book.cached_fraction, book.class_fraction)
     for pool, price in book.pools.items():
-        rates(pool, price)          # every pool's pricing complete, checked once, up front
+        rates(pool, price)  # every pool's pricing complete, checked once, up front
     return book
 
 
@@ -141,8 +145,15 @@ class Meter:
     def rates(self, pool: str) -> Rates | None:
         return self._rates.get(pool)
 
-    def cost(self, pool: str, prompt_tokens: int, completion_tokens: int, cached: bool = False,
-             cached_tokens: int = 0, klass: str = "") -> float:
+    def cost(
+        self,
+        pool: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached: bool = False,
+        cached_tokens: int = 0,
+        klass: str = "",
+    ) -> float:
         """US dollars; 0.0 for a pool without a price (`priced` tells that apart from free).
         `cached_tokens` of the prompt tokens came from the prefix cache; `klass` pays its share."""
         r = self._rates.get(pool)

@@ -48,10 +48,10 @@ class NatsServerError(RuntimeError):
 
 
 KEY_ENV = env.NATS_JS_KEY.name
-CIPHER = "chachapoly"      # constant-time in software on every CPU, unlike AES without AES-NI
-MIN_KEY_CHARS = 32         # nats-server's advice: a key of at least 32 bytes
+CIPHER = "chachapoly"  # constant-time in software on every CPU, unlike AES without AES-NI
+MIN_KEY_CHARS = 32  # nats-server's advice: a key of at least 32 bytes
 OWNER_FILE = "owner.lock"
-STOP_WAIT_S = 15.0          # an ended owner's nats-server finishing its SIGTERM (stop() waits 10 s)
+STOP_WAIT_S = 15.0  # an ended owner's nats-server finishing its SIGTERM (stop() waits 10 s)
 
 
 def encryption_key(path: Path) -> str:
@@ -67,8 +67,9 @@ def encryption_key(path: Path) -> str:
     key = path.read_text().strip()
     # It is handed to nats-server's config parser as a quoted string: keep it to what that can hold.
     if len(key) < MIN_KEY_CHARS or not key.isprintable() or '"' in key or "\\" in key:
-        raise NatsServerError(f"{path}: the key must be at least {MIN_KEY_CHARS} printable characters, "
-                              "without quotes or backslashes")
+        raise NatsServerError(
+            f"{path}: the key must be at least {MIN_KEY_CHARS} printable characters, without quotes or backslashes"
+        )
     return key
 
 
@@ -104,7 +105,7 @@ class NatsServer:
 
     async def start(self, timeout: float = 15.0) -> str:
         """Raises `core.owner.DirInUse` before it touches a store another process owns."""
-        if self._owned is None:     # a restart (`laneway up`'s supervisor) keeps its hold
+        if self._owned is None:  # a restart (`laneway up`'s supervisor) keeps its hold
             owned = OwnerLock(self.store_dir / OWNER_FILE)
             await owned.own(Owner(pid=os.getpid()), STOP_WAIT_S)
             self._owned = owned
@@ -112,9 +113,20 @@ class NatsServer:
         shutil.rmtree(ports_dir, ignore_errors=True)
         ports_dir.mkdir()
         port = -1 if self.port == 0 else self.port  # nats-server: -1 picks a free port, 0 means 4222
-        args = [server_binary(), "-a", self.host, "-p", str(port), "-js",
-                "-sd", str(self.store_dir / "jetstream"), "--ports_file_dir", str(ports_dir),
-                "-l", str(self.log_file)]
+        args = [
+            server_binary(),
+            "-a",
+            self.host,
+            "-p",
+            str(port),
+            "-js",
+            "-sd",
+            str(self.store_dir / "jetstream"),
+            "--ports_file_dir",
+            str(ports_dir),
+            "-l",
+            str(self.log_file),
+        ]
         environ = None
         if self.encryption_key_file is not None:
             # Quoted, or nats-server would parse a key such as "12e4..." as a number.
@@ -122,10 +134,14 @@ class NatsServer:
         args += ["-c", str(self._write_config())]
         args += self.extra_args
         self.process = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=environ,
-            preexec_fn=tied_to_this_process(),     # never outlives `up` or the test that started it
-            pass_fds=(self._owned.fd,),            # the store stays owned until it has exited too
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            env=environ,
+            preexec_fn=tied_to_this_process(),  # never outlives `up` or the test that started it
+            pass_fds=(self._owned.fd,),  # the store stays owned until it has exited too
         )
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
@@ -175,7 +191,7 @@ class NatsServer:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        if self._owned is not None:     # the server has exited: the store is free
+        if self._owned is not None:  # the server has exited: the store is free
             self._owned.release()
             self._owned = None
 
@@ -216,7 +232,9 @@ def loopback_cluster(root: Path, size: int = 3, name: str = "laneway") -> list[N
         routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for j, p in enumerate(route_ports) if j != i)
         conf.write_text(
             f'server_name: "n{i}"\n'
-            f'cluster {{ name: "{name}", listen: "127.0.0.1:{route_ports[i]}", routes: [{routes}] }}\n')
-        servers.append(NatsServer(root / f"n{i}", port=client_ports[i], config_file=conf,
-                                  max_file_store=SHARED_DISK_FILE_STORE))
+            f'cluster {{ name: "{name}", listen: "127.0.0.1:{route_ports[i]}", routes: [{routes}] }}\n'
+        )
+        servers.append(
+            NatsServer(root / f"n{i}", port=client_ports[i], config_file=conf, max_file_store=SHARED_DISK_FILE_STORE)
+        )
     return servers

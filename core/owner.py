@@ -24,10 +24,11 @@ log = logging.getLogger("laneway.owner")
 
 class Owner(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Who holds a directory. New fields get defaults: an older file still reads."""
+
     pid: int
-    url: str = ""               # the bridge's (`laneway up`)
+    url: str = ""  # the bridge's (`laneway up`)
     nats_url: str = ""
-    credentials: str = ""       # the file with the ops user's password (`laneway up` with NATS auth)
+    credentials: str = ""  # the file with the ops user's password (`laneway up` with NATS auth)
 
     def alive(self) -> bool:
         if self.pid <= 0:
@@ -36,7 +37,7 @@ class Owner(msgspec.Struct, omit_defaults=True, kw_only=True):
             os.kill(self.pid, 0)
         except ProcessLookupError:
             return False
-        except PermissionError:     # someone else's process: alive
+        except PermissionError:  # someone else's process: alive
             return True
         return True
 
@@ -80,13 +81,13 @@ def held_by(path: Path) -> Owner | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        for _ in range(50):     # an owner writing its record: a whole one follows at once
+        for _ in range(50):  # an owner writing its record: a whole one follows at once
             if (owner := read_owner(path)) is not None:
                 return owner
             time.sleep(0.01)
         return Owner(pid=0)
     finally:
-        os.close(fd)        # drops the probe's lock, if it got one
+        os.close(fd)  # drops the probe's lock, if it got one
     return None
 
 
@@ -132,8 +133,11 @@ class OwnerLock:
                 if exc.alive or loop.time() >= deadline:
                     raise
                 if not said and exc.owner is not None:
-                    log.warning("%s: waiting for the processes of an ended owner (%s) to stop",
-                                exc.directory, exc.owner.describe())
+                    log.warning(
+                        "%s: waiting for the processes of an ended owner (%s) to stop",
+                        exc.directory,
+                        exc.owner.describe(),
+                    )
                     said = True
             await asyncio.sleep(0.1)
 

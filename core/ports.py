@@ -13,9 +13,9 @@ import random
 import socket
 from pathlib import Path
 
-_LOWEST = 10000                 # above the registered services commonly bound on a host
+_LOWEST = 10000  # above the registered services commonly bound on a host
 _handed_out: set[int] = set()
-_random = random.Random()       # not the global one, which a caller may have seeded
+_random = random.Random()  # not the global one, which a caller may have seeded
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -30,7 +30,7 @@ def ephemeral_range() -> tuple[int, int]:
 def _binds(port: int) -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("", port))      # the IPv4 wildcard: taken if bound on any IPv4 address
+            s.bind(("", port))  # the IPv4 wildcard: taken if bound on any IPv4 address
         except OSError:
             return False
     return True

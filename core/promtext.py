@@ -39,7 +39,7 @@ class Scrape:
         """Cumulative (le, count) of a histogram, summed by the values of the labels `keys`."""
         acc: dict[tuple[str, ...], dict[float, float]] = {}
         for key, v in self.by(f"{name}_bucket", *keys, "le").items():
-            acc.setdefault(key[:-1], {})[float(key[-1])] = v     # `by` summed each (key, le) already
+            acc.setdefault(key[:-1], {})[float(key[-1])] = v  # `by` summed each (key, le) already
         return {key: sorted(per.items()) for key, per in acc.items()}
 
 

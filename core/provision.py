@@ -35,17 +35,18 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.provision")
 
-WAIT_LOG_EVERY_S = 30.0     # while waiting, the "waiting for provisioning" line at most this often
+WAIT_LOG_EVERY_S = 30.0  # while waiting, the "waiting for provisioning" line at most this often
 
 
-async def provision(js: JetStreamContext, s: Subjects, limits: StreamLimits, settings: Settings, *,
-                    overwrite: bool = False) -> None:
+async def provision(
+    js: JetStreamContext, s: Subjects, limits: StreamLimits, settings: Settings, *, overwrite: bool = False
+) -> None:
     await ensure_topology(js, s, limits)
-    await ensure_intake(js, s, limits, tenants=list(settings.tenants))   # before a broker sees a document
+    await ensure_intake(js, s, limits, tenants=list(settings.tenants))  # before a broker sees a document
     await (put_settings if overwrite else seed_settings)(js, s, settings)
 
 
-NO_SUITABLE_PEERS = 10005   # JetStream: "no suitable peers for placement"
+NO_SUITABLE_PEERS = 10005  # JetStream: "no suitable peers for placement"
 
 
 def not_ready_yet(exc: BaseException) -> bool:
@@ -54,15 +55,23 @@ def not_ready_yet(exc: BaseException) -> bool:
     out); a new cluster's peers have not all reported to the leader, so a replicated stream has no
     placement yet (also for good, with more replicas than servers: the caller bounds its wait)."""
     if isinstance(exc, nats.js.errors.APIError) and exc.err_code == NO_SUITABLE_PEERS:
-        return True                 # by its code alone, whatever status it comes with
-    return isinstance(exc, (OSError, nats.errors.NoServersError, nats.errors.NoRespondersError,
-                            nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError))
+        return True  # by its code alone, whatever status it comes with
+    return isinstance(
+        exc,
+        (
+            OSError,
+            nats.errors.NoServersError,
+            nats.errors.NoRespondersError,
+            nats.errors.TimeoutError,
+            nats.js.errors.ServiceUnavailableError,
+        ),
+    )
 
 
-async def provision_at(n: NatsSettings, limits: StreamLimits, settings: Settings, *,
-                       overwrite: bool = False) -> None:
+async def provision_at(n: NatsSettings, limits: StreamLimits, settings: Settings, *, overwrite: bool = False) -> None:
     """Connect (once, no reconnects: a one-shot run fails loudly), provision, disconnect."""
-    async def error(exc: Exception) -> None:    # one line, not nats-py's default traceback
+
+    async def error(exc: Exception) -> None:  # one line, not nats-py's default traceback
         log.warning("NATS: %s: %s", type(exc).__name__, exc)
 
     nc = await connect_once(n, "laneway-provision", error_cb=error)
@@ -99,8 +108,11 @@ async def seed_settings(js: JetStreamContext, s: Subjects, settings: Settings) -
     if created:
         log.info("settings file: created %s", ", ".join(created))
     if kept:
-        log.info("settings file: kept KV's own %s (change them live, or apply the file with "
-                 "`laneway ops provision --overwrite`)", ", ".join(kept))
+        log.info(
+            "settings file: kept KV's own %s (change them live, or apply the file with "
+            "`laneway ops provision --overwrite`)",
+            ", ".join(kept),
+        )
 
 
 async def put_settings(js: JetStreamContext, s: Subjects, settings: Settings) -> None:
@@ -121,7 +133,7 @@ _UNAVAILABLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError
 async def _missing(js: JetStreamContext, s: Subjects, requests: bool, buckets: tuple[str, ...]) -> list[str]:
     missing = []
     if requests:
-        try:    # the intake consumers come with it; one made later is waited for by its intake
+        try:  # the intake consumers come with it; one made later is waited for by its intake
             await js.stream_info(s.req_stream)
         except nats.js.errors.NotFoundError:
             missing.append(f"stream {s.req_stream}")
@@ -137,8 +149,15 @@ async def _missing(js: JetStreamContext, s: Subjects, requests: bool, buckets: t
     return missing
 
 
-async def wait_provisioned(js: JetStreamContext, s: Subjects, who: str, *, requests: bool = False,
-                           buckets: tuple[str, ...] = BUCKETS, interval_s: float = 0.25) -> None:
+async def wait_provisioned(
+    js: JetStreamContext,
+    s: Subjects,
+    who: str,
+    *,
+    requests: bool = False,
+    buckets: tuple[str, ...] = BUCKETS,
+    interval_s: float = 0.25,
+) -> None:
     """Until the live buckets it reads exist (`buckets`, each looked up with the caller's NATS
     rights) and the request stream, with `requests`. Waits rather than fails, so a
     service may start before provisioning ran, and says what it waits for."""
@@ -146,7 +165,8 @@ async def wait_provisioned(js: JetStreamContext, s: Subjects, who: str, *, reque
     next_log = loop.time()
     while missing := await _missing(js, s, requests, buckets):
         if loop.time() >= next_log:
-            log.warning("%s: waiting for provisioning (missing %s): run `laneway ops provision`",
-                        who, ", ".join(missing))
+            log.warning(
+                "%s: waiting for provisioning (missing %s): run `laneway ops provision`", who, ", ".join(missing)
+            )
             next_log = loop.time() + WAIT_LOG_EVERY_S
         await asyncio.sleep(interval_s)

@@ -53,7 +53,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     tenants: dict[str, Tenant] = {}
     models: dict[str, LogicalModel] = {}
-    prices: PriceBook = PriceBook()      # $/1M tokens or GPU-hour prices per pool, for Usage.cost_usd
+    prices: PriceBook = PriceBook()  # $/1M tokens or GPU-hour prices per pool, for Usage.cost_usd
     # Requests live at most this long unless the client asks for less (x-laneway-timeout).
     default_timeout_s: Annotated[float, Meta(gt=0, le=86400)] = 600.0
 
@@ -70,8 +70,11 @@ def load_serving_settings(path: Path) -> Settings:
     one of the example keys Laneway's own files print."""
     settings = load_settings(path)
     if names := with_public_keys(settings.tenants.values()):
-        raise BadSettings(path, f"tenant {', '.join(names)}: the key {PUBLIC_KEYS[0]!r} is a public example; "
-                                "put the SHA-256 of a real secret in api_key_sha256")
+        raise BadSettings(
+            path,
+            f"tenant {', '.join(names)}: the key {PUBLIC_KEYS[0]!r} is a public example; "
+            "put the SHA-256 of a real secret in api_key_sha256",
+        )
     return settings
 
 

@@ -40,8 +40,7 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
     for task in pending:
         error = None if task.cancelled() else task.exception()
         if error is not None:
-            log.error("task %s had failed before it was stopped: %r", task.get_name(), error,
-                      exc_info=error)
+            log.error("task %s had failed before it was stopped: %r", task.get_name(), error, exc_info=error)
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:

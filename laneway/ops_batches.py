@@ -22,7 +22,7 @@ from laneway.flags import positive_float
 from laneway.ops_api import action, client, guarded, when, write_json, write_table
 
 ENDED = ("completed", "failed", "expired", "cancelled")
-INTERRUPTED = 130       # the shell's status for a command stopped by Ctrl-C
+INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +73,12 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def watch(args: argparse.Namespace) -> int:
-    c = client(args, max_retries=5)     # a bridge restarted by `laneway up` is back within them
+    c = client(args, max_retries=5)  # a bridge restarted by `laneway up` is back within them
     batch = c.batches.retrieve(args.batch_id)
-    print(f"{batch.id}  {batch.endpoint}  created {when(batch.created_at)}  window {batch.completion_window}",
-          file=sys.stderr)
+    print(
+        f"{batch.id}  {batch.endpoint}  created {when(batch.created_at)}  window {batch.completion_window}",
+        file=sys.stderr,
+    )
     screen = Screen(sys.stderr)
     rate = Rate()
     try:
@@ -100,7 +102,9 @@ def summary(batch: Batch) -> int:
     """The ended batch's status and request counts on stdout, where its files are; 0 if it completed."""
     c = counts_of(batch)
     print(f"{batch.id} {batch.status}: {c.completed} completed, {c.failed} failed, {c.total} total")
-    files = [f"{name} {fid}" for name, fid in (("output", batch.output_file_id), ("errors", batch.error_file_id)) if fid]
+    files = [
+        f"{name} {fid}" for name, fid in (("output", batch.output_file_id), ("errors", batch.error_file_id)) if fid
+    ]
     if files:
         print(f"  {'  '.join(files)}\n  laneway batches download {batch.id}")
     for error in (batch.errors.data or []) if batch.errors else []:
@@ -113,11 +117,17 @@ def download(args: argparse.Namespace) -> int:
     c = client(args)
     batch = c.batches.retrieve(args.batch_id)
     if batch.status not in ENDED:
-        print(f"laneway batches: {batch.id} is {batch.status}; its files are written when it ends "
-              f"(laneway batches watch {batch.id})", file=sys.stderr)
+        print(
+            f"laneway batches: {batch.id} is {batch.status}; its files are written when it ends "
+            f"(laneway batches watch {batch.id})",
+            file=sys.stderr,
+        )
         return 1
-    wanted = [(fid, args.dir / f"{batch.id}_{name}.jsonl")
-              for name, fid in (("output", batch.output_file_id), ("errors", batch.error_file_id)) if fid]
+    wanted = [
+        (fid, args.dir / f"{batch.id}_{name}.jsonl")
+        for name, fid in (("output", batch.output_file_id), ("errors", batch.error_file_id))
+        if fid
+    ]
     if not wanted:
         print(f"laneway batches: {batch.id} ({batch.status}) has no output or error file", file=sys.stderr)
         return 1

@@ -26,10 +26,20 @@ from core.policy import tenants as tenant_docs
 from core.topology import ensure_intake
 from laneway.flags import nats_from_args, ops_nats_flags
 
-_CLASS_FLAGS = {"rank": int, "max_queue_wait_s": float, "max_tenant_depth": int,
-                "max_slot_share": float, "starve_after_s": float}
-_FLAG_NAMES = {"rank": "--rank", "max_queue_wait_s": "--max-queue-wait", "max_tenant_depth": "--max-tenant-depth",
-               "max_slot_share": "--max-slot-share", "starve_after_s": "--starve-after"}
+_CLASS_FLAGS = {
+    "rank": int,
+    "max_queue_wait_s": float,
+    "max_tenant_depth": int,
+    "max_slot_share": float,
+    "starve_after_s": float,
+}
+_FLAG_NAMES = {
+    "rank": "--rank",
+    "max_queue_wait_s": "--max-queue-wait",
+    "max_tenant_depth": "--max-tenant-depth",
+    "max_slot_share": "--max-slot-share",
+    "starve_after_s": "--starve-after",
+}
 _TENANT_FLAGS = {"weight": float, "default_class": str}
 
 
@@ -92,7 +102,7 @@ def _document(args: argparse.Namespace, current: dict | None) -> tuple[str, byte
 def _validate(bucket: str, name: str, raw: bytes) -> bytes:
     decode = class_docs.decode if bucket == "classes" else tenant_docs.decode
     encode = class_docs.encode if bucket == "classes" else tenant_docs.encode
-    return encode(decode(name, raw))   # raises BadClassPolicy / BadTenant (ValueError), naming the field
+    return encode(decode(name, raw))  # raises BadClassPolicy / BadTenant (ValueError), naming the field
 
 
 async def _run(args: argparse.Namespace) -> int:

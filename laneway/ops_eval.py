@@ -44,16 +44,21 @@ from core.routing.rules import RuleSet, RuleSetError, decode
 from laneway.flags import ops_nats_flags
 
 
-def http_completer(session: aiohttp.ClientSession, base_url: str, api_key: str,
-                   pool_models: Mapping[str, str], logprobs: bool = False) -> Completer:
+def http_completer(
+    session: aiohttp.ClientSession, base_url: str, api_key: str, pool_models: Mapping[str, str], logprobs: bool = False
+) -> Completer:
     """Asks a running bridge: `pool_models[pool]` is the logical model pinned to that pool
     (default: a model named like the pool). Greedy decoding, so reruns give the same answers."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     headers = {"Authorization": f"Bearer {api_key}"}
 
     async def complete(pool: str, item: GoldenItem) -> Completion:
-        body: dict = {"model": pool_models.get(pool, pool), "temperature": 0, "max_tokens": item.max_tokens,
-                      "messages": [{"role": "user", "content": item.prompt}]}
+        body: dict = {
+            "model": pool_models.get(pool, pool),
+            "temperature": 0,
+            "max_tokens": item.max_tokens,
+            "messages": [{"role": "user", "content": item.prompt}],
+        }
         if logprobs:
             body["logprobs"] = True
         async with session.post(url, json=body, headers=headers) as response:
@@ -64,8 +69,12 @@ def http_completer(session: aiohttp.ClientSession, base_url: str, api_key: str,
         choice = doc["choices"][0]
         usage = doc.get("usage") or {}
         lp = (choice.get("logprobs") or {}).get("content") or None
-        return Completion(choice["message"]["content"] or "", usage.get("prompt_tokens"),
-                          usage.get("completion_tokens"), [t["logprob"] for t in lp] if lp else None)
+        return Completion(
+            choice["message"]["content"] or "",
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+            [t["logprob"] for t in lp] if lp else None,
+        )
 
     return complete
 
@@ -76,10 +85,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, help="compare with this file instead of the stored rules")
     parser.add_argument("--golden", type=Path, default=GOLDEN_PATH)
     parser.add_argument("--base-url", help="a running bridge, to get pool answers for the golden set")
-    parser.add_argument("--api-key", default=env.API_KEY.get(),
-                        help="a tenant key for --base-url [LANEWAY_API_KEY]")
-    parser.add_argument("--pool-model", action="append", default=[], metavar="POOL=MODEL",
-                        help="the logical model pinned to POOL (default: the pool's own name)")
+    parser.add_argument("--api-key", default=env.API_KEY.get(), help="a tenant key for --base-url [LANEWAY_API_KEY]")
+    parser.add_argument(
+        "--pool-model",
+        action="append",
+        default=[],
+        metavar="POOL=MODEL",
+        help="the logical model pinned to POOL (default: the pool's own name)",
+    )
     parser.add_argument("--logprobs", action="store_true", help="ask pools for logprobs (cascade scoring)")
     parser.add_argument("--scores", type=Path, help="saved pool answers to reuse (from --save-scores)")
     parser.add_argument("--save-scores", type=Path, help="write the pool answers used here")
@@ -87,16 +100,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force-reason", help="show the gate verdict as if forced with this reason")
 
 
-async def collect(golden: list[GoldenItem], pools: set[str], results: PoolResults,
-                  base_url: str | None, api_key: str | None, pool_models: Mapping[str, str],
-                  logprobs: bool = False) -> PoolResults:
+async def collect(
+    golden: list[GoldenItem],
+    pools: set[str],
+    results: PoolResults,
+    base_url: str | None,
+    api_key: str | None,
+    pool_models: Mapping[str, str],
+    logprobs: bool = False,
+) -> PoolResults:
     """`results` completed with answers from every pool in `pools` that lacks some."""
     missing = sorted(p for p in pools if len(results.get(p, {})) < len(golden))
     if not missing:
         return results
     if not (base_url and api_key):
-        raise EvalUnavailable(f"no golden-set answers for pools {missing}: pass --base-url and "
-                              "--api-key (or --scores FILE)")
+        raise EvalUnavailable(
+            f"no golden-set answers for pools {missing}: pass --base-url and --api-key (or --scores FILE)"
+        )
     async with aiohttp.ClientSession() as session:
         fresh = await run_pools(golden, missing, http_completer(session, base_url, api_key, pool_models, logprobs))
     return {**results, **fresh}
@@ -114,25 +134,32 @@ async def run(args: argparse.Namespace) -> int:
     if args.cascade:
         needed |= set(args.cascade.split(":", 1))
     try:
-        results = await collect(golden, needed, load_results(args.scores) if args.scores else {},
-                                args.base_url, args.api_key, parse_pool_models(args.pool_model), args.logprobs)
+        results = await collect(
+            golden,
+            needed,
+            load_results(args.scores) if args.scores else {},
+            args.base_url,
+            args.api_key,
+            parse_pool_models(args.pool_model),
+            args.logprobs,
+        )
     except EvalUnavailable as exc:
         print(str(exc), file=sys.stderr)
         return 2
     if args.save_scores:
         save_results(args.save_scores, results)
-    outcome = EvalOutcome(assess(candidate, golden, results),
-                          assess(baseline, golden, results) if baseline else None)
-    verdict = gate(outcome.candidate.quality, outcome.baseline.quality if outcome.baseline else None,
-                   args.force_reason)
+    outcome = EvalOutcome(assess(candidate, golden, results), assess(baseline, golden, results) if baseline else None)
+    verdict = gate(outcome.candidate.quality, outcome.baseline.quality if outcome.baseline else None, args.force_reason)
     print(format_side_by_side(outcome, verdict, len(golden)))
     if args.cascade:
         small, large = args.cascade.split(":", 1)
         samples = cascade_samples(golden, results, small, large, candidate)
         print(format_report(cascade_report(samples, candidate.cascade)))
         best = pick_threshold(samples, candidate.cascade, [-x / 10 for x in range(1, 31)])
-        print(f"best threshold within {MAX_DROP:g} pt of always-large: "
-              + (f"{best.threshold:.2f} (kept off large {100 * best.kept_off_large:.1f}%)" if best else "none"))
+        print(
+            f"best threshold within {MAX_DROP:g} pt of always-large: "
+            + (f"{best.threshold:.2f} (kept off large {100 * best.kept_off_large:.1f}%)" if best else "none")
+        )
     return 0 if verdict.allowed else 3
 
 

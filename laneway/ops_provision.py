@@ -28,13 +28,20 @@ from laneway.flags import nats_from_args
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Its own flags; the NATS and stream-limit flags are the CLI's shared ones."""
-    parser.add_argument("--settings", default=env.SETTINGS.get(),
-                        help="settings TOML: tenants, models, prices to put into KV [LANEWAY_SETTINGS]")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="write the settings file over KV (default: only the keys KV never had)")
-    parser.add_argument("--wait", type=float, default=60.0,
-                        help="seconds to keep retrying while NATS or JetStream is not up yet "
-                             "(a cluster starting beside this run)")
+    parser.add_argument(
+        "--settings",
+        default=env.SETTINGS.get(),
+        help="settings TOML: tenants, models, prices to put into KV [LANEWAY_SETTINGS]",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write the settings file over KV (default: only the keys KV never had)"
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        help="seconds to keep retrying while NATS or JetStream is not up yet (a cluster starting beside this run)",
+    )
 
 
 async def _provision(args: argparse.Namespace, limits: StreamLimits, settings: Settings) -> None:
@@ -47,8 +54,7 @@ async def _provision(args: argparse.Namespace, limits: StreamLimits, settings: S
         except Exception as exc:
             if not not_ready_yet(exc) or loop.time() >= deadline:
                 raise
-            print(f"laneway ops provision: NATS not ready ({type(exc).__name__}: {exc}); retrying",
-                  file=sys.stderr)
+            print(f"laneway ops provision: NATS not ready ({type(exc).__name__}: {exc}); retrying", file=sys.stderr)
             await asyncio.sleep(1.0)
 
 
@@ -59,12 +65,14 @@ def run(args: argparse.Namespace, limits: StreamLimits) -> int:
     except BadSettings as exc:
         print(f"laneway ops provision: {exc}", file=sys.stderr)
         return 2
-    except (nats.errors.Error, OSError) as exc:     # unreachable, refused, or not allowed
+    except (nats.errors.Error, OSError) as exc:  # unreachable, refused, or not allowed
         print(f"laneway ops provision: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except StorageRefused as exc:
         print(f"laneway ops provision: {exc}", file=sys.stderr)
         return 1
-    print(f"provisioned prefix {args.prefix!r}: streams, buckets, {len(settings.tenants)} tenants, "
-          f"{len(settings.models)} models" + (" (settings written over KV)" if args.overwrite else ""))
+    print(
+        f"provisioned prefix {args.prefix!r}: streams, buckets, {len(settings.tenants)} tenants, "
+        f"{len(settings.models)} models" + (" (settings written over KV)" if args.overwrite else "")
+    )
     return 0

@@ -85,8 +85,10 @@ async def _show(store, args: argparse.Namespace) -> int:
         print("no routing rules stored yet", file=sys.stderr)
         return 0
     if not args.json:
-        print(f"version {current.version} by {current.author or '?'} at {_when(current.created_at)}: "
-              f"{current.reason or '(no reason given)'}")
+        print(
+            f"version {current.version} by {current.author or '?'} at {_when(current.created_at)}: "
+            f"{current.reason or '(no reason given)'}"
+        )
     print(json.dumps(json.loads(encode(current)), indent=2))
     return 0
 
@@ -102,8 +104,9 @@ async def _set(store, args: argparse.Namespace) -> int:
     except (OSError, RuleSetError) as exc:
         print(f"invalid rule set {args.file}: {exc}", file=sys.stderr)
         return 2
-    candidate = msgspec.structs.replace(candidate, author=args.author, reason=args.reason or candidate.reason,
-                                        version=0, rollback_of=None, gate=None)
+    candidate = msgspec.structs.replace(
+        candidate, author=args.author, reason=args.reason or candidate.reason, version=0, rollback_of=None, gate=None
+    )
     evaluator = _evaluator(args) if (args.scores or args.base_url) else None
     try:
         applied = await change_rules(store, candidate, evaluator, args.expected_version, args.force_reason)
@@ -124,10 +127,8 @@ def _evaluator(args: argparse.Namespace):
 
     async def evaluate(candidate, current) -> EvalOutcome:
         needed = pools_needed(candidate, golden) | (pools_needed(current, golden) if current else set())
-        results = await collect(golden, needed, saved, args.base_url, args.api_key,
-                                parse_pool_models(args.pool_model))
-        return EvalOutcome(assess(candidate, golden, results),
-                           assess(current, golden, results) if current else None)
+        results = await collect(golden, needed, saved, args.base_url, args.api_key, parse_pool_models(args.pool_model))
+        return EvalOutcome(assess(candidate, golden, results), assess(current, golden, results) if current else None)
 
     return evaluate
 

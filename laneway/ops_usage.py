@@ -45,8 +45,17 @@ GROUPS = ("model", "served_model", "pool", "class", "day")
 # `cached`: requests answered from the response cache. The last three are the engines' prefix-cache
 # hits: prompt tokens read from KV cache, their share of prompt tokens, and what they saved
 # against the full prompt price (appended: CSV readers of the first columns are unaffected).
-COLUMNS = ("requests", "cached", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
-           "cached_tokens", "prefix_hit_rate", "prefix_saved_usd")
+COLUMNS = (
+    "requests",
+    "cached",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cost_usd",
+    "cached_tokens",
+    "prefix_hit_rate",
+    "prefix_saved_usd",
+)
 
 
 def parse_time(text: str) -> datetime:
@@ -58,8 +67,9 @@ def parse_time(text: str) -> datetime:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("A tenant's metered usage (tokens, cost, prefix-cache hits and what they saved) "
-                          "from the LW_USAGE stream.")
+    parser.description = (
+        "A tenant's metered usage (tokens, cost, prefix-cache hits and what they saved) from the LW_USAGE stream."
+    )
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--since", required=True, type=parse_time, help="ISO date or date-time (UTC default)")
     parser.add_argument("--until", type=parse_time, help="exclusive end (default: now)")
@@ -120,9 +130,18 @@ def summarize(records: Iterable[Usage], group_by: str) -> tuple[list[Row], Row]:
 
 def _cells(row: Row, percent: bool = False) -> list[str]:
     rate = f"{row.prefix_hit_rate:.1%}" if percent else f"{row.prefix_hit_rate:.4f}"
-    return [row.group, str(row.requests), str(row.cached), str(row.prompt_tokens),
-            str(row.completion_tokens), str(row.total_tokens), f"{row.cost_usd:.6f}",
-            str(row.cached_tokens), rate, f"{row.prefix_saved_usd:.6f}"]
+    return [
+        row.group,
+        str(row.requests),
+        str(row.cached),
+        str(row.prompt_tokens),
+        str(row.completion_tokens),
+        str(row.total_tokens),
+        f"{row.cost_usd:.6f}",
+        str(row.cached_tokens),
+        rate,
+        f"{row.prefix_saved_usd:.6f}",
+    ]
 
 
 def write_csv(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None:
@@ -137,7 +156,9 @@ def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     out.write(line(table[0]) + "\n" + "  ".join("-" * w for w in widths) + "\n")
     for cells in table[1:-1]:
@@ -148,6 +169,7 @@ def write_table(rows: list[Row], total: Row, group_by: str, out: TextIO) -> None
 @dataclass(frozen=True, slots=True)
 class Stored:
     """What the tenant stores: files (None: never counted) and stored records (None: unknown)."""
+
     files: StorageUsage | None
     records: int | None
     quota: StorageQuota
@@ -159,8 +181,10 @@ def storage_lines(tenant: str, stored: Stored) -> str:
         files = f"storage: tenant {tenant!r} has stored no files (quota {q.file_bytes} bytes, {q.files} files)"
     else:
         at = datetime.fromtimestamp(stored.files.counted_at, UTC).isoformat(timespec="seconds")
-        files = (f"storage: {stored.files.file_bytes} bytes in {stored.files.files} files of the quota's "
-                 f"{q.file_bytes} bytes and {q.files} files (counted {at})")
+        files = (
+            f"storage: {stored.files.file_bytes} bytes in {stored.files.files} files of the quota's "
+            f"{q.file_bytes} bytes and {q.files} files (counted {at})"
+        )
     records = "?" if stored.records is None else str(stored.records)
     return f"{files}\nstored responses and conversations: {records} of the quota's {q.records}\n"
 
@@ -181,7 +205,7 @@ async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> Stored
     bucket = s.bucket(RESPONSES_BUCKET)
     try:
         records = await RecordBudget(js, f"KV_{bucket}", f"$KV.{bucket}.").count(tenant)
-    except CountFailed:         # no bridge has stored a response yet: no bucket
+    except CountFailed:  # no bridge has stored a response yet: no bucket
         records = 0
     except nats.errors.Error:
         pass
@@ -190,24 +214,32 @@ async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> Stored
 
 # -- the command ----------------------------------------------------------------------------
 async def _quiet(exc: Exception) -> None:
-    pass    # the one failure that matters is reported below, once
+    pass  # the one failure that matters is reported below, once
 
 
 async def report(args: argparse.Namespace, out: TextIO) -> int:
-    check_token("tenant", args.tenant)      # before any connection: a bad name is a usage error
+    check_token("tenant", args.tenant)  # before any connection: a bad name is a usage error
     env = nats_from_env()
-    n = NatsSettings(url=getattr(args, "nats_url", None) or env.url,
-                     prefix=getattr(args, "prefix", None) or env.prefix,
-                     user=getattr(args, "nats_user", None) or env.user,
-                     password=getattr(args, "nats_password", None) or env.password)
-    try:    # a one-shot command: fail fast instead of reconnecting forever like the services
+    n = NatsSettings(
+        url=getattr(args, "nats_url", None) or env.url,
+        prefix=getattr(args, "prefix", None) or env.prefix,
+        user=getattr(args, "nats_user", None) or env.user,
+        password=getattr(args, "nats_password", None) or env.password,
+    )
+    try:  # a one-shot command: fail fast instead of reconnecting forever like the services
         nc = await connect_once(n, "laneway-usage", error_cb=_quiet)
     except (OSError, nats.errors.Error) as exc:
         print(f"laneway usage: cannot reach NATS at {n.url}: {exc}", file=sys.stderr)
         return 1
     try:
-        records = billed([r async for r in read_records(nc.jetstream(), n.subjects, args.tenant, args.since,
-                                                        args.until, args.idle_timeout)])
+        records = billed(
+            [
+                r
+                async for r in read_records(
+                    nc.jetstream(), n.subjects, args.tenant, args.since, args.until, args.idle_timeout
+                )
+            ]
+        )
         stored = await read_storage(nc.jetstream(), n.subjects, args.tenant)
     finally:
         await nc.close()
@@ -218,7 +250,7 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"no usage for tenant {args.tenant!r} since {args.since.isoformat()}\n")
     else:
         write_table(rows, total, args.group_by, out)
-    if not args.csv:        # the CSV stays one table of the columns above
+    if not args.csv:  # the CSV stays one table of the columns above
         out.write(storage_lines(args.tenant, stored))
     return 0
 
@@ -226,6 +258,6 @@ async def report(args: argparse.Namespace, out: TextIO) -> int:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         return asyncio.run(report(args, out or sys.stdout))
-    except ValueError as exc:         # a tenant name that is not a subject token
+    except ValueError as exc:  # a tenant name that is not a subject token
         print(f"laneway usage: {exc}", file=sys.stderr)
         return 2

@@ -31,11 +31,19 @@ async def run_broker(args: argparse.Namespace) -> int:
     from broker.app import Broker
     from broker.config import BrokerConfig
 
-    broker = Broker(BrokerConfig(nats=nats_from_args(args), limits=stream_limits(args), quotas=not args.no_quotas,
-                                 cache_ttl_s=args.cache_ttl, pii=args.pii, pii_workers=args.pii_workers,
-                                 pii_max_chars=args.pii_max_chars,
-                                 max_context_tokens=args.max_context_tokens,
-                                 prefix_affinity=not args.no_prefix_affinity))
+    broker = Broker(
+        BrokerConfig(
+            nats=nats_from_args(args),
+            limits=stream_limits(args),
+            quotas=not args.no_quotas,
+            cache_ttl_s=args.cache_ttl,
+            pii=args.pii,
+            pii_workers=args.pii_workers,
+            pii_max_chars=args.pii_max_chars,
+            max_context_tokens=args.max_context_tokens,
+            prefix_affinity=not args.no_prefix_affinity,
+        )
+    )
     serve_metrics(args, broker.metrics.registry)
     async with broker:
         heap.settle()
@@ -48,10 +56,16 @@ async def run_worker(args: argparse.Namespace) -> int:
     from workers.runner import Worker, WorkerConfig
 
     engine = engines.build(args)
-    config = WorkerConfig(nats=nats_from_args(args), pool=args.pool, worker_id=args.worker_id or "",
-                          classes=tuple(args.classes or ()), heartbeat_s=args.heartbeat_interval,
-                          in_progress_s=args.in_progress_interval, drain_s=args.drain_timeout,
-                          frame_interval_s=args.frame_interval)
+    config = WorkerConfig(
+        nats=nats_from_args(args),
+        pool=args.pool,
+        worker_id=args.worker_id or "",
+        classes=tuple(args.classes or ()),
+        heartbeat_s=args.heartbeat_interval,
+        in_progress_s=args.in_progress_interval,
+        drain_s=args.drain_timeout,
+        frame_interval_s=args.frame_interval,
+    )
     worker = Worker(config, engine)
     serve_metrics(args, worker.metrics.registry)
     stop = asyncio.Event()
@@ -78,35 +92,51 @@ async def run_bridge(args: argparse.Namespace) -> int:
     secret = env.IDEMPOTENCY_SECRET.get() or ""
     if len(secret) < MIN_SECRET_CHARS:
         # Never a default: every replica must derive the same request id from an Idempotency-Key.
-        print(f"laneway bridge: ${env.IDEMPOTENCY_SECRET.name} is {'too short' if secret else 'not set'}: give "
-              f"every bridge replica the same secret of at least {MIN_SECRET_CHARS} characters (e.g. "
-              "`openssl rand -hex 32`); `laneway up` makes its own", file=sys.stderr)
+        print(
+            f"laneway bridge: ${env.IDEMPOTENCY_SECRET.name} is {'too short' if secret else 'not set'}: give "
+            f"every bridge replica the same secret of at least {MIN_SECRET_CHARS} characters (e.g. "
+            "`openssl rand -hex 32`); `laneway up` makes its own",
+            file=sys.stderr,
+        )
         return 2
     evaluator = None
     if args.eval_scores:
         from core.routing.eval_gate import load_golden, load_results, results_evaluator
 
         evaluator = results_evaluator(load_golden(), load_results(Path(args.eval_scores)))
-    bridge = Bridge(BridgeConfig(nats=nats_from_args(args), host=args.host, port=args.port,
-                                 header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                                 max_connections=args.max_connections,
-                                 max_streams=args.max_streams, initial_stream_limit=args.initial_stream_limit,
-                                 max_delivery_lag_s=args.max_delivery_lag,
-                                 tenant_max_streams=args.tenant_max_streams,
-                                 tenant_stream_share=args.tenant_stream_share,
-                                 stream_buffer_bytes=args.stream_buffer_bytes,
-                                 tenant_buffer_bytes=args.tenant_buffer_bytes, write_timeout_s=args.write_timeout,
-                                 resume_window_s=args.resume_window_s,
-                                 resume_tenant_bytes=args.resume_tenant_bytes,
-                                 max_migrations=args.max_migrations,
-                                 max_context_tokens=args.max_context_tokens,
-                                 max_file_bytes=args.max_file_bytes, batch_concurrency=args.batch_concurrency,
-                                 batch_lease_s=args.batch_lease_s,
-                                 publish_timeout_s=args.publish_timeout, publish_tries=args.publish_tries,
-                                 background_lease_s=args.background_lease, store_replicas=args.store_replicas,
-                                 idempotency_secret=secret),
-                    settings,
-                    admin=AdminConfig.parse(env.ADMIN_KEY_SHA256.get() or ""), evaluator=evaluator)
+    bridge = Bridge(
+        BridgeConfig(
+            nats=nats_from_args(args),
+            host=args.host,
+            port=args.port,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            max_connections=args.max_connections,
+            max_streams=args.max_streams,
+            initial_stream_limit=args.initial_stream_limit,
+            max_delivery_lag_s=args.max_delivery_lag,
+            tenant_max_streams=args.tenant_max_streams,
+            tenant_stream_share=args.tenant_stream_share,
+            stream_buffer_bytes=args.stream_buffer_bytes,
+            tenant_buffer_bytes=args.tenant_buffer_bytes,
+            write_timeout_s=args.write_timeout,
+            resume_window_s=args.resume_window_s,
+            resume_tenant_bytes=args.resume_tenant_bytes,
+            max_migrations=args.max_migrations,
+            max_context_tokens=args.max_context_tokens,
+            max_file_bytes=args.max_file_bytes,
+            batch_concurrency=args.batch_concurrency,
+            batch_lease_s=args.batch_lease_s,
+            publish_timeout_s=args.publish_timeout,
+            publish_tries=args.publish_tries,
+            background_lease_s=args.background_lease,
+            store_replicas=args.store_replicas,
+            idempotency_secret=secret,
+        ),
+        settings,
+        admin=AdminConfig.parse(env.ADMIN_KEY_SHA256.get() or ""),
+        evaluator=evaluator,
+    )
     async with bridge:
         print(f"laneway bridge on {bridge.url}", flush=True)
         heap.settle()
@@ -118,8 +148,12 @@ async def run_nats(args: argparse.Namespace) -> int:
     from core.natsd import NatsServer
     from core.owner import DirInUse
 
-    server = NatsServer(Path(args.data_dir) / "nats", host=args.host, port=args.nats_port,
-                        config_file=Path(args.config) if args.config else None)
+    server = NatsServer(
+        Path(args.data_dir) / "nats",
+        host=args.host,
+        port=args.nats_port,
+        config_file=Path(args.config) if args.config else None,
+    )
     try:
         await server.start()
     except DirInUse as exc:

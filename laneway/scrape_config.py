@@ -15,15 +15,15 @@ import yaml
 
 SCRAPE_FILE = "prometheus.yml"
 KINDS = ("bridge", "broker", "worker")
-JOB_PREFIX = "laneway-"           # laneway-bridge, laneway-broker, laneway-worker, as compose and the chart
-SCRAPE_INTERVAL = "5s"            # one machine, a handful of endpoints: fresh enough to watch
+JOB_PREFIX = "laneway-"  # laneway-bridge, laneway-broker, laneway-worker, as compose and the chart
+SCRAPE_INTERVAL = "5s"  # one machine, a handful of endpoints: fresh enough to watch
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    kind: str           # bridge | broker | worker
-    name: str           # the process's name in `up` and its log file: broker-2, worker
-    address: str        # host:port of its /metrics
+    kind: str  # bridge | broker | worker
+    name: str  # the process's name in `up` and its log file: broker-2, worker
+    address: str  # host:port of its /metrics
 
     @property
     def url(self) -> str:
@@ -41,8 +41,10 @@ def up_targets(host: str, port: int, ports: dict[str, int]) -> list[Target]:
     """`laneway up`'s processes: the bridge's /metrics on its HTTP port, each broker's and
     worker's (`ports`, by its name: broker, worker-2) on loopback."""
     bridge_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
-    return [Target("bridge", "bridge", f"{bridge_host}:{port}"),
-            *(Target(name.split("-")[0], name, f"127.0.0.1:{p}") for name, p in ports.items())]
+    return [
+        Target("bridge", "bridge", f"{bridge_host}:{port}"),
+        *(Target(name.split("-")[0], name, f"127.0.0.1:{p}") for name, p in ports.items()),
+    ]
 
 
 def render(targets: list[Target]) -> str:
@@ -50,14 +52,20 @@ def render(targets: list[Target]) -> str:
     for kind in KINDS:
         mine = [t for t in targets if t.kind == kind]
         if mine:
-            jobs.append({"job_name": f"{JOB_PREFIX}{kind}",
-                         "static_configs": [{"targets": [t.address], "labels": {"instance": t.name}}
-                                            for t in mine]})
-    config = {"global": {"scrape_interval": SCRAPE_INTERVAL,
-                         "external_labels": {"stack": "laneway-up"}},
-              "scrape_configs": jobs}
-    header = ("# Written by `laneway up` for this run: every process's metrics endpoint.\n"
-              "# prometheus --config.file=<this file>; `laneway top` reads it too.\n")
+            jobs.append(
+                {
+                    "job_name": f"{JOB_PREFIX}{kind}",
+                    "static_configs": [{"targets": [t.address], "labels": {"instance": t.name}} for t in mine],
+                }
+            )
+    config = {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "external_labels": {"stack": "laneway-up"}},
+        "scrape_configs": jobs,
+    }
+    header = (
+        "# Written by `laneway up` for this run: every process's metrics endpoint.\n"
+        "# prometheus --config.file=<this file>; `laneway top` reads it too.\n"
+    )
     return header + yaml.safe_dump(config, sort_keys=False)
 
 

@@ -22,8 +22,8 @@ from laneway.nats_config import user_name, write_private
 
 LOCK_FILE = "owner.lock"
 NATS_PORT_FILE = "nats-port"
-STORE_DIR = "nats"          # the JetStream store's directory (core/natsd.py locks it too)
-ENDED_OWNER_WAIT_S = 60.0   # a SIGKILLed `up`'s children draining (a worker's --drain-timeout is 30)
+STORE_DIR = "nats"  # the JetStream store's directory (core/natsd.py locks it too)
+ENDED_OWNER_WAIT_S = 60.0  # a SIGKILLed `up`'s children draining (a worker's --drain-timeout is 30)
 
 
 async def claim(data_dir: Path, url: str) -> OwnerLock:
@@ -70,9 +70,11 @@ def nats_port(data_dir: Path, host: str, requested: int) -> tuple[int, str]:
     else:
         port = free_port()
         if kept:
-            note = (f"the NATS port of the last run is taken ({taken}): NATS moves to {port}, kept from "
-                    "now on; a LANEWAY_NATS_URL exported before is stale (the operator commands on this "
-                    "machine find NATS from the data dir without it)")
+            note = (
+                f"the NATS port of the last run is taken ({taken}): NATS moves to {port}, kept from "
+                "now on; a LANEWAY_NATS_URL exported before is stale (the operator commands on this "
+                "machine find NATS from the data dir without it)"
+            )
     if port != kept:
         write_private(path, f"{port}\n")
     return port, note

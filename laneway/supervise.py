@@ -31,7 +31,7 @@ class Backoff:
 
     def delay(self, restarts: int) -> float:
         """The wait before restart number `restarts + 1` in a row."""
-        return min(self.max_s, self.first_s * 2 ** restarts)
+        return min(self.max_s, self.first_s * 2**restarts)
 
 
 @dataclass
@@ -41,10 +41,10 @@ class Supervisor:
     backoff: Backoff = field(default_factory=Backoff)
     say: Callable[[str], None] = lambda line: print(f"laneway: {line}", file=sys.stderr, flush=True)
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)   # total per role
-    gave_up: asyncio.Event = field(default_factory=asyncio.Event)   # a child failed in a loop
-    why: str = ""                                                      # ... how
-    failed: str = ""                                                   # ... and which
+    restarts: dict[str, int] = field(default_factory=dict)  # total per role
+    gave_up: asyncio.Event = field(default_factory=asyncio.Event)  # a child failed in a loop
+    why: str = ""  # ... how
+    failed: str = ""  # ... and which
     _keepers: dict[str, asyncio.Task] = field(default_factory=dict)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -57,7 +57,7 @@ class Supervisor:
     async def _keep(self, role: str, proc: asyncio.subprocess.Process, start: Start) -> None:
         loop = asyncio.get_running_loop()
         in_a_row = 0
-        quick_code: int | None = None      # the exit code of the last exit soon after a start
+        quick_code: int | None = None  # the exit code of the last exit soon after a start
         started = loop.time()
         while True:
             code = await proc.wait()
@@ -68,17 +68,21 @@ class Supervisor:
                 in_a_row = 0
             quick = lived < self.backoff.crash_loop_s
             if quick and code == quick_code:
-                self.why = (f"{role} (pid {proc.pid}) exited with {code} {lived:.1f}s after its start, "
-                            "the same as the time before; not restarting it")
+                self.why = (
+                    f"{role} (pid {proc.pid}) exited with {code} {lived:.1f}s after its start, "
+                    "the same as the time before; not restarting it"
+                )
                 self.say(self.why)
                 self.failed = role
                 self.gave_up.set()
                 return
             quick_code = code if quick else None
             self.restarts[role] += 1
-            self.say(f"{role} (pid {proc.pid}) exited with {code} after {lived:.1f}s; "
-                     f"restarting in {self.backoff.delay(in_a_row):.1f}s (restart {self.restarts[role]})")
-            while True:            # until a start succeeds: each try waits its backoff first
+            self.say(
+                f"{role} (pid {proc.pid}) exited with {code} after {lived:.1f}s; "
+                f"restarting in {self.backoff.delay(in_a_row):.1f}s (restart {self.restarts[role]})"
+            )
+            while True:  # until a start succeeds: each try waits its backoff first
                 delay = self.backoff.delay(in_a_row)
                 in_a_row += 1
                 if await self._stopped_within(delay):
@@ -87,9 +91,8 @@ class Supervisor:
                 try:
                     proc = await start()
                     break
-                except (OSError, RuntimeError) as exc:    # e.g. the port is not free yet
-                    self.say(f"{role} did not start ({exc}); trying again in "
-                             f"{self.backoff.delay(in_a_row):.1f}s")
+                except (OSError, RuntimeError) as exc:  # e.g. the port is not free yet
+                    self.say(f"{role} did not start ({exc}); trying again in {self.backoff.delay(in_a_row):.1f}s")
             self.procs[role] = proc
             self.say(f"{role} restarted (pid {proc.pid})")
 

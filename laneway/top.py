@@ -35,10 +35,16 @@ HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default=env.DATA_DIR.get(),
-                   help=f"the data dir of the `laneway up` to watch [{env.DATA_DIR.name}]")
-    p.add_argument("--scrape-config", metavar="FILE",
-                   help=f"a Prometheus scrape config with static targets (default DATA_DIR/{SCRAPE_FILE})")
+    p.add_argument(
+        "--data-dir",
+        default=env.DATA_DIR.get(),
+        help=f"the data dir of the `laneway up` to watch [{env.DATA_DIR.name}]",
+    )
+    p.add_argument(
+        "--scrape-config",
+        metavar="FILE",
+        help=f"a Prometheus scrape config with static targets (default DATA_DIR/{SCRAPE_FILE})",
+    )
     p.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
     p.add_argument("--window", type=float, default=60.0, help="seconds of the TTFT p95 in the live view")
     p.add_argument("--once", action="store_true", help="print one frame as plain text and exit")
@@ -52,7 +58,7 @@ async def _scrape(http: aiohttp.ClientSession, target: Target) -> Scrape | str:
             return parse(await resp.text())
     except (aiohttp.ClientError, TimeoutError) as exc:
         return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    except ValueError as exc:       # not Prometheus text
+    except ValueError as exc:  # not Prometheus text
         return f"unreadable metrics: {exc}"
 
 
@@ -93,8 +99,11 @@ def _draw(text: str) -> None:
 async def run(args: argparse.Namespace) -> int:
     path = Path(args.scrape_config or Path(args.data_dir) / SCRAPE_FILE)
     if not path.is_file():
-        print(f"laneway top: no scrape config at {path}: is `laneway up` running with this --data-dir? "
-              "(or name one with --scrape-config)", file=sys.stderr)
+        print(
+            f"laneway top: no scrape config at {path}: is `laneway up` running with this --data-dir? "
+            "(or name one with --scrape-config)",
+            file=sys.stderr,
+        )
         return 2
     try:
         targets = read(path)
@@ -131,7 +140,7 @@ async def _live(http: aiohttp.ClientSession, path: Path, targets: list[Target], 
         while not quit.is_set():
             if (fresh := _reread(path, targets)) != targets:
                 targets = fresh
-                frames.clear()          # counters of other processes: no window across them
+                frames.clear()  # counters of other processes: no window across them
             now = await frame(http, targets)
             while frames and frames[0].at < now.at - args.window:
                 frames.popleft()

@@ -21,7 +21,7 @@ ALL = "(all)"
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    at: float                                   # wall clock of the scrape
+    at: float  # wall clock of the scrape
     scrapes: list[tuple[Target, Scrape | str]]  # each process's samples, or why they could not be read
 
     def of(self, kind: str) -> list[tuple[Target, Scrape]]:
@@ -102,8 +102,16 @@ def lanes(now: Frame, before: Frame | None) -> list[str]:
         tenants = sorted(t for k, t in keys if k == klass and t != ALL)
         for tenant in [ALL, *tenants]:
             key = (klass, tenant)
-            rows.append([klass if tenant == ALL else "", tenant, _num(waiting.get(key, 0.0)),
-                         _num(running.get(key, 0.0)), _seconds(ttft.get(key)), _num(refused.get(key, 0.0))])
+            rows.append(
+                [
+                    klass if tenant == ALL else "",
+                    tenant,
+                    _num(waiting.get(key, 0.0)),
+                    _num(running.get(key, 0.0)),
+                    _seconds(ttft.get(key)),
+                    _num(refused.get(key, 0.0)),
+                ]
+            )
     window = f"last {now.at - before.at:.0f} s" if before else "since start"
     header = ["CLASS", "TENANT", "WAITING", "RUNNING", f"TTFT p95 ({window})", "REFUSED"]
     return _table(header, rows) if rows else [*_table(header, []), "  (no request seen yet)"]
@@ -114,12 +122,18 @@ def workers(now: Frame) -> list[str]:
     for target, s in now.of("worker"):
         pool = next(iter(s.by("laneway_worker_slots_total", "pool")), ("?",))[0]
         kv = s.total("laneway_worker_kv_tokens")
-        rows.append([target.name, pool,
-                     f"{_num(s.total('laneway_worker_slots_in_use'))}/{_num(s.total('laneway_worker_slots_total'))}",
-                     _share(max(0.0, kv - s.total("laneway_worker_kv_free_tokens")), kv),
-                     _share(s.total("laneway_worker_cached_prompt_tokens_total"),
-                            s.total("laneway_worker_prompt_tokens_total")),
-                     _num(s.total("laneway_worker_tokens_total"))])
+        rows.append(
+            [
+                target.name,
+                pool,
+                f"{_num(s.total('laneway_worker_slots_in_use'))}/{_num(s.total('laneway_worker_slots_total'))}",
+                _share(max(0.0, kv - s.total("laneway_worker_kv_free_tokens")), kv),
+                _share(
+                    s.total("laneway_worker_cached_prompt_tokens_total"), s.total("laneway_worker_prompt_tokens_total")
+                ),
+                _num(s.total("laneway_worker_tokens_total")),
+            ]
+        )
     return _table(["WORKER", "POOL", "SLOTS", "KV USED", "PREFIX HIT", "TOKENS OUT"], rows)
 
 
@@ -127,17 +141,30 @@ def bridges(now: Frame) -> list[str]:
     rows = []
     for target, s in now.of("bridge"):
         limit = s.value("laneway_stream_limit")
-        rows.append([target.name, target.address, _num(s.total("laneway_open_streams")),
-                     _num(limit) if limit > 0 else "off", _num(s.total("laneway_edge_rejected_total")),
-                     _seconds(s.value("laneway_event_loop_lag_seconds"))])
+        rows.append(
+            [
+                target.name,
+                target.address,
+                _num(s.total("laneway_open_streams")),
+                _num(limit) if limit > 0 else "off",
+                _num(s.total("laneway_edge_rejected_total")),
+                _seconds(s.value("laneway_event_loop_lag_seconds")),
+            ]
+        )
     return _table(["BRIDGE", "ADDRESS", "STREAMS", "STREAM LIMIT", "REFUSED AT EDGE", "LOOP LAG"], rows)
 
 
 def brokers(now: Frame) -> list[str]:
-    rows = [[target.name, "yes" if s.value("laneway_broker_scheduler") == 1 else "no",
-             _num(s.total("laneway_queue_depth")), _num(s.total("laneway_ready_workers")),
-             _num(s.total("laneway_rejected_total"))]
-            for target, s in now.of("broker")]
+    rows = [
+        [
+            target.name,
+            "yes" if s.value("laneway_broker_scheduler") == 1 else "no",
+            _num(s.total("laneway_queue_depth")),
+            _num(s.total("laneway_ready_workers")),
+            _num(s.total("laneway_rejected_total")),
+        ]
+        for target, s in now.of("broker")
+    ]
     return _table(["BROKER", "SCHEDULER", "WAITING", "READY WORKERS", "REFUSED"], rows)
 
 

@@ -48,9 +48,16 @@ TTFT_RATIO, HIT_POINTS, BALANCE = 1.15, 10.0, 0.20
 
 async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: bool, tmp: Path) -> dict:
     adapters = tuple(f"support-{i}" for i in range(args.adapters))
-    pool = PoolSpec(model=MODEL, profile=args.profile, workers=workers, speed=args.sim_speed,
-                    max_seqs=args.max_seqs, adapters=adapters, max_loras=args.max_loras,
-                    lora_load_s=args.lora_load_s)
+    pool = PoolSpec(
+        model=MODEL,
+        profile=args.profile,
+        workers=workers,
+        speed=args.sim_speed,
+        max_seqs=args.max_seqs,
+        adapters=adapters,
+        max_loras=args.max_loras,
+        lora_load_s=args.lora_load_s,
+    )
     flags = ["--pii", args.pii] + ([] if affinity else ["--no-prefix-affinity"])
     shape = SessionShape(args.system_tokens, args.turn_tokens, args.answer_tokens, args.turns, args.think)
     turns: list[Turn] = []
@@ -58,8 +65,18 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
         since = datetime.now(UTC)
         t0 = time.time()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
-            await run_sessions(http, fleet.url, fleet.keys[TENANT], adapters or (MODEL,), TENANT, shape,
-                               args.sessions * workers, t0 + args.duration, args.seed, turns)
+            await run_sessions(
+                http,
+                fleet.url,
+                fleet.keys[TENANT],
+                adapters or (MODEL,),
+                TENANT,
+                shape,
+                args.sessions * workers,
+                t0 + args.duration,
+                args.seed,
+                turns,
+            )
         await settle(fleet)
         nc = await fleet.up.connect_nats("ops")
         try:
@@ -73,26 +90,38 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
 def figures(label: str, workers: int, affinity: bool, turns: list[Turn], window: list[Turn], usage: dict) -> dict:
     records = [usage[t.result.request_id] for t in window if t.result.request_id in usage]
     # A later turn "stayed" when the worker that served the turn before it served it too.
-    served = {(t.session, t.conversation, t.turn): usage[t.result.request_id].worker_id
-              for t in turns if t.result.request_id in usage}
-    later = [(t, served.get((t.session, t.conversation, t.turn - 1)) == served.get((t.session, t.conversation, t.turn)))
-             for t in window if t.turn > 1 and (t.session, t.conversation, t.turn) in served]
+    served = {
+        (t.session, t.conversation, t.turn): usage[t.result.request_id].worker_id
+        for t in turns
+        if t.result.request_id in usage
+    }
+    later = [
+        (t, served.get((t.session, t.conversation, t.turn - 1)) == served.get((t.session, t.conversation, t.turn)))
+        for t in window
+        if t.turn > 1 and (t.session, t.conversation, t.turn) in served
+    ]
     prompt = sum(u.prompt_tokens for u in records)
     cached = sum(u.cached_tokens for u in records)
     share = Counter(u.worker_id for u in records)
     mean = len(records) / workers if records else 0.0
     return {
-        "label": label, "workers": workers, "affinity": affinity, "turns": len(window),
+        "label": label,
+        "workers": workers,
+        "affinity": affinity,
+        "turns": len(window),
         "errors": sum(1 for t in window if not t.result.ok),
         "ttft_s": summary([t.result.ttft for t in window if t.result.ttft is not None]),
         "stayed": sum(stay for _, stay in later) / len(later) if later else 0.0,
         "stayed_ttft_s": summary([t.result.ttft for t, stay in later if stay and t.result.ttft is not None]),
         "moved_ttft_s": summary([t.result.ttft for t, stay in later if not stay and t.result.ttft is not None]),
-        "metered": len(records), "prompt_tokens": prompt, "cached_tokens": cached,
+        "metered": len(records),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
         "hit_rate": cached / prompt if prompt else 0.0,
         "per_worker": dict(sorted(share.items())),
         # every worker counts, one that served nothing too (its share is -100%)
-        "imbalance": max(abs(share.get(w, 0) / mean - 1) for w in share) if mean and len(share) == workers
+        "imbalance": max(abs(share.get(w, 0) / mean - 1) for w in share)
+        if mean and len(share) == workers
         else (1.0 if workers > 1 else 0.0),
     }
 
@@ -103,8 +132,11 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="laneway-affinity-") as tmp:
         for label, workers, affinity in plan:
             if not args.quiet:
-                print(f"run {label}: {workers} worker(s), {args.sessions * workers} sessions, "
-                      f"affinity {'on' if affinity else 'off'}", flush=True)
+                print(
+                    f"run {label}: {workers} worker(s), {args.sessions * workers} sessions, "
+                    f"affinity {'on' if affinity else 'off'}",
+                    flush=True,
+                )
             runs[label] = await run_one(args, label, workers, affinity, Path(tmp))
     one, on, off = runs["one"], runs["on"], runs["off"]
     verdict = {
@@ -117,32 +149,44 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "on_imbalance": on["imbalance"],
         "prefill_tokens_saved_vs_off": on["cached_tokens"] - off["cached_tokens"],
     }
-    doc = {"kind": "benchmark", "benchmark": "affinity",
-           "description": "KV-aware dispatch: multi-turn sessions, 1 worker at L vs N workers at N·L, "
-                          "prefix affinity on and off",
-           "engine": "sim (SIMULATION: vLLM V1 scheduling and prefix cache, modelled step times)",
-           "config": {k: v for k, v in vars(args).items() if k != "json"},
-           "runs": runs, "figures": verdict}
+    doc = {
+        "kind": "benchmark",
+        "benchmark": "affinity",
+        "description": "KV-aware dispatch: multi-turn sessions, 1 worker at L vs N workers at N·L, "
+        "prefix affinity on and off",
+        "engine": "sim (SIMULATION: vLLM V1 scheduling and prefix cache, modelled step times)",
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "runs": runs,
+        "figures": verdict,
+    }
     doc["headline"] = render(doc).splitlines()
     return doc
 
 
 def render(doc: dict) -> str:
     c, f, runs = doc["config"], doc["figures"], doc["runs"]
-    lines = [f"Prefix affinity: sim/{c['profile']} (SIMULATION), sessions of {c['turns']} turns: "
-             f"{c['system_tokens']}-token shared system prompt, {c['turn_tokens']}-token turns, "
-             f"{c['answer_tokens']}-token answers, {c['think']:g} s think; {c['sessions']} sessions a worker; "
-             f"{c['duration']:.0f} s runs ({c['warmup']:.0f} s warm-up); PII stage {c['pii']}"
-             + (f"; sessions over {c['adapters']} LoRA adapters (a worker holds {c['max_loras']}, a load adds "
-                f"{c['lora_load_s']:g} s to its step)" if c.get("adapters") else ""),
-             f"  {'run':<5} {'workers':>7} {'turns':>6} {'err':>4} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
-             f"{'hit rate':>8} {'stayed':>6} | {'worker shares (turns)'}"]
+    lines = [
+        f"Prefix affinity: sim/{c['profile']} (SIMULATION), sessions of {c['turns']} turns: "
+        f"{c['system_tokens']}-token shared system prompt, {c['turn_tokens']}-token turns, "
+        f"{c['answer_tokens']}-token answers, {c['think']:g} s think; {c['sessions']} sessions a worker; "
+        f"{c['duration']:.0f} s runs ({c['warmup']:.0f} s warm-up); PII stage {c['pii']}"
+        + (
+            f"; sessions over {c['adapters']} LoRA adapters (a worker holds {c['max_loras']}, a load adds "
+            f"{c['lora_load_s']:g} s to its step)"
+            if c.get("adapters")
+            else ""
+        ),
+        f"  {'run':<5} {'workers':>7} {'turns':>6} {'err':>4} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
+        f"{'hit rate':>8} {'stayed':>6} | {'worker shares (turns)'}",
+    ]
     for label, r in runs.items():
         t = r["ttft_s"]
         shares = " ".join(str(n) for n in r["per_worker"].values())
-        lines.append(f"  {label:<5} {r['workers']:>7} {r['turns']:>6} {r['errors']:>4} | {ms(t['p50']):>10} "
-                     f"{ms(t['p95']):>10} {ms(t['p99']):>10} | {r['hit_rate'] * 100:>7.1f}% {r['stayed'] * 100:>5.0f}% | {shares} "
-                     f"(±{r['imbalance'] * 100:.0f}%)")
+        lines.append(
+            f"  {label:<5} {r['workers']:>7} {r['turns']:>6} {r['errors']:>4} | {ms(t['p50']):>10} "
+            f"{ms(t['p95']):>10} {ms(t['p99']):>10} | {r['hit_rate'] * 100:>7.1f}% {r['stayed'] * 100:>5.0f}% | {shares} "
+            f"(±{r['imbalance'] * 100:.0f}%)"
+        )
 
     def met(ok: bool) -> str:
         return "MET" if ok else "MISSED"
@@ -160,10 +204,12 @@ def render(doc: dict) -> str:
     ]
     if c.get("adapters"):
         on, off = runs["on"]["ttft_s"], runs["off"]["ttft_s"]
-        lines.append(f"With {c['adapters']} adapters (one worker holds {c['max_loras']}, so the 1-worker run reloads "
-                     f"them: not a baseline here): affinity off ÷ on, TTFT p50 {off['p50'] / on['p50']:.1f}×, "
-                     f"p95 {off['p95'] / on['p95']:.1f}×; turns served {runs['on']['turns']} on, "
-                     f"{runs['off']['turns']} off")
+        lines.append(
+            f"With {c['adapters']} adapters (one worker holds {c['max_loras']}, so the 1-worker run reloads "
+            f"them: not a baseline here): affinity off ÷ on, TTFT p50 {off['p50'] / on['p50']:.1f}×, "
+            f"p95 {off['p95'] / on['p95']:.1f}×; turns served {runs['on']['turns']} on, "
+            f"{runs['off']['turns']} off"
+        )
     return "\n".join(lines)
 
 
@@ -176,11 +222,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-tokens", type=int, default=80)
     parser.add_argument("--turns", type=int, default=12, help="turns per conversation")
     parser.add_argument("--think", type=float, default=4.0, help="mean seconds between turns")
-    parser.add_argument("--adapters", type=int, default=0,
-                        help="sessions spread over this many logical models, each a LoRA adapter on the pool")
+    parser.add_argument(
+        "--adapters",
+        type=int,
+        default=0,
+        help="sessions spread over this many logical models, each a LoRA adapter on the pool",
+    )
     parser.add_argument("--max-loras", type=int, default=2, help="adapters a worker holds loaded (with --adapters)")
-    parser.add_argument("--lora-load-s", type=float, default=0.2,
-                        help="seconds loading an adapter adds to the engine step that needs it (with --adapters)")
+    parser.add_argument(
+        "--lora-load-s",
+        type=float,
+        default=0.2,
+        help="seconds loading an adapter adds to the engine step that needs it (with --adapters)",
+    )
     parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="off")
     add_output_flags(parser)
 
@@ -191,4 +245,3 @@ def run(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     main(__doc__, configure, run)
-

@@ -13,10 +13,12 @@ from core import heap
 from loadtest.results import to_json
 
 
-def run_and_report(args: argparse.Namespace,
-                   benchmark: Callable[[argparse.Namespace], Coroutine[Any, Any, dict]],
-                   render: Callable[[dict], str]) -> int:
-    heap.settle()   # the load generator's own collection pauses would read as Laneway's latency
+def run_and_report(
+    args: argparse.Namespace,
+    benchmark: Callable[[argparse.Namespace], Coroutine[Any, Any, dict]],
+    render: Callable[[dict], str],
+) -> int:
+    heap.settle()  # the load generator's own collection pauses would read as Laneway's latency
     doc = asyncio.run(benchmark(args))
     print(render(doc))
     if args.json:
@@ -24,17 +26,18 @@ def run_and_report(args: argparse.Namespace,
     return 0
 
 
-def main(description: str | None, configure: Callable[[argparse.ArgumentParser], None],
-         run: Callable[[argparse.Namespace], int]) -> None:
+def main(
+    description: str | None,
+    configure: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+) -> None:
     """`python -m loadtest.<benchmark>`: the same flags as `laneway` would give it."""
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     sys.exit(run(parser.parse_args()))
 
 
-def add_fleet_flags(parser: argparse.ArgumentParser, *, duration: float, warmup: float,
-                    max_seqs: int) -> None:
+def add_fleet_flags(parser: argparse.ArgumentParser, *, duration: float, warmup: float, max_seqs: int) -> None:
     """The simulated fleet and phase timing every phase-based benchmark takes."""
     from workers.engines.sim.roofline import PROFILES
 

@@ -43,8 +43,7 @@ async def measure(sync: str | None, messages: int, size: int, root: Path) -> dic
             latencies.append(time.perf_counter() - t)
         elapsed = time.perf_counter() - start
         await nc.close()
-        return {"sync_interval": sync or "default (2m)", "puback": summary(latencies),
-                "per_s": messages / elapsed}
+        return {"sync_interval": sync or "default (2m)", "puback": summary(latencies), "per_s": messages / elapsed}
     finally:
         await server.stop()
 
@@ -58,14 +57,19 @@ def run(args: argparse.Namespace) -> int:
     async def both():
         with tempfile.TemporaryDirectory() as tmp:
             return [await measure(s, args.messages, args.size, Path(tmp)) for s in (None, "always")]
+
     base, always = asyncio.run(both())
     print(f"JetStream PubAck, one publisher, {args.messages} × {args.size} B, R1 file store")
     for r in (base, always):
         p = r["puback"]
-        print(f"  sync_interval={r['sync_interval']:<14} p50 {ms(p['p50']):>9}  p99 {ms(p['p99']):>9}  "
-              f"{r['per_s']:>7.0f} msg/s")
-    print(f"  'always' costs {always['puback']['p50'] / base['puback']['p50']:.1f}× the p50 PubAck latency "
-          f"and runs at {always['per_s'] / base['per_s']:.2f}× the throughput")
+        print(
+            f"  sync_interval={r['sync_interval']:<14} p50 {ms(p['p50']):>9}  p99 {ms(p['p99']):>9}  "
+            f"{r['per_s']:>7.0f} msg/s"
+        )
+    print(
+        f"  'always' costs {always['puback']['p50'] / base['puback']['p50']:.1f}× the p50 PubAck latency "
+        f"and runs at {always['per_s'] / base['per_s']:.2f}× the throughput"
+    )
     return 0
 
 

@@ -34,10 +34,13 @@ def shares(phase: Phase) -> dict:
     total = sum(served.values())
     samples = [s for s in phase.rec.samples if t0 <= s.t <= t1]
     both = sum(1 for s in samples if s.waiting.get(HEAVY, 0) > 0 and s.waiting.get(LIGHT, 0) > 0)
-    return {"tokens": served, "share": {t: (n / total if total else float("nan")) for t, n in served.items()},
-            "tokens_per_s": total / (t1 - t0),
-            "both_backlogged": both / len(samples) if samples else float("nan"),
-            "errors": phase.doc["overall"]["failed"]}
+    return {
+        "tokens": served,
+        "share": {t: (n / total if total else float("nan")) for t, n in served.items()},
+        "tokens_per_s": total / (t1 - t0),
+        "both_backlogged": both / len(samples) if samples else float("nan"),
+        "errors": phase.doc["overall"]["failed"],
+    }
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict:
@@ -45,9 +48,17 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         args.light_users = 2 * args.max_seqs
     pool = PoolSpec(profile=args.profile, speed=args.sim_speed, max_seqs=args.max_seqs)
     tenants = [TenantSpec(HEAVY, default_class=args.klass), TenantSpec(LIGHT, default_class=args.klass)]
-    flows = [Flow(HEAVY, HEAVY, args.klass, users=args.light_users * args.load_ratio,
-                  prompt_tokens=args.prompt, max_tokens=args.tokens),
-             Flow(LIGHT, LIGHT, args.klass, users=args.light_users, prompt_tokens=args.prompt, max_tokens=args.tokens)]
+    flows = [
+        Flow(
+            HEAVY,
+            HEAVY,
+            args.klass,
+            users=args.light_users * args.load_ratio,
+            prompt_tokens=args.prompt,
+            max_tokens=args.tokens,
+        ),
+        Flow(LIGHT, LIGHT, args.klass, users=args.light_users, prompt_tokens=args.prompt, max_tokens=args.tokens),
+    ]
     weighted = {HEAVY: 1.0, LIGHT: 1.0, args.weighted: float(args.weight)}
     plan = [("equal", {HEAVY: 1.0, LIGHT: 1.0}, 0.5), ("weighted", weighted, args.weight / (args.weight + 1))]
     figures: dict = {}
@@ -59,30 +70,51 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 for i, (label, weights, expected) in enumerate(plan):
                     await fleet.set_weights(weights)
-                    phase = await run_phase(fleet, target, label, flows, args.duration, args.warmup,
-                                            seed=args.seed + i, show_progress=not args.quiet)
+                    phase = await run_phase(
+                        fleet,
+                        target,
+                        label,
+                        flows,
+                        args.duration,
+                        args.warmup,
+                        seed=args.seed + i,
+                        show_progress=not args.quiet,
+                    )
                     fig = shares(phase)
                     watched = args.weighted if label == "weighted" else LIGHT
-                    fig.update({"weights": weights, "watched": watched, "expected": expected,
-                                "met": abs(fig["share"][watched] - expected) <= TOLERANCE})
+                    fig.update(
+                        {
+                            "weights": weights,
+                            "watched": watched,
+                            "expected": expected,
+                            "met": abs(fig["share"][watched] - expected) <= TOLERANCE,
+                        }
+                    )
                     figures[label] = fig
                     runs.append(phase.doc)
             engine = fleet.describe()
-    doc = {"kind": "benchmark", "benchmark": "fairness",
-           "description": f"Two tenants in class {args.klass}, offered load {args.load_ratio}:1, both backlogged",
-           "engine": engine, "config": {k: v for k, v in vars(args).items() if k != "json"},
-           "figures": figures, "runs": runs}
+    doc = {
+        "kind": "benchmark",
+        "benchmark": "fairness",
+        "description": f"Two tenants in class {args.klass}, offered load {args.load_ratio}:1, both backlogged",
+        "engine": engine,
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "figures": figures,
+        "runs": runs,
+    }
     doc["headline"] = render(doc).splitlines()
     return doc
 
 
 def render(doc: dict) -> str:
     c = doc["config"]
-    lines = [f"Fairness: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots, {c['brokers']} broker(s), "
-             f"class {c['klass']}, "
-             f"{HEAVY} {c['light_users'] * c['load_ratio']} users vs {LIGHT} {c['light_users']} users "
-             f"(offered {c['load_ratio']}:1), {c['tokens']} tokens each, {c['duration']:.0f} s phases "
-             f"({c['warmup']:.0f} s warm-up)"]
+    lines = [
+        f"Fairness: sim/{c['profile']} (SIMULATION), {c['max_seqs']} slots, {c['brokers']} broker(s), "
+        f"class {c['klass']}, "
+        f"{HEAVY} {c['light_users'] * c['load_ratio']} users vs {LIGHT} {c['light_users']} users "
+        f"(offered {c['load_ratio']}:1), {c['tokens']} tokens each, {c['duration']:.0f} s phases "
+        f"({c['warmup']:.0f} s warm-up)"
+    ]
     for label, f in doc["figures"].items():
         w = f["weights"]
         lines.append(
@@ -90,22 +122,28 @@ def render(doc: dict) -> str:
             f"{f['watched']}: {f['share'][f['watched']] * 100:.1f}% (target {f['expected'] * 100:.0f}% ± 5%): "
             f"{'MET' if f['met'] else 'MISSED'}; tokens {f['tokens'][HEAVY]:,} vs {f['tokens'][LIGHT]:,}, "
             f"{f['tokens_per_s']:,.0f} tok/s, both backlogged {f['both_backlogged'] * 100:.0f}% of the "
-            f"window, errors {f['errors']}")
+            f"window, errors {f['errors']}"
+        )
     return "\n".join(lines)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_fleet_flags(parser, duration=25.0, warmup=5.0, max_seqs=16)
     parser.add_argument("--klass", default="interactive", help="the one class both tenants use")
-    parser.add_argument("--light-users", type=int, default=None,
-                        help="the light tenant's concurrent users (default 2 × slots: it must stay "
-                             "backlogged at the broker even when it is owed 75%% of the slots)")
+    parser.add_argument(
+        "--light-users",
+        type=int,
+        default=None,
+        help="the light tenant's concurrent users (default 2 × slots: it must stay "
+        "backlogged at the broker even when it is owed 75%% of the slots)",
+    )
     parser.add_argument("--load-ratio", type=int, default=10, help="heavy users per light user")
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--weight", type=float, default=3.0)
-    parser.add_argument("--weighted", choices=(HEAVY, LIGHT), default=LIGHT,
-                        help="which tenant gets --weight in the second phase")
+    parser.add_argument(
+        "--weighted", choices=(HEAVY, LIGHT), default=LIGHT, help="which tenant gets --weight in the second phase"
+    )
     parser.add_argument("--brokers", type=int, default=1, help="`laneway up --brokers N`")
     add_output_flags(parser)
 

@@ -32,19 +32,28 @@ def api_key(tenant: str) -> str:
     return f"sk-loadtest-{tenant}"
 
 
-def settings_toml(tenants: tuple[TenantSpec, ...] | list[TenantSpec], pools: tuple[PoolSpec, ...] | list[PoolSpec],
-                  default_timeout_s: float = 600.0) -> str:
+def settings_toml(
+    tenants: tuple[TenantSpec, ...] | list[TenantSpec],
+    pools: tuple[PoolSpec, ...] | list[PoolSpec],
+    default_timeout_s: float = 600.0,
+) -> str:
     lines = [f"default_timeout_s = {default_timeout_s}", ""]
     for t in tenants:
         classes = ", ".join(f'"{c}"' for c in t.classes)
-        lines += [f"[tenants.{t.name}]", f'api_key_sha256 = ["{hash_key(api_key(t.name))}"]',
-                  f'default_class = "{t.default_class}"', f"classes = [{classes}]",
-                  f"weight = {float(t.weight)}", *t.more, ""]
+        lines += [
+            f"[tenants.{t.name}]",
+            f'api_key_sha256 = ["{hash_key(api_key(t.name))}"]',
+            f'default_class = "{t.default_class}"',
+            f"classes = [{classes}]",
+            f"weight = {float(t.weight)}",
+            *t.more,
+            "",
+        ]
         if not t.pii:
             lines += [f"[tenants.{t.name}.pii]", "enabled = false", ""]
     for model, pool in sorted({(p.model, p.pool) for p in pools}):
         lines += [f'[models."{model}"]', f'pool = "{pool}"', ""]
-    for p in pools:     # LoRA adapters on the pool's model (the sim loads any path: it has no weights)
+    for p in pools:  # LoRA adapters on the pool's model (the sim loads any path: it has no weights)
         for name in p.adapters:
             lines += [f'[models."{name}"]', f'pool = "{p.pool}"', f'adapter = "/adapters/{name}"', ""]
     return "\n".join(lines)
@@ -89,8 +98,13 @@ async def _port_open(port: int, timeout: float) -> None:
 class Fleet:
     """async with Fleet(dir, tenants, pools) as fleet: fleet.url, fleet.nats_url, fleet.keys."""
 
-    def __init__(self, data_dir: Path, tenants: tuple[TenantSpec, ...] | list[TenantSpec],
-                 pools: tuple[PoolSpec, ...] | list[PoolSpec], up_flags: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        tenants: tuple[TenantSpec, ...] | list[TenantSpec],
+        pools: tuple[PoolSpec, ...] | list[PoolSpec],
+        up_flags: list[str] | None = None,
+    ) -> None:
         """`up_flags`: more of `laneway up`'s own flags (`--brokers 3`, `--pii off`)."""
         self.data_dir = data_dir
         self.tenants = list(tenants)
@@ -109,11 +123,22 @@ class Fleet:
         return self.up.url
 
     def describe(self) -> dict:
-        return {"engine": "sim (SIMULATION: modelled GPU step times, no real model)",
-                "pools": [{"model": p.model, "pool": p.pool, "profile": p.profile, "workers": p.workers,
-                           "speed": p.speed, "max_seqs": p.max_seqs, "kv_tokens": p.kv_tokens}
-                          for p in self.pools],
-                "tenants": {t.name: t.weight for t in self.tenants}}
+        return {
+            "engine": "sim (SIMULATION: modelled GPU step times, no real model)",
+            "pools": [
+                {
+                    "model": p.model,
+                    "pool": p.pool,
+                    "profile": p.profile,
+                    "workers": p.workers,
+                    "speed": p.speed,
+                    "max_seqs": p.max_seqs,
+                    "kv_tokens": p.kv_tokens,
+                }
+                for p in self.pools
+            ],
+            "tenants": {t.name: t.weight for t in self.tenants},
+        }
 
     async def __aenter__(self) -> Fleet:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -121,10 +146,22 @@ class Fleet:
         settings = self.data_dir / "loadtest-settings.toml"
         settings.write_text(settings_toml(self.tenants, self.pools))
         first = self.pools[0]
-        self.up = LanewayUp(self.data_dir, self.keys[self.tenants[0].name],
-                            ["--settings", str(settings), "--nats-port", str(self.nats_port),
-                             "--pool", first.pool, "--model-name", first.model, *first.sim_flags(),
-                             *self.up_flags])
+        self.up = LanewayUp(
+            self.data_dir,
+            self.keys[self.tenants[0].name],
+            [
+                "--settings",
+                str(settings),
+                "--nats-port",
+                str(self.nats_port),
+                "--pool",
+                first.pool,
+                "--model-name",
+                first.model,
+                *first.sim_flags(),
+                *self.up_flags,
+            ],
+        )
         starting = asyncio.create_task(self.up.__aenter__())
         try:
             waiting = asyncio.create_task(_port_open(self.nats_port, 60))
@@ -156,10 +193,25 @@ class Fleet:
         log = open(self.data_dir / "logs" / f"extra-worker-{n}.log", "ab")
         try:
             return await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "worker",
-                "--nats-url", self.nats_url, "--pool", pool.pool, "--engine", "sim", *pool.sim_flags(),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                env=self.up.nats_env("svc-worker"))     # `up` wrote it before NATS started
+                sys.executable,
+                "-m",
+                "laneway.cli",
+                "--log-level",
+                "WARNING",
+                "worker",
+                "--nats-url",
+                self.nats_url,
+                "--pool",
+                pool.pool,
+                "--engine",
+                "sim",
+                *pool.sim_flags(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env=self.up.nats_env("svc-worker"),
+            )  # `up` wrote it before NATS started
         finally:
             log.close()
 
@@ -222,7 +274,7 @@ class Fleet:
             await kv.put(policy.name, classes.encode(policy))
         finally:
             await nc.close()
-        await asyncio.sleep(0.5)   # the broker's watch applies it
+        await asyncio.sleep(0.5)  # the broker's watch applies it
 
     async def set_weights(self, weights: dict[str, float]) -> None:
         """Change tenants' fair-share weights live, as an operator would: rewrite their
@@ -234,12 +286,19 @@ class Fleet:
         for i, t in enumerate(self.tenants):
             if t.name in weights:
                 self.tenants[i] = t = dataclasses.replace(t, weight=weights[t.name])
-                docs.append(Tenant(name=t.name, api_key_sha256=[hash_key(self.keys[t.name])],
-                                   default_class=t.default_class, classes=list(t.classes), weight=t.weight,
-                                   pii=TenantPiiPolicy(enabled=t.pii)))
+                docs.append(
+                    Tenant(
+                        name=t.name,
+                        api_key_sha256=[hash_key(self.keys[t.name])],
+                        default_class=t.default_class,
+                        classes=list(t.classes),
+                        weight=t.weight,
+                        pii=TenantPiiPolicy(enabled=t.pii),
+                    )
+                )
         nc = await self.up.connect_nats("ops")
         try:
             await put_tenants(nc.jetstream(), Subjects(), docs)
         finally:
             await nc.close()
-        await asyncio.sleep(0.5)   # the broker's watch applies it
+        await asyncio.sleep(0.5)  # the broker's watch applies it

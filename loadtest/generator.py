@@ -52,8 +52,17 @@ def _max_concurrency(s: Scenario) -> int:
     return closed + sum(math.ceil(f.rate * 30) for f in s.flows if f.open_loop)
 
 
-async def drive(s: Scenario, target, *, label: str, open_streams=None, drain_s: float = 10.0,
-                seed: int = 1, show_progress: bool = True, sample_s: float = 0.5) -> dict:
+async def drive(
+    s: Scenario,
+    target,
+    *,
+    label: str,
+    open_streams=None,
+    drain_s: float = 10.0,
+    seed: int = 1,
+    show_progress: bool = True,
+    sample_s: float = 0.5,
+) -> dict:
     """Run the scenario's flows against a ready target; one run document."""
     rec = Recorder()
     progress = Progress(rec, s.duration_s, label) if show_progress else None
@@ -67,23 +76,46 @@ async def drive(s: Scenario, target, *, label: str, open_streams=None, drain_s: 
         await asyncio.gather(sampling, return_exceptions=True)
         if progress:
             progress.close()
-    return run_document(label, rec.results, rec.samples, (t0, min(t1, t0 + s.duration_s)),
-                        slo_ttft_s=s.slo_ttft_s, slo_latency_s=s.slo_latency_s)
+    return run_document(
+        label,
+        rec.results,
+        rec.samples,
+        (t0, min(t1, t0 + s.duration_s)),
+        slo_ttft_s=s.slo_ttft_s,
+        slo_latency_s=s.slo_latency_s,
+    )
 
 
 def _header(s: Scenario, target: str, engine: dict | str) -> dict:
-    return {"kind": "loadtest", "scenario": s.name, "description": s.description, "source": s.source,
-            "scale": s.scale, "duration_s": s.duration_s, "target": target, "engine": engine,
-            "slo": {"ttft_s": s.slo_ttft_s, "latency_s": s.slo_latency_s},
-            "flows": [asdict(f) for f in s.flows], "created_at": time.time()}
+    return {
+        "kind": "loadtest",
+        "scenario": s.name,
+        "description": s.description,
+        "source": s.source,
+        "scale": s.scale,
+        "duration_s": s.duration_s,
+        "target": target,
+        "engine": engine,
+        "slo": {"ttft_s": s.slo_ttft_s, "latency_s": s.slo_latency_s},
+        "flows": [asdict(f) for f in s.flows],
+        "created_at": time.time(),
+    }
 
 
-async def run_scenario(s: Scenario, *, target: str = "http", url: str | None = None,
-                       keys: dict[str, str] | None = None, nats_url: str | None = None,
-                       data_dir: Path | None = None, drain_s: float = 10.0, seed: int = 1,
-                       show_progress: bool = True) -> dict:
+async def run_scenario(
+    s: Scenario,
+    *,
+    target: str = "http",
+    url: str | None = None,
+    keys: dict[str, str] | None = None,
+    nats_url: str | None = None,
+    data_dir: Path | None = None,
+    drain_s: float = 10.0,
+    seed: int = 1,
+    show_progress: bool = True,
+) -> dict:
     raise_fd_limit(2 * _max_concurrency(s) + 1024)
-    if url or nats_url:       # an existing deployment
+    if url or nats_url:  # an existing deployment
         t = NatsTarget(nats_url) if target == "nats" else HttpTarget(url, keys or {})
         if target == "nats" and not nats_url:
             raise ValueError("--target nats needs --nats-url")
@@ -94,29 +126,41 @@ async def run_scenario(s: Scenario, *, target: str = "http", url: str | None = N
         return {**_header(s, target, "external deployment"), "runs": [run]}
     with tempfile.TemporaryDirectory(prefix="laneway-loadtest-") as tmp:
         async with Fleet(data_dir or Path(tmp) / "lw", s.tenants, s.pools) as fleet:
-            t = (NatsTarget(fleet.nats_url, credentials=fleet.up.credentials("svc-bridge")) if target == "nats"
-                 else HttpTarget(fleet.url, fleet.keys))
+            t = (
+                NatsTarget(fleet.nats_url, credentials=fleet.up.credentials("svc-bridge"))
+                if target == "nats"
+                else HttpTarget(fleet.url, fleet.keys)
+            )
             async with t:
                 cpu0 = fleet.cpu()
-                run = await drive(s, t, label=s.name, open_streams=fleet.open_streams, drain_s=drain_s,
-                                  seed=seed, show_progress=show_progress)
+                run = await drive(
+                    s,
+                    t,
+                    label=s.name,
+                    open_streams=fleet.open_streams,
+                    drain_s=drain_s,
+                    seed=seed,
+                    show_progress=show_progress,
+                )
                 run["laneway_cpu_s"] = fleet.cpu() - cpu0
             return {**_header(s, target, fleet.describe()), "runs": [run]}
 
 
 # -- printing -------------------------------------------------------------------------------
 def ms(seconds: float | None) -> str:
-    return _ms(float("nan") if seconds is None else seconds)   # JSON writes no-sample NaN as null
+    return _ms(float("nan") if seconds is None else seconds)  # JSON writes no-sample NaN as null
 
 
 def _row(name: str, g: dict) -> str:
     t, i, e = g["ttft_s"], g["itl_s"], g["e2e_s"]
     errs = ",".join(f"{k}:{v}" for k, v in g["errors"].items()) or "-"
     slo = g["slo"]
-    return (f"  {name:<16} {g['requests']:>6} {g['failed']:>5} | {ms(t['p50']):>10} {ms(t['p95']):>10} "
-            f"{ms(t['p99']):>10} | {ms(i['p50']):>9} {ms(i['p95']):>9} {ms(i['p99']):>9} | "
-            f"{ms(e['p95']):>11} | {g['tokens_per_s']:>8,.0f} | "
-            f"{_pct(slo['ttft_800ms']['attainment'])} {_pct(slo['latency_1s']['attainment'])} | {errs}")
+    return (
+        f"  {name:<16} {g['requests']:>6} {g['failed']:>5} | {ms(t['p50']):>10} {ms(t['p95']):>10} "
+        f"{ms(t['p99']):>10} | {ms(i['p50']):>9} {ms(i['p95']):>9} {ms(i['p99']):>9} | "
+        f"{ms(e['p95']):>11} | {g['tokens_per_s']:>8,.0f} | "
+        f"{_pct(slo['ttft_800ms']['attainment'])} {_pct(slo['latency_1s']['attainment'])} | {errs}"
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -124,22 +168,29 @@ def _pct(value: float | None) -> str:
 
 
 def render(doc: dict) -> str:
-    lines = [f"Scenario {doc['scenario']} (scale {doc['scale']}, {doc['duration_s']:.0f} s, "
-             f"target {doc['target']}; engine: SIMULATION)", f"  {doc['description']}"]
-    head = (f"  {'group':<16} {'reqs':>6} {'err':>5} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
-            f"{'ITL p50':>9} {'p95':>9} {'p99':>9} | {'e2e p95':>11} | {'tok/s':>8} | "
-            f"{'<800ms':>6} {'<1s':>6} | errors")
+    lines = [
+        f"Scenario {doc['scenario']} (scale {doc['scale']}, {doc['duration_s']:.0f} s, "
+        f"target {doc['target']}; engine: SIMULATION)",
+        f"  {doc['description']}",
+    ]
+    head = (
+        f"  {'group':<16} {'reqs':>6} {'err':>5} | {'TTFT p50':>10} {'p95':>10} {'p99':>10} | "
+        f"{'ITL p50':>9} {'p95':>9} {'p99':>9} | {'e2e p95':>11} | {'tok/s':>8} | "
+        f"{'<800ms':>6} {'<1s':>6} | errors"
+    )
     for run in doc["runs"]:
         for title, key in (("class", "by_class"), ("tenant", "by_tenant"), ("flow", "by_flow")):
             groups = run[key]
             if key == "by_tenant" and len(groups) > 8:
-                continue      # many tenants: the class and flow tables say it
+                continue  # many tenants: the class and flow tables say it
             lines += [f" by {title}:", head] + [_row(n, g) for n, g in groups.items()]
         lines.append(_row("ALL", run["overall"]))
         o = run["overall"]["slo"]
-        lines.append(f"  SLO: TTFT p95 < 800 ms {'MET' if o['ttft_800ms']['met'] else 'MISSED'} "
-                     f"(p95 {ms(o['ttft_800ms']['p95_s'])}); p95 < 1 s "
-                     f"{'MET' if o['latency_1s']['met'] else 'MISSED'}")
+        lines.append(
+            f"  SLO: TTFT p95 < 800 ms {'MET' if o['ttft_800ms']['met'] else 'MISSED'} "
+            f"(p95 {ms(o['ttft_800ms']['p95_s'])}); p95 < 1 s "
+            f"{'MET' if o['latency_1s']['met'] else 'MISSED'}"
+        )
     return "\n".join(lines)
 
 
@@ -162,8 +213,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain", type=float, default=10.0, help="seconds to let requests in flight finish")
     parser.add_argument("--target", choices=("http", "nats"), default="http")
     parser.add_argument("--url", help="drive an existing bridge instead of starting one")
-    parser.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
-                        help="with --url: the key of each tenant the scenario names")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="TENANT=KEY",
+        help="with --url: the key of each tenant the scenario names",
+    )
     parser.add_argument("--nats-url", help="with --target nats: drive an existing deployment")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -177,9 +233,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"{s.name:<22} {s.description}\n{'':<22} ({s.source})")
         return 0 if args.list else 2
     s = scenarios.get(args.scenario).scaled(args.scale).with_duration(args.duration)
-    doc = asyncio.run(run_scenario(s, target=args.target, url=args.url, keys=_keys(args.api_key),
-                                   nats_url=args.nats_url, drain_s=args.drain, seed=args.seed,
-                                   show_progress=not args.quiet))
+    doc = asyncio.run(
+        run_scenario(
+            s,
+            target=args.target,
+            url=args.url,
+            keys=_keys(args.api_key),
+            nats_url=args.nats_url,
+            drain_s=args.drain,
+            seed=args.seed,
+            show_progress=not args.quiet,
+        )
+    )
     print(render(doc))
     if args.json:
         args.json.write_text(to_json(doc))

@@ -17,21 +17,21 @@ import orjson
 class Result:
     ttft: float | None = None
     e2e: float = 0.0
-    tokens: int = 0                 # content chunks, then the usage chunk's count when asked for
-    gaps: list[float] = field(default_factory=list)    # inter-token latencies
+    tokens: int = 0  # content chunks, then the usage chunk's count when asked for
+    gaps: list[float] = field(default_factory=list)  # inter-token latencies
     status: int = 0
-    error: str | None = None                            # OpenAI error code or exception name
-    started_at: float = 0.0                              # time.time() when sent
+    error: str | None = None  # OpenAI error code or exception name
+    started_at: float = 0.0  # time.time() when sent
     klass: str = ""
     tenant: str = ""
-    flow: str = ""                                       # the load generator's traffic label
-    completion_tokens: int | None = None                 # from the usage chunk, when asked for
-    cut: bool = False                                    # stopped by the load generator, not an error
-    last_at: float = 0.0                                 # perf_counter of the latest content chunk
-    request_id: str = ""                                 # Laneway's (x-request-id): usage records name it
-    finish_reason: str | None = None                     # the last choice chunk's, once the stream ends
-    retry_after: float | None = None                     # a refusal's Retry-After, seconds
-    retries: int = 0                                     # attempts refused (429/503) before this one
+    flow: str = ""  # the load generator's traffic label
+    completion_tokens: int | None = None  # from the usage chunk, when asked for
+    cut: bool = False  # stopped by the load generator, not an error
+    last_at: float = 0.0  # perf_counter of the latest content chunk
+    request_id: str = ""  # Laneway's (x-request-id): usage records name it
+    finish_reason: str | None = None  # the last choice chunk's, once the stream ends
+    retry_after: float | None = None  # a refusal's Retry-After, seconds
+    retries: int = 0  # attempts refused (429/503) before this one
 
     @property
     def ok(self) -> bool:
@@ -48,9 +48,15 @@ class Result:
         self.tokens += 1
 
 
-async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, body: dict,
-                      headers: dict[str, str] | None = None, result: Result | None = None,
-                      since: float | None = None) -> Result:
+async def stream_chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    api_key: str,
+    body: dict,
+    headers: dict[str, str] | None = None,
+    result: Result | None = None,
+    since: float | None = None,
+) -> Result:
     """Fills `result` (a new one if None) as the stream goes, so a caller that cancels this
     coroutine still holds what arrived so far. `since`: the perf_counter the user started waiting
     (a retry's first attempt); TTFT and e2e count from it."""
@@ -68,7 +74,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                 result.retry_after = retry_after(resp.headers.get("Retry-After"))
                 payload = await resp.json(content_type=None)
                 result.error = (payload.get("error") or {}).get("code") or str(resp.status)
-                if why := resp.headers.get("x-laneway-overload"):    # which limit refused it
+                if why := resp.headers.get("x-laneway-overload"):  # which limit refused it
                     result.error = f"{result.error}:{why}"
                 return result
             async for raw in resp.content:
@@ -92,7 +98,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
                 if delta.get("content") or delta.get("tool_calls"):
                     result.content_arrived(start)
         if result.completion_tokens is not None:
-            result.tokens = result.completion_tokens   # a chunk may carry several tokens
+            result.tokens = result.completion_tokens  # a chunk may carry several tokens
     except (aiohttp.ClientError, TimeoutError) as exc:
         result.error = type(exc).__name__
     finally:
@@ -100,7 +106,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, api_key: str, bo
     return result
 
 
-RETRIED = (408, 409, 429, 500, 502, 503, 504)      # what the OpenAI SDK retries
+RETRIED = (408, 409, 429, 500, 502, 503, 504)  # what the OpenAI SDK retries
 
 
 def sdk_backoff(attempt: int, retry_after_s: float | None, rng: random.Random) -> float:

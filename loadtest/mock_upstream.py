@@ -26,8 +26,13 @@ _ids = itertools.count()
 
 
 def _chunk(rid: str, delta: dict | None, finish: str | None = None, usage: dict | None = None) -> bytes:
-    doc = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-           "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    doc = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": MODEL,
+        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     if usage is not None:
         doc["usage"] = usage
     return b"data: " + orjson.dumps(doc) + b"\n\n"
@@ -44,12 +49,22 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     count = min(int(limit), request.app["tokens"])
     rid = f"chatcmpl-mock-{next(_ids)}"
     if not body.get("stream"):
-        return web.json_response({
-            "id": rid, "object": "chat.completion", "created": 0, "model": MODEL,
-            "choices": [{"index": 0, "finish_reason": "length",
-                         "message": {"role": "assistant", "content": "tok " * count}}],
-            "usage": {"prompt_tokens": _prompt_tokens(body), "completion_tokens": count,
-                      "total_tokens": _prompt_tokens(body) + count}})
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [
+                    {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "tok " * count}}
+                ],
+                "usage": {
+                    "prompt_tokens": _prompt_tokens(body),
+                    "completion_tokens": count,
+                    "total_tokens": _prompt_tokens(body) + count,
+                },
+            }
+        )
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     await resp.write(_chunk(rid, {"role": "assistant", "content": ""}))
@@ -59,8 +74,11 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     await resp.write(_chunk(rid, {"content": "tok "}, "length"))
     if (body.get("stream_options") or {}).get("include_usage"):
         prompt = _prompt_tokens(body)
-        await resp.write(_chunk(rid, None, usage={"prompt_tokens": prompt, "completion_tokens": count,
-                                                  "total_tokens": prompt + count}))
+        await resp.write(
+            _chunk(
+                rid, None, usage={"prompt_tokens": prompt, "completion_tokens": count, "total_tokens": prompt + count}
+            )
+        )
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -81,10 +99,12 @@ def mock_app(tokens: int) -> web.Application:
 async def _relay(request: web.Request) -> web.StreamResponse:
     session: aiohttp.ClientSession = request.app["session"]
     headers = {"Content-Type": "application/json"}
-    async with session.post(request.app["upstream"] + request.path, data=await request.read(),
-                            headers=headers) as upstream:
-        resp = web.StreamResponse(status=upstream.status,
-                                  headers={"Content-Type": upstream.headers.get("Content-Type", "")})
+    async with session.post(
+        request.app["upstream"] + request.path, data=await request.read(), headers=headers
+    ) as upstream:
+        resp = web.StreamResponse(
+            status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "")}
+        )
         await resp.prepare(request)
         async for data in upstream.content.iter_any():
             await resp.write(data)
@@ -100,6 +120,7 @@ def relay_app(upstream: str) -> web.Application:
         app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         yield
         await app["session"].close()
+
     app.cleanup_ctx.append(session)
     app.router.add_post("/v1/chat/completions", _relay)
     return app

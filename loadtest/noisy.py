@@ -47,32 +47,58 @@ from loadtest.traffic import HttpTarget
 
 CHATS, NEIGHBOUR = "acme", "globex"
 CASES = ("same-flood", "other-flood", "junk", "junk-elsewhere", "batch-job", "retry-storm")
-MOST_RATIO = 5.0          # the issue's ceiling on this 2-core machine, whatever the physics
-JUNK_RATIO = 1.2          # junk adds no engine work: the chats stay within this of alone
-SDK_RETRIES = 2           # the OpenAI SDK's default max_retries
+MOST_RATIO = 5.0  # the issue's ceiling on this 2-core machine, whatever the physics
+JUNK_RATIO = 1.2  # junk adds no engine work: the chats stay within this of alone
+SDK_RETRIES = 2  # the OpenAI SDK's default max_retries
 
 
 def chat_flow(args: argparse.Namespace) -> Flow:
-    return Flow("chat", CHATS, "interactive", rate=args.chat_rate, prompt_tokens=args.chat_prompt,
-                max_tokens=args.chat_tokens, distinct=True, retries=SDK_RETRIES)
+    return Flow(
+        "chat",
+        CHATS,
+        "interactive",
+        rate=args.chat_rate,
+        prompt_tokens=args.chat_prompt,
+        max_tokens=args.chat_tokens,
+        distinct=True,
+        retries=SDK_RETRIES,
+    )
 
 
 def noise_flows(args: argparse.Namespace, case: str) -> list[Flow]:
-    flood = dict(users=args.flood_users, prompt_tokens=args.flood_prompt_bytes // 4, max_tokens=args.flood_tokens,
-                 max_tokens_spread=0.5, ramp_s=1.0, distinct=True)
+    flood = dict(
+        users=args.flood_users,
+        prompt_tokens=args.flood_prompt_bytes // 4,
+        max_tokens=args.flood_tokens,
+        max_tokens_spread=0.5,
+        ramp_s=1.0,
+        distinct=True,
+    )
     if case == "same-flood":
         return [Flow("noise", CHATS, "batch", **flood)]
     if case == "other-flood":
         return [Flow("noise", NEIGHBOUR, "interactive", **flood)]
     if case == "retry-storm":
-        return [Flow("noise", NEIGHBOUR, "standard", users=args.storm_clients, prompt_tokens=64,
-                     max_tokens=args.flood_tokens, max_tokens_spread=0.5, ramp_s=2.0, distinct=True)]
+        return [
+            Flow(
+                "noise",
+                NEIGHBOUR,
+                "standard",
+                users=args.storm_clients,
+                prompt_tokens=64,
+                max_tokens=args.flood_tokens,
+                max_tokens_spread=0.5,
+                ramp_s=2.0,
+                distinct=True,
+            )
+        ]
     return []
 
 
 def chats_started(rec) -> bool:
-    return all(r.ttft is not None or r.error is not None or r.status not in (0, 200)
-               for r in rec.results if r.flow == "chat")
+    return all(
+        r.ttft is not None or r.error is not None or r.status not in (0, 200) for r in rec.results if r.flow == "chat"
+    )
 
 
 async def junk(nats_url: str, user: str | None, password: str | None, until: float, counts: dict) -> None:
@@ -86,8 +112,7 @@ async def junk(nats_url: str, user: str | None, password: str | None, until: flo
     async def on_error(exc: Exception) -> None:
         errors.append(type(exc).__name__)
 
-    nc = await nats.connect(nats_url, user=user, password=password, error_cb=on_error,
-                            allow_reconnect=False)
+    nc = await nats.connect(nats_url, user=user, password=password, error_cb=on_error, allow_reconnect=False)
     classes = ("interactive", "standard", "batch", "j0", "j1", "j2")
     try:
         loop = asyncio.get_running_loop()
@@ -110,13 +135,28 @@ async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float, counts
 
     client = openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=fleet.keys[CHATS], max_retries=5)
     prompt = "x " * (args.flood_prompt_bytes // 2)
-    lines = "\n".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": {"model": "laneway-sim", "max_tokens": args.flood_tokens,
-                                           "messages": [{"role": "user", "content": f"{i} {prompt}"}]}})
-                      for i in range(args.batch_lines))
+    lines = "\n".join(
+        json.dumps(
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "laneway-sim",
+                    "max_tokens": args.flood_tokens,
+                    "messages": [{"role": "user", "content": f"{i} {prompt}"}],
+                },
+            }
+        )
+        for i in range(args.batch_lines)
+    )
     file = await client.files.create(file=("noisy.jsonl", lines.encode()), purpose="batch")
-    batch = await client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
-                                        completion_window="24h", extra_headers={"x-laneway-class": "batch"})
+    batch = await client.batches.create(
+        input_file_id=file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_headers={"x-laneway-class": "batch"},
+    )
     counts["batch_id"] = batch.id
     await asyncio.sleep(max(0.0, until - asyncio.get_running_loop().time()))
     current = await client.batches.retrieve(batch.id)
@@ -125,24 +165,36 @@ async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float, counts
     await client.close()
 
 
-async def run_case(fleet: Fleet, target: HttpTarget, args: argparse.Namespace, case: str, seed: int) -> tuple[Phase, dict]:
+async def run_case(
+    fleet: Fleet, target: HttpTarget, args: argparse.Namespace, case: str, seed: int
+) -> tuple[Phase, dict]:
     counts: dict = {}
     side = None
     until = asyncio.get_running_loop().time() + args.duration
     elsewhere = None
     if case == "junk":
         creds = json.loads((fleet.data_dir / "nats-credentials.json").read_text())
-        side = asyncio.create_task(junk(fleet.nats_url, f"tenant-{NEIGHBOUR}", creds[f"tenant-{NEIGHBOUR}"],
-                                        until, counts))
+        side = asyncio.create_task(
+            junk(fleet.nats_url, f"tenant-{NEIGHBOUR}", creds[f"tenant-{NEIGHBOUR}"], until, counts)
+        )
     elif case == "junk-elsewhere":
         elsewhere = NatsServer(fleet.data_dir.parent / "junk-nats")
         side = asyncio.create_task(junk(await elsewhere.start(), None, None, until, counts))
     elif case == "batch-job":
         side = asyncio.create_task(batch_job(fleet, args, until, counts))
     try:
-        phase = await run_phase(fleet, target, case, [chat_flow(args), *noise_flows(args, case)], args.duration,
-                                args.warmup, drain_s=120.0, drained=chats_started, seed=seed,
-                                show_progress=not args.quiet)
+        phase = await run_phase(
+            fleet,
+            target,
+            case,
+            [chat_flow(args), *noise_flows(args, case)],
+            args.duration,
+            args.warmup,
+            drain_s=120.0,
+            drained=chats_started,
+            seed=seed,
+            show_progress=not args.quiet,
+        )
     finally:
         if side is not None:
             await asyncio.gather(side, return_exceptions=False)
@@ -156,8 +208,12 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     unknown = set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
-    pool = PoolSpec(profile=args.profile, speed=args.sim_speed, max_seqs=args.max_seqs,
-                    long_prefill_token_threshold=args.long_prefill_token_threshold)
+    pool = PoolSpec(
+        profile=args.profile,
+        speed=args.sim_speed,
+        max_seqs=args.max_seqs,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+    )
     tenants = [TenantSpec(CHATS), TenantSpec(NEIGHBOUR)]
     phases: dict[str, tuple[Phase, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="laneway-noisy-") as tmp:
@@ -174,10 +230,15 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         p["step_inflation"] = max(1.0, p["chat_itl_p50_s"] / alone["chat_itl_p50_s"])
         p["bound_ratio"] = JUNK_RATIO if case.startswith("junk") else min(MOST_RATIO, p["step_inflation"])
         p["met"] = p["ttft_p95_ratio"] <= max(p["bound_ratio"], 1.0) and p["chat_errors"] == 0
-    doc = {"kind": "benchmark", "benchmark": "noisy",
-           "description": "Noisy neighbours: interactive chat TTFT alone vs beside five kinds of noise",
-           "engine": fleet.describe(), "config": {k: v for k, v in vars(args).items() if k != "json"},
-           "figures": {"cases": f}, "runs": [p.doc for p, _ in phases.values()]}
+    doc = {
+        "kind": "benchmark",
+        "benchmark": "noisy",
+        "description": "Noisy neighbours: interactive chat TTFT alone vs beside five kinds of noise",
+        "engine": fleet.describe(),
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "figures": {"cases": f},
+        "runs": [p.doc for p, _ in phases.values()],
+    }
     doc["headline"] = render(doc).splitlines()
     return doc
 
@@ -203,24 +264,34 @@ def phase_figures(phase: Phase, counts: dict) -> dict:
 
 def render(doc: dict) -> str:
     f, c = doc["figures"]["cases"], doc["config"]
-    lines = [f"Noisy neighbours: sim/{c['profile']} (SIMULATION, vLLM V1 scheduling), {c['max_seqs']} slots, "
-             f"chats of {CHATS} {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out tokens "
-             f"(SDK retries), floods {c['flood_users']} clients × {c['flood_prompt_bytes']:,} B / ~{c['flood_tokens']} "
-             f"out, {c['duration']:.0f} s phases ({c['warmup']:.0f} s warm-up), PII stage {c['pii']}",
-             f"  {'case':<12} {'chats':>5} {'err':>3} {'retried':>7} | {'TTFT p50':>9} {'p95':>9} {'p99':>9} | "
-             f"{'step':>7} | {'p95 ×':>6} {'bound':>6} {'':>6} | noise"]
+    lines = [
+        f"Noisy neighbours: sim/{c['profile']} (SIMULATION, vLLM V1 scheduling), {c['max_seqs']} slots, "
+        f"chats of {CHATS} {c['chat_rate']}/s × {c['chat_prompt']} in / {c['chat_tokens']} out tokens "
+        f"(SDK retries), floods {c['flood_users']} clients × {c['flood_prompt_bytes']:,} B / ~{c['flood_tokens']} "
+        f"out, {c['duration']:.0f} s phases ({c['warmup']:.0f} s warm-up), PII stage {c['pii']}",
+        f"  {'case':<12} {'chats':>5} {'err':>3} {'retried':>7} | {'TTFT p50':>9} {'p95':>9} {'p99':>9} | "
+        f"{'step':>7} | {'p95 ×':>6} {'bound':>6} {'':>6} | noise",
+    ]
     for case, p in f.items():
         t = p["chat_ttft_s"]
-        verdict = ("" if case == "alone" else
-                   f"{p['ttft_p95_ratio']:>5.2f}× {p['bound_ratio']:>5.2f}× {'MET' if p['met'] else 'MISSED':>6}")
-        noise = (f"{p['noise_completed']} completed, {p['noise_refused']} refused, "
-                 f"{p['noise_tokens_per_s']:,.0f} tok/s" if p["noise_tokens_per_s"] or p["noise_refused"] else "")
+        verdict = (
+            ""
+            if case == "alone"
+            else f"{p['ttft_p95_ratio']:>5.2f}× {p['bound_ratio']:>5.2f}× {'MET' if p['met'] else 'MISSED':>6}"
+        )
+        noise = (
+            f"{p['noise_completed']} completed, {p['noise_refused']} refused, {p['noise_tokens_per_s']:,.0f} tok/s"
+            if p["noise_tokens_per_s"] or p["noise_refused"]
+            else ""
+        )
         if "sent" in p:
             noise = f"{p['sent']:,} junk messages sent, {p['permission_errors']} refused by the server"
         if "batch_id" in p:
             noise = f"batch job: {p.get('lines_done', 0):,} of {c['batch_lines']:,} lines done in the phase"
-        lines.append(f"  {case:<12} {t['n']:>5} {p['chat_errors']:>3} {p['chat_retried']:>7} | {ms(t['p50']):>9} "
-                     f"{ms(t['p95']):>9} {ms(t['p99']):>9} | {ms(p['chat_itl_p50_s']):>7} | {verdict:<20} | {noise}")
+        lines.append(
+            f"  {case:<12} {t['n']:>5} {p['chat_errors']:>3} {p['chat_retried']:>7} | {ms(t['p50']):>9} "
+            f"{ms(t['p95']):>9} {ms(t['p99']):>9} | {ms(p['chat_itl_p50_s']):>7} | {verdict:<20} | {noise}"
+        )
     return "\n".join(lines)
 
 
@@ -235,10 +306,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flood-tokens", type=int, default=400, help="mean max_tokens (±50%%)")
     parser.add_argument("--storm-clients", type=int, default=3000, help="clients of the retry storm")
     parser.add_argument("--batch-lines", type=int, default=10_000, help="lines of the Batch API job")
-    parser.add_argument("--long-prefill-token-threshold", type=int, default=128,
-                        help="the engine's per-request prefill chunk per step (vLLM's)")
-    parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="off",
-                        help="the broker's PII stage (off: the figures are the queues', not Presidio's)")
+    parser.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=128,
+        help="the engine's per-request prefill chunk per step (vLLM's)",
+    )
+    parser.add_argument(
+        "--pii",
+        choices=("off", "auto", "regex", "ner"),
+        default="off",
+        help="the broker's PII stage (off: the figures are the queues', not Presidio's)",
+    )
     add_output_flags(parser)
 
 

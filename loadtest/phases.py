@@ -17,7 +17,7 @@ from loadtest.traffic import Recorder, Target, run_flows, sampler
 
 @dataclass
 class Phase:
-    doc: dict                 # the run document (report input)
+    doc: dict  # the run document (report input)
     rec: Recorder
     window: tuple[float, float]
 
@@ -30,25 +30,44 @@ async def settle(fleet: Fleet, timeout_s: float = 60.0) -> None:
         if await fleet.open_streams() == 0:
             break
         await asyncio.sleep(0.1)
-    await asyncio.sleep(0.5)   # aborts reach the engines; pulls refresh
+    await asyncio.sleep(0.5)  # aborts reach the engines; pulls refresh
 
 
-async def run_phase(fleet: Fleet, target: Target, label: str, flows: list[Flow], duration_s: float,
-                    warmup_s: float, *, drain_s: float = 0.0, drained: Callable[[Recorder], bool] | None = None,
-                    seed: int = 1, show_progress: bool = True, sample_s: float = 0.5, settle_after: bool = True) -> Phase:
+async def run_phase(
+    fleet: Fleet,
+    target: Target,
+    label: str,
+    flows: list[Flow],
+    duration_s: float,
+    warmup_s: float,
+    *,
+    drain_s: float = 0.0,
+    drained: Callable[[Recorder], bool] | None = None,
+    seed: int = 1,
+    show_progress: bool = True,
+    sample_s: float = 0.5,
+    settle_after: bool = True,
+) -> Phase:
     rec = Recorder()
     progress = Progress(rec, duration_s, label) if show_progress else None
     sampling = asyncio.create_task(sampler(rec, sample_s, fleet.open_streams, progress))
     t0 = time.time()
     try:
-        await run_flows(target, rec, flows, duration_s, seed=seed, drain_s=drain_s,
-                        drained=(lambda: drained(rec)) if drained else None)
+        await run_flows(
+            target,
+            rec,
+            flows,
+            duration_s,
+            seed=seed,
+            drain_s=drain_s,
+            drained=(lambda: drained(rec)) if drained else None,
+        )
     finally:
         sampling.cancel()
         await asyncio.gather(sampling, return_exceptions=True)
         if progress:
             progress.close()
     window = (t0 + warmup_s, t0 + duration_s)
-    if settle_after:        # False: streams stay open on purpose (a batch runs on)
+    if settle_after:  # False: streams stay open on purpose (a batch runs on)
         await settle(fleet)
     return Phase(run_document(label, rec.results, rec.samples, window), rec, window)

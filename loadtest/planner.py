@@ -22,33 +22,61 @@ from loadtest.planner_report import build_report, render_text
 
 # flag dest -> dotted path in PlanInput; also used to name the flag in error messages.
 FLAGS: dict[str, str] = {
-    "qps": "load.qps", "dau": "load.dau", "requests_per_user": "load.requests_per_user_day",
-    "peak_factor": "load.peak_factor", "concurrency": "load.concurrency",
-    "think_time": "load.think_time_s", "tokens_in": "load.tokens_in",
-    "tokens_out": "load.tokens_out", "prefix_hit_rate": "load.prefix_hit_rate",
-    "gpu_memory_gb": "gpu.memory_gb", "gpu_bandwidth_tbs": "gpu.bandwidth_tbs",
-    "gpu_tflops_bf16": "gpu.tflops_bf16", "gpu_tflops_fp8": "gpu.tflops_fp8",
-    "gpu_tflops_fp4": "gpu.tflops_fp4", "gpu_usd_per_hour": "gpu.usd_per_hour",
-    "mem_util": "efficiency.mem_util", "bw_eff": "efficiency.bw_eff", "mfu": "efficiency.mfu",
+    "qps": "load.qps",
+    "dau": "load.dau",
+    "requests_per_user": "load.requests_per_user_day",
+    "peak_factor": "load.peak_factor",
+    "concurrency": "load.concurrency",
+    "think_time": "load.think_time_s",
+    "tokens_in": "load.tokens_in",
+    "tokens_out": "load.tokens_out",
+    "prefix_hit_rate": "load.prefix_hit_rate",
+    "gpu_memory_gb": "gpu.memory_gb",
+    "gpu_bandwidth_tbs": "gpu.bandwidth_tbs",
+    "gpu_tflops_bf16": "gpu.tflops_bf16",
+    "gpu_tflops_fp8": "gpu.tflops_fp8",
+    "gpu_tflops_fp4": "gpu.tflops_fp4",
+    "gpu_usd_per_hour": "gpu.usd_per_hour",
+    "mem_util": "efficiency.mem_util",
+    "bw_eff": "efficiency.bw_eff",
+    "mfu": "efficiency.mfu",
     "min_kv_fraction": "efficiency.min_kv_fraction",
-    "ttft_slo": "slo.ttft_s", "min_stream_tps": "slo.min_stream_tps",
-    "api_usd_per_mtok": "api.usd_per_mtok", "fallback_share": "api.fallback_share",
-    "budget_usd_year": "budget_usd_year", "mix_step": "mix_step",
+    "ttft_slo": "slo.ttft_s",
+    "min_stream_tps": "slo.min_stream_tps",
+    "api_usd_per_mtok": "api.usd_per_mtok",
+    "fallback_share": "api.fallback_share",
+    "budget_usd_year": "budget_usd_year",
+    "mix_step": "mix_step",
 }
 PATH_TO_FLAG = {path: "--" + dest.replace("_", "-") for dest, path in FLAGS.items()} | {
-    "models.share": "--mix", "models.kv_dtype_bytes": "--kv-dtype-bytes",
-    **{f"models.{f}": "--model" for f in ("name", "total_params_b", "active_params_b", "quant",
-                                          "kv_bytes_per_token", "layers", "kv_heads", "head_dim")},
+    "models.share": "--mix",
+    "models.kv_dtype_bytes": "--kv-dtype-bytes",
+    **{
+        f"models.{f}": "--model"
+        for f in (
+            "name",
+            "total_params_b",
+            "active_params_b",
+            "quant",
+            "kv_bytes_per_token",
+            "layers",
+            "kv_heads",
+            "head_dim",
+        )
+    },
 }
-MODEL_HELP = ("NAME:TOTAL_B:ACTIVE_B:QUANT[:KV], KV = bytes per token or LAYERSxKV_HEADSxHEAD_DIM; "
-              "repeat for a routing mix (set shares with --mix)")
+MODEL_HELP = (
+    "NAME:TOTAL_B:ACTIVE_B:QUANT[:KV], KV = bytes per token or LAYERSxKV_HEADSxHEAD_DIM; "
+    "repeat for a routing mix (set shares with --mix)"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = "Capacity and budget planner: GPUs, cost and a budget verdict."
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), help="start from a reference preset")
-    parser.add_argument("--config", metavar="FILE.toml",
-                        help="TOML with the fields of --json's `input` (gpu may be a preset name)")
+    parser.add_argument(
+        "--config", metavar="FILE.toml", help="TOML with the fields of --json's `input` (gpu may be a preset name)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--gpu", metavar="PRESET", help=f"one of {', '.join(GPU_PRESETS)}")
     parser.add_argument("--model", action="append", metavar="SPEC", help=MODEL_HELP)
@@ -82,8 +110,7 @@ def _layer_gpu(base: Any, layer: Any) -> dict[str, Any]:
         return {**(base if isinstance(base, dict) else {}), **rest}
     name = str(layer["preset"]).upper()
     if name not in GPU_PRESETS:
-        raise PlanError("gpu", f"unknown GPU preset {layer['preset']!r}; "
-                               f"choose {', '.join(GPU_PRESETS)}")
+        raise PlanError("gpu", f"unknown GPU preset {layer['preset']!r}; choose {', '.join(GPU_PRESETS)}")
     return {**GPU_PRESETS[name], **rest}
 
 
@@ -93,8 +120,12 @@ def _parse_model(spec: str) -> dict[str, Any]:
         raise PlanError("--model", f"{spec!r}: expected {MODEL_HELP.split(';')[0]}")
     name, total, active, quant = parts[:4]
     try:
-        model: dict[str, Any] = {"name": name, "total_params_b": float(total),
-                                 "active_params_b": float(active), "quant": quant.lower()}
+        model: dict[str, Any] = {
+            "name": name,
+            "total_params_b": float(total),
+            "active_params_b": float(active),
+            "quant": quant.lower(),
+        }
         if len(parts) == 5:
             if shape := re.fullmatch(r"(\d+)x(\d+)x(\d+)", parts[4]):
                 model.update(zip(("layers", "kv_heads", "head_dim"), map(int, shape.groups()), strict=True))
@@ -166,8 +197,10 @@ def build_input(args: argparse.Namespace) -> PlanInput:
     return check_input(inp)
 
 
-MISSING = {"gpu": "no GPU: pass --gpu, a [gpu] table, or --scenario",
-           "models": "no model: pass --model, [[models]] in TOML, or --scenario"}
+MISSING = {
+    "gpu": "no GPU: pass --gpu, a [gpu] table, or --scenario",
+    "models": "no model: pass --model, [[models]] in TOML, or --scenario",
+}
 
 
 def _named(exc: msgspec.ValidationError, merged: dict[str, Any]) -> PlanError:

@@ -150,8 +150,9 @@ def check_input(inp: PlanInput) -> PlanInput:
         if m.active_params_b > m.total_params_b:
             raise PlanError(f"models[{i}].active_params_b", "active params exceed total params")
         if m.kv_bytes_per_token is None and not (m.layers and m.kv_heads and m.head_dim):
-            raise PlanError(f"models[{i}].kv_bytes_per_token",
-                            "give kv_bytes_per_token or layers, kv_heads and head_dim")
+            raise PlanError(
+                f"models[{i}].kv_bytes_per_token", "give kv_bytes_per_token or layers, kv_heads and head_dim"
+            )
     total = sum(m.share for m in inp.models)
     if abs(total - 1.0) > 1e-6:
         raise PlanError("mix", f"routing shares sum to {total:g}; they must sum to 1")
@@ -185,10 +186,15 @@ def load_figures(inp: PlanInput) -> LoadFigures:
     if ld.concurrency is not None:
         conc_qps = ld.concurrency / (request_s + ld.think_time_s)
         in_flight = conc_qps * request_s  # Little's law
-    return LoadFigures(daily_requests=daily, avg_qps=daily / SECONDS_PER_DAY,
-                       volume_peak_qps=volume_peak, request_s=request_s,
-                       concurrency_qps=conc_qps, in_flight=in_flight,
-                       peak_qps=max(volume_peak, conc_qps or 0.0))
+    return LoadFigures(
+        daily_requests=daily,
+        avg_qps=daily / SECONDS_PER_DAY,
+        volume_peak_qps=volume_peak,
+        request_s=request_s,
+        concurrency_qps=conc_qps,
+        in_flight=in_flight,
+        peak_qps=max(volume_peak, conc_qps or 0.0),
+    )
 
 
 class Replica(Struct, kw_only=True):
@@ -244,15 +250,25 @@ def replica_for(m: Model, inp: PlanInput) -> Replica:
             hi = mid - 1
     batch = lo
     step, bound = _step_s(m, gpu, inp, gpus, batch)
-    prefill_s = ld.prefill_tokens() * 2 * m.active_params_b * 1e9 / (
-        gpus * gpu.tflops_for(m.quant) * 1e12 * inp.efficiency.mfu)
+    prefill_s = (
+        ld.prefill_tokens() * 2 * m.active_params_b * 1e9 / (gpus * gpu.tflops_for(m.quant) * 1e12 * inp.efficiency.mfu)
+    )
     ttft = prefill_s + step
-    return Replica(model=m.name, weight_gb=m.weight_bytes() / 1e9,
-                   kv_bytes_per_token=m.kv_per_token(), gpus=gpus, kv_seqs=kv_seqs,
-                   batch=batch, batch_limit="kv-memory" if batch == kv_seqs else "step-time",
-                   step_ms=step * 1e3, step_bound=bound, stream_tps=1 / step,
-                   decode_tps=batch / step, ttft_s=ttft,
-                   latency_ok=step <= target + 1e-12 and ttft <= inp.slo.ttft_s)
+    return Replica(
+        model=m.name,
+        weight_gb=m.weight_bytes() / 1e9,
+        kv_bytes_per_token=m.kv_per_token(),
+        gpus=gpus,
+        kv_seqs=kv_seqs,
+        batch=batch,
+        batch_limit="kv-memory" if batch == kv_seqs else "step-time",
+        step_ms=step * 1e3,
+        step_bound=bound,
+        stream_tps=1 / step,
+        decode_tps=batch / step,
+        ttft_s=ttft,
+        latency_ok=step <= target + 1e-12 and ttft <= inp.slo.ttft_s,
+    )
 
 
 class Pool(Struct, kw_only=True):
@@ -278,16 +294,25 @@ def pool_for(m: Model, rep: Replica, share: float, inp: PlanInput, lf: LoadFigur
     in_flight = max(little, (lf.in_flight or 0.0) * share)
     kv_bytes = in_flight * (ld.tokens_in + ld.tokens_out) * rep.kv_bytes_per_token
     decode = in_flight / rep.batch
-    prefill_gpu_s = qps * ld.prefill_tokens() * 2 * m.active_params_b * 1e9 / (
-        gpu.tflops_for(m.quant) * 1e12 * inp.efficiency.mfu)
+    prefill_gpu_s = (
+        qps * ld.prefill_tokens() * 2 * m.active_params_b * 1e9 / (gpu.tflops_for(m.quant) * 1e12 * inp.efficiency.mfu)
+    )
     prefill = prefill_gpu_s / rep.gpus
     replicas = max(1, math.ceil(decode + prefill - 1e-9))
-    return Pool(model=m.name, share=share, qps=qps, in_flight=in_flight,
-                kv_gb_at_peak=kv_bytes / 1e9,
-                gpus_for_weights=math.ceil(m.weight_bytes() / usable),
-                gpus_for_kv=math.ceil(kv_bytes / usable - 1e-9),
-                decode_replicas=decode, prefill_replicas=prefill, replicas=replicas,
-                gpus=replicas * rep.gpus, replica=rep)
+    return Pool(
+        model=m.name,
+        share=share,
+        qps=qps,
+        in_flight=in_flight,
+        kv_gb_at_peak=kv_bytes / 1e9,
+        gpus_for_weights=math.ceil(m.weight_bytes() / usable),
+        gpus_for_kv=math.ceil(kv_bytes / usable - 1e-9),
+        decode_replicas=decode,
+        prefill_replicas=prefill,
+        replicas=replicas,
+        gpus=replicas * rep.gpus,
+        replica=rep,
+    )
 
 
 class Fleet(Struct, kw_only=True):
@@ -302,24 +327,31 @@ class Fleet(Struct, kw_only=True):
     fits_budget: bool | None
 
 
-def plan_fleet(inp: PlanInput, shares: dict[str, float] | None = None,
-               replicas: dict[str, Replica] | None = None) -> Fleet:
+def plan_fleet(
+    inp: PlanInput, shares: dict[str, float] | None = None, replicas: dict[str, Replica] | None = None
+) -> Fleet:
     """The fleet for a routing mix (default: the input's shares). `replicas` is a cache."""
     lf = load_figures(inp)
     reps = replicas or {m.name: replica_for(m, inp) for m in inp.models}
     mix = shares if shares is not None else {m.name: m.share for m in inp.models}
-    pools = [pool_for(m, reps[m.name], mix[m.name], inp, lf)
-             for m in inp.models if mix.get(m.name, 0.0) > 0]
+    pools = [pool_for(m, reps[m.name], mix[m.name], inp, lf) for m in inp.models if mix.get(m.name, 0.0) > 0]
     gpus = sum(p.gpus for p in pools)
     gpu_day = gpus * inp.gpu.usd_per_hour * 24
     ld = inp.load
     api_tokens = inp.api.fallback_share * lf.daily_requests * (ld.tokens_in + ld.tokens_out)
     api_day = api_tokens / 1e6 * inp.api.usd_per_mtok
     year = (gpu_day + api_day) * 365
-    return Fleet(pools=pools, gpus=gpus, gpu_usd_per_day=gpu_day, api_tokens_per_day=api_tokens,
-                 api_usd_per_day=api_day, usd_per_day=gpu_day + api_day, usd_per_year=year,
-                 latency_ok=all(p.replica.latency_ok for p in pools),
-                 fits_budget=None if inp.budget_usd_year is None else year <= inp.budget_usd_year)
+    return Fleet(
+        pools=pools,
+        gpus=gpus,
+        gpu_usd_per_day=gpu_day,
+        api_tokens_per_day=api_tokens,
+        api_usd_per_day=api_day,
+        usd_per_day=gpu_day + api_day,
+        usd_per_year=year,
+        latency_ok=all(p.replica.latency_ok for p in pools),
+        fits_budget=None if inp.budget_usd_year is None else year <= inp.budget_usd_year,
+    )
 
 
 def without_prefix_cache(inp: PlanInput) -> PlanInput:
@@ -354,7 +386,6 @@ def search_mix(inp: PlanInput) -> list[MixOption]:
         fleet = plan_fleet(inp, shares, reps)
         if fleet.fits_budget and fleet.latency_ok:
             quality = sum(shares[m.name] * m.active_params_b for m in inp.models)
-            found.append(MixOption(shares=shares, gpus=fleet.gpus,
-                                   usd_per_year=fleet.usd_per_year, quality=quality))
+            found.append(MixOption(shares=shares, gpus=fleet.gpus, usd_per_year=fleet.usd_per_year, quality=quality))
     found.sort(key=lambda o: (-o.quality, o.usd_per_year))
     return found

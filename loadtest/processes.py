@@ -103,7 +103,7 @@ class LanewayUp:
     """`laneway up` in a subprocess; `cpu()` sums the CPU time of everything it runs."""
 
     def __init__(self, data_dir: Path, api_key: str, extra: list[str] | None = None) -> None:
-        self.data_dir = data_dir.resolve()      # matched in command lines: never a bare relative name
+        self.data_dir = data_dir.resolve()  # matched in command lines: never a bare relative name
         self.api_key = api_key
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -111,14 +111,27 @@ class LanewayUp:
         self.proc: asyncio.subprocess.Process | None = None
         self.nats_url = ""
         self.banner = ""
-        self.output: list[str] = []        # what `up` printed after its banner (restarts…)
+        self.output: list[str] = []  # what `up` printed after its banner (restarts…)
         self._drain: asyncio.Task | None = None
 
     async def __aenter__(self) -> LanewayUp:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "up",
-            "--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key", self.api_key,
-            *self.extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "--log-level",
+            "WARNING",
+            "up",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--api-key",
+            self.api_key,
+            *self.extra,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         text = b""
         while b"Ctrl-C stops everything" not in text:
             line = await asyncio.wait_for(self.proc.stdout.readline(), 600)
@@ -159,7 +172,7 @@ class LanewayUp:
         user_password = self.credentials(user)
         if user_password is not None:
             kwargs["user"], kwargs["password"] = user_password
-            if not user.startswith("tenant-"):      # a service's or ops's replies: its own inbox only
+            if not user.startswith("tenant-"):  # a service's or ops's replies: its own inbox only
                 kwargs.setdefault("inbox_prefix", service_inbox(user))
         return await nats.connect(self.nats_url, **kwargs)
 
@@ -208,5 +221,7 @@ class LanewayUp:
         """CPU seconds so far of each child role and its children, to say where a benchmark's
         CPU went."""
         parent_of = parents()
-        return {role: tree_cpu_seconds(self.role_pids(role), parent_of)
-                for role in ("nats-server", "broker", "worker", "bridge")}
+        return {
+            role: tree_cpu_seconds(self.role_pids(role), parent_of)
+            for role in ("nats-server", "broker", "worker", "bridge")
+        }

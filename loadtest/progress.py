@@ -13,8 +13,9 @@ WIDTH = 24
 
 
 class Progress:
-    def __init__(self, rec: Recorder, total_s: float, label: str = "", stream: TextIO | None = None,
-                 every_s: float = 5.0) -> None:
+    def __init__(
+        self, rec: Recorder, total_s: float, label: str = "", stream: TextIO | None = None, every_s: float = 5.0
+    ) -> None:
         self.rec = rec
         self.total_s = max(total_s, 1e-9)
         self.label = label
@@ -36,9 +37,11 @@ class Progress:
         self._last_tokens = (now, tokens)
         inflight = sum(sample.inflight.values())
         waiting = sum(sample.waiting.values())
-        return (f"{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {frac * 100:3.0f}% "
-                f"{elapsed:5.0f}/{self.total_s:.0f}s  sent {self.rec.sent}  err {self.rec.errors}  "
-                f"in flight {inflight} (waiting {waiting})  {rate:,.0f} tok/s")
+        return (
+            f"{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {frac * 100:3.0f}% "
+            f"{elapsed:5.0f}/{self.total_s:.0f}s  sent {self.rec.sent}  err {self.rec.errors}  "
+            f"in flight {inflight} (waiting {waiting})  {rate:,.0f} tok/s"
+        )
 
     def __call__(self, sample: Sample) -> None:
         if self.tty:

@@ -47,11 +47,9 @@ async def _replicas(url: str, s: Subjects, **options) -> tuple[list, list[Quota]
 
 async def admit_latency(url: str, prefix: str, clients: int, requests: int, fraction: float) -> None:
     s = Subjects(prefix)
-    conns, quotas = await _replicas(url, s, lease_fraction=fraction,
-                                    budget_lease_fraction=min(fraction, 0.001))
+    conns, quotas = await _replicas(url, s, lease_fraction=fraction, budget_lease_fraction=min(fraction, 0.001))
     # Limits high enough that nothing is refused: this measures the admitted path.
-    policy = QuotaPolicy(requests_per_min=10_000_000, tokens_per_min=10_000_000_000,
-                         monthly_tokens=10**14)
+    policy = QuotaPolicy(requests_per_min=10_000_000, tokens_per_min=10_000_000_000, monthly_tokens=10**14)
     label = f"lease {fraction:.0%} of the limit" if fraction >= 0.001 else "one KV CAS per request"
 
     async def client(quota: Quota, tenant: str, n: int, out: list[float]) -> None:
@@ -60,7 +58,7 @@ async def admit_latency(url: str, prefix: str, clients: int, requests: int, frac
             grant = await quota.admit(tenant, policy, 1900)
             out.append(time.perf_counter() - start)
             await quota.release(grant, 1900)
-            await asyncio.sleep(0)      # a broker serves other messages between admissions
+            await asyncio.sleep(0)  # a broker serves other messages between admissions
 
     alone: list[float] = []
     await client(quotas[0], "solo", max(100, requests // 10), alone)
@@ -69,22 +67,25 @@ async def admit_latency(url: str, prefix: str, clients: int, requests: int, frac
     per_client = max(1, requests // (2 * clients))
     before = sum(q.store.writes for q in quotas)
     started = time.perf_counter()
-    await asyncio.gather(*(client(q, f"t{i % 4}", per_client, latencies)
-                           for i in range(clients) for q in quotas))
+    await asyncio.gather(*(client(q, f"t{i % 4}", per_client, latencies) for i in range(clients) for q in quotas))
     wall = time.perf_counter() - started
     writes = sum(q.store.writes for q in quotas) - before
     conflicts = sum(q.store.conflicts for q in quotas)
     print(_line(f"admit, {label}, 2x{clients} clients", latencies))
-    print(f"  {'':<52} {len(latencies) / wall:,.0f} admits/s, KV writes/admit="
-          f"{writes / len(latencies):.4f}, CAS conflicts={conflicts}")
+    print(
+        f"  {'':<52} {len(latencies) / wall:,.0f} admits/s, KV writes/admit="
+        f"{writes / len(latencies):.4f}, CAS conflicts={conflicts}"
+    )
     for nc in conns:
         await nc.close()
 
 
 async def accuracy(url: str, prefix: str) -> None:
-    cases = [("requests_per_min=1000", QuotaPolicy(requests_per_min=1000), 2000),
-             ("tokens_per_min=200000", QuotaPolicy(tokens_per_min=200_000), 2000),
-             ("requests_per_min=20 (small)", QuotaPolicy(requests_per_min=20), 200)]
+    cases = [
+        ("requests_per_min=1000", QuotaPolicy(requests_per_min=1000), 2000),
+        ("tokens_per_min=200000", QuotaPolicy(tokens_per_min=200_000), 2000),
+        ("requests_per_min=20 (small)", QuotaPolicy(requests_per_min=20), 200),
+    ]
     for i, (name, policy, offered) in enumerate(cases):
         conns, quotas = await _replicas(url, Subjects(f"{prefix}a{i}"))
 
@@ -102,8 +103,10 @@ async def accuracy(url: str, prefix: str) -> None:
             used, limit, unit = sum(results), policy.tokens_per_min, "tokens"
         else:
             used, limit, unit = admitted, policy.requests_per_min, "requests"
-        print(f"  {name:<30} offered {offered} requests to 2 replicas: {used} {unit} admitted of "
-              f"{limit} ({used / limit:.1%}), over-admitted {max(0, used - limit)}")
+        print(
+            f"  {name:<30} offered {offered} requests to 2 replicas: {used} {unit} admitted of "
+            f"{limit} ({used / limit:.1%}), over-admitted {max(0, used - limit)}"
+        )
         for nc in conns:
             await nc.close()
 
@@ -128,8 +131,10 @@ async def accuracy(url: str, prefix: str) -> None:
             await quota.release(grant, 10)
 
     await asyncio.gather(*(worker(q) for _ in range(48) for q in quotas))
-    print(f"  {'max_concurrent=32':<30} 96 clients on 2 replicas: peak in flight {peak} "
-          f"(limit 32), {admitted} admitted, {refused} refused")
+    print(
+        f"  {'max_concurrent=32':<30} 96 clients on 2 replicas: peak in flight {peak} "
+        f"(limit 32), {admitted} admitted, {refused} refused"
+    )
     for nc in conns:
         await nc.close()
 
@@ -137,11 +142,13 @@ async def accuracy(url: str, prefix: str) -> None:
 async def cache_latency(url: str, prefix: str, n: int) -> None:
     async with await nats.connect(url) as nc:
         cache = await ResponseCache.open(nc.jetstream(), Subjects(prefix), ttl_s=3600)
-        messages = [Message("system", "You are a support assistant for <ORGANIZATION>."),
-                    Message("user", ("Summarise this ticket for the account team. " * 140)[:6000])]
+        messages = [
+            Message("system", "You are a support assistant for <ORGANIZATION>."),
+            Message("user", ("Summarise this ticket for the account team. " * 140)[:6000]),
+        ]
         greedy = ChatBody(model="chat", messages=messages, max_tokens=400, temperature=0.0)
         text = "The customer reports a billing error. " * 40
-        deltas = [Delta("r", 0, i, text[at:at + 32]) for i, at in enumerate(range(0, len(text), 32))]
+        deltas = [Delta("r", 0, i, text[at : at + 32]) for i, at in enumerate(range(0, len(text), 32))]
         answer = CachedResponse(deltas, 1500, 400, "stop", "sim@1")
         key_times, hits, misses = [], [], []
         for _ in range(n):

@@ -64,8 +64,10 @@ def ttft_cdf(doc: dict) -> bytes:
 
 def _colours(doc: dict) -> dict[str, str]:
     """One colour per flow across every run, so phases read alike."""
-    flows = sorted({f for run in doc["runs"] for f in run["timeline"]["inflight"]}
-                   | {f for run in doc["runs"] for f in run["timeline"]["tokens_per_s"]})
+    flows = sorted(
+        {f for run in doc["runs"] for f in run["timeline"]["inflight"]}
+        | {f for run in doc["runs"] for f in run["timeline"]["tokens_per_s"]}
+    )
     return {f: f"C{i % 10}" for i, f in enumerate(flows)}
 
 
@@ -101,12 +103,22 @@ def queue_depth(doc: dict) -> bytes:
         tl = run["timeline"]
         t = tl["sample_t"]
         for flow, series in tl["inflight"].items():
-            line, = ax.plot(t, series, label=f"{flow} in flight", color=colour[flow])
-            ax.plot(t, tl["waiting"].get(flow, []), linestyle="--", color=line.get_color(),
-                    label=f"{flow} waiting for 1st token")
+            (line,) = ax.plot(t, series, label=f"{flow} in flight", color=colour[flow])
+            ax.plot(
+                t,
+                tl["waiting"].get(flow, []),
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{flow} waiting for 1st token",
+            )
         if tl.get("open_streams"):
-            ax.plot(t, [math.nan if v is None else v for v in tl["open_streams"]], color="black",
-                    linewidth=0.8, label="bridge open streams")
+            ax.plot(
+                t,
+                [math.nan if v is None else v for v in tl["open_streams"]],
+                color="black",
+                linewidth=0.8,
+                label="bridge open streams",
+            )
         ax.set_ylabel("requests")
         ax.set_title(f"{run['label']}: queue depth", fontsize=10)
         ax.grid(True, alpha=0.3)
@@ -132,18 +144,36 @@ def _table(run: dict) -> str:
             errs = ", ".join(f"{k}: {v}" for k, v in g["errors"].items()) or "0"
             s = g["slo"]
             rows.append(
-                "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-                    title, name, g["requests"], errs,
-                    _ms(g["ttft_s"]["p50"]), _ms(g["ttft_s"]["p95"]), _ms(g["ttft_s"]["p99"]),
-                    _ms(g["itl_s"]["p50"]), _ms(g["itl_s"]["p95"]), _ms(g["itl_s"]["p99"]),
-                    _ms(g["e2e_s"]["p50"]), _ms(g["e2e_s"]["p95"]), _ms(g["e2e_s"]["p99"]),
-                    f"{g['tokens_per_s']:,.0f}",
-                    f"{(s['ttft_800ms']['attainment'] or 0) * 100:.1f}%",
-                    f"{(s['latency_1s']['attainment'] or 0) * 100:.1f}%")) + "</tr>")
-    head = ("<tr><th>by</th><th>group</th><th>requests</th><th>errors</th>"
-            "<th>TTFT p50</th><th>p95</th><th>p99</th><th>ITL p50</th><th>p95</th><th>p99</th>"
-            "<th>e2e p50</th><th>p95</th><th>p99</th><th>tokens/s</th><th>TTFT&lt;800ms</th>"
-            "<th>TTFT&lt;1s</th></tr>")
+                "<tr>"
+                + "".join(
+                    f"<td>{html.escape(str(c))}</td>"
+                    for c in (
+                        title,
+                        name,
+                        g["requests"],
+                        errs,
+                        _ms(g["ttft_s"]["p50"]),
+                        _ms(g["ttft_s"]["p95"]),
+                        _ms(g["ttft_s"]["p99"]),
+                        _ms(g["itl_s"]["p50"]),
+                        _ms(g["itl_s"]["p95"]),
+                        _ms(g["itl_s"]["p99"]),
+                        _ms(g["e2e_s"]["p50"]),
+                        _ms(g["e2e_s"]["p95"]),
+                        _ms(g["e2e_s"]["p99"]),
+                        f"{g['tokens_per_s']:,.0f}",
+                        f"{(s['ttft_800ms']['attainment'] or 0) * 100:.1f}%",
+                        f"{(s['latency_1s']['attainment'] or 0) * 100:.1f}%",
+                    )
+                )
+                + "</tr>"
+            )
+    head = (
+        "<tr><th>by</th><th>group</th><th>requests</th><th>errors</th>"
+        "<th>TTFT p50</th><th>p95</th><th>p99</th><th>ITL p50</th><th>p95</th><th>p99</th>"
+        "<th>e2e p50</th><th>p95</th><th>p99</th><th>tokens/s</th><th>TTFT&lt;800ms</th>"
+        "<th>TTFT&lt;1s</th></tr>"
+    )
     return f"<h3>{html.escape(run['label'])}</h3><table>{head}{''.join(rows)}</table>"
 
 
@@ -152,7 +182,9 @@ def render_html(doc: dict, images: dict[str, bytes]) -> str:
     headline = "".join(f"<li>{html.escape(line)}</li>" for line in doc.get("headline", []))
     imgs = "".join(
         f'<figure><img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        f"<figcaption>{name.replace('_', ' ')}</figcaption></figure>" for name, png in images.items())
+        f"<figcaption>{name.replace('_', ' ')}</figcaption></figure>"
+        for name, png in images.items()
+    )
     engine = doc.get("engine")
     engine_text = json.dumps(engine) if isinstance(engine, dict) else str(engine)
     return f"""<!doctype html>
@@ -162,12 +194,12 @@ table{{border-collapse:collapse;font-size:12px;margin-bottom:1.5em}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:nth-child(-n+2){{text-align:left}}
 img{{max-width:100%}}.sim{{background:#fff3cd;padding:.5em 1em}}</style></head><body>
 <h1>Laneway: {html.escape(title)}</h1>
-<p>{html.escape(doc.get('description', ''))}</p>
+<p>{html.escape(doc.get("description", ""))}</p>
 <p class="sim">Engine: SIMULATION (modelled GPU step times, no real model). {html.escape(engine_text)}</p>
-{f'<ul>{headline}</ul>' if headline else ''}
+{f"<ul>{headline}</ul>" if headline else ""}
 {imgs}
 <h2>Figures (latencies in ms)</h2>
-{''.join(_table(run) for run in doc['runs'])}
+{"".join(_table(run) for run in doc["runs"])}
 </body></html>
 """
 

@@ -58,44 +58,56 @@ def tokens_in(results: Iterable[Result], t0: float, t1: float) -> int:
 def slo(values: Sequence[float], failed: int, bound: float) -> dict:
     total = len(values) + failed
     p95 = summary(values)["p95"]
-    return {"bound_s": bound, "p95_s": p95, "met": bool(values) and p95 < bound and failed == 0,
-            "attainment": (sum(1 for v in values if v < bound) / total) if total else math.nan}
+    return {
+        "bound_s": bound,
+        "p95_s": p95,
+        "met": bool(values) and p95 < bound and failed == 0,
+        "attainment": (sum(1 for v in values if v < bound) / total) if total else math.nan,
+    }
 
 
-def group_stats(results: Sequence[Result], window: tuple[float, float],
-                slo_ttft_s: float = 0.8, slo_latency_s: float = 1.0) -> dict:
+def group_stats(
+    results: Sequence[Result], window: tuple[float, float], slo_ttft_s: float = 0.8, slo_latency_s: float = 1.0
+) -> dict:
     t0, t1 = window
     span = max(1e-9, t1 - t0)
-    everything, results = results, [r for r in results if r.started_at >= t0]   # latency: no warm-up
+    everything, results = results, [r for r in results if r.started_at >= t0]  # latency: no warm-up
     errors = Counter(k for r in results if (k := error_kind(r)) is not None)
     failed = sum(errors.values())
     ttft = [r.ttft for r in results if r.ttft is not None]
     gaps = [g for r in results for g in r.gaps]
     done = [r for r in results if not r.cut and error_kind(r) is None]
     return {
-        "requests": len(results), "completed": len(done), "failed": failed,
+        "requests": len(results),
+        "completed": len(done),
+        "failed": failed,
         "cut": sum(1 for r in results if r.cut),
         "cut_waiting": sum(1 for r in results if r.cut and r.ttft is None),
         "errors": dict(errors),
-        "ttft_s": summary(ttft), "itl_s": summary(gaps), "e2e_s": summary([r.e2e for r in done]),
+        "ttft_s": summary(ttft),
+        "itl_s": summary(gaps),
+        "e2e_s": summary([r.e2e for r in done]),
         "tokens": sum(r.tokens for r in results),
-        "tokens_in_window": (n := tokens_in(everything, t0, t1)), "tokens_per_s": n / span,
-        "requests_per_s": sum(1 for r in everything if not r.cut and error_kind(r) is None
-                              and t0 <= r.started_at + r.e2e < t1) / span,
+        "tokens_in_window": (n := tokens_in(everything, t0, t1)),
+        "tokens_per_s": n / span,
+        "requests_per_s": sum(
+            1 for r in everything if not r.cut and error_kind(r) is None and t0 <= r.started_at + r.e2e < t1
+        )
+        / span,
         "slo": {"ttft_800ms": slo(ttft, failed, slo_ttft_s), "latency_1s": slo(ttft, failed, slo_latency_s)},
     }
 
 
-def grouped(results: Sequence[Result], key: Callable[[Result], str], window: tuple[float, float],
-            **slo_bounds: float) -> dict[str, dict]:
+def grouped(
+    results: Sequence[Result], key: Callable[[Result], str], window: tuple[float, float], **slo_bounds: float
+) -> dict[str, dict]:
     groups: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         groups[key(r)].append(r)
     return {name: group_stats(rs, window, **slo_bounds) for name, rs in sorted(groups.items())}
 
 
-def timeline(results: Sequence[Result], samples: Sequence[Sample], t0: float, t1: float,
-             bin_s: float = 1.0) -> dict:
+def timeline(results: Sequence[Result], samples: Sequence[Sample], t0: float, t1: float, bin_s: float = 1.0) -> dict:
     """Tokens/s per flow in bins, and the sampled in-flight / waiting counts, relative to t0."""
     bins = max(1, math.ceil((t1 - t0) / bin_s))
     tokens: dict[str, list[float]] = defaultdict(lambda: [0.0] * bins)
@@ -118,9 +130,16 @@ def timeline(results: Sequence[Result], samples: Sequence[Sample], t0: float, t1
     }
 
 
-def run_document(label: str, results: Sequence[Result], samples: Sequence[Sample],
-                 window: tuple[float, float], *, slo_ttft_s: float = 0.8, slo_latency_s: float = 1.0,
-                 extra: dict | None = None) -> dict:
+def run_document(
+    label: str,
+    results: Sequence[Result],
+    samples: Sequence[Sample],
+    window: tuple[float, float],
+    *,
+    slo_ttft_s: float = 0.8,
+    slo_latency_s: float = 1.0,
+    extra: dict | None = None,
+) -> dict:
     """One run (or benchmark phase) as the JSON the report reads."""
     bounds = {"slo_ttft_s": slo_ttft_s, "slo_latency_s": slo_latency_s}
     last = max((r.started_at + r.e2e for r in results), default=window[1])
@@ -132,9 +151,12 @@ def run_document(label: str, results: Sequence[Result], samples: Sequence[Sample
         "by_class": grouped(results, lambda r: r.klass, window, **bounds),
         "by_tenant": grouped(results, lambda r: r.tenant, window, **bounds),
         "by_flow": grouped(results, lambda r: r.flow, window, **bounds),
-        "ttft_samples": {k: sorted(round(r.ttft, 5) for r in results if r.klass == k and r.ttft is not None
-                                   and r.started_at >= window[0])
-                         for k in sorted({r.klass for r in results})},
+        "ttft_samples": {
+            k: sorted(
+                round(r.ttft, 5) for r in results if r.klass == k and r.ttft is not None and r.started_at >= window[0]
+            )
+            for k in sorted({r.klass for r in results})
+        },
         "timeline": timeline(results, samples, start, max(window[1], last)),
     }
     doc.update(extra or {})

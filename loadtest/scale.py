@@ -50,7 +50,7 @@ from loadtest.traffic import sampler
 from workers.engines.sim.roofline import PROFILES, step_seconds
 
 LAG = "laneway_frame_lag_seconds"
-SIM_MODEL_LEN = 8192     # the sim worker's max_model_len (prompt + output)
+SIM_MODEL_LEN = 8192  # the sim worker's max_model_len (prompt + output)
 LAG_P99_TARGET_S = 0.1
 
 
@@ -58,19 +58,27 @@ def sizing(args: argparse.Namespace, clients: int) -> tuple[PoolSpec, int, float
     """(pool, max_tokens, modelled step seconds)."""
     per_worker = math.ceil(clients / args.workers)
     p = PROFILES[args.profile]
-    step_at_speed_1 = step_seconds(p, per_worker, per_worker)     # every stream decoding
+    step_at_speed_1 = step_seconds(p, per_worker, per_worker)  # every stream decoding
     step = 1.0 / args.stream_rate
     speed = step_at_speed_1 / step
     # Streams must outlive the run: while the ramp fills the workers a step is shorter than at
     # full occupancy, so allow 4× the tokens a full-occupancy step would produce, up to what the
     # sim takes (prompt + max_tokens ≤ its max_model_len: minutes at 30 tok/s, longer than a run).
-    max_tokens = min(math.ceil(4 * args.stream_rate * (args.ramp + args.settle_timeout + args.hold + 15)),
-                     SIM_MODEL_LEN - args.prompt - 1)
+    max_tokens = min(
+        math.ceil(4 * args.stream_rate * (args.ramp + args.settle_timeout + args.hold + 15)),
+        SIM_MODEL_LEN - args.prompt - 1,
+    )
     slots = per_worker + 8
     # The step never shorter than at full occupancy: streams the bridge admits run at the rate
     # modelled (not faster for being fewer), so the offered load is N × rate however many run.
-    pool = PoolSpec(profile=args.profile, workers=args.workers, speed=round(speed, 6), max_seqs=slots,
-                    kv_tokens=int(slots * (args.prompt + max_tokens) * 1.2), min_step_s=round(step, 6))
+    pool = PoolSpec(
+        profile=args.profile,
+        workers=args.workers,
+        speed=round(speed, 6),
+        max_seqs=slots,
+        kv_tokens=int(slots * (args.prompt + max_tokens) * 1.2),
+        min_step_s=round(step, 6),
+    )
     return pool, max_tokens, step
 
 
@@ -90,21 +98,25 @@ async def measure(args: argparse.Namespace, clients: int) -> dict:
     """One fleet, `clients` streams: the figures and the run document."""
     raise_fd_limit(2 * clients + 2048)
     pool, max_tokens, step = sizing(args, clients)
-    n_tenants = max(1, math.ceil(clients / 400))   # interactive: ≤ 512 waiting per tenant
+    n_tenants = max(1, math.ceil(clients / 400))  # interactive: ≤ 512 waiting per tenant
     tenants = [TenantSpec(f"t{i:02d}") for i in range(n_tenants)]
     per = [clients // n_tenants + (1 if i < clients % n_tenants else 0) for i in range(n_tenants)]
-    flows = [Flow("stream", t.name, "interactive", users=u, prompt_tokens=args.prompt, max_tokens=max_tokens,
-                  ramp_s=args.ramp) for t, u in zip(tenants, per, strict=True)]
+    flows = [
+        Flow(
+            "stream", t.name, "interactive", users=u, prompt_tokens=args.prompt, max_tokens=max_tokens, ramp_s=args.ramp
+        )
+        for t, u in zip(tenants, per, strict=True)
+    ]
     with tempfile.TemporaryDirectory(prefix="laneway-scale-") as tmp:
         bridge_flags = ["--max-streams", str(args.max_streams), "--max-delivery-lag", str(args.max_delivery_lag)]
         async with Fleet(args.data_dir or Path(tmp) / "lw", tenants, [pool], up_flags=bridge_flags) as fleet:
             await asyncio.sleep(2.0)
             rss_before = fleet.rss_by_role()
-            async with Swarm(fleet.url, fleet.keys, flows, procs=args.client_procs, workdir=Path(tmp),
-                             seed=args.seed) as swarm:
+            async with Swarm(
+                fleet.url, fleet.keys, flows, procs=args.client_procs, workdir=Path(tmp), seed=args.seed
+            ) as swarm:
                 client_before = _rss(swarm.pids())
-                progress = (Progress(swarm.tally, args.ramp + args.hold, f"scale {clients}")
-                            if not args.quiet else None)
+                progress = Progress(swarm.tally, args.ramp + args.hold, f"scale {clients}") if not args.quiet else None
                 sampling = asyncio.create_task(sampler(swarm.tally, 1.0, fleet.open_streams, progress))
                 t_start = time.time()
                 t_all = await _wait_all_streaming(swarm, clients, args.ramp + args.settle_timeout)
@@ -140,7 +152,7 @@ async def measure(args: argparse.Namespace, clients: int) -> dict:
                 gaps.append(b - a)
         tokens += sum(1 for t in times if window[0] <= t < window[1])
     errors: dict[str, int] = {}
-    refused = 0          # answered 429/503 before the stream was accepted: the clean overload path
+    refused = 0  # answered 429/503 before the stream was accepted: the clean overload path
     for r in results:
         if (kind := error_kind(r)) is not None:
             errors[kind] = errors.get(kind, 0) + 1
@@ -148,26 +160,43 @@ async def measure(args: argparse.Namespace, clients: int) -> dict:
     gap = summary(gaps)
     per_role = {role: (rss_during[role] - rss_before[role]) / max(open_mid, 1) for role in ROLES}
     figures = {
-        "clients": clients, "streams_started": len(results),
+        "clients": clients,
+        "streams_started": len(results),
         "streams_with_tokens": sum(1 for r in results if r.ttft is not None),
-        "open_streams_bridge": open_mid, "stream_limit_bridge": limit_mid, "in_flight_client": inflight_mid,
+        "open_streams_bridge": open_mid,
+        "stream_limit_bridge": limit_mid,
+        "in_flight_client": inflight_mid,
         "ramp_s": ramp_s,
-        "errors": errors, "error_count": sum(errors.values()),
-        "refused_before_acceptance": refused, "failed_after_acceptance": sum(errors.values()) - refused,
-        "frame_lag_s": {"n": lag[-1][1] if lag else 0, "p50": histogram_quantile(lag, 0.5),
-                        "p99": histogram_quantile(lag, 0.99), "share_le_100ms": fraction_at_most(lag, 0.1)},
-        "gap_s": gap, "modelled_step_s": step, "gap_p99_minus_step_s": gap["p99"] - step,
+        "errors": errors,
+        "error_count": sum(errors.values()),
+        "refused_before_acceptance": refused,
+        "failed_after_acceptance": sum(errors.values()) - refused,
+        "frame_lag_s": {
+            "n": lag[-1][1] if lag else 0,
+            "p50": histogram_quantile(lag, 0.5),
+            "p99": histogram_quantile(lag, 0.99),
+            "share_le_100ms": fraction_at_most(lag, 0.1),
+        },
+        "gap_s": gap,
+        "modelled_step_s": step,
+        "gap_p99_minus_step_s": gap["p99"] - step,
         "tokens_per_s": tokens / span,
         "laneway_cpu_cores": cpu / span,
-        "client_procs": args.client_procs, "client_cpu_cores": client_cpu / span,
-        "rss_before": rss_before, "rss_during": rss_during,
+        "client_procs": args.client_procs,
+        "client_cpu_cores": client_cpu / span,
+        "rss_before": rss_before,
+        "rss_during": rss_during,
         "rss_per_stream_bytes": per_role,
         "rss_per_stream_total_bytes": sum(per_role.values()),
         "client_rss_per_stream_bytes": (client_during - client_before) / max(inflight_mid, 1),
     }
     figures["missed"] = missed(figures)
-    return {"clients": clients, "engine": engine, "figures": figures,
-            "run": run_document(f"scale-{clients}", results, swarm.tally.samples, window)}
+    return {
+        "clients": clients,
+        "engine": engine,
+        "figures": figures,
+        "run": run_document(f"scale-{clients}", results, swarm.tally.samples, window),
+    }
 
 
 def missed(f: dict) -> list[str]:
@@ -178,7 +207,7 @@ def missed(f: dict) -> list[str]:
     if f["streams_with_tokens"] < f["clients"]:
         why.append(f"only {f['streams_with_tokens']}/{f['clients']} streams produced tokens")
     p99 = f["frame_lag_s"]["p99"]
-    if not p99 <= LAG_P99_TARGET_S:      # NaN (no frames) misses too
+    if not p99 <= LAG_P99_TARGET_S:  # NaN (no frames) misses too
         why.append(f"lag p99 {ms(p99)} > {ms(LAG_P99_TARGET_S)}")
     return why
 
@@ -192,12 +221,17 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         if args.find_max and runs[-1]["figures"]["missed"]:
             break
     held = [r["clients"] for r in runs if not r["figures"]["missed"]]
-    doc = {"kind": "benchmark", "benchmark": "scale",
-           "description": f"concurrent streaming clients at {args.stream_rate:g} tok/s through one bridge + broker",
-           "engine": runs[0]["engine"], "config": config,
-           "figures": runs[-1]["figures"] if not args.find_max else
-           {"max_held": max(held, default=0), "steps": {r["clients"]: r["figures"] for r in runs}},
-           "runs": [r["run"] for r in runs]}
+    doc = {
+        "kind": "benchmark",
+        "benchmark": "scale",
+        "description": f"concurrent streaming clients at {args.stream_rate:g} tok/s through one bridge + broker",
+        "engine": runs[0]["engine"],
+        "config": config,
+        "figures": runs[-1]["figures"]
+        if not args.find_max
+        else {"max_held": max(held, default=0), "steps": {r["clients"]: r["figures"] for r in runs}},
+        "runs": [r["run"] for r in runs],
+    }
     doc["headline"] = render(doc).splitlines()
     return doc
 
@@ -227,9 +261,10 @@ def render_one(f: dict, c: dict) -> list[str]:
         f"step {ms(f['modelled_step_s'])} → delivery adds ≤ {ms(f['gap_p99_minus_step_s'])} at p99",
         f"  throughput {f['tokens_per_s']:,.0f} tok/s; CPU: Laneway {f['laneway_cpu_cores']:.2f} cores, "
         f"load generator {f['client_cpu_cores']:.2f} cores in {f['client_procs']} processes",
-        "  memory per open stream: " + ", ".join(f"{role} {v:.1f} KiB" for role, v in kib.items())
+        "  memory per open stream: "
+        + ", ".join(f"{role} {v:.1f} KiB" for role, v in kib.items())
         + f"; total {f['rss_per_stream_total_bytes'] / 1024:.1f} KiB (load generator "
-          f"{f['client_rss_per_stream_bytes'] / 1024:.1f} KiB)",
+        f"{f['client_rss_per_stream_bytes'] / 1024:.1f} KiB)",
     ]
 
 
@@ -240,8 +275,9 @@ def render(doc: dict) -> str:
     lines = []
     for clients, step in f["steps"].items():
         lines += render_one(step, c)
-        lines.append(f"  → {clients} streams: " + ("held" if not step["missed"] else
-                                                   "MISSED: " + "; ".join(step["missed"])))
+        lines.append(
+            f"  → {clients} streams: " + ("held" if not step["missed"] else "MISSED: " + "; ".join(step["missed"]))
+        )
     failed = [(n, s) for n, s in f["steps"].items() if s["missed"]]
     verdict = f"Most streams held at {c['stream_rate']:g} tok/s (0 errors, lag p99 ≤ 100 ms): {f['max_held']}"
     if failed:
@@ -263,21 +299,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--stream-rate", type=float, default=30.0, help="tokens/s per stream (sets the step)")
-    parser.add_argument("--client-procs", type=int, default=2,
-                        help="load generator processes, each driving its share of the streams")
-    parser.add_argument("--find-max", action="store_true",
-                        help="step the stream count up (--steps) until a step misses; report the most held")
+    parser.add_argument(
+        "--client-procs", type=int, default=2, help="load generator processes, each driving its share of the streams"
+    )
+    parser.add_argument(
+        "--find-max",
+        action="store_true",
+        help="step the stream count up (--steps) until a step misses; report the most held",
+    )
     parser.add_argument("--steps", type=_steps, default=[500, 1000, 1500, 2000, 3000, 5000, 7500, 10000])
     parser.add_argument("--profile", default="llama-8b-h100", choices=sorted(PROFILES))
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--ramp", type=float, default=20.0, help="seconds over which clients connect")
-    parser.add_argument("--settle-timeout", type=float, default=60.0,
-                        help="after the ramp, wait this long at most for every stream's first token")
+    parser.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=60.0,
+        help="after the ramp, wait this long at most for every stream's first token",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="the measurement window, seconds")
-    parser.add_argument("--max-streams", type=int, default=BridgeConfig.max_streams,
-                        help="the bridge's cap on open streams (past it: 503 before storing); 0: none")
-    parser.add_argument("--max-delivery-lag", type=float, default=BridgeConfig.max_delivery_lag_s,
-                        help="the bridge takes no new stream while its frames run this late (s); 0: off")
+    parser.add_argument(
+        "--max-streams",
+        type=int,
+        default=BridgeConfig.max_streams,
+        help="the bridge's cap on open streams (past it: 503 before storing); 0: none",
+    )
+    parser.add_argument(
+        "--max-delivery-lag",
+        type=float,
+        default=BridgeConfig.max_delivery_lag_s,
+        help="the bridge takes no new stream while its frames run this late (s); 0: off",
+    )
     parser.add_argument("--data-dir", type=Path, help="keep the fleet's store and logs here (one step)")
     add_output_flags(parser)
 

@@ -19,18 +19,18 @@ CLASSES = ("interactive", "standard", "batch")
 
 @dataclass(frozen=True)
 class Flow:
-    name: str                      # label in results: chat, flood, ...
+    name: str  # label in results: chat, flood, ...
     tenant: str
-    klass: str                     # x-laneway-class
+    klass: str  # x-laneway-class
     model: str = "laneway-sim"
-    rate: float = 0.0              # open loop: Poisson arrivals, requests/s
-    users: int = 0                 # closed loop: concurrent users
-    think_s: float = 0.0           # closed loop: mean think time (exponential), 0 = back to back
-    prompt_tokens: int = 64        # ~4 characters per token, as the broker and sim estimate
+    rate: float = 0.0  # open loop: Poisson arrivals, requests/s
+    users: int = 0  # closed loop: concurrent users
+    think_s: float = 0.0  # closed loop: mean think time (exponential), 0 = back to back
+    prompt_tokens: int = 64  # ~4 characters per token, as the broker and sim estimate
     max_tokens: int = 64
     max_tokens_spread: float = 0.0  # max_tokens drawn uniformly in ±spread·max_tokens
-    ramp_s: float = 0.0            # closed loop: users start spread over this long
-    distinct: bool = False         # each prompt begins with its own tag: no engine prefix-cache hits
+    ramp_s: float = 0.0  # closed loop: users start spread over this long
+    distinct: bool = False  # each prompt begins with its own tag: no engine prefix-cache hits
     # Open loop: a 429/503 is retried this many times as the OpenAI SDK does (its Retry-After,
     # else exponential backoff), and TTFT counts from the first attempt: what its user waits.
     retries: int = 0
@@ -51,8 +51,8 @@ class TenantSpec:
     weight: float = 1.0
     classes: tuple[str, ...] = CLASSES
     default_class: str = "interactive"
-    pii: bool = True            # its PII policy: the default one, or off (nothing looked for)
-    more: tuple[str, ...] = ()      # more of its document, as TOML lines (`storage.files = 3`)
+    pii: bool = True  # its PII policy: the default one, or off (nothing looked for)
+    more: tuple[str, ...] = ()  # more of its document, as TOML lines (`storage.files = 3`)
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ class PoolSpec:
     speed: float = 1.0
     max_seqs: int | None = None
     kv_tokens: int | None = None
-    long_prefill_token_threshold: int | None = None   # vLLM's per-request chunk cap; None: the profile's
-    min_step_s: float = 0.0                           # a floor on the step: a fixed stream rate
-    adapters: tuple[str, ...] = ()                    # logical models that are LoRA adapters on this pool
-    max_loras: int | None = None                      # adapters a worker holds loaded; None: the sim's default
-    lora_load_s: float | None = None                  # what loading one adds to a step; None: the sim's
+    long_prefill_token_threshold: int | None = None  # vLLM's per-request chunk cap; None: the profile's
+    min_step_s: float = 0.0  # a floor on the step: a fixed stream rate
+    adapters: tuple[str, ...] = ()  # logical models that are LoRA adapters on this pool
+    max_loras: int | None = None  # adapters a worker holds loaded; None: the sim's default
+    lora_load_s: float | None = None  # what loading one adds to a step; None: the sim's
 
     def sim_flags(self) -> list[str]:
         flags = ["--sim-profile", self.profile, "--sim-speed", str(self.speed)]
@@ -98,16 +98,15 @@ class Scenario:
     tenants: tuple[TenantSpec, ...] = (TenantSpec("acme"),)
     pools: tuple[PoolSpec, ...] = (PoolSpec(),)
     duration_s: float = 60.0
-    slo_ttft_s: float = 0.8        # chat p95 TTFT < 800 ms (cost-optimized stack)
-    slo_latency_s: float = 1.0     # p95 < 1 s (B2B design), applied to time to first token
+    slo_ttft_s: float = 0.8  # chat p95 TTFT < 800 ms (cost-optimized stack)
+    slo_latency_s: float = 1.0  # p95 < 1 s (B2B design), applied to time to first token
     scale: float = 1.0
 
     def scaled(self, f: float) -> Scenario:
         if f == 1.0:
             return self
         pools = tuple(replace(p, workers=max(1, math.ceil(p.workers * f))) for p in self.pools)
-        return replace(self, flows=tuple(fl.scaled(f) for fl in self.flows), pools=pools,
-                       scale=self.scale * f)
+        return replace(self, flows=tuple(fl.scaled(f) for fl in self.flows), pools=pools, scale=self.scale * f)
 
     def with_duration(self, seconds: float | None) -> Scenario:
         return self if seconds is None else replace(self, duration_s=seconds)
@@ -117,18 +116,32 @@ def _b2b() -> Scenario:
     # 100k DAU, 5,000 peak concurrent users, customer-service chat, p95 < 1 s. Users across
     # many B2B customers (tenants); a conversation turn every ~20 s of reading and typing.
     tenants = tuple(TenantSpec(f"customer{i:02d}") for i in range(20))
-    flows = tuple(Flow("chat", t.name, "interactive", users=250, think_s=20.0, prompt_tokens=600,
-                       max_tokens=150, max_tokens_spread=0.5, ramp_s=20.0) for t in tenants)
+    flows = tuple(
+        Flow(
+            "chat",
+            t.name,
+            "interactive",
+            users=250,
+            think_s=20.0,
+            prompt_tokens=600,
+            max_tokens=150,
+            max_tokens_spread=0.5,
+            ramp_s=20.0,
+        )
+        for t in tenants
+    )
     # 5,000 users, ~1 request / 23 s each → ~220 req/s peak; 8B-class pool sized for ~800
     # running streams (at 1.0 scale: 8 workers × 128 slots).
     return Scenario(
         name="b2b-100k-dau",
         description="B2B SaaS customer-service chat: 5,000 concurrent users with think time, "
-                    "20 tenants, interactive class, p95 < 1 s",
+        "20 tenants, interactive class, p95 < 1 s",
         source="sized as a B2B SaaS chat service with 100k daily users",
-        flows=flows, tenants=tenants,
+        flows=flows,
+        tenants=tenants,
         pools=(PoolSpec(profile="llama-8b-h100", workers=8, max_seqs=128),),
-        duration_s=120.0)
+        duration_s=120.0,
+    )
 
 
 def _cost_stack() -> Scenario:
@@ -136,24 +149,60 @@ def _cost_stack() -> Scenario:
     # chat p95 TTFT < 800 ms. Two tenants share it 2:1.
     tenants = (TenantSpec("acme"), TenantSpec("globex"))
     flows = (
-        Flow("chat-8b", "acme", "interactive", "laneway-8b", rate=56.0, prompt_tokens=1500, max_tokens=400,
-             max_tokens_spread=0.5),
-        Flow("chat-8b", "globex", "interactive", "laneway-8b", rate=28.0, prompt_tokens=1500, max_tokens=400,
-             max_tokens_spread=0.5),
-        Flow("chat-70b", "acme", "interactive", "laneway-70b", rate=24.0, prompt_tokens=1500, max_tokens=400,
-             max_tokens_spread=0.5),
-        Flow("chat-70b", "globex", "interactive", "laneway-70b", rate=12.0, prompt_tokens=1500, max_tokens=400,
-             max_tokens_spread=0.5),
+        Flow(
+            "chat-8b",
+            "acme",
+            "interactive",
+            "laneway-8b",
+            rate=56.0,
+            prompt_tokens=1500,
+            max_tokens=400,
+            max_tokens_spread=0.5,
+        ),
+        Flow(
+            "chat-8b",
+            "globex",
+            "interactive",
+            "laneway-8b",
+            rate=28.0,
+            prompt_tokens=1500,
+            max_tokens=400,
+            max_tokens_spread=0.5,
+        ),
+        Flow(
+            "chat-70b",
+            "acme",
+            "interactive",
+            "laneway-70b",
+            rate=24.0,
+            prompt_tokens=1500,
+            max_tokens=400,
+            max_tokens_spread=0.5,
+        ),
+        Flow(
+            "chat-70b",
+            "globex",
+            "interactive",
+            "laneway-70b",
+            rate=12.0,
+            prompt_tokens=1500,
+            max_tokens=400,
+            max_tokens_spread=0.5,
+        ),
     )
     return Scenario(
         name="cost-stack-120qps",
         description="Cost-optimized multi-model stack: 120 QPS Poisson, ~1.5K tokens in / 400 out, "
-                    "70% to an 8B pool and 30% to a 70B pool, chat p95 TTFT < 800 ms",
+        "70% to an 8B pool and 30% to a 70B pool, chat p95 TTFT < 800 ms",
         source="sized as a cost-optimized inference stack: an 8B and a 70B pool",
-        flows=flows, tenants=tenants,
-        pools=(PoolSpec("laneway-8b", "small", "llama-8b-h100", workers=20, max_seqs=256),
-               PoolSpec("laneway-70b", "large", "llama-70b-fp8-2xh100", workers=10, max_seqs=256)),
-        duration_s=120.0)
+        flows=flows,
+        tenants=tenants,
+        pools=(
+            PoolSpec("laneway-8b", "small", "llama-8b-h100", workers=20, max_seqs=256),
+            PoolSpec("laneway-70b", "large", "llama-70b-fp8-2xh100", workers=10, max_seqs=256),
+        ),
+        duration_s=120.0,
+    )
 
 
 def _batch_flood() -> Scenario:
@@ -161,14 +210,25 @@ def _batch_flood() -> Scenario:
     return Scenario(
         name="batch-flood",
         description="Interactive chats (Poisson) while a batch job keeps the pool full of long "
-                    "generations: the head-of-line blocking case the lanes exist for",
+        "generations: the head-of-line blocking case the lanes exist for",
         source="the case for latency classes: head-of-line blocking at scale",
-        flows=(Flow("chat", "acme", "interactive", rate=40.0, prompt_tokens=200, max_tokens=48),
-               Flow("flood", "bulkco", "batch", users=800, prompt_tokens=128, max_tokens=1024,
-                    max_tokens_spread=0.5, ramp_s=2.0)),
+        flows=(
+            Flow("chat", "acme", "interactive", rate=40.0, prompt_tokens=200, max_tokens=48),
+            Flow(
+                "flood",
+                "bulkco",
+                "batch",
+                users=800,
+                prompt_tokens=128,
+                max_tokens=1024,
+                max_tokens_spread=0.5,
+                ramp_s=2.0,
+            ),
+        ),
         tenants=(TenantSpec("acme"), TenantSpec("bulkco", default_class="batch")),
         pools=(PoolSpec(profile="llama-8b-h100", workers=10, max_seqs=32),),
-        duration_s=120.0)
+        duration_s=120.0,
+    )
 
 
 def _fairness() -> Scenario:
@@ -176,13 +236,16 @@ def _fairness() -> Scenario:
     return Scenario(
         name="two-tenant-fairness",
         description="Two tenants in the standard class with equal weights, offered load 10:1 "
-                    "(closed loop, no think time), both backlogged: served shares should be 50/50",
+        "(closed loop, no think time), both backlogged: served shares should be 50/50",
         source="the case for tenant-fair queues within a class",
-        flows=(Flow("heavy", "heavy", "standard", users=2400, prompt_tokens=64, max_tokens=64),
-               Flow("light", "light", "standard", users=240, prompt_tokens=64, max_tokens=64)),
+        flows=(
+            Flow("heavy", "heavy", "standard", users=2400, prompt_tokens=64, max_tokens=64),
+            Flow("light", "light", "standard", users=240, prompt_tokens=64, max_tokens=64),
+        ),
         tenants=(TenantSpec("heavy", default_class="standard"), TenantSpec("light", default_class="standard")),
         pools=(PoolSpec(profile="llama-8b-h100", workers=10, max_seqs=16),),
-        duration_s=60.0)
+        duration_s=60.0,
+    )
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (_b2b(), _cost_stack(), _batch_flood(), _fairness())}

@@ -19,24 +19,42 @@ import aiohttp
 
 from loadtest.http_client import Result, stream_chat
 
-WORDS = ("account", "refund", "order", "delivery", "invoice", "warranty", "policy", "ticket", "billing",
-         "address", "payment", "return", "exchange", "status", "support", "customer", "product", "update")
+WORDS = (
+    "account",
+    "refund",
+    "order",
+    "delivery",
+    "invoice",
+    "warranty",
+    "policy",
+    "ticket",
+    "billing",
+    "address",
+    "payment",
+    "return",
+    "exchange",
+    "status",
+    "support",
+    "customer",
+    "product",
+    "update",
+)
 
 
 @dataclass(frozen=True)
 class SessionShape:
-    system_tokens: int = 1500           # the tenant's shared system prompt
-    turn_tokens: int = 120              # each user message
-    answer_tokens: int = 80             # each answer (max_tokens)
-    turns: int = 12                     # per conversation
-    think_s: float = 4.0                # mean pause between an answer and the next turn
+    system_tokens: int = 1500  # the tenant's shared system prompt
+    turn_tokens: int = 120  # each user message
+    answer_tokens: int = 80  # each answer (max_tokens)
+    turns: int = 12  # per conversation
+    think_s: float = 4.0  # mean pause between an answer and the next turn
 
 
 @dataclass(slots=True)
 class Turn:
     session: int
     conversation: int
-    turn: int                           # 1 = the conversation's first
+    turn: int  # 1 = the conversation's first
     result: Result = field(default_factory=Result)
 
 
@@ -54,9 +72,19 @@ def system_prompt(tenant: str, tokens: int) -> str:
     return prose(random.Random(f"system:{tenant}"), tokens, f"You are {tenant}'s support assistant.")
 
 
-async def run_sessions(http: aiohttp.ClientSession, url: str, api_key: str, models: Sequence[str], tenant: str,
-                       shape: SessionShape, sessions: int, until: float, seed: int, out: list[Turn],
-                       klass: str = "interactive") -> None:
+async def run_sessions(
+    http: aiohttp.ClientSession,
+    url: str,
+    api_key: str,
+    models: Sequence[str],
+    tenant: str,
+    shape: SessionShape,
+    sessions: int,
+    until: float,
+    seed: int,
+    out: list[Turn],
+    klass: str = "interactive",
+) -> None:
     """`sessions` concurrent sessions until `until` (time.time()), session n on `models[n % len]`
     (several: an assistant per product, each a LoRA adapter); each turn lands in `out` as sent."""
     system = system_prompt(tenant, shape.system_tokens)
@@ -64,7 +92,7 @@ async def run_sessions(http: aiohttp.ClientSession, url: str, api_key: str, mode
     async def session(n: int) -> None:
         model = models[n % len(models)]
         rng = random.Random(f"{seed}:{n}")
-        await asyncio.sleep(rng.uniform(0, shape.think_s))       # sessions start spread out
+        await asyncio.sleep(rng.uniform(0, shape.think_s))  # sessions start spread out
         conversation = 0
         while time.time() < until:
             conversation += 1
@@ -76,8 +104,13 @@ async def run_sessions(http: aiohttp.ClientSession, url: str, api_key: str, mode
                 messages.append({"role": "user", "content": prose(rng, shape.turn_tokens, tag)})
                 turn = Turn(n, conversation, k)
                 out.append(turn)
-                body = {"model": model, "messages": messages, "max_tokens": shape.answer_tokens, "stream": True,
-                        "stream_options": {"include_usage": True}}
+                body = {
+                    "model": model,
+                    "messages": messages,
+                    "max_tokens": shape.answer_tokens,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 await stream_chat(http, url, api_key, body, {"x-laneway-class": klass}, turn.result)
                 messages.append({"role": "assistant", "content": prose(rng, shape.answer_tokens)})
                 await asyncio.sleep(rng.expovariate(1 / shape.think_s) if shape.think_s else 0)

@@ -27,8 +27,13 @@ from workers.engines.sim.roofline import PROFILES
 from workers.runner import Worker, WorkerConfig
 
 
-def demo_settings(api_key: str, model: str = "laneway-sim", pool: str = "sim",
-                  tenant: str = "demo", extra_tenants: dict[str, str] | None = None) -> Settings:
+def demo_settings(
+    api_key: str,
+    model: str = "laneway-sim",
+    pool: str = "sim",
+    tenant: str = "demo",
+    extra_tenants: dict[str, str] | None = None,
+) -> Settings:
     tenants = {tenant: Tenant(name=tenant, api_key_sha256=[hash_key(api_key)])}
     for name, key in (extra_tenants or {}).items():
         tenants[name] = Tenant(name=name, api_key_sha256=[hash_key(key)])
@@ -39,18 +44,18 @@ def demo_settings(api_key: str, model: str = "laneway-sim", pool: str = "sim",
 class Stack:
     nats_url: str
     settings: Settings
-    engines: list[Engine] | None = None     # None: one zero-delay sim engine; []: no workers
-    pools: list[str] | None = None          # per engine; default: every engine in `pool`
+    engines: list[Engine] | None = None  # None: one zero-delay sim engine; []: no workers
+    pools: list[str] | None = None  # per engine; default: every engine in `pool`
     pool: str = "sim"
     limits: StreamLimits = field(default_factory=StreamLimits)
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
-    bridge_config: BridgeConfig = field(default_factory=BridgeConfig)   # its NATS settings and port are the stack's
+    bridge_config: BridgeConfig = field(default_factory=BridgeConfig)  # its NATS settings and port are the stack's
     prefix: str = "lw"
-    credentials: dict[str, tuple[str, str]] | None = None   # role (or "ops") → (user, password)
+    credentials: dict[str, tuple[str, str]] | None = None  # role (or "ops") → (user, password)
     admin: AdminConfig | None = None
-    pii: str = "off"                        # the broker's PII stage: off | auto | regex | ner
+    pii: str = "off"  # the broker's PII stage: off | auto | regex | ner
     cache_ttl_s: float = 3600.0
-    max_held: int = BrokerConfig.max_held   # requests the broker takes from JetStream at most
+    max_held: int = BrokerConfig.max_held  # requests the broker takes from JetStream at most
     broker: Broker | None = None
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
@@ -59,16 +64,24 @@ class Stack:
         self._exit = AsyncExitStack()
         await provision_at(self._nats("ops"), self.limits, self.settings)
         self.broker = await self._exit.enter_async_context(
-            Broker(BrokerConfig(nats=self._nats("broker"), limits=self.limits, pii=self.pii,
-                                cache_ttl_s=self.cache_ttl_s, max_held=self.max_held)))
+            Broker(
+                BrokerConfig(
+                    nats=self._nats("broker"),
+                    limits=self.limits,
+                    pii=self.pii,
+                    cache_ttl_s=self.cache_ttl_s,
+                    max_held=self.max_held,
+                )
+            )
+        )
         engines = [SimEngine(PROFILES["zero"])] if self.engines is None else self.engines
         for i, engine in enumerate(engines):
             pool = self.pools[i] if self.pools else self.pool
             config = replace(self.worker_config, nats=self._nats("worker"), pool=pool)
             self.workers.append(await self._exit.enter_async_context(Worker(config, engine)))
         self.bridge = await self._exit.enter_async_context(
-            Bridge(replace(self.bridge_config, nats=self._nats("bridge"), port=0), self.settings,
-                   admin=self.admin))
+            Bridge(replace(self.bridge_config, nats=self._nats("bridge"), port=0), self.settings, admin=self.admin)
+        )
         if engines:
             await self.bridge.wait_ready()
         return self
@@ -87,5 +100,11 @@ class Stack:
     def finished(self, pool: str | None = None) -> float:
         """Requests the workers (of one pool, or all) have ended, whatever the reason: how a
         test tells that a request did, or did not, reach an engine."""
-        return sum(s.value for w in self.workers if pool is None or w.config.pool == pool
-                   for m in w.metrics.finished.collect() for s in m.samples if s.name.endswith("_total"))
+        return sum(
+            s.value
+            for w in self.workers
+            if pool is None or w.config.pool == pool
+            for m in w.metrics.finished.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        )

@@ -28,8 +28,7 @@ from loadtest.processes import cpu_seconds
 from loadtest.scenarios import Flow
 from loadtest.traffic import HttpTarget, Recorder, Sample, run_flows
 
-_ROW = ("ttft", "e2e", "tokens", "status", "error", "started_at", "klass", "tenant", "flow",
-        "completion_tokens", "cut")
+_ROW = ("ttft", "e2e", "tokens", "status", "error", "started_at", "klass", "tenant", "flow", "completion_tokens", "cut")
 
 
 def split(flows: list[Flow], k: int) -> list[list[Flow]]:
@@ -45,8 +44,9 @@ def split(flows: list[Flow], k: int) -> list[list[Flow]]:
 
 
 def _pack(results: list[Result]) -> bytes:
-    return msgspec.msgpack.encode([[*(getattr(r, f) for f in _ROW), array.array("d", r.gaps).tobytes()]
-                                   for r in results])
+    return msgspec.msgpack.encode(
+        [[*(getattr(r, f) for f in _ROW), array.array("d", r.gaps).tobytes()] for r in results]
+    )
 
 
 def _unpack(data: bytes) -> list[Result]:
@@ -104,22 +104,44 @@ class Tally:
 class Swarm:
     """async with Swarm(url, keys, flows, procs=K) as swarm: ...; results = await swarm.stop()."""
 
-    def __init__(self, url: str, keys: dict[str, str], flows: list[Flow], *, procs: int, workdir: Path,
-                 seed: int = 1, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        keys: dict[str, str],
+        flows: list[Flow],
+        *,
+        procs: int,
+        workdir: Path,
+        seed: int = 1,
+        interval_s: float = 0.5,
+    ) -> None:
         self.tally = Tally(procs)
-        self._jobs = [{"url": url, "keys": keys, "flows": [dataclasses.asdict(f) for f in share],
-                       "seed": seed + i, "results": str(workdir / f"swarm-{i}.msgpack"), "interval_s": interval_s}
-                      for i, share in enumerate(split(flows, procs))]
+        self._jobs = [
+            {
+                "url": url,
+                "keys": keys,
+                "flows": [dataclasses.asdict(f) for f in share],
+                "seed": seed + i,
+                "results": str(workdir / f"swarm-{i}.msgpack"),
+                "interval_s": interval_s,
+            }
+            for i, share in enumerate(split(flows, procs))
+        ]
         self._procs: list[asyncio.subprocess.Process] = []
         self._readers: list[asyncio.Task[None]] = []
-        self._done: list[asyncio.Event] = []     # set when a child said `done`, or exited
-        self._finished: set[int] = set()          # the children that said `done`
+        self._done: list[asyncio.Event] = []  # set when a child said `done`, or exited
+        self._finished: set[int] = set()  # the children that said `done`
 
     async def __aenter__(self) -> Swarm:
         for i, job in enumerate(self._jobs):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "loadtest.swarm", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, start_new_session=True)
+                sys.executable,
+                "-m",
+                "loadtest.swarm",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
             proc.stdin.write(json.dumps(job).encode() + b"\n")
             self._procs.append(proc)
             self._done.append(asyncio.Event())
@@ -159,8 +181,10 @@ class Swarm:
                 await proc.stdin.drain()
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._done)), timeout_s)
         if lost := [i for i in range(len(self._procs)) if i not in self._finished]:
-            raise RuntimeError(f"load generator processes {lost} exited without their results "
-                               f"(exit codes {[self._procs[i].returncode for i in lost]})")
+            raise RuntimeError(
+                f"load generator processes {lost} exited without their results "
+                f"(exit codes {[self._procs[i].returncode for i in lost]})"
+            )
         results: list[Result] = []
         for job in self._jobs:
             results += _unpack(Path(job["results"]).read_bytes())
@@ -170,9 +194,15 @@ class Swarm:
 # -- the child ------------------------------------------------------------------------------
 def _progress(rec: Recorder) -> dict:
     s = rec.sample()
-    rec.samples.clear()      # the parent keeps the samples
-    return {"sent": rec.sent, "errors": rec.errors, "tokens": rec.tokens(), "inflight": s.inflight,
-            "waiting": s.waiting, "streaming": sum(1 for r in rec.results if r.ttft is not None)}
+    rec.samples.clear()  # the parent keeps the samples
+    return {
+        "sent": rec.sent,
+        "errors": rec.errors,
+        "tokens": rec.tokens(),
+        "inflight": s.inflight,
+        "waiting": s.waiting,
+        "streaming": sum(1 for r in rec.results if r.ttft is not None),
+    }
 
 
 async def _child() -> None:
@@ -196,7 +226,7 @@ async def _child() -> None:
     async with HttpTarget(job["url"], job["keys"]) as target:
         load = asyncio.create_task(run_flows(target, rec, flows, 86400.0, seed=job["seed"]))
         reporting = asyncio.create_task(report())
-        await reader.readline()         # "stop", or the parent went away
+        await reader.readline()  # "stop", or the parent went away
         load.cancel()
         await asyncio.gather(load, return_exceptions=True)
         reporting.cancel()

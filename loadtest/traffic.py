@@ -30,7 +30,7 @@ class Call:
     model: str
     prompt: str
     max_tokens: int
-    retries: int = 0               # 429/503 retried as the OpenAI SDK does (Flow.retries)
+    retries: int = 0  # 429/503 retried as the OpenAI SDK does (Flow.retries)
 
 
 class Target(Protocol):
@@ -48,12 +48,13 @@ class HttpTarget:
         self.url = url
         self.keys = keys
         self._session: aiohttp.ClientSession | None = None
-        self._rng = random.Random(0)        # the retries' jitter
+        self._rng = random.Random(0)  # the retries' jitter
 
     async def __aenter__(self) -> HttpTarget:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        self._session = aiohttp.ClientSession(connector=connector,
-                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -62,17 +63,28 @@ class HttpTarget:
 
     async def send(self, call: Call, result: Result) -> None:
         assert self._session is not None
-        body = {"model": call.model, "stream": True, "max_tokens": call.max_tokens,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": call.prompt}]}
+        body = {
+            "model": call.model,
+            "stream": True,
+            "max_tokens": call.max_tokens,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": call.prompt}],
+        }
         result.started_at, since = time.time(), time.perf_counter()
         for attempt in range(call.retries + 1):
             if attempt:
                 await asyncio.sleep(sdk_backoff(attempt, result.retry_after, self._rng))
                 result.status, result.error, result.retry_after = 0, None, None
                 result.retries = attempt
-            await stream_chat(self._session, self.url, self.keys[call.tenant], body,
-                              {"x-laneway-class": call.klass}, result=result, since=since)
+            await stream_chat(
+                self._session,
+                self.url,
+                self.keys[call.tenant],
+                body,
+                {"x-laneway-class": call.klass},
+                result=result,
+                since=since,
+            )
             if result.status not in RETRIED:
                 return
 
@@ -82,8 +94,7 @@ class NatsTarget:
 
     name = "nats"
 
-    def __init__(self, nats_url: str, prefix: str = "lw",
-                 credentials: tuple[str, str] | None = None) -> None:
+    def __init__(self, nats_url: str, prefix: str = "lw", credentials: tuple[str, str] | None = None) -> None:
         self.nats_url = nats_url
         self.prefix = prefix
         # As one trusted upstream service publishing for every tenant (the bridge's NATS user
@@ -99,9 +110,13 @@ class NatsTarget:
         from schemas.subjects import service_inbox
 
         user, password = self.credentials or (None, None)
-        self._nc = await nats.connect(self.nats_url, user=user, password=password,
-                                      inbox_prefix=service_inbox(user),     # the user's own replies
-                                      pending_size=64 * 1024 * 1024)
+        self._nc = await nats.connect(
+            self.nats_url,
+            user=user,
+            password=password,
+            inbox_prefix=service_inbox(user),  # the user's own replies
+            pending_size=64 * 1024 * 1024,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -143,16 +158,16 @@ class NatsTarget:
 
 @dataclass
 class Sample:
-    t: float                                           # unix time
-    inflight: dict[str, int] = field(default_factory=dict)   # per flow
-    waiting: dict[str, int] = field(default_factory=dict)    # per flow: no first token yet
-    open_streams: float | None = None                  # the bridge's laneway_open_streams
+    t: float  # unix time
+    inflight: dict[str, int] = field(default_factory=dict)  # per flow
+    waiting: dict[str, int] = field(default_factory=dict)  # per flow: no first token yet
+    open_streams: float | None = None  # the bridge's laneway_open_streams
 
 
 class Recorder:
     def __init__(self) -> None:
         self.results: list[Result] = []
-        self.active: dict[int, Result] = {}       # by id(): Results are unhashable
+        self.active: dict[int, Result] = {}  # by id(): Results are unhashable
         self.samples: list[Sample] = []
         self.sent = 0
         self.errors = 0
@@ -203,14 +218,21 @@ def _call(flow: Flow, shape: RequestShape, rng: random.Random) -> Call:
         lo = max(1, round(tokens * (1 - flow.max_tokens_spread)))
         tokens = rng.randint(lo, max(lo, round(tokens * (1 + flow.max_tokens_spread))))
     prompt = shape.prompt(flow.prompt_tokens)
-    if flow.distinct:   # the tag replaces as many characters: the length (the token count) holds
+    if flow.distinct:  # the tag replaces as many characters: the length (the token count) holds
         tag = f"{rng.getrandbits(64):016x} "
-        prompt = tag + prompt[len(tag):]
+        prompt = tag + prompt[len(tag) :]
     return Call(flow.name, flow.tenant, flow.klass, flow.model, prompt, tokens, flow.retries)
 
 
-async def open_loop(target: Target, rec: Recorder, flow: Flow, until: float, rng: random.Random,
-                    shape: RequestShape, tasks: set[asyncio.Task]) -> None:
+async def open_loop(
+    target: Target,
+    rec: Recorder,
+    flow: Flow,
+    until: float,
+    rng: random.Random,
+    shape: RequestShape,
+    tasks: set[asyncio.Task],
+) -> None:
     """Poisson arrivals until `until` (monotonic); requests run on as tasks in `tasks`."""
     loop = asyncio.get_running_loop()
     next_at = loop.time()
@@ -224,8 +246,9 @@ async def open_loop(target: Target, rec: Recorder, flow: Flow, until: float, rng
         task.add_done_callback(tasks.discard)
 
 
-async def closed_loop(target: Target, rec: Recorder, flow: Flow, until: float, rng: random.Random,
-                      shape: RequestShape) -> None:
+async def closed_loop(
+    target: Target, rec: Recorder, flow: Flow, until: float, rng: random.Random, shape: RequestShape
+) -> None:
     """`flow.users` users: send, read the whole reply, think (exponential), repeat until `until`."""
     loop = asyncio.get_running_loop()
 
@@ -244,13 +267,19 @@ async def closed_loop(target: Target, rec: Recorder, flow: Flow, until: float, r
             else:
                 await asyncio.sleep(0)
 
-    await asyncio.gather(*(user(rng.uniform(0, flow.ramp_s) if flow.ramp_s else 0.0)
-                           for _ in range(flow.users)))
+    await asyncio.gather(*(user(rng.uniform(0, flow.ramp_s) if flow.ramp_s else 0.0) for _ in range(flow.users)))
 
 
-async def run_flows(target: Target, rec: Recorder, flows: list[Flow] | tuple[Flow, ...], duration_s: float,
-                    *, seed: int = 1, drain_s: float = 0.0,
-                    drained: Callable[[], bool] | None = None) -> None:
+async def run_flows(
+    target: Target,
+    rec: Recorder,
+    flows: list[Flow] | tuple[Flow, ...],
+    duration_s: float,
+    *,
+    seed: int = 1,
+    drain_s: float = 0.0,
+    drained: Callable[[], bool] | None = None,
+) -> None:
     """Run every flow for `duration_s`; then let requests in flight finish for up to `drain_s`
     (or until `drained()` is true) and cut the rest (cut requests are not errors). Closed-loop
     users stop sending at the end."""
@@ -282,9 +311,12 @@ async def run_flows(target: Target, rec: Recorder, flows: list[Flow] | tuple[Flo
         await asyncio.gather(*drivers, *spawned, return_exceptions=True)
 
 
-async def sampler(rec: Recorder, interval_s: float,
-                  open_streams: Callable[[], Awaitable[float]] | None = None,
-                  on_sample: Callable[[Sample], None] | None = None) -> None:
+async def sampler(
+    rec: Recorder,
+    interval_s: float,
+    open_streams: Callable[[], Awaitable[float]] | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> None:
     """Sample in-flight counts (and the bridge's open streams) until cancelled."""
     while True:
         value = None

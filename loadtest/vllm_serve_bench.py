@@ -46,12 +46,14 @@ POOL_NAMES = {"llama-8b": "small", "llama-70b": "large"}
 HOSTED = PoolSpec("hosted-api", "hosted", "llama-70b-fp8-2xh100", workers=1)
 PERCENTILES = (50, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-CLIENT = ("import sys\n"
-          "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-          "from vllm.benchmarks.serve import add_cli_args, main\n"
-          "parser = FlexibleArgumentParser(description='vllm bench serve')\n"
-          "add_cli_args(parser)\n"
-          "main(parser.parse_args(sys.argv[1:]))\n")
+CLIENT = (
+    "import sys\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "parser = FlexibleArgumentParser(description='vllm bench serve')\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
 
 
 def plan(scale: float) -> dict:
@@ -62,26 +64,49 @@ def plan(scale: float) -> dict:
     parser = argparse.ArgumentParser()
     planner.configure(parser)
     report = build_report(planner.build_input(parser.parse_args(["--scenario", SCENARIO])))
-    pools = [{"model": p.model, "pool": POOL_NAMES[p.model], "share": p.share, "qps": p.qps,
-              "replicas": p.replicas, "gpus_per_replica": p.replica.gpus,
-              "scaled_replicas": max(1, math.ceil(p.replicas * scale)), "profile": PROFILES[p.model]}
-             for p in report.fleet.pools]
-    return {"scenario": SCENARIO, "scale": scale, "qps": report.load.peak_qps,
-            "rate": report.load.peak_qps * scale, "slo_ttft_s": report.input.slo.ttft_s,
-            "tokens_in": report.input.load.tokens_in, "tokens_out": report.input.load.tokens_out,
-            "fallback_share": report.input.api.fallback_share, "pools": pools}
+    pools = [
+        {
+            "model": p.model,
+            "pool": POOL_NAMES[p.model],
+            "share": p.share,
+            "qps": p.qps,
+            "replicas": p.replicas,
+            "gpus_per_replica": p.replica.gpus,
+            "scaled_replicas": max(1, math.ceil(p.replicas * scale)),
+            "profile": PROFILES[p.model],
+        }
+        for p in report.fleet.pools
+    ]
+    return {
+        "scenario": SCENARIO,
+        "scale": scale,
+        "qps": report.load.peak_qps,
+        "rate": report.load.peak_qps * scale,
+        "slo_ttft_s": report.input.slo.ttft_s,
+        "tokens_in": report.input.load.tokens_in,
+        "tokens_out": report.input.load.tokens_out,
+        "fallback_share": report.input.api.fallback_share,
+        "pools": pools,
+    }
 
 
 def rule_set(sized: dict) -> dict:
     """One logical model split by the plan's shares; a pool whose queue wait p95 passes the TTFT
     SLO counts as saturated and its requests spill to the hosted pool."""
     slo = sized["slo_ttft_s"]
-    return {"models": [LOGICAL_MODEL],
-            "pools": {**{p["pool"]: {"max_ttft_p95_s": slo} for p in sized["pools"]},
-                      HOSTED.pool: {"hosted": True}},
-            "rules": [{"rule_id": "cost-stack-mix", "match": {"model": LOGICAL_MODEL},
-                       "pools": {p["pool"]: p["share"] for p in sized["pools"]}}],
-            "author": "loadtest.vllm_serve_bench", "reason": "the cost-stack mix"}
+    return {
+        "models": [LOGICAL_MODEL],
+        "pools": {**{p["pool"]: {"max_ttft_p95_s": slo} for p in sized["pools"]}, HOSTED.pool: {"hosted": True}},
+        "rules": [
+            {
+                "rule_id": "cost-stack-mix",
+                "match": {"model": LOGICAL_MODEL},
+                "pools": {p["pool"]: p["share"] for p in sized["pools"]},
+            }
+        ],
+        "author": "loadtest.vllm_serve_bench",
+        "reason": "the cost-stack mix",
+    }
 
 
 async def _apply_rules(fleet: Fleet, rules: dict, key: str) -> None:
@@ -100,8 +125,9 @@ async def _apply_rules(fleet: Fleet, rules: dict, key: str) -> None:
     deadline = time.monotonic() + 60
     async with aiohttp.ClientSession() as http:
         while True:
-            async with http.post(f"{fleet.url}/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"}) as resp:
+            async with http.post(
+                f"{fleet.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as resp:
                 if resp.status == 200:
                     return
                 text = await resp.text()
@@ -112,24 +138,55 @@ async def _apply_rules(fleet: Fleet, rules: dict, key: str) -> None:
 
 def client_argv(args: argparse.Namespace, sized: dict, url: str, result_dir: Path) -> list[str]:
     prompts = max(1, round(sized["rate"] * args.duration))
-    return [sys.executable, "-c", CLIENT,
-            "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
-            "--model", LOGICAL_MODEL, "--tokenizer", str(args.tokenizer),
-            "--dataset-name", "random", "--random-input-len", str(sized["tokens_in"]),
-            "--random-output-len", str(sized["tokens_out"]), "--num-prompts", str(prompts),
-            "--request-rate", f"{sized['rate']:g}", "--burstiness", "1.0", "--seed", str(args.seed),
-            "--percentile-metrics", ",".join(METRICS),
-            "--metric-percentiles", ",".join(map(str, PERCENTILES)),
-            "--goodput", f"ttft:{sized['slo_ttft_s'] * 1000:g}",
-            "--save-result", "--result-dir", str(result_dir), "--result-filename", "result.json",
-            "--disable-tqdm"]
+    return [
+        sys.executable,
+        "-c",
+        CLIENT,
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        LOGICAL_MODEL,
+        "--tokenizer",
+        str(args.tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(sized["tokens_in"]),
+        "--random-output-len",
+        str(sized["tokens_out"]),
+        "--num-prompts",
+        str(prompts),
+        "--request-rate",
+        f"{sized['rate']:g}",
+        "--burstiness",
+        "1.0",
+        "--seed",
+        str(args.seed),
+        "--percentile-metrics",
+        ",".join(METRICS),
+        "--metric-percentiles",
+        ",".join(map(str, PERCENTILES)),
+        "--goodput",
+        f"ttft:{sized['slo_ttft_s'] * 1000:g}",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        "result.json",
+        "--disable-tqdm",
+    ]
 
 
 async def _run_client(argv: list[str], key: str, log: Path, timeout_s: float) -> int:
     env = core_env.child({"OPENAI_API_KEY": key, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
     with open(log, "wb") as out:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=out, stderr=asyncio.subprocess.STDOUT, env=env)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env
+        )
         try:
             return await asyncio.wait_for(proc.wait(), timeout_s)
         except (TimeoutError, asyncio.CancelledError):
@@ -163,12 +220,19 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         if e:
             kind = e.strip().splitlines()[-1][:120]
             errors[kind] = errors.get(kind, 0) + 1
-    keep = {k: v for k, v in result.items()
-            if not isinstance(v, list) and not k.startswith(("std_", "mean_"))}
-    return {"engine": describe["engine"], "plan": sized, "fleet": describe["pools"],
-            "client": {"argv": argv[3:], "tokenizer": str(args.tokenizer)},
-            "result": keep, "errors": errors, "laneway_cpu_s": cpu, "pii": args.pii, "routed": routed,
-            "client_table": _table(output)}
+    keep = {k: v for k, v in result.items() if not isinstance(v, list) and not k.startswith(("std_", "mean_"))}
+    return {
+        "engine": describe["engine"],
+        "plan": sized,
+        "fleet": describe["pools"],
+        "client": {"argv": argv[3:], "tokenizer": str(args.tokenizer)},
+        "result": keep,
+        "errors": errors,
+        "laneway_cpu_s": cpu,
+        "pii": args.pii,
+        "routed": routed,
+        "client_table": _table(output),
+    }
 
 
 async def _routed(fleet: Fleet) -> dict[str, int]:
@@ -194,50 +258,72 @@ def _table(output: str) -> str:
     if not starts:
         return ""
     end = next((i for i in range(len(lines) - 1, starts[0], -1) if lines[i].startswith("=====")), len(lines) - 1)
-    return "\n".join(lines[starts[0]:end + 1])
+    return "\n".join(lines[starts[0] : end + 1])
 
 
 def render(doc: dict) -> str:
     p, r = doc["plan"], doc["result"]
-    fleet = ", ".join(f"{x['model']} {x['replicas']} × {x['gpus_per_replica']} GPU → {x['scaled_replicas']} "
-                      f"({x['profile']})" for x in p["pools"])
-    lines = [f"vLLM's benchmark client (vllm/benchmarks/serve.py, backend openai-chat) against the bridge: "
-             f"{doc['engine']}",
-             f"Plan: `laneway plan --scenario {p['scenario']}`, {p['qps']:g} QPS, {p['tokens_in']} in / "
-             f"{p['tokens_out']} out. SCALE FACTOR {p['scale']:g}: {p['rate']:g} req/s Poisson; replicas "
-             f"{fleet}, plus 1 simulated hosted-API worker (pool hosted, takes the spill; the plan budgets "
-             f"{p['fallback_share']:.0%} fallback)",
-             "Per replica: " + ", ".join(
-                 f"{x['model']} {p['rate'] * x['share'] / x['scaled_replicas']:.1f} req/s (plan "
-                 f"{x['qps'] / x['replicas']:.1f})" for x in p["pools"])
-             + (" — replicas round up, so the scaled fleet is lighter loaded than the plan's"
-                if any(x["replicas"] * p["scale"] != x["scaled_replicas"] for x in p["pools"]) else ""),
-             f"Tokenizer for the random dataset: {doc['client']['tokenizer']} (SmolLM2, offline)",
-             f"Requests: {r['completed']} completed, {r['failed']} failed"
-             + (f" ({doc['errors']})" if doc["errors"] else ""),
-             f"{'metric':<6} " + " ".join(f"{'p' + str(q):>10}" for q in PERCENTILES)]
+    fleet = ", ".join(
+        f"{x['model']} {x['replicas']} × {x['gpus_per_replica']} GPU → {x['scaled_replicas']} ({x['profile']})"
+        for x in p["pools"]
+    )
+    lines = [
+        f"vLLM's benchmark client (vllm/benchmarks/serve.py, backend openai-chat) against the bridge: {doc['engine']}",
+        f"Plan: `laneway plan --scenario {p['scenario']}`, {p['qps']:g} QPS, {p['tokens_in']} in / "
+        f"{p['tokens_out']} out. SCALE FACTOR {p['scale']:g}: {p['rate']:g} req/s Poisson; replicas "
+        f"{fleet}, plus 1 simulated hosted-API worker (pool hosted, takes the spill; the plan budgets "
+        f"{p['fallback_share']:.0%} fallback)",
+        "Per replica: "
+        + ", ".join(
+            f"{x['model']} {p['rate'] * x['share'] / x['scaled_replicas']:.1f} req/s (plan "
+            f"{x['qps'] / x['replicas']:.1f})"
+            for x in p["pools"]
+        )
+        + (
+            " — replicas round up, so the scaled fleet is lighter loaded than the plan's"
+            if any(x["replicas"] * p["scale"] != x["scaled_replicas"] for x in p["pools"])
+            else ""
+        ),
+        f"Tokenizer for the random dataset: {doc['client']['tokenizer']} (SmolLM2, offline)",
+        f"Requests: {r['completed']} completed, {r['failed']} failed"
+        + (f" ({doc['errors']})" if doc["errors"] else ""),
+        f"{'metric':<6} " + " ".join(f"{'p' + str(q):>10}" for q in PERCENTILES),
+    ]
     for metric in METRICS:
-        lines.append(f"{metric.upper():<6} " + " ".join(f"{r.get(f'p{q}_{metric}_ms', math.nan):>7.1f} ms"
-                                                   for q in PERCENTILES))
-    lines.append(f"Goodput at TTFT < {p['slo_ttft_s'] * 1000:g} ms: {r.get('request_goodput') or 0:.2f} req/s of "
-                 f"{r['request_throughput']:.2f} req/s; output {r['output_throughput']:.0f} tok/s")
-    lines.append("Routed (pool/why, broker metrics; includes 1 warm-up request): "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(doc["routed"].items())) + f"; PII stage {doc['pii']}")
+        lines.append(
+            f"{metric.upper():<6} " + " ".join(f"{r.get(f'p{q}_{metric}_ms', math.nan):>7.1f} ms" for q in PERCENTILES)
+        )
+    lines.append(
+        f"Goodput at TTFT < {p['slo_ttft_s'] * 1000:g} ms: {r.get('request_goodput') or 0:.2f} req/s of "
+        f"{r['request_throughput']:.2f} req/s; output {r['output_throughput']:.0f} tok/s"
+    )
+    lines.append(
+        "Routed (pool/why, broker metrics; includes 1 warm-up request): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(doc["routed"].items()))
+        + f"; PII stage {doc['pii']}"
+    )
     cpu = doc["laneway_cpu_s"]
-    lines.append(f"Laneway CPU (nats-server, broker, bridge, sim workers): {cpu:.1f} s while the client ran; "
-                 f"≈{cpu / r['duration']:.2f} cores over its {r['duration']:.0f} s benchmark phase")
+    lines.append(
+        f"Laneway CPU (nats-server, broker, bridge, sim workers): {cpu:.1f} s while the client ran; "
+        f"≈{cpu / r['duration']:.2f} cores over its {r['duration']:.0f} s benchmark phase"
+    )
     return "\n".join(lines)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scale", type=float, default=0.05,
-                        help="fraction of the plan's 120 QPS and of its replicas (rounded up)")
+    parser.add_argument(
+        "--scale", type=float, default=0.05, help="fraction of the plan's 120 QPS and of its replicas (rounded up)"
+    )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (prompts = rate × this)")
     parser.add_argument("--tokenizer", type=Path, default=Path(".cache/models/smollm2"))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--pii", choices=("off", "auto", "regex", "ner"), default="off",
-                        help="the broker's PII stage (default off: this measures scheduling, and NER on "
-                             "1.5K-token prompts is the limit of a 2-core machine)")
+    parser.add_argument(
+        "--pii",
+        choices=("off", "auto", "regex", "ner"),
+        default="off",
+        help="the broker's PII stage (default off: this measures scheduling, and NER on "
+        "1.5K-token prompts is the limit of a 2-core machine)",
+    )
     parser.add_argument("--show-client-table", action="store_true", help="also print vLLM's own result table")
     parser.add_argument("--json", type=Path, help="also write the figures here")
 
@@ -247,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
 
     def text(doc: dict) -> str:
         return render(doc) + ("\n" + doc["client_table"] if args.show_client_table else "")
+
     return run_and_report(args, run_benchmark, text)
 
 

@@ -15,11 +15,12 @@ import msgspec
 from msgspec import Meta
 
 FilePurpose = Literal["batch", "batch_output", "user_data"]
-UPLOAD_PURPOSES = ("batch", "user_data")      # what a client may upload; batch_output is Laneway's
+UPLOAD_PURPOSES = ("batch", "user_data")  # what a client may upload; batch_output is Laneway's
 
-BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired",
-                      "cancelling", "cancelled"]
-ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})   # a runner owes it work
+BatchStatus = Literal[
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+]
+ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})  # a runner owes it work
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 Metadata = Annotated[dict[str, Annotated[str, Meta(max_length=512)]], Meta(max_length=16)]

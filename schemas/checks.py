@@ -9,14 +9,13 @@ from __future__ import annotations
 from schemas.errors import ErrorCode
 from schemas.openai import Body, ChatBody, CompletionBody
 
-MAX_TIMEOUT_S = 86_400.0       # the longest a request may live (x-laneway-timeout's bound)
+MAX_TIMEOUT_S = 86_400.0  # the longest a request may live (x-laneway-timeout's bound)
 
 
 class Invalid(ValueError):
     """A broken rule, with the OpenAI error it answers with."""
 
-    def __init__(self, message: str, param: str | None,
-                 code: ErrorCode = ErrorCode.invalid_request) -> None:
+    def __init__(self, message: str, param: str | None, code: ErrorCode = ErrorCode.invalid_request) -> None:
         super().__init__(message)
         self.message, self.param, self.code = message, param, code
 

@@ -50,6 +50,7 @@ def broker_beat(data: bytes) -> BrokerBeat:
     except DecodeError:
         return BrokerBeat()
 
+
 # HTTP edge.
 _json = msgspec.json.Encoder()
 encode_json = _json.encode
@@ -63,7 +64,7 @@ _decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 # thousands deep raises RecursionError; a chat request nests about 5 levels, a tool's schema a few more.
 MAX_JSON_DEPTH = 64
 
-_STRINGS = re.compile(rb'"[^"]*"')   # once escaped backslashes and quotes are gone
+_STRINGS = re.compile(rb'"[^"]*"')  # once escaped backslashes and quotes are gone
 _BRACKETS = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 _OPEN = ord("[")
@@ -104,8 +105,9 @@ def other_members(body: bytes, known: frozenset[str]) -> bytes:
     members = _decode_members(body)
     if members.keys() <= known:
         return b""
-    other = {k: v for k, v in members.items()
-             if k not in known and k not in LANEWAY_OWNED and bytes(v).strip() != b"null"}
+    other = {
+        k: v for k, v in members.items() if k not in known and k not in LANEWAY_OWNED and bytes(v).strip() != b"null"
+    }
     return encode_json(other) if other else b""
 
 
@@ -134,8 +136,7 @@ def extra_members(extra: bytes) -> dict[str, msgspec.Raw]:
     return _decode_members(extra) if extra else {}
 
 
-_TYPED = {ChatBody: KNOWN_CHAT_FIELDS, CompletionBody: KNOWN_COMPLETION_FIELDS,
-          EmbeddingBody: KNOWN_EMBEDDING_FIELDS}
+_TYPED = {ChatBody: KNOWN_CHAT_FIELDS, CompletionBody: KNOWN_COMPLETION_FIELDS, EmbeddingBody: KNOWN_EMBEDDING_FIELDS}
 
 
 def extra_conflict(request: GenerateRequest) -> str | None:
@@ -146,6 +147,7 @@ def extra_conflict(request: GenerateRequest) -> str | None:
         return None
     typed = _TYPED[type(request.body)]
     return next((k for k in extra_members(request.extra) if k in typed or k in LANEWAY_OWNED), None)
+
 
 DecodeError = msgspec.DecodeError
 ValidationError = msgspec.ValidationError

@@ -16,22 +16,22 @@ import msgspec
 
 
 class Outcome(IntEnum):
-    FRESH = 0         # nothing reached the client: generate from the start (seq 0)
-    CONTINUE = 1      # go on after `token_ids` / `text`, numbering entries from `next_seq`
-    GONE = 2          # the client's stream is over (answered, or ended here): generate nothing
-    EXHAUSTED = 3     # lost too many workers already: the edge ended the stream; dead-letter it
+    FRESH = 0  # nothing reached the client: generate from the start (seq 0)
+    CONTINUE = 1  # go on after `token_ids` / `text`, numbering entries from `next_seq`
+    GONE = 2  # the client's stream is over (answered, or ended here): generate nothing
+    EXHAUSTED = 3  # lost too many workers already: the edge ended the stream; dead-letter it
 
 
 class ContinueAsk(msgspec.Struct, array_like=True, gc=False):
     request_id: str
-    attempt: int                # the new delivery's (the frames it will send carry it)
-    worker: str                 # the worker asking: the stream's source from now on
+    attempt: int  # the new delivery's (the frames it will send carry it)
+    worker: str  # the worker asking: the stream's source from now on
 
 
 class Continuation(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     verdict: Outcome
     next_seq: int = 0
-    token_ids: list[int] = []   # choice 0's, as streamed (empty when the frames carried none)
-    text: str = ""              # choice 0's text as streamed
-    migrations: int = 0         # workers this stream has been continued on, this one included
-    reason: str = ""            # GONE / EXHAUSTED: why, for the worker's log and dead letter
+    token_ids: list[int] = []  # choice 0's, as streamed (empty when the frames carried none)
+    text: str = ""  # choice 0's text as streamed
+    migrations: int = 0  # workers this stream has been continued on, this one included
+    reason: str = ""  # GONE / EXHAUSTED: why, for the worker's log and dead letter

@@ -14,7 +14,7 @@ import msgspec
 class TokenUsage(msgspec.Struct, array_like=True, gc=False):
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0          # of prompt_tokens, read from the engine's prefix cache (as OpenAI counts)
+    cached_tokens: int = 0  # of prompt_tokens, read from the engine's prefix cache (as OpenAI counts)
 
 
 class TopLogprob(msgspec.Struct, array_like=True, gc=False):
@@ -49,12 +49,12 @@ class Delta(msgspec.Struct, tag=0, array_like=True, gc=False):
     seq: int
     text: str
     token_ids: list[int] = []
-    choice: int = 0                         # which of the request's `n` choices
+    choice: int = 0  # which of the request's `n` choices
     tool_calls: list[ToolCallDelta] = []
-    logprobs: list[TokenLogprob] = []       # only when the client asked for them
+    logprobs: list[TokenLogprob] = []  # only when the client asked for them
     refusal: str = ""
-    reasoning: str = ""                     # a reasoning model's thinking (vLLM's reasoning parsers)
-    headers: dict[str, str] = {}            # on a stream's first delta: for the edge's answer (x-ratelimit-*)
+    reasoning: str = ""  # a reasoning model's thinking (vLLM's reasoning parsers)
+    headers: dict[str, str] = {}  # on a stream's first delta: for the edge's answer (x-ratelimit-*)
 
     @property
     def plain(self) -> bool:
@@ -66,24 +66,24 @@ class Finished(msgspec.Struct, tag=1, array_like=True, gc=False):
     request_id: str
     attempt: int
     seq: int
-    finish_reason: str              # "stop" | "length" | "tool_calls" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "cancelled"
     usage: TokenUsage
-    model: str = ""                 # the real model that served it
+    model: str = ""  # the real model that served it
     finish_reasons: list[str] = []  # per choice, when the request asked for n > 1
-    vectors: list[bytes] = []       # an embedding request's answer: float32 little-endian, per input
-    headers: dict[str, str] = {}    # for the edge's answer when no Delta came first (embeddings)
-    messages: bytes = b""           # the chat messages the engine got (JSON), when the request asked (echo_input)
-    fields: bytes = b""             # the chat's other texts and `kept`, so (`GenerateRequest.echoed_fields`)
+    vectors: list[bytes] = []  # an embedding request's answer: float32 little-endian, per input
+    headers: dict[str, str] = {}  # for the edge's answer when no Delta came first (embeddings)
+    messages: bytes = b""  # the chat messages the engine got (JSON), when the request asked (echo_input)
+    fields: bytes = b""  # the chat's other texts and `kept`, so (`GenerateRequest.echoed_fields`)
 
 
 class StreamError(msgspec.Struct, tag=2, array_like=True, gc=False):
     request_id: str
     attempt: int
     seq: int
-    code: str                       # an `ErrorCode` value
+    code: str  # an `ErrorCode` value
     message: str
-    param: str | None = None        # the request field at fault, when there is one
-    headers: dict[str, str] = {}    # for the edge's answer, e.g. Retry-After, x-ratelimit-*
+    param: str | None = None  # the request field at fault, when there is one
+    headers: dict[str, str] = {}  # for the edge's answer, e.g. Retry-After, x-ratelimit-*
 
 
 Entry = Delta | Finished | StreamError
@@ -91,6 +91,6 @@ Terminal = (Finished, StreamError)
 
 
 class TokenFrame(msgspec.Struct, array_like=True, gc=False):
-    source: str                     # worker id, or "broker" for refusals
+    source: str  # worker id, or "broker" for refusals
     entries: list[Entry]
-    sent_at: float = 0.0            # unix time at publish: the edge measures delivery lag
+    sent_at: float = 0.0  # unix time at publish: the edge measures delivery lag

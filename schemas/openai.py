@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 from msgspec import Meta
 
-MAX_OUTPUT_TOKENS = 1 << 20        # a wire ceiling only; each model's context is the real limit
+MAX_OUTPUT_TOKENS = 1 << 20  # a wire ceiling only; each model's context is the real limit
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 8
 MAX_TOP_LOGPROBS = 20
@@ -28,7 +28,7 @@ ToolName = Annotated[str, Meta(pattern="^[A-Za-z0-9_.:-]{1,64}$")]
 
 class FunctionCall(msgspec.Struct, omit_defaults=True, gc=False):
     name: str
-    arguments: str = ""            # a JSON text, as the model wrote it
+    arguments: str = ""  # a JSON text, as the model wrote it
 
 
 # `type` has a default for lenient reading, but is always written: OpenAI requires it.
@@ -43,8 +43,8 @@ class Message(msgspec.Struct, omit_defaults=True):
     # A string, or OpenAI content parts ({"type": "text", "text": ...}, image_url, ...), verbatim.
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None      # an assistant's calls, in the history
-    tool_call_id: str | None = None               # a tool result answers this call
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls, in the history
+    tool_call_id: str | None = None  # a tool result answers this call
     refusal: str | None = None
 
     def texts(self) -> list[str]:
@@ -73,7 +73,7 @@ class Message(msgspec.Struct, omit_defaults=True):
 class FunctionDef(msgspec.Struct, omit_defaults=True):
     name: ToolName
     description: str | None = None
-    parameters: dict[str, Any] | None = None      # a JSON schema
+    parameters: dict[str, Any] | None = None  # a JSON schema
     strict: bool | None = None
 
 
@@ -114,7 +114,7 @@ class Sampling(msgspec.Struct, omit_defaults=True, kw_only=True):
     """The sampling fields chat and completions share."""
 
     model: Annotated[str, Meta(min_length=1, max_length=128)]
-    stream: bool | None = False            # null is "not set", as for every OpenAI field
+    stream: bool | None = False  # null is "not set", as for every OpenAI field
     stream_options: StreamOptions | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
@@ -170,7 +170,7 @@ class CompletionBody(Sampling, kw_only=True):
     one-element list; `n` gives several choices for it."""
 
     prompt: str | Annotated[list[str], Meta(min_length=1, max_length=1)]
-    max_tokens: MaxTokens | None = 16          # the OpenAI API's default for this endpoint
+    max_tokens: MaxTokens | None = 16  # the OpenAI API's default for this endpoint
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -188,7 +188,7 @@ class CompletionBody(Sampling, kw_only=True):
         return [self.text] + ([self.suffix] if self.suffix else [])
 
 
-MAX_EMBEDDING_INPUTS = 2048      # the OpenAI API's own limit per request
+MAX_EMBEDDING_INPUTS = 2048  # the OpenAI API's own limit per request
 
 
 class EmbeddingBody(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -206,7 +206,7 @@ class EmbeddingBody(msgspec.Struct, omit_defaults=True, kw_only=True):
     stream = False
     stream_options = None
     choices = 1
-    deterministic = True           # an embedding is a function of its input
+    deterministic = True  # an embedding is a function of its input
     output_limit = 0
 
     @property
@@ -231,7 +231,7 @@ class EmbeddingBody(msgspec.Struct, omit_defaults=True, kw_only=True):
             return [self.input]
         if self.input and isinstance(self.input[0], int):
             return [cast(list[int], self.input)]
-        return cast(list[str] | list[list[int]], self.input)   # validate() refused a mix
+        return cast(list[str] | list[list[int]], self.input)  # validate() refused a mix
 
     def texts(self) -> list[str]:
         return [t for t in self.inputs if isinstance(t, str)]

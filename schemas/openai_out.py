@@ -12,7 +12,7 @@ from schemas.openai import ToolCall
 
 
 class PromptTokensDetails(msgspec.Struct):
-    cached_tokens: int = 0          # of prompt_tokens, read from the engine's prefix cache
+    cached_tokens: int = 0  # of prompt_tokens, read from the engine's prefix cache
 
 
 class CompletionUsage(msgspec.Struct):

@@ -14,8 +14,11 @@ def check_context(request: GenerateRequest, max_context_tokens: int) -> None:
     prompt = request.estimated_prompt_tokens()
     field = "messages" if request.chat is not None else "input" if request.embedding else "prompt"
     if prompt >= max_context_tokens:
-        raise Invalid(f"this model's context is {max_context_tokens} tokens; the {field} are about "
-                      f"{prompt} tokens", field, ErrorCode.context_length_exceeded)
+        raise Invalid(
+            f"this model's context is {max_context_tokens} tokens; the {field} are about {prompt} tokens",
+            field,
+            ErrorCode.context_length_exceeded,
+        )
 
 
 def check_deadline(request: GenerateRequest, now: float) -> None:

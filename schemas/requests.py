@@ -17,7 +17,7 @@ from schemas.checks import Invalid, check_body
 from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, ResponseFormat, Tool, ToolChoice
 
 _encode_json = msgspec.json.Encoder().encode
-MAX_ECHO_BYTES = 512 * 1024     # half of NATS's default max_payload: a Finished entry must fit in a frame
+MAX_ECHO_BYTES = 512 * 1024  # half of NATS's default max_payload: a Finished entry must fit in a frame
 
 RequestId = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
 Token = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
@@ -34,7 +34,7 @@ class Echoed(msgspec.Struct, omit_defaults=True, gc=False):
     tool_choice: ToolChoice | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
-    kept: dict[str, Any] | None = None      # `GenerateRequest.kept` (encoded from its bytes, as they are)
+    kept: dict[str, Any] | None = None  # `GenerateRequest.kept` (encoded from its bytes, as they are)
 
 
 class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
@@ -50,14 +50,14 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     klass: Token = msgspec.field(name="class")
     model: Annotated[str, Meta(min_length=1, max_length=128)]
     reply_to: Annotated[str, Meta(min_length=1, max_length=256)]
-    created_at: float                      # unix seconds, set by the edge
-    deadline: float                        # unix seconds; expired requests are never started
-    escalated: bool = False                # re-sent by the small pool's worker for the large pool (cascade)
+    created_at: float  # unix seconds, set by the edge
+    deadline: float  # unix seconds; expired requests are never started
+    escalated: bool = False  # re-sent by the small pool's worker for the large pool (cascade)
     chat: ChatBody | None = None
     completion: CompletionBody | None = None
-    extra: bytes = b""                     # the body's other fields: a JSON object, verbatim
+    extra: bytes = b""  # the body's other fields: a JSON object, verbatim
     embedding: EmbeddingBody | None = None
-    traceparent: str = ""                  # W3C trace context of the edge's span, when tracing is on
+    traceparent: str = ""  # W3C trace context of the edge's span, when tracing is on
     # Send the chat messages back on `Finished.messages` as the engine got them (redacted where the
     # tenant's PII policy says): a stored response keeps that input, never the raw one.
     echo_input: bool = False
@@ -88,9 +88,16 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
         if not self.echo_input or self.chat is None:
             return messages, b""
         chat = self.chat
-        fields = _encode_json(Echoed(chat.tools, chat.tool_choice, chat.response_format, chat.user,
-                                     # as it is: Raw writes the JSON object's bytes where the dict goes
-                                     cast(dict[str, Any], msgspec.Raw(self.kept)) if self.kept else None))
+        fields = _encode_json(
+            Echoed(
+                chat.tools,
+                chat.tool_choice,
+                chat.response_format,
+                chat.user,
+                # as it is: Raw writes the JSON object's bytes where the dict goes
+                cast(dict[str, Any], msgspec.Raw(self.kept)) if self.kept else None,
+            )
+        )
         return messages, fields if len(messages) + len(fields) <= MAX_ECHO_BYTES else b""
 
     def validate_shape(self) -> None:
@@ -107,7 +114,7 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
 
     @property
     def stream(self) -> bool:
-        return bool(self.body.stream)      # null is "not set": no stream
+        return bool(self.body.stream)  # null is "not set": no stream
 
     @property
     def choices(self) -> int:

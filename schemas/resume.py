@@ -12,15 +12,16 @@ import msgspec
 
 
 class ResumeAsk(msgspec.Struct, tag=0, array_like=True, gc=False):
-    tenant: str            # whom the asker's API key opened
+    tenant: str  # whom the asker's API key opened
     request_id: str
-    after: int             # the last event the client saw (its Last-Event-ID's position)
-    path: str              # the endpoint resumed on: a chat stream is not resumed as a completion
-    reply: str             # the asker's `resume_reply` subject
+    after: int  # the last event the client saw (its Last-Event-ID's position)
+    path: str  # the endpoint resumed on: a chat stream is not resumed as a completion
+    reply: str  # the asker's `resume_reply` subject
 
 
 class ResumeRelease(msgspec.Struct, tag=1, array_like=True, gc=False):
     """The asker's client went away: the holder stops relaying and keeps the stream for the window."""
+
     request_id: str
     reply: str
 
@@ -29,10 +30,10 @@ ResumeControl = ResumeAsk | ResumeRelease
 
 
 class Relayed(msgspec.Struct, array_like=True, gc=False):
-    since: int             # the position this chunk continues from (the asker checks for gaps)
-    upto: int              # the position of its last event
-    events: bytes = b""    # SSE bytes, `id:` lines included
-    done: bool = False     # the stream's last events: nothing follows
-    status: int = 0        # an error instead of events (0: none): HTTP status, code, message
+    since: int  # the position this chunk continues from (the asker checks for gaps)
+    upto: int  # the position of its last event
+    events: bytes = b""  # SSE bytes, `id:` lines included
+    done: bool = False  # the stream's last events: nothing follows
+    status: int = 0  # an error instead of events (0: none): HTTP status, code, message
     code: str = ""
     message: str = ""

@@ -16,7 +16,7 @@ import msgspec
 # A streamed background response resumes from its last events up to this size: the record, with
 # its Response, must stay well under NATS's payload limit (1 MiB by default).
 MAX_STORED_EVENT_BYTES = 256 * 1024
-STALE_LEASES = 4                    # a background record not refreshed for this many leases lost its bridge
+STALE_LEASES = 4  # a background record not refreshed for this many leases lost its bridge
 
 
 class Rerun(msgspec.Struct, omit_defaults=True, gc=False):
@@ -25,36 +25,36 @@ class Rerun(msgspec.Struct, omit_defaults=True, gc=False):
     It lives in `lw_background`, which only bridges may read, while the response runs; never in
     the stored record, which `ops` may read and which holds only what the PII stage let through."""
 
-    request: bytes                  # the GenerateRequest as published (msgpack)
-    body: bytes                     # the Responses body as the client sent it (JSON)
-    history_len: int = 0            # of the engine's messages, how many a previous response or conversation gave
-    conversation: str = ""          # the conversation the response continues, if any
+    request: bytes  # the GenerateRequest as published (msgpack)
+    body: bytes  # the Responses body as the client sent it (JSON)
+    history_len: int = 0  # of the engine's messages, how many a previous response or conversation gave
+    conversation: str = ""  # the conversation the response continues, if any
 
 
 class StoredResponse(msgspec.Struct, omit_defaults=True, gc=False):
-    response: bytes                 # the Response object (JSON), as GET answers it
-    request_id: str                 # Laneway's request id (a cancel names it)
-    input_items: bytes = b"[]"      # this request's input, as items (JSON list), redacted
-    history: bytes = b"[]"          # the chat messages through this response's output (JSON): a
-                                    # later `previous_response_id` continues from them
-    owner: str = ""                 # background: the edge running it ...
-    beat_at: float = 0.0            # ... when it last said so (unix seconds) ...
-    lease_s: float = 0.0            # ... and how often it says so
-    events: list[bytes] = []        # background + stream: the SSE events so far, by sequence_number
-    first_event: int = 0            # the sequence_number of events[0] (the oldest are dropped past the bound)
-    rerunnable: bool = False        # background, while running: its request is kept for another bridge
+    response: bytes  # the Response object (JSON), as GET answers it
+    request_id: str  # Laneway's request id (a cancel names it)
+    input_items: bytes = b"[]"  # this request's input, as items (JSON list), redacted
+    history: bytes = b"[]"  # the chat messages through this response's output (JSON): a
+    # later `previous_response_id` continues from them
+    owner: str = ""  # background: the edge running it ...
+    beat_at: float = 0.0  # ... when it last said so (unix seconds) ...
+    lease_s: float = 0.0  # ... and how often it says so
+    events: list[bytes] = []  # background + stream: the SSE events so far, by sequence_number
+    first_event: int = 0  # the sequence_number of events[0] (the oldest are dropped past the bound)
+    rerunnable: bool = False  # background, while running: its request is kept for another bridge
 
 
 class StoredConversation(msgspec.Struct, omit_defaults=True, gc=False):
     """A conversation (`/v1/conversations`) in the same bucket, under `<tenant>.conv_<id>`."""
 
-    conversation: bytes             # the Conversation object (JSON): id, created_at, metadata
-    items: bytes = b"[]"            # its items in order (JSON list), each with its id
-    next_item: int = 0              # the number the next item's id takes
+    conversation: bytes  # the Conversation object (JSON): id, created_at, metadata
+    items: bytes = b"[]"  # its items in order (JSON list), each with its id
+    next_item: int = 0  # the number the next item's id takes
 
 
 Record = StoredResponse | StoredConversation
-RESPONSE_PREFIX, CONVERSATION_PREFIX = "resp_", "conv_"     # an id says which kind its record is
+RESPONSE_PREFIX, CONVERSATION_PREFIX = "resp_", "conv_"  # an id says which kind its record is
 
 _encode = msgspec.msgpack.Encoder().encode
 _decoders: dict[type[Record], Callable[[bytes], Record]] = {

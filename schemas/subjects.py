@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-ESCALATED = "esc"     # the last token of an escalated request's subject
+ESCALATED = "esc"  # the last token of an escalated request's subject
 
 
 class BadToken(ValueError):
@@ -101,8 +101,11 @@ class Subjects:
         request for a tenant that has none finds no stream (the publisher is told at once), where
         it would otherwise wait for an intake that nobody pulls. With no tenant at all, the stream
         listens on its own name only (JetStream's default), which nobody publishes to."""
-        return [subject for tenant in sorted(set(tenants))
-                for subject in (self.req("*", check_token("tenant", tenant)), self.req_escalated("*", tenant))]
+        return [
+            subject
+            for tenant in sorted(set(tenants))
+            for subject in (self.req("*", check_token("tenant", tenant)), self.req_escalated("*", tenant))
+        ]
 
     def parse_req(self, subject: str) -> tuple[str, str, bool]:
         """`lw.req.<class>.<tenant>[.esc]` → (class, tenant, escalated)."""
@@ -272,6 +275,8 @@ def tenant_key(tenant: str, what: str, ident: str) -> str:
 
 def stored_response_key(tenant: str, response_id: str) -> str:
     return tenant_key(tenant, "response id", response_id)
+
+
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 

@@ -11,8 +11,8 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     request_id: str
     tenant: str
     klass: str = msgspec.field(name="class")
-    model: str                      # logical model asked for
-    served_model: str               # real model that answered
+    model: str  # logical model asked for
+    served_model: str  # real model that answered
     pool: str
     worker_id: str
     prompt_tokens: int
@@ -27,7 +27,7 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     # Some of the stream's frames could not be published (e.g. NATS went down mid-stream): the
     # client never got its end, and `completion_tokens` counts only the tokens it was sent.
     interrupted: bool = False
-    undelivered_tokens: int = 0     # generated but never published
+    undelivered_tokens: int = 0  # generated but never published
     # Prefix-cache hits: of `prompt_tokens`, those the engine read from its KV cache instead of
     # prefilling, and what that saved at the prices in force (full prompt rate less cached rate).
     cached_tokens: int = 0
@@ -45,7 +45,7 @@ class StorageUsage(msgspec.Struct, frozen=True, omit_defaults=True):
 
     file_bytes: int = 0
     files: int = 0
-    counted_at: float = 0.0         # when the bridge counted it (Unix time)
+    counted_at: float = 0.0  # when the bridge counted it (Unix time)
 
 
 class Superseded(msgspec.Struct, frozen=True, tag_field="kind", tag="superseded"):

@@ -13,36 +13,36 @@ class Credit(msgspec.Struct, omit_defaults=True, gc=False):
     worker_id: str
     pool: str
     free_slots: int
-    token_budget: int                       # KV-cache tokens it can still take
+    token_budget: int  # KV-cache tokens it can still take
     total_slots: int
-    classes: list[str] = []                 # classes it takes; empty = all
-    running: dict[str, int] = {}            # slots held per class (for the class share caps)
-    wait_s: float = 5.0                     # how long the broker may hold the pull open
-    step_tokens: int = 0                    # the engine's tokens per step (max_num_batched_tokens); 0 = unknown
-    prefill: dict[str, int] = {}            # prompt tokens accepted, not yet started, per class
-    kv_tokens: int = 0                      # the engine's whole KV cache (prefix affinity); 0 = unknown
-    adapters: list[str] = []                # LoRA adapters it holds loaded (their logical model names)
+    classes: list[str] = []  # classes it takes; empty = all
+    running: dict[str, int] = {}  # slots held per class (for the class share caps)
+    wait_s: float = 5.0  # how long the broker may hold the pull open
+    step_tokens: int = 0  # the engine's tokens per step (max_num_batched_tokens); 0 = unknown
+    prefill: dict[str, int] = {}  # prompt tokens accepted, not yet started, per class
+    kv_tokens: int = 0  # the engine's whole KV cache (prefix affinity); 0 = unknown
+    adapters: list[str] = []  # LoRA adapters it holds loaded (their logical model names)
     # What each tenant holds here, per class (class → tenant → n): for the tenants' headroom.
-    tenant_slots: dict[str, dict[str, int]] = {}    # sequence slots
-    tenant_tokens: dict[str, dict[str, int]] = {}   # KV tokens (prompt estimate + max_tokens)
+    tenant_slots: dict[str, dict[str, int]] = {}  # sequence slots
+    tenant_tokens: dict[str, dict[str, int]] = {}  # KV tokens (prompt estimate + max_tokens)
 
 
 class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):
     request: GenerateRequest
-    ack_subject: str                        # JetStream ack reply subject: +WPI, +ACK, +TERM
-    attempt: int                            # JetStream delivery count
-    priority: int = 0                       # class rank, passed to the engine (lower = sooner)
-    queued_s: float = 0.0                   # time spent waiting in the broker's lanes
-    max_deliver: int = 0                    # the consumer's limit: attempt == max_deliver is the last
-    cache_key: str = ""                     # store the answer under this key (deterministic requests)
-    cache_model: str = ""                   # ... only if the engine serving it is this model
-    escalate_to: str = ""                   # cascade: low confidence on the first tokens → that pool
-    cascade_window: int = 0                 # tokens the verdict waits for
-    cascade_min_logprob: float = 0.0        # mean logprob below this escalates
-    cache_salt: str = ""                    # the engine's prefix-cache salt: the tenant's scope
-    headers: dict[str, str] = {}            # for the client's answer (x-ratelimit-*): on the first delta
-    output_pii: str = ""                    # the tenant's PII policy (JSON): redact the answer with it
-    adapter: str = ""                       # a LoRA adapter's path, named as `request.model`
+    ack_subject: str  # JetStream ack reply subject: +WPI, +ACK, +TERM
+    attempt: int  # JetStream delivery count
+    priority: int = 0  # class rank, passed to the engine (lower = sooner)
+    queued_s: float = 0.0  # time spent waiting in the broker's lanes
+    max_deliver: int = 0  # the consumer's limit: attempt == max_deliver is the last
+    cache_key: str = ""  # store the answer under this key (deterministic requests)
+    cache_model: str = ""  # ... only if the engine serving it is this model
+    escalate_to: str = ""  # cascade: low confidence on the first tokens → that pool
+    cascade_window: int = 0  # tokens the verdict waits for
+    cascade_min_logprob: float = 0.0  # mean logprob below this escalates
+    cache_salt: str = ""  # the engine's prefix-cache salt: the tenant's scope
+    headers: dict[str, str] = {}  # for the client's answer (x-ratelimit-*): on the first delta
+    output_pii: str = ""  # the tenant's PII policy (JSON): redact the answer with it
+    adapter: str = ""  # a LoRA adapter's path, named as `request.model`
 
     @property
     def last_attempt(self) -> bool:
@@ -66,7 +66,7 @@ class Heartbeat(msgspec.Struct, omit_defaults=True, gc=False):
     token_budget: int
     interval_s: float
     stopping: bool = False
-    loop_lag_s: float = 0.0     # how late the worker's event loop runs: its beats are that late too
+    loop_lag_s: float = 0.0  # how late the worker's event loop runs: its beats are that late too
 
 
 # -- gate → scheduler: one broker at a time keeps the lanes of every pool (broker/scheduler/) ----
@@ -75,27 +75,27 @@ class Admitted(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     answered by an `AdmitAnswer`. The admitting broker (`origin`) keeps a copy until a `Settled`
     names it. Fields are append-only (array_like)."""
 
-    request: GenerateRequest                # as the gate passed it: redacted where the policy said so
-    ack_subject: str                        # the JetStream message's: the scheduler acks by it alone
+    request: GenerateRequest  # as the gate passed it: redacted where the policy said so
+    ack_subject: str  # the JetStream message's: the scheduler acks by it alone
     attempt: int
     pool: str
-    origin: str                             # the admitting broker's id
+    origin: str  # the admitting broker's id
     cache_key: str = ""
     cache_model: str = ""
     escalate_to: str = ""
     headers: dict[str, str] = {}
-    output_pii: str = ""                    # the tenant's PII policy (JSON): the worker redacts the answer
-    adapter: str = ""                       # the model's LoRA adapter (its path on the workers)
+    output_pii: str = ""  # the tenant's PII policy (JSON): the worker redacts the answer
+    adapter: str = ""  # the model's LoRA adapter (its path on the workers)
 
 
 class AdmitAnswer(msgspec.Struct, array_like=True, gc=False):
-    taken: bool                             # False: refused (the client was told); release its grant
+    taken: bool  # False: refused (the client was told); release its grant
 
 
 class Settlement(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     tenant: str
     request_id: str
-    release: bool = False                   # refused, expired or cancelled: give back its quota grant
+    release: bool = False  # refused, expired or cancelled: give back its quota grant
 
 
 class BrokerBeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -103,8 +103,8 @@ class BrokerBeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     waiting requests per pool, so every gating broker routes on the one queue there is."""
 
     queue_depths: dict[str, int] = {}
-    leaving: bool = False                   # its last beat: stopping, count it gone at once
-    pii: str = ""                           # its PII stage: off | regex | ner | missing (could not start)
+    leaving: bool = False  # its last beat: stopping, count it gone at once
+    pii: str = ""  # its PII stage: off | regex | ner | missing (could not start)
 
 
 class Settled(msgspec.Struct, array_like=True, gc=False):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-T0 = datetime(2026, 11, 10, 12, 0, 5, tzinfo=UTC).timestamp()   # 5 s into a minute
+T0 = datetime(2026, 11, 10, 12, 0, 5, tzinfo=UTC).timestamp()  # 5 s into a minute
 
 
 class Clock:

@@ -40,14 +40,16 @@ def _scope(nodeid: str) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next((i for i, d in enumerate(FIRST) if item.nodeid.startswith(d)), len(FIRST))
-    items.sort(key=rank)        # stable: each module's tests keep their order
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False     # xdist's default hands out the most tests first
+    config.option.loadscopereorder = False  # xdist's default hands out the most tests first
+
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _scope(nodeid)

@@ -21,7 +21,7 @@ async def every_message(js, stream: str) -> list[bytes]:
         try:
             found.append((await js.get_msg(stream, seq)).data)
         except nats.js.errors.NotFoundError:
-            pass            # a later revision of its key replaced it
+            pass  # a later revision of its key replaced it
     return found
 
 

@@ -8,8 +8,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 
-async def eventually(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0,
-                     interval: float = 0.05) -> bool:
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0, interval: float = 0.05
+) -> bool:
     """True as soon as `predicate` (sync or async) holds; False if it never did within
     `timeout`. The timeout is a bound on a hang, not a window the behaviour must fit in."""
     deadline = time.monotonic() + timeout

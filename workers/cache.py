@@ -25,9 +25,15 @@ class AnswerStore:
         """Cache the answer made of `parts` (None: the dispatch asked for no caching)."""
         if parts is None or cancelled or finished.model != dispatch.cache_model:
             return
-        answer = CachedResponse(parts, finished.usage.prompt_tokens, finished.usage.completion_tokens,
-                                finished.finish_reason, finished.model, finish_reasons=finished.finish_reasons,
-                                vectors=finished.vectors)
+        answer = CachedResponse(
+            parts,
+            finished.usage.prompt_tokens,
+            finished.usage.completion_tokens,
+            finished.finish_reason,
+            finished.model,
+            finish_reasons=finished.finish_reasons,
+            vectors=finished.vectors,
+        )
         task = asyncio.create_task(self._store(dispatch.cache_key, answer))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)

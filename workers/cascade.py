@@ -29,8 +29,7 @@ def stream_gate(dispatch: Dispatch, engine: Engine) -> StreamGate[EngineOutput] 
     the dispatch has nowhere to escalate to or the engine gives no logprobs."""
     if not dispatch.escalate_to or not engine.supports_logprobs:
         return None
-    return StreamGate(CascadeSettings(min_mean_logprob=dispatch.cascade_min_logprob,
-                                      window=dispatch.cascade_window))
+    return StreamGate(CascadeSettings(min_mean_logprob=dispatch.cascade_min_logprob, window=dispatch.cascade_window))
 
 
 class Escalator:
@@ -49,9 +48,11 @@ class Escalator:
         escalated = msgspec.structs.replace(r, escalated=True)
         try:
             await self._js.publish(
-                self._s.req_escalated(r.klass, r.tenant), codec.encode(escalated),
-                headers={MSG_ID_HEADER: uuid.uuid4().hex})    # a second escalated copy is dropped at intake
-        except (nats.errors.Error, OSError) as exc:    # not stored (nats' TimeoutError is an OSError)
+                self._s.req_escalated(r.klass, r.tenant),
+                codec.encode(escalated),
+                headers={MSG_ID_HEADER: uuid.uuid4().hex},
+            )  # a second escalated copy is dropped at intake
+        except (nats.errors.Error, OSError) as exc:  # not stored (nats' TimeoutError is an OSError)
             log.warning("escalating %s failed (%s); retrying it", r.request_id, exc)
             return False
         self._metrics.escalations.labels(self._pool).inc()

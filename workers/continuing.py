@@ -37,6 +37,7 @@ class EdgeAsk:
             msg = await self._nc.request(subject, ask, timeout=ASK_TIMEOUT_S)
             return codec.decode_continuation(msg.data)
         except (nats.errors.Error, TimeoutError, codec.DecodeError) as exc:
-            log.info("no edge answered for %s (attempt %d): %r; it runs from its start",
-                     r.request_id, dispatch.attempt, exc)
+            log.info(
+                "no edge answered for %s (attempt %d): %r; it runs from its start", r.request_id, dispatch.attempt, exc
+            )
             return None

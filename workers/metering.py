@@ -45,9 +45,18 @@ class UsageRecorder:
         if key == PRICES_KEY:
             self.meter = Meter(parse_price_book(value))
 
-    def record(self, dispatch: Dispatch, started: float, first_token_at: float | None,
-               finish_reason: str, prompt_tokens: int, completion_tokens: int, served_model: str,
-               cached_tokens: int = 0, continued_tokens: int = 0) -> None:
+    def record(
+        self,
+        dispatch: Dispatch,
+        started: float,
+        first_token_at: float | None,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        served_model: str,
+        cached_tokens: int = 0,
+        continued_tokens: int = 0,
+    ) -> None:
         """Call after the stream's last entry: the record goes out with the flush that carries it."""
         r = dispatch.request
         total_s, finished_at = time.monotonic() - started, time.time()
@@ -55,16 +64,32 @@ class UsageRecorder:
 
         def build(delivery: Delivery) -> bytes:
             sent = min(completion_tokens, delivery.tokens) if delivery.lost else completion_tokens
-            return codec.encode(Usage(
-                request_id=r.request_id, tenant=r.tenant, klass=r.klass, model=r.model,
-                served_model=served_model, pool=self._pool, worker_id=self._worker_id,
-                prompt_tokens=prompt_tokens, completion_tokens=sent, finish_reason=finish_reason,
-                queued_s=dispatch.queued_s, ttft_s=ttft_s, total_s=total_s, finished_at=finished_at,
-                cost_usd=self.meter.cost(self._pool, prompt_tokens, sent, cached_tokens=cached_tokens, klass=r.klass),
-                interrupted=delivery.lost, undelivered_tokens=completion_tokens - sent,
-                cached_tokens=cached_tokens, prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens, r.klass),
-                continued_tokens=continued_tokens,
-            ))
+            return codec.encode(
+                Usage(
+                    request_id=r.request_id,
+                    tenant=r.tenant,
+                    klass=r.klass,
+                    model=r.model,
+                    served_model=served_model,
+                    pool=self._pool,
+                    worker_id=self._worker_id,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=sent,
+                    finish_reason=finish_reason,
+                    queued_s=dispatch.queued_s,
+                    ttft_s=ttft_s,
+                    total_s=total_s,
+                    finished_at=finished_at,
+                    cost_usd=self.meter.cost(
+                        self._pool, prompt_tokens, sent, cached_tokens=cached_tokens, klass=r.klass
+                    ),
+                    interrupted=delivery.lost,
+                    undelivered_tokens=completion_tokens - sent,
+                    cached_tokens=cached_tokens,
+                    prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens, r.klass),
+                    continued_tokens=continued_tokens,
+                )
+            )
 
         # Core publish into LW_USAGE: stored by JetStream without a round trip per request.
         self._outbox.metered(self._s.usage(r.tenant), (r.reply_to, r.request_id, dispatch.attempt), build)

@@ -68,8 +68,12 @@ class _Failures:
     def record(self, kind: str, subject: str, error: str) -> None:
         self._metrics.publish_failures.labels(self._pool, kind).inc()
         if not self._counts:
-            log.warning("publishing a %s to %s failed (%s); dropping what cannot be published "
-                        "until publishing works again", kind, subject, error)
+            log.warning(
+                "publishing a %s to %s failed (%s); dropping what cannot be published until publishing works again",
+                kind,
+                subject,
+                error,
+            )
         self._counts[kind] = self._counts.get(kind, 0) + 1
         self.this_flush += 1
 
@@ -82,7 +86,7 @@ class _Failures:
 
 
 FINAL_ACKS = frozenset((b"+ACK", b"+TERM"))
-CONFIRM_TRIES = 8               # ~8 s of tries: well inside ack_wait
+CONFIRM_TRIES = 8  # ~8 s of tries: well inside ack_wait
 CONFIRM_TIMEOUT_S = 1.0
 
 
@@ -93,12 +97,12 @@ class Outbox:
         self._metrics = metrics
         self._interval_s = interval_s
         self._frames: dict[str, list[Entry]] = {}
-        self._open: dict[StreamKey, Delta] = {}           # a stream's delta that waits for the flush
-        self._tokens: dict[StreamKey, int] = {}           # ... and the tokens it carries
+        self._open: dict[StreamKey, Delta] = {}  # a stream's delta that waits for the flush
+        self._tokens: dict[StreamKey, int] = {}  # ... and the tokens it carries
         self._after: list[tuple[str, bytes]] = []
         self._metered: list[tuple[str, StreamKey, Callable[[Delivery], bytes]]] = []
         self._dead: list[tuple[str, bytes, dict[str, str], str]] = []
-        self._sent: dict[StreamKey, Delivery] = {}        # until the stream's usage is built
+        self._sent: dict[StreamKey, Delivery] = {}  # until the stream's usage is built
         self._failures = _Failures(metrics, pool)
         self._dirty = asyncio.Event()
         self._confirming: set[asyncio.Task[None]] = set()
@@ -110,7 +114,7 @@ class Outbox:
         if isinstance(entry, Delta) and entry.plain:
             self._open[key] = entry
         else:
-            self._open.pop(key, None)     # later text must not merge across it
+            self._open.pop(key, None)  # later text must not merge across it
         entries = self._frames.get(reply_to)
         if entries is None:
             self._frames[reply_to] = [entry]
@@ -126,7 +130,7 @@ class Outbox:
             return False
         delta.text += text
         delta.token_ids.extend(token_ids)
-        self._tokens[key] += len(token_ids) or 1    # an engine without token ids: one per delta
+        self._tokens[key] += len(token_ids) or 1  # an engine without token ids: one per delta
         return True
 
     def after(self, subject: str, payload: bytes) -> None:
@@ -200,9 +204,9 @@ class Outbox:
             try:
                 await nc.request(subject, payload, timeout=CONFIRM_TIMEOUT_S)
                 return
-            except (TimeoutError, nats.errors.Error) as exc:   # no answer yet: again
+            except (TimeoutError, nats.errors.Error) as exc:  # no answer yet: again
                 error = repr(exc)
-            await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
         self._failures.record("control", subject, f"no confirmation after {CONFIRM_TRIES} tries: {error}")
 
     async def confirmed(self, timeout_s: float) -> None:
@@ -227,20 +231,24 @@ class Outbox:
         withheld = set()
         for subject, payload, headers, ack_subject in dead:
             try:
-                if not nc.is_connected:   # a JetStream publish would wait out its timeout
+                if not nc.is_connected:  # a JetStream publish would wait out its timeout
                     raise nats.errors.ConnectionReconnectingError
                 await nc.jetstream().publish(subject, payload, headers=headers)
             except nats.errors.Error as exc:
                 withheld.add(ack_subject)
                 self._failures.record("dead_letter", subject, repr(exc))
-                log.error("could not store a dead letter on %s (%r, attempt %s); its TERM is withheld, "
-                          "so the broker dead-letters it after max deliveries", subject, exc,
-                          headers.get("Laneway-Attempt"))
+                log.error(
+                    "could not store a dead letter on %s (%r, attempt %s); its TERM is withheld, "
+                    "so the broker dead-letters it after max deliveries",
+                    subject,
+                    exc,
+                    headers.get("Laneway-Attempt"),
+                )
         return withheld
 
     async def _publish(self, nc: Client, kind: str, subject: str, payload: bytes) -> None:
         try:
-            await nc.publish(subject, payload)    # buffered by nats-py while reconnecting
+            await nc.publish(subject, payload)  # buffered by nats-py while reconnecting
         except nats.errors.Error as exc:
             self._failures.record(kind, subject, repr(exc))
 

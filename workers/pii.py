@@ -21,8 +21,8 @@ from core.policy.pii.stream import StreamRedactor, redacts_output
 from schemas.frames import ToolCallDelta
 from workers.engine import EngineOutput
 
-_Field = tuple[int, str, int]       # (choice, "content" | "refusal" | "reasoning" | "tool", call index)
-_ATTRIBUTE = {"content": "text", "refusal": "refusal", "reasoning": "reasoning"}   # of EngineOutput
+_Field = tuple[int, str, int]  # (choice, "content" | "refusal" | "reasoning" | "tool", call index)
+_ATTRIBUTE = {"content": "text", "refusal": "refusal", "reasoning": "reasoning"}  # of EngineOutput
 
 
 @lru_cache(maxsize=256)
@@ -55,8 +55,10 @@ class OutputRedaction:
         if out.reasoning:
             out.reasoning = self._feed((i, "reasoning", 0), out.reasoning)
         if out.tool_calls:
-            out.tool_calls = [msgspec.structs.replace(c, arguments=self._feed((i, "tool", c.index), c.arguments))
-                              for c in out.tool_calls]
+            out.tool_calls = [
+                msgspec.structs.replace(c, arguments=self._feed((i, "tool", c.index), c.arguments))
+                for c in out.tool_calls
+            ]
         return out
 
     def flush(self) -> list[EngineOutput]:

@@ -32,6 +32,7 @@ log = logging.getLogger("laneway.worker")
 # worth a fresh pull (one more per request with long prompts, none with short ones).
 PREFILL_STALE_PART = 8
 
+
 class Accepted(Protocol):
     """A request this worker took, as the credit counts it."""
 
@@ -40,10 +41,18 @@ class Accepted(Protocol):
 
 
 class Puller:
-    def __init__(self, nc: Client, subject: str, config: WorkerConfig, engine: Engine,
-                 metrics: WorkerMetrics, accepted: Mapping[object, Accepted],
-                 on_batch: Callable[[list[Dispatch]], None], room: asyncio.Event,
-                 stopping: asyncio.Event) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        config: WorkerConfig,
+        engine: Engine,
+        metrics: WorkerMetrics,
+        accepted: Mapping[object, Accepted],
+        on_batch: Callable[[list[Dispatch]], None],
+        room: asyncio.Event,
+        stopping: asyncio.Event,
+    ) -> None:
         self._nc = nc
         self._subject = subject
         self.config = config
@@ -51,10 +60,10 @@ class Puller:
         self.metrics = metrics
         self._accepted = accepted
         self._on_batch = on_batch
-        self._room = room                   # set whenever the credit may have changed (a slot, a prefill)
+        self._room = room  # set whenever the credit may have changed (a slot, a prefill)
         self._stopping = stopping
         self._late: set[asyncio.Task[None]] = set()
-        self._reported_prefill = 0          # the pending prefill the last credit reported
+        self._reported_prefill = 0  # the pending prefill the last credit reported
         self._step_tokens = 0
 
     def prefilled(self) -> None:
@@ -70,11 +79,11 @@ class Puller:
         it twice is safer than over-committing the engine."""
         cap = self.engine.capacity()
         running: dict[str, int] = {}
-        prefill: dict[str, int] = {}        # prompts not yet through the engine's prefill
+        prefill: dict[str, int] = {}  # prompts not yet through the engine's prefill
         tenant_slots: dict[str, dict[str, int]] = {}
         tenant_tokens: dict[str, dict[str, int]] = {}
         unstarted_cost = 0
-        taken = 0                           # each of a request's n choices is a sequence slot
+        taken = 0  # each of a request's n choices is a sequence slot
         for active in self._accepted.values():
             request = active.dispatch.request
             klass, tenant, cost = request.klass, request.tenant, request.estimated_cost()
@@ -91,17 +100,28 @@ class Puller:
         self.metrics.slots_in_use.labels(self.config.pool).set(taken)
         self.metrics.kv_tokens.labels(self.config.pool).set(cap.kv_tokens)
         self.metrics.kv_free_tokens.labels(self.config.pool).set(cap.token_budget)
-        self.metrics.running.set({(self.config.pool, klass, tenant): n for klass, held in tenant_slots.items()
-                                  for tenant, n in held.items()})
+        self.metrics.running.set(
+            {(self.config.pool, klass, tenant): n for klass, held in tenant_slots.items() for tenant, n in held.items()}
+        )
         if free <= 0:
             return None
         self._reported_prefill, self._step_tokens = sum(prefill.values()), cap.step_tokens
-        return Credit(worker_id=self.config.worker_id, pool=self.config.pool, free_slots=free,
-                      token_budget=max(0, cap.token_budget - unstarted_cost),
-                      total_slots=cap.total_slots, classes=list(self.config.classes),
-                      running=running, wait_s=self.config.pull_wait_s,
-                      step_tokens=cap.step_tokens, prefill=prefill, kv_tokens=cap.kv_tokens,
-                      adapters=list(cap.adapters), tenant_slots=tenant_slots, tenant_tokens=tenant_tokens)
+        return Credit(
+            worker_id=self.config.worker_id,
+            pool=self.config.pool,
+            free_slots=free,
+            token_budget=max(0, cap.token_budget - unstarted_cost),
+            total_slots=cap.total_slots,
+            classes=list(self.config.classes),
+            running=running,
+            wait_s=self.config.pull_wait_s,
+            step_tokens=cap.step_tokens,
+            prefill=prefill,
+            kv_tokens=cap.kv_tokens,
+            adapters=list(cap.adapters),
+            tenant_slots=tenant_slots,
+            tenant_tokens=tenant_tokens,
+        )
 
     async def run(self) -> None:
         while not self._stopping.is_set():
@@ -126,14 +146,13 @@ class Puller:
 
     async def _pull(self, credit: Credit) -> None:
         try:
-            reply = await self._nc.request(self._subject, codec.encode(credit),
-                                           timeout=self.config.pull_wait_s + 2.0)
+            reply = await self._nc.request(self._subject, codec.encode(credit), timeout=self.config.pull_wait_s + 2.0)
         except (TimeoutError, NatsTimeout):
             return
         except NoRespondersError:
-            await asyncio.sleep(0.5)    # no broker yet, or it is restarting
+            await asyncio.sleep(0.5)  # no broker yet, or it is restarting
             return
-        except (NatsError, OSError) as exc:     # disconnected: the client reconnects
+        except (NatsError, OSError) as exc:  # disconnected: the client reconnects
             log.warning("pull failed: %s", exc)
             await asyncio.sleep(0.5)
             return
@@ -141,7 +160,12 @@ class Puller:
             dispatches = codec.decode_batch(reply.data).dispatches
         except codec.DecodeError as exc:
             self.metrics.malformed_batches.labels(self.config.pool).inc()
-            log.error("skipped a malformed batch answering a pull on %s (%d bytes): %s; its requests "
-                      "are redelivered after ack_wait", self._subject, len(reply.data), exc)
+            log.error(
+                "skipped a malformed batch answering a pull on %s (%d bytes): %s; its requests "
+                "are redelivered after ack_wait",
+                self._subject,
+                len(reply.data),
+                exc,
+            )
             return
         self._on_batch(dispatches)

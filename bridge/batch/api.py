@@ -33,8 +33,12 @@ def window_s(window: str) -> int:
     match = _WINDOW.match(window)
     seconds = int(match.group(1)) * (3600 if match.group(2) == "h" else 60) if match else 0
     if not 0 < seconds <= MAX_TIMEOUT_S:
-        raise EdgeError(ErrorCode.invalid_request, f"completion_window must be '24h' or shorter (a number of "
-                        f"hours or minutes, like '6h' or '30m'), not {window!r}", "completion_window")
+        raise EdgeError(
+            ErrorCode.invalid_request,
+            f"completion_window must be '24h' or shorter (a number of "
+            f"hours or minutes, like '6h' or '30m'), not {window!r}",
+            "completion_window",
+        )
     return seconds
 
 
@@ -57,7 +61,7 @@ class BatchesApi:
             ask = _decode_create(await request.read())
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise EdgeError(ErrorCode.invalid_request, f"not a valid batch: {exc}") from None
-        if ask.metadata and tenant.pii.looks:     # no generation carries it past the PII stage
+        if ask.metadata and tenant.pii.looks:  # no generation carries it past the PII stage
             raise unanalysed("a batch's metadata", "metadata", "leave it out")
         if ask.endpoint not in ENDPOINTS:
             raise EdgeError(ErrorCode.invalid_request, f"endpoint must be one of {list(ENDPOINTS)}", "endpoint")
@@ -67,12 +71,23 @@ class BatchesApi:
         if file is None:
             raise not_found("file", ask.input_file_id, "input_file_id")
         if file.purpose != "batch":
-            raise EdgeError(ErrorCode.invalid_request, f"the input file's purpose is {file.purpose!r}; a batch "
-                            "reads files uploaded with purpose 'batch'", "input_file_id")
+            raise EdgeError(
+                ErrorCode.invalid_request,
+                f"the input file's purpose is {file.purpose!r}; a batch reads files uploaded with purpose 'batch'",
+                "input_file_id",
+            )
         now = int(time.time())
-        batch = Batch(id=f"batch_{uuid.uuid4().hex[:24]}", endpoint=ask.endpoint, input_file_id=file.id,
-                      completion_window=ask.completion_window, status="validating", created_at=now,
-                      expires_at=now + seconds, request_counts=RequestCounts(), metadata=ask.metadata)
+        batch = Batch(
+            id=f"batch_{uuid.uuid4().hex[:24]}",
+            endpoint=ask.endpoint,
+            input_file_id=file.id,
+            completion_window=ask.completion_window,
+            status="validating",
+            created_at=now,
+            expires_at=now + seconds,
+            request_counts=RequestCounts(),
+            metadata=ask.metadata,
+        )
         await self.store.create(BatchState(tenant=tenant.name, batch=batch))
         return json_response(batch)
 
@@ -80,8 +95,9 @@ class BatchesApi:
         if self.klass not in self.catalogue.classes:
             raise EdgeError(ErrorCode.unknown_class, f"this deployment has no {self.klass!r} class to run batches in")
         if not tenant.may_use(self.klass):
-            raise EdgeError(ErrorCode.class_not_allowed, f"this API key may not use class {self.klass!r}, "
-                            "which batches run in")
+            raise EdgeError(
+                ErrorCode.class_not_allowed, f"this API key may not use class {self.klass!r}, which batches run in"
+            )
 
     async def _state(self, request: web.Request) -> BatchState:
         tenant = authenticate(request, self.catalogue.tenants)
@@ -99,8 +115,11 @@ class BatchesApi:
         batches = [state.batch for state in await self.store.list(tenant.name)]
         after, limit, order = page_query(request, 20, 100)
         shown, more = window(batches, [b.id for b in batches], after, limit, order)
-        return json_response(BatchList(shown, has_more=more, first_id=shown[0].id if shown else None,
-                                       last_id=shown[-1].id if shown else None))
+        return json_response(
+            BatchList(
+                shown, has_more=more, first_id=shown[0].id if shown else None, last_id=shown[-1].id if shown else None
+            )
+        )
 
     async def cancel(self, request: web.Request) -> web.Response:
         """`cancelling` now; `cancelled` once the runner has stopped the lines in flight and written
@@ -112,5 +131,6 @@ class BatchesApi:
                 return None
             batch = msgspec.structs.replace(current.batch, status="cancelling", cancelling_at=int(time.time()))
             return msgspec.structs.replace(current, batch=batch)
+
         updated = await self.store.update(state.tenant, state.batch.id, cancelling)
         return json_response((updated or state).batch)

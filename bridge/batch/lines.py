@@ -19,8 +19,8 @@ from msgspec import Meta
 
 from schemas.batches import BatchError
 
-MAX_LINES = 50_000          # OpenAI's limit per batch
-MAX_ERRORS = 100            # reported of a failed validation
+MAX_LINES = 50_000  # OpenAI's limit per batch
+MAX_ERRORS = 100  # reported of a failed validation
 
 
 class InputLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -40,8 +40,11 @@ def parse(content: bytes, endpoint: str) -> tuple[list[InputLine], list[BatchErr
     seen: set[str] = set()
     raw_lines = [raw for raw in content.split(b"\n") if raw.strip()]
     if len(raw_lines) > MAX_LINES:
-        return [], [BatchError("too_many_requests", f"the file has {len(raw_lines)} requests; a batch "
-                               f"holds at most {MAX_LINES}")]
+        return [], [
+            BatchError(
+                "too_many_requests", f"the file has {len(raw_lines)} requests; a batch holds at most {MAX_LINES}"
+            )
+        ]
     if not raw_lines:
         return [], [BatchError("empty_file", "the input file has no requests")]
     for number, raw in enumerate(content.split(b"\n"), start=1):
@@ -55,11 +58,18 @@ def parse(content: bytes, endpoint: str) -> tuple[list[InputLine], list[BatchErr
         if line.method != "POST":
             errors.append(BatchError("invalid_request", "method must be 'POST'", "method", number))
         elif line.url != endpoint:
-            errors.append(BatchError("mismatched_endpoint", f"the line's url {line.url!r} is not the batch's "
-                                     f"endpoint {endpoint!r}", "url", number))
+            errors.append(
+                BatchError(
+                    "mismatched_endpoint",
+                    f"the line's url {line.url!r} is not the batch's endpoint {endpoint!r}",
+                    "url",
+                    number,
+                )
+            )
         elif line.custom_id in seen:
-            errors.append(BatchError("duplicate_custom_id", f"custom_id {line.custom_id!r} appears twice",
-                                     "custom_id", number))
+            errors.append(
+                BatchError("duplicate_custom_id", f"custom_id {line.custom_id!r} appears twice", "custom_id", number)
+            )
         elif not bytes(line.body).lstrip().startswith(b"{"):
             errors.append(BatchError("invalid_request", "body must be a JSON object", "body", number))
         else:
@@ -76,15 +86,20 @@ def _line_id() -> str:
 
 def answered(custom_id: str, status: int, request_id: str, body: bytes) -> bytes:
     """An executed line: its HTTP status and body as the endpoint answered it."""
-    return msgspec.json.encode({"id": _line_id(), "custom_id": custom_id,
-                                "response": {"status_code": status, "request_id": request_id,
-                                             "body": msgspec.Raw(body)},
-                                "error": None})
+    return msgspec.json.encode(
+        {
+            "id": _line_id(),
+            "custom_id": custom_id,
+            "response": {"status_code": status, "request_id": request_id, "body": msgspec.Raw(body)},
+            "error": None,
+        }
+    )
 
 
 def not_executed(custom_id: str, code: str, message: str) -> bytes:
-    return msgspec.json.encode({"id": _line_id(), "custom_id": custom_id, "response": None,
-                                "error": {"code": code, "message": message}})
+    return msgspec.json.encode(
+        {"id": _line_id(), "custom_id": custom_id, "response": None, "error": {"code": code, "message": message}}
+    )
 
 
 EXPIRED = ("batch_expired", "This request could not be executed before the completion window expired.")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("laneway.batch")
 
-MAX_BACKOFF_S = 10.0        # a line refused for a passing reason (PASSING) is tried again, with backoff
+MAX_BACKOFF_S = 10.0  # a line refused for a passing reason (PASSING) is tried again, with backoff
 
 
 def line_request_id(batch_id: str, line: int, owner: str, attempt: int) -> str:
@@ -55,8 +55,8 @@ class Runner(Protocol):
     edge_id: str
     klass: str
     lease: Lease
-    slots: asyncio.Semaphore                        # lines in flight from this bridge
-    cancel: Callable[[str, str], Awaitable[None]]   # (tenant, request id)
+    slots: asyncio.Semaphore  # lines in flight from this bridge
+    cancel: Callable[[str, str], Awaitable[None]]  # (tenant, request id)
 
 
 class BatchRun:
@@ -68,9 +68,9 @@ class BatchRun:
         # Lines the previous owner may have in flight: cancelled before they run here again.
         self.before = before if before is not None and before.owner not in ("", runner.edge_id) else None
         self.done: dict[int, LineResult] = {}
-        self.rerun: set[int] = set()            # lines the previous owner had in flight, run again here
+        self.rerun: set[int] = set()  # lines the previous owner had in flight, run again here
         self.submitted = state.submitted
-        self.ending: str | None = None          # "cancelled" | "expired": stop submitting
+        self.ending: str | None = None  # "cancelled" | "expired": stop submitting
         self._lines: dict[int, asyncio.Task[None]] = {}
         self._lost = False
         self._found: list[jsonl.InputLine] | list[BatchError] | None = None
@@ -119,7 +119,7 @@ class BatchRun:
             elif self.state.batch.status == "in_progress":
                 failed = sum(r.failed for r in self.done.values())
                 counts = RequestCounts(total=self.state.lines, completed=len(self.done) - failed, failed=failed)
-                if counts != self.state.batch.request_counts:     # progress, as OpenAI shows it
+                if counts != self.state.batch.request_counts:  # progress, as OpenAI shows it
                     await self._set(request_counts=counts)
 
     def _end(self, why: str) -> None:
@@ -130,10 +130,12 @@ class BatchRun:
 
     async def _set(self, **batch) -> BatchState:
         """Change the public batch object (under our lease)."""
+
         def change(state: BatchState) -> BatchState:
             if state.owner != self.runner.edge_id:
                 raise LeaseLost(self.id)
             return msgspec.structs.replace(state, batch=msgspec.structs.replace(state.batch, **batch))
+
         self.state = await self.runner.store.update(self.tenant, self.id, change) or self.state
         return self.state
 
@@ -149,8 +151,9 @@ class BatchRun:
         b = self.state.batch
         content = await self.runner.files.content(self.tenant, b.input_file_id)
         if content is None:
-            return [BatchError("file_not_found", f"the input file {b.input_file_id!r} no longer exists",
-                               "input_file_id")]
+            return [
+                BatchError("file_not_found", f"the input file {b.input_file_id!r} no longer exists", "input_file_id")
+            ]
         # In a thread: a large file's lines take the parser long enough to stall every stream here.
         lines, errors = await asyncio.to_thread(jsonl.parse, content, b.endpoint)
         return errors or lines
@@ -164,14 +167,18 @@ class BatchRun:
             return "failed"
         model = msgspec.json.decode(bytes(found[0].body)).get("model") if found else None
         self.state = await self.runner.lease.take(self.tenant, self.id, lines=len(found))
-        await self._set(status="in_progress", in_progress_at=now, request_counts=RequestCounts(total=len(found)),
-                        model=model if isinstance(model, str) else None)
+        await self._set(
+            status="in_progress",
+            in_progress_at=now,
+            request_counts=RequestCounts(total=len(found)),
+            model=model if isinstance(model, str) else None,
+        )
         return "in_progress"
 
     # -- in progress ----------------------------------------------------------------------------
     async def _execute(self) -> None:
         found = await self._input()
-        if found and isinstance(found[0], BatchError):     # the input file was deleted mid-batch
+        if found and isinstance(found[0], BatchError):  # the input file was deleted mid-batch
             await self._set(errors=BatchErrors(list(found)))
             self.ending = "expired" if time.time() >= self.state.batch.expires_at else "cancelled"
             return
@@ -211,14 +218,14 @@ class BatchRun:
             try:
                 if tenant is None:
                     raise EdgeError(ErrorCode.unknown_tenant, "the batch's tenant no longer exists")
-                body = await generations.complete(tenant, bytes(line.body), request_id, self.runner.klass,
-                                                  deadline)
-                result = LineResult(index, jsonl.answered(line.custom_id, 200, request_id, body), False,
-                                    *jsonl.usage_of(body))
+                body = await generations.complete(tenant, bytes(line.body), request_id, self.runner.klass, deadline)
+                result = LineResult(
+                    index, jsonl.answered(line.custom_id, 200, request_id, body), False, *jsonl.usage_of(body)
+                )
                 break
             except EdgeError as err:
                 if time.time() >= deadline:
-                    return      # the window ended under it: the line expires, it did not fail
+                    return  # the window ended under it: the line expires, it did not fail
                 if err.code in PASSING and time.time() + backoff < deadline:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -227,7 +234,7 @@ class BatchRun:
                 break
         self.done[index] = result
         await self.runner.store.record_line(self.tenant, self.id, result)
-        if index in self.rerun:     # the earlier run may have been generated and metered: billed once
+        if index in self.rerun:  # the earlier run may have been generated and metered: billed once
             await self.runner.store.supersede(Superseded(self.tenant, self.id, index, request_id, time.time()))
 
     # -- finalizing ---------------------------------------------------------------------------
@@ -254,20 +261,32 @@ class BatchRun:
         files = self.runner.files
         fields: dict = {}
         if out:
-            fields["output_file_id"] = (await files.put(self.tenant, b"\n".join(out) + b"\n", f"{self.id}_output.jsonl",
-                                                        "batch_output", file_id=out_id)).id
+            fields["output_file_id"] = (
+                await files.put(
+                    self.tenant, b"\n".join(out) + b"\n", f"{self.id}_output.jsonl", "batch_output", file_id=out_id
+                )
+            ).id
         if errors:
-            fields["error_file_id"] = (await files.put(self.tenant, b"\n".join(errors) + b"\n", f"{self.id}_error.jsonl",
-                                                       "batch_output", file_id=err_id)).id
+            fields["error_file_id"] = (
+                await files.put(
+                    self.tenant, b"\n".join(errors) + b"\n", f"{self.id}_error.jsonl", "batch_output", file_id=err_id
+                )
+            ).id
         at = int(time.time())
-        await self._set(status=outcome, **{f"{outcome}_at": at}, usage=usage,
-                        request_counts=RequestCounts(total=len(lines), completed=len(out), failed=len(errors)),
-                        **fields)
+        await self._set(
+            status=outcome,
+            **{f"{outcome}_at": at},
+            usage=usage,
+            request_counts=RequestCounts(total=len(lines), completed=len(out), failed=len(errors)),
+            **fields,
+        )
         await self._finish_record()
         await self.runner.store.forget_lines(self.tenant, self.id)
 
     async def _finish_record(self) -> None:
         """No owner any more: the batch is done."""
+
         def release(state: BatchState) -> BatchState:
             return msgspec.structs.replace(state, owner="", lease_until=0.0)
+
         self.state = await self.runner.store.update(self.tenant, self.id, release) or self.state

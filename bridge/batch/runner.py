@@ -37,23 +37,33 @@ TICK_S = 1.0
 
 
 class BatchRunner:
-    def __init__(self, store: BatchStore, files: FileStore, endpoints: Mapping[str, Generations],
-                 catalogue: Catalogue, edge_id: str, cancel, *, concurrency: int = 64,
-                 lease_s: float = LEASE_S, klass: str = "batch") -> None:
+    def __init__(
+        self,
+        store: BatchStore,
+        files: FileStore,
+        endpoints: Mapping[str, Generations],
+        catalogue: Catalogue,
+        edge_id: str,
+        cancel,
+        *,
+        concurrency: int = 64,
+        lease_s: float = LEASE_S,
+        klass: str = "batch",
+    ) -> None:
         self.store = store
         self.files = files
         self.endpoints = endpoints
         self.catalogue = catalogue
         self.edge_id = edge_id
-        self.cancel = cancel                            # (tenant, request id): cancels a line in flight
+        self.cancel = cancel  # (tenant, request id): cancels a line in flight
         self.concurrency = concurrency
         self.lease = Lease(store, edge_id, lease_s)
         self.klass = klass
-        self.slots = asyncio.Semaphore(concurrency)     # lines in flight from this bridge
+        self.slots = asyncio.Semaphore(concurrency)  # lines in flight from this bridge
         self._running: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._watch: BucketWatch | None = None
-        self._active: dict[str, BatchState] = {}       # key → the batch's record, while it is active
+        self._active: dict[str, BatchState] = {}  # key → the batch's record, while it is active
 
     async def start(self) -> None:
         """Watch the batches bucket (the active batches, in memory: a tick looks at those only)."""

@@ -44,14 +44,20 @@ class BatchStore:
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> BatchStore:
-        kv = await js.create_key_value(KeyValueConfig(bucket=s.bucket(BATCHES_BUCKET), history=1,
-                                                      storage=StorageType.FILE, replicas=replicas))
-        config = StreamConfig(name=s.batch_stream, subjects=[s.batch_done_all], storage=StorageType.FILE,
-                              num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW_S)
+        kv = await js.create_key_value(
+            KeyValueConfig(bucket=s.bucket(BATCHES_BUCKET), history=1, storage=StorageType.FILE, replicas=replicas)
+        )
+        config = StreamConfig(
+            name=s.batch_stream,
+            subjects=[s.batch_done_all],
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=DUPLICATE_WINDOW_S,
+        )
         try:
             await js.add_stream(config)
         except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != 10058:       # it exists, made by another bridge: use it as it is
+            if exc.err_code != 10058:  # it exists, made by another bridge: use it as it is
                 raise
         return cls(js, kv, s)
 
@@ -66,7 +72,7 @@ class BatchStore:
     async def get(self, tenant: str, batch_id: str) -> BatchState | None:
         try:
             found = await self._get(batch_key(tenant, batch_id))
-        except BadToken:                # not an id Laneway gave out
+        except BadToken:  # not an id Laneway gave out
             return None
         return found[0] if found else None
 
@@ -77,8 +83,9 @@ class BatchStore:
             return None
         return decode_state(entry.value), entry.revision
 
-    async def update(self, tenant: str, batch_id: str,
-                     change: Callable[[BatchState], BatchState | None]) -> BatchState | None:
+    async def update(
+        self, tenant: str, batch_id: str, change: Callable[[BatchState], BatchState | None]
+    ) -> BatchState | None:
         """Apply `change` to the stored record until it lands on the revision it read. `change`
         returns None to leave the record as it is (that record is returned)."""
         try:
@@ -97,7 +104,7 @@ class BatchStore:
                 await self.kv.update(key, msgspec.json.encode(new), last=revision)
                 return new
             except nats.js.errors.KeyWrongLastSequenceError:
-                await asyncio.sleep(0)      # another writer went first: read theirs, change again
+                await asyncio.sleep(0)  # another writer went first: read theirs, change again
 
     async def list(self, tenant: str) -> list[BatchState]:
         """The tenant's batches, oldest first."""
@@ -110,8 +117,9 @@ class BatchStore:
     async def record_line(self, tenant: str, batch_id: str, result: LineResult) -> None:
         """Kept once per line: a line finished twice (a takeover's race) within the window is
         stored once, and `done_lines` keeps the first of any later copy."""
-        await self.js.publish(self.s.batch_done(tenant, batch_id), _encode(result),
-                              headers={MSG_ID_HEADER: f"{batch_id}:{result.line}"})
+        await self.js.publish(
+            self.s.batch_done(tenant, batch_id), _encode(result), headers={MSG_ID_HEADER: f"{batch_id}:{result.line}"}
+        )
 
     async def done_lines(self, tenant: str, batch_id: str) -> dict[int, LineResult]:
         subject = self.s.batch_done(tenant, batch_id)

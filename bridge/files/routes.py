@@ -29,12 +29,12 @@ from schemas import codec
 from schemas.batches import UPLOAD_PURPOSES, Deleted, FileList, FileObject
 from schemas.errors import ErrorCode
 
-MAX_FILE_BYTES = 200 * 1024 * 1024       # OpenAI's limit for a batch's input file
-EXPIRES_AFTER_S = (3600, 30 * 86_400)    # OpenAI's bounds for expires_after[seconds]
+MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch's input file
+EXPIRES_AFTER_S = (3600, 30 * 86_400)  # OpenAI's bounds for expires_after[seconds]
 MAX_LIST = 10_000
-MIN_UPLOAD_RATE = 64 * 1024              # bytes a second: 512 kbit/s, slower than any real uplink
-MAX_FIELD_BYTES = 4096                   # a form field besides the file: `purpose`, `expires_after[...]`
-HOLD_SLACK_S = 60                        # a hold outlives the time its bytes may take by this, then lapses
+MIN_UPLOAD_RATE = 64 * 1024  # bytes a second: 512 kbit/s, slower than any real uplink
+MAX_FIELD_BYTES = 4096  # a form field besides the file: `purpose`, `expires_after[...]`
+HOLD_SLACK_S = 60  # a hold outlives the time its bytes may take by this, then lapses
 
 
 def _invalid(message: str, param: str | None = None) -> EdgeError:
@@ -51,8 +51,9 @@ def json_response(obj: object, status: int = 200) -> web.Response:
 
 
 class FilesApi:
-    def __init__(self, store: FileStore, catalogue: Catalogue, max_file_bytes: int = MAX_FILE_BYTES,
-                 body_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, store: FileStore, catalogue: Catalogue, max_file_bytes: int = MAX_FILE_BYTES, body_timeout_s: float = 30.0
+    ) -> None:
         self.store = store
         self.catalogue = catalogue
         self.max_file_bytes = max_file_bytes
@@ -83,15 +84,17 @@ class FilesApi:
                 raise _invalid("the form has no 'file' field", "file")
             if not size:
                 raise _invalid("the file is empty", "file")
-            file = await self.store.finish(tenant.name, file_id, size, filename or "upload", purpose,
-                                           self._expires_after(fields))
-        except BaseException:       # refused, timed out, or the client went: nothing of it is kept
+            file = await self.store.finish(
+                tenant.name, file_id, size, filename or "upload", purpose, self._expires_after(fields)
+            )
+        except BaseException:  # refused, timed out, or the client went: nothing of it is kept
             await asyncio.shield(self.store.discard(tenant.name, file_id))
             raise
         return json_response(file)
 
-    async def _read_form(self, request: web.Request, tenant: Tenant, file_id: str,
-                         clock: asyncio.Timeout) -> tuple[dict[str, str], int | None, str | None]:
+    async def _read_form(
+        self, request: web.Request, tenant: Tenant, file_id: str, clock: asyncio.Timeout
+    ) -> tuple[dict[str, str], int | None, str | None]:
         """The form's small fields, and the file's size and name: its bytes go to the store as
         they arrive, never held here whole."""
         fields: dict[str, str] = {}
@@ -105,14 +108,16 @@ class FilesApi:
                 if size is not None:
                     raise _invalid("the form has more than one 'file' field", "file")
                 filename = part.filename
-                size = await self.store.put_stream(tenant.name, file_id, self._chunks(
-                    part, tenant, file_id, request.content_length, clock))
+                size = await self.store.put_stream(
+                    tenant.name, file_id, self._chunks(part, tenant, file_id, request.content_length, clock)
+                )
             elif part.name is not None:
                 fields[part.name] = (await self._read_field(part)).decode(errors="replace")[:256]
         return fields, size, filename
 
-    async def _chunks(self, part: BodyPartReader, tenant: Tenant, file_id: str, length: int | None,
-                      clock: asyncio.Timeout) -> AsyncIterator[bytes]:
+    async def _chunks(
+        self, part: BodyPartReader, tenant: Tenant, file_id: str, length: int | None, clock: asyncio.Timeout
+    ) -> AsyncIterator[bytes]:
         """The file's bytes, under the size limit, the time they may take and the tenant's storage
         quota: held first for the whole body when its length is known (a file that cannot fit is
         refused before a byte is stored), else a file's place first and its bytes in doubling
@@ -126,8 +131,9 @@ class FilesApi:
             size += len(chunk)
             clock.reschedule(began + self.body_timeout_s + size / MIN_UPLOAD_RATE)
             if size > self.max_file_bytes:
-                raise EdgeError(ErrorCode.payload_too_large,
-                                f"the file is over {self.max_file_bytes} bytes, the limit", "file")
+                raise EdgeError(
+                    ErrorCode.payload_too_large, f"the file is over {self.max_file_bytes} bytes, the limit", "file"
+                )
             if size > held:
                 held = await self._grow(tenant, file_id, size, held)
             yield chunk
@@ -178,8 +184,11 @@ class FilesApi:
             files = [f for f in files if f.purpose == purpose]
         after, limit, order = page_query(request, MAX_LIST, MAX_LIST)
         shown, more = window(files, [f.id for f in files], after, limit, order)
-        return json_response(FileList(shown, has_more=more, first_id=shown[0].id if shown else None,
-                                      last_id=shown[-1].id if shown else None))
+        return json_response(
+            FileList(
+                shown, has_more=more, first_id=shown[0].id if shown else None, last_id=shown[-1].id if shown else None
+            )
+        )
 
     async def _file(self, request: web.Request) -> tuple[str, FileObject]:
         tenant = authenticate(request, self.catalogue.tenants)

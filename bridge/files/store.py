@@ -47,12 +47,12 @@ from schemas.usage import StorageUsage
 
 log = logging.getLogger("laneway.bridge")
 
-FILES_BUCKET = "files"              # lw_files: file objects
-FILE_DATA_BUCKET = "file_data"      # lw_file_data: their bytes
-PURGE_MARKER_TTL_S = 1              # a released hold leaves nothing behind for long
-HOLD = "hold"                       # `<tenant>.<file_id>.hold`: an upload's bytes still to come
-UPLOAD_CHUNKS = "up"                # an upload's chunks: `$O.lw_file_data.C.up.<tenant>.<file_id>`
-SWEEP_EVERY_S = 300.0               # how often a bridge looks for uploads cut off (each bridge: idempotent)
+FILES_BUCKET = "files"  # lw_files: file objects
+FILE_DATA_BUCKET = "file_data"  # lw_file_data: their bytes
+PURGE_MARKER_TTL_S = 1  # a released hold leaves nothing behind for long
+HOLD = "hold"  # `<tenant>.<file_id>.hold`: an upload's bytes still to come
+UPLOAD_CHUNKS = "up"  # an upload's chunks: `$O.lw_file_data.C.up.<tenant>.<file_id>`
+SWEEP_EVERY_S = 300.0  # how often a bridge looks for uploads cut off (each bridge: idempotent)
 _decode = msgspec.json.Decoder(FileObject).decode
 
 
@@ -62,6 +62,7 @@ class Hold(msgspec.Struct, frozen=True):
 
 class Held(msgspec.Struct, frozen=True):
     """What a tenant keeps in files now: its file objects and its uploads' holds."""
+
     bytes: int = 0
     files: int = 0
 
@@ -85,25 +86,42 @@ class FileStore:
     def __init__(self, meta: KeyValue, data: ObjectStore, usage: KeyValue) -> None:
         self.meta = meta
         self.data = data
-        self.usage = usage          # lw_storage: each tenant's `StorageUsage`, for `laneway usage`
+        self.usage = usage  # lw_storage: each tenant's `StorageUsage`, for `laneway usage`
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> FileStore:
-        meta = await js.create_key_value(KeyValueConfig(bucket=s.bucket(FILES_BUCKET), history=1,
-                                                        storage=StorageType.FILE, replicas=replicas))
-        data = await js.create_object_store(s.bucket(FILE_DATA_BUCKET), ObjectStoreConfig(
-            storage=StorageType.FILE, replicas=replicas))
-        usage = await js.create_key_value(KeyValueConfig(bucket=s.bucket(STORAGE_BUCKET), history=1,
-                                                         storage=StorageType.FILE, replicas=replicas))
+        meta = await js.create_key_value(
+            KeyValueConfig(bucket=s.bucket(FILES_BUCKET), history=1, storage=StorageType.FILE, replicas=replicas)
+        )
+        data = await js.create_object_store(
+            s.bucket(FILE_DATA_BUCKET), ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas)
+        )
+        usage = await js.create_key_value(
+            KeyValueConfig(bucket=s.bucket(STORAGE_BUCKET), history=1, storage=StorageType.FILE, replicas=replicas)
+        )
         return cls(meta, data, usage)
 
-    async def put(self, tenant: str, content: bytes, filename: str, purpose: FilePurpose,
-                  expires_after_s: int | None = None, file_id: str | None = None) -> FileObject:
+    async def put(
+        self,
+        tenant: str,
+        content: bytes,
+        filename: str,
+        purpose: FilePurpose,
+        expires_after_s: int | None = None,
+        file_id: str | None = None,
+    ) -> FileObject:
         """Bytes first, then the file object: a file is listed only once its bytes are whole. The
         same `file_id` again replaces the file (a batch's outputs, finalized twice)."""
         now = int(time.time())
-        file = FileObject(id=file_id or new_file_id(), bytes=len(content), created_at=now, filename=filename,
-                          purpose=purpose, status="processed", expires_at=now + expires_after_s if expires_after_s else None)
+        file = FileObject(
+            id=file_id or new_file_id(),
+            bytes=len(content),
+            created_at=now,
+            filename=filename,
+            purpose=purpose,
+            status="processed",
+            expires_at=now + expires_after_s if expires_after_s else None,
+        )
         await self.data.put(_key(tenant, file.id), content)
         await self.meta.put(_key(tenant, file.id), msgspec.json.encode(file))
         await self.count(tenant)
@@ -112,8 +130,11 @@ class FileStore:
     async def hold(self, tenant: str, file_id: str, nbytes: int, ttl_s: int, quota: StorageQuota) -> None:
         """Hold `nbytes` for the upload of `file_id` (replacing its hold so far), or raise
         `StorageExceeded` (and hold nothing) when the tenant would be over its quota."""
-        ack = await self.meta._js.publish(f"{self.meta._pre}{_hold_key(tenant, file_id)}",   # put has no TTL
-                                          msgspec.json.encode(Hold(nbytes)), msg_ttl=ttl_s)
+        ack = await self.meta._js.publish(
+            f"{self.meta._pre}{_hold_key(tenant, file_id)}",  # put has no TTL
+            msgspec.json.encode(Hold(nbytes)),
+            msg_ttl=ttl_s,
+        )
         held = await self.held(tenant, holds_before=ack.seq)
         if (refused := over_files(quota, held.bytes, held.files, nbytes)) is not None:
             await self.release(tenant, file_id)
@@ -168,23 +189,31 @@ class FileStore:
         keys = set(await current_keys(self.meta))
         swept = 0
         for subject in listed.state.subjects or {}:
-            name = subject[len(prefix):]
+            name = subject[len(prefix) :]
             if name in keys or f"{name}.{HOLD}" in keys:
                 continue
             try:
-                await self.data.delete(name)        # its meta was written: the object goes whole
-            except nats.js.errors.NotFoundError:    # no meta, or a deleted object's
+                await self.data.delete(name)  # its meta was written: the object goes whole
+            except nats.js.errors.NotFoundError:  # no meta, or a deleted object's
                 await self.data._js.purge_stream(self.data._stream, subject=subject)
             log.info("swept the chunks of upload %s, cut off", name)
             swept += 1
         return swept
 
-    async def finish(self, tenant: str, file_id: str, size: int, filename: str, purpose: FilePurpose,
-                     expires_after_s: int | None) -> FileObject:
+    async def finish(
+        self, tenant: str, file_id: str, size: int, filename: str, purpose: FilePurpose, expires_after_s: int | None
+    ) -> FileObject:
         """The file object, once its bytes are whole; its hold gives way to it."""
         now = int(time.time())
-        file = FileObject(id=file_id, bytes=size, created_at=now, filename=filename, purpose=purpose,
-                          status="processed", expires_at=now + expires_after_s if expires_after_s else None)
+        file = FileObject(
+            id=file_id,
+            bytes=size,
+            created_at=now,
+            filename=filename,
+            purpose=purpose,
+            status="processed",
+            expires_at=now + expires_after_s if expires_after_s else None,
+        )
         await self.meta.put(_key(tenant, file_id), msgspec.json.encode(file))
         await self.release(tenant, file_id)
         await self.count(tenant)
@@ -220,7 +249,7 @@ class FileStore:
     async def content(self, tenant: str, file_id: str) -> bytes | None:
         if await self.get(tenant, file_id) is None:
             return None
-        buffer = io.BytesIO()       # nats-py's own `.data` grows by `+=`: quadratic in the chunks
+        buffer = io.BytesIO()  # nats-py's own `.data` grows by `+=`: quadratic in the chunks
         try:
             await self.data.get(_key(tenant, file_id), writeinto=buffer)
             return buffer.getvalue()

@@ -35,7 +35,7 @@ async def put_chunks(store: ObjectStore, name: str, chunks: AsyncIterable[bytes]
     the object remains; a process killed meanwhile leaves them, for whoever knows `nuid` to
     sweep. A new object only: a name written before keeps its old chunks (`ObjectStore.put`
     replaces; Laneway's file ids are never reused by an upload)."""
-    js = store._js                                      # nats-py keeps these private; 2.16's layout
+    js = store._js  # nats-py keeps these private; 2.16's layout
     chunk_subject = chunk_subject_of(store, nuid)
     digest, size, count = sha256(), 0, 0
     try:
@@ -46,15 +46,22 @@ async def put_chunks(store: ObjectStore, name: str, chunks: AsyncIterable[bytes]
             await js.publish(chunk_subject, chunk)
             size += len(chunk)
             count += 1
-        info = api.ObjectInfo(name=name, bucket=store._name, nuid=nuid, size=size, chunks=count,
-                              mtime=datetime.now(UTC).isoformat(),
-                              options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
-                              digest=OBJ_DIGEST_TEMPLATE.format(
-                                  digest=base64.urlsafe_b64encode(digest.digest()).decode()))
-        meta_subject = OBJ_META_PRE_TEMPLATE.format(bucket=store._name,
-                                                    obj=base64.urlsafe_b64encode(name.encode()).decode())
-        await js.publish(meta_subject, json.dumps(info.as_dict()).encode(),
-                         headers={api.Header.ROLLUP: MSG_ROLLUP_SUBJECT})
+        info = api.ObjectInfo(
+            name=name,
+            bucket=store._name,
+            nuid=nuid,
+            size=size,
+            chunks=count,
+            mtime=datetime.now(UTC).isoformat(),
+            options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
+            digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest.digest()).decode()),
+        )
+        meta_subject = OBJ_META_PRE_TEMPLATE.format(
+            bucket=store._name, obj=base64.urlsafe_b64encode(name.encode()).decode()
+        )
+        await js.publish(
+            meta_subject, json.dumps(info.as_dict()).encode(), headers={api.Header.ROLLUP: MSG_ROLLUP_SUBJECT}
+        )
     except BaseException:
         if count:
             await js.purge_stream(store._stream, subject=chunk_subject)

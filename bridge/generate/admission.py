@@ -55,17 +55,17 @@ class StreamLimit:
 
     limit: float = 256.0
     floor: int = 32
-    ceiling: int = 0                # 0: none (max_streams, when set, is one)
+    ceiling: int = 0  # 0: none (max_streams, when set, is one)
     # Smoothed lags: a mean of 10 ms keeps the p99 well under 100 ms; at 40 ms it is near it.
     healthy_s: float = 0.01
     congested_s: float = 0.04
-    growth: float = 0.025           # per `tick_s` while healthy and binding: ~5 %/s
+    growth: float = 0.025  # per `tick_s` while healthy and binding: ~5 %/s
     cut: float = 0.8
     tick_s: float = 0.5
     cooldown_s: float = 2.0
     _ticked: float = float("-inf")
     _cut_at: float = float("-inf")
-    _binding: bool = False          # a request was refused by this limit since the last tick
+    _binding: bool = False  # a request was refused by this limit since the last tick
 
     def refused(self) -> None:
         """This limit (or a class's or a tenant's share of it) refused a request: it binds."""
@@ -100,7 +100,7 @@ class RetryAfter:
         self.budget = budget
         self.least_s = least_s
         self.most_s = most_s
-        self._due: list[float] = []      # a heap: when each client told to wait comes back
+        self._due: list[float] = []  # a heap: when each client told to wait comes back
 
     def refused(self, now: float) -> int:
         """Count one refusal now; the Retry-After to give it."""
@@ -112,8 +112,8 @@ class RetryAfter:
         return seconds
 
 
-STREAMS = "streams"                     # x-laneway-overload: refused by --max-streams (or a share of it)
-MEASURED = "measured_streams"           # … by the measured limit (or a share of it)
+STREAMS = "streams"  # x-laneway-overload: refused by --max-streams (or a share of it)
+MEASURED = "measured_streams"  # … by the measured limit (or a share of it)
 OVERLOAD_HEADER = "x-laneway-overload"
 
 
@@ -121,11 +121,11 @@ OVERLOAD_HEADER = "x-laneway-overload"
 class Held:
     """The open streams a request of one class counts against at this bridge."""
 
-    total: int = 0           # every open stream
-    below: int = 0           # of its class and the classes after it (rank ≥ its rank): those it competes with
-    in_class: int = 0        # of its class (part of `below`)
-    sharing: int = 0         # tenants holding streams of its class
-    tenant: int = 0          # its tenant's, of every class
+    total: int = 0  # every open stream
+    below: int = 0  # of its class and the classes after it (rank ≥ its rank): those it competes with
+    in_class: int = 0  # of its class (part of `below`)
+    sharing: int = 0  # tenants holding streams of its class
+    tenant: int = 0  # its tenant's, of every class
     tenant_in_class: int = 0  # its tenant's, of its class
 
 
@@ -136,9 +136,18 @@ def fair_from(room: int, tenant_share: float) -> int:
     return room - int(room * (1.0 - tenant_share) + 1e-9)
 
 
-def admit(held: Held, lag_s: float, policy: ClassPolicy, *, max_streams: int, max_delivery_lag_s: float,
-          tenant_max_streams: int, measured_limit: int = 0, tenant_share: float = 1.0,
-          lower: ClassPolicy | None = None) -> None:
+def admit(
+    held: Held,
+    lag_s: float,
+    policy: ClassPolicy,
+    *,
+    max_streams: int,
+    max_delivery_lag_s: float,
+    tenant_max_streams: int,
+    measured_limit: int = 0,
+    tenant_share: float = 1.0,
+    lower: ClassPolicy | None = None,
+) -> None:
     """Raise `overloaded` (503, Retry-After) when the bridge must not take another stream of this
     class from this tenant, or `rate_limited` (429) when the tenant holds its configured cap.
     `measured_limit` is `StreamLimit`'s (0: not measured); `lower`, of the classes after this
@@ -170,9 +179,11 @@ def admit(held: Held, lag_s: float, policy: ClassPolicy, *, max_streams: int, ma
       is the next one through), and the rooms above already keep the classes in order.
     A refusal by any share of `limit` is a refusal by that limit (`x-laneway-overload` names which)."""
     if tenant_max_streams and held.tenant >= tenant_max_streams:
-        raise EdgeError(ErrorCode.rate_limited, f"this tenant holds {tenant_max_streams} open streams on this "
-                        "bridge, its limit; retry when one ends",
-                        headers={OVERLOAD_HEADER: "tenant_streams", "Retry-After": "1"})
+        raise EdgeError(
+            ErrorCode.rate_limited,
+            f"this tenant holds {tenant_max_streams} open streams on this bridge, its limit; retry when one ends",
+            headers={OVERLOAD_HEADER: "tenant_streams", "Retry-After": "1"},
+        )
     if max_streams and (not measured_limit or max_streams <= measured_limit):
         limit, kind, what = max_streams, STREAMS, "its limit"
     else:
@@ -180,24 +191,39 @@ def admit(held: Held, lag_s: float, policy: ClassPolicy, *, max_streams: int, ma
     if limit:
         held = _lower_counted_to_their_room(held, lower, limit)
         if held.total >= limit:
-            raise EdgeError(ErrorCode.overloaded, f"this bridge holds {held.total} open streams, {what} "
-                            f"({limit}); retry shortly", headers={OVERLOAD_HEADER: kind})
+            raise EdgeError(
+                ErrorCode.overloaded,
+                f"this bridge holds {held.total} open streams, {what} ({limit}); retry shortly",
+                headers={OVERLOAD_HEADER: kind},
+            )
         room = policy.slot_cap(limit)
         if held.below >= room:
-            raise EdgeError(ErrorCode.overloaded, f"class {policy.name!r} and the classes after it hold {held.below} "
-                            f"open streams on this bridge, their share of its {limit}; the rest is kept for "
-                            "higher classes; retry shortly", headers={OVERLOAD_HEADER: kind})
+            raise EdgeError(
+                ErrorCode.overloaded,
+                f"class {policy.name!r} and the classes after it hold {held.below} "
+                f"open streams on this bridge, their share of its {limit}; the rest is kept for "
+                "higher classes; retry shortly",
+                headers={OVERLOAD_HEADER: kind},
+            )
         fair = fair_from(room - (held.below - held.in_class), tenant_share)
         sharing = held.sharing + (0 if held.tenant_in_class else 1)
         mine = held.tenant_in_class
         if held.in_class >= fair and (mine >= fair or mine * sharing > held.in_class):
-            raise EdgeError(ErrorCode.overloaded, f"this tenant holds {mine} of the {held.in_class} open streams "
-                            f"of class {policy.name!r} on this bridge, over its share while other tenants want "
-                            "them; retry shortly", headers={OVERLOAD_HEADER: kind})
+            raise EdgeError(
+                ErrorCode.overloaded,
+                f"this tenant holds {mine} of the {held.in_class} open streams "
+                f"of class {policy.name!r} on this bridge, over its share while other tenants want "
+                "them; retry shortly",
+                headers={OVERLOAD_HEADER: kind},
+            )
     if max_delivery_lag_s and lag_s > max_delivery_lag_s:
-        raise EdgeError(ErrorCode.overloaded, f"this bridge is delivering tokens {lag_s * 1000:.0f} ms late "
-                        f"(limit {max_delivery_lag_s * 1000:.0f} ms) and takes no new stream until it "
-                        "catches up; retry shortly", headers={OVERLOAD_HEADER: "delivery_lag"})
+        raise EdgeError(
+            ErrorCode.overloaded,
+            f"this bridge is delivering tokens {lag_s * 1000:.0f} ms late "
+            f"(limit {max_delivery_lag_s * 1000:.0f} ms) and takes no new stream until it "
+            "catches up; retry shortly",
+            headers={OVERLOAD_HEADER: "delivery_lag"},
+        )
 
 
 def _lower_counted_to_their_room(held: Held, lower: ClassPolicy | None, limit: int) -> Held:
@@ -216,15 +242,25 @@ class EdgeAdmission:
     read. `rank` gives a class's rank (the catalogue's: an unknown class counts as the last);
     `classes`, the live classes (the catalogue's, read at each request)."""
 
-    def __init__(self, config: BridgeConfig, demux: Demux, loop_lag: LoopLag, metrics: BridgeMetrics,
-                 rank: Callable[[str], int], classes: Mapping[str, ClassPolicy]) -> None:
+    def __init__(
+        self,
+        config: BridgeConfig,
+        demux: Demux,
+        loop_lag: LoopLag,
+        metrics: BridgeMetrics,
+        rank: Callable[[str], int],
+        classes: Mapping[str, ClassPolicy],
+    ) -> None:
         self.config = config
         self.demux = demux
         self.loop_lag = loop_lag
         self.rank = rank
         self.classes = classes
-        self.limit = (StreamLimit(limit=float(config.initial_stream_limit), ceiling=config.max_streams)
-                      if config.initial_stream_limit else None)
+        self.limit = (
+            StreamLimit(limit=float(config.initial_stream_limit), ceiling=config.max_streams)
+            if config.initial_stream_limit
+            else None
+        )
         self.retry_after = RetryAfter()
         # Read at scrape time, not written on every admission.
         metrics.loop_lag.set_function(loop_lag.current)
@@ -237,10 +273,14 @@ class EdgeAdmission:
         (one per class in use), not a walk over the streams."""
         demux, klass = self.demux, policy.name
         by_class = demux.by_class()
-        return Held(total=len(demux),
-                    below=sum(n for name, n in by_class.items() if self.rank(name) >= policy.rank),
-                    in_class=by_class.get(klass, 0), sharing=demux.holders(klass),
-                    tenant=demux.held_by(tenant), tenant_in_class=demux.classes_of(tenant).get(klass, 0))
+        return Held(
+            total=len(demux),
+            below=sum(n for name, n in by_class.items() if self.rank(name) >= policy.rank),
+            in_class=by_class.get(klass, 0),
+            sharing=demux.holders(klass),
+            tenant=demux.held_by(tenant),
+            tenant_in_class=demux.classes_of(tenant).get(klass, 0),
+        )
 
     def lower(self, policy: ClassPolicy) -> ClassPolicy | None:
         """Of the classes after `policy`, the one that may fill the most (its headroom's bound)."""
@@ -252,13 +292,21 @@ class EdgeAdmission:
         lag = self.demux.lag.current(now)
         measured = 0
         if self.limit is not None:
-            measured = self.limit.observe(now, open_streams=len(self.demux), lag_s=lag,
-                                          loop_lag_s=self.loop_lag.current(now))
+            measured = self.limit.observe(
+                now, open_streams=len(self.demux), lag_s=lag, loop_lag_s=self.loop_lag.current(now)
+            )
         try:
-            admit(self.held(tenant, policy), lag, policy, max_streams=self.config.max_streams,
-                  max_delivery_lag_s=self.config.max_delivery_lag_s,
-                  tenant_max_streams=self.config.tenant_max_streams, measured_limit=measured,
-                  tenant_share=self.config.tenant_stream_share, lower=self.lower(policy))
+            admit(
+                self.held(tenant, policy),
+                lag,
+                policy,
+                max_streams=self.config.max_streams,
+                max_delivery_lag_s=self.config.max_delivery_lag_s,
+                tenant_max_streams=self.config.tenant_max_streams,
+                measured_limit=measured,
+                tenant_share=self.config.tenant_stream_share,
+                lower=self.lower(policy),
+            )
         except EdgeError as refusal:
             if refusal.code is ErrorCode.overloaded:
                 if self.limit is not None and refusal.headers.get(OVERLOAD_HEADER) == MEASURED:

@@ -21,7 +21,7 @@ def param_of(validation_message: str) -> str | None:
     match = _PATH.search(validation_message)
     path = match.group(1) if match else ""
     missing = _MISSING.search(validation_message)
-    if missing:     # the field that is missing, under the object that misses it
+    if missing:  # the field that is missing, under the object that misses it
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
     return path or None
 
@@ -30,8 +30,18 @@ def edge_error(exc: Invalid) -> EdgeError:
     return EdgeError(exc.code, exc.message, exc.param)
 
 
-def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass: str,
-                reply_to: str, edge: str, now: float, deadline: float) -> GenerateRequest:
+def to_generate(
+    body: Body,
+    extra: bytes,
+    *,
+    request_id: str,
+    tenant: str,
+    klass: str,
+    reply_to: str,
+    edge: str,
+    now: float,
+    deadline: float,
+) -> GenerateRequest:
     try:
         check_body(body)
     except Invalid as exc:
@@ -39,9 +49,20 @@ def to_generate(body: Body, extra: bytes, *, request_id: str, tenant: str, klass
     chat = body if isinstance(body, ChatBody) else None
     completion = body if isinstance(body, CompletionBody) else None
     embedding = body if isinstance(body, EmbeddingBody) else None
-    return GenerateRequest(request_id=request_id, tenant=tenant, klass=klass, model=body.model,
-                           reply_to=reply_to, edge=edge, created_at=now, deadline=deadline, chat=chat,
-                           completion=completion, embedding=embedding, extra=extra)
+    return GenerateRequest(
+        request_id=request_id,
+        tenant=tenant,
+        klass=klass,
+        model=body.model,
+        reply_to=reply_to,
+        edge=edge,
+        created_at=now,
+        deadline=deadline,
+        chat=chat,
+        completion=completion,
+        embedding=embedding,
+        extra=extra,
+    )
 
 
 def check_context(generate: GenerateRequest, max_context_tokens: int) -> None:

@@ -32,8 +32,14 @@ from schemas.openai_out import (
 from schemas.requests import GenerateRequest
 
 # Laneway's finish reasons → OpenAI's ("cancelled" never reaches a client that is still there).
-FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
-                  "content_filter": "content_filter", "abort": "stop", "cancelled": "stop"}
+FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "content_filter": "content_filter",
+    "abort": "stop",
+    "cancelled": "stop",
+}
 
 
 def finish_reason(reason: str) -> str:
@@ -46,8 +52,12 @@ def fingerprint(model: str) -> str | None:
 
 
 def _token_logprob(lp: TokenLogprob) -> dict[str, Any]:
-    return {"token": lp.token, "logprob": lp.logprob, "bytes": lp.bytes,
-            "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in lp.top]}
+    return {
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": lp.bytes,
+        "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in lp.top],
+    }
 
 
 class _Choice:
@@ -59,7 +69,7 @@ class _Choice:
         self.parts: list[str] = []
         self.refusal: list[str] = []
         self.reasoning: list[str] = []
-        self.calls: dict[int, list[str]] = {}     # index → [id, name, arguments...]
+        self.calls: dict[int, list[str]] = {}  # index → [id, name, arguments...]
         self.logprobs: list[TokenLogprob] = []
         self.finish = "stop"
 
@@ -78,8 +88,10 @@ class _Choice:
         self.logprobs.extend(delta.logprobs)
 
     def tool_calls(self) -> list[ToolCall]:
-        return [ToolCall(id=p[0], function=FunctionCall(name=p[1], arguments="".join(p[2:])))
-                for _, p in sorted(self.calls.items())]
+        return [
+            ToolCall(id=p[0], function=FunctionCall(name=p[1], arguments="".join(p[2:])))
+            for _, p in sorted(self.calls.items())
+        ]
 
 
 class Renderer:
@@ -96,12 +108,25 @@ class Renderer:
         self.n = generate.choices
         self.logprobs = False
         self._choices = [_Choice() for _ in range(self.n)]
-        self._head = (b'data: {"id":' + orjson.dumps(self.id) + b',"object":"' + self.chunk_object
-                      + b'","created":' + str(self.created).encode() + b',"model":' + orjson.dumps(self.model))
+        self._head = (
+            b'data: {"id":'
+            + orjson.dumps(self.id)
+            + b',"object":"'
+            + self.chunk_object
+            + b'","created":'
+            + str(self.created).encode()
+            + b',"model":'
+            + orjson.dumps(self.model)
+        )
 
     def _chunk(self, choices: list[dict[str, Any]], **more: Any) -> bytes:
-        return self._head + b',"choices":' + orjson.dumps(choices) + (
-            b"," + orjson.dumps(more)[1:-1] if more else b"") + b"}\n\n"
+        return (
+            self._head
+            + b',"choices":'
+            + orjson.dumps(choices)
+            + (b"," + orjson.dumps(more)[1:-1] if more else b"")
+            + b"}\n\n"
+        )
 
     def add(self, delta: Delta) -> None:
         if delta.choice < self.n:
@@ -117,8 +142,12 @@ class Renderer:
 
 def usage_of(finished: Finished) -> CompletionUsage:
     u = finished.usage
-    return CompletionUsage(u.prompt_tokens, u.completion_tokens, u.prompt_tokens + u.completion_tokens,
-                           PromptTokensDetails(u.cached_tokens))
+    return CompletionUsage(
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.prompt_tokens + u.completion_tokens,
+        PromptTokensDetails(u.cached_tokens),
+    )
 
 
 class ChatRenderer(Renderer):
@@ -133,8 +162,12 @@ class ChatRenderer(Renderer):
         self._text = self._head + b',"choices":[{"index":0,"delta":{"content":'
 
     def start(self) -> bytes:
-        return b"".join(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]) for i in range(self.n))
+        return b"".join(
+            self._chunk(
+                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+            )
+            for i in range(self.n)
+        )
 
     def delta(self, delta: Delta) -> bytes:
         if delta.plain:
@@ -148,14 +181,18 @@ class ChatRenderer(Renderer):
             out["refusal"] = delta.refusal
         if delta.tool_calls:
             out["tool_calls"] = [_call_delta(c) for c in delta.tool_calls]
-        logprobs = {"content": [_token_logprob(lp) for lp in delta.logprobs], "refusal": None} \
-            if self.logprobs and delta.logprobs else None
-        return self._chunk([{"index": delta.choice, "delta": out, "logprobs": logprobs,
-                             "finish_reason": None}])
+        logprobs = (
+            {"content": [_token_logprob(lp) for lp in delta.logprobs], "refusal": None}
+            if self.logprobs and delta.logprobs
+            else None
+        )
+        return self._chunk([{"index": delta.choice, "delta": out, "logprobs": logprobs, "finish_reason": None}])
 
     def finish(self, finished: Finished) -> bytes:
-        return b"".join(self._chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
-                        for i, reason in enumerate(self._finishes(finished)))
+        return b"".join(
+            self._chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
+            for i, reason in enumerate(self._finishes(finished))
+        )
 
     def body(self, finished: Finished) -> bytes:
         choices = []
@@ -166,17 +203,23 @@ class ChatRenderer(Renderer):
                 content=None if choice.calls and not content else content,
                 refusal="".join(choice.refusal) or None,
                 tool_calls=choice.tool_calls() if choice.calls else msgspec.UNSET,
-                reasoning_content="".join(choice.reasoning) if choice.reasoning else msgspec.UNSET)
+                reasoning_content="".join(choice.reasoning) if choice.reasoning else msgspec.UNSET,
+            )
             logprobs = ChoiceLogprobs([_token_logprob(lp) for lp in choice.logprobs]) if self.logprobs else None
             choices.append(Choice(i, message, reason, logprobs))
-        return encode_json(ChatCompletion(self.id, self.created, self.model, choices, usage_of(finished),
-                                          fingerprint(finished.model)))
+        return encode_json(
+            ChatCompletion(self.id, self.created, self.model, choices, usage_of(finished), fingerprint(finished.model))
+        )
 
 
 def _call_delta(call: Any) -> dict[str, Any]:
     if call.id or call.name:
-        return {"index": call.index, "id": call.id, "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}}
+        return {
+            "index": call.index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
     return {"index": call.index, "function": {"arguments": call.arguments}}
 
 
@@ -196,18 +239,22 @@ class TextRenderer(Renderer):
 
     def delta(self, delta: Delta) -> bytes:
         legacy = msgspec.to_builtins(self._legacy(delta.logprobs)) if self.logprobs else None
-        return self._chunk([{"index": delta.choice, "text": delta.text, "logprobs": legacy,
-                             "finish_reason": None}])
+        return self._chunk([{"index": delta.choice, "text": delta.text, "logprobs": legacy, "finish_reason": None}])
 
     def finish(self, finished: Finished) -> bytes:
-        return b"".join(self._chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": reason}])
-                        for i, reason in enumerate(self._finishes(finished)))
+        return b"".join(
+            self._chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": reason}])
+            for i, reason in enumerate(self._finishes(finished))
+        )
 
     def body(self, finished: Finished) -> bytes:
-        choices = [TextChoice(i, "".join(c.parts), reason, self._legacy(c.logprobs) if self.logprobs else None)
-                   for i, (c, reason) in enumerate(zip(self._choices, self._finishes(finished), strict=True))]
-        return encode_json(TextCompletion(self.id, self.created, self.model, choices, usage_of(finished),
-                                          fingerprint(finished.model)))
+        choices = [
+            TextChoice(i, "".join(c.parts), reason, self._legacy(c.logprobs) if self.logprobs else None)
+            for i, (c, reason) in enumerate(zip(self._choices, self._finishes(finished), strict=True))
+        ]
+        return encode_json(
+            TextCompletion(self.id, self.created, self.model, choices, usage_of(finished), fingerprint(finished.model))
+        )
 
     @staticmethod
     def _legacy(logprobs: list[TokenLogprob]) -> TextLogprobs:
@@ -215,8 +262,12 @@ class TextRenderer(Renderer):
         for lp in logprobs:
             offsets.append(at)
             at += len(lp.token)
-        return TextLogprobs([lp.token for lp in logprobs], [lp.logprob for lp in logprobs],
-                            [{t.token: t.logprob for t in lp.top} for lp in logprobs], offsets)
+        return TextLogprobs(
+            [lp.token for lp in logprobs],
+            [lp.logprob for lp in logprobs],
+            [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+            offsets,
+        )
 
 
 def renderer_for(generate: GenerateRequest) -> ChatRenderer | TextRenderer | EmbeddingRenderer:

@@ -24,12 +24,19 @@ class EmbeddingRenderer:
         self.base64 = body.encoding_format == "base64"
 
     def add(self, delta: Delta) -> None:
-        pass    # an embedding arrives whole, in its Finished entry
+        pass  # an embedding arrives whole, in its Finished entry
 
     def body(self, finished: Finished) -> bytes:
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v).decode() if self.base64 else floats(v)}
-                for i, v in enumerate(finished.vectors)]
+        data = [
+            {"object": "embedding", "index": i, "embedding": base64.b64encode(v).decode() if self.base64 else floats(v)}
+            for i, v in enumerate(finished.vectors)
+        ]
         tokens = finished.usage.prompt_tokens
-        return orjson.dumps({"object": "list", "data": data, "model": self.model,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        return orjson.dumps(
+            {
+                "object": "list",
+                "data": data,
+                "model": self.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )

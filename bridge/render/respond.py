@@ -31,8 +31,9 @@ class EventStream(web.StreamResponse):
 
 
 def sse_response(headers: dict[str, str]) -> EventStream:
-    return EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                "X-Accel-Buffering": "no", **headers})
+    return EventStream(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
+    )
 
 
 class SlowReader(Exception):
@@ -57,17 +58,37 @@ class Writer:
             raise SlowReader from None
 
 
-async def stream_sse(request: web.Request, stream: ResponseStream, generate: GenerateRequest, render: Render,
-                     entries: list[Entry], started: float, metrics: BridgeMetrics,
-                     headers: dict[str, str], write_timeout_s: float) -> web.StreamResponse:
+async def stream_sse(
+    request: web.Request,
+    stream: ResponseStream,
+    generate: GenerateRequest,
+    render: Render,
+    entries: list[Entry],
+    started: float,
+    metrics: BridgeMetrics,
+    headers: dict[str, str],
+    write_timeout_s: float,
+) -> web.StreamResponse:
     """Server-sent events; errors after the first byte go in-band, then [DONE] (the Responses API:
     `response.failed`, and no [DONE])."""
-    return await serve_sse(request, headers, generate.request_id, metrics, write_timeout_s,
-                           lambda writer: _write_stream(writer, stream, generate, render, entries, started, metrics))
+    return await serve_sse(
+        request,
+        headers,
+        generate.request_id,
+        metrics,
+        write_timeout_s,
+        lambda writer: _write_stream(writer, stream, generate, render, entries, started, metrics),
+    )
 
 
-async def serve_sse(request: web.Request, headers: dict[str, str], request_id: str, metrics: BridgeMetrics,
-                    write_timeout_s: float, write: Callable[[Writer], Awaitable[object]]) -> EventStream:
+async def serve_sse(
+    request: web.Request,
+    headers: dict[str, str],
+    request_id: str,
+    metrics: BridgeMetrics,
+    write_timeout_s: float,
+    write: Callable[[Writer], Awaitable[object]],
+) -> EventStream:
     """An SSE response whose events `write` writes; a client that left, or stopped reading, ends it."""
     response = sse_response(headers)
     try:
@@ -100,8 +121,9 @@ class Progress:
         self.first_token = True
 
 
-def render_entries(render: Render, generate: GenerateRequest, entries: list[Entry], metrics: BridgeMetrics,
-                   progress: Progress) -> tuple[list[bytes], bool]:
+def render_entries(
+    render: Render, generate: GenerateRequest, entries: list[Entry], metrics: BridgeMetrics, progress: Progress
+) -> tuple[list[bytes], bool]:
     """The SSE events of a batch of entries, and whether the stream's last event is among them."""
     out: list[bytes] = []
     metrics.tokens.labels(generate.klass).inc(sum(len(e.token_ids) or 1 for e in entries if isinstance(e, Delta)))
@@ -131,12 +153,26 @@ async def next_entries(stream: ResponseStream, generate: GenerateRequest) -> lis
     try:
         return await stream.next_entries()
     except TimeoutError:
-        return [StreamError(generate.request_id, stream.attempt, stream.next_seq,
-                            ErrorCode.deadline_exceeded.value, "no response before the deadline")]
+        return [
+            StreamError(
+                generate.request_id,
+                stream.attempt,
+                stream.next_seq,
+                ErrorCode.deadline_exceeded.value,
+                "no response before the deadline",
+            )
+        ]
 
 
-async def _write_stream(response: Writer, stream: ResponseStream, generate: GenerateRequest,
-                        render: Render, entries: list[Entry], started: float, metrics: BridgeMetrics) -> None:
+async def _write_stream(
+    response: Writer,
+    stream: ResponseStream,
+    generate: GenerateRequest,
+    render: Render,
+    entries: list[Entry],
+    started: float,
+    metrics: BridgeMetrics,
+) -> None:
     out = [render.start()]
     progress = Progress(started)
     while True:
@@ -150,15 +186,28 @@ async def _write_stream(response: Writer, stream: ResponseStream, generate: Gene
         entries = await next_entries(stream, generate)
 
 
-async def collect_json(stream: ResponseStream, generate: GenerateRequest, render: Render, entries: list[Entry],
-                       started: float, metrics: BridgeMetrics, headers: dict[str, str]) -> web.Response:
+async def collect_json(
+    stream: ResponseStream,
+    generate: GenerateRequest,
+    render: Render,
+    entries: list[Entry],
+    started: float,
+    metrics: BridgeMetrics,
+    headers: dict[str, str],
+) -> web.Response:
     """One `chat.completion` (or `text_completion`) object once the stream has finished."""
     body = await collect_body(stream, generate, render, entries, started, metrics)
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
-async def collect_body(stream: ResponseStream, generate: GenerateRequest, render: Render, entries: list[Entry],
-                       started: float, metrics: BridgeMetrics) -> bytes:
+async def collect_body(
+    stream: ResponseStream,
+    generate: GenerateRequest,
+    render: Render,
+    entries: list[Entry],
+    started: float,
+    metrics: BridgeMetrics,
+) -> bytes:
     """The answer's JSON body once the stream has finished; an in-band error raises EdgeError."""
     tokens = 0
     klass = generate.klass

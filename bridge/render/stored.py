@@ -25,7 +25,7 @@ from schemas.responses import ResponsesBody
 
 _decode_echoed = msgspec.json.Decoder(Echoed).decode
 _decode_first = msgspec.json.Decoder(list[Message]).decode
-KEPT_FIELDS = ("metadata", "safety_identifier", "prompt_cache_key")     # stored, never given to an engine
+KEPT_FIELDS = ("metadata", "safety_identifier", "prompt_cache_key")  # stored, never given to an engine
 WITHHELD_SCHEMA = {"type": "json_schema", "name": "withheld", "schema": {}}
 
 
@@ -47,18 +47,21 @@ def _tool_choice(body: ResponsesBody, echoed: Echoed | None) -> Any:
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
         return choice or "auto"
-    if echoed is None:          # its names withheld: what it asks, without them
+    if echoed is None:  # its names withheld: what it asks, without them
         return "required" if choice.type == "function" else choice.mode or "auto"
     if choice.type == "function" and not isinstance(echoed.tool_choice, str) and echoed.tool_choice is not None:
         return {"type": "function", "name": echoed.tool_choice.function.name}
-    return {"type": "allowed_tools", "mode": choice.mode or "auto",
-            "tools": [{"type": "function", "name": t.function.name} for t in echoed.tools or ()]}
+    return {
+        "type": "allowed_tools",
+        "mode": choice.mode or "auto",
+        "tools": [{"type": "function", "name": t.function.name} for t in echoed.tools or ()],
+    }
 
 
 def _format(body: ResponsesBody, echoed: Echoed | None) -> dict[str, Any] | None:
     fmt = body.text.format if body.text is not None else None
     if fmt is None or fmt.type != "json_schema":
-        return None         # text and json_object carry no text of the client's
+        return None  # text and json_object carry no text of the client's
     schema = echoed.response_format.json_schema if echoed is not None and echoed.response_format else None
     return {"type": "json_schema", **msgspec.to_builtins(schema)} if schema is not None else dict(WITHHELD_SCHEMA)
 
@@ -71,8 +74,11 @@ def stored_view(response: dict[str, Any], body: ResponsesBody, messages: bytes, 
     echoed = _read(_decode_echoed, fields)
     instructions = first[0].content if first and first[0].role == "system" else None
     out["instructions"] = instructions if isinstance(instructions, str) else None
-    out["tools"] = [{"type": "function", **msgspec.to_builtins(t.function)}
-                    for t in echoed.tools or ()] if echoed is not None else []
+    out["tools"] = (
+        [{"type": "function", **msgspec.to_builtins(t.function)} for t in echoed.tools or ()]
+        if echoed is not None
+        else []
+    )
     out["tool_choice"] = _tool_choice(body, echoed)
     if (fmt := _format(body, echoed)) is not None:
         out["text"] = {**response["text"], "format": fmt}

@@ -45,8 +45,8 @@ from schemas.responses import ResponsesBody
 from schemas.stored import Rerun, StoredResponse, decode_rerun, encode_rerun
 
 log = logging.getLogger("laneway.bridge")
-PUT_HEADROOM = 4096         # a KV put's subject and headers, beside its value
-LISTED_PAST_DEADLINE_S = 60     # a listing outlives its response's deadline by this much
+PUT_HEADROOM = 4096  # a KV put's subject and headers, beside its value
+LISTED_PAST_DEADLINE_S = 60  # a listing outlives its response's deadline by this much
 
 
 class _Asked:
@@ -54,8 +54,15 @@ class _Asked:
 
     __slots__ = ("body", "store", "policy", "history_len", "conversation", "tenant", "render")
 
-    def __init__(self, body: ResponsesBody, store: bool, policy: StoragePolicy, history_len: int,
-                 conversation: str | None, tenant: Tenant | None) -> None:
+    def __init__(
+        self,
+        body: ResponsesBody,
+        store: bool,
+        policy: StoragePolicy,
+        history_len: int,
+        conversation: str | None,
+        tenant: Tenant | None,
+    ) -> None:
         self.body = body
         self.store = store
         self.policy = policy
@@ -100,11 +107,14 @@ def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Aske
     final = render.final
     assert final is not None
     echoed = _echoed(render, asked)
-    new_input = echoed[asked.history_len:]
+    new_input = echoed[asked.history_len :]
     history = [*echoed, *item_messages(final["output"])] if echoed else []
-    return StoredResponse(response=orjson.dumps(render.stored(final)), request_id=generate.request_id,
-                          input_items=orjson.dumps(to_items(new_input, generate.request_id)),
-                          history=codec.encode_json(history))
+    return StoredResponse(
+        response=orjson.dumps(render.stored(final)),
+        request_id=generate.request_id,
+        input_items=orjson.dumps(to_items(new_input, generate.request_id)),
+        history=codec.encode_json(history),
+    )
 
 
 def _conversation_id(body: ResponsesBody) -> str | None:
@@ -112,14 +122,21 @@ def _conversation_id(body: ResponsesBody) -> str | None:
     if isinstance(conversation, dict):
         conversation = conversation.get("id")
         if not isinstance(conversation, str):
-            raise EdgeError(ErrorCode.invalid_request, "conversation is an id, or an object with its id",
-                            "conversation")
+            raise EdgeError(
+                ErrorCode.invalid_request, "conversation is an id, or an object with its id", "conversation"
+            )
     return conversation
 
 
 class Responses(Generations):
-    def __init__(self, *args, store: ResponseStore | None = None, background: Background | None = None,
-                 routes: StoredRoutes | None = None, conversations: Conversations | None = None) -> None:
+    def __init__(
+        self,
+        *args,
+        store: ResponseStore | None = None,
+        background: Background | None = None,
+        routes: StoredRoutes | None = None,
+        conversations: Conversations | None = None,
+    ) -> None:
         super().__init__(*args)
         self.store = store
         self.background = background
@@ -132,8 +149,9 @@ class Responses(Generations):
         request[ASKED] = asked
         return chat
 
-    async def _ask(self, body: ResponsesBody, extra: bytes,
-                   tenant: Tenant | None) -> tuple[_Asked, tuple[ChatBody, bytes]]:
+    async def _ask(
+        self, body: ResponsesBody, extra: bytes, tenant: Tenant | None
+    ) -> tuple[_Asked, tuple[ChatBody, bytes]]:
         """What the request asks of the store (under `tenant`: every look-up is its own), and the
         chat body the engine gets: the stored history, then the input."""
         assert isinstance(body, ResponsesBody)
@@ -141,28 +159,39 @@ class Responses(Generations):
         store = body.store is not False and policy.store and self.store is not None
         if body.background and not store:
             why = "store is false" if body.store is False else "this API key's responses are never stored"
-            raise EdgeError(ErrorCode.invalid_request, f"a background response is a stored one, and {why}",
-                            "background")
+            raise EdgeError(
+                ErrorCode.invalid_request, f"a background response is a stored one, and {why}", "background"
+            )
         if store and tenant is not None:
             await _admit(self.store, tenant)
         history: list[Message] = []
         conversation = _conversation_id(body)
         if conversation is not None:
             if body.previous_response_id is not None:
-                raise EdgeError(ErrorCode.invalid_request, "a response continues either a conversation or a "
-                                "previous response, not both", "conversation")
+                raise EdgeError(
+                    ErrorCode.invalid_request,
+                    "a response continues either a conversation or a previous response, not both",
+                    "conversation",
+                )
             if self.conversations is None or tenant is None:
                 raise not_found("conversation", conversation, "conversation")
             history = await self.conversations.history(tenant.name, conversation)
         elif body.previous_response_id is not None:
-            found = None if self.store is None or tenant is None else \
-                await self.store.get(tenant.name, body.previous_response_id)
+            found = (
+                None
+                if self.store is None or tenant is None
+                else await self.store.get(tenant.name, body.previous_response_id)
+            )
             if found is None:
                 raise not_found("response", body.previous_response_id, "previous_response_id")
             record = found[0]
-            if record.history == b"[]":     # not ended, or ended with nothing to continue from
-                raise EdgeError(ErrorCode.invalid_request, f"the response {body.previous_response_id!r} is "
-                                f"{status_of(record)} and holds no conversation to continue", "previous_response_id")
+            if record.history == b"[]":  # not ended, or ended with nothing to continue from
+                raise EdgeError(
+                    ErrorCode.invalid_request,
+                    f"the response {body.previous_response_id!r} is "
+                    f"{status_of(record)} and holds no conversation to continue",
+                    "previous_response_id",
+                )
             history = decode_messages(record.history)
         return _Asked(body, store, policy, len(history), conversation, tenant), to_chat(body, extra, history)
 
@@ -194,8 +223,11 @@ class Responses(Generations):
         under the batch's tenant. `stream` and `background` are refused: the output line is the answer."""
         asked, (body, extra) = await self._ask(*self.parse(raw), tenant)
         if asked.body.background:
-            raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole, in its output "
-                            "file: background must be false or left out", "background")
+            raise EdgeError(
+                ErrorCode.invalid_request,
+                "a batch's requests are answered whole, in its output file: background must be false or left out",
+                "background",
+            )
         generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
         asked.ask_echo(generate)
         answer = await self._collect(generate, asked.renderer(generate))
@@ -205,14 +237,31 @@ class Responses(Generations):
     def _append_turn(self, render: ResponsesRenderer, asked: _Asked) -> None:
         """An ended response's turn added to its conversation, if it has one (later)."""
         if asked.conversation is not None and self.conversations is not None and asked.tenant is not None:
-            self.conversations.append_later(asked.tenant, asked.conversation,
-                                            _echoed(render, asked)[asked.history_len:], render.final["output"])
+            self.conversations.append_later(
+                asked.tenant, asked.conversation, _echoed(render, asked)[asked.history_len :], render.final["output"]
+            )
 
-    def _job(self, tenant: str, stream: ResponseStream, asked: _Asked, generate: GenerateRequest, ttl_s: int,
-             revision: int, rerunnable: bool) -> Job:
+    def _job(
+        self,
+        tenant: str,
+        stream: ResponseStream,
+        asked: _Asked,
+        generate: GenerateRequest,
+        ttl_s: int,
+        revision: int,
+        rerunnable: bool,
+    ) -> Job:
         render = asked.render
-        return Job(tenant, stream, render, ttl_s, revision, lambda: record_of(render, generate, asked),
-                   lambda: self._append_turn(render, asked), rerunnable)
+        return Job(
+            tenant,
+            stream,
+            render,
+            ttl_s,
+            revision,
+            lambda: record_of(render, generate, asked),
+            lambda: self._append_turn(render, asked),
+            rerunnable,
+        )
 
     async def _background(self, request: web.Request, generate: GenerateRequest, asked: _Asked) -> web.StreamResponse:
         """Stored `queued` first (an Idempotency-Key's second try stops here), then listed with
@@ -226,19 +275,26 @@ class Responses(Generations):
         # One too big for a NATS message cannot be kept: it fails with its bridge.
         rerunnable = len(listing) + PUT_HEADROOM <= self._nc.max_payload
         try:
-            revision = await self.store.put(tenant, render.id, queued(render, generate.request_id, self.edge_id,
-                                                                      self.background.lease_s, rerunnable),
-                                            ttl_s, after=0)
-        except Conflict:        # an Idempotency-Key's id, already created
-            raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was already "
-                            "accepted", "Idempotency-Key") from None
+            revision = await self.store.put(
+                tenant,
+                render.id,
+                queued(render, generate.request_id, self.edge_id, self.background.lease_s, rerunnable),
+                ttl_s,
+                after=0,
+            )
+        except Conflict:  # an Idempotency-Key's id, already created
+            raise EdgeError(
+                ErrorCode.duplicate_request,
+                "a request with this Idempotency-Key was already accepted",
+                "Idempotency-Key",
+            ) from None
         try:
             if rerunnable:
                 listed_s = int(max(generate.deadline - time.time(), 0) + LISTED_PAST_DEADLINE_S)
                 await self.store.list_running(tenant, render.id, listing, listed_s)
             stream = await self._published(generate, payload)
         except BaseException:
-            with contextlib.suppress(nats.errors.Error):    # never accepted: nothing to keep
+            with contextlib.suppress(nats.errors.Error):  # never accepted: nothing to keep
                 await self.store.delete(tenant, render.id)
             if rerunnable:
                 with contextlib.suppress(nats.errors.Error):
@@ -247,13 +303,12 @@ class Responses(Generations):
         self.background.run(self._job(tenant, stream, asked, generate, ttl_s, revision, rerunnable))
         headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
         if asked.body.stream:
-            return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1,
-                                            headers)
-        return web.Response(body=orjson.dumps(render.snapshot("queued")), content_type="application/json",
-                            headers=headers)
+            return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1, headers)
+        return web.Response(
+            body=orjson.dumps(render.snapshot("queued")), content_type="application/json", headers=headers
+        )
 
-    async def take_over(self, tenant_name: str, response_id: str, record: StoredResponse,
-                        revision: int) -> Job | None:
+    async def take_over(self, tenant_name: str, response_id: str, record: StoredResponse, revision: int) -> Job | None:
         """A background response whose bridge is gone (`stored/takeover.py`), run again here from
         its start under a new request id, its first generation stopped; or, when it cannot be
         (`_rebuilt`), marked failed. A passing refusal leaves it for the next look; any other
@@ -266,23 +321,34 @@ class Responses(Generations):
             await mark_lost(self.store, self._cancel, tenant_name, response_id, record, revision, ttl_s)
             return None
         asked, original, head = rebuilt
-        generate = msgspec.structs.replace(original, request_id=uuid.uuid4().hex,
-                                           reply_to=self.s.tok(tenant_name, self.edge_id), edge=self.edge_id)
-        claimed = msgspec.structs.replace(record, owner=self.edge_id, beat_at=time.time(),
-                                          lease_s=self.background.lease_s, request_id=generate.request_id)
+        generate = msgspec.structs.replace(
+            original, request_id=uuid.uuid4().hex, reply_to=self.s.tok(tenant_name, self.edge_id), edge=self.edge_id
+        )
+        claimed = msgspec.structs.replace(
+            record,
+            owner=self.edge_id,
+            beat_at=time.time(),
+            lease_s=self.background.lease_s,
+            request_id=generate.request_id,
+        )
         try:
             revision = await self.store.put(tenant_name, response_id, claimed, ttl_s, after=revision)
         except Conflict:
-            return None         # another bridge took it over, or it was cancelled
-        await self._cancel(tenant_name, record.request_id)      # the first generation, if it still runs
+            return None  # another bridge took it over, or it was cancelled
+        await self._cancel(tenant_name, record.request_id)  # the first generation, if it still runs
         try:
             if generate.deadline <= time.time():
-                raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before another bridge could "
-                                "run the response again")
+                raise EdgeError(
+                    ErrorCode.deadline_exceeded,
+                    "the deadline passed before another bridge could run the response again",
+                )
             stream = await self._published(generate, self._payload(generate))
         except EdgeError as exc:
-            left = msgspec.structs.replace(claimed, beat_at=0.0) if exc.code in PASSING else \
-                ended(claimed, "failed", {"code": "server_error", "message": exc.message})
+            left = (
+                msgspec.structs.replace(claimed, beat_at=0.0)
+                if exc.code in PASSING
+                else ended(claimed, "failed", {"code": "server_error", "message": exc.message})
+            )
             with contextlib.suppress(Conflict):
                 await self.store.put(tenant_name, response_id, left, ttl_s, after=revision)
             return None
@@ -292,8 +358,9 @@ class Responses(Generations):
         job.started = True
         return job
 
-    async def _rebuilt(self, tenant: Tenant, response_id: str,
-                       record: StoredResponse) -> tuple[_Asked, GenerateRequest, bytes] | None:
+    async def _rebuilt(
+        self, tenant: Tenant, response_id: str, record: StoredResponse
+    ) -> tuple[_Asked, GenerateRequest, bytes] | None:
         """The response as its first bridge began it, from the request listed with it, and its
         opening events; None when no request is listed (none was kept, or the listing expired),
         when it no longer reads (another version of Laneway wrote it), or when a streamed one's
@@ -304,19 +371,21 @@ class Responses(Generations):
         try:
             rerun = decode_rerun(listed)
             original = codec.decode_request(rerun.request)
-            asked = _Asked(self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len,
-                           rerun.conversation or None, tenant)
+            asked = _Asked(
+                self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len, rerun.conversation or None, tenant
+            )
             render = asked.renderer(original)
             head = render.start() if render.streaming else b""
-        except Exception:       # never a takeover retried forever: it fails instead
+        except Exception:  # never a takeover retried forever: it fails instead
             log.exception("background response %s: its request no longer reads", response_id)
             return None
         return (asked, original, head) if _begins(head, record) else None
 
     async def _published(self, generate: GenerateRequest, payload: bytes) -> ResponseStream:
         """The request accepted (its PubAck), its frames awaited by a stream opened first."""
-        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S,
-                                 generate.klass)
+        stream = self.demux.open(
+            generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S, generate.klass
+        )
         try:
             await self._publish(generate, payload)
         except BaseException:

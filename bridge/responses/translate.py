@@ -67,15 +67,19 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, bytes]:
 def _refuse_state(body: ResponsesBody) -> None:
     for value in body.include or ():
         if value not in SERVABLE_INCLUDES:
-            raise _invalid(f"include value {value!r} is not supported; Laneway can include only "
-                           f"{sorted(SERVABLE_INCLUDES)}", "include")
+            raise _invalid(
+                f"include value {value!r} is not supported; Laneway can include only {sorted(SERVABLE_INCLUDES)}",
+                "include",
+            )
     if body.truncation == "auto":
-        raise _invalid("truncation 'auto' is not supported: Laneway does not drop input items; "
-                       "use 'disabled'", "truncation")
+        raise _invalid(
+            "truncation 'auto' is not supported: Laneway does not drop input items; use 'disabled'", "truncation"
+        )
     reasoning = body.reasoning
     if reasoning is not None and (reasoning.summary or reasoning.generate_summary) not in (None, "auto"):
-        raise _invalid("reasoning summaries are not supported; leave reasoning.summary out or 'auto'",
-                       "reasoning.summary")
+        raise _invalid(
+            "reasoning summaries are not supported; leave reasoning.summary out or 'auto'", "reasoning.summary"
+        )
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -86,14 +90,18 @@ def _user_part(part: ContentPart, where: str) -> dict[str, Any]:
         return {"type": "text", "text": part.text}
     if part.type == "input_image":
         if part.image_url is None:
-            raise _invalid("Laneway keeps no files: an input_image needs an image_url (a URL or a data "
-                           "URL), not a file_id", f"{where}.image_url")
+            raise _invalid(
+                "Laneway keeps no files: an input_image needs an image_url (a URL or a data URL), not a file_id",
+                f"{where}.image_url",
+            )
         return {"type": "image_url", "image_url": {"url": part.image_url, "detail": part.detail or "auto"}}
     if part.type == "input_file":
         if part.file_data is None:
             raise _invalid("Laneway keeps no files: an input_file needs its file_data", f"{where}.file_data")
-        return {"type": "file", "file": {k: v for k, v in (("file_data", part.file_data),
-                                                           ("filename", part.filename)) if v is not None}}
+        return {
+            "type": "file",
+            "file": {k: v for k, v in (("file_data", part.file_data), ("filename", part.filename)) if v is not None},
+        }
     raise _invalid(f"content parts of type {part.type!r} are not supported here", f"{where}.type")
 
 
@@ -115,10 +123,8 @@ def _assistant_message(item: InputItem, where: str) -> Message:
             elif part.type == "refusal" and part.refusal is not None:
                 refusals.append(part.refusal)
             else:
-                raise _invalid("an assistant message's parts are output_text or refusal",
-                               f"{where}.content[{j}].type")
-        return Message(role="assistant", content="".join(texts) if texts else None,
-                       refusal="".join(refusals) or None)
+                raise _invalid("an assistant message's parts are output_text or refusal", f"{where}.content[{j}].type")
+        return Message(role="assistant", content="".join(texts) if texts else None, refusal="".join(refusals) or None)
     return Message(role="assistant", content=item.content)
 
 
@@ -172,7 +178,7 @@ def _messages(items: str | list[InputItem] | None, field: str = "input") -> list
         elif item.type == "function_call_output":
             out.append(_tool_output(item, where))
         elif item.type == "reasoning":
-            continue        # a model's earlier thinking, replayed: chat models take none back
+            continue  # a model's earlier thinking, replayed: chat models take none back
         elif item.type == "item_reference":
             raise _invalid(f"{_NO_ITEMS}: send the item itself", f"{where}.type")
         else:
@@ -185,15 +191,21 @@ def _tools(tools: list[ResponsesTool] | None) -> list[Tool]:
     out = []
     for i, tool in enumerate(tools or ()):
         if tool.type != "function":
-            raise _invalid(f"tools of type {tool.type!r} are not supported: Laneway serves function tools "
-                           "only", f"tools[{i}].type")
+            raise _invalid(
+                f"tools of type {tool.type!r} are not supported: Laneway serves function tools only", f"tools[{i}].type"
+            )
         if not tool.name:
             raise _invalid("a function tool needs a name", f"tools[{i}].name")
         # The Responses API enforces a function's schema unless `strict` is false (chat's
         # default is the opposite): say so explicitly to the engine.
         strict = True if tool.strict is None else tool.strict
-        out.append(Tool(function=FunctionDef(name=tool.name, description=tool.description,
-                                             parameters=tool.parameters, strict=strict)))
+        out.append(
+            Tool(
+                function=FunctionDef(
+                    name=tool.name, description=tool.description, parameters=tool.parameters, strict=strict
+                )
+            )
+        )
     return out
 
 
@@ -214,8 +226,9 @@ def _tool_choice(choice: str | ToolChoiceObject | None, tools: list[Tool]) -> tu
         if unknown:
             raise _invalid(f"allowed_tools names {sorted(unknown)}, which are not in tools", "tool_choice.tools")
         return choice.mode or "auto", [t for t in tools if t.function.name in names]
-    raise _invalid(f"tool_choice of type {choice.type!r} is not supported: Laneway serves function tools "
-                   "only", "tool_choice.type")
+    raise _invalid(
+        f"tool_choice of type {choice.type!r} is not supported: Laneway serves function tools only", "tool_choice.type"
+    )
 
 
 def _response_format(text: TextConfig | None) -> ResponseFormat | None:
@@ -228,8 +241,10 @@ def _response_format(text: TextConfig | None) -> ResponseFormat | None:
         raise _invalid("a json_schema format needs a name", "text.format.name")
     if fmt.schema is None:
         raise _invalid("a json_schema format needs a schema", "text.format.schema")
-    return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
-        name=fmt.name, schema=fmt.schema, description=fmt.description, strict=fmt.strict))
+    return ResponseFormat(
+        type="json_schema",
+        json_schema=JsonSchemaFormat(name=fmt.name, schema=fmt.schema, description=fmt.description, strict=fmt.strict),
+    )
 
 
 def _with(extra: bytes, more: dict[str, Any]) -> bytes:
@@ -245,19 +260,31 @@ def to_chat(body: ResponsesBody, extra: bytes, history: list[Message] = ()) -> t
     `history`: the stored conversation `previous_response_id` continues (its instructions are
     not carried over, as OpenAI's are not)."""
     _refuse_state(body)
-    messages = ([Message(role="system", content=body.instructions)] if body.instructions else []) \
-        + list(history) + _messages(body.input)
+    messages = (
+        ([Message(role="system", content=body.instructions)] if body.instructions else [])
+        + list(history)
+        + _messages(body.input)
+    )
     if not messages:
         raise _invalid("input is required (a string or a list of items)", "input")
     tool_choice, tools = _tool_choice(body.tool_choice, _tools(body.tools))
     logprobs = body.logprobs
-    chat = ChatBody(model=body.model, stream=body.stream, messages=messages, temperature=body.temperature,
-                    top_p=body.top_p, user=body.user, max_completion_tokens=body.max_output_tokens,
-                    logprobs=True if logprobs else None,
-                    top_logprobs=body.top_logprobs if logprobs else None,
-                    tools=tools or None, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls,
-                    response_format=_response_format(body.text))
-    try:    # the bounds a decoded chat body has (message count, parts): msgspec checks them on decode
+    chat = ChatBody(
+        model=body.model,
+        stream=body.stream,
+        messages=messages,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        user=body.user,
+        max_completion_tokens=body.max_output_tokens,
+        logprobs=True if logprobs else None,
+        top_logprobs=body.top_logprobs if logprobs else None,
+        tools=tools or None,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=_response_format(body.text),
+    )
+    try:  # the bounds a decoded chat body has (message count, parts): msgspec checks them on decode
         chat = _check_chat(codec.encode_json(chat))
     except msgspec.ValidationError as exc:
         raise _invalid(f"the request cannot be served as a chat: {exc}", "input") from None

@@ -28,8 +28,8 @@ from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.bridge")
 
-ASK_TIMEOUT_S = 2.0      # no answer by then: no bridge holds the stream (its holder is gone)
-IDLE_TIMEOUT_S = 60.0    # a relayed stream silent this long: end it (the client may resume again)
+ASK_TIMEOUT_S = 2.0  # no answer by then: no bridge holds the stream (its holder is gone)
+IDLE_TIMEOUT_S = 60.0  # a relayed stream silent this long: end it (the client may resume again)
 
 
 class RelayToken:
@@ -57,7 +57,7 @@ class RelayServer:
         except codec.DecodeError:
             return
         if not control.reply.startswith(f"{self._s.prefix}.resume."):
-            return          # relays only ever go to a bridge's resume subject
+            return  # relays only ever go to a bridge's resume subject
         if isinstance(control, ResumeRelease):
             replay = self._resumes.get(control.request_id)
             if replay is not None and isinstance(replay.owner, RelayToken) and replay.owner.reply == control.reply:
@@ -73,7 +73,7 @@ class RelayServer:
             return await self._send(ask.reply, Relayed(ask.after, ask.after, code=problem[0], message=problem[1]))
         token = RelayToken(ask.reply)
         self._resumes.take(replay, token, None, "relay")
-        await self._send(ask.reply, Relayed(ask.after, ask.after))     # accepted: the events follow
+        await self._send(ask.reply, Relayed(ask.after, ask.after))  # accepted: the events follow
         task = asyncio.create_task(self._relay(replay, token, ask), name=f"relay-{ask.request_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -91,6 +91,7 @@ class RelayServer:
                 chunk.append(event)
                 size += len(event)
             await self._send(ask.reply, Relayed(position, upto, b"".join(chunk)))
+
         try:
             completed = await follow(replay, token, sink, ask.after)
             if completed:
@@ -120,8 +121,9 @@ class RelayClient:
         self._metrics = metrics
         self._write_timeout_s = write_timeout_s
 
-    async def resume(self, request: web.Request, tenant: str, event: EventId,
-                     headers: dict[str, str]) -> web.StreamResponse:
+    async def resume(
+        self, request: web.Request, tenant: str, event: EventId, headers: dict[str, str]
+    ) -> web.StreamResponse:
         reply = self._s.resume_reply(self._edge_id, uuid.uuid4().hex)
         sub = await self._nc.subscribe(reply, pending_msgs_limit=100_000, pending_bytes_limit=256 << 20)
         done = False
@@ -144,8 +146,9 @@ class RelayClient:
                     except (nats.errors.TimeoutError, codec.DecodeError):
                         return
                     if chunk.since != expected:
-                        log.warning("relayed stream %s lost events (at %d, got %d)", event.request_id,
-                                    expected, chunk.since)
+                        log.warning(
+                            "relayed stream %s lost events (at %d, got %d)", event.request_id, expected, chunk.since
+                        )
                         return
                     if chunk.events:
                         await writer.write(chunk.events)
@@ -154,12 +157,14 @@ class RelayClient:
                         done = True
                         await writer.write(b"", eof=True)
                         return
+
             return await serve_sse(request, headers, event.request_id, self._metrics, self._write_timeout_s, write)
         finally:
             try:
-                if not done:     # the client left (or the relay broke): the holder keeps the stream
-                    await self._nc.publish(self._s.resume(event.edge_id),
-                                           codec.encode(ResumeRelease(event.request_id, reply)))
+                if not done:  # the client left (or the relay broke): the holder keeps the stream
+                    await self._nc.publish(
+                        self._s.resume(event.edge_id), codec.encode(ResumeRelease(event.request_id, reply))
+                    )
                 await sub.unsubscribe()
-            except nats.errors.Error as exc:      # the connection is closing: the holder's window ends it
+            except nats.errors.Error as exc:  # the connection is closing: the holder's window ends it
                 log.debug("resume of %s not released: %s", event.request_id, type(exc).__name__)

@@ -32,7 +32,7 @@ from schemas.requests import GenerateRequest
 LAST_EVENT_ID = "Last-Event-ID"
 _EVENT_ID = re.compile(r"^([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{1,64})\.(0|[1-9][0-9]{0,8})$")
 
-Sink = Callable[[list[bytes], int], Awaitable[None]]    # events, the position of the last one
+Sink = Callable[[list[bytes], int], Awaitable[None]]  # events, the position of the last one
 
 
 class BadEventId(ValueError):
@@ -78,25 +78,68 @@ UNKNOWN, TRIMMED, NOT_YET = "unknown", "trimmed", "not_yet"
 
 def resume_error(kind: str, detail: str = "") -> EdgeError:
     if kind == TRIMMED:
-        return EdgeError(ErrorCode.invalid_request, f"{detail}: the client fell too far behind to resume; "
-                         "send the request again", LAST_EVENT_ID, status=409, code_name="stream_trimmed")
+        return EdgeError(
+            ErrorCode.invalid_request,
+            f"{detail}: the client fell too far behind to resume; send the request again",
+            LAST_EVENT_ID,
+            status=409,
+            code_name="stream_trimmed",
+        )
     if kind == NOT_YET:
-        return EdgeError(ErrorCode.invalid_request, f"{LAST_EVENT_ID} names an event the stream has not sent "
-                         f"({detail})", LAST_EVENT_ID)
-    return EdgeError(ErrorCode.invalid_request, "no stream to resume has this event id (unknown, or ended "
-                     "longer ago than the resume window)", LAST_EVENT_ID, status=404, code_name="not_found")
+        return EdgeError(
+            ErrorCode.invalid_request,
+            f"{LAST_EVENT_ID} names an event the stream has not sent ({detail})",
+            LAST_EVENT_ID,
+        )
+    return EdgeError(
+        ErrorCode.invalid_request,
+        "no stream to resume has this event id (unknown, or ended longer ago than the resume window)",
+        LAST_EVENT_ID,
+        status=404,
+        code_name="not_found",
+    )
 
 
 class Replay:
     """The events of one streamed answer, from `base` on (older ones were trimmed)."""
 
-    __slots__ = ("edge_id", "generate", "path", "stream", "render", "_metrics", "_progress", "_id_prefix",
-                 "events", "base", "size", "finished", "owner", "abort", "lock", "cut", "detached",
-                 "expiry", "keeper", "on_grow", "limit", "settled")
+    __slots__ = (
+        "edge_id",
+        "generate",
+        "path",
+        "stream",
+        "render",
+        "_metrics",
+        "_progress",
+        "_id_prefix",
+        "events",
+        "base",
+        "size",
+        "finished",
+        "owner",
+        "abort",
+        "lock",
+        "cut",
+        "detached",
+        "expiry",
+        "keeper",
+        "on_grow",
+        "limit",
+        "settled",
+    )
 
-    def __init__(self, edge_id: str, generate: GenerateRequest, path: str, stream: ResponseStream,
-                 render: Render, metrics: BridgeMetrics, started: float, limit: int,
-                 on_grow: Callable[[Replay, int, int], None]) -> None:
+    def __init__(
+        self,
+        edge_id: str,
+        generate: GenerateRequest,
+        path: str,
+        stream: ResponseStream,
+        render: Render,
+        metrics: BridgeMetrics,
+        started: float,
+        limit: int,
+        on_grow: Callable[[Replay, int, int], None],
+    ) -> None:
         self.edge_id = edge_id
         self.generate = generate
         self.path = path
@@ -106,19 +149,19 @@ class Replay:
         self._progress = Progress(started)
         self._id_prefix = f"id: {edge_id}.{generate.request_id}.".encode()
         self.events: list[bytes] = []
-        self.base = 0                    # the position of events[0]
-        self.size = 0                    # bytes held in `events`
-        self.limit = limit               # bytes held at most (the oldest go first while a client reads)
-        self.finished = False            # the last event ([DONE]) is held
-        self.owner: object | None = None     # who reads the stream now (a connection, a relay, the keeper)
-        self.abort: Callable[[], None] | None = None     # stops the owner's connection
-        self.lock = asyncio.Lock()       # held by the one reader of `stream`
-        self.cut = False                 # the client left before the end and has not come back
-        self.detached = False            # no client: the keeper reads, the window runs
+        self.base = 0  # the position of events[0]
+        self.size = 0  # bytes held in `events`
+        self.limit = limit  # bytes held at most (the oldest go first while a client reads)
+        self.finished = False  # the last event ([DONE]) is held
+        self.owner: object | None = None  # who reads the stream now (a connection, a relay, the keeper)
+        self.abort: Callable[[], None] | None = None  # stops the owner's connection
+        self.lock = asyncio.Lock()  # held by the one reader of `stream`
+        self.cut = False  # the client left before the end and has not come back
+        self.detached = False  # no client: the keeper reads, the window runs
         self.expiry: asyncio.TimerHandle | None = None
         self.keeper: asyncio.Task[None] | None = None
-        self.settled = False             # finished, its ResponseStream closed, its generation stopped
-        self.on_grow = on_grow           # told after each batch: the bytes it added, the reader's position
+        self.settled = False  # finished, its ResponseStream closed, its generation stopped
+        self.on_grow = on_grow  # told after each batch: the bytes it added, the reader's position
         self._append(self.render.start())
 
     @property
@@ -136,7 +179,7 @@ class Replay:
     def add(self, entries: list[Entry]) -> None:
         """Render a batch of entries into numbered events. Called with no await between taking
         the entries and this: whatever a reader took is held before anyone else may read."""
-        handed, before = self.count, self.size     # the events before `handed` went to the reader
+        handed, before = self.count, self.size  # the events before `handed` went to the reader
         pieces, self.finished = render_entries(self.render, self.generate, entries, self._metrics, self._progress)
         for piece in pieces:
             self._append(piece)
@@ -147,7 +190,7 @@ class Replay:
     def _append(self, piece: bytes) -> None:
         # A piece is one event, or several for n > 1 choices: each gets its own id, so that a cut
         # between two of them resumes at the right one. orjson's JSON holds no raw newline.
-        if piece.find(b"\n\n") == len(piece) - 2:      # one event: a delta, the hot path
+        if piece.find(b"\n\n") == len(piece) - 2:  # one event: a delta, the hot path
             events = (piece,)
         else:
             events = tuple(event + b"\n\n" for event in piece.split(b"\n\n") if event)
@@ -179,7 +222,7 @@ class Replay:
             raise NotYet(self.count)
         if after + 1 < self.base:
             raise Trimmed(self.base)
-        return self.events[after + 1 - self.base:], self.count - 1
+        return self.events[after + 1 - self.base :], self.count - 1
 
     def problem(self, after: int) -> tuple[str, str] | None:
         """Why a resume after `after` cannot be served (kind, detail); None when it can."""
@@ -209,6 +252,6 @@ async def follow(replay: Replay, token: object, sink: Sink | None, after: int) -
             if replay.owner is not token:
                 break
             entries = await next_entries(replay.stream, replay.generate)
-            if entries:     # none: interrupted, look who owns it now
+            if entries:  # none: interrupted, look who owns it now
                 replay.add(entries)
     return False

@@ -35,9 +35,11 @@ RESUMABLE_HEADER = "x-laneway-resumable"
 
 def abort_of(request: web.Request) -> Callable[[], None]:
     """Drop the connection: a resume has taken the stream over from it."""
+
     def abort() -> None:
         if request.transport is not None:
             request.transport.abort()
+
     return abort
 
 
@@ -56,15 +58,25 @@ class ResumableStreams:
         """Streamed chats and text completions are resumable when the client asks
         (`x-laneway-resumable: true`); the Responses API numbers its own events; embeddings
         never stream."""
-        return self.enabled and request.path in RESUMABLE_PATHS \
+        return (
+            self.enabled
+            and request.path in RESUMABLE_PATHS
             and request.headers.get(RESUMABLE_HEADER, "").lower() in ("true", "1")
+        )
 
     def asked(self, request: web.Request) -> bool:
         return LAST_EVENT_ID in request.headers and self.enabled and request.path in RESUMABLE_PATHS
 
-    async def stream(self, request: web.Request, stream: ResponseStream, generate: GenerateRequest,
-                     render: Render, entries: list[Entry], started: float,
-                     headers: dict[str, str]) -> web.StreamResponse:
+    async def stream(
+        self,
+        request: web.Request,
+        stream: ResponseStream,
+        generate: GenerateRequest,
+        render: Render,
+        entries: list[Entry],
+        started: float,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
         """Answer a new streamed request; from here the stream is held (and its generation
         cancelled, if need be) by `Resumes`, not by the route."""
         replay, token = self.resumes.open(generate, request.path, stream, render, started)
@@ -72,8 +84,9 @@ class ResumableStreams:
         replay.abort = abort_of(request)
         return await self.serve(request, replay, token, -1, headers)
 
-    async def resume(self, request: web.Request, tenant: str,
-                     headers_for: Callable[[str], dict[str, str]]) -> web.StreamResponse:
+    async def resume(
+        self, request: web.Request, tenant: str, headers_for: Callable[[str], dict[str, str]]
+    ) -> web.StreamResponse:
         try:
             event = EventId.parse(request.headers[LAST_EVENT_ID])
         except BadEventId as exc:
@@ -90,8 +103,9 @@ class ResumableStreams:
         self.resumes.take(replay, token, abort_of(request), "local")
         return await self.serve(request, replay, token, event.n, headers)
 
-    async def serve(self, request: web.Request, replay: Replay, token: object, after: int,
-                    headers: dict[str, str]) -> web.StreamResponse:
+    async def serve(
+        self, request: web.Request, replay: Replay, token: object, after: int, headers: dict[str, str]
+    ) -> web.StreamResponse:
         completed = False
 
         async def write(writer: Writer) -> None:
@@ -99,6 +113,7 @@ class ResumableStreams:
             completed = await follow(replay, token, lambda events, _: writer.write(b"".join(events)), after)
             if completed:
                 await writer.write(b"", eof=True)
+
         try:
             return await serve_sse(request, headers, replay.request_id, self.metrics, self.write_timeout_s, write)
         finally:

@@ -40,8 +40,8 @@ class _Held:
     def __init__(self) -> None:
         self.streams = 0
         self.bytes = 0
-        self.clean: dict[Replay, None] = {}     # read to the end: kept in case the last events were lost
-        self.cut: dict[Replay, None] = {}       # the client left mid-stream
+        self.clean: dict[Replay, None] = {}  # read to the end: kept in case the last events were lost
+        self.cut: dict[Replay, None] = {}  # the client left mid-stream
 
     def away(self, replay: Replay) -> dict[Replay, None]:
         return self.cut if replay.cut else self.clean
@@ -54,15 +54,22 @@ class _Held:
 
 
 class Resumes:
-    def __init__(self, edge_id: str, window_s: float, limits: BufferLimits, demux: Demux, metrics: BridgeMetrics,
-                 cancel: Callable[[str, str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        edge_id: str,
+        window_s: float,
+        limits: BufferLimits,
+        demux: Demux,
+        metrics: BridgeMetrics,
+        cancel: Callable[[str, str], Awaitable[None]],
+    ) -> None:
         self.edge_id = edge_id
         self.window_s = window_s
         self._limits = limits
         self._demux = demux
         self._metrics = metrics
         self._cancel = cancel
-        self._held: dict[str, Replay] = {}            # request id → its replay
+        self._held: dict[str, Replay] = {}  # request id → its replay
         self._tenants: dict[str, _Held] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # cancels being published
 
@@ -73,11 +80,13 @@ class Resumes:
     def __len__(self) -> int:
         return len(self._held)
 
-    def open(self, generate: GenerateRequest, path: str, stream: ResponseStream, render: Render,
-             started: float) -> tuple[Replay, object]:
+    def open(
+        self, generate: GenerateRequest, path: str, stream: ResponseStream, render: Render, started: float
+    ) -> tuple[Replay, object]:
         """Hold a new stream, owned by the connection that asked for it (the token returned)."""
-        replay = Replay(self.edge_id, generate, path, stream, render, self._metrics, started,
-                        self._limits.stream_bytes, self._grew)
+        replay = Replay(
+            self.edge_id, generate, path, stream, render, self._metrics, started, self._limits.stream_bytes, self._grew
+        )
         replay.owner = token = object()
         self._held[generate.request_id] = replay
         held = self._tenants.setdefault(replay.tenant, _Held())
@@ -115,7 +124,7 @@ class Resumes:
     async def release(self, replay: Replay, token: object, completed: bool) -> None:
         """The owner's connection ended: `completed` when it wrote the last event."""
         if replay.owner is not token:
-            return                     # taken over by a resume
+            return  # taken over by a resume
         replay.abort = None
         self._detach(replay, cut=not completed)
         if replay.finished:
@@ -160,7 +169,7 @@ class Resumes:
     def _grew(self, replay: Replay, added: int, handed: int) -> None:
         """A stream holds `added` bytes more: past the limits, expire it, or the tenant's others."""
         if self._held.get(replay.request_id) is not replay:
-            return      # expired while its last reader still held a batch
+            return  # expired while its last reader still held a batch
         held = self._tenants[replay.tenant]
         held.bytes += added
         if replay.detached and replay.size > self._limits.stream_bytes:

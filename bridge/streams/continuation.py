@@ -38,12 +38,16 @@ def answer(stream: ResponseStream | None, tenant: str, ask: ContinueAsk, max_mig
         stream.attempt, stream.next_seq, stream.source = ask.attempt, 0, ask.worker
         return Continuation(Outcome.FRESH)
     if not stream.continuable:
-        stream.fail(ErrorCode.worker_lost, f"{LOST_MESSAGE} (a stream of tool calls, logprobs or several "
-                                           "choices is not continued on another worker)")
+        stream.fail(
+            ErrorCode.worker_lost,
+            f"{LOST_MESSAGE} (a stream of tool calls, logprobs or several choices is not continued on another worker)",
+        )
         return Continuation(Outcome.GONE, reason="the stream cannot be continued")
     if stream.migrations >= max_migrations:
-        reason = (f"the request lost {stream.migrations + 1} workers while streaming (at most "
-                  f"{max_migrations} continuations); it was dead-lettered")
+        reason = (
+            f"the request lost {stream.migrations + 1} workers while streaming (at most "
+            f"{max_migrations} continuations); it was dead-lettered"
+        )
         stream.fail(ErrorCode.worker_lost, reason)
         return Continuation(Outcome.EXHAUSTED, reason=reason)
     stream.migrations += 1
@@ -70,6 +74,12 @@ class Continuations:
         tenant = msg.subject.split(".")[-2]
         verdict = answer(self.demux.get(ask.request_id), tenant, ask, self.max_migrations)
         if verdict.verdict is Outcome.CONTINUE:
-            log.info("stream %s continues on worker %s (attempt %d, after %d tokens, move %d)",
-                     ask.request_id, ask.worker, ask.attempt, len(verdict.token_ids), verdict.migrations)
+            log.info(
+                "stream %s continues on worker %s (attempt %d, after %d tokens, move %d)",
+                ask.request_id,
+                ask.worker,
+                ask.attempt,
+                len(verdict.token_ids),
+                verdict.migrations,
+            )
         await msg.respond(codec.encode(verdict))

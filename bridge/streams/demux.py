@@ -35,11 +35,11 @@ from schemas.frames import Delta, Entry, StreamError, Terminal
 
 # Past its deadline a worker aborts the request; this grace covers its error frame's way back.
 REPLY_GRACE_S = 5.0
-LAG_WEIGHT = 0.1      # each frame's share of the smoothed lag: one late frame is not a trend
-LAG_FRESH_S = 1.0     # a smoothed lag older than this (no frames since) says nothing about now
-STREAM_BUFFER_BYTES = 1024 * 1024     # ~250k tokens of text waiting: only a reader that stopped
+LAG_WEIGHT = 0.1  # each frame's share of the smoothed lag: one late frame is not a trend
+LAG_FRESH_S = 1.0  # a smoothed lag older than this (no frames since) says nothing about now
+STREAM_BUFFER_BYTES = 1024 * 1024  # ~250k tokens of text waiting: only a reader that stopped
 TENANT_BUFFER_BYTES = 32 * 1024 * 1024
-RESUME_TENANT_BYTES = 256 * 1024 * 1024     # ~4,000 answers of 400 tokens kept for resuming
+RESUME_TENANT_BYTES = 256 * 1024 * 1024  # ~4,000 answers of 400 tokens kept for resuming
 
 K = TypeVar("K")
 
@@ -84,27 +84,55 @@ class TenantShare:
 
     def __init__(self, on_overflow: Callable[[str], None] = lambda reason: None) -> None:
         self.streams: set[ResponseStream] = set()
-        self.classes: dict[str, int] = {}     # class → open streams (counted by the Demux: open to close)
+        self.classes: dict[str, int] = {}  # class → open streams (counted by the Demux: open to close)
         self.buffered = 0
-        self.on_overflow = on_overflow      # told "stream" or "tenant": which limit ended a stream
+        self.on_overflow = on_overflow  # told "stream" or "tenant": which limit ended a stream
 
 
 class ResponseStream:
-    __slots__ = ("request_id", "tenant", "klass", "attempt", "next_seq", "streamed", "closed", "_buffer",
-                 "_waiter", "source", "edge_failed", "expired", "_timer", "_share", "_limits", "buffered",
-                 "continuable", "migrations", "lost_at", "_ids", "_texts", "__weakref__")
+    __slots__ = (
+        "request_id",
+        "tenant",
+        "klass",
+        "attempt",
+        "next_seq",
+        "streamed",
+        "closed",
+        "_buffer",
+        "_waiter",
+        "source",
+        "edge_failed",
+        "expired",
+        "_timer",
+        "_share",
+        "_limits",
+        "buffered",
+        "continuable",
+        "migrations",
+        "lost_at",
+        "_ids",
+        "_texts",
+        "__weakref__",
+    )
 
-    def __init__(self, request_id: str, tenant: str, expires_at: float, share: TenantShare | None = None,
-                 limits: BufferLimits = BufferLimits(), klass: str = "") -> None:
+    def __init__(
+        self,
+        request_id: str,
+        tenant: str,
+        expires_at: float,
+        share: TenantShare | None = None,
+        limits: BufferLimits = BufferLimits(),
+        klass: str = "",
+    ) -> None:
         self.request_id = request_id
         self.tenant = tenant
-        self.klass = klass           # the class it was admitted as ('': none known)
+        self.klass = klass  # the class it was admitted as ('': none known)
         self.attempt = 0
         self.next_seq = 0
-        self.streamed = False        # a delta has been handed to the route
-        self.closed = False          # a terminal entry has been queued
-        self.source = ""             # the worker serving the current attempt
-        self.edge_failed = False     # ended here, not by its worker: the request may still run
+        self.streamed = False  # a delta has been handed to the route
+        self.closed = False  # a terminal entry has been queued
+        self.source = ""  # the worker serving the current attempt
+        self.edge_failed = False  # ended here, not by its worker: the request may still run
         # What a continuation needs (bridge/streams/continuation.py): choice 0's tokens and text
         # as they came, while every delta was plain text; the workers it moved to; when its
         # worker was lost.
@@ -114,7 +142,7 @@ class ResponseStream:
         self._ids: list[int] = []
         self._texts: list[str] = []
         self._buffer: deque[Entry] = deque()
-        self.buffered = 0            # bytes of frames in `_buffer`, as they came off the wire
+        self.buffered = 0  # bytes of frames in `_buffer`, as they came off the wire
         self._share = share or TenantShare()
         self._limits = limits
         self._waiter: asyncio.Future[None] | None = None
@@ -130,16 +158,26 @@ class ResponseStream:
         if entry.attempt > self.attempt:
             if self.streamed:
                 self.edge_failed = True
-                entry = StreamError(self.request_id, entry.attempt, 0, ErrorCode.worker_lost.value,
-                                    "the worker serving this request was lost after the stream started")
+                entry = StreamError(
+                    self.request_id,
+                    entry.attempt,
+                    0,
+                    ErrorCode.worker_lost.value,
+                    "the worker serving this request was lost after the stream started",
+                )
             self.attempt = entry.attempt
             self.next_seq = 0
         if entry.seq != self.next_seq and not isinstance(entry, StreamError):
             # Frames were lost on the way (a worker's failed publish, a slow-consumer drop): a
             # delivery failure, worth a retry, not a fault in Laneway's code.
             self.edge_failed = True
-            entry = StreamError(self.request_id, entry.attempt, entry.seq, ErrorCode.unavailable.value,
-                                f"lost part of the stream (expected chunk {self.next_seq}, got {entry.seq})")
+            entry = StreamError(
+                self.request_id,
+                entry.attempt,
+                entry.seq,
+                ErrorCode.unavailable.value,
+                f"lost part of the stream (expected chunk {self.next_seq}, got {entry.seq})",
+            )
         self.next_seq = entry.seq + 1
         self.source = source
         if isinstance(entry, Delta):
@@ -176,12 +214,18 @@ class ResponseStream:
         the generation). The text already written stays written; the error says why it stops."""
         self._hold(-self.buffered)
         self._buffer.clear()
-        self._buffer.append(StreamError(
-            self.request_id, self.attempt, self.next_seq, ErrorCode.slow_reader.value,
-            f"the client did not read the stream: over {self._limits.stream_bytes} bytes waited for it"
-            if limit == "stream" else
-            f"the client did not read the stream: this tenant's streams held over "
-            f"{self._limits.tenant_bytes} bytes at this edge"))
+        self._buffer.append(
+            StreamError(
+                self.request_id,
+                self.attempt,
+                self.next_seq,
+                ErrorCode.slow_reader.value,
+                f"the client did not read the stream: over {self._limits.stream_bytes} bytes waited for it"
+                if limit == "stream"
+                else f"the client did not read the stream: this tenant's streams held over "
+                f"{self._limits.tenant_bytes} bytes at this edge",
+            )
+        )
         self.closed = self.edge_failed = True
         self._share.on_overflow(limit)
 
@@ -197,8 +241,7 @@ class ResponseStream:
         """End the stream from the edge's side (e.g. its worker stopped heartbeating)."""
         if not self.closed:
             self.edge_failed = True
-            self.feed(StreamError(self.request_id, self.attempt, self.next_seq, code.value, message),
-                      self.source)
+            self.feed(StreamError(self.request_id, self.attempt, self.next_seq, code.value, message), self.source)
 
     async def next_entries(self) -> list[Entry]:
         """Everything queued so far (at least one entry, or none when interrupted); TimeoutError
@@ -214,7 +257,7 @@ class ResponseStream:
             if not self._buffer:
                 if self.expired:
                     raise TimeoutError
-                return []       # interrupted: its reader is asked to look up (bridge/resume/replay.py)
+                return []  # interrupted: its reader is asked to look up (bridge/resume/replay.py)
         entries = list(self._buffer)
         self._buffer.clear()
         self._hold(-self.buffered)
@@ -235,12 +278,12 @@ class Demux:
     def __init__(self, metrics: BridgeMetrics | None = None, limits: BufferLimits = BufferLimits()) -> None:
         self._streams: dict[str, ResponseStream] = {}
         self._tenants: dict[str, TenantShare] = {}
-        self._classes: dict[str, int] = {}                # class → open streams
-        self._holders: dict[str, int] = {}                # class → tenants holding streams of it
+        self._classes: dict[str, int] = {}  # class → open streams
+        self._holders: dict[str, int] = {}  # class → tenants holding streams of it
         self._metrics = metrics or BridgeMetrics()
         self.limits = limits
-        self.lag = DeliveryLag()      # what admission reads: is this bridge keeping up?
-        self.heard: dict[str, float] = {}     # worker id → when its last frame came (monotonic)
+        self.lag = DeliveryLag()  # what admission reads: is this bridge keeping up?
+        self.heard: dict[str, float] = {}  # worker id → when its last frame came (monotonic)
 
     def open(self, request_id: str, tenant: str, expires_at: float, klass: str = "") -> ResponseStream:
         """A stream for one request of class `klass` ('': none known; admission counts it with the
@@ -324,7 +367,7 @@ class Demux:
         self._metrics.frames.inc()
         now = time.monotonic()
         if frame.source:
-            self.heard[frame.source] = now      # a worker whose tokens arrive is alive
+            self.heard[frame.source] = now  # a worker whose tokens arrive is alive
         if frame.sent_at:
             lag = max(0.0, time.time() - frame.sent_at)
             self._metrics.frame_lag.observe(lag)
@@ -332,7 +375,7 @@ class Demux:
         # lw.tok.<tenant>.<edge>: a frame's entries may only touch that tenant's streams.
         tenant = msg.subject.split(".")[-2]
         streams = self._streams
-        size = len(msg.data) // max(1, len(frame.entries))    # each entry's share of the frame's bytes
+        size = len(msg.data) // max(1, len(frame.entries))  # each entry's share of the frame's bytes
         for entry in frame.entries:
             stream = streams.get(entry.request_id)
             if stream is None or stream.tenant != tenant or not stream.feed(entry, frame.source, size):

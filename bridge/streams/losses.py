@@ -25,7 +25,7 @@ from schemas.errors import ErrorCode
 log = logging.getLogger("laneway.bridge")
 
 WORKER_LOST_CHECK_S = 1.0
-HEARD_KEEP_S = 600.0        # a worker silent this long is forgotten by the frame record
+HEARD_KEEP_S = 600.0  # a worker silent this long is forgotten by the frame record
 # How long a stream whose worker was lost waits for its continuation: the redelivery comes at once
 # when the scheduler saw the loss, else after the consumer's ack_wait (30 s by default).
 CONTINUE_WITHIN_S = 35.0
@@ -52,8 +52,7 @@ class Losses:
         now with a clear error instead of letting clients wait out their deadlines. Their work
         may still run once NATS is back: each route then publishes its cancel, which nats-py
         buffers and sends on reconnect."""
-        failed = self.demux.fail_all(ErrorCode.unavailable,
-                                     "Laneway lost its connection to NATS; retry shortly")
+        failed = self.demux.fail_all(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
         if failed:
             log.warning("NATS lost: ended %d open streams with `unavailable`", failed)
 
@@ -69,19 +68,29 @@ class Losses:
             lost: set[str] = set()
             for stream in self.demux.streams():
                 source = stream.source
-                if (stream.streamed and not stream.closed and source and self.readiness.known(source)
-                        and not self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack)):
+                if (
+                    stream.streamed
+                    and not stream.closed
+                    and source
+                    and self.readiness.known(source)
+                    and not self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack)
+                ):
                     if stream.continuable and stream.lost_at is None:
                         stream.lost_at = now
                         lost.add(source)
                     elif not stream.continuable or now - (stream.lost_at or now) > CONTINUE_WITHIN_S:
-                        stream.fail(ErrorCode.worker_lost, f"{LOST_MESSAGE} (no worker continued it)"
-                                    if stream.continuable else LOST_MESSAGE)
+                        stream.fail(
+                            ErrorCode.worker_lost,
+                            f"{LOST_MESSAGE} (no worker continued it)" if stream.continuable else LOST_MESSAGE,
+                        )
                         lost.add(source)
             for worker in lost:
-                log.warning("worker %s silent past its bound (this bridge %.1f s late): its streams wait "
-                            "for a continuation or end",
-                            worker, slack)
+                log.warning(
+                    "worker %s silent past its bound (this bridge %.1f s late): its streams wait "
+                    "for a continuation or end",
+                    worker,
+                    slack,
+                )
             for worker, at in list(heard.items()):
                 if now - at > HEARD_KEEP_S:
                     del heard[worker]

@@ -41,24 +41,24 @@ log = logging.getLogger("laneway.gate")
 
 @dataclass(slots=True)
 class Admission:
-    request: GenerateRequest            # as it goes on: redacted where the policy said so
+    request: GenerateRequest  # as it goes on: redacted where the policy said so
     decision: Decision
     cache_key: str | None = None
-    served_model: str = ""              # the model the chosen pool runs now (part of the key)
+    served_model: str = ""  # the model the chosen pool runs now (part of the key)
     hit: CachedResponse | None = None
-    headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* for the client's answer
-    output_pii: str = ""                # the tenant's PII policy (JSON) when the worker redacts output
-    adapter: str = ""                   # the model's LoRA adapter (core.settings.LogicalModel.adapter)
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-* for the client's answer
+    output_pii: str = ""  # the tenant's PII policy (JSON) when the worker redacts output
+    adapter: str = ""  # the model's LoRA adapter (core.settings.LogicalModel.adapter)
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """How the request's JetStream message came: what the gate may trust beyond its payload."""
 
-    attempt: int                # JetStream's delivery count
-    stream_seq: int             # which message it is (a copy under the same id is another)
-    stored_as: str | None       # its Nats-Msg-Id header
-    escalated: bool = False     # on the escalation subject (workers only)
+    attempt: int  # JetStream's delivery count
+    stream_seq: int  # which message it is (a copy under the same id is another)
+    stored_as: str | None  # its Nats-Msg-Id header
+    escalated: bool = False  # on the escalation subject (workers only)
 
 
 @dataclass(slots=True)
@@ -68,28 +68,35 @@ class Routing:
     models: Mapping[str, LogicalModel]
     rules: RuleSet | None
     health: Mapping[str, PoolHealth]
-    pool_models: Mapping[str, str]      # pool → the real model its workers announce
+    pool_models: Mapping[str, str]  # pool → the real model its workers announce
 
 
 class Gate:
-    def __init__(self, s: Subjects, *, quota: Quota | None = None, pii: PiiGate | None = None,
-                 cache: ResponseCache | None = None,
-                 publish_audit: Callable[[str, PiiAudit], Awaitable[None]] | None = None,
-                 max_context_tokens: int = DEFAULT_CONTEXT_TOKENS,
-                 rank_of: Callable[[str], int] = lambda klass: 0) -> None:
+    def __init__(
+        self,
+        s: Subjects,
+        *,
+        quota: Quota | None = None,
+        pii: PiiGate | None = None,
+        cache: ResponseCache | None = None,
+        publish_audit: Callable[[str, PiiAudit], Awaitable[None]] | None = None,
+        max_context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+        rank_of: Callable[[str], int] = lambda klass: 0,
+    ) -> None:
         self.s = s
-        self._rank_of = rank_of         # a class's rank: its place in the PII pool's tenant queue
-        self.max_context_tokens = max_context_tokens    # rule-routed models' (the table's set their own)
+        self._rank_of = rank_of  # a class's rank: its place in the PII pool's tenant queue
+        self.max_context_tokens = max_context_tokens  # rule-routed models' (the table's set their own)
         self.quota = quota
         self.pii = pii
-        self.pii_missing: str | None = None     # why the PII stage asked for is not running
+        self.pii_missing: str | None = None  # why the PII stage asked for is not running
         self.cache = cache
-        self.received: Received | None = None      # request ids received, per tenant (broker/received.py)
+        self.received: Received | None = None  # request ids received, per tenant (broker/received.py)
         self.ledger = GrantLedger()
         self._publish_audit = publish_audit
 
-    def use_pii(self, pii: PiiGate | None, publish_audit: Callable[[str, PiiAudit], Awaitable[None]],
-                missing: str | None = None) -> None:
+    def use_pii(
+        self, pii: PiiGate | None, publish_audit: Callable[[str, PiiAudit], Awaitable[None]], missing: str | None = None
+    ) -> None:
         """Turn the PII stage on (None: off, or `missing` says why it could not start);
         `publish_audit(tenant, audit)` gets an audit for each request with findings, or that
         could not be analysed."""
@@ -108,8 +115,15 @@ class Gate:
         """The broker was asked to handle PII (whether or not its stage runs)."""
         return self.pii_stage != "off"
 
-    async def admit(self, request: GenerateRequest, klass: str, tenant: str, delivery: Delivery,
-                    tenant_doc: Tenant | None, routing: Routing) -> Admission:
+    async def admit(
+        self,
+        request: GenerateRequest,
+        klass: str,
+        tenant: str,
+        delivery: Delivery,
+        tenant_doc: Tenant | None,
+        routing: Routing,
+    ) -> Admission:
         validate(request, klass, tenant, self.s)
         check_escalated(request, delivery.escalated)
         check_tenant(klass, tenant, tenant_doc)
@@ -120,8 +134,13 @@ class Gate:
         try:
             request = await self._pii(request, tenant, tenant_doc)
             decision = route(request, routing.models, routing.rules, routing.health)
-            admission = Admission(request, decision, headers=headers, output_pii=output_pii,
-                                  adapter=adapter_of(request, routing.models, routing.rules))
+            admission = Admission(
+                request,
+                decision,
+                headers=headers,
+                output_pii=output_pii,
+                adapter=adapter_of(request, routing.models, routing.rules),
+            )
             await self._lookup(admission, tenant, routing)
             return admission
         except Refusal:
@@ -133,17 +152,20 @@ class Gate:
         for another copy of a message received, answered by the first."""
         if self.received is None:
             return
-        verdict = await self.received.claim(tenant, request, delivery.stream_seq, delivery.stored_as,
-                                            delivery.escalated)
+        verdict = await self.received.claim(
+            tenant, request, delivery.stream_seq, delivery.stored_as, delivery.escalated
+        )
         if verdict is Verdict.COPY:
             raise Copy(tenant, request.request_id, delivery.stream_seq)
         if verdict is Verdict.DUPLICATE:
-            raise Refusal(ErrorCode.duplicate_request,
-                          f"request_id {request.request_id!r} was already received", "request_id")
+            raise Refusal(
+                ErrorCode.duplicate_request, f"request_id {request.request_id!r} was already received", "request_id"
+            )
 
     # -- quota ------------------------------------------------------------------------------
-    async def _charge(self, request: GenerateRequest, tenant: str, delivery: Delivery,
-                      tenant_doc: Tenant | None) -> dict[str, str]:
+    async def _charge(
+        self, request: GenerateRequest, tenant: str, delivery: Delivery, tenant_doc: Tenant | None
+    ) -> dict[str, str]:
         """Charge the tenant's quotas; the `x-ratelimit-*` headers that tell where it stands."""
         if self.quota is None:
             return {}
@@ -152,20 +174,26 @@ class Gate:
             if seq != delivery.stream_seq and not delivery.escalated:
                 # Another message under an id this replica holds: a copy would ride on the
                 # original's charge (and orphan it). An escalated copy replaces its original.
-                raise Refusal(ErrorCode.duplicate_request,
-                              f"request_id {request.request_id!r} is already queued or running", "request_id")
+                raise Refusal(
+                    ErrorCode.duplicate_request,
+                    f"request_id {request.request_id!r} is already queued or running",
+                    "request_id",
+                )
             self.ledger.move(tenant, request.request_id, delivery.stream_seq)
-            return rate_limit_headers(grant)   # already charged (a redelivery, or escalated)
+            return rate_limit_headers(grant)  # already charged (a redelivery, or escalated)
         policy = tenant_doc.quota if tenant_doc else QuotaPolicy()
         try:
             # A redelivered request was accepted long ago, and an escalated one was accepted by
             # its small pool: charge them, never refuse them now.
-            grant = await self.quota.admit(tenant, policy, request.estimated_cost(),
-                                           force=delivery.attempt > 1 or delivery.escalated)
+            grant = await self.quota.admit(
+                tenant, policy, request.estimated_cost(), force=delivery.attempt > 1 or delivery.escalated
+            )
         except QuotaExceeded as exc:
             raise Refusal(ErrorCode(exc.code), exc.message, None, rate_limit_headers(exc)) from None
-        except QuotaUnavailable as exc:     # contended, or down where the quota fails closed
-            raise Refusal(ErrorCode.overloaded, f"the tenant's quota could not be checked; retry later ({exc})") from None
+        except QuotaUnavailable as exc:  # contended, or down where the quota fails closed
+            raise Refusal(
+                ErrorCode.overloaded, f"the tenant's quota could not be checked; retry later ({exc})"
+            ) from None
         self.ledger.hold(tenant, request.request_id, grant, request.deadline, delivery.stream_seq)
         return rate_limit_headers(grant)
 
@@ -189,12 +217,15 @@ class Gate:
         each generated token's text, which no redaction of the answer reaches: refused then."""
         policy = tenant_doc.pii if tenant_doc is not None else None
         if self.pii is None or policy is None or not redacts_output(policy):
-            return ""       # the stage is off (--pii off), or nothing of the output is redacted
+            return ""  # the stage is off (--pii off), or nothing of the output is redacted
         body = request.chat or request.completion
         if body is not None and (body.logprobs or getattr(body, "top_logprobs", None)):
-            raise Refusal(ErrorCode.invalid_request,
-                          "logprobs would return the answer's tokens unredacted, and this tenant's PII "
-                          "policy redacts model output (set its pii.output = false to get them)", "logprobs")
+            raise Refusal(
+                ErrorCode.invalid_request,
+                "logprobs would return the answer's tokens unredacted, and this tenant's PII "
+                "policy redacts model output (set its pii.output = false to get them)",
+                "logprobs",
+            )
         return encode_pii_policy(policy).decode()
 
     async def _pii(self, request: GenerateRequest, tenant: str, tenant_doc: Tenant | None) -> GenerateRequest:
@@ -202,17 +233,20 @@ class Gate:
             return request
         if self.pii is None:
             if self.pii_missing is None:
-                return request      # --pii off: the operator's decision, logged at start
+                return request  # --pii off: the operator's decision, logged at start
             # Never fall back to serving a policy that asks for PII handling unredacted.
-            raise Refusal(ErrorCode.pii_unavailable,
-                          f"this tenant's policy asks for PII handling and the PII stage is not running "
-                          f"({self.pii_missing})")
+            raise Refusal(
+                ErrorCode.pii_unavailable,
+                f"this tenant's policy asks for PII handling and the PII stage is not running ({self.pii_missing})",
+            )
         try:
-            decision, redacted = await self.pii.inspect_request(tenant, tenant_doc.pii, request,
-                                                                rank=self._rank_of(request.klass))
+            decision, redacted = await self.pii.inspect_request(
+                tenant, tenant_doc.pii, request, rank=self._rank_of(request.klass)
+            )
         except PiiUnavailable as exc:
-            raise Refusal(ErrorCode.pii_unavailable,
-                          f"PII analysis is unavailable and this tenant's policy fails closed ({exc})") from None
+            raise Refusal(
+                ErrorCode.pii_unavailable, f"PII analysis is unavailable and this tenant's policy fails closed ({exc})"
+            ) from None
         except PiiTooLarge as exc:
             raise Refusal(ErrorCode.pii_too_large, str(exc), exc.param) from None
         if (decision.findings or decision.unavailable) and self._publish_audit is not None:
@@ -223,8 +257,9 @@ class Gate:
             raise Refusal(ErrorCode.pii_blocked, str(exc), exc.param) from None
         return redacted
 
-    async def redacted(self, request: GenerateRequest, tenant: str,
-                       tenant_doc: Tenant | None) -> GenerateRequest | None:
+    async def redacted(
+        self, request: GenerateRequest, tenant: str, tenant_doc: Tenant | None
+    ) -> GenerateRequest | None:
         """`request` with the tenant's PII policy applied, for a record kept after it failed (the
         DLQ): not audited again, blocked values redacted too, and an unknown tenant gets the
         default policy. None when PII is on but analysis is unavailable (even for a policy that
@@ -244,10 +279,10 @@ class Gate:
             return
         served = routing.pool_models.get(admission.decision.pool, "")
         if not served:
-            return   # no worker has said what it runs yet: a version-less key could go stale
+            return  # no worker has said what it runs yet: a version-less key could go stale
         admission.served_model = served
         version = f"{admission.decision.pool}:{served}"
-        if admission.output_pii:    # an answer redacted under one policy is no answer under another
+        if admission.output_pii:  # an answer redacted under one policy is no answer under another
             version += ":" + document_fingerprint(admission.output_pii.encode())
         admission.cache_key = self.cache.key(tenant, request.model, version, request.body, request.extra)
         admission.hit = await self.cache.lookup(admission.cache_key)

@@ -25,12 +25,16 @@ def adapter_of(request: GenerateRequest, models: Mapping[str, LogicalModel], rul
     return model.adapter if model is not None else ""
 
 
-def route(request: GenerateRequest, models: Mapping[str, LogicalModel], rules: RuleSet | None = None,
-          health: Mapping[str, PoolHealth] | None = None) -> Decision:
+def route(
+    request: GenerateRequest,
+    models: Mapping[str, LogicalModel],
+    rules: RuleSet | None = None,
+    health: Mapping[str, PoolHealth] | None = None,
+) -> Decision:
     if rules is not None and rules.serves(request.model):
         decide = escalated_decision if request.escalated else decide_request
         return decide(request, rules, health or {}, classifier.intent_of)
     model = models.get(request.model)
-    if model is None or not model.serves(request.tenant):    # a direct publisher meets the bridge's rule here
+    if model is None or not model.serves(request.tenant):  # a direct publisher meets the bridge's rule here
         raise Refusal(ErrorCode.unknown_model, f"the model {request.model!r} does not exist", "model")
     return Decision(model.pool, "models", Reason.WEIGHTED)

@@ -25,7 +25,7 @@ def validate(request: GenerateRequest, subject_class: str, subject_tenant: str, 
     if not request.reply_to.startswith(s.tok_tenant_prefix(subject_tenant)):
         raise Refusal(ErrorCode.invalid_request, "reply_to is outside the tenant's inbox prefix", "reply_to")
     try:
-        request.validate_shape()        # the bridge's own rules (schemas/checks.py), again
+        request.validate_shape()  # the bridge's own rules (schemas/checks.py), again
         check_deadline(request, time.time())
         conflict = codec.extra_conflict(request)
     except codec.DecodeError:
@@ -63,6 +63,9 @@ def check_tenant(subject_class: str, subject_tenant: str, tenant_doc: Tenant | N
     if tenant_doc is None:
         raise Refusal(ErrorCode.unknown_tenant, f"tenant {subject_tenant!r} is not configured")
     if not tenant_doc.may_use(subject_class):
-        raise Refusal(ErrorCode.class_not_allowed,
-                      f"tenant {tenant_doc.name!r} may not use class {subject_class!r} "
-                      f"(allowed: {', '.join(tenant_doc.classes)})", "class")
+        raise Refusal(
+            ErrorCode.class_not_allowed,
+            f"tenant {tenant_doc.name!r} may not use class {subject_class!r} "
+            f"(allowed: {', '.join(tenant_doc.classes)})",
+            "class",
+        )

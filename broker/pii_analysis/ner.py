@@ -22,8 +22,8 @@ from spacy.lang.en.stop_words import STOP_WORDS
 
 from broker.pii_analysis.spacy_model import DEFAULT_MODEL, model_installed
 
-NER_SCORE = 0.85                           # Presidio's default score for spaCy entities
-WINDOW_WORDS = 4   # words each side of a candidate: 3 was the smallest matching whole-text recall
+NER_SCORE = 0.85  # Presidio's default score for spaCy entities
+WINDOW_WORDS = 4  # words each side of a candidate: 3 was the smallest matching whole-text recall
 
 _CANDIDATE = regex.compile(r"(?<![\p{L}\p{N}_])\p{Lu}\p{L}*\p{Ll}[\p{L}'’-]*")
 _SENTENCE_START = regex.compile(r"(?:^|[.!?:;]|\n)[\s\"'“‘(\[*#>\-\d.)]*$")
@@ -31,8 +31,7 @@ _TOKEN = regex.compile(r"\S+")
 # Capitalised words that are never a person or a place: day names, and months that are not also
 # first names (April, May, June, August stay candidates).
 NEVER = frozenset(
-    [d + s for d in ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-     for s in ("", "s")]
+    [d + s for d in ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday") for s in ("", "s")]
     + ["january", "february", "march", "july", "september", "october", "november", "december"]
 )
 # At a sentence start, a WordNet noun with one of these suffixes is an abstract common noun
@@ -43,12 +42,15 @@ _ABSTRACT = regex.compile(r"(?:tion|sion|ment|ness|ship|ism|ology|ency)s?$")
 
 class Ner:
     def __init__(self, model: str = DEFAULT_MODEL) -> None:
-        if not model_installed(model):   # never let spaCy or Presidio try to download one
+        if not model_installed(model):  # never let spaCy or Presidio try to download one
             raise RuntimeError(f"spaCy model {model!r} is not installed")
         self.nlp = spacy.load(model)
         self.nlp.select_pipes(enable="ner")
-        lemmas = self.nlp.get_pipe("lemmatizer").lookups.get_table("lemma_index") \
-            if "lemmatizer" in self.nlp.component_names else {}
+        lemmas = (
+            self.nlp.get_pipe("lemmatizer").lookups.get_table("lemma_index")
+            if "lemmatizer" in self.nlp.component_names
+            else {}
+        )
         # Sentence-initial words in these sets are ordinary English, not names (nouns are not
         # used: WordNet's noun list holds "boston" and "james").
         self.common = set(STOP_WORDS)
@@ -62,8 +64,9 @@ class Ner:
             word = m.group().lower()
             if word in STOP_WORDS or word in NEVER:
                 continue
-            if (word in self.common or (_ABSTRACT.search(word) and word.rstrip("s") in self.nouns)) \
-                    and _SENTENCE_START.search(text, max(0, m.start() - 12), m.start()):
+            if (
+                word in self.common or (_ABSTRACT.search(word) and word.rstrip("s") in self.nouns)
+            ) and _SENTENCE_START.search(text, max(0, m.start() - 12), m.start()):
                 continue
             out.append(m.span())
         return out

@@ -11,9 +11,9 @@ Hit = tuple[str, int, int, float]
 
 
 class Plan(msgspec.Struct, frozen=True):
-    key: str                            # policy fingerprint: workers cache built recognizers by it
-    patterns: tuple[str, ...]           # predefined pattern entity types to run
-    ner: tuple[str, ...]                # entity types wanted from the NER model
+    key: str  # policy fingerprint: workers cache built recognizers by it
+    patterns: tuple[str, ...]  # predefined pattern entity types to run
+    ner: tuple[str, ...]  # entity types wanted from the NER model
     custom: tuple[CustomRecognizer, ...]
     allow_list: tuple[str, ...]
     min_score: float

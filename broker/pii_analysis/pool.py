@@ -32,8 +32,8 @@ from core.policy.pii.errors import PiiUnavailable
 
 log = logging.getLogger("laneway.gate")
 
-LEAD_CHARS = 120        # context read on each side of a chunk's cuts (>= NER window + context words)
-Job = tuple[list[list[Hit]], float]   # a worker's answer: findings per piece, CPU seconds
+LEAD_CHARS = 120  # context read on each side of a chunk's cuts (>= NER window + context words)
+Job = tuple[list[list[Hit]], float]  # a worker's answer: findings per piece, CPU seconds
 _WARM_TEXT = (
     "Maria Garcia (maria.garcia@example.com, +1 415 555 0132) paid with 4111 1111 1111 1111 "
     "from 192.168.1.20; SSN 078-05-1120. She lives in Boston.\n"
@@ -70,7 +70,7 @@ class PiiEngine:
         # Each job in the pool: when it was submitted (a wedged worker shows as an old one) and the
         # tenant whose share it holds until it ends.
         self._inflight: dict[Future[Job], tuple[float, str]] = {}
-        self._inflight_lock = threading.Lock()          # futures complete on the pool's thread
+        self._inflight_lock = threading.Lock()  # futures complete on the pool's thread
         self.restarts = 0
 
     @property
@@ -95,7 +95,7 @@ class PiiEngine:
     def _spawn(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
             max_workers=self.workers,
-            mp_context=multiprocessing.get_context("spawn"),   # fork would copy the event loop's state
+            mp_context=multiprocessing.get_context("spawn"),  # fork would copy the event loop's state
             initializer=worker.init,
             initargs=(self.ner_model, os.getpid()),
         )
@@ -107,8 +107,7 @@ class PiiEngine:
         loop = asyncio.get_running_loop()
         seen: set[int] = set()
         for _ in range(5):
-            calls = [loop.run_in_executor(pool, worker.warm, _WARM_PLAN, _WARM_TEXT, 0.2)
-                     for _ in range(self.workers)]
+            calls = [loop.run_in_executor(pool, worker.warm, _WARM_PLAN, _WARM_TEXT, 0.2) for _ in range(self.workers)]
             seen.update(await asyncio.gather(*calls))
             if len(seen) >= self.workers:
                 return
@@ -118,8 +117,9 @@ class PiiEngine:
         pool = self._pool
         return list(pool._processes) if pool is not None and pool._processes else []  # type: ignore[attr-defined]
 
-    async def analyze(self, tenant: str, plan: Plan, texts: list[str],
-                      timeout_s: float, *, rank: int = 0) -> tuple[list[list[Hit]], float]:
+    async def analyze(
+        self, tenant: str, plan: Plan, texts: list[str], timeout_s: float, *, rank: int = 0
+    ) -> tuple[list[list[Hit]], float]:
         """Findings per text (offsets in that text), and the CPU milliseconds of the slowest job:
         the latency floor on idle cores. The wait for the tenant's share counts in `timeout_s`.
         Raises `PiiUnavailable`."""
@@ -127,12 +127,12 @@ class PiiEngine:
         if pool is None:
             raise PiiUnavailable("the analyzer pool is not running")
         loop = asyncio.get_running_loop()
-        units = 0                 # taken from the tenant's share and not yet held by a job
+        units = 0  # taken from the tenant's share and not yet held by a job
         jobs: list[list[Piece]] = []
         try:
             async with asyncio.timeout(timeout_s):
                 units = await self.share.take(tenant, self._jobs_for(texts), rank)
-                pool = self._pool          # replaced (or closed) while this waited
+                pool = self._pool  # replaced (or closed) while this waited
                 if pool is None:
                     raise PiiUnavailable("the analyzer pool is not running")
                 jobs = split(texts, units, self.split_chars)
@@ -148,7 +148,8 @@ class PiiEngine:
             if not jobs:
                 raise PiiUnavailable(
                     f"analysis exceeded {timeout_s * 1000:.0f} ms waiting behind this tenant's own analyses "
-                    f"(its share of the pool is {self.share.limit} of {self.workers} processes)") from None
+                    f"(its share of the pool is {self.share.limit} of {self.workers} processes)"
+                ) from None
             raise PiiUnavailable(f"analysis exceeded {timeout_s * 1000:.0f} ms") from None
         except PiiUnavailable:
             raise
@@ -160,7 +161,7 @@ class PiiEngine:
             raise PiiUnavailable(f"analysis failed ({type(exc).__name__})") from None
         finally:
             if units:
-                self.share.give_back(tenant, units)   # taken, but no job holds them
+                self.share.give_back(tenant, units)  # taken, but no job holds them
         return merge(texts, jobs, [r for r, _ in results]), max(c for _, c in results) * 1000
 
     def _jobs_for(self, texts: list[str]) -> int:
@@ -182,7 +183,7 @@ class PiiEngine:
             try:
                 loop.call_soon_threadsafe(self.share.give_back, held[1])
             except RuntimeError:
-                pass     # the loop is closed, and every share with it
+                pass  # the loop is closed, and every share with it
 
     def _restart_if_wedged(self, pool: ProcessPoolExecutor) -> None:
         """A timeout alone may be load; a job running for `stuck_after_s` is a wedged worker."""
@@ -193,14 +194,14 @@ class PiiEngine:
 
     def _restart(self, pool: ProcessPoolExecutor) -> None:
         if pool is not self._pool:
-            return   # another caller already replaced it
+            return  # another caller already replaced it
         self.restarts += 1
         for proc in list((pool._processes or {}).values()):  # type: ignore[attr-defined]
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
         with self._inflight_lock:
             killed, self._inflight = self._inflight, {}
-        for _, tenant in killed.values():    # their processes are gone: so are the jobs' units
+        for _, tenant in killed.values():  # their processes are gone: so are the jobs' units
             self.share.give_back(tenant)
         self._pool = self._spawn()
         self._warming = asyncio.get_running_loop().create_task(self._warm(self._pool))
@@ -279,6 +280,9 @@ def merge(texts: list[str], jobs: list[list[Piece]], results: list[list[list[Hit
             out[i] += [(e, s + offset, t + offset, sc) for e, s, t, sc in hits]
     for i in split_texts:
         hits = sorted(set(out[i]))
-        out[i] = [h for h in hits if not any(
-            o != h and o[0] == h[0] and o[1] <= h[1] and h[2] <= o[2] and h[3] <= o[3] for o in hits)]
+        out[i] = [
+            h
+            for h in hits
+            if not any(o != h and o[0] == h[0] and o[1] <= h[1] and h[2] <= o[2] and h[3] <= o[3] for o in hits)
+        ]
     return out

@@ -28,21 +28,33 @@ from spacy.lang.en.stop_words import STOP_WORDS
 
 from core.policy.pii import PATTERN_FLAGS, CustomRecognizer
 
-CONTEXT_FACTOR = 0.35          # LemmaContextAwareEnhancer defaults
+CONTEXT_FACTOR = 0.35  # LemmaContextAwareEnhancer defaults
 CONTEXT_MIN_SCORE = 0.4
 CONTEXT_PREFIX_WORDS = 5
-CUSTOM_REGEX_TIMEOUT_S = 2.0   # a tenant regex that backtracks this long fails the job (closed)
+CUSTOM_REGEX_TIMEOUT_S = 2.0  # a tenant regex that backtracks this long fails the job (closed)
 
-_SEP = " \x00 "   # joins projection windows: whitespace around a character no pattern accepts
+_SEP = " \x00 "  # joins projection windows: whitespace around a character no pattern accepts
 _DIGIT = re.compile(r"\S*\d\S*")
 _DIGIT_OR_COLON = re.compile(r"\S*[\d:]\S*")
 _AT = re.compile(r"\S*@\S*")
 # Which trigger scopes each predefined entity type; absent: the whole text.
 SCOPES: dict[str, re.Pattern[str]] = {
-    **{e: _DIGIT for e in (
-        "CREDIT_CARD", "US_SSN", "US_ITIN", "US_BANK_NUMBER", "PHONE_NUMBER", "UK_NHS",
-        "US_PASSPORT", "IBAN_CODE", "CRYPTO", "MEDICAL_LICENSE", "US_DRIVER_LICENSE",
-    )},
+    **{
+        e: _DIGIT
+        for e in (
+            "CREDIT_CARD",
+            "US_SSN",
+            "US_ITIN",
+            "US_BANK_NUMBER",
+            "PHONE_NUMBER",
+            "UK_NHS",
+            "US_PASSPORT",
+            "IBAN_CODE",
+            "CRYPTO",
+            "MEDICAL_LICENSE",
+            "US_DRIVER_LICENSE",
+        )
+    },
     "IP_ADDRESS": _DIGIT_OR_COLON,
     "EMAIL_ADDRESS": _AT,
 }
@@ -127,7 +139,7 @@ class _PhoneMatcher(phonenumbers.PhoneNumberMatcher):
 
 
 _MIN_DIGITS: dict[str, int] = {}
-if hasattr(re_util, "enable_pattern_cache"):   # its metadata regexes overflow `re`'s 512-entry cache
+if hasattr(re_util, "enable_pattern_cache"):  # its metadata regexes overflow `re`'s 512-entry cache
     re_util.enable_pattern_cache()
 
 
@@ -168,10 +180,9 @@ class Custom:
     @classmethod
     def build(cls, spec: CustomRecognizer) -> Custom:
         pats = [(regex.compile(p.regex, PATTERN_FLAGS), p.score) for p in spec.patterns]
-        if spec.deny_list:   # the regex Presidio builds for a deny-list
+        if spec.deny_list:  # the regex Presidio builds for a deny-list
             words = "|".join(regex.escape(w) for w in spec.deny_list)
-            pats.append((regex.compile(rf"(?:^|(?<=\W))({words})(?:(?=\W)|$)", PATTERN_FLAGS),
-                         spec.deny_list_score))
+            pats.append((regex.compile(rf"(?:^|(?<=\W))({words})(?:(?=\W)|$)", PATTERN_FLAGS), spec.deny_list_score))
         return cls(spec.entity_type, pats, [w.lower() for w in spec.context])
 
     def analyze(self, text: str) -> list[RecognizerResult]:
@@ -193,8 +204,9 @@ class Recognizers:
         self.by_entity: dict[str, list[EntityRecognizer]] = {}
         for rec in registry.recognizers:
             if type(rec) is PhoneRecognizer:
-                rec = FastPhoneRecognizer(context=rec.context, supported_regions=rec.supported_regions,
-                                          leniency=rec.leniency)
+                rec = FastPhoneRecognizer(
+                    context=rec.context, supported_regions=rec.supported_regions, leniency=rec.leniency
+                )
             for entity in rec.supported_entities:
                 self.by_entity.setdefault(entity, []).append(rec)
 
@@ -234,16 +246,16 @@ def _supported_by_context(text: str, start: int, context: list[str]) -> bool:
     not stop words or punctuation) before the match, or of the match's own first word. Tokens are
     split like spaCy's where it matters (punctuation off the ends, ':' splits), and a word whose
     plain inflection is a stop word counts as one ("calls" -> "call", a spaCy stop word)."""
-    before = text[max(0, start - 160):start].split()
+    before = text[max(0, start - 160) : start].split()
     keywords: list[str] = []
-    for token in reversed(before[1:] if start > 160 else before):   # [0] may be cut mid-word
+    for token in reversed(before[1:] if start > 160 else before):  # [0] may be cut mid-word
         for word in reversed(token.strip(_PUNCT).lower().split(":")):
             if word and not _is_stop(word):
                 keywords.append(word)
         if len(keywords) >= CONTEXT_PREFIX_WORDS:
             break
     keywords = keywords[:CONTEXT_PREFIX_WORDS]
-    first = text[start:start + 64].split(maxsplit=1)
+    first = text[start : start + 64].split(maxsplit=1)
     if first:
         keywords.append(first[0].strip(_PUNCT).lower())
     return any(c in k for c in context for k in keywords)
@@ -258,8 +270,14 @@ def _is_stop(word: str) -> bool:
     return any(word.endswith(suf) and word[: -len(suf)] in STOP_WORDS for suf in ("s", "es", "ed", "d", "ing"))
 
 
-def finalize(results: list[RecognizerResult], text: str, min_score: float,
-             allow: frozenset[str], lo: int = 0, hi: int | None = None) -> list[tuple[str, int, int, float]]:
+def finalize(
+    results: list[RecognizerResult],
+    text: str,
+    min_score: float,
+    allow: frozenset[str],
+    lo: int = 0,
+    hi: int | None = None,
+) -> list[tuple[str, int, int, float]]:
     """Presidio's order: threshold, de-duplicate, allow-list; then only findings overlapping
     [lo, hi): the rest lie in a chunk's lead-in or lead-out and its neighbour reports them (one
     straddling a cut is reported whole by both, and the engine keeps one)."""
@@ -269,5 +287,5 @@ def finalize(results: list[RecognizerResult], text: str, min_score: float,
     return sorted(
         (r.entity_type, r.start, r.end, round(float(r.score), 4))
         for r in kept
-        if r.end > lo and r.start < hi and text[r.start:r.end] not in allow
+        if r.end > lo and r.start < hi and text[r.start : r.end] not in allow
     )

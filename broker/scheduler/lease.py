@@ -34,16 +34,20 @@ LEASE_BUCKET = "sched"
 LEASE_KEY = "scheduler"
 
 
-async def open_lease_bucket(js: JetStreamContext, s: Subjects, ttl_s: float,
-                            replicas: int = 1) -> tuple[KeyValue, float]:
+async def open_lease_bucket(
+    js: JetStreamContext, s: Subjects, ttl_s: float, replicas: int = 1
+) -> tuple[KeyValue, float]:
     """`lw_sched` and the lease time every broker must keep: the bucket's. It is created (history
     1, an entry lives `ttl_s` after its last write, so a dead holder's lapses) only if missing, so
     a broker configured otherwise still times its renewals by the key's real life."""
     try:
         kv = await js.key_value(s.bucket(LEASE_BUCKET))
     except nats.js.errors.BucketNotFoundError:
-        kv = await js.create_key_value(KeyValueConfig(
-            bucket=s.bucket(LEASE_BUCKET), history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas))
+        kv = await js.create_key_value(
+            KeyValueConfig(
+                bucket=s.bucket(LEASE_BUCKET), history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas
+            )
+        )
     bucket_ttl = (await kv.status()).ttl
     if bucket_ttl and abs(bucket_ttl - ttl_s) > 1e-3:
         log.warning("the scheduler lease lives %.1f s (the bucket's), not the configured %.1f s", bucket_ttl, ttl_s)
@@ -53,7 +57,7 @@ async def open_lease_bucket(js: JetStreamContext, s: Subjects, ttl_s: float,
 @dataclass(slots=True)
 class LeaseClock:
     ttl_s: float
-    renewed_at: float | None = None     # monotonic time the last successful write was SENT; None: not held
+    renewed_at: float | None = None  # monotonic time the last successful write was SENT; None: not held
 
     @property
     def every_s(self) -> float:
@@ -79,9 +83,15 @@ class LeaseClock:
 
 
 class Lease:
-    def __init__(self, kv: KeyValue, holder: str, ttl_s: float,
-                 on_gain: Callable[[], Awaitable[None]], on_lose: Callable[[str], Awaitable[None]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        holder: str,
+        ttl_s: float,
+        on_gain: Callable[[], Awaitable[None]],
+        on_lose: Callable[[str], Awaitable[None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._kv = kv
         self._holder = holder.encode()
         self._on_gain = on_gain
@@ -119,7 +129,7 @@ class Lease:
         try:
             self._revision = await self._kv.create(LEASE_KEY, self._holder)
         except nats.js.errors.KeyWrongLastSequenceError:
-            return                              # another broker holds it
+            return  # another broker holds it
         except (TimeoutError, nats.errors.Error) as exc:
             log.debug("could not try the scheduler lease: %r", exc)
             return
@@ -139,7 +149,7 @@ class Lease:
                 return
             await self._lose("another broker holds the lease")
             return
-        except (TimeoutError, nats.errors.Error) as exc:   # retried; `lapsed` bounds it
+        except (TimeoutError, nats.errors.Error) as exc:  # retried; `lapsed` bounds it
             log.warning("could not renew the scheduler lease: %r", exc)
             if self.clock.lapsed(self._now()):
                 await self._lose("no renewal landed within the lease's time")
@@ -170,6 +180,6 @@ class Lease:
         self.clock.lost()
         try:
             await self._kv.delete(LEASE_KEY, last=self._revision)
-        except (TimeoutError, nats.errors.Error) as exc:   # it lapses after ttl anyway
+        except (TimeoutError, nats.errors.Error) as exc:  # it lapses after ttl anyway
             log.warning("could not give up the scheduler lease: %r", exc)
         return True

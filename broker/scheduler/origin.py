@@ -31,20 +31,27 @@ log = logging.getLogger("laneway.origin")
 
 ANSWER_TIMEOUT_S = 2.0
 RESEND_S = 1.0
-SEND_AT_ONCE = 128      # admissions in flight while sending every copy again
+SEND_AT_ONCE = 128  # admissions in flight while sending every copy again
 
 
 @dataclass(slots=True, eq=False)
 class Forwarded:
     admitted: Admitted
-    data: bytes             # encoded once, sent as often as schedulers change
+    data: bytes  # encoded once, sent as often as schedulers change
     taken: bool = False
     sending: bool = False
 
 
 class Origin:
-    def __init__(self, nc: Client, s: Subjects, broker_id: str, metrics: BrokerMetrics,
-                 scheduler: Scheduler, release: Callable[[str, str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        s: Subjects,
+        broker_id: str,
+        metrics: BrokerMetrics,
+        scheduler: Scheduler,
+        release: Callable[[str, str], Awaitable[None]],
+    ) -> None:
         self._nc = nc
         self.s = s
         self.id = broker_id
@@ -78,7 +85,7 @@ class Origin:
         try:
             reply = await self._nc.request(self.s.sched_admit, entry.data, timeout=ANSWER_TIMEOUT_S)
         except nats.errors.NoRespondersError:
-            return      # no scheduler right now: sent again when one announces itself
+            return  # no scheduler right now: sent again when one announces itself
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.debug("no answer from the scheduler: %r", exc)
             return
@@ -89,7 +96,7 @@ class Origin:
         except codec.DecodeError:
             return
         entry.taken = True
-        if not taken:   # refused there, the client told: nothing to keep
+        if not taken:  # refused there, the client told: nothing to keep
             request = entry.admitted.request
             self._drop(request.tenant, request.request_id, entry)
             await self._release(request.tenant, request.request_id)
@@ -131,8 +138,8 @@ class Origin:
     async def on_leader(self, msg: Msg) -> None:
         leader = msg.data.decode(errors="replace")
         if not leader:
-            return      # the lease was given up: the next holder announces itself
-        if leader != self.id:      # this broker's own takeover hands its copies over itself
+            return  # the lease was given up: the next holder announces itself
+        if leader != self.id:  # this broker's own takeover hands its copies over itself
             await self._send_all(list(self.forwarded.values()))
 
     async def hand_to_self(self) -> None:
@@ -157,7 +164,7 @@ class Origin:
             entry.taken = False
         self.metrics.reforwarded.inc(len(entries))
         for i in range(0, len(entries), SEND_AT_ONCE):
-            await asyncio.gather(*(self._send(e) for e in entries[i:i + SEND_AT_ONCE]))
+            await asyncio.gather(*(self._send(e) for e in entries[i : i + SEND_AT_ONCE]))
 
     async def resend_forever(self) -> None:
         """Copies no scheduler took yet (none was there, or no answer came) go again; copies past

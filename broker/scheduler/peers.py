@@ -7,7 +7,7 @@ class Peers:
     def __init__(self, own_id: str, stale_s: float) -> None:
         self._own = own_id
         self._stale_s = stale_s
-        self._seen: dict[str, float] = {}      # broker id → monotonic time of its last heartbeat
+        self._seen: dict[str, float] = {}  # broker id → monotonic time of its last heartbeat
 
     def saw(self, broker_id: str, now: float) -> None:
         if broker_id != self._own:

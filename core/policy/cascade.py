@@ -30,13 +30,13 @@ class CascadeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, o
     # Mean logprob of the first tokens below this → escalate. -1.0 ≈ the model gave its own
     # tokens ~37% on average: a calibrated small model is rarely that unsure on an easy answer.
     min_mean_logprob: Annotated[float, Meta(le=0.0)] = -1.0
-    window: Annotated[int, Meta(ge=1, le=256)] = 8          # tokens the verdict waits for
+    window: Annotated[int, Meta(ge=1, le=256)] = 8  # tokens the verdict waits for
 
 
 class Verdict(Enum):
-    PENDING = "pending"      # fewer than `window` tokens seen and the stream goes on
-    ACCEPT = "accept"        # keep the small pool's answer
-    ESCALATE = "escalate"    # discard it; the large pool serves the request
+    PENDING = "pending"  # fewer than `window` tokens seen and the stream goes on
+    ACCEPT = "accept"  # keep the small pool's answer
+    ESCALATE = "escalate"  # discard it; the large pool serves the request
 
 
 def mean_logprob(logprobs: Sequence[float], window: int) -> float:
@@ -124,11 +124,11 @@ class CascadeSample:
 class CascadeReport:
     n: int
     threshold: float
-    escalated_share: float          # of requests, sent on to the large pool
-    quality_cascade: float          # points (0-100) on the golden set
-    quality_small: float            # always-small
-    quality_large: float            # always-large
-    cost_cascade: float             # dollars for the whole set; an escalation pays both pools
+    escalated_share: float  # of requests, sent on to the large pool
+    quality_cascade: float  # points (0-100) on the golden set
+    quality_small: float  # always-small
+    quality_large: float  # always-large
+    cost_cascade: float  # dollars for the whole set; an escalation pays both pools
     cost_large: float
 
     @property
@@ -149,21 +149,26 @@ def cascade_report(samples: Sequence[CascadeSample], settings: CascadeSettings) 
         if decide(s.small_logprobs, settings, finished=True) is Verdict.ESCALATE:
             escalated += 1
             quality += s.large_score
-            cost += s.small_cost + s.large_cost     # conservative: the whole small answer is paid
+            cost += s.small_cost + s.large_cost  # conservative: the whole small answer is paid
         else:
             quality += s.small_score
             cost += s.small_cost
     n = len(samples)
     return CascadeReport(
-        n=n, threshold=settings.min_mean_logprob, escalated_share=escalated / n,
+        n=n,
+        threshold=settings.min_mean_logprob,
+        escalated_share=escalated / n,
         quality_cascade=100.0 * quality / n,
         quality_small=100.0 * sum(s.small_score for s in samples) / n,
         quality_large=100.0 * sum(s.large_score for s in samples) / n,
-        cost_cascade=cost, cost_large=sum(s.large_cost for s in samples))
+        cost_cascade=cost,
+        cost_large=sum(s.large_cost for s in samples),
+    )
 
 
-def pick_threshold(samples: Sequence[CascadeSample], base: CascadeSettings,
-                   thresholds: Iterable[float], max_drop: float = 1.0) -> CascadeReport | None:
+def pick_threshold(
+    samples: Sequence[CascadeSample], base: CascadeSettings, thresholds: Iterable[float], max_drop: float = 1.0
+) -> CascadeReport | None:
     """The threshold that keeps the most traffic off the large pool while quality stays within
     `max_drop` points of always-large (the eval gate's rule); None if none qualifies."""
     best: CascadeReport | None = None
@@ -176,9 +181,11 @@ def pick_threshold(samples: Sequence[CascadeSample], base: CascadeSettings,
 
 
 def format_report(r: CascadeReport) -> str:
-    return (f"cascade on {r.n} golden prompts (mean logprob of first tokens >= {r.threshold:.2f} keeps "
-            f"the small answer)\n"
-            f"  escalated to large: {100 * r.escalated_share:5.1f}%   kept off large: {100 * r.kept_off_large:5.1f}%\n"
-            f"  quality  cascade {r.quality_cascade:6.2f}   always-large {r.quality_large:6.2f}   "
-            f"always-small {r.quality_small:6.2f}   (delta vs large {r.quality_delta:+.2f} pt)\n"
-            f"  cost     cascade ${r.cost_cascade:.6f}   always-large ${r.cost_large:.6f}")
+    return (
+        f"cascade on {r.n} golden prompts (mean logprob of first tokens >= {r.threshold:.2f} keeps "
+        f"the small answer)\n"
+        f"  escalated to large: {100 * r.escalated_share:5.1f}%   kept off large: {100 * r.kept_off_large:5.1f}%\n"
+        f"  quality  cascade {r.quality_cascade:6.2f}   always-large {r.quality_large:6.2f}   "
+        f"always-small {r.quality_small:6.2f}   (delta vs large {r.quality_delta:+.2f} pt)\n"
+        f"  cost     cascade ${r.cost_cascade:.6f}   always-large ${r.cost_large:.6f}"
+    )

@@ -16,11 +16,11 @@ from schemas.requests import Token
 
 class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Token
-    rank: Annotated[int, Meta(ge=0, le=100)]                 # 0 is served first
-    max_queue_wait_s: Annotated[float, Meta(gt=0)]           # waited longer → expired, never started
-    max_tenant_depth: Annotated[int, Meta(ge=1)]             # waiting + running per tenant (JetStream subject cap)
-    max_slot_share: Annotated[float, Meta(gt=0, le=1)]       # of a worker's slots; keeps headroom for higher ranks
-    starve_after_s: Annotated[float, Meta(gt=0)]             # a head waiting this long is served ahead of rank
+    rank: Annotated[int, Meta(ge=0, le=100)]  # 0 is served first
+    max_queue_wait_s: Annotated[float, Meta(gt=0)]  # waited longer → expired, never started
+    max_tenant_depth: Annotated[int, Meta(ge=1)]  # waiting + running per tenant (JetStream subject cap)
+    max_slot_share: Annotated[float, Meta(gt=0, le=1)]  # of a worker's slots; keeps headroom for higher ranks
+    starve_after_s: Annotated[float, Meta(gt=0)]  # a head waiting this long is served ahead of rank
     # Of an engine step's token budget: the class's prompts not yet prefilled at a worker stay
     # under it, so its prefill cannot fill the steps that higher ranks' first tokens wait on.
     max_prefill_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
@@ -53,14 +53,23 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 DEFAULT_CLASSES: tuple[ClassPolicy, ...] = (
-    ClassPolicy("interactive", rank=0, max_queue_wait_s=30, max_tenant_depth=512,
-                max_slot_share=1.0, starve_after_s=60),
-    ClassPolicy("standard", rank=1, max_queue_wait_s=300, max_tenant_depth=2048,
-                max_slot_share=0.95, starve_after_s=10),
+    ClassPolicy(
+        "interactive", rank=0, max_queue_wait_s=30, max_tenant_depth=512, max_slot_share=1.0, starve_after_s=60
+    ),
+    ClassPolicy(
+        "standard", rank=1, max_queue_wait_s=300, max_tenant_depth=2048, max_slot_share=0.95, starve_after_s=10
+    ),
     # Batch may hold 90% of slots: the rest is headroom an arriving chat finds at once; and
     # 40% of a step's tokens in prompts awaiting prefill (two 6 KB prompts on an 8,192 budget).
-    ClassPolicy("batch", rank=2, max_queue_wait_s=3600, max_tenant_depth=20000,
-                max_slot_share=0.9, starve_after_s=30, max_prefill_share=0.4),
+    ClassPolicy(
+        "batch",
+        rank=2,
+        max_queue_wait_s=3600,
+        max_tenant_depth=20000,
+        max_slot_share=0.9,
+        starve_after_s=30,
+        max_prefill_share=0.4,
+    ),
 )
 
 _decode = msgspec.json.Decoder(ClassPolicy).decode

@@ -22,7 +22,7 @@ from msgspec import Meta
 
 Limit = Annotated[int, Meta(ge=1, le=10**15)]
 
-RATE_LIMITED = "rate_limited"              # the ErrorCode value a rate refusal travels as
+RATE_LIMITED = "rate_limited"  # the ErrorCode value a rate refusal travels as
 INSUFFICIENT_QUOTA = "insufficient_quota"  # ... and a spent monthly budget
 
 
@@ -36,8 +36,12 @@ class QuotaPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
 
     @property
     def unlimited(self) -> bool:
-        return (self.requests_per_min is None and self.tokens_per_min is None
-                and self.max_concurrent is None and self.monthly_tokens is None)
+        return (
+            self.requests_per_min is None
+            and self.tokens_per_min is None
+            and self.max_concurrent is None
+            and self.monthly_tokens is None
+        )
 
 
 class BadQuotaPolicy(ValueError):
@@ -67,10 +71,10 @@ def parse_policy(tenant: str, raw: bytes | Mapping[str, Any]) -> QuotaPolicy:
 
 # -- refusals and headers -------------------------------------------------------------------
 class LimitName(str, Enum):
-    requests = "requests"          # requests_per_min
-    tokens = "tokens"              # tokens_per_min
-    concurrency = "concurrency"    # max_concurrent
-    budget = "budget"              # monthly_tokens
+    requests = "requests"  # requests_per_min
+    tokens = "tokens"  # tokens_per_min
+    concurrency = "concurrency"  # max_concurrent
+    budget = "budget"  # monthly_tokens
 
 
 class RateState(msgspec.Struct, frozen=True, gc=False):
@@ -84,8 +88,18 @@ class RateState(msgspec.Struct, frozen=True, gc=False):
 class QuotaExceeded(Exception):
     """A request over one of its tenant's limits: becomes 429 at the edge (see `rate_limit_headers`)."""
 
-    def __init__(self, tenant: str, limit_name: LimitName, limit: int, remaining: int, reset_s: float,
-                 message: str, *, requests: RateState | None = None, tokens: RateState | None = None) -> None:
+    def __init__(
+        self,
+        tenant: str,
+        limit_name: LimitName,
+        limit: int,
+        remaining: int,
+        reset_s: float,
+        message: str,
+        *,
+        requests: RateState | None = None,
+        tokens: RateState | None = None,
+    ) -> None:
         super().__init__(message)
         self.tenant = tenant
         self.limit_name = limit_name
@@ -110,10 +124,10 @@ class QuotaGrant:
     """What `admit` charged, so `release` can give back the slot and correct the token estimate."""
 
     tenant: str
-    tokens: int                    # estimated tokens charged at admission
-    window: int                    # minute the rate lease was charged in (-1: none)
-    month: int                     # yyyymm the budget was charged in (-1: none)
-    slot: bool                     # holds a concurrency slot
+    tokens: int  # estimated tokens charged at admission
+    window: int  # minute the rate lease was charged in (-1: none)
+    month: int  # yyyymm the budget was charged in (-1: none)
+    slot: bool  # holds a concurrency slot
     requests_state: RateState | None = None
     tokens_state: RateState | None = None
     released: bool = False
@@ -195,16 +209,23 @@ class Take:
     period: int = 0
     got_requests: int = 0
     got_tokens: int = 0
-    left_requests: int = 0         # shared capacity left after this take
+    left_requests: int = 0  # shared capacity left after this take
     left_tokens: int = 0
     denied: LimitName | None = None
 
 
-def take_rate(doc: RateDoc | None, window: int, policy: QuotaPolicy, need_requests: int,
-              need_tokens: int, want_requests: int, want_tokens: int) -> Take:
+def take_rate(
+    doc: RateDoc | None,
+    window: int,
+    policy: QuotaPolicy,
+    need_requests: int,
+    need_tokens: int,
+    want_requests: int,
+    want_tokens: int,
+) -> Take:
     """Lease requests and tokens from the window's counter: all that is needed, or nothing."""
     if doc is not None and doc.window > window:
-        window = doc.window     # a replica whose clock runs ahead already opened the next window
+        window = doc.window  # a replica whose clock runs ahead already opened the next window
     if doc is None or doc.window < window:
         doc = RateDoc(window)
     rpm, tpm = policy.requests_per_min, policy.tokens_per_min
@@ -251,8 +272,16 @@ def return_budget(doc: BudgetDoc | None, month: int, tokens: int) -> BudgetDoc |
     return BudgetDoc(month, max(0, doc.tokens - tokens))
 
 
-def set_slots(doc: SlotsDoc | None, replica: str, now: float, ttl_s: float, limit: int,
-              in_use: int, want_spare: int, need_spare: int) -> Take:
+def set_slots(
+    doc: SlotsDoc | None,
+    replica: str,
+    now: float,
+    ttl_s: float,
+    limit: int,
+    in_use: int,
+    want_spare: int,
+    need_spare: int,
+) -> Take:
     """Hold `in_use + spare` slots for this replica, spare as close to `want_spare` as fits;
     denied when not even `need_spare` fits. Expired holders (dead replicas) are dropped."""
     holders = {r: h for r, h in (doc.holders if doc else {}).items() if h[1] > now and r != replica}

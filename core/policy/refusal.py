@@ -11,8 +11,9 @@ from schemas.errors import ErrorCode
 
 
 class Refusal(Exception):
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message

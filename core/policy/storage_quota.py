@@ -16,8 +16,8 @@ class StorageQuota(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     """The defaults hold five of the largest batch input files (200 MB each), or many small
     ones, and ten thousand stored responses (at most 10 GiB; most are a few KB)."""
 
-    file_bytes: Annotated[int, Meta(ge=0)] = GIB          # all of a tenant's files together
-    files: Annotated[int, Meta(ge=0)] = 1000               # how many files it may keep
+    file_bytes: Annotated[int, Meta(ge=0)] = GIB  # all of a tenant's files together
+    files: Annotated[int, Meta(ge=0)] = 1000  # how many files it may keep
     # stored responses and conversations together, each at most one NATS message (1 MiB)
     records: Annotated[int, Meta(ge=0)] = 10_000
 
@@ -28,8 +28,10 @@ class StorageExceeded(Exception):
 
     def __init__(self, limit: str, allowed: int, used: int, wanted: int) -> None:
         unit = " bytes" if limit.endswith("bytes") else ""
-        super().__init__(f"storage quota exceeded: the tenant's {limit} limit is {allowed}{unit}; "
-                         f"it holds {used}{unit} and this would add {wanted}{unit}")
+        super().__init__(
+            f"storage quota exceeded: the tenant's {limit} limit is {allowed}{unit}; "
+            f"it holds {used}{unit} and this would add {wanted}{unit}"
+        )
         self.limit = limit
         self.allowed = allowed
         self.used = used

@@ -8,7 +8,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-DEFAULT_RETENTION_DAYS = 30.0       # as OpenAI keeps a stored response
+DEFAULT_RETENTION_DAYS = 30.0  # as OpenAI keeps a stored response
 DAY_S = 86_400
 
 

@@ -45,11 +45,11 @@ class Tenant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     default_class: Token = "interactive"
     classes: list[Token] = msgspec.field(default_factory=lambda: ["interactive", "standard", "batch"])
     weight: Annotated[float, Meta(gt=0, le=1000)] = 1.0
-    quota: QuotaPolicy = QuotaPolicy()           # unlimited unless set
-    pii: TenantPiiPolicy = TenantPiiPolicy()     # sensible B2B defaults; custom recognizers live here
-    cache_group: Token | None = None             # tenants in one group share cached answers
-    responses: StoragePolicy = StoragePolicy()   # stored responses: kept or not, for how long
-    storage: StorageQuota = StorageQuota()       # what Laneway keeps for it at rest: files, stored records
+    quota: QuotaPolicy = QuotaPolicy()  # unlimited unless set
+    pii: TenantPiiPolicy = TenantPiiPolicy()  # sensible B2B defaults; custom recognizers live here
+    cache_group: Token | None = None  # tenants in one group share cached answers
+    responses: StoragePolicy = StoragePolicy()  # stored responses: kept or not, for how long
+    storage: StorageQuota = StorageQuota()  # what Laneway keeps for it at rest: files, stored records
 
     def may_use(self, klass: str) -> bool:
         return klass in self.classes

@@ -20,20 +20,28 @@ from pathlib import Path
 from schemas.requests import GenerateRequest
 
 MODEL_PATH = Path(__file__).with_name("intent_model.json")
-MAX_CHARS = 2000          # features read at most this much of a prompt: bounded cost per request
+MAX_CHARS = 2000  # features read at most this much of a prompt: bounded cost per request
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|\d+")
 _DIGIT = re.compile(r"\d")
 _ARITH = re.compile(r"\d\s*[-+*/^x×]\s*\d")
 _SYMBOLS = "(){}[];=:<>_#`'\"/*+-%$&|\\"
 _WH = frozenset("what who when where which why how is are does do can name".split())
-_CODE_WORDS = frozenset(("def function class return import const let var async await null none self "
-                         "sql query regex git bash script api json yaml compile compiler bug error "
-                         "exception stack trace loop array list dict int string func fn struct").split())
-_STEP_WORDS = frozenset(("then first finally step steps compare contrast analyze analyse evaluate explain "
-                         "why plan design strategy trade trade-offs tradeoffs pros cons reason reasoning "
-                         "argue assess discuss justify outline detailed essay implications consequences "
-                         "mitigate recommend weigh").split())
+_CODE_WORDS = frozenset(
+    (
+        "def function class return import const let var async await null none self "
+        "sql query regex git bash script api json yaml compile compiler bug error "
+        "exception stack trace loop array list dict int string func fn struct"
+    ).split()
+)
+_STEP_WORDS = frozenset(
+    (
+        "then first finally step steps compare contrast analyze analyse evaluate explain "
+        "why plan design strategy trade trade-offs tradeoffs pros cons reason reasoning "
+        "argue assess discuss justify outline detailed essay implications consequences "
+        "mitigate recommend weigh"
+    ).split()
+)
 # snake_case, calls and operators, counted with str.count: no regex scan per position.
 _IDENT_MARKS = ("_", "()", "->", "=>", "::", "==", "!=")
 
@@ -74,7 +82,7 @@ def features(text: str) -> dict[str, float]:
 @dataclass(frozen=True, slots=True)
 class IntentModel:
     labels: tuple[str, ...]
-    weights: Mapping[str, tuple[float, ...]]     # feature → one weight per label
+    weights: Mapping[str, tuple[float, ...]]  # feature → one weight per label
     meta: Mapping[str, object]
 
     @classmethod

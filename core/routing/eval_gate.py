@@ -29,7 +29,7 @@ from core.routing import classifier
 from core.routing.rules import Features, GateRecord, RuleSet, route_distribution
 
 GOLDEN_PATH = Path(__file__).with_name("golden") / "golden.jsonl"
-MAX_DROP = 1.0          # points: the reference design's "quality vs golden >= baseline - 1pt"
+MAX_DROP = 1.0  # points: the reference design's "quality vs golden >= baseline - 1pt"
 
 
 class GoldenItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -38,10 +38,10 @@ class GoldenItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompt: str
     reference: str
     aliases: list[str] = []
-    choices: list[str] = []          # labels of a classification task: naming two is no answer
-    extract: str = "first_line"      # or "last_line": where the final answer sits
+    choices: list[str] = []  # labels of a classification task: naming two is no answer
+    extract: str = "first_line"  # or "last_line": where the final answer sits
     max_tokens: int = 32
-    model: str = "auto"              # the logical model the golden request names
+    model: str = "auto"  # the logical model the golden request names
     tenant: str = "eval"
     klass: str = msgspec.field(default="interactive", name="class")
 
@@ -56,9 +56,13 @@ def load_golden(path: Path = GOLDEN_PATH) -> list[GoldenItem]:
 
 # -- scoring --------------------------------------------------------------------------------------
 
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty".split())}
+_NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
 _ARTICLES = frozenset(("a", "an", "the"))
 
 
@@ -122,10 +126,10 @@ class ItemResult(msgspec.Struct, frozen=True, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     text: str = ""
-    logprobs: list[float] | None = None   # the answer's token logprobs, when the pool returns them
+    logprobs: list[float] | None = None  # the answer's token logprobs, when the pool returns them
 
 
-PoolResults = dict[str, dict[str, ItemResult]]     # pool → golden item id → its answer
+PoolResults = dict[str, dict[str, ItemResult]]  # pool → golden item id → its answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +143,26 @@ class Completion:
 Completer = Callable[[str, GoldenItem], Awaitable[Completion]]
 
 
-async def run_pools(golden: Sequence[GoldenItem], pools: Iterable[str], complete: Completer,
-                    concurrency: int = 8) -> PoolResults:
+async def run_pools(
+    golden: Sequence[GoldenItem], pools: Iterable[str], complete: Completer, concurrency: int = 8
+) -> PoolResults:
     """Every golden prompt through every pool, `concurrency` at a time."""
     limit = asyncio.Semaphore(concurrency)
 
     async def one(pool: str, item: GoldenItem) -> tuple[str, str, ItemResult]:
         async with limit:
             c = await complete(pool, item)
-        return pool, item.id, ItemResult(
-            score_answer(c.text, item), c.prompt_tokens or max(1, len(item.prompt) // 4),
-            c.completion_tokens or max(1, len(c.text) // 4), c.text, c.logprobs)
+        return (
+            pool,
+            item.id,
+            ItemResult(
+                score_answer(c.text, item),
+                c.prompt_tokens or max(1, len(item.prompt) // 4),
+                c.completion_tokens or max(1, len(c.text) // 4),
+                c.text,
+                c.logprobs,
+            ),
+        )
 
     results: PoolResults = {}
     for pool, item_id, result in await asyncio.gather(*(one(p, i) for p in pools for i in golden)):
@@ -181,10 +194,10 @@ def load_results(path: Path) -> PoolResults:
 
 @dataclass(frozen=True, slots=True)
 class Assessment:
-    quality: float                          # points, 0-100
-    cost_per_1k: float                      # $ per 1,000 golden requests
+    quality: float  # points, 0-100
+    cost_per_1k: float  # $ per 1,000 golden requests
     cost_per_1m_tokens: float
-    pool_share: dict[str, float]            # share of golden requests each pool answers
+    pool_share: dict[str, float]  # share of golden requests each pool answers
     escalated_share: float = 0.0
 
 
@@ -220,8 +233,12 @@ def assess(rs: RuleSet, golden: Sequence[GoldenItem], results: PoolResults) -> A
             c = rs.pools[pool].cost(r.prompt_tokens, r.completion_tokens)
             served, score = pool, r.score
             # Without logprobs the small answer is kept: the figure is then the cascade's floor.
-            if (rule.escalate_to and rule.escalate_to != pool and r.logprobs is not None
-                    and decide(r.logprobs, rs.cascade, finished=True) is Verdict.ESCALATE):
+            if (
+                rule.escalate_to
+                and rule.escalate_to != pool
+                and r.logprobs is not None
+                and decide(r.logprobs, rs.cascade, finished=True) is Verdict.ESCALATE
+            ):
                 big = _answer(results, rule.escalate_to, item)
                 served, score = rule.escalate_to, big.score
                 c += rs.pools[served].cost(big.prompt_tokens, big.completion_tokens)
@@ -232,8 +249,13 @@ def assess(rs: RuleSet, golden: Sequence[GoldenItem], results: PoolResults) -> A
             tokens += p * (r.prompt_tokens + r.completion_tokens)
             share[served] = share.get(served, 0.0) + p
     n = len(golden)
-    return Assessment(100.0 * quality / n, 1000.0 * cost / n, 1e6 * cost / tokens if tokens else 0.0,
-                      {p: s / n for p, s in sorted(share.items())}, escalated / n)
+    return Assessment(
+        100.0 * quality / n,
+        1000.0 * cost / n,
+        1e6 * cost / tokens if tokens else 0.0,
+        {p: s / n for p, s in sorted(share.items())},
+        escalated / n,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +269,11 @@ Evaluator = Callable[[RuleSet, RuleSet | None], Awaitable[EvalOutcome]]
 
 def results_evaluator(golden: Sequence[GoldenItem], results: PoolResults) -> Evaluator:
     """An evaluator over saved pool answers (`laneway eval --save-scores`): no traffic at all."""
+
     async def evaluate(candidate: RuleSet, baseline: RuleSet | None) -> EvalOutcome:
-        return EvalOutcome(assess(candidate, golden, results),
-                           assess(baseline, golden, results) if baseline is not None else None)
+        return EvalOutcome(
+            assess(candidate, golden, results), assess(baseline, golden, results) if baseline is not None else None
+        )
 
     return evaluate
 
@@ -260,27 +284,37 @@ def results_evaluator(golden: Sequence[GoldenItem], results: PoolResults) -> Eva
 @dataclass(frozen=True, slots=True)
 class GateVerdict:
     allowed: bool
-    forced: bool                     # allowed only because of `forced_reason`
+    forced: bool  # allowed only because of `forced_reason`
     message: str
     candidate_quality: float | None
     baseline_quality: float | None
     forced_reason: str | None = None
 
 
-def gate(candidate_quality: float, baseline_quality: float | None,
-         forced_reason: str | None = None, max_drop: float = MAX_DROP) -> GateVerdict:
+def gate(
+    candidate_quality: float,
+    baseline_quality: float | None,
+    forced_reason: str | None = None,
+    max_drop: float = MAX_DROP,
+) -> GateVerdict:
     """Refuse when quality < baseline - `max_drop` points unless forced with a non-empty reason,
     which the caller records with the version (`gate_record`)."""
     reason = (forced_reason or "").strip() or None
     if baseline_quality is None:
         return GateVerdict(True, False, "no baseline to compare with", candidate_quality, None)
     if candidate_quality >= baseline_quality - max_drop:
-        return GateVerdict(True, False, f"quality {candidate_quality:.2f} >= baseline "
-                           f"{baseline_quality:.2f} - {max_drop:g}", candidate_quality, baseline_quality)
+        return GateVerdict(
+            True,
+            False,
+            f"quality {candidate_quality:.2f} >= baseline {baseline_quality:.2f} - {max_drop:g}",
+            candidate_quality,
+            baseline_quality,
+        )
     problem = f"quality {candidate_quality:.2f} is below baseline {baseline_quality:.2f} - {max_drop:g}"
     if reason is None:
-        return GateVerdict(False, False, f"{problem}; force it with a reason to apply anyway",
-                           candidate_quality, baseline_quality)
+        return GateVerdict(
+            False, False, f"{problem}; force it with a reason to apply anyway", candidate_quality, baseline_quality
+        )
     return GateVerdict(True, True, f"{problem}; forced: {reason}", candidate_quality, baseline_quality, reason)
 
 
@@ -291,17 +325,21 @@ def gate_unmeasured(has_baseline: bool, forced_reason: str | None, why: str) -> 
     if not has_baseline:
         return GateVerdict(True, False, f"first rule set, not evaluated ({why})", None, None)
     if reason is None:
-        return GateVerdict(False, False, f"quality was not measured ({why}); force it with a reason "
-                           "to apply anyway", None, None)
+        return GateVerdict(
+            False, False, f"quality was not measured ({why}); force it with a reason to apply anyway", None, None
+        )
     return GateVerdict(True, True, f"quality was not measured ({why}); forced: {reason}", None, None, reason)
 
 
 def gate_record(outcome: EvalOutcome | None, verdict: GateVerdict) -> GateRecord:
     return GateRecord(
-        candidate_quality=verdict.candidate_quality, baseline_quality=verdict.baseline_quality,
+        candidate_quality=verdict.candidate_quality,
+        baseline_quality=verdict.baseline_quality,
         candidate_cost=outcome.candidate.cost_per_1k if outcome else None,
         baseline_cost=outcome.baseline.cost_per_1k if outcome and outcome.baseline else None,
-        forced_reason=verdict.forced_reason if verdict.forced else None, message=verdict.message)
+        forced_reason=verdict.forced_reason if verdict.forced else None,
+        message=verdict.message,
+    )
 
 
 # -- reports --------------------------------------------------------------------------------------
@@ -317,13 +355,22 @@ def format_side_by_side(outcome: EvalOutcome, verdict: GateVerdict, n: int) -> s
         pools = "  ".join(f"{p} {100 * s:.0f}%" for p, s in a.pool_share.items())
         extra = f"  (escalated {100 * a.escalated_share:.0f}%)" if a.escalated_share else ""
         out.append(f"{name:10} {a.quality:8.2f} {a.cost_per_1k:10.4f} {a.cost_per_1m_tokens:9.3f}  {pools}{extra}")
-    out.append(("gate: PASS — " if verdict.allowed and not verdict.forced else
-                "gate: FORCED — " if verdict.forced else "gate: BLOCKED — ") + verdict.message)
+    out.append(
+        (
+            "gate: PASS — "
+            if verdict.allowed and not verdict.forced
+            else "gate: FORCED — "
+            if verdict.forced
+            else "gate: BLOCKED — "
+        )
+        + verdict.message
+    )
     return "\n".join(out)
 
 
-def cascade_samples(golden: Sequence[GoldenItem], results: PoolResults, small: str, large: str,
-                    rs: RuleSet | None = None) -> list[CascadeSample]:
+def cascade_samples(
+    golden: Sequence[GoldenItem], results: PoolResults, small: str, large: str, rs: RuleSet | None = None
+) -> list[CascadeSample]:
     """Both pools' answers per golden prompt, for `cascade.cascade_report`; needs the small
     pool's logprobs (a pool that returns none cannot be cascaded on a logprob signal)."""
     samples = []

@@ -41,8 +41,9 @@ class _Ttft:
 
 
 class HealthBoard:
-    def __init__(self, stale_after_s: float = 15.0, ttft_window_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, stale_after_s: float = 15.0, ttft_window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._stale_after_s = stale_after_s
         self._window_s = ttft_window_s
         self._clock = clock
@@ -51,8 +52,9 @@ class HealthBoard:
         self._ttft: dict[str, _Ttft] = {}
 
     def on_heartbeat(self, beat: Heartbeat) -> None:
-        self._workers[beat.worker_id] = _Worker(beat.pool, serving(beat), beat.free_slots, self._clock(),
-                                                stale_after(beat, self._stale_after_s))
+        self._workers[beat.worker_id] = _Worker(
+            beat.pool, serving(beat), beat.free_slots, self._clock(), stale_after(beat, self._stale_after_s)
+        )
 
     def gone(self, worker_id: str, slack_s: float = 0.0, now: float | None = None) -> bool:
         """Heard from once, silent since past its bound (and `slack_s`, the reader's own lateness)."""
@@ -85,12 +87,18 @@ class HealthBoard:
         for wid, w in list(self._workers.items()):
             if now - w.seen > w.stale_after:
                 if now - w.seen > 10 * w.stale_after:
-                    del self._workers[wid]          # long gone: forget it
+                    del self._workers[wid]  # long gone: forget it
                 continue
             if w.ready:
                 ready[w.pool] = ready.get(w.pool, 0) + 1
                 free[w.pool] = free.get(w.pool, 0) + w.free_slots
         pools = {w.pool for w in self._workers.values()} | set(self._depths) | set(self._ttft)
-        return {p: PoolHealth(ready_workers=ready.get(p, 0), queue_depth=self._depths.get(p, 0),
-                              ttft_p95_s=self.ttft_p95(p, now), free_slots=free.get(p))
-                for p in pools}
+        return {
+            p: PoolHealth(
+                ready_workers=ready.get(p, 0),
+                queue_depth=self._depths.get(p, 0),
+                ttft_p95_s=self.ttft_p95(p, now),
+                free_slots=free.get(p),
+            )
+            for p in pools
+        }

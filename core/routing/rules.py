@@ -33,11 +33,11 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class PoolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    hosted: bool = False                 # the hosted-API pool (engine `openai`, behind its breaker)
-    cost_in_per_1m: float = 0.0          # $ per 1M prompt tokens
-    cost_out_per_1m: float = 0.0         # $ per 1M completion tokens
-    max_queue_depth: int = 256           # waiting requests above this: saturated
-    max_ttft_p95_s: float = 1.5          # recent TTFT p95 above this: saturated (the design's page level)
+    hosted: bool = False  # the hosted-API pool (engine `openai`, behind its breaker)
+    cost_in_per_1m: float = 0.0  # $ per 1M prompt tokens
+    cost_out_per_1m: float = 0.0  # $ per 1M completion tokens
+    max_queue_depth: int = 256  # waiting requests above this: saturated
+    max_ttft_p95_s: float = 1.5  # recent TTFT p95 above this: saturated (the design's page level)
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * self.cost_in_per_1m + completion_tokens * self.cost_out_per_1m) / 1e6
@@ -56,16 +56,21 @@ class Match(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
     @property
     def catch_all(self) -> bool:
         """Fits every request for its model (or all models): no tenant, class, intent or length."""
-        return (self.tenant is None and self.klass is None and self.intent is None
-                and self.min_prompt_tokens is None and self.max_prompt_tokens is None)
+        return (
+            self.tenant is None
+            and self.klass is None
+            and self.intent is None
+            and self.min_prompt_tokens is None
+            and self.max_prompt_tokens is None
+        )
 
 
 class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     rule_id: str
-    pools: dict[str, float]              # pool → weight (> 0)
+    pools: dict[str, float]  # pool → weight (> 0)
     match: Match = Match()
-    escalate_to: str | None = None       # cascade: low confidence from `pools` → this pool
-    spill: bool = True                   # may spill to the hosted pool (False: data must stay in-house)
+    escalate_to: str | None = None  # cascade: low confidence from `pools` → this pool
+    spill: bool = True  # may spill to the hosted pool (False: data must stay in-house)
 
 
 class GateRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -73,10 +78,10 @@ class GateRecord(msgspec.Struct, frozen=True, omit_defaults=True):
 
     candidate_quality: float | None = None  # None: not measured (first rule set, or forced without)
     baseline_quality: float | None = None
-    candidate_cost: float | None = None   # $ per 1k golden requests
+    candidate_cost: float | None = None  # $ per 1k golden requests
     baseline_cost: float | None = None
-    forced_reason: str | None = None      # set when quality fell below baseline - 1 and it was forced
-    message: str = ""                     # the gate's verdict, as the operator saw it
+    forced_reason: str | None = None  # set when quality fell below baseline - 1 and it was forced
+    message: str = ""  # the gate's verdict, as the operator saw it
 
 
 class RuleSet(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -84,11 +89,11 @@ class RuleSet(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
     rules: list[Rule]
     models: list[str] = msgspec.field(default_factory=lambda: list(LOGICAL_MODELS))
     cascade: CascadeSettings = CascadeSettings()
-    version: int = 0                     # assigned by the store: 1, 2, 3, ...
+    version: int = 0  # assigned by the store: 1, 2, 3, ...
     author: str = ""
     reason: str = ""
-    created_at: float = 0.0              # unix seconds, assigned by the store
-    rollback_of: int | None = None       # this version restores that one
+    created_at: float = 0.0  # unix seconds, assigned by the store
+    rollback_of: int | None = None  # this version restores that one
     gate: GateRecord | None = None
 
     def serves(self, model: str) -> bool:
@@ -141,8 +146,11 @@ def validate(rs: RuleSet) -> RuleSet:
         _validate_rule(rs, i, rule, seen)
     for model in rs.models:
         if not any(r.match.catch_all and r.match.model in (None, model) for r in rs.rules):
-            raise RuleSetError("rules", f"no catch-all rule for model {model!r}: some requests "
-                                        "would match no rule (add one matching only the model)")
+            raise RuleSetError(
+                "rules",
+                f"no catch-all rule for model {model!r}: some requests "
+                "would match no rule (add one matching only the model)",
+            )
     if rs.version < 0:
         raise RuleSetError("version", "must be >= 0")
     for attr in ("author", "reason"):
@@ -176,8 +184,11 @@ def _validate_rule(rs: RuleSet, i: int, rule: Rule, seen: set[str]) -> None:
         value = getattr(m, attr)
         if value is not None and value < 0:
             raise RuleSetError(f"{where}.match.{attr}", "must be >= 0")
-    if (m.min_prompt_tokens is not None and m.max_prompt_tokens is not None
-            and m.min_prompt_tokens > m.max_prompt_tokens):
+    if (
+        m.min_prompt_tokens is not None
+        and m.max_prompt_tokens is not None
+        and m.min_prompt_tokens > m.max_prompt_tokens
+    ):
         raise RuleSetError(f"{where}.match.min_prompt_tokens", "is above max_prompt_tokens")
 
 
@@ -217,26 +228,27 @@ class Features:
 
 
 def features_of(request: GenerateRequest, intent: str | None = None) -> Features:
-    return Features(request.request_id, request.tenant, request.klass, request.model,
-                    request.estimated_prompt_tokens(), intent)
+    return Features(
+        request.request_id, request.tenant, request.klass, request.model, request.estimated_prompt_tokens(), intent
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class PoolHealth:
     ready_workers: int
     queue_depth: int = 0
-    ttft_p95_s: float | None = None      # None: no recent first tokens measured
-    free_slots: int | None = None        # None: unknown; 0 on a hosted pool = breaker open or full
+    ttft_p95_s: float | None = None  # None: no recent first tokens measured
+    free_slots: int | None = None  # None: unknown; 0 on a hosted pool = breaker open or full
 
 
 class Reason(str, Enum):
     """Bounded: also a metrics label."""
 
-    WEIGHTED = "weighted"                # by weight among the rule's healthy pools
+    WEIGHTED = "weighted"  # by weight among the rule's healthy pools
     SPILL_SATURATED = "spill_saturated"  # rule's pools live but saturated → hosted
-    SPILL_DOWN = "spill_down"            # no rule pool has a ready worker → hosted
-    OVERFLOW = "overflow"                # hosted unavailable too: least-loaded live rule pool
-    ESCALATED = "escalated"              # the cascade sent it on from the small pool
+    SPILL_DOWN = "spill_down"  # no rule pool has a ready worker → hosted
+    OVERFLOW = "overflow"  # hosted unavailable too: least-loaded live rule pool
+    ESCALATED = "escalated"  # the cascade sent it on from the small pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +264,14 @@ class Decision:
 
 
 def matches(m: Match, f: Features) -> bool:
-    return ((m.tenant is None or m.tenant == f.tenant)
-            and (m.klass is None or m.klass == f.klass)
-            and (m.model is None or m.model == f.model)
-            and (m.intent is None or m.intent == f.intent)
-            and (m.min_prompt_tokens is None or f.prompt_tokens >= m.min_prompt_tokens)
-            and (m.max_prompt_tokens is None or f.prompt_tokens <= m.max_prompt_tokens))
+    return (
+        (m.tenant is None or m.tenant == f.tenant)
+        and (m.klass is None or m.klass == f.klass)
+        and (m.model is None or m.model == f.model)
+        and (m.intent is None or m.intent == f.intent)
+        and (m.min_prompt_tokens is None or f.prompt_tokens >= m.min_prompt_tokens)
+        and (m.max_prompt_tokens is None or f.prompt_tokens <= m.max_prompt_tokens)
+    )
 
 
 def first_rule(f: Features, rs: RuleSet) -> Rule:
@@ -268,9 +282,11 @@ def first_rule(f: Features, rs: RuleSet) -> Rule:
 
 
 def saturated(spec: PoolSpec, h: PoolHealth) -> bool:
-    return (h.queue_depth > spec.max_queue_depth
-            or (h.ttft_p95_s is not None and h.ttft_p95_s > spec.max_ttft_p95_s)
-            or (spec.hosted and h.free_slots == 0))
+    return (
+        h.queue_depth > spec.max_queue_depth
+        or (h.ttft_p95_s is not None and h.ttft_p95_s > spec.max_ttft_p95_s)
+        or (spec.hosted and h.free_slots == 0)
+    )
 
 
 def _live(pool: str, health: Mapping[str, PoolHealth]) -> bool:
@@ -279,8 +295,7 @@ def _live(pool: str, health: Mapping[str, PoolHealth]) -> bool:
 
 
 def healthy_weights(rule: Rule, rs: RuleSet, health: Mapping[str, PoolHealth]) -> dict[str, float]:
-    return {p: w for p, w in sorted(rule.pools.items())
-            if _live(p, health) and not saturated(rs.pools[p], health[p])}
+    return {p: w for p, w in sorted(rule.pools.items()) if _live(p, health) and not saturated(rs.pools[p], health[p])}
 
 
 def unit_hash(*parts: str) -> float:
@@ -296,7 +311,7 @@ def pick_weighted(weights: Mapping[str, float], draw: float) -> str:
         acc += weight / total
         if draw < acc:
             return pool
-    return next(reversed(weights))       # float rounding at draw ≈ 1
+    return next(reversed(weights))  # float rounding at draw ≈ 1
 
 
 def choose_pool(f: Features, rs: RuleSet, health: Mapping[str, PoolHealth]) -> Decision:
@@ -308,8 +323,11 @@ def choose_pool(f: Features, rs: RuleSet, health: Mapping[str, PoolHealth]) -> D
         return Decision(pool, rule.rule_id, Reason.WEIGHTED, _escalation(rule, pool, rs, health))
     live = [p for p in sorted(rule.pools) if _live(p, health)]
     if rule.spill:
-        hosted = [p for p in rs.hosted_pools
-                  if p not in rule.pools and _live(p, health) and not saturated(rs.pools[p], health[p])]
+        hosted = [
+            p
+            for p in rs.hosted_pools
+            if p not in rule.pools and _live(p, health) and not saturated(rs.pools[p], health[p])
+        ]
         if hosted:
             # The cheapest hosted pool; the spill is already the expensive path.
             pool = min(hosted, key=lambda p: (rs.pools[p].cost_out_per_1m, p))
@@ -323,16 +341,18 @@ def choose_pool(f: Features, rs: RuleSet, health: Mapping[str, PoolHealth]) -> D
     raise Refusal(ErrorCode.no_worker, f"no ready worker in any pool for rule {rule.rule_id!r}")
 
 
-def decide_request(request: GenerateRequest, rs: RuleSet, health: Mapping[str, PoolHealth],
-                   intent_of: Callable[[GenerateRequest], str]) -> Decision:
+def decide_request(
+    request: GenerateRequest, rs: RuleSet, health: Mapping[str, PoolHealth], intent_of: Callable[[GenerateRequest], str]
+) -> Decision:
     """The gate's route stage for a model this rule set serves; the classifier (`intent_of`)
     runs only when some rule for the model looks at the intent."""
     intent = intent_of(request) if rs.needs_intent(request.model) else None
     return choose_pool(features_of(request, intent), rs, health)
 
 
-def escalated_decision(request: GenerateRequest, rs: RuleSet, health: Mapping[str, PoolHealth],
-                       intent_of: Callable[[GenerateRequest], str]) -> Decision:
+def escalated_decision(
+    request: GenerateRequest, rs: RuleSet, health: Mapping[str, PoolHealth], intent_of: Callable[[GenerateRequest], str]
+) -> Decision:
     """For a request the small pool gave back with low confidence: its rule's `escalate_to`
     pool when that is live (it may have gone down since), else the normal decision."""
     intent = intent_of(request) if rs.needs_intent(request.model) else None

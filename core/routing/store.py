@@ -30,7 +30,7 @@ from schemas.subjects import Subjects
 
 RULES_KEY = "rules"
 _VERSION_KEY = re.compile(r"^rules\.v(\d+)$")
-ROUTING_HISTORY = 16        # as core/topology.py creates the bucket
+ROUTING_HISTORY = 16  # as core/topology.py creates the bucket
 
 
 def version_key(version: int) -> str:
@@ -68,8 +68,9 @@ class RuleStore:
         try:
             kv = await js.key_value(s.bucket("routing"))
         except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(KeyValueConfig(
-                bucket=s.bucket("routing"), history=ROUTING_HISTORY, storage=StorageType.FILE))
+            kv = await js.create_key_value(
+                KeyValueConfig(bucket=s.bucket("routing"), history=ROUTING_HISTORY, storage=StorageType.FILE)
+            )
         return cls(kv)
 
     # -- reads ------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ class RuleStore:
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             current = await self.get_current()
             if current is not None and current.version == version:
-                await self._archive(current)         # a writer died between its two writes
+                await self._archive(current)  # a writer died between its two writes
                 return current
             raise VersionNotFound(version) from None
         return decode(entry.value or b"")
@@ -136,16 +137,17 @@ class RuleStore:
         await self._archive(stored)
         return stored
 
-    async def rollback(self, version: int, author: str, reason: str = "",
-                       expected_version: int | None = None) -> RuleSet:
+    async def rollback(
+        self, version: int, author: str, reason: str = "", expected_version: int | None = None
+    ) -> RuleSet:
         """Make version `version`'s rules current again, as a new version."""
         old = await self.get_version(version)
         if expected_version is None:
             current = await self.get_current()
             expected_version = current.version if current else 0
         restored = msgspec.structs.replace(
-            old, author=author, reason=reason or f"rollback to version {version}",
-            rollback_of=version, gate=None)
+            old, author=author, reason=reason or f"rollback to version {version}", rollback_of=version, gate=None
+        )
         return await self.put(restored, expected_version)
 
     async def _archive(self, ruleset: RuleSet) -> None:
@@ -158,8 +160,9 @@ class RuleStore:
 
 
 @asynccontextmanager
-async def connect_store(url: str, prefix: str, user: str | None = None,
-                        password: str | None = None) -> AsyncIterator[RuleStore]:
+async def connect_store(
+    url: str, prefix: str, user: str | None = None, password: str | None = None
+) -> AsyncIterator[RuleStore]:
     """A one-shot connection for command-line tools: fail fast instead of reconnecting forever."""
     nc = await connect_once(NatsSettings(url=url, prefix=prefix, user=user, password=password), "laneway-routing")
     try:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "deploy" / "helm" / "laneway" / "files" / "nats-accounts.json"
-PREFIX = "lw"           # the chart runs every process with the default subject prefix
-TENANT = "__tenant__"   # a valid tenant token that no real subject contains
-CLASS = "__class__"     # and a class token
+PREFIX = "lw"  # the chart runs every process with the default subject prefix
+TENANT = "__tenant__"  # a valid tenant token that no real subject contains
+CLASS = "__class__"  # and a class token
 
 
 def _without_passwords(account: dict) -> dict:

@@ -40,14 +40,19 @@ from schemas.subjects import Subjects
 
 ROUTE_USER = "route"
 ACCOUNTS_FILE, CLUSTER_FILE, ROUTE_PASSWORD_FILE, LOGIN_FILE, IDEMPOTENCY_FILE = (
-    "nats-auth.conf", "cluster-auth.conf", "route-password", "login.json", "idempotency.key")
+    "nats-auth.conf",
+    "cluster-auth.conf",
+    "route-password",
+    "login.json",
+    "idempotency.key",
+)
 
 
 def route_password(out: Path) -> str:
     path = out / ROUTE_PASSWORD_FILE
     if path.exists() and path.read_text().strip():
         return path.read_text().strip()
-    password = secrets.token_urlsafe(24)    # URL-safe: it goes into the route URLs as is
+    password = secrets.token_urlsafe(24)  # URL-safe: it goes into the route URLs as is
     write_private(path, password)
     return password
 
@@ -55,8 +60,7 @@ def route_password(out: Path) -> str:
 def cluster_auth(password: str, routes: list[str]) -> str:
     """The body of a node's `cluster {}` block: JSON values are nats-server config syntax."""
     urls = [f"nats-route://{ROUTE_USER}:{password}@{route}" for route in routes]
-    return (f"authorization: {json.dumps({'user': ROUTE_USER, 'password': password})}\n"
-            f"routes: {json.dumps(urls)}\n")
+    return f"authorization: {json.dumps({'user': ROUTE_USER, 'password': password})}\nroutes: {json.dumps(urls)}\n"
 
 
 def write(args: argparse.Namespace) -> None:
@@ -72,10 +76,10 @@ def write(args: argparse.Namespace) -> None:
         (directory / certs.CA_FILE).write_bytes(ca)
         path = directory / LOGIN_FILE
         login = {"user": user, "password": password}
-        if role == "bridge":        # made once, kept across runs: a retry maps to the same id
+        if role == "bridge":  # made once, kept across runs: a retry maps to the same id
             login["env"] = {env.IDEMPOTENCY_SECRET.name: encryption_key(directory / IDEMPOTENCY_FILE)}
         write_private(path, json.dumps(login))
-        if os.geteuid() == 0:       # root in the container: hand it to the service's user
+        if os.geteuid() == 0:  # root in the container: hand it to the service's user
             os.chown(path, uid, gid)
     print(f"nats-auth: {len(tenants)} tenant accounts, logins for {', '.join(r for r, _ in args.login)}")
 
@@ -93,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="lw")
     parser.add_argument("--out", type=Path, required=True, help="the volume the NATS nodes include")
     parser.add_argument("--routes", required=True, help="HOST:PORT of every node, comma-separated")
-    parser.add_argument("--tls-names", required=True,
-                        help="the names clients and routes reach the nodes by, comma-separated (the certificate's)")
+    parser.add_argument(
+        "--tls-names",
+        required=True,
+        help="the names clients and routes reach the nodes by, comma-separated (the certificate's)",
+    )
     parser.add_argument("--login", type=login, action="append", default=[], help="ROLE=DIR (repeat)")
     parser.add_argument("--owner", default="10001:10001", help="UID:GID of the login files (the image's laneway user)")
     write(parser.parse_args(argv))

@@ -18,15 +18,15 @@ import pytest_asyncio
 from workers.engine import Engine
 
 MODEL = "conformance"
-CONTEXT = 2048                      # every engine's max_model_len
+CONTEXT = 2048  # every engine's max_model_len
 SLOTS = 16
 
 
 @dataclass
 class Subject:
     engine: Engine
-    idle: Callable[[], bool]        # it holds no request: no slot, no upstream call, nothing in a core
-    lacks: dict[str, str] = field(default_factory=dict)   # capability -> why this engine lacks it
+    idle: Callable[[], bool]  # it holds no request: no slot, no upstream call, nothing in a core
+    lacks: dict[str, str] = field(default_factory=dict)  # capability -> why this engine lacks it
 
     def needs(self, capability: str) -> None:
         if capability in self.lacks:
@@ -37,8 +37,10 @@ def _declared(engine: Engine) -> dict[str, str]:
     """What the engine itself declares."""
     lacks = {}
     if engine.shared_prefix_cache:
-        lacks["salted_prefix_cache"] = ("its prefix cache is shared by every tenant (shared_prefix_cache): "
-                                        "no cache_salt keeps one tenant's hits from another's")
+        lacks["salted_prefix_cache"] = (
+            "its prefix cache is shared by every tenant (shared_prefix_cache): "
+            "no cache_salt keeps one tenant's hits from another's"
+        )
     return lacks
 
 
@@ -48,8 +50,9 @@ def _sim():
 
     # 50 ms a step at least: a long answer (1000 tokens) runs far longer than a test waits to
     # see its slot freed, so a slot freed only by the answer's end is not mistaken for an abort.
-    return SimEngine(PROFILES["llama-8b-h100"], model=MODEL, max_seqs=SLOTS, max_model_len=CONTEXT,
-                     min_step_s=0.05, lora_load_s=0.0)
+    return SimEngine(
+        PROFILES["llama-8b-h100"], model=MODEL, max_seqs=SLOTS, max_model_len=CONTEXT, min_step_s=0.05, lora_load_s=0.0
+    )
 
 
 @pytest_asyncio.fixture
@@ -58,7 +61,7 @@ async def sim_subject() -> AsyncIterator[Subject]:
     await engine.start()
     yield Subject(engine, lambda: engine.num_running() == 0 and _free(engine), _declared(engine))
     await engine.cleanup()
-    await engine.cleanup()           # idempotent
+    await engine.cleanup()  # idempotent
 
 
 @pytest_asyncio.fixture
@@ -70,9 +73,18 @@ async def openai_subject(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Subje
     upstream = SimUpstream(_sim())
     await upstream.start()
     monkeypatch.setenv("LANEWAY_TEST_UPSTREAM_KEY", "sk-conformance")
-    engine = OpenAIUpstreamEngine(OpenAIUpstreamConfig(
-        base_url=upstream.url, model=MODEL, api_key_env="LANEWAY_TEST_UPSTREAM_KEY", max_concurrency=SLOTS,
-        retries=0, first_token_timeout_s=30.0, idle_timeout_s=30.0, total_timeout_s=60.0))
+    engine = OpenAIUpstreamEngine(
+        OpenAIUpstreamConfig(
+            base_url=upstream.url,
+            model=MODEL,
+            api_key_env="LANEWAY_TEST_UPSTREAM_KEY",
+            max_concurrency=SLOTS,
+            retries=0,
+            first_token_timeout_s=30.0,
+            idle_timeout_s=30.0,
+            total_timeout_s=60.0,
+        )
+    )
     await engine.start()
     lacks = _declared(engine) | {"adapters": "a hosted upstream serves no LoRA adapters: it refuses them"}
     yield Subject(engine, lambda: _free(engine) and upstream.idle(), lacks)
@@ -85,13 +97,20 @@ async def openai_subject(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Subje
 async def vllm_engine() -> AsyncIterator[Engine]:
     from tests.slow.conftest import vllm_model_dir
 
-    model_dir = vllm_model_dir()                 # skips, saying why, where vllm or the model is absent
+    model_dir = vllm_model_dir()  # skips, saying why, where vllm or the model is absent
     from workers.engines.vllm.config import VllmConfig
     from workers.engines.vllm.engine import VllmEngine
 
-    engine = VllmEngine(VllmConfig(model=str(model_dir), served_model_name=MODEL, max_model_len=CONTEXT,
-                                   max_num_seqs=SLOTS, kv_cache_bytes=256 * 1024**2,
-                                   dtype=os.environ.get("LANEWAY_TEST_VLLM_DTYPE", "auto")))
+    engine = VllmEngine(
+        VllmConfig(
+            model=str(model_dir),
+            served_model_name=MODEL,
+            max_model_len=CONTEXT,
+            max_num_seqs=SLOTS,
+            kv_cache_bytes=256 * 1024**2,
+            dtype=os.environ.get("LANEWAY_TEST_VLLM_DTYPE", "auto"),
+        )
+    )
     await engine.start()
     yield engine
     await engine.cleanup()
@@ -100,10 +119,16 @@ async def vllm_engine() -> AsyncIterator[Engine]:
 
 def _vllm_subject(engine: Engine) -> Subject:
     def idle() -> bool:
-        return engine.num_running() == 0 and engine.num_unfinished() == 0 and _free(engine)   # type: ignore[attr-defined]
+        return engine.num_running() == 0 and engine.num_unfinished() == 0 and _free(engine)  # type: ignore[attr-defined]
 
-    return Subject(engine, idle, _declared(engine) | {
-        "adapters": "this module's engine runs without --enable-lora (tests/slow/test_vllm_lora.py runs one with it)"})
+    return Subject(
+        engine,
+        idle,
+        _declared(engine)
+        | {
+            "adapters": "this module's engine runs without --enable-lora (tests/slow/test_vllm_lora.py runs one with it)"
+        },
+    )
 
 
 def _free(engine: Engine) -> bool:
@@ -111,8 +136,7 @@ def _free(engine: Engine) -> bool:
     return cap.free_slots == cap.total_slots and not cap.running
 
 
-ENGINES = ["sim", "openai",
-           pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)])]
+ENGINES = ["sim", "openai", pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)])]
 
 
 @pytest.fixture(params=ENGINES)

@@ -27,18 +27,28 @@ from workers.engine import (
 
 pytestmark = pytest.mark.timeout(120)
 
-LONG = 1000                          # an answer long enough to be cut part-way on every engine
-RUN_ON = {"ignore_eos": True}        # ... and that no end of sentence cuts short
-FREED_S = 10.0                       # a bound on a hang while a freed slot is seen, not a speed
+LONG = 1000  # an answer long enough to be cut part-way on every engine
+RUN_ON = {"ignore_eos": True}  # ... and that no end of sentence cuts short
+FREED_S = 10.0  # a bound on a hang while a freed slot is seen, not a speed
 
 
-def chat(rid: str, text: str = "Tell me a long story about the sea.", *, max_tokens: int = 8,
-         temperature: float = 0.8, extra: dict | None = None, klass: str = "interactive",
-         tenant: str = "", salt: str = "") -> EngineRequest:
-    body = ChatBody(model=MODEL, messages=[Message(role="user", content=text)], max_tokens=max_tokens,
-                    temperature=temperature)
-    return EngineRequest(rid, body, extra=json.dumps(extra).encode() if extra else b"", klass=klass,
-                         tenant=tenant, cache_salt=salt)
+def chat(
+    rid: str,
+    text: str = "Tell me a long story about the sea.",
+    *,
+    max_tokens: int = 8,
+    temperature: float = 0.8,
+    extra: dict | None = None,
+    klass: str = "interactive",
+    tenant: str = "",
+    salt: str = "",
+) -> EngineRequest:
+    body = ChatBody(
+        model=MODEL, messages=[Message(role="user", content=text)], max_tokens=max_tokens, temperature=temperature
+    )
+    return EngineRequest(
+        rid, body, extra=json.dumps(extra).encode() if extra else b"", klass=klass, tenant=tenant, cache_salt=salt
+    )
 
 
 def completion(rid: str, max_tokens: int = 8) -> EngineRequest:
@@ -67,7 +77,7 @@ async def test_a_reply_streams_deltas_then_one_final_output_with_usage(subject: 
     assert "".join(o.text for o in outs), "the reply has no text"
     assert last.prompt_tokens > 0
     assert 0 < last.completion_tokens <= 8
-    assert len([o for o in outs if o.text]) <= last.completion_tokens   # a delta is one token or more
+    assert len([o for o in outs if o.text]) <= last.completion_tokens  # a delta is one token or more
     assert await freed(subject)
 
 
@@ -153,8 +163,10 @@ async def test_aborting_a_key_the_engine_does_not_hold_is_a_no_op(subject: Subje
 
 
 async def test_two_tenants_share_a_request_id_and_an_abort_ends_only_its_own(subject: Subject) -> None:
-    requests = {"acme": chat("same", max_tokens=16, extra=RUN_ON, tenant="acme"),
-                "globex": chat("same", max_tokens=LONG, extra=RUN_ON, tenant="globex")}
+    requests = {
+        "acme": chat("same", max_tokens=16, extra=RUN_ON, tenant="acme"),
+        "globex": chat("same", max_tokens=LONG, extra=RUN_ON, tenant="globex"),
+    }
     outs: dict[str, list[EngineOutput]] = {"acme": [], "globex": []}
     running = {tenant: asyncio.Event() for tenant in requests}
 

@@ -28,7 +28,7 @@ class SimUpstream:
     def __init__(self, sim: SimEngine) -> None:
         self.sim = sim
         self.url = ""
-        self._ids = itertools.count()      # its own ids: the engine sends the same bare id for two tenants
+        self._ids = itertools.count()  # its own ids: the engine sends the same bare id for two tenants
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -67,7 +67,7 @@ class SimUpstream:
         stream = self.sim.generate(EngineRequest(rid, body, extra=extra))
         async with contextlib.aclosing(stream):
             try:
-                first = await anext(stream)      # the sim refuses before it generates
+                first = await anext(stream)  # the sim refuses before it generates
             except UnsupportedRequest as e:
                 return _error(400, e.message, e.param)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -96,13 +96,26 @@ def _events(rid: str, out: EngineOutput, *, chat: bool) -> list[dict[str, Any]]:
         return [chunk([{"index": out.index, "finish_reason": None, **piece}])]
     reasons = out.finish_reasons or [out.finish_reason]
     empty = {"delta": {}} if chat else {"text": ""}
-    usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-             "total_tokens": out.prompt_tokens + out.completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
+    usage = {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": out.prompt_tokens + out.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
+    }
     finishes = [chunk([{"index": i, "finish_reason": r, **empty}]) for i, r in enumerate(reasons)]
     if out.text:
-        finishes.insert(0, chunk([{"index": out.index, "finish_reason": None,
-                                   **({"delta": {"content": out.text}} if chat else {"text": out.text})}]))
+        finishes.insert(
+            0,
+            chunk(
+                [
+                    {
+                        "index": out.index,
+                        "finish_reason": None,
+                        **({"delta": {"content": out.text}} if chat else {"text": out.text}),
+                    }
+                ]
+            ),
+        )
     return [*finishes, chunk([], usage=usage)]
 
 

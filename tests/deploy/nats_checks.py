@@ -12,10 +12,18 @@ from tests.wait import eventually
 
 S = Subjects("lw")
 # Subjects a tenant must never publish to (the control plane, JetStream's API, broker events).
-FORBIDDEN = ("$KV.lw_tenants.{other}", "$KV.lw_routing.rules", "$KV.lw_quota_use.{tenant}.tokens",
-             "$JS.API.INFO", "$JS.API.STREAM.LIST", "$JS.API.STREAM.DELETE.LW_REQ",
-             "lw.evt.broker.forged", "lw.usage.{tenant}", "lw.req.interactive.{other}",
-             "lw.req.no-such-class.{tenant}")       # its requests only in the classes it may use
+FORBIDDEN = (
+    "$KV.lw_tenants.{other}",
+    "$KV.lw_routing.rules",
+    "$KV.lw_quota_use.{tenant}.tokens",
+    "$JS.API.INFO",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.DELETE.LW_REQ",
+    "lw.evt.broker.forged",
+    "lw.usage.{tenant}",
+    "lw.req.interactive.{other}",
+    "lw.req.no-such-class.{tenant}",
+)  # its requests only in the classes it may use
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -50,8 +58,14 @@ async def check_tenant_is_fenced(urls: list[str], tenant: str, password: str, op
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc))
 
-    nc = await nats.connect(urls, user=f"tenant-{tenant}", password=password, error_cb=on_error,
-                            allow_reconnect=False, max_reconnect_attempts=0)
+    nc = await nats.connect(
+        urls,
+        user=f"tenant-{tenant}",
+        password=password,
+        error_cb=on_error,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+    )
     admin = await nats.connect(urls, user=ops[0], password=ops[1], inbox_prefix=service_inbox(ops[0]))
     try:
         tenants = await admin.jetstream().key_value("lw_tenants")

@@ -42,7 +42,7 @@ GRAFANA_PASSWORD = "a-password-from-the-environment"
 
 @functools.cache
 def resolved() -> dict:
-    if compose_command() is None:      # the file's defaults, with the one required variable set
+    if compose_command() is None:  # the file's defaults, with the one required variable set
         text = re.sub(r"\$\{GRAFANA_ADMIN_PASSWORD:\?[^}]*\}", GRAFANA_PASSWORD, COMPOSE.read_text())
         return yaml.safe_load(interpolate(text))
     result = compose_config({"GRAFANA_ADMIN_PASSWORD": GRAFANA_PASSWORD})
@@ -51,10 +51,19 @@ def resolved() -> dict:
 
 
 def compose_config(extra: dict[str, str]) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LANEWAY_", "GRAFANA_", "PROMETHEUS_", "HF_", "COMPOSE_"))}
-    return subprocess.run([*compose_command(), "-f", str(COMPOSE), "config"], cwd=ROOT, env={**env, **extra},
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LANEWAY_", "GRAFANA_", "PROMETHEUS_", "HF_", "COMPOSE_"))
+    }
+    return subprocess.run(
+        [*compose_command(), "-f", str(COMPOSE), "config"],
+        cwd=ROOT,
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def services() -> dict[str, dict]:
@@ -118,7 +127,7 @@ def test_nats_monitoring_stays_on_each_nodes_loopback() -> None:
 
 # -- logins ---------------------------------------------------------------------------------------
 def role_of(command: list[str]) -> str:
-    return command[0]      # broker | worker | bridge | ops (provision)
+    return command[0]  # broker | worker | bridge | ops (provision)
 
 
 def test_each_laneway_container_logs_in_as_its_own_role_only() -> None:
@@ -163,10 +172,18 @@ def test_the_bridge_gets_one_idempotency_secret_kept_across_runs(tmp_path: Path)
     stand_in.parent.mkdir()
     stand_in.write_text('#!/bin/sh\necho "$LANEWAY_NATS_USER $LANEWAY_IDEMPOTENCY_SECRET $*"\n')
     stand_in.chmod(0o755)
-    done = subprocess.run([sys.executable, str(ROOT / "deploy" / "nats" / "login.py"),
-                           str(tmp_path / "nats-login-bridge" / "login.json"), "bridge"],
-                          env={**os.environ, "PATH": f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}"},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "nats" / "login.py"),
+            str(tmp_path / "nats-login-bridge" / "login.json"),
+            "bridge",
+        ],
+        env={**os.environ, "PATH": f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.stdout.split() == [first["user"], secret, "bridge"], done.stderr
 
 
@@ -179,7 +196,7 @@ def on_host(svc: dict, tmp: Path) -> dict[str, Path]:
 def host_path(arg: str, where: dict[str, Path]) -> str | None:
     for target, path in sorted(where.items(), key=lambda kv: -len(kv[0])):
         if arg == target or arg.startswith(target + "/"):
-            return str(path) + arg[len(target):]
+            return str(path) + arg[len(target) :]
     return None
 
 
@@ -200,8 +217,14 @@ def run_nats_auth(tmp: Path, route_ports: dict[str, int]) -> dict[str, Path]:
 
     assert svc["entrypoint"][0] == "python"
     args = [host(a) for a in [*svc["entrypoint"][1:], *map(str, svc["command"])]]
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr
     return {s: tmp / s for s, _ in volume_specs(svc) if not s.startswith(".")}
 
@@ -216,8 +239,8 @@ def write_node(tmp: Path, node: str, volumes: dict[str, Path], route_port: int, 
     text = node_conf(node)
     text = text.replace("http: 127.0.0.1:8222", f"http: 127.0.0.1:{http_port}")
     text = text.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route_port}")
-    text = text.replace('"/etc/nats/', f'"{directory}/')     # the certificate's paths
-    text = re.sub(r"^\s*store_dir:.*$", "", text, flags=re.M)     # NatsServer passes -sd
+    text = text.replace('"/etc/nats/', f'"{directory}/')  # the certificate's paths
+    text = re.sub(r"^\s*store_dir:.*$", "", text, flags=re.M)  # NatsServer passes -sd
     (directory / "nats.conf").write_text(text)
     return directory / "nats.conf"
 
@@ -225,6 +248,7 @@ def write_node(tmp: Path, node: str, volumes: dict[str, Path], route_port: int, 
 @dataclass
 class ComposeCluster:
     """deploy/nats/nats-N.conf as 3 real nodes on loopback, with what `nats-auth` wrote for them."""
+
     tmp: Path
     volumes: dict[str, Path]
     route_ports: dict[str, int]
@@ -253,8 +277,13 @@ async def compose_cluster(tmp: Path) -> AsyncIterator[ComposeCluster]:
 
     cluster = ComposeCluster(tmp, {}, {node: free_port() for node in NODES}, {node: free_port() for node in NODES})
     cluster.volumes = run_nats_auth(tmp, cluster.route_ports)
-    cluster.servers = [NatsServer(tmp / f"store-{node}", config_file=write_node(
-        tmp, node, cluster.volumes, cluster.route_ports[node], cluster.http_ports[node])) for node in NODES]
+    cluster.servers = [
+        NatsServer(
+            tmp / f"store-{node}",
+            config_file=write_node(tmp, node, cluster.volumes, cluster.route_ports[node], cluster.http_ports[node]),
+        )
+        for node in NODES
+    ]
     await asyncio.gather(*(s.start() for s in cluster.servers))
     try:
         yield cluster
@@ -282,8 +311,9 @@ async def route_refused_without_password(port: int, node_tls: ssl.SSLContext) ->
         writer.close()
 
 
-async def test_compose_nats_cluster_runs_with_the_generated_accounts(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_compose_nats_cluster_runs_with_the_generated_accounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with compose_cluster(tmp_path) as cluster:
         volumes = cluster.volumes
         credentials = json.loads((volumes["nats-auth"] / "nats-credentials.json").read_text())
@@ -308,8 +338,14 @@ async def test_compose_nats_cluster_runs_with_the_generated_accounts(tmp_path: P
         login = volumes["nats-login-ops"] / "login.json"
         env = {**os.environ, **service_env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         result = await asyncio.to_thread(
-            subprocess.run, [sys.executable, str(ROOT / "deploy" / "nats" / "login.py"), str(login), *command],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+            subprocess.run,
+            [sys.executable, str(ROOT / "deploy" / "nats" / "login.py"), str(login), *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         for role in ("broker", "worker", "bridge", "ops"):
             mine = json.loads((volumes[f"nats-login-{role}"] / "login.json").read_text())

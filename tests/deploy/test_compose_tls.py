@@ -125,8 +125,12 @@ async def first_line(port: int, tls: ssl.SSLContext | None) -> bytes:
 
 async def test_a_service_connects_over_tls_with_its_login_and_the_compose_ca(cluster: ComposeCluster) -> None:
     user, password = login_of(cluster, "broker")
-    n = NatsSettings(url=cluster.nats_url("broker"), user=user, password=password,
-                     tls_ca=cluster.env("broker")["LANEWAY_NATS_TLS_CA"])
+    n = NatsSettings(
+        url=cluster.nats_url("broker"),
+        user=user,
+        password=password,
+        tls_ca=cluster.env("broker")["LANEWAY_NATS_TLS_CA"],
+    )
     nc = await connect(n, "laneway-broker-tls-test")
     try:
         await nc.flush()
@@ -155,8 +159,9 @@ async def test_a_plain_text_client_is_refused(cluster: ComposeCluster) -> None:
 
 
 @pytest.mark.parametrize("trust", ["system", "another CA"])
-async def test_a_client_that_does_not_trust_the_compose_ca_is_refused(cluster: ComposeCluster, trust: str,
-                                                                      tmp_path: Path) -> None:
+async def test_a_client_that_does_not_trust_the_compose_ca_is_refused(
+    cluster: ComposeCluster, trust: str, tmp_path: Path
+) -> None:
     user, password = login_of(cluster, "broker")
     ca = None
     if trust == "another CA":
@@ -180,9 +185,14 @@ async def test_the_nodes_route_to_each_other_over_tls_only(cluster: ComposeClust
         if len(leaders) != 1 or not leaders <= set(NODES):
             return False
         followers = metas[leaders.pop()]["replicas"]
-        return (len(followers) == 2 and all(r["current"] for r in followers)
-                and all({r["remote_name"] for r in monitor(cluster, node, "routez")["routes"]} == set(NODES) - {node}
-                        for node in NODES))
+        return (
+            len(followers) == 2
+            and all(r["current"] for r in followers)
+            and all(
+                {r["remote_name"] for r in monitor(cluster, node, "routez")["routes"]} == set(NODES) - {node}
+                for node in NODES
+            )
+        )
 
     assert await eventually(meshed, timeout=30), "the routes did not form the cluster"
     for node in NODES:

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "laneway"
 ALL_ON = CHART / "ci" / "all-on-values.yaml"
 KEDA_CRD = Path(__file__).parent / "data" / "keda.sh_scaledobjects.yaml"
-K8S_VERSIONS = ("1.29.0", "1.33.0")     # the chart's kubeVersion floor, and a current release
+K8S_VERSIONS = ("1.29.0", "1.33.0")  # the chart's kubeVersion floor, and a current release
 RELEASE, NAMESPACE = "demo", "laneway"
 VARIANTS = ("default", "all-on")
 LANEWAY_ROLES = {"broker", "bridge", "worker", "ops"}
@@ -111,8 +111,12 @@ def pod_specs(variant: str) -> list[tuple[str, dict, dict]]:
 
 def laneway_containers(variant: str) -> list[tuple[str, dict, dict, dict]]:
     """(workload, pod metadata, pod spec, container) for containers running the laneway image."""
-    return [(w, meta, spec, c) for w, meta, spec in pod_specs(variant) for c in spec["containers"]
-            if c["image"].split(":")[0].endswith("laneway")]
+    return [
+        (w, meta, spec, c)
+        for w, meta, spec in pod_specs(variant)
+        for c in spec["containers"]
+        if c["image"].split(":")[0].endswith("laneway")
+    ]
 
 
 def flag(args: list[str], name: str) -> str | None:
@@ -149,8 +153,15 @@ def test_every_object_validates_against_its_schema(variant: str) -> None:
             except kubernetes_validate.ValidationError as exc:
                 errors.append(f"{where} (Kubernetes {k8s}): {exc.message} at {list(exc.path)}")
     assert not errors, "\n".join(errors)
-    assert {"Deployment", "StatefulSet", "PodDisruptionBudget", "Secret", "ConfigMap", "Job",
-            "HorizontalPodAutoscaler"} <= kinds
+    assert {
+        "Deployment",
+        "StatefulSet",
+        "PodDisruptionBudget",
+        "Secret",
+        "ConfigMap",
+        "Job",
+        "HorizontalPodAutoscaler",
+    } <= kinds
     if variant == "all-on":
         assert "ScaledObject" in kinds, "the KEDA branch above must run"
 
@@ -192,9 +203,15 @@ def test_all_on_values_turn_every_switch_on() -> None:
             node = node.get(key) if isinstance(node, dict) else None
         return node
 
-    off = [".".join(p) for p in switches(defaults)
-           if not (lookup(on, (*p, "enabled")) if lookup(on, (*p, "enabled")) is not None
-                   else lookup(defaults, (*p, "enabled")))]
+    off = [
+        ".".join(p)
+        for p in switches(defaults)
+        if not (
+            lookup(on, (*p, "enabled"))
+            if lookup(on, (*p, "enabled")) is not None
+            else lookup(defaults, (*p, "enabled"))
+        )
+    ]
     assert not off, f"ci/all-on-values.yaml leaves off: {off}"
     assert on["otel"]["endpoint"], "the OTLP endpoint too"
 
@@ -220,8 +237,11 @@ def test_scaled_objects_and_rules_name_exported_metrics() -> None:
     recorded = {r["record"] for r in rules if "record" in r}
     uses = [(f"rule {r.get('alert') or r.get('record')}", str(r["expr"])) for r in rules]
     scaled = objects("all-on", "ScaledObject")
-    uses += [(f"ScaledObject {o['metadata']['name']} trigger {t.get('name')}", t["metadata"]["query"])
-             for o in scaled for t in o["spec"]["triggers"]]
+    uses += [
+        (f"ScaledObject {o['metadata']['name']} trigger {t.get('name')}", t["metadata"]["query"])
+        for o in scaled
+        for t in o["spec"]["triggers"]
+    ]
     pools = [name for name, p in values_merged("all-on")["workerPools"].items() if p["enabled"]]
     assert len(scaled) == len(pools), "a ScaledObject per enabled worker pool"
     missing = {}
@@ -265,7 +285,7 @@ def test_streams_replicate_across_the_nats_cluster(variant: str) -> None:
     assert len(cluster_auth(named(variant, "Secret", f"{RELEASE}-nats-auth")["stringData"])[1]) == 3
     assert re.search(r'"cipher":\s*"chachapoly"', conf) and re.search(r'"key":\s*\$LANEWAY_NATS_JS_KEY\b', conf)
     for workload, _, _, c in laneway_containers(variant):
-        if c["args"][0] in ("broker", "ops"):        # the bridge creates no stream
+        if c["args"][0] in ("broker", "ops"):  # the bridge creates no stream
             assert flag(c["args"], "--replicas") == "3", f"{workload}: streams need 3 replicas"
         assert env_of(c)["LANEWAY_NATS_URL"]["value"] == f"tls://{RELEASE}-nats:4222", workload
     assert named(variant, "Service", f"{RELEASE}-nats")["spec"]["ports"][0]["port"] == 4222
@@ -274,15 +294,23 @@ def test_streams_replicate_across_the_nats_cluster(variant: str) -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_pods_reference_only_what_the_chart_makes(variant: str) -> None:
     made = {(o["kind"], o["metadata"]["name"]) for o in objects(variant)}
-    claims = {("PersistentVolumeClaim", t["metadata"]["name"]) for o in objects(variant, "StatefulSet")
-              for t in o["spec"].get("volumeClaimTemplates", [])}
+    claims = {
+        ("PersistentVolumeClaim", t["metadata"]["name"])
+        for o in objects(variant, "StatefulSet")
+        for t in o["spec"].get("volumeClaimTemplates", [])
+    }
     problems = []
     for workload, _, spec in pod_specs(variant):
         for v in spec.get("volumes", []):
-            ref = (("ConfigMap", v["configMap"]["name"]) if "configMap" in v else
-                   ("Secret", v["secret"]["secretName"]) if "secret" in v else
-                   ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"])
-                   if "persistentVolumeClaim" in v else None)
+            ref = (
+                ("ConfigMap", v["configMap"]["name"])
+                if "configMap" in v
+                else ("Secret", v["secret"]["secretName"])
+                if "secret" in v
+                else ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"])
+                if "persistentVolumeClaim" in v
+                else None
+            )
             if ref and ref not in made:
                 problems.append(f"{workload}: volume {v['name']} → missing {ref}")
         for c in spec["containers"] + spec.get("initContainers", []):
@@ -311,16 +339,20 @@ def test_every_bridge_replica_gets_the_same_idempotency_secret(variant: str) -> 
     ref = env_of(bridge)["LANEWAY_IDEMPOTENCY_SECRET"]["valueFrom"]["secretKeyRef"]
     secret = named(variant, "Secret", ref["name"])
     assert len(secret["stringData"][ref["key"]]) >= 32
-    rendered = render_values(values(variant) | {"bridge": {**values(variant).get("bridge", {}),
-                                                           "idempotencySecret": "x" * 40}})
+    rendered = render_values(
+        values(variant) | {"bridge": {**values(variant).get("bridge", {}), "idempotencySecret": "x" * 40}}
+    )
     (mine,) = [d for d in rendered if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
     assert mine["stringData"][ref["key"]] == "x" * 40
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_deployment_has_a_disruption_budget_and_scalers_target_real_ones(variant: str) -> None:
-    deployments = {o["metadata"]["name"]: o for o in objects(variant, "Deployment")
-                   if o["metadata"]["labels"].get("app.kubernetes.io/part-of") == "laneway"}
+    deployments = {
+        o["metadata"]["name"]: o
+        for o in objects(variant, "Deployment")
+        if o["metadata"]["labels"].get("app.kubernetes.io/part-of") == "laneway"
+    }
     pdbs = objects(variant, "PodDisruptionBudget")
     for name, d in deployments.items():
         labels = d["spec"]["template"]["metadata"]["labels"]
@@ -379,13 +411,15 @@ def test_worker_pools_get_gpus_models_and_keys(variant: str) -> None:
             assert mounts[model_root]["readOnly"], f"{workload}: model volume not at {model_root}"
             volume = next(v for v in spec["volumes"] if v["name"] == mounts[model_root]["name"])
             assert "persistentVolumeClaim" in volume, workload
-            assert mounts["/dev/shm"] and "sizeLimit" in next(v for v in spec["volumes"] if v["name"] == "shm")["emptyDir"]
+            assert (
+                mounts["/dev/shm"] and "sizeLimit" in next(v for v in spec["volumes"] if v["name"] == "shm")["emptyDir"]
+            )
         else:
             assert "nvidia.com/gpu" not in json.dumps(resources), workload
         if engine == "openai":
             key_env = flag(args, "--upstream-key-env")
             assert "secretKeyRef" in env_of(c)[key_env]["valueFrom"], f"{workload}: the key must come from a Secret"
-            assert key_env not in " ".join(args[args.index("--upstream-key-env") + 2:])
+            assert key_env not in " ".join(args[args.index("--upstream-key-env") + 2 :])
     assert {"vllm", "openai"} <= engines
     if variant == "all-on":
         assert "sim" in engines
@@ -401,7 +435,7 @@ def test_every_pool_the_settings_name_has_workers(variant: str, tmp_path: Path) 
     served = {flag(c["args"], "--pool") for _, _, _, c in laneway_containers(variant) if c["args"][0] == "worker"}
     wanted = {m.pool for m in settings.models.values()}
     assert wanted and wanted <= served, f"pools without workers: {wanted - served}"
-    if variant == "default":    # the defaults ship deploy/settings.toml itself
+    if variant == "default":  # the defaults ship deploy/settings.toml itself
         assert tomllib.loads(path.read_text()) == tomllib.loads((ROOT / "deploy" / "settings.toml").read_text())
 
 
@@ -424,10 +458,14 @@ def test_monitoring_configmaps_reuse_the_deploy_files() -> None:
     config = yaml.safe_load(prom["prometheus.yml"])
     assert config["rule_files"] == ["alerts.yml"]
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
-    assert {f"{JOB_PREFIX}{kind}" for kind in KINDS} | {"nats"} <= set(jobs)    # as `laneway up` names them
+    assert {f"{JOB_PREFIX}{kind}" for kind in KINDS} | {"nats"} <= set(jobs)  # as `laneway up` names them
     # Each Laneway pod is annotated with the port its process serves metrics on, and one job keeps it.
-    keeps = {name: re.compile(rule["regex"]) for name, job in jobs.items() for rule in job["relabel_configs"]
-             if rule.get("action") == "keep" and "app_kubernetes_io_component" in " ".join(rule["source_labels"])}
+    keeps = {
+        name: re.compile(rule["regex"])
+        for name, job in jobs.items()
+        for rule in job["relabel_configs"]
+        if rule.get("action") == "keep" and "app_kubernetes_io_component" in " ".join(rule["source_labels"])
+    }
     for workload, meta, _, c in laneway_containers("all-on"):
         if c["args"][0] in ("broker", "worker", "bridge"):
             port = meta["annotations"]["prometheus.io/port"]
@@ -436,13 +474,16 @@ def test_monitoring_configmaps_reuse_the_deploy_files() -> None:
             assert [n for n, rx in keeps.items() if rx.fullmatch(key)] == [f"laneway-{c['args'][0]}"], workload
     dashboard = named("all-on", "ConfigMap", f"{RELEASE}-laneway-dashboard")
     assert json.loads(dashboard["data"]["laneway.json"]) == json.loads(
-        (deploy / "grafana" / "dashboards" / "laneway.json").read_text())
+        (deploy / "grafana" / "dashboards" / "laneway.json").read_text()
+    )
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    source = yaml.safe_load(named("all-on", "ConfigMap", f"{RELEASE}-laneway-datasource")["data"]["laneway-prometheus.yml"])
+    source = yaml.safe_load(
+        named("all-on", "ConfigMap", f"{RELEASE}-laneway-datasource")["data"]["laneway-prometheus.yml"]
+    )
     original = yaml.safe_load((deploy / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert source["datasources"][0]["url"] == values("all-on")["monitoring"]["grafanaDatasource"]["prometheusUrl"]
     assert source["datasources"][0]["uid"] == original["datasources"][0]["uid"]
-    for name in ("prometheus", "grafana", "settings.toml"):    # links, so nothing is copied
+    for name in ("prometheus", "grafana", "settings.toml"):  # links, so nothing is copied
         assert (CHART / "files" / name).is_symlink(), name
 
 
@@ -459,8 +500,9 @@ def cluster_auth(auth_secret: dict[str, str]) -> tuple[dict, list[str]]:
 
 
 def nats_conf(rendered: list[dict]) -> str:
-    (conf,) = [o["data"]["nats.conf"] for o in rendered
-               if o["kind"] == "ConfigMap" and "nats.conf" in o.get("data", {})]
+    (conf,) = [
+        o["data"]["nats.conf"] for o in rendered if o["kind"] == "ConfigMap" and "nats.conf" in o.get("data", {})
+    ]
     return conf
 
 
@@ -473,14 +515,22 @@ def cluster_block(conf: str) -> str:
 
 def mounted_files(rendered: list[dict], spec: dict, container: dict) -> dict[str, tuple[str, str, str]]:
     """Path in the container → (kind, name, key) of each Secret or ConfigMap key it mounts."""
-    sources = {(o["kind"], o["metadata"]["name"]): {**o.get("data", {}), **o.get("stringData", {})}
-               for o in rendered if o["kind"] in ("Secret", "ConfigMap")}
+    sources = {
+        (o["kind"], o["metadata"]["name"]): {**o.get("data", {}), **o.get("stringData", {})}
+        for o in rendered
+        if o["kind"] in ("Secret", "ConfigMap")
+    }
     volumes = {v["name"]: v for v in spec["volumes"]}
     files = {}
     for m in container.get("volumeMounts", []):
         v = volumes.get(m["name"], {})
-        kind, name = (("Secret", v["secret"]["secretName"]) if "secret" in v else
-                      ("ConfigMap", v["configMap"]["name"]) if "configMap" in v else (None, None))
+        kind, name = (
+            ("Secret", v["secret"]["secretName"])
+            if "secret" in v
+            else ("ConfigMap", v["configMap"]["name"])
+            if "configMap" in v
+            else (None, None)
+        )
         if kind:
             assert "subPath" not in m and "items" not in v.get("secret", v.get("configMap")), m
             files |= {posixpath.join(m["mountPath"], key): (kind, name, key) for key in sources[(kind, name)]}
@@ -503,8 +553,9 @@ def test_nats_routes_are_authenticated_from_a_secret_only(variant: str) -> None:
     headless = named(variant, "Service", sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
     (port,) = [p["port"] for p in headless["spec"]["ports"] if p["name"] == "cluster"]
-    pods = [f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}:{port}"
-            for i in range(sts["spec"]["replicas"])]
+    pods = [
+        f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}:{port}" for i in range(sts["spec"]["replicas"])
+    ]
     assert routes == [f"nats://{ROUTE_USER}:{password}@{pod}" for pod in pods]
 
     spec = sts["spec"]["template"]["spec"]
@@ -513,10 +564,14 @@ def test_nats_routes_are_authenticated_from_a_secret_only(variant: str) -> None:
     block = cluster_block(nats_conf(rendered))
     assert '"routes"' not in block and "authorization" not in block, block
     files = mounted_files(rendered, spec, nats_container)
-    included = [files.get(posixpath.normpath(posixpath.join(config_dir, path)))
-                for path in re.findall(r"^\s*include (\S+);$", block, re.M)]
-    assert included == [("Secret", f"{RELEASE}-nats-auth", "cluster-auth.conf"),
-                        ("Secret", f"{RELEASE}-nats-auth", "cluster-tls.conf")], included
+    included = [
+        files.get(posixpath.normpath(posixpath.join(config_dir, path)))
+        for path in re.findall(r"^\s*include (\S+);$", block, re.M)
+    ]
+    assert included == [
+        ("Secret", f"{RELEASE}-nats-auth", "cluster-auth.conf"),
+        ("Secret", f"{RELEASE}-nats-auth", "cluster-tls.conf"),
+    ], included
     leaks = [o["metadata"]["name"] for o in objects(variant, "ConfigMap") if password in json.dumps(o)]
     assert not leaks, f"the route password is in ConfigMaps {leaks}"
 
@@ -536,7 +591,9 @@ def test_nats_speaks_tls_to_clients_and_routes_and_laneway_trusts_its_ca(variant
     ca = named(variant, "ConfigMap", f"{RELEASE}-nats-ca")["data"]
     assert set(ca) == {"ca.crt"} and ca["ca.crt"] == secret["ca.crt"] and "PRIVATE KEY" not in ca["ca.crt"]
     assert cert.issuer == x509.load_pem_x509_certificate(ca["ca.crt"].encode()).subject
-    names = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName))
+    names = set(
+        cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    )
     assert {f"{RELEASE}-nats", f"*.{RELEASE}-nats-headless", f"{RELEASE}-nats.{NAMESPACE}.svc.cluster.local"} <= names
     for workload, _, spec, container in laneway_containers(variant):
         env = env_of(container)
@@ -548,27 +605,37 @@ def test_nats_speaks_tls_to_clients_and_routes_and_laneway_trusts_its_ca(variant
 
     plain = render_values({**values(variant), "natsTls": {"enabled": False}})
     assert not [o for o in plain if o["metadata"]["name"] == f"{RELEASE}-nats-ca"]
-    (auth,) = [o["stringData"] for o in plain if o["kind"] == "Secret" and o["metadata"]["name"] == f"{RELEASE}-nats-auth"]
+    (auth,) = [
+        o["stringData"] for o in plain if o["kind"] == "Secret" and o["metadata"]["name"] == f"{RELEASE}-nats-auth"
+    ]
     assert "tls.crt" not in auth and "cert_file" not in auth["tls.conf"]
-    urls = {e["value"] for o in plain if o["kind"] in ("Deployment", "Job")
-            for c in o["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
-            if e["name"] == "LANEWAY_NATS_URL"}
+    urls = {
+        e["value"]
+        for o in plain
+        if o["kind"] in ("Deployment", "Job")
+        for c in o["spec"]["template"]["spec"]["containers"]
+        for e in c.get("env", [])
+        if e["name"] == "LANEWAY_NATS_URL"
+    }
     assert urls == {f"nats://{RELEASE}-nats:4222"}
 
 
 def test_the_route_password_is_set_in_values_never_in_the_nats_charts() -> None:
     chosen = "a-route-password-chosen-0451"
     rendered = render_values({"natsAuth": {"routePassword": chosen}})
-    (secret,) = [o["stringData"] for o in rendered
-                 if o["kind"] == "Secret" and o["metadata"]["name"] == f"{RELEASE}-nats-auth"]
+    (secret,) = [
+        o["stringData"] for o in rendered if o["kind"] == "Secret" and o["metadata"]["name"] == f"{RELEASE}-nats-auth"
+    ]
     authorization, routes = cluster_auth(secret)
     assert secret["route-password"] == authorization["password"] == chosen
     assert all(url.startswith(f"nats://{ROUTE_USER}:{chosen}@") for url in routes)
     # The NATS chart's own route credentials would be written into its ConfigMap; a password that
     # a URL would need escaped would break the routes.
-    for overrides in ({"nats": {"config": {"cluster": {"routeURLs": {"user": "route", "password": chosen}}}}},
-                      {"natsAuth": {"routePassword": "with space/and@sign#0451"}},
-                      {"natsAuth": {"routePassword": "short"}}):
+    for overrides in (
+        {"nats": {"config": {"cluster": {"routeURLs": {"user": "route", "password": chosen}}}}},
+        {"natsAuth": {"routePassword": "with space/and@sign#0451"}},
+        {"natsAuth": {"routePassword": "short"}},
+    ):
         with pytest.raises(helm.HelmError, match=r"natsAuth\.routePassword"):
             render_values(overrides)
 
@@ -580,23 +647,52 @@ def merged(base: dict, extra: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name, overrides", [
-    (RELEASE, {}),
-    ("nats", {}),                                       # the NATS chart's names drop its suffix
-    (RELEASE, {"nats": {"fullnameOverride": "mq", "config": {"cluster": {
-        "routeURLs": {"useFQDN": True}, "tls": {"enabled": True, "secretName": "route-certs"}}}}}),
-    (RELEASE, {"nats": {"nameOverride": "bus", "statefulSet": {"name": "ss"}, "headlessService": {"name": "hs"},
-                        "config": {"cluster": {"port": 7222, "replicas": 5}}}}),
-], ids=["default", "release-nats", "fullname-fqdn-tls", "names-port-replicas"])
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        (RELEASE, {}),
+        ("nats", {}),  # the NATS chart's names drop its suffix
+        (
+            RELEASE,
+            {
+                "nats": {
+                    "fullnameOverride": "mq",
+                    "config": {
+                        "cluster": {
+                            "routeURLs": {"useFQDN": True},
+                            "tls": {"enabled": True, "secretName": "route-certs"},
+                        }
+                    },
+                }
+            },
+        ),
+        (
+            RELEASE,
+            {
+                "nats": {
+                    "nameOverride": "bus",
+                    "statefulSet": {"name": "ss"},
+                    "headlessService": {"name": "hs"},
+                    "config": {"cluster": {"port": 7222, "replicas": 5}},
+                }
+            },
+        ),
+    ],
+    ids=["default", "release-nats", "fullname-fqdn-tls", "names-port-replicas"],
+)
 def test_route_urls_name_the_pods_the_nats_chart_names(name: str, overrides: dict) -> None:
     """Ours (with credentials, in the Secret) against the NATS chart's own route list, rendered
     by leaving its route list in place (no patch) under the same values."""
     rendered = render_values(overrides, name=name)
-    (secret,) = [o["stringData"] for o in rendered
-                 if o["kind"] == "Secret" and o["metadata"]["name"] == f"{name}-nats-auth"]
+    (secret,) = [
+        o["stringData"] for o in rendered if o["kind"] == "Secret" and o["metadata"]["name"] == f"{name}-nats-auth"
+    ]
     ours = [re.sub(r"//[^@/]*@", "//", url) for url in cluster_auth(secret)[1]]
-    theirs = re.search(r'"routes": (\[.*?\])', nats_conf(render_values(
-        merged(overrides, {"nats": {"config": {"cluster": {"patch": []}}}}), name=name)), re.S)
+    theirs = re.search(
+        r'"routes": (\[.*?\])',
+        nats_conf(render_values(merged(overrides, {"nats": {"config": {"cluster": {"patch": []}}}}), name=name)),
+        re.S,
+    )
     assert theirs and ours == json.loads(theirs.group(1))
 
 
@@ -607,8 +703,9 @@ def test_nats_accounts_file_matches_the_code() -> None:
     spec = importlib.util.spec_from_file_location("gen", ROOT / "deploy" / "helm" / "generate_nats_permissions.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (CHART / "files" / "nats-accounts.json").read_text() == module.generate(), \
+    assert (CHART / "files" / "nats-accounts.json").read_text() == module.generate(), (
         "laneway/nats_config.py changed: run .venv/bin/python deploy/helm/generate_nats_permissions.py"
+    )
 
 
 def rendered_accounts(variant: str) -> dict:
@@ -630,10 +727,14 @@ def rendered_tenant_docs(variant: str) -> dict:
 
 def canonical(accounts: dict) -> dict:
     """Order-free: users by name, exports by content (the chart ranges over sorted keys)."""
+
     def sort(items: list) -> list:
         return sorted(items, key=lambda i: json.dumps(i, sort_keys=True))
-    return {name: {**a, "users": sort(a["users"]), **({"exports": sort(a["exports"])} if "exports" in a else {})}
-            for name, a in accounts.items()}
+
+    return {
+        name: {**a, "users": sort(a["users"]), **({"exports": sort(a["exports"])} if "exports" in a else {})}
+        for name, a in accounts.items()
+    }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -651,12 +752,12 @@ def test_rendered_accounts_are_the_codes_for_the_settings_tenants(variant: str) 
         assert secret["user"] == user_name(role)
         passwords[secret["user"]] = secret["password"]
     assert len(set(passwords.values())) == len(passwords), "every user its own password"
-    docs = rendered_tenant_docs(variant).values()     # each user publishes in its tenant's classes alone
+    docs = rendered_tenant_docs(variant).values()  # each user publishes in its tenant's classes alone
     assert canonical(rendered_accounts(variant)) == canonical(accounts(Subjects("lw"), docs, passwords))
     if variant == "all-on":
         globex = rendered_accounts(variant)["TENANT_globex"]["users"][0]["permissions"]["publish"]["allow"]
         assert globex == ["lw.req.batch.globex", "lw.cancel.globex.*"]
-    if variant == "all-on":     # a password chosen in values is the one in both Secrets
+    if variant == "all-on":  # a password chosen in values is the one in both Secrets
         assert passwords["ops"] == values(variant)["natsAuth"]["passwords"]["ops"]
 
 
@@ -673,8 +774,9 @@ def kubernetes_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[
     return env
 
 
-async def check_routes_refuse_a_server_without_the_password(tmp_path: Path, conf: str, servers: list,
-                                                            route_ports: list[int], http_ports: list[int]) -> None:
+async def check_routes_refuse_a_server_without_the_password(
+    tmp_path: Path, conf: str, servers: list, route_ports: list[int], http_ports: list[int]
+) -> None:
     """Each node routes to the two others (its /routez names them); a 4th nats-server of the same
     cluster name, routing to node 0 without credentials and to node 1 as the route user with a
     wrong password, is refused by both (their logs say so) and no node gains a route to it."""
@@ -687,32 +789,41 @@ async def check_routes_refuse_a_server_without_the_password(tmp_path: Path, conf
         with urllib.request.urlopen(f"http://127.0.0.1:{http_ports[i]}/routez", timeout=5) as answer:
             return {r.get("remote_name") for r in json.load(answer)["routes"]}
 
-    assert await eventually(lambda: all(routed(i) == set(names) - {n} for i, n in enumerate(names)), timeout=30), \
-        [routed(i) for i in range(len(servers))]
+    assert await eventually(lambda: all(routed(i) == set(names) - {n} for i, n in enumerate(names)), timeout=30), [
+        routed(i) for i in range(len(servers))
+    ]
     # nats-server logs a route it refused as `rid:N - authentication error` (+ ` - User "<user>"`
     # if it named one; a client's refusal says cid:N).
     no_user = re.compile(r"rid:\d+ - authentication error$", re.M)
     wrong_password = re.compile(rf'rid:\d+ - authentication error - User "{ROUTE_USER}"$', re.M)
-    assert not [s.url for s in servers if re.search(r"rid:\d+ - authentication error", s.log_file.read_text())], \
+    assert not [s.url for s in servers if re.search(r"rid:\d+ - authentication error", s.log_file.read_text())], (
         "routes refused before any intruder"
+    )
     cluster_name = re.search(r'"name": "([^"]+)"', cluster_block(conf)).group(1)
-    routes = [f"nats://localhost:{route_ports[0]}",
-              f"nats://{ROUTE_USER}:not-the-route-password@localhost:{route_ports[1]}"]
+    routes = [
+        f"nats://localhost:{route_ports[0]}",
+        f"nats://{ROUTE_USER}:not-the-route-password@localhost:{route_ports[1]}",
+    ]
     # The routes are mutual TLS: the intruder shows the nodes' own certificate (as if stolen), so
     # what keeps it out here is the route password alone.
     tls = (tmp_path / "nats-laneway" / "cluster-tls.conf").read_text().strip()
     intruder_conf = tmp_path / "intruder.conf"
-    intruder_conf.write_text(f'server_name: "intruder"\ncluster {{ name: {json.dumps(cluster_name)}, '
-                             f"port: {free_port()}, routes: {json.dumps(routes)}, {tls} }}\n")
+    intruder_conf.write_text(
+        f'server_name: "intruder"\ncluster {{ name: {json.dumps(cluster_name)}, '
+        f"port: {free_port()}, routes: {json.dumps(routes)}, {tls} }}\n"
+    )
     intruder = NatsServer(tmp_path / "intruder", config_file=intruder_conf)
     await intruder.start()
     try:
+
         def joined() -> bool:
             return any("intruder" in routed(i) for i in range(len(servers)))
 
         def refused() -> bool:
-            return bool(no_user.search(servers[0].log_file.read_text())
-                        and wrong_password.search(servers[1].log_file.read_text()))
+            return bool(
+                no_user.search(servers[0].log_file.read_text())
+                and wrong_password.search(servers[1].log_file.read_text())
+            )
 
         assert await eventually(lambda: joined() or refused(), timeout=30), intruder.log_file.read_text()[-2000:]
         assert not joined(), "the cluster took a route from a server without the route password"
@@ -728,8 +839,9 @@ async def plain_text_refused(port: int, user: str, password: str) -> bool:
     try:
         info = json.loads((await reader.readline()).split(b" ", 1)[1])
         assert info.get("tls_required") is True, info
-        writer.write(b"CONNECT " + json.dumps({"user": user, "pass": password, "verbose": False}).encode()
-                     + b"\r\nPING\r\n")
+        writer.write(
+            b"CONNECT " + json.dumps({"user": user, "pass": password, "verbose": False}).encode() + b"\r\nPING\r\n"
+        )
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(4096), 10)
         return b"PONG" not in answer and (not answer or b"-ERR" in answer)
@@ -751,7 +863,7 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
     sts = named("default", "StatefulSet", f"{RELEASE}-nats")
     nats_container = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "nats")
     for name, value in kubernetes_env(nats_container, secrets).items():
-        monkeypatch.setenv(name, value)      # nats-server inherits this process's environment
+        monkeypatch.setenv(name, value)  # nats-server inherits this process's environment
 
     # The pod's file layout (/etc/nats-config, /etc/nats-laneway: the auth Secret's volume, a
     # file per key) under tmp_path, loopback ports: the route URLs' pod names → 127.0.0.1.
@@ -770,13 +882,13 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
     ca = tmp_path / "nats-ca.crt"
     ca.write_text(named("default", "ConfigMap", f"{RELEASE}-nats-ca")["data"]["ca.crt"])
     tls = ssl.create_default_context(cafile=str(ca))
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca))     # nats-py's default context, in nats_checks
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # nats-py's default context, in nats_checks
     servers = []
     for i in range(3):
         text = conf.replace("$SERVER_NAME", f'"{RELEASE}-nats-{i}"')
         text = text.replace('"port": 6222', f'"port": {route_ports[i]}')
-        text = text.replace('"http_port": 8222,', f'"http_port": {http_ports[i]},')   # on -a 127.0.0.1
-        text = re.sub(r',\s*"store_dir": "/data"', "", text)     # NatsServer passes -sd (a duplicate fails)
+        text = text.replace('"http_port": 8222,', f'"http_port": {http_ports[i]},')  # on -a 127.0.0.1
+        text = re.sub(r',\s*"store_dir": "/data"', "", text)  # NatsServer passes -sd (a duplicate fails)
         text = text.replace('"/var/run/nats/nats.pid"', json.dumps(str(tmp_path / f"n{i}.pid")))
         node_dir = tmp_path / f"nats-config-{i}"
         node_dir.mkdir()
@@ -826,8 +938,15 @@ async def test_rendered_nats_config_runs_as_a_3_node_cluster(tmp_path: Path, mon
             await other.close()
         await check_tenant_is_fenced(urls, "demo", secrets[f"{RELEASE}-nats-tenants"]["tenant-demo"], role("ops"))
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-            await nats.connect(urls[0], user=role("bridge")[0], password="wrong", tls=tls,
-                               allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+            await nats.connect(
+                urls[0],
+                user=role("bridge")[0],
+                password="wrong",
+                tls=tls,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+            )
         await check_routes_refuse_a_server_without_the_password(tmp_path, conf, servers, route_ports, http_ports)
     finally:
         await asyncio.gather(*(s.stop() for s in servers))

@@ -16,7 +16,7 @@ import pytest
 
 from tests.deploy.test_helm_chart import NAMESPACE, RELEASE, VARIANTS, laneway_containers, objects, pod_specs, values
 
-NATS_BOX = f"Deployment/{RELEASE}-nats-box"     # the operators' CLI pod: its image writes under /root
+NATS_BOX = f"Deployment/{RELEASE}-nats-box"  # the operators' CLI pod: its image writes under /root
 
 
 def security(spec: dict, container: dict, key: str):
@@ -56,7 +56,7 @@ def test_laneway_pods_write_only_to_size_limited_emptydirs(variant: str) -> None
     for workload, _, spec, c in laneway_containers(variant):
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         mounts = {m["mountPath"]: volumes[m["name"]] for m in c.get("volumeMounts", [])}
-        for path in ("/tmp", "/home/laneway"):      # /home/laneway: HOME, the caches
+        for path in ("/tmp", "/home/laneway"):  # /home/laneway: HOME, the caches
             assert path in mounts and "sizeLimit" in mounts[path].get("emptyDir", {}), f"{workload}: {path}"
 
 
@@ -66,7 +66,7 @@ class Pod:
     namespace: str
     labels: dict = field(default_factory=dict)
     namespace_labels: dict = field(default_factory=dict)
-    ports: dict = field(default_factory=dict)      # container port name → number
+    ports: dict = field(default_factory=dict)  # container port name → number
 
 
 def selects(selector: dict, labels: dict) -> bool:
@@ -74,8 +74,12 @@ def selects(selector: dict, labels: dict) -> bool:
         return False
     for e in selector.get("matchExpressions", []):
         present, value = e["key"] in labels, labels.get(e["key"])
-        ok = {"In": present and value in e.get("values", []), "NotIn": value not in e.get("values", []),
-              "Exists": present, "DoesNotExist": not present}[e["operator"]]
+        ok = {
+            "In": present and value in e.get("values", []),
+            "NotIn": value not in e.get("values", []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[e["operator"]]
         if not ok:
             return False
     return True
@@ -92,19 +96,27 @@ def peer_matches(peer: dict, policy_namespace: str, src: Pod) -> bool:
 def port_matches(rule_port: dict, dst: Pod, port: str) -> bool:
     wanted = rule_port.get("port")
     return rule_port.get("protocol", "TCP") == "TCP" and (
-        wanted is None or wanted == port or wanted == dst.ports.get(port))
+        wanted is None or wanted == port or wanted == dst.ports.get(port)
+    )
 
 
 def allowed(variant: str, src: Pod, dst: Pod, port: str) -> bool:
     assert port in dst.ports, f"{port} is not a port of the destination"
-    policies = [p for p in objects(variant, "NetworkPolicy")
-                if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-                and NAMESPACE == dst.namespace and selects(p["spec"]["podSelector"], dst.labels)]
+    policies = [
+        p
+        for p in objects(variant, "NetworkPolicy")
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and NAMESPACE == dst.namespace
+        and selects(p["spec"]["podSelector"], dst.labels)
+    ]
     if not policies:
         return True
-    return any((not rule.get("ports") or any(port_matches(rp, dst, port) for rp in rule["ports"]))
-               and (not rule.get("from") or any(peer_matches(peer, NAMESPACE, src) for peer in rule["from"]))
-               for p in policies for rule in p["spec"].get("ingress", []))
+    return any(
+        (not rule.get("ports") or any(port_matches(rp, dst, port) for rp in rule["ports"]))
+        and (not rule.get("from") or any(peer_matches(peer, NAMESPACE, src) for peer in rule["from"]))
+        for p in policies
+        for rule in p["spec"].get("ingress", [])
+    )
 
 
 def pods(variant: str) -> dict[str, Pod]:
@@ -119,7 +131,7 @@ def pods(variant: str) -> dict[str, Pod]:
 
 
 def outsiders() -> dict[str, Pod]:
-    monitoring = "monitoring"       # values.yaml's networkPolicy.metricsFrom
+    monitoring = "monitoring"  # values.yaml's networkPolicy.metricsFrom
     return {
         "the internet": Pod("somewhere", {}, {"kubernetes.io/metadata.name": "somewhere"}),
         "a stray pod beside the release": Pod(NAMESPACE, {"app": "debug"}, {"kubernetes.io/metadata.name": NAMESPACE}),
@@ -132,7 +144,7 @@ def outsiders() -> dict[str, Pod]:
 def test_only_the_bridge_takes_traffic_from_outside(variant: str) -> None:
     p, o = pods(variant), outsiders()
     bridge_from = values(variant).get("networkPolicy", {}).get("bridgeFrom")
-    if bridge_from:     # all-on: only the ingress controller's namespace
+    if bridge_from:  # all-on: only the ingress controller's namespace
         ingress = Pod("ingress-nginx", {}, {"kubernetes.io/metadata.name": "ingress-nginx"})
         assert allowed(variant, ingress, p["bridge"], "http")
         assert not allowed(variant, o["the internet"], p["bridge"], "http")
@@ -183,7 +195,8 @@ def test_the_evaluator_follows_kubernetes_semantics() -> None:
     src = Pod("x", {"role": "c"}, {"kubernetes.io/metadata.name": "x"})
     assert peer_matches({"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "c"}}}, NAMESPACE, src)
     assert not peer_matches({"podSelector": {"matchLabels": {"role": "c"}}}, NAMESPACE, src)
-    assert not peer_matches({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}},
-                             "podSelector": {}}, NAMESPACE, src)
+    assert not peer_matches(
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}, "podSelector": {}}, NAMESPACE, src
+    )
     unselected = Pod(NAMESPACE, {"app": "other"}, {}, {"web": 80})
     assert allowed("default", src, unselected, "web")

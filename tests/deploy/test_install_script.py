@@ -38,8 +38,12 @@ def pip_commands(tmp_path: Path, env: dict[str, str]) -> list[list[str]]:
     python.write_text(STAND_IN)
     python.chmod(0o755)
     log = tmp_path / "pip.log"
-    subprocess.run(["bash", str(SCRIPT), str(python)], check=True, capture_output=True,
-                   env={**os.environ, **env, "PIP_LOG": str(log)})
+    subprocess.run(
+        ["bash", str(SCRIPT), str(python)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **env, "PIP_LOG": str(log)},
+    )
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 

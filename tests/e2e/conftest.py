@@ -29,7 +29,7 @@ async def _garbage_of_the_module_in_its_loop():
     closed' in the middle of a test that asserts on its log (test_edge_limits)."""
     yield
     gc.collect()
-    for _ in range(3):          # the close tasks the finalizers scheduled, and theirs
+    for _ in range(3):  # the close tasks the finalizers scheduled, and theirs
         await asyncio.sleep(0)
 
 

@@ -34,27 +34,38 @@ ORDER = (0, 0, 1, 1, 0, 1, 1, 0, 0, 1)
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
     pool = PoolSpec(workers=2, adapters=ADAPTERS, max_loras=1, lora_load_s=0.05)
-    async with Fleet(tmp_path_factory.mktemp("adapters") / "lw", [TenantSpec("acme")], [pool],
-                     up_flags=["--pii", "off"]) as running:
+    async with Fleet(
+        tmp_path_factory.mktemp("adapters") / "lw", [TenantSpec("acme")], [pool], up_flags=["--pii", "off"]
+    ) as running:
         yield running
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def private_fleet(tmp_path_factory):
     """Two tenants; acme's own adapter model added to the models table live, as an operator would."""
-    async with Fleet(tmp_path_factory.mktemp("private") / "lw", [TenantSpec("acme"), TenantSpec("globex")],
-                     [PoolSpec()], up_flags=["--pii", "off"]) as running:
+    async with Fleet(
+        tmp_path_factory.mktemp("private") / "lw",
+        [TenantSpec("acme"), TenantSpec("globex")],
+        [PoolSpec()],
+        up_flags=["--pii", "off"],
+    ) as running:
         nc = await running.up.connect_nats("ops")
         try:
-            await put_models(nc.jetstream(), Subjects(), {
-                "laneway-sim": LogicalModel(pool="sim"),
-                PRIVATE: LogicalModel(pool="sim", adapter="/adapters/acme", tenants=["acme"])})
+            await put_models(
+                nc.jetstream(),
+                Subjects(),
+                {
+                    "laneway-sim": LogicalModel(pool="sim"),
+                    PRIVATE: LogicalModel(pool="sim", adapter="/adapters/acme", tenants=["acme"]),
+                },
+            )
         finally:
             await nc.close()
         owner = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key=running.keys["acme"], max_retries=0)
 
         async def applied() -> bool:
             return PRIVATE in {m.id async for m in owner.models.list()}
+
         assert await eventually(applied)
         yield running
 
@@ -74,8 +85,9 @@ async def test_each_adapter_stays_on_the_worker_that_holds_it(fleet: Fleet) -> N
     c = client(fleet)
     for n, which in enumerate(ORDER):
         model = ADAPTERS[which]
-        reply = await c.chat.completions.create(model=model, max_tokens=4, temperature=0.7,
-                                                messages=[{"role": "user", "content": f"question {n}"}])
+        reply = await c.chat.completions.create(
+            model=model, max_tokens=4, temperature=0.7, messages=[{"role": "user", "content": f"question {n}"}]
+        )
         assert reply.model == model and reply.choices[0].message.content
         ids[reply.id] = model
     nc = await fleet.up.connect_nats("ops")
@@ -85,6 +97,7 @@ async def test_each_adapter_stays_on_the_worker_that_holds_it(fleet: Fleet) -> N
         async def all_metered() -> bool:
             records[:] = [u async for u in read_usage(nc.jetstream(), Subjects(), "acme", since, idle_timeout=2)]
             return len(records) >= len(ids)
+
         assert await eventually(all_metered)
     finally:
         await nc.close()
@@ -95,17 +108,18 @@ async def test_each_adapter_stays_on_the_worker_that_holds_it(fleet: Fleet) -> N
     assert workers[ADAPTERS[0]] != workers[ADAPTERS[1]], workers
 
 
-PRIVATE = "acme-finetune"     # a tenant's own adapter: for every other tenant it does not exist
+PRIVATE = "acme-finetune"  # a tenant's own adapter: for every other tenant it does not exist
 
 
 async def test_a_private_model_does_not_exist_for_another_tenant(private_fleet: Fleet) -> None:
     """Over HTTP: not listed, not found, not in the spec; over NATS with the tenant's generated
     credentials, the broker refuses it as the bridge does."""
     owner = openai.AsyncOpenAI(base_url=f"{private_fleet.url}/v1", api_key=private_fleet.keys["acme"], max_retries=0)
-    other = openai.AsyncOpenAI(base_url=f"{private_fleet.url}/v1", api_key=private_fleet.keys["globex"],
-                               max_retries=0)
+    other = openai.AsyncOpenAI(base_url=f"{private_fleet.url}/v1", api_key=private_fleet.keys["globex"], max_retries=0)
     assert PRIVATE in {m.id async for m in owner.models.list()}
-    reply = await owner.chat.completions.create(model=PRIVATE, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    reply = await owner.chat.completions.create(
+        model=PRIVATE, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+    )
     assert reply.model == PRIVATE
     assert PRIVATE not in {m.id async for m in other.models.list()}
     with pytest.raises(openai.NotFoundError) as refused:
@@ -113,7 +127,7 @@ async def test_a_private_model_does_not_exist_for_another_tenant(private_fleet: 
     assert refused.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         await other.models.retrieve(PRIVATE)
-    async with aiohttp.ClientSession() as http:         # the unauthenticated spec does not name it
+    async with aiohttp.ClientSession() as http:  # the unauthenticated spec does not name it
         async with http.get(f"{private_fleet.url}/openapi.json") as resp:
             assert PRIVATE not in await resp.text()
     nc = await private_fleet.up.connect_nats("tenant-globex")

@@ -31,26 +31,29 @@ async def stack(nats_server, engine):
 
 
 async def test_two_turns_chained_by_previous_response_id(stack, engine):
-    agents.set_tracing_disabled(True)       # no export to OpenAI's tracing endpoint
+    agents.set_tracing_disabled(True)  # no export to OpenAI's tracing endpoint
     client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
-    agent = agents.Agent(name="clerk", instructions="Answer briefly.",
-                         model=agents.OpenAIResponsesModel(MODEL, client))
+    agent = agents.Agent(name="clerk", instructions="Answer briefly.", model=agents.OpenAIResponsesModel(MODEL, client))
     first = await agents.Runner.run(agent, "My order is AB123456.")
     assert first.last_response_id and first.final_output
     sent: list[dict] = []
 
-    async def keep(request) -> None:        # what the SDK puts on the wire for the second turn
+    async def keep(request) -> None:  # what the SDK puts on the wire for the second turn
         if request.url.path.endswith("/responses"):
             sent.append(json.loads(request.content))
+
     client._client.event_hooks["request"].append(keep)
     second = await agents.Runner.run(agent, "Which order was that?", previous_response_id=first.last_response_id)
     assert second.final_output
     [body] = sent
     assert body["previous_response_id"] == first.last_response_id
-    assert [item["content"] for item in body["input"]] == ["Which order was that?"]     # only the new input
+    assert [item["content"] for item in body["input"]] == ["Which order was that?"]  # only the new input
     seen = engine.seen[-1].messages
     assert [(m.role, m.content) for m in seen] == [
-        ("system", "Answer briefly."), ("user", "My order is AB123456."), ("assistant", first.final_output),
-        ("user", "Which order was that?")]
+        ("system", "Answer briefly."),
+        ("user", "My order is AB123456."),
+        ("assistant", first.final_output),
+        ("user", "Which order was that?"),
+    ]
     assert second.raw_responses[-1].usage.input_tokens > first.raw_responses[-1].usage.input_tokens
     await client.close()

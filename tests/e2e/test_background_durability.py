@@ -45,15 +45,15 @@ async def status_is(c: openai.AsyncOpenAI, response_id: str, *statuses: str):
         try:
             seen.append(await c.responses.retrieve(response_id))
         except (openai.APIConnectionError, openai.InternalServerError):
-            return False        # the bridge is being restarted
+            return False  # the bridge is being restarted
         return seen[-1].status in statuses
+
     assert await eventually(reached, timeout=120, interval=0.1)
     return seen[-1]
 
 
 async def in_progress(c: openai.AsyncOpenAI) -> str:
-    created = await c.responses.create(model="laneway-sim", input=ASK, background=True,
-                                       max_output_tokens=TOKENS)
+    created = await c.responses.create(model="laneway-sim", input=ASK, background=True, max_output_tokens=TOKENS)
     await status_is(c, created.id, "in_progress")
     return created.id
 
@@ -66,7 +66,7 @@ async def assert_whole(f: Fleet, c: openai.AsyncOpenAI, response_id: str) -> Non
         validator("Response").validate((await http.get(f"/v1/responses/{response_id}")).json())
     [item] = (await c.responses.input_items.list(response_id)).data
     assert item.content[0].text == ASK
-    assert violations(f.data_dir, "svc-") == []     # the takeover ran under the generated users
+    assert violations(f.data_dir, "svc-") == []  # the takeover ran under the generated users
 
 
 async def test_a_background_response_survives_its_bridge_killed(tmp_path) -> None:
@@ -90,26 +90,35 @@ async def assert_only_bridges_hold_the_request(f: Fleet) -> None:
     finally:
         await ops.close()
     assert stored and not any(ASK.encode() in data for data in stored)
-    await assert_refused(f.up, "ops", ("$JS.API.STREAM.INFO.KV_lw_background",
-                                       "$JS.API.DIRECT.GET.KV_lw_background.$KV.lw_background.acme.x"),
-                         "$KV.lw_background.>")
+    await assert_refused(
+        f.up,
+        "ops",
+        ("$JS.API.STREAM.INFO.KV_lw_background", "$JS.API.DIRECT.GET.KV_lw_background.$KV.lw_background.acme.x"),
+        "$KV.lw_background.>",
+    )
 
 
 async def assert_tenant_cannot_touch_the_list(f: Fleet) -> None:
     """The list of running background responses is the bridges' alone: a tenant that could delete
     its entry, or read others', is refused by the server (its account has no JetStream, and
     imports none of the bucket's subjects)."""
-    await assert_refused(f.up, "tenant-acme",
-                         ("$JS.API.STREAM.INFO.KV_lw_background",
-                          "$JS.API.DIRECT.GET.KV_lw_background.$KV.lw_background.acme.x",
-                          "$KV.lw_background.acme.resp_x"), "$KV.lw_background.>")
+    await assert_refused(
+        f.up,
+        "tenant-acme",
+        (
+            "$JS.API.STREAM.INFO.KV_lw_background",
+            "$JS.API.DIRECT.GET.KV_lw_background.$KV.lw_background.acme.x",
+            "$KV.lw_background.acme.resp_x",
+        ),
+        "$KV.lw_background.>",
+    )
 
 
 async def test_a_background_response_survives_a_restart_of_every_process(tmp_path) -> None:
     data = tmp_path / "lw"
     async with fleet(data) as f:
         response_id = await in_progress(client(f))
-    async with fleet(data) as f:        # the same data dir: its JetStream store, its credentials
+    async with fleet(data) as f:  # the same data dir: its JetStream store, its credentials
         await assert_whole(f, client(f), response_id)
 
 
@@ -118,8 +127,9 @@ async def test_cancel_and_a_streamed_resume_under_laneway_up(tmp_path) -> None:
     starting_after=N)` against `laneway up`, each event checked against OpenAI's schema."""
     async with fleet(tmp_path / "lw") as f:
         c = client(f)
-        stream = await c.responses.create(model="laneway-sim", input=ASK, background=True, stream=True,
-                                          max_output_tokens=40)
+        stream = await c.responses.create(
+            model="laneway-sim", input=ASK, background=True, stream=True, max_output_tokens=40
+        )
         events = [e async for e in stream]
         assert [e.sequence_number for e in events] == list(range(len(events)))
         assert events[-1].type == "response.incomplete"
@@ -135,6 +145,6 @@ async def test_cancel_and_a_streamed_resume_under_laneway_up(tmp_path) -> None:
 
         running = await in_progress(c)
         async with httpx.AsyncClient(base_url=f.url, headers={"Authorization": f"Bearer {f.keys['acme']}"}) as http:
-            validator("Response").validate((await http.get(f"/v1/responses/{running}")).json())    # in progress
+            validator("Response").validate((await http.get(f"/v1/responses/{running}")).json())  # in progress
         assert (await c.responses.cancel(running)).status == "cancelled"
         assert (await c.responses.retrieve(running)).status == "cancelled"

@@ -34,7 +34,7 @@ KEY, OTHER_KEY = "sk-background", "sk-background-other"
 # its writer's lease: the stack's own bridge keeps the default, so a CPU stall on a loaded machine
 # never makes one of its healthy responses read as lost.)
 LEASE_S = 0.2
-LONG = 300              # output tokens: long enough to stop a bridge in the middle
+LONG = 300  # output tokens: long enough to stop a bridge in the middle
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,9 +43,12 @@ pytestmark = pytest.mark.timeout(120)
 async def stack(nats_server):
     settings = demo_settings(KEY, extra_tenants={"other": OTHER_KEY})
     settings = msgspec.structs.replace(settings, models={**settings.models, "slow": LogicalModel(pool="large")})
-    async with Stack(nats_server.url, settings, engines=[SimEngine(PROFILES["zero"]),
-                                                         SimEngine(PROFILES["llama-8b-h100"])],
-                     pools=["sim", "large"]) as s:
+    async with Stack(
+        nats_server.url,
+        settings,
+        engines=[SimEngine(PROFILES["zero"]), SimEngine(PROFILES["llama-8b-h100"])],
+        pools=["sim", "large"],
+    ) as s:
         yield s
 
 
@@ -54,21 +57,27 @@ def client(stack) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
 
 
-async def _ends(client: openai.AsyncOpenAI, response_id: str, statuses=("completed", "incomplete", "failed",
-                                                                          "cancelled")):
+async def _ends(
+    client: openai.AsyncOpenAI, response_id: str, statuses=("completed", "incomplete", "failed", "cancelled")
+):
     seen = []
 
     async def ended() -> bool:
         seen.append(await client.responses.retrieve(response_id))
         return seen[-1].status in statuses
+
     assert await eventually(ended, interval=0.1)
     return seen[-1]
 
 
 def _cancelled(stack: Stack) -> float:
     worker = next(w for w in stack.workers if w.config.pool == "large")
-    return worker.metrics.registry.get_sample_value(
-        "laneway_worker_finished_total", {"pool": "large", "reason": "cancelled"}) or 0.0
+    return (
+        worker.metrics.registry.get_sample_value(
+            "laneway_worker_finished_total", {"pool": "large", "reason": "cancelled"}
+        )
+        or 0.0
+    )
 
 
 async def test_a_background_response_is_answered_queued_and_polled_to_its_end(stack, client):
@@ -87,20 +96,21 @@ async def test_a_background_response_is_answered_queued_and_polled_to_its_end(st
 
 async def test_cancel_stops_the_generation_and_marks_it_cancelled(stack, client):
     before = _cancelled(stack)
-    created = await client.responses.create(model="slow", input="Write a long story", background=True,
-                                            max_output_tokens=4000)
+    created = await client.responses.create(
+        model="slow", input="Write a long story", background=True, max_output_tokens=4000
+    )
     await _ends(client, created.id, ("in_progress",))
-    with pytest.raises(openai.BadRequestError) as err:      # nothing to continue from yet
+    with pytest.raises(openai.BadRequestError) as err:  # nothing to continue from yet
         await client.responses.create(model="laneway-sim", input="and?", previous_response_id=created.id)
     assert err.value.body["param"] == "previous_response_id"
     cancelled = await client.responses.cancel(created.id)
     assert cancelled.status == "cancelled"
-    assert await eventually(lambda: _cancelled(stack) == before + 1)       # the engine stopped it
+    assert await eventually(lambda: _cancelled(stack) == before + 1)  # the engine stopped it
     assert (await client.responses.retrieve(created.id)).status == "cancelled"
-    assert (await client.responses.cancel(created.id)).status == "cancelled"      # again: as it is
+    assert (await client.responses.cancel(created.id)).status == "cancelled"  # again: as it is
     plain = await client.responses.create(model="laneway-sim", input="hi")
     with pytest.raises(openai.BadRequestError):
-        await client.responses.cancel(plain.id)     # only a background response can be
+        await client.responses.cancel(plain.id)  # only a background response can be
 
 
 async def test_a_streamed_background_response_resumes_from_the_store(stack, client):
@@ -126,8 +136,9 @@ async def _on_a_second_bridge(stack: Stack, crash: bool) -> str:
     async with Bridge(config, stack.settings) as doomed:
         await doomed.wait_ready()
         other_edge = openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=KEY, max_retries=0)
-        created = await other_edge.responses.create(model="slow", input="Write a long story", background=True,
-                                                    max_output_tokens=LONG)
+        created = await other_edge.responses.create(
+            model="slow", input="Write a long story", background=True, max_output_tokens=LONG
+        )
         await _ends(other_edge, created.id, ("in_progress",))
         if crash:
             await doomed._nc.close()
@@ -144,6 +155,7 @@ async def test_a_background_response_whose_bridge_went_away_is_run_again(stack, 
 
     async def on_cancel(msg) -> None:
         cancelled.append(codec.decode_cancel(msg.data).request_id)
+
     await cancels.subscribe(Subjects().cancel("demo", "*"), cb=on_cancel)
     response_id = await _on_a_second_bridge(stack, crash)
     done = await _ends(client, response_id)
@@ -166,8 +178,9 @@ async def test_a_streamed_one_whose_readers_saw_output_fails_with_its_bridge(sta
     async with Bridge(config, stack.settings) as doomed:
         await doomed.wait_ready()
         other_edge = openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=KEY, max_retries=0)
-        stream = await other_edge.responses.create(model="slow", input="Write a long story", background=True,
-                                                   stream=True, max_output_tokens=4000)
+        stream = await other_edge.responses.create(
+            model="slow", input="Write a long story", background=True, stream=True, max_output_tokens=4000
+        )
         async for event in stream:
             if event.type == "response.created":
                 response_id = event.response.id
@@ -190,9 +203,10 @@ async def test_a_silent_bridge_that_wakes_up_leaves_its_successor_alone(stack, c
     async with Bridge(config, stack.settings) as stalled:
         await stalled.wait_ready()
         edge = openai.AsyncOpenAI(base_url=f"{stalled.url}/v1", api_key=KEY, max_retries=0)
-        created = await edge.responses.create(model="slow", input="Write a long story", background=True,
-                                              max_output_tokens=LONG)
-        await stalled.takeover.stop()       # its sweep would unlist the response once ended: not what is tested
+        created = await edge.responses.create(
+            model="slow", input="Write a long story", background=True, max_output_tokens=LONG
+        )
+        await stalled.takeover.stop()  # its sweep would unlist the response once ended: not what is tested
         awake, unlisted = asyncio.Event(), []
         put, unlist = stalled.responses.put, stalled.responses.unlist
 
@@ -203,11 +217,13 @@ async def test_a_silent_bridge_that_wakes_up_leaves_its_successor_alone(stack, c
         async def counted_unlist(*args):
             unlisted.append(args)
             await unlist(*args)
+
         stalled.responses.put, stalled.responses.unlist = held_put, counted_unlist
 
         async def taken_over() -> bool:
             record = (await stack.bridge.responses.get("demo", created.id))[0]
             return record.owner == stack.bridge.edge_id
+
         assert await eventually(taken_over)
         awake.set()
         assert await eventually(lambda: not stalled.background.runs(f"demo.{created.id}"))
@@ -220,14 +236,16 @@ async def test_an_idempotent_retry_never_replaces_the_kept_request(stack, client
     """A second create under the same Idempotency-Key, with another body, is refused before it
     can touch what the first one kept for a takeover."""
     key = {"Idempotency-Key": "background-once"}
-    first = await client.responses.create(model="slow", input="The first body", background=True,
-                                          max_output_tokens=LONG, extra_headers=key)
+    first = await client.responses.create(
+        model="slow", input="The first body", background=True, max_output_tokens=LONG, extra_headers=key
+    )
     with pytest.raises(openai.APIStatusError) as err:
-        await client.responses.create(model="slow", input="A second body", background=True,
-                                      max_output_tokens=LONG, extra_headers=key)
+        await client.responses.create(
+            model="slow", input="A second body", background=True, max_output_tokens=LONG, extra_headers=key
+        )
     assert err.value.body["param"] == "Idempotency-Key"
     kept = await stack.bridge.responses.listed("demo", first.id)
-    assert kept is None or b"The first body" in stored.decode_rerun(kept).body      # None: it ended already
+    assert kept is None or b"The first body" in stored.decode_rerun(kept).body  # None: it ended already
     await client.responses.cancel(first.id)
 
 

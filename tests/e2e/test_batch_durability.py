@@ -54,6 +54,7 @@ async def progressed(c: openai.AsyncOpenAI, batch_id: str, at_least: int) -> Non
     async def enough() -> bool:
         counts = (await c.batches.retrieve(batch_id)).request_counts
         return counts is not None and counts.completed >= at_least
+
     assert await eventually(enough, timeout=120, interval=0.1)
 
 
@@ -64,8 +65,9 @@ async def ended(c: openai.AsyncOpenAI, batch_id: str):
         try:
             seen.append(await c.batches.retrieve(batch_id))
         except (openai.APIConnectionError, openai.InternalServerError):
-            return False        # the bridge is being restarted
+            return False  # the bridge is being restarted
         return seen[-1].status in ("completed", "failed", "expired", "cancelled")
+
     assert await eventually(done, timeout=300, interval=0.2)
     validator("Batch").validate(seen[-1].model_dump(exclude_unset=True))
     return seen[-1]
@@ -103,10 +105,12 @@ async def assert_each_line_billed_once(f: Fleet, since: datetime) -> None:
     the run that took over: `laneway usage` bills each line once (issue 35), as its output names."""
     nc = await f.up.connect_nats("ops")
     try:
-        async def metered() -> list:     # every line's billed usage has landed (the batch ended
+
+        async def metered() -> list:  # every line's billed usage has landed (the batch ended
             # after its lines' Superseded records were written)
             records = [r async for r in read_records(nc.jetstream(), Subjects(), "acme", since, idle_timeout=2)]
             return records if len(billed(records)) >= LINES else []
+
         assert await eventually(metered, timeout=60, interval=0.5)
         records = await metered()
     finally:
@@ -116,9 +120,26 @@ async def assert_each_line_billed_once(f: Fleet, since: datetime) -> None:
     assert len(billed(records)) == LINES, f"{len(generated)} generations, billed {len(billed(records))}"
     assert any(isinstance(r, Superseded) for r in records)
     report = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "laneway.cli", "usage", "--tenant", "acme", "--since",
-                         since.isoformat(), "--csv", "--nats-url", f.nats_url],
-        capture_output=True, text=True, timeout=60, env=f.up.nats_env("ops"), cwd=Path(__file__).resolve().parents[2])
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "usage",
+            "--tenant",
+            "acme",
+            "--since",
+            since.isoformat(),
+            "--csv",
+            "--nats-url",
+            f.nats_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=f.up.nats_env("ops"),
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert report.returncode == 0, report.stderr
     total = report.stdout.strip().splitlines()[-1].split(",")
     assert total[:2] == ["total", str(LINES)], report.stdout
@@ -130,7 +151,7 @@ async def test_a_batch_survives_a_restart_of_every_process(tmp_path) -> None:
         c = client(f)
         batch = await start(c)
         await progressed(c, batch.id, 2)
-    async with fleet(data) as f:        # the same data dir: its JetStream store, its credentials
+    async with fleet(data) as f:  # the same data dir: its JetStream store, its credentials
         c = client(f)
         done = await ended(c, batch.id)
         assert done.status == "completed", done
@@ -155,7 +176,7 @@ async def test_cancel_keeps_what_finished_and_stops_the_rest(tmp_path) -> None:
 async def test_the_completion_window_expires_the_rest(tmp_path) -> None:
     async with fleet(tmp_path / "lw") as f:
         c = client(f)
-        batch = await start(c, lines=400, max_tokens=256, window="1m")   # far more than a minute's work
+        batch = await start(c, lines=400, max_tokens=256, window="1m")  # far more than a minute's work
         done = await ended(c, batch.id)
         assert done.status == "expired" and done.expired_at is not None
         out, errors = await lines_of(c, done.output_file_id), await lines_of(c, done.error_file_id)

@@ -27,14 +27,22 @@ MODEL = "laneway-sim"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
-    async with Fleet(tmp_path_factory.mktemp("rbatches") / "lw", [TenantSpec("acme"), TenantSpec("globex")],
-                     [PoolSpec(profile="zero")], up_flags=["--pii", "off"]) as running:
+    async with Fleet(
+        tmp_path_factory.mktemp("rbatches") / "lw",
+        [TenantSpec("acme"), TenantSpec("globex")],
+        [PoolSpec(profile="zero")],
+        up_flags=["--pii", "off"],
+    ) as running:
         yield running
 
 
 def response_line(custom_id: str, text: str, **more) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
-            "body": {"model": MODEL, "input": text, "max_output_tokens": 8, **more}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": MODEL, "input": text, "max_output_tokens": 8, **more},
+    }
 
 
 async def run_batch(c: openai.AsyncOpenAI, lines: list[dict]) -> tuple[object, dict[str, dict], dict[str, dict]]:
@@ -51,6 +59,7 @@ async def run_batch(c: openai.AsyncOpenAI, lines: list[dict]) -> tuple[object, d
             return {}
         found = [json.loads(raw) for raw in (await c.files.content(file_id)).content.splitlines()]
         return {line["custom_id"]: line for line in found}
+
     return done, await read(done.output_file_id), await read(done.error_file_id)
 
 
@@ -64,16 +73,19 @@ async def stored(c: openai.AsyncOpenAI, response_id: str):
         except openai.NotFoundError:
             return False
         return True
+
     assert await eventually(there, timeout=30, interval=0.1), response_id
     return seen[-1]
 
 
 async def test_responses_lines_answer_with_response_objects(fleet: Fleet) -> None:
     c = client(fleet)
-    lines = [response_line("kept", "Summarize ticket 1", instructions="Be brief."),
-             response_line("unkept", "Summarize ticket 2", store=False),
-             response_line("streamed", "Summarize ticket 3", stream=True),
-             response_line("detached", "Summarize ticket 4", background=True)]
+    lines = [
+        response_line("kept", "Summarize ticket 1", instructions="Be brief."),
+        response_line("unkept", "Summarize ticket 2", store=False),
+        response_line("streamed", "Summarize ticket 3", stream=True),
+        response_line("detached", "Summarize ticket 4", background=True),
+    ]
     done, out, errors = await run_batch(c, lines)
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (4, 2, 2)
     assert sorted(out) == ["kept", "unkept"] and sorted(errors) == ["detached", "streamed"]
@@ -82,7 +94,7 @@ async def test_responses_lines_answer_with_response_objects(fleet: Fleet) -> Non
         body = line["response"]["body"]
         validator("Response").validate(body)
         assert body["object"] == "response" and body["output"]
-        assert body["status"] in ("completed", "incomplete")     # max_output_tokens may cut it short
+        assert body["status"] in ("completed", "incomplete")  # max_output_tokens may cut it short
     kept, unkept = out["kept"]["response"]["body"], out["unkept"]["response"]["body"]
     assert kept["store"] is True and unkept["store"] is False and kept["instructions"] == "Be brief."
     # Metered by the Response's own usage (input_tokens, output_tokens).
@@ -103,22 +115,30 @@ async def test_a_stored_line_is_its_tenants_alone(fleet: Fleet) -> None:
     _, out, _ = await run_batch(owner, [response_line("secret", "The merger closes on Friday.")])
     response_id = out["secret"]["response"]["body"]["id"]
     await stored(owner, response_id)
-    for attempt in (other.responses.retrieve(response_id), other.responses.input_items.list(response_id),
-                    other.responses.delete(response_id)):
+    for attempt in (
+        other.responses.retrieve(response_id),
+        other.responses.input_items.list(response_id),
+        other.responses.delete(response_id),
+    ):
         with pytest.raises(openai.NotFoundError):
             await attempt
-    assert (await owner.responses.retrieve(response_id)).id == response_id    # the delete did nothing
+    assert (await owner.responses.retrieve(response_id)).id == response_id  # the delete did nothing
 
 
 async def test_a_line_continues_only_its_own_tenants_responses(fleet: Fleet) -> None:
     owner, other = client(fleet, "acme"), client(fleet, "globex")
-    first = await owner.responses.create(model=MODEL, input="My order is AB123456 and it is late.",
-                                         max_output_tokens=8)
+    first = await owner.responses.create(model=MODEL, input="My order is AB123456 and it is late.", max_output_tokens=8)
     await stored(owner, first.id)
     (_, out, _), (_, other_out, other_errors) = await asyncio.gather(
-        run_batch(owner, [response_line("next", "Where is it?", previous_response_id=first.id),
-                          response_line("fresh", "Where is it?")]),
-        run_batch(other, [response_line("theirs", "Where is it?", previous_response_id=first.id)]))
+        run_batch(
+            owner,
+            [
+                response_line("next", "Where is it?", previous_response_id=first.id),
+                response_line("fresh", "Where is it?"),
+            ],
+        ),
+        run_batch(other, [response_line("theirs", "Where is it?", previous_response_id=first.id)]),
+    )
     continued, fresh = out["next"]["response"]["body"], out["fresh"]["response"]["body"]
     validator("Response").validate(continued)
     assert continued["previous_response_id"] == first.id

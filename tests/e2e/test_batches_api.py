@@ -24,8 +24,12 @@ MODEL = "laneway-sim"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
-    async with Fleet(tmp_path_factory.mktemp("batches") / "lw", [TenantSpec("acme", pii=False), TenantSpec("globex")],
-                     [PoolSpec(profile="zero")], up_flags=["--pii", "off"]) as running:
+    async with Fleet(
+        tmp_path_factory.mktemp("batches") / "lw",
+        [TenantSpec("acme", pii=False), TenantSpec("globex")],
+        [PoolSpec(profile="zero")],
+        up_flags=["--pii", "off"],
+    ) as running:
         yield running
 
 
@@ -34,8 +38,12 @@ def client(fleet: Fleet, tenant: str = "acme") -> openai.AsyncOpenAI:
 
 
 def chat_line(custom_id: str, content: str, model: str = MODEL, **more) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": content}], **more}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": content}], **more},
+    }
 
 
 def jsonl(lines: list[dict]) -> bytes:
@@ -48,6 +56,7 @@ async def finished(c: openai.AsyncOpenAI, batch_id: str, until=("completed", "fa
     async def done() -> bool:
         seen.append(await c.batches.retrieve(batch_id))
         return seen[-1].status in until
+
     assert await eventually(done, timeout=120, interval=0.2), seen[-1]
     return seen[-1]
 
@@ -81,13 +90,15 @@ async def test_a_batch_answers_every_line_in_openai_format(fleet: Fleet) -> None
     lines = [chat_line(f"ticket-{i}", f"Summarize ticket {i}", seed=i) for i in range(5)]
     lines.append(chat_line("unknown", "hi", model="no-such-model"))
     file = await c.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-    batch = await c.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                   metadata={"job": "nightly"})
+    batch = await c.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"job": "nightly"}
+    )
     check("Batch", batch)
     assert batch.status == "validating"
-    with pytest.raises(openai.BadRequestError) as err:     # globex's policy redacts: no raw metadata kept
-        await client(fleet, "globex").batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
-                                                     completion_window="24h", metadata={"job": "nightly"})
+    with pytest.raises(openai.BadRequestError) as err:  # globex's policy redacts: no raw metadata kept
+        await client(fleet, "globex").batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"job": "nightly"}
+        )
     assert err.value.body["param"] == "metadata"
     done = await finished(c, batch.id)
     check("Batch", done)
@@ -121,26 +132,38 @@ async def test_a_bad_input_file_fails_the_batch_naming_its_lines(fleet: Fleet) -
 async def test_another_tenant_reaches_nothing_over_http(fleet: Fleet) -> None:
     owner, other = client(fleet, "acme"), client(fleet, "globex")
     file = await owner.files.create(file=("in.jsonl", jsonl([chat_line("x", "secret plan")])), purpose="batch")
-    batch = await owner.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
-                                       completion_window="24h")
-    for attempt in (other.files.retrieve(file.id), other.files.content(file.id), other.files.delete(file.id),
-                    other.batches.retrieve(batch.id), other.batches.cancel(batch.id),
-                    other.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
-                                         completion_window="24h")):
+    batch = await owner.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    for attempt in (
+        other.files.retrieve(file.id),
+        other.files.content(file.id),
+        other.files.delete(file.id),
+        other.batches.retrieve(batch.id),
+        other.batches.cancel(batch.id),
+        other.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"),
+    ):
         with pytest.raises(openai.NotFoundError):
             await attempt
     assert [f.id async for f in other.files.list()] == [] and [b.id async for b in other.batches.list()] == []
-    assert (await owner.files.retrieve(file.id)).id == file.id      # still there: the delete did nothing
+    assert (await owner.files.retrieve(file.id)).id == file.id  # still there: the delete did nothing
     assert (await finished(owner, batch.id)).status == "completed"
 
 
 async def test_a_tenant_nats_user_reaches_no_file_or_batch(fleet: Fleet) -> None:
     """The tenant's own generated credentials: its account has no JetStream, and imports none of
     the buckets' or the results stream's subjects."""
-    await assert_refused(fleet.up, "tenant-globex",
-                         ("$JS.API.STREAM.INFO.OBJ_lw_file_data", "$JS.API.STREAM.INFO.KV_lw_batches",
-                          "$JS.API.DIRECT.GET.KV_lw_files.$KV.lw_files.acme.x", "$JS.API.STREAM.INFO.LW_BATCH",
-                          "$O.lw_file_data.M.x", "lw.batch.done.acme.x"), "$KV.lw_files.>")
+    await assert_refused(
+        fleet.up,
+        "tenant-globex",
+        (
+            "$JS.API.STREAM.INFO.OBJ_lw_file_data",
+            "$JS.API.STREAM.INFO.KV_lw_batches",
+            "$JS.API.DIRECT.GET.KV_lw_files.$KV.lw_files.acme.x",
+            "$JS.API.STREAM.INFO.LW_BATCH",
+            "$O.lw_file_data.M.x",
+            "lw.batch.done.acme.x",
+        ),
+        "$KV.lw_files.>",
+    )
 
 
 async def test_the_services_ran_it_all_within_their_generated_permissions(fleet: Fleet) -> None:

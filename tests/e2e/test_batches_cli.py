@@ -35,8 +35,13 @@ async def engine() -> HeldEngine:
 
 @pytest.fixture(scope="module")
 async def stack(nats_server, engine):
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix=PREFIX,
-                     bridge_config=replace(BridgeConfig(), **BRIDGE_FLAGS)) as s:
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[engine],
+        prefix=PREFIX,
+        bridge_config=replace(BridgeConfig(), **BRIDGE_FLAGS),
+    ) as s:
         yield s
 
 
@@ -50,12 +55,23 @@ class Cli:
 
     def __init__(self, stack: Stack, tmp_path) -> None:
         # The key from the environment; a data dir with no `up` key in it, so that is the key used.
-        self.env = {**os.environ, "LANEWAY_BASE_URL": f"{stack.url}/v1", "LANEWAY_API_KEY": KEY,
-                    "LANEWAY_DATA_DIR": str(tmp_path / "no-up-here")}
+        self.env = {
+            **os.environ,
+            "LANEWAY_BASE_URL": f"{stack.url}/v1",
+            "LANEWAY_API_KEY": KEY,
+            "LANEWAY_DATA_DIR": str(tmp_path / "no-up-here"),
+        }
 
     async def start(self, *args: str) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(sys.executable, "-m", "laneway.cli", *args, env=self.env,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            *args,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
 
     async def run(self, *args: str) -> tuple[int, str, str]:
         proc = await self.start(*args)
@@ -82,8 +98,7 @@ async def held_batch(cli: Cli, api: openai.AsyncOpenAI, tmp_path, plain: int, he
     rc, out, err = await cli.run("files", "upload", str(path))
     assert rc == 0, err
     file_id = out.strip()
-    return await api.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
-                                    completion_window="24h")
+    return await api.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
 
 
 async def test_watch_follows_a_running_batch_and_ends_with_its_counts(cli, api, engine, tmp_path) -> None:
@@ -94,11 +109,12 @@ async def test_watch_follows_a_running_batch_and_ends_with_its_counts(cli, api, 
     err: list[str] = []
     readers = [asyncio.create_task(lines_of(watch.stdout, out)), asyncio.create_task(lines_of(watch.stderr, err))]
 
-    async def running_and_progressed() -> bool:     # the plain and failing lines are done, HOLD waits
+    async def running_and_progressed() -> bool:  # the plain and failing lines are done, HOLD waits
         counts = (await api.batches.retrieve(batch.id)).request_counts
         return counts.completed + counts.failed >= 7 and any(line.startswith("in_progress") for line in err)
+
     assert await eventually(running_and_progressed, timeout=60), (err, out)
-    assert watch.returncode is None            # still watching: the batch has not ended
+    assert watch.returncode is None  # still watching: the batch has not ended
     engine.release.set()
     assert await asyncio.wait_for(watch.wait(), 60) == 0, (err, out)
     await asyncio.gather(*readers)
@@ -127,7 +143,9 @@ async def test_list_show_download_of_an_ended_batch(cli, api, engine, tmp_path) 
 
     rc, out, err = await cli.run("batches", "download", batch.id, "--dir", str(tmp_path / "results"))
     assert rc == 0, err
-    answered = [json.loads(line) for line in (tmp_path / "results" / f"{batch.id}_output.jsonl").read_text().splitlines()]
+    answered = [
+        json.loads(line) for line in (tmp_path / "results" / f"{batch.id}_output.jsonl").read_text().splitlines()
+    ]
     failed = [json.loads(line) for line in (tmp_path / "results" / f"{batch.id}_errors.jsonl").read_text().splitlines()]
     assert sorted(o["custom_id"] for o in answered) == ["plain-0", "plain-1", "plain-2"]
     assert [o["custom_id"] for o in failed] == ["bad-0"]
@@ -140,6 +158,7 @@ async def test_cancel_stops_a_running_batch_and_watch_says_so_with_exit_1(cli, a
 
     async def in_progress() -> bool:
         return (await api.batches.retrieve(batch.id)).status == "in_progress"
+
     assert await eventually(in_progress, timeout=60)
 
     rc, out, err = await cli.run("batches", "cancel", batch.id)
@@ -164,8 +183,9 @@ async def test_files_list_show_download_delete(cli, api, tmp_path) -> None:
 
     rc, out, err = await cli.run("files", "list", "--purpose", "user_data")
     assert rc == 0, err
-    assert [line.split()[:3] for line in out.splitlines() if line.startswith(file_id)] == \
-        [[file_id, "user_data", str(path.stat().st_size)]]
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith(file_id)] == [
+        [file_id, "user_data", str(path.stat().st_size)]
+    ]
 
     rc, out, err = await cli.run("files", "show", file_id)
     assert rc == 0 and json.loads(out)["filename"] == "notes.jsonl", err

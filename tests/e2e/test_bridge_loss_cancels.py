@@ -28,8 +28,12 @@ from schemas.subjects import Subjects
 from tests.wait import eventually
 from workers.orphans import GONE_S, PROBE_S
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(400),
-              pytest.mark.skipif(sys.platform != "linux", reason="finds the children in /proc")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(400),
+    pytest.mark.skipif(sys.platform != "linux", reason="finds the children in /proc"),
+]
 
 KEY = "sk-orphans"
 # At --sim-speed 0.05 the simulated GPU makes ~7 tokens a second: 1,500 are over three minutes
@@ -46,8 +50,12 @@ async def up(tmp_path_factory):
 
 
 def body(max_tokens: int) -> dict:
-    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "a long answer, please"}]}
+    return {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "a long answer, please"}],
+    }
 
 
 async def worker_sample(up: LanewayUp, name: str, **labels: str) -> float:
@@ -56,19 +64,26 @@ async def worker_sample(up: LanewayUp, name: str, **labels: str) -> float:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://127.0.0.1:{metrics_port(worker)}/metrics") as resp:
             text = await resp.text()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name and labels.items() <= s.labels.items())
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    )
 
 
-async def streaming(up: LanewayUp, http: aiohttp.ClientSession, result: Result,
-                    max_tokens: int = MAX_TOKENS) -> asyncio.Task:
+async def streaming(
+    up: LanewayUp, http: aiohttp.ClientSession, result: Result, max_tokens: int = MAX_TOKENS
+) -> asyncio.Task:
     """A long stream, once its first tokens reached the client (the bridge up first: `up` may
     be restarting it after the previous test)."""
+
     async def served() -> bool:
         try:
             return (await stream_chat(http, up.url, KEY, body(2))).ok
         except aiohttp.ClientError:
             return False
+
     assert await eventually(served, timeout=120)
     task = asyncio.create_task(stream_chat(http, up.url, KEY, body(max_tokens), result=result))
     assert await eventually(lambda: result.tokens > 0 or task.done(), timeout=120) and not task.done(), result
@@ -85,8 +100,11 @@ async def test_a_frozen_bridge_keeps_its_stream(up: LanewayUp) -> None:
         enough = await worker_sample(up, "laneway_worker_edge_probes_total") + math.ceil(GONE_S / PROBE_S) + 2
 
         async def probed_or_ended() -> bool:
-            return await worker_sample(up, "laneway_worker_edge_probes_total") >= enough or \
-                await worker_sample(up, "laneway_worker_slots_in_use") == 0
+            return (
+                await worker_sample(up, "laneway_worker_edge_probes_total") >= enough
+                or await worker_sample(up, "laneway_worker_slots_in_use") == 0
+            )
+
         os.kill(bridge, signal.SIGSTOP)
         try:
             assert await eventually(probed_or_ended, timeout=60, interval=0.2)
@@ -111,9 +129,11 @@ async def test_a_killed_bridges_generation_is_cancelled_in_the_engine(up: Lanewa
 
     nc = await up.connect_nats("ops")
     try:
+
         async def metered():
             records = [u async for u in read_usage(nc.jetstream(), Subjects(), "demo", since, idle_timeout=1)]
             return [u for u in records if u.request_id == result.request_id]
+
         # Generating all of MAX_TOKENS for nobody takes over a minute: its record comes far later.
         assert await eventually(metered, timeout=45, interval=0.5), "the generation went on"
         [usage] = await metered()

@@ -32,26 +32,57 @@ KEY = "sk-test-conformance-key"
 MODEL = "laneway-sim"
 ASK = [{"role": "user", "content": "Where is my order AB123456?"}]
 
-ORDER_TOOL = {"type": "function", "function": {
-    "name": "lookup_order", "description": "Find an order by its number",
-    "parameters": {"type": "object", "properties": {
-        "order_id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{6}$"},
-        "include_items": {"type": "boolean"}},
-        "required": ["order_id"], "additionalProperties": False}}}
-TICKET_TOOL = {"type": "function", "function": {
-    "name": "open_ticket", "parameters": {"type": "object", "properties": {
-        "priority": {"enum": ["low", "normal", "urgent"]},
-        "summary": {"type": "string", "minLength": 5},
-        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
-        "required": ["priority", "summary", "tags"]}}}
+ORDER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_order",
+        "description": "Find an order by its number",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{6}$"},
+                "include_items": {"type": "boolean"},
+            },
+            "required": ["order_id"],
+            "additionalProperties": False,
+        },
+    },
+}
+TICKET_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "open_ticket",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "priority": {"enum": ["low", "normal", "urgent"]},
+                "summary": {"type": "string", "minLength": 5},
+                "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            },
+            "required": ["priority", "summary", "tags"],
+        },
+    },
+}
 TOOLS = [ORDER_TOOL, TICKET_TOOL]
 TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-INVOICE_SCHEMA = {"type": "object", "properties": {
-    "number": {"type": "string"}, "total": {"type": "number", "minimum": 0},
-    "lines": {"type": "array", "items": {"type": "object", "properties": {
-        "sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
-        "required": ["sku", "qty"], "additionalProperties": False}}},
-    "required": ["number", "total", "lines"], "additionalProperties": False}
+INVOICE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "number": {"type": "string"},
+        "total": {"type": "number", "minimum": 0},
+        "lines": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+                "required": ["sku", "qty"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["number", "total", "lines"],
+    "additionalProperties": False,
+}
 
 
 # -- the stack and a spec-checking client ------------------------------------------------------
@@ -69,11 +100,10 @@ class Api:
         self.http = http
 
     async def _post(self, path: str, request_schema: str, body: dict[str, Any]) -> httpx.Response:
-        validate(request_schema, body)         # the test itself speaks the spec
+        validate(request_schema, body)  # the test itself speaks the spec
         return await self.http.post(path, json=body)
 
-    async def _ok(self, path: str, request_schema: str, response_schema: str,
-                  fields: dict[str, Any]) -> dict[str, Any]:
+    async def _ok(self, path: str, request_schema: str, response_schema: str, fields: dict[str, Any]) -> dict[str, Any]:
         response = await self._post(path, request_schema, fields)
         assert response.status_code == 200, response.text
         assert response.headers["content-type"].startswith("application/json")
@@ -81,8 +111,9 @@ class Api:
         validate(response_schema, body)
         return body
 
-    async def _stream(self, path: str, request_schema: str, chunk_schema: str,
-                      fields: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _stream(
+        self, path: str, request_schema: str, chunk_schema: str, fields: dict[str, Any]
+    ) -> list[dict[str, Any]]:
         validate(request_schema, {**fields, "stream": True})
         chunks: list[dict[str, Any]] = []
         done = False
@@ -94,7 +125,7 @@ class Api:
                     # An `id:` names the event for a resume (docs/openai-api.md, "Resuming a stream").
                     assert not line.strip() or line.startswith((":", "id: ")), f"not SSE: {line!r}"
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 assert not done, "data after [DONE]"
                 if data == "[DONE]":
                     done = True
@@ -115,24 +146,31 @@ class Api:
         return body["error"]
 
     def chat(self, **fields: Any) -> Awaitable[dict[str, Any]]:
-        return self._ok("/v1/chat/completions", "CreateChatCompletionRequest",
-                        "CreateChatCompletionResponse", _chat_body(fields))
+        return self._ok(
+            "/v1/chat/completions", "CreateChatCompletionRequest", "CreateChatCompletionResponse", _chat_body(fields)
+        )
 
     def chat_stream(self, **fields: Any) -> Awaitable[list[dict[str, Any]]]:
-        return self._stream("/v1/chat/completions", "CreateChatCompletionRequest",
-                            "CreateChatCompletionStreamResponse", _chat_body(fields))
+        return self._stream(
+            "/v1/chat/completions",
+            "CreateChatCompletionRequest",
+            "CreateChatCompletionStreamResponse",
+            _chat_body(fields),
+        )
 
     def chat_refused(self, **fields: Any) -> Awaitable[dict[str, Any]]:
         return self._refused("/v1/chat/completions", "CreateChatCompletionRequest", _chat_body(fields))
 
     def complete(self, **fields: Any) -> Awaitable[dict[str, Any]]:
-        return self._ok("/v1/completions", "CreateCompletionRequest", "CreateCompletionResponse",
-                        _completion_body(fields))
+        return self._ok(
+            "/v1/completions", "CreateCompletionRequest", "CreateCompletionResponse", _completion_body(fields)
+        )
 
     def complete_stream(self, **fields: Any) -> Awaitable[list[dict[str, Any]]]:
         # CreateCompletionResponse with `finish_reason: null` allowed: see tests/openapi/__init__.py.
-        return self._stream("/v1/completions", "CreateCompletionRequest", "CreateCompletionStreamResponse",
-                            _completion_body(fields))
+        return self._stream(
+            "/v1/completions", "CreateCompletionRequest", "CreateCompletionStreamResponse", _completion_body(fields)
+        )
 
     def complete_refused(self, **fields: Any) -> Awaitable[dict[str, Any]]:
         return self._refused("/v1/completions", "CreateCompletionRequest", _completion_body(fields))
@@ -148,14 +186,16 @@ def _completion_body(fields: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 async def api(stack):
-    async with httpx.AsyncClient(base_url=stack.url, timeout=30.0,
-                                 headers={"Authorization": f"Bearer {KEY}"}) as http:
+    async with httpx.AsyncClient(base_url=stack.url, timeout=30.0, headers={"Authorization": f"Bearer {KEY}"}) as http:
         yield Api(http)
 
 
 def _content(chunks: list[dict[str, Any]], index: int = 0) -> str:
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c["choices"] and c["choices"][0]["index"] == index)
+    return "".join(
+        c["choices"][0]["delta"].get("content") or ""
+        for c in chunks
+        if c["choices"] and c["choices"][0]["index"] == index
+    )
 
 
 def _finishes(chunks: list[dict[str, Any]]) -> dict[int, str]:
@@ -177,8 +217,8 @@ Check = Callable[[Api], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Entry:
-    kind: str                   # HONOURED | ACCEPTED | REFUSED
-    value: Any = None           # ACCEPTED / REFUSED: a spec-valid value to send
+    kind: str  # HONOURED | ACCEPTED | REFUSED
+    value: Any = None  # ACCEPTED / REFUSED: a spec-valid value to send
     check: Check | None = None  # HONOURED: shows the effect
     note: str = ""
 
@@ -193,6 +233,7 @@ def honoured(table: dict[str, Entry], name: str, note: str = "") -> Callable[[Ch
         assert name not in table, name
         table[name] = Entry(HONOURED, check=check, note=note)
         return check
+
     return register
 
 
@@ -200,15 +241,27 @@ def honoured(table: dict[str, Entry], name: str, note: str = "") -> Callable[[Ch
 @honoured(CHAT, "messages")
 async def _(api: Api) -> None:
     short = await api.chat(max_tokens=1)
-    longer = await api.chat(max_tokens=1, messages=[
-        {"role": "developer", "content": "Answer as a courier would, briefly and precisely."},
-        {"role": "system", "content": [{"type": "text", "text": "Orders ship from Rotterdam."}]},
-        *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": "call_1", "type": "function",
-            "function": {"name": "lookup_order", "arguments": '{"order_id": "AB123456"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'},
-        {"role": "user", "content": [{"type": "text", "text": "And when does it arrive?"}]}])
+    longer = await api.chat(
+        max_tokens=1,
+        messages=[
+            {"role": "developer", "content": "Answer as a courier would, briefly and precisely."},
+            {"role": "system", "content": [{"type": "text", "text": "Orders ship from Rotterdam."}]},
+            *ASK,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "lookup_order", "arguments": '{"order_id": "AB123456"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'},
+            {"role": "user", "content": [{"type": "text", "text": "And when does it arrive?"}]},
+        ],
+    )
     assert longer["usage"]["prompt_tokens"] > short["usage"]["prompt_tokens"]
 
 
@@ -245,13 +298,13 @@ async def _(api: Api) -> None:
 @honoured(CHAT, "stop")
 async def _(api: Api) -> None:
     plain = (await api.chat(max_tokens=12, seed=11))["choices"][0]["message"]["content"]
-    stop = plain[len(plain) // 2: len(plain) // 2 + 3]
+    stop = plain[len(plain) // 2 : len(plain) // 2 + 3]
     for value in (stop, [stop, "\u2603never\u2603"]):
         cut = (await api.chat(max_tokens=12, seed=11, stop=value))["choices"][0]
         assert cut["finish_reason"] == "stop"
-        assert cut["message"]["content"] == plain[:plain.index(stop)]
+        assert cut["message"]["content"] == plain[: plain.index(stop)]
     streamed = await api.chat_stream(max_tokens=12, seed=11, stop=stop)
-    assert _content(streamed) == plain[:plain.index(stop)] and _finishes(streamed) == {0: "stop"}
+    assert _content(streamed) == plain[: plain.index(stop)] and _finishes(streamed) == {0: "stop"}
 
 
 @honoured(CHAT, "logprobs")
@@ -262,8 +315,14 @@ async def _(api: Api) -> None:
     assert "".join(t["token"] for t in content) == body["choices"][0]["message"]["content"]
     assert (await api.chat(max_tokens=2, logprobs=False))["choices"][0]["logprobs"] is None
     chunks = await api.chat_stream(max_tokens=4, logprobs=True)
-    assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks
-               if c["choices"] and c["choices"][0].get("logprobs")) == 4
+    assert (
+        sum(
+            len(c["choices"][0]["logprobs"]["content"])
+            for c in chunks
+            if c["choices"] and c["choices"][0].get("logprobs")
+        )
+        == 4
+    )
 
 
 @honoured(CHAT, "top_logprobs")
@@ -272,20 +331,20 @@ async def _(api: Api) -> None:
     for token in body["choices"][0]["logprobs"]["content"]:
         tops = [t["logprob"] for t in token["top_logprobs"]]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] >= token["logprob"]
-    assert (await api.chat_refused(top_logprobs=2))["param"] == "top_logprobs"   # needs logprobs
+    assert (await api.chat_refused(top_logprobs=2))["param"] == "top_logprobs"  # needs logprobs
 
 
 @honoured(CHAT, "temperature", note="0 is greedy: the same answer every time")
 async def _(api: Api) -> None:
-    first, second = [(await api.chat(max_tokens=10, temperature=0))["choices"][0]["message"]["content"]
-                     for _ in range(2)]
+    first, second = [
+        (await api.chat(max_tokens=10, temperature=0))["choices"][0]["message"]["content"] for _ in range(2)
+    ]
     assert first == second
 
 
 @honoured(CHAT, "seed")
 async def _(api: Api) -> None:
-    answers = [(await api.chat(max_tokens=16, seed=seed))["choices"][0]["message"]["content"]
-               for seed in (7, 7, 8)]
+    answers = [(await api.chat(max_tokens=16, seed=seed))["choices"][0]["message"]["content"] for seed in (7, 7, 8)]
     assert answers[0] == answers[1]
     assert answers[0] != answers[2]
 
@@ -298,7 +357,7 @@ async def _(api: Api) -> None:
     assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
     assert _content(chunks) == whole["choices"][0]["message"]["content"]
     assert _finishes(chunks) == {0: "length"}
-    assert all(c.get("usage") is None for c in chunks)        # no include_usage: no usage chunk
+    assert all(c.get("usage") is None for c in chunks)  # no include_usage: no usage chunk
 
 
 @honoured(CHAT, "stream_options", note="include_usage: a last chunk with usage and no choices")
@@ -321,9 +380,16 @@ async def _(api: Api) -> None:
     chunks = await api.chat_stream(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     pieces = [tc for c in chunks if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls") or []]
     assert pieces and pieces[0]["id"] and pieces[0]["function"]["name"]
-    _valid_call({"id": pieces[0]["id"], "type": "function", "function": {
-        "name": pieces[0]["function"]["name"],
-        "arguments": "".join(p["function"].get("arguments") or "" for p in pieces)}})
+    _valid_call(
+        {
+            "id": pieces[0]["id"],
+            "type": "function",
+            "function": {
+                "name": pieces[0]["function"]["name"],
+                "arguments": "".join(p["function"].get("arguments") or "" for p in pieces),
+            },
+        }
+    )
     assert _finishes(chunks) == {0: "tool_calls"}
 
 
@@ -363,34 +429,40 @@ async def _(api: Api) -> None:
 @honoured(CHAT, "modalities", note='["text"] only; audio is refused by name')
 async def _(api: Api) -> None:
     assert (await api.chat(max_tokens=2, modalities=["text"]))["choices"][0]["message"]["content"]
-    assert (await api.chat_refused(modalities=["text", "audio"],
-                                   audio={"voice": "alloy", "format": "wav"}))["param"] in ("modalities", "audio")
+    assert (await api.chat_refused(modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}))[
+        "param"
+    ] in ("modalities", "audio")
 
 
 # ---- chat: accepted (no effect a simulation can show) and refused
-CHAT.update({
-    "metadata": Entry(ACCEPTED, {"project": "conformance"}),
-    "store": Entry(ACCEPTED, False),
-    "user": Entry(ACCEPTED, "user-1234"),
-    "safety_identifier": Entry(ACCEPTED, "safety-identifier-1234"),
-    "prompt_cache_key": Entry(ACCEPTED, "prompt-cache-key-1234"),
-    "service_tier": Entry(ACCEPTED, "auto"),
-    "top_p": Entry(ACCEPTED, 0.9, note="a sampler knob; the simulation has no distribution to shape"),
-    "frequency_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
-    "presence_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
-    "logit_bias": Entry(ACCEPTED, {"50256": -100}, note="likewise"),
-    "reasoning_effort": Entry(REFUSED, "low", note="the simulated model is not a reasoning model"),
-    "verbosity": Entry(REFUSED, "low"),
-    "audio": Entry(REFUSED, {"voice": "alloy", "format": "wav"}, note="text only"),
-    "web_search_options": Entry(REFUSED, {"search_context_size": "low"}),
-    "prediction": Entry(REFUSED, {"type": "content", "content": "Your order ships today."}),
-    "moderation": Entry(REFUSED, {"model": "omni-moderation-latest"}),
-    "prompt_cache_options": Entry(REFUSED, {"ttl": "30m"}),
-    "prompt_cache_retention": Entry(REFUSED, "24h", note="deprecated"),
-    "functions": Entry(REFUSED, [{"name": "lookup_order", "parameters": ORDER_TOOL["function"]["parameters"]}],
-                       note="deprecated in favour of tools"),
-    "function_call": Entry(REFUSED, "auto", note="deprecated in favour of tool_choice"),
-})
+CHAT.update(
+    {
+        "metadata": Entry(ACCEPTED, {"project": "conformance"}),
+        "store": Entry(ACCEPTED, False),
+        "user": Entry(ACCEPTED, "user-1234"),
+        "safety_identifier": Entry(ACCEPTED, "safety-identifier-1234"),
+        "prompt_cache_key": Entry(ACCEPTED, "prompt-cache-key-1234"),
+        "service_tier": Entry(ACCEPTED, "auto"),
+        "top_p": Entry(ACCEPTED, 0.9, note="a sampler knob; the simulation has no distribution to shape"),
+        "frequency_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
+        "presence_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
+        "logit_bias": Entry(ACCEPTED, {"50256": -100}, note="likewise"),
+        "reasoning_effort": Entry(REFUSED, "low", note="the simulated model is not a reasoning model"),
+        "verbosity": Entry(REFUSED, "low"),
+        "audio": Entry(REFUSED, {"voice": "alloy", "format": "wav"}, note="text only"),
+        "web_search_options": Entry(REFUSED, {"search_context_size": "low"}),
+        "prediction": Entry(REFUSED, {"type": "content", "content": "Your order ships today."}),
+        "moderation": Entry(REFUSED, {"model": "omni-moderation-latest"}),
+        "prompt_cache_options": Entry(REFUSED, {"ttl": "30m"}),
+        "prompt_cache_retention": Entry(REFUSED, "24h", note="deprecated"),
+        "functions": Entry(
+            REFUSED,
+            [{"name": "lookup_order", "parameters": ORDER_TOOL["function"]["parameters"]}],
+            note="deprecated in favour of tools",
+        ),
+        "function_call": Entry(REFUSED, "auto", note="deprecated in favour of tool_choice"),
+    }
+)
 
 
 # ---- completions: honoured
@@ -449,9 +521,9 @@ async def _(api: Api) -> None:
 @honoured(COMPLETION, "stop")
 async def _(api: Api) -> None:
     plain = (await api.complete(max_tokens=12, seed=5))["choices"][0]["text"]
-    stop = plain[len(plain) // 2: len(plain) // 2 + 3]
+    stop = plain[len(plain) // 2 : len(plain) // 2 + 3]
     cut = (await api.complete(max_tokens=12, seed=5, stop=[stop]))["choices"][0]
-    assert cut["finish_reason"] == "stop" and cut["text"] == plain[:plain.index(stop)]
+    assert cut["finish_reason"] == "stop" and cut["text"] == plain[: plain.index(stop)]
 
 
 @honoured(COMPLETION, "seed")
@@ -483,19 +555,26 @@ async def _(api: Api) -> None:
     assert usage[0]["usage"]["completion_tokens"] == 4
 
 
-COMPLETION.update({
-    "suffix": Entry(ACCEPTED, " and they lived happily ever after.",
-                    note="any simulated text is as good an insertion as any other"),
-    "user": Entry(ACCEPTED, "user-1234"),
-    "top_p": Entry(ACCEPTED, 0.9, note="a sampler knob; the simulation has no distribution to shape"),
-    "frequency_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
-    "presence_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
-    "logit_bias": Entry(ACCEPTED, {"50256": -100}, note="likewise"),
-})
+COMPLETION.update(
+    {
+        "suffix": Entry(
+            ACCEPTED,
+            " and they lived happily ever after.",
+            note="any simulated text is as good an insertion as any other",
+        ),
+        "user": Entry(ACCEPTED, "user-1234"),
+        "top_p": Entry(ACCEPTED, 0.9, note="a sampler knob; the simulation has no distribution to shape"),
+        "frequency_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
+        "presence_penalty": Entry(ACCEPTED, 0.5, note="likewise"),
+        "logit_bias": Entry(ACCEPTED, {"50256": -100}, note="likewise"),
+    }
+)
 
 TABLES = {"CreateChatCompletionRequest": CHAT, "CreateCompletionRequest": COMPLETION}
-OPS = {"CreateChatCompletionRequest": ("chat", "chat_refused"),
-       "CreateCompletionRequest": ("complete", "complete_refused")}
+OPS = {
+    "CreateChatCompletionRequest": ("chat", "chat_refused"),
+    "CreateCompletionRequest": ("complete", "complete_refused"),
+}
 
 
 # -- the tests -------------------------------------------------------------------------------------
@@ -546,12 +625,14 @@ async def test_errors_match_the_spec(api, stack):
         unauthorized = await anonymous.post("/v1/chat/completions", json=_chat_body({}))
     assert unauthorized.status_code == 401
     validate("ErrorResponse", unauthorized.json())
-    not_json = await api.http.post("/v1/chat/completions", content=b"{not json",
-                                   headers={"Content-Type": "application/json"})
+    not_json = await api.http.post(
+        "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert not_json.status_code == 400
     validate("ErrorResponse", not_json.json())
-    wrong_role = await api.http.post("/v1/chat/completions",
-                                     json=_chat_body({"messages": [{"role": "robot", "content": "hi"}]}))
+    wrong_role = await api.http.post(
+        "/v1/chat/completions", json=_chat_body({"messages": [{"role": "robot", "content": "hi"}]})
+    )
     assert wrong_role.status_code == 400
     validate("ErrorResponse", wrong_role.json())
     assert wrong_role.json()["error"]["param"].startswith("messages[0]")
@@ -578,8 +659,13 @@ def test_the_tables_say_something_for_every_entry():
 
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "invoice", "schema": INVOICE_SCHEMA}}
 COMBINATIONS = {
-    "n+logprobs+usage": {"n": 2, "max_tokens": 5, "logprobs": True, "top_logprobs": 2,
-                         "stream_options": {"include_usage": True}},
+    "n+logprobs+usage": {
+        "n": 2,
+        "max_tokens": 5,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream_options": {"include_usage": True},
+    },
     "n+tools": {"n": 2, "tools": TOOLS, "tool_choice": "required"},
     "n+json_schema": {"n": 2, "response_format": JSON_FORMAT, "seed": 4},
     "stop+logprobs": {"max_tokens": 12, "seed": 11, "stop": [" ", "."], "logprobs": True},
@@ -609,8 +695,10 @@ async def test_combinations_match_the_spec_streamed_and_not(api, fields):
             for c in chunks:
                 for ch in c["choices"]:
                     for piece in ch["delta"].get("tool_calls") or [] if ch["index"] == i else []:
-                        call = calls.setdefault(piece["index"], {"id": piece.get("id"), "type": "function",
-                                                                 "function": {"name": "", "arguments": ""}})
+                        call = calls.setdefault(
+                            piece["index"],
+                            {"id": piece.get("id"), "type": "function", "function": {"name": "", "arguments": ""}},
+                        )
                         call["function"]["name"] += piece.get("function", {}).get("name") or ""
                         call["function"]["arguments"] += piece.get("function", {}).get("arguments") or ""
             assert calls
@@ -619,8 +707,10 @@ async def test_combinations_match_the_spec_streamed_and_not(api, fields):
 
 
 async def test_text_completion_combinations_match_the_spec(api):
-    for fields in ({"n": 2, "max_tokens": 3, "logprobs": 1, "stream_options": {"include_usage": True}},
-                   {"echo": True, "max_tokens": 3, "stop": "\n"}):
+    for fields in (
+        {"n": 2, "max_tokens": 3, "logprobs": 1, "stream_options": {"include_usage": True}},
+        {"echo": True, "max_tokens": 3, "stop": "\n"},
+    ):
         body = await api.complete(**{k: v for k, v in fields.items() if k != "stream_options"})
         assert len(body["choices"]) == fields.get("n", 1)
         chunks = await api.complete_stream(**fields)
@@ -632,8 +722,10 @@ def _nullable_rows() -> list[tuple[str, str]]:
     from tests.openapi import spec, validator
 
     rows = []
-    for schema, base in {"CreateChatCompletionRequest": _chat_body({}),
-                         "CreateCompletionRequest": _completion_body({})}.items():
+    for schema, base in {
+        "CreateChatCompletionRequest": _chat_body({}),
+        "CreateCompletionRequest": _completion_body({}),
+    }.items():
         node = spec()["components"]["schemas"][schema]
         required = set(node.get("required", ())).union(*(p.get("required", ()) for p in node.get("allOf", ())))
         for name in sorted(properties(schema)):
@@ -642,14 +734,13 @@ def _nullable_rows() -> list[tuple[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize(("schema", "name"), _nullable_rows(),
-                         ids=[f"{s[6:-7]}.{n}" for s, n in _nullable_rows()])
+@pytest.mark.parametrize(("schema", "name"), _nullable_rows(), ids=[f"{s[6:-7]}.{n}" for s, n in _nullable_rows()])
 async def test_null_means_not_set(api, schema, name):
     """Whatever Laneway does with a property (honour, accept, refuse), an explicit null is the
     property left out: the request is answered as if it were absent."""
     ok, _ = (getattr(api, op) for op in OPS[schema])
     limit = "max_tokens" if name != "max_tokens" else "max_completion_tokens"
-    if limit not in properties(schema):         # completions' one limit is the one nulled
+    if limit not in properties(schema):  # completions' one limit is the one nulled
         await ok(**{name: None})
         return
     body = await ok(**{limit: 2, name: None})

@@ -32,12 +32,16 @@ from schemas.subjects import Subjects
 from tests.wait import eventually
 from workers.engines.sim.output import natural_length
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600),
-              pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the children")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the children"),
+]
 
 KEY = "sk-continue"
 STREAMS = 24
-HANG_S = 120          # a bound on a hang, not a window
+HANG_S = 120  # a bound on a hang, not a window
 
 
 @dataclass
@@ -51,7 +55,7 @@ class Stream:
     status: int = 0
     done: bool = False
     pieces: list[str] = field(default_factory=list)
-    arrived: list[float] = field(default_factory=list)     # monotonic time of each content chunk
+    arrived: list[float] = field(default_factory=list)  # monotonic time of each content chunk
 
     def stall(self) -> float:
         """The longest wait between two content chunks."""
@@ -92,8 +96,13 @@ def prompts() -> list[str]:
 
 
 def body(i: int, prompt: str) -> dict:
-    b = {"model": "laneway-sim", "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True},
-         "messages": [{"role": "user", "content": prompt}]}
+    b = {
+        "model": "laneway-sim",
+        "stream": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": prompt}],
+    }
     if i % 2:
         b["max_tokens"] = 50 + 2 * i
     return b
@@ -101,14 +110,29 @@ def body(i: int, prompt: str) -> dict:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory):
-    extra = ["--pii", "off", "--workers", "2", "--metrics", "--no-nats-auth", "--cache-ttl", "0", "--sim-profile", "llama-8b-h100",
-             "--sim-speed", "0.1", "--heartbeat-interval", "0.5"]
+    extra = [
+        "--pii",
+        "off",
+        "--workers",
+        "2",
+        "--metrics",
+        "--no-nats-auth",
+        "--cache-ttl",
+        "0",
+        "--sim-profile",
+        "llama-8b-h100",
+        "--sim-speed",
+        "0.1",
+        "--heartbeat-interval",
+        "0.5",
+    ]
     async with LanewayUp(tmp_path_factory.mktemp("continue") / "lw", KEY, extra) as running:
         yield running
 
 
-async def frames(http: aiohttp.ClientSession, up: LanewayUp, metric: str = "laneway_worker_frames_total"
-                 ) -> dict[int, float]:
+async def frames(
+    http: aiohttp.ClientSession, up: LanewayUp, metric: str = "laneway_worker_frames_total"
+) -> dict[int, float]:
     """A metric of each live worker (pid → value): by default the token frames it published."""
     counts = {}
     for pid in up.role_pids("worker"):
@@ -132,13 +156,17 @@ async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
         grew = {pid: n - before[pid] for pid, n in now.items() if pid in before and n > before[pid]}
         found = max(grew, key=grew.__getitem__, default=0)
         return found != 0
+
     await eventually(moved, timeout=HANG_S)
     return found
 
 
 async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: bool) -> tuple[list[Stream], int]:
     streams = [Stream() for _ in range(STREAMS)]
-    tasks = [asyncio.create_task(read(http, up, body(i, p), s)) for i, (s, p) in enumerate(zip(streams, prompts(), strict=True))]
+    tasks = [
+        asyncio.create_task(read(http, up, body(i, p), s))
+        for i, (s, p) in enumerate(zip(streams, prompts(), strict=True))
+    ]
     victim = 0
     if kill:
         # Mid-stream: every stream has tokens on the wire.
@@ -165,8 +193,9 @@ async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             unbroken, _ = await run(up, http, kill=False)
-            assert all(s.status == 200 and s.error is None and s.finish_reason for s in unbroken), \
-                [s.error for s in unbroken]
+            assert all(s.status == 200 and s.error is None and s.finish_reason for s in unbroken), [
+                s.error for s in unbroken
+            ]
             broken, victim = await run(up, http, kill=True)
         assert [s.error for s in broken] == [None] * STREAMS, [s.error for s in broken if s.error]
         for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
@@ -186,8 +215,10 @@ async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None
         assert any(continued), "no stream was continued: the killed worker served none"
         # The stall its clients saw (last token before the kill → next after), for the record.
         stalls = sorted(s.stall() for s, n in zip(broken, continued, strict=True) if n)
-        print(f"\ncontinued {len(stalls)}/{STREAMS} streams; stall p50 {stalls[len(stalls) // 2]:.2f} s, "
-              f"max {stalls[-1]:.2f} s (0.5 s heartbeats)")
+        print(
+            f"\ncontinued {len(stalls)}/{STREAMS} streams; stall p50 {stalls[len(stalls) // 2]:.2f} s, "
+            f"max {stalls[-1]:.2f} s (0.5 s heartbeats)"
+        )
         assert await eventually(lambda: up.role_pids("worker") not in ([], [victim])), "the worker never came back"
     finally:
         await nc.close()
@@ -201,13 +232,18 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp
         dead.append(msg)
 
     await nc.subscribe(Subjects().dlq_all, cb=on_dead)
-    long = {"model": "laneway-sim", "stream": True, "temperature": 0.0, "max_tokens": 2000,
-            "messages": [{"role": "user", "content": "the poison pill"}]}
+    long = {
+        "model": "laneway-sim",
+        "stream": True,
+        "temperature": 0.0,
+        "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "the poison pill"}],
+    }
     stream = Stream()
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             task = asyncio.create_task(read(http, up, long, stream))
-            for death in range(3):      # the default --max-migrations is 2: the third loss ends it
+            for death in range(3):  # the default --max-migrations is 2: the third loss ends it
                 seen = stream.chunks
                 assert await eventually(lambda seen=seen: stream.chunks > seen or stream.done, timeout=HANG_S)
                 assert not stream.done, (death, stream.error)
@@ -217,7 +253,8 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp
             await asyncio.wait_for(task, HANG_S)
         assert stream.error is not None and stream.error["code"] == "worker_lost", stream.error
         assert "dead-lettered" in stream.error["message"], stream.error
-        assert await eventually(lambda: any(m.headers and m.headers.get("Laneway-Reason") == "max_migrations"
-                                            for m in dead), timeout=HANG_S), [m.headers for m in dead]
+        assert await eventually(
+            lambda: any(m.headers and m.headers.get("Laneway-Reason") == "max_migrations" for m in dead), timeout=HANG_S
+        ), [m.headers for m in dead]
     finally:
         await nc.close()

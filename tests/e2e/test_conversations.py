@@ -30,9 +30,11 @@ async def engine():
 
 @pytest.fixture(scope="module")
 async def stack(nats_server, engine):
-    tenants = [Tenant(name="acme", api_key_sha256=[hash_key(KEY)]),            # the default PII policy
-               Tenant(name="plain", api_key_sha256=[hash_key(PLAIN_KEY)], pii=TenantPiiPolicy(enabled=False)),
-               Tenant(name="globex", api_key_sha256=[hash_key(OTHER_KEY)])]
+    tenants = [
+        Tenant(name="acme", api_key_sha256=[hash_key(KEY)]),  # the default PII policy
+        Tenant(name="plain", api_key_sha256=[hash_key(PLAIN_KEY)], pii=TenantPiiPolicy(enabled=False)),
+        Tenant(name="globex", api_key_sha256=[hash_key(OTHER_KEY)]),
+    ]
     settings = Settings(tenants={t.name: t for t in tenants}, models={MODEL: LogicalModel(pool="sim")})
     async with Stack(nats_server.url, settings, engines=[engine], pii="regex") as s:
         yield s
@@ -49,12 +51,13 @@ async def _items(client: openai.AsyncOpenAI, conversation_id: str, count: int) -
     async def enough() -> bool:
         listed[:] = (await client.conversations.items.list(conversation_id, order="asc")).data
         return len(listed) >= count
+
     assert await eventually(enough)
     return listed
 
 
 async def test_a_conversation_is_created_read_updated_and_deleted(stack):
-    client = _client(stack, PLAIN_KEY)      # metadata is kept only where nothing is redacted (below)
+    client = _client(stack, PLAIN_KEY)  # metadata is kept only where nothing is redacted (below)
     created = await client.conversations.create(metadata={"topic": "billing"})
     assert created.id.startswith("conv_") and created.metadata == {"topic": "billing"}
     headers = {"Authorization": f"Bearer {PLAIN_KEY}"}
@@ -72,12 +75,14 @@ async def test_a_conversation_is_created_read_updated_and_deleted(stack):
 async def test_responses_in_a_conversation_see_it_and_extend_it_redacted(stack, engine):
     client = _client(stack)
     conversation = await client.conversations.create()
-    first = await client.responses.create(model=MODEL, input=f"My email is {EMAIL}.", conversation=conversation.id,
-                                          max_output_tokens=5)
+    first = await client.responses.create(
+        model=MODEL, input=f"My email is {EMAIL}.", conversation=conversation.id, max_output_tokens=5
+    )
     assert first.conversation.id == conversation.id
     await _items(client, conversation.id, 2)
-    second = await client.responses.create(model=MODEL, input="What was it?", max_output_tokens=5,
-                                           conversation={"id": conversation.id})
+    second = await client.responses.create(
+        model=MODEL, input="What was it?", max_output_tokens=5, conversation={"id": conversation.id}
+    )
     seen = engine.seen[-1].messages
     assert [m.role for m in seen] == ["user", "assistant", "user"]
     said = " ".join(seen[0].texts())
@@ -91,8 +96,9 @@ async def test_responses_in_a_conversation_see_it_and_extend_it_redacted(stack, 
     validator("ConversationItemList").validate(listed)
     assert EMAIL not in str(listed) and "<EMAIL_ADDRESS>" in str(listed)
     with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(model=MODEL, input="x", conversation=conversation.id,
-                                      previous_response_id=first.id)
+        await client.responses.create(
+            model=MODEL, input="x", conversation=conversation.id, previous_response_id=first.id
+        )
     assert err.value.body["param"] == "conversation"
 
 
@@ -112,8 +118,9 @@ async def test_items_and_metadata_added_directly_only_where_nothing_is_redacted(
     assert err.value.body["param"] == "metadata"
 
     created = await plain.conversations.create(items=[{"role": "user", "content": "first"}])
-    added = await plain.conversations.items.create(created.id, items=[
-        {"role": "assistant", "content": "second"}, {"role": "user", "content": "third"}])
+    added = await plain.conversations.items.create(
+        created.id, items=[{"role": "assistant", "content": "second"}, {"role": "user", "content": "third"}]
+    )
     assert len(added.data) == 2
     items = (await plain.conversations.items.list(created.id, order="asc")).data
     assert [i.content[0].text for i in items] == ["first", "second", "third"]
@@ -138,5 +145,5 @@ async def test_another_tenants_key_finds_no_conversation(stack):
         await other.responses.create(model=MODEL, input="hi", conversation=conversation.id)
     assert err.value.body["param"] == "conversation"
     assert (await owner.conversations.retrieve(conversation.id)).metadata == {"owner": "plain"}
-    with pytest.raises(openai.NotFoundError):        # a response id is no conversation id, and back
+    with pytest.raises(openai.NotFoundError):  # a response id is no conversation id, and back
         await owner.responses.retrieve(conversation.id)

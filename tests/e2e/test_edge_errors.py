@@ -40,8 +40,9 @@ async def call(http, body=None, *, raw: bytes | None = None, key: str | None = K
     h = {"Content-Type": "application/json", **(headers or {})}
     if key is not None:
         h["Authorization"] = f"Bearer {key}"
-    async with http.post(CHAT, data=raw if raw is not None else None,
-                         json=body if raw is None else None, headers=h) as resp:
+    async with http.post(
+        CHAT, data=raw if raw is not None else None, json=body if raw is None else None, headers=h
+    ) as resp:
         return resp.status, await resp.json(), resp.headers
 
 
@@ -54,20 +55,28 @@ def assert_openai_error(payload: dict, *, param=None) -> dict:
     return err
 
 
-@pytest.mark.parametrize("case, body, raw, status, param", [
-    ("malformed json", None, b'{"model": "laneway-sim", "messages": [', 400, None),
-    ("missing messages", {"model": "laneway-sim"}, None, 400, None),
-    ("empty messages", good(messages=[]), None, 400, "messages"),
-    ("negative max_tokens", good(max_tokens=-5), None, 400, "max_tokens"),
-    ("huge max_tokens", good(max_tokens=10**9), None, 400, "max_tokens"),
-    ("bad role", good(messages=[{"role": "wizard", "content": "x"}]), None, 400, "messages[0].role"),
-    ("n over the choices limit", good(n=9), None, 400, "n"),
-    ("temperature out of range", good(temperature=7), None, 400, "temperature"),
-    ("penalty out of range", good(presence_penalty=3.0), None, 400, "presence_penalty"),
-    ("image content part", good(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
-     None, 400, "messages[0].content"),
-    ("unknown model", good(model="gpt-17"), None, 404, "model"),
-])
+@pytest.mark.parametrize(
+    "case, body, raw, status, param",
+    [
+        ("malformed json", None, b'{"model": "laneway-sim", "messages": [', 400, None),
+        ("missing messages", {"model": "laneway-sim"}, None, 400, None),
+        ("empty messages", good(messages=[]), None, 400, "messages"),
+        ("negative max_tokens", good(max_tokens=-5), None, 400, "max_tokens"),
+        ("huge max_tokens", good(max_tokens=10**9), None, 400, "max_tokens"),
+        ("bad role", good(messages=[{"role": "wizard", "content": "x"}]), None, 400, "messages[0].role"),
+        ("n over the choices limit", good(n=9), None, 400, "n"),
+        ("temperature out of range", good(temperature=7), None, 400, "temperature"),
+        ("penalty out of range", good(presence_penalty=3.0), None, 400, "presence_penalty"),
+        (
+            "image content part",
+            good(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+            None,
+            400,
+            "messages[0].content",
+        ),
+        ("unknown model", good(model="gpt-17"), None, 404, "model"),
+    ],
+)
 async def test_bad_requests_get_openai_errors(stack, http, case, body, raw, status, param):
     before = await queued(stack)
     got, payload, _ = await call(http, body, raw=raw)
@@ -115,10 +124,12 @@ async def test_expired_deadline_is_504_and_nothing_left(stack, http):
     status, payload, _ = await call(http, good(), headers={"x-laneway-timeout": "0.000001"})
     assert status == 504
     assert assert_openai_error(payload)["code"] == "deadline_exceeded"
+
     # The broker terminates the message and tells the client on one connection, but JetStream
     # applies the +TERM asynchronously: wait for it rather than race it.
     async def terminated() -> bool:
         return await queued(stack) == before
+
     assert await eventually(terminated), "the expired request was never terminated"
 
 

@@ -25,13 +25,14 @@ from tests.wait import eventually
 KEY = "sk-test-limits"
 CHAT = "/v1/chat/completions"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-CLOSE_WITHIN_S = 30.0   # a generous bound on a close that the test waits for, never a sleep
+CLOSE_WITHIN_S = 30.0  # a generous bound on a close that the test waits for, never a sleep
 
 
 def settings() -> Settings:
     demo = demo_settings(KEY)
-    return Settings(tenants=demo.tenants,
-                    models={**demo.models, "tiny-context": LogicalModel(pool="sim", max_context_tokens=100)})
+    return Settings(
+        tenants=demo.tenants, models={**demo.models, "tiny-context": LogicalModel(pool="sim", max_context_tokens=100)}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +77,12 @@ def nested(depth: int) -> str:
 @pytest.mark.parametrize("where", ["content part", "tools", "response_format", "unknown field"])
 async def test_deep_json_is_a_400_with_no_traceback(stack, http, caplog, where):
     deep = nested(5000)
-    body = {"content part": chat(content=f'[{{"type": "text", "text": "x", "extra": {deep}}}]'),
-            "tools": chat(f', "tools": [{deep}]'),
-            "response_format": chat(f', "response_format": {deep}'),
-            "unknown field": chat(f', "metadata": {deep}')}[where]
+    body = {
+        "content part": chat(content=f'[{{"type": "text", "text": "x", "extra": {deep}}}]'),
+        "tools": chat(f', "tools": [{deep}]'),
+        "response_format": chat(f', "response_format": {deep}'),
+        "unknown field": chat(f', "metadata": {deep}'),
+    }[where]
     before = await stored(stack)
     with caplog.at_level(logging.INFO):
         status, payload = await post(http, body)
@@ -96,10 +99,18 @@ async def test_nesting_within_the_limit_is_decoded(http):
     assert status == 400 and openai_error(payload)["param"].startswith("response_format")
 
 
-@pytest.mark.parametrize("field, value", [
-    ("seed", "1e30"), ("seed", str(2**70)), ("seed", str(-(2**70))), ("max_tokens", "1e30"),
-    ("max_tokens", str(2**70)), ("max_completion_tokens", str(2**70)), ("temperature", "1e400"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seed", "1e30"),
+        ("seed", str(2**70)),
+        ("seed", str(-(2**70))),
+        ("max_tokens", "1e30"),
+        ("max_tokens", str(2**70)),
+        ("max_completion_tokens", str(2**70)),
+        ("temperature", "1e400"),
+    ],
+)
 async def test_numbers_out_of_range_name_the_parameter(stack, http, caplog, field, value):
     before = await stored(stack)
     with caplog.at_level(logging.INFO):
@@ -117,12 +128,11 @@ async def test_the_largest_seed_the_wire_carries_is_served(http):
 
 async def test_a_prompt_over_the_models_context_is_refused_before_it_is_stored(stack, http):
     before = await stored(stack)
-    prompt = json.dumps("word " * 160_000)        # 800 KB: about 200,000 tokens
+    prompt = json.dumps("word " * 160_000)  # 800 KB: about 200,000 tokens
     status, payload = await post(http, chat(content=prompt))
     assert status == 400, payload
     err = openai_error(payload)
-    assert (err["code"], err["param"], err["type"]) == ("context_length_exceeded", "messages",
-                                                        "invalid_request_error")
+    assert (err["code"], err["param"], err["type"]) == ("context_length_exceeded", "messages", "invalid_request_error")
     status, payload = await post(http, chat(content=json.dumps("x" * 500), model="tiny-context"))
     assert status == 400 and openai_error(payload)["code"] == "context_length_exceeded"
     assert await stored(stack) == before
@@ -147,17 +157,21 @@ def json_body(answer: bytes) -> dict:
     return json.loads(body)
 
 
-@pytest.mark.parametrize("request_bytes", [
-    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"s" * 10_000 + b"\r\n\r\n",
-    b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-" + b"s" * 10_000 + b"\r\n\r\n",
-    b"NOT HTTP AT ALL\r\n\r\n",
-], ids=["oversize header", "oversize credential", "not http"])
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"s" * 10_000 + b"\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-" + b"s" * 10_000 + b"\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ],
+    ids=["oversize header", "oversize credential", "not http"],
+)
 async def test_requests_aiohttp_cannot_parse_get_openai_errors(stack, caplog, request_bytes):
     with caplog.at_level(logging.INFO):
         answer = await raw_exchange(stack.url, request_bytes)
     assert answer.split(b" ", 2)[1] == b"400", answer
     assert openai_error(json_body(answer))["type"] == "invalid_request_error"
-    assert b"sss" not in answer                  # the offending bytes are not echoed
+    assert b"sss" not in answer  # the offending bytes are not echoed
     assert not [r for r in caplog.records if r.exc_info]
 
 
@@ -179,8 +193,10 @@ async def open_raw(url: str, first: bytes):
 
 
 SLOW_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthor"
-SLOW_BODY = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-             "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode() + b'{"model": '
+SLOW_BODY = (
+    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+    "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+).encode() + b'{"model": '
 
 
 @pytest.mark.parametrize("limited_bridge", [{"header_timeout_s": 0.5, "body_timeout_s": 0.5}], indirect=True)
@@ -189,12 +205,12 @@ async def test_slow_headers_and_slow_bodies_are_closed(limited_bridge):
     heads = [await open_raw(url, SLOW_HEAD) for _ in range(20)]
     bodies = [await open_raw(url, SLOW_BODY) for _ in range(20)]
     async with aiohttp.ClientSession(base_url=url) as http:
-        async with http.get("/healthz") as resp:      # the edge still answers while they hang
+        async with http.get("/healthz") as resp:  # the edge still answers while they hang
             assert resp.status == 200
-    for reader, writer in heads:                        # closed without an answer
+    for reader, writer in heads:  # closed without an answer
         assert await asyncio.wait_for(reader.read(), CLOSE_WITHIN_S) == b""
         writer.close()
-    for reader, writer in bodies:                       # 408, then closed
+    for reader, writer in bodies:  # 408, then closed
         answer = await asyncio.wait_for(reader.read(), CLOSE_WITHIN_S)
         assert answer.split(b" ", 2)[1] == b"408", answer
         assert openai_error(json_body(answer))["code"] == "request_timeout"
@@ -202,11 +218,13 @@ async def test_slow_headers_and_slow_bodies_are_closed(limited_bridge):
 
 
 BOUNDARY = "lwtrickle"
-UPLOAD_HEAD = (f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-               f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 10000000\r\n\r\n"
-               f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-               f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n"
-               "Content-Type: application/octet-stream\r\n\r\n").encode()
+UPLOAD_HEAD = (
+    f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+    f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 10000000\r\n\r\n"
+    f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+    "Content-Type: application/octet-stream\r\n\r\n"
+).encode()
 CHAT_HEAD = SLOW_BODY.replace(b"Content-Length: 1000", b"Content-Length: 10000000")
 
 
@@ -216,7 +234,7 @@ async def trickle(writer: asyncio.StreamWriter) -> None:
         while True:
             writer.write(b"x")
             await writer.drain()
-            await asyncio.sleep(0.02)     # scenario, kept: the attacker's pace, not a wait for the bridge
+            await asyncio.sleep(0.02)  # scenario, kept: the attacker's pace, not a wait for the bridge
     except (ConnectionError, OSError):
         return
 
@@ -239,6 +257,7 @@ async def test_a_body_trickled_a_byte_at_a_time_is_cut_at_the_body_timeout(limit
         except ConnectionResetError:
             pass
         return answer
+
     try:
         answer = await asyncio.wait_for(until_closed(), CLOSE_WITHIN_S)
         assert answer.split(b" ", 2)[1] == b"408", answer
@@ -257,25 +276,28 @@ async def test_connections_past_the_cap_are_refused_and_service_resumes(limited_
     assert openai_error(json_body(answer))["type"] == "server_error"
     for _, writer in held:
         writer.close()
-    async def served() -> bool:   # again, once the held connections are gone (the server sees them close)
+
+    async def served() -> bool:  # again, once the held connections are gone (the server sees them close)
         try:
             async with aiohttp.ClientSession(base_url=url) as http:
                 status, _ = await post(http, chat())
         except aiohttp.ClientError:
             return False
         return status == 200
+
     assert await eventually(served, CLOSE_WITHIN_S), "never served again after the cap"
 
 
 async def test_the_header_timeout_never_cuts_a_slow_response():
     """The timer only closes a connection waiting for a request head, never one whose answer is
     still being written (a long SSE stream)."""
+
     async def slow(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()
         await response.prepare(request)
         for _ in range(5):
             await response.write(b"tick\n")
-            await asyncio.sleep(0.2)     # scenario, kept: the generation's pace, 1 s in all, against a 0.2 s timeout
+            await asyncio.sleep(0.2)  # scenario, kept: the generation's pace, 1 s in all, against a 0.2 s timeout
         return response
 
     app = web.Application()

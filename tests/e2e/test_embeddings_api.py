@@ -15,9 +15,7 @@ import pytest
 from tests.e2e.conftest import KEY
 
 MODEL = "laneway-sim"
-SIM_DIMS = 384          # workers.engines.sim.embed.NATIVE_DIMENSIONS
-
-
+SIM_DIMS = 384  # workers.engines.sim.embed.NATIVE_DIMENSIONS
 
 
 def norm(v: list[float]) -> float:
@@ -59,16 +57,16 @@ async def test_base64_decoded_by_the_client_equals_float(client):
 async def test_a_single_string_and_dimensions(client):
     one = await client.embeddings.create(model=MODEL, input="just one text", encoding_format="float")
     assert len(one.data) == 1 and len(one.data[0].embedding) == SIM_DIMS
-    short = await client.embeddings.create(model=MODEL, input="just one text", dimensions=64,
-                                           encoding_format="float")
+    short = await client.embeddings.create(model=MODEL, input="just one text", dimensions=64, encoding_format="float")
     vec = short.data[0].embedding
     assert len(vec) == 64 and norm(vec) == pytest.approx(1.0, rel=1e-5)
     assert cosine(vec, one.data[0].embedding[:64]) == pytest.approx(1.0, abs=1e-5)
 
 
 async def test_token_id_inputs(client):
-    many = await client.embeddings.create(model=MODEL, input=[[101, 2023, 2003], [7, 8], [101, 2023, 2003]],
-                                          encoding_format="float")
+    many = await client.embeddings.create(
+        model=MODEL, input=[[101, 2023, 2003], [7, 8], [101, 2023, 2003]], encoding_format="float"
+    )
     assert len(many.data) == 3 and many.usage.prompt_tokens == 8
     assert many.data[0].embedding == many.data[2].embedding != many.data[1].embedding
     one = await client.embeddings.create(model=MODEL, input=[101, 2023, 2003], encoding_format="float")
@@ -84,7 +82,7 @@ async def test_dimensions_beyond_the_model_are_refused_by_name(client):
 
 async def test_mixed_input_is_refused_naming_input(client):
     with pytest.raises(openai.BadRequestError) as err:
-        await client.embeddings.create(model=MODEL, input=["text", 42])   # type: ignore[list-item]
+        await client.embeddings.create(model=MODEL, input=["text", 42])  # type: ignore[list-item]
     assert err.value.body["param"] == "input"
 
 
@@ -95,5 +93,5 @@ async def test_a_chat_body_sent_to_the_embeddings_endpoint_is_refused_cleanly(st
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
-    assert "input" in error["message"]          # the missing field is named in the message
+    assert "input" in error["message"]  # the missing field is named in the message
     assert resp.headers.get("x-request-id")

@@ -21,21 +21,35 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
     port = free_port()
     data_dir = tmp_path / "lw"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "laneway.cli", "up", "--port", str(port), "--data-dir", str(data_dir),
-        "--api-key", "sk-up-test", "--sim-profile", "llama-8b-h100",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "laneway.cli",
+        "up",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--api-key",
+        "sk-up-test",
+        "--sim-profile",
+        "llama-8b-h100",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     banner = b""
     try:
         while b"Ctrl-C stops everything" not in banner:
-            line = await asyncio.wait_for(proc.stdout.readline(), 300)   # a bound on a hang: the PII pool imports Presidio
+            line = await asyncio.wait_for(
+                proc.stdout.readline(), 300
+            )  # a bound on a hang: the PII pool imports Presidio
             assert line, f"laneway up exited early: {banner.decode()}"
             banner += line
         assert f"http://127.0.0.1:{port}".encode() in banner and b"curl -N" in banner
-        assert b"export KEY=sk-up-test\n" in banner and b'Bearer $KEY' in banner    # the curl pastes as printed
+        assert b"export KEY=sk-up-test\n" in banner and b"Bearer $KEY" in banner  # the curl pastes as printed
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-up-test")
         stream = await client.chat.completions.create(
-            model="laneway-sim", stream=True, max_tokens=8,
-            messages=[{"role": "user", "content": "Hello!"}])
+            model="laneway-sim", stream=True, max_tokens=8, messages=[{"role": "user", "content": "Hello!"}]
+        )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert len(text.split()) == 8
         await client.close()
@@ -43,12 +57,12 @@ async def test_up_streams_and_stops_cleanly(tmp_path):
         example = banner.decode().split("Or with the openai client")[1].split("\n", 1)[1]
         example = example.split("\n\nCtrl-C")[0].strip()
         python, code = example.split(" -c ", 1)
-        ran = await asyncio.create_subprocess_exec(python, "-c", code.strip('"'),
-                                                   stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+        ran = await asyncio.create_subprocess_exec(
+            python, "-c", code.strip('"'), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         printed, _ = await asyncio.wait_for(ran.communicate(), 60)
         assert ran.returncode == 0 and printed.strip(), printed.decode()
-        assert len(pids_mentioning(str(data_dir))) >= 1   # nats-server with its store
+        assert len(pids_mentioning(str(data_dir))) >= 1  # nats-server with its store
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
@@ -72,7 +86,8 @@ async def test_up_runs_nats_with_users_and_the_banner_says_how_to_operate_it(tmp
             await nats.connect(up.nats_url, allow_reconnect=False, max_reconnect_attempts=0)
         client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key="sk-up-auth")
         reply = await client.chat.completions.create(
-            model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "Hello!"}])
+            model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "Hello!"}]
+        )
         assert reply.usage.completion_tokens == 4
         await client.close()
 
@@ -85,14 +100,20 @@ async def test_up_runs_nats_with_users_and_the_banner_says_how_to_operate_it(tmp
         export = next(line for line in up.banner.splitlines() if "LANEWAY_NATS_USER=" in line)
         env = dict(os.environ, **dict(kv.split("=", 1) for kv in export.split()[1:]))
         listed = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "laneway.cli", "classes", "list", env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "classes",
+            "list",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await listed.communicate()
         assert listed.returncode == 0 and b'"interactive"' in out, out
     log = (tmp_path / "lw" / "nats" / "nats-server.log").read_text()
-    violations = [line for line in log.splitlines() if " Violation - " in line]   # publish/subscribe
-    assert violations and all("tenant-demo" in line and "someone-else" in line for line in violations), \
-        violations
+    violations = [line for line in log.splitlines() if " Violation - " in line]  # publish/subscribe
+    assert violations and all("tenant-demo" in line and "someone-else" in line for line in violations), violations
 
 
 async def test_a_port_taken_is_said_on_the_terminal_and_nothing_starts(tmp_path):
@@ -103,8 +124,17 @@ async def test_a_port_taken_is_said_on_the_terminal_and_nothing_starts(tmp_path)
     data_dir = tmp_path / "lw"
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "laneway.cli", "up", "--port", str(port), "--data-dir", str(data_dir),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
     finally:
         holder.close()

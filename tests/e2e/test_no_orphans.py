@@ -12,8 +12,10 @@ import pytest
 from loadtest.processes import LanewayUp, parents, stat_fields
 from tests.wait import eventually
 
-pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's"),
+]
 
 
 def children_of(pid: int) -> set[int]:
@@ -47,7 +49,7 @@ async def test_killed_parents_leave_no_orphans(tmp_path):
         assert await eventually(lambda: up.role_pids("broker") not in ([], [broker]), timeout=60)
         assert await eventually(lambda: len(children_of(up.role_pids("broker")[0])) >= 1, timeout=120)
         stack |= set(up.pids()) | children_of(up.role_pids("broker")[0])
-        up.proc.kill()                                 # SIGKILL: `up` cannot stop anything itself
+        up.proc.kill()  # SIGKILL: `up` cannot stop anything itself
         await up.proc.wait()
         assert await eventually(lambda: not alive(stack), timeout=60), f"left behind: {alive(stack)}"
     finally:

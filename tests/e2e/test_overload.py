@@ -65,8 +65,12 @@ async def capped(stack):
 
 
 def body(stream: bool) -> dict:
-    return {"model": "laneway-sim", "stream": stream, "max_tokens": 8,
-            "messages": [{"role": "user", "content": "HOLD: tell me a story"}]}
+    return {
+        "model": "laneway-sim",
+        "stream": stream,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "HOLD: tell me a story"}],
+    }
 
 
 async def stored(stack) -> int:
@@ -97,8 +101,7 @@ async def rest_of_stream(resp: aiohttp.ClientResponse) -> tuple[list[dict], bool
     return seen, False
 
 
-async def test_past_the_cap_requests_are_refused_before_storing_and_accepted_streams_finish(
-        stack, capped, engine):
+async def test_past_the_cap_requests_are_refused_before_storing_and_accepted_streams_finish(stack, capped, engine):
     async with aiohttp.ClientSession(base_url=capped.url) as http:
         accepted = [await http.post(CHAT, json=body(stream=True), headers=AUTH) for _ in range(CAP)]
         try:
@@ -115,7 +118,7 @@ async def test_past_the_cap_requests_are_refused_before_storing_and_accepted_str
             assert set(error) == {"message", "type", "param", "code"}
             assert error["code"] == "overloaded" and error["type"] == "server_error"
             assert "open streams" in error["message"]
-            assert await stored(stack) == before           # refused before anything was stored
+            assert await stored(stack) == before  # refused before anything was stored
             assert capped.metrics.rejected.labels("overloaded")._value.get() == 2
 
             engine.release.set()
@@ -127,6 +130,6 @@ async def test_past_the_cap_requests_are_refused_before_storing_and_accepted_str
             for resp in accepted:
                 resp.release()
 
-        assert await eventually(lambda: len(capped.demux) == 0)   # the accepted streams closed
+        assert await eventually(lambda: len(capped.demux) == 0)  # the accepted streams closed
         async with http.post(CHAT, json=body(stream=False), headers=AUTH) as again:
-            assert again.status == 200                      # the cap frees with them
+            assert again.status == 200  # the cap frees with them

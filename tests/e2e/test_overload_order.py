@@ -29,8 +29,13 @@ async def engine() -> HeldEngine:
 
 @pytest.fixture(scope="module")
 async def stack(nats_server, engine):
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix="order",
-                     bridge_config=BridgeConfig(max_streams=CAP)) as s:
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[engine],
+        prefix="order",
+        bridge_config=BridgeConfig(max_streams=CAP),
+    ) as s:
         yield s
 
 
@@ -39,7 +44,7 @@ async def test_a_chat_is_answered_while_a_batch_flood_holds_the_bridge(stack, en
     held: list[aiohttp.ClientResponse] = []
     async with aiohttp.ClientSession(base_url=stack.url) as http:
         try:
-            for _ in range(CAP + 1):         # batch streams until the bridge refuses one
+            for _ in range(CAP + 1):  # batch streams until the bridge refuses one
                 resp = await http.post(CHAT, json=body(stream=True), headers={**AUTH, **BATCH})
                 if resp.status != 200:
                     break
@@ -50,24 +55,32 @@ async def test_a_chat_is_answered_while_a_batch_flood_holds_the_bridge(stack, en
             assert len(stack.bridge.demux) == len(held)
 
             # Not held (no HOLD in it): answered whole, on /v1/responses too.
-            answer = await client.responses.create(model="laneway-sim", input="hi", max_output_tokens=4,
-                                                   store=False, extra_headers=INTERACTIVE)
+            answer = await client.responses.create(
+                model="laneway-sim", input="hi", max_output_tokens=4, store=False, extra_headers=INTERACTIVE
+            )
             assert answer.output_text
             chat = await client.chat.completions.create(
-                model="laneway-sim", stream=True, max_tokens=8, extra_headers=INTERACTIVE,
-                messages=[{"role": "user", "content": "HOLD: a chat while the flood holds the bridge"}])
+                model="laneway-sim",
+                stream=True,
+                max_tokens=8,
+                extra_headers=INTERACTIVE,
+                messages=[{"role": "user", "content": "HOLD: a chat while the flood holds the bridge"}],
+            )
             async for chunk in chat:
                 if chunk.choices and chunk.choices[0].delta.content:
-                    break                   # its first token came: the chat is being answered
+                    break  # its first token came: the chat is being answered
             assert len(held) < CAP and len(stack.bridge.demux) == len(held) + 1
 
             with pytest.raises(openai.InternalServerError) as refused:
-                await client.chat.completions.create(model="laneway-sim", max_tokens=4, extra_headers=BATCH,
-                                                     messages=[{"role": "user", "content": "one more"}])
+                await client.chat.completions.create(
+                    model="laneway-sim",
+                    max_tokens=4,
+                    extra_headers=BATCH,
+                    messages=[{"role": "user", "content": "one more"}],
+                )
             assert refused.value.status_code == 503 and refused.value.body["code"] == "overloaded"
             with pytest.raises(openai.InternalServerError):
-                await client.responses.create(model="laneway-sim", input="one more", store=False,
-                                              extra_headers=BATCH)
+                await client.responses.create(model="laneway-sim", input="one more", store=False, extra_headers=BATCH)
 
             engine.release.set()
             async for _ in chat:

@@ -48,7 +48,7 @@ DOCUMENT = (
     f"paid in bitcoin to {BARE['CRYPTO']}. "
     + " ".join(f"Their {words} is {value}." for words, value in IN_CONTEXT.values())
 )
-STOPS = [list(BARE.values())[i:i + 4] for i in range(0, len(BARE), 4)]   # at most 4 per request
+STOPS = [list(BARE.values())[i : i + 4] for i in range(0, len(BARE), 4)]  # at most 4 per request
 
 
 def test_the_seed_covers_every_redacted_entity_type():
@@ -56,11 +56,19 @@ def test_the_seed_covers_every_redacted_entity_type():
     assert redacted == set(BARE) | set(IN_CONTEXT)
 
 
-async def chat(http: aiohttp.ClientSession, stop: list[str], headers: dict[str, str] | None = None,
-               **extra) -> tuple[int, str]:
-    body = {"model": "laneway-sim", "max_tokens": 8, "stop": stop,
-            "messages": [{"role": "system", "content": "You are a support copilot."},
-                         {"role": "user", "content": DOCUMENT}], **extra}
+async def chat(
+    http: aiohttp.ClientSession, stop: list[str], headers: dict[str, str] | None = None, **extra
+) -> tuple[int, str]:
+    body = {
+        "model": "laneway-sim",
+        "max_tokens": 8,
+        "stop": stop,
+        "messages": [
+            {"role": "system", "content": "You are a support copilot."},
+            {"role": "user", "content": DOCUMENT},
+        ],
+        **extra,
+    }
     headers = {"Authorization": f"Bearer {KEY}", **(headers or {})}
     async with http.post("/v1/chat/completions", json=body, headers=headers) as resp:
         return resp.status, await resp.text()
@@ -74,15 +82,25 @@ async def dead_letter_after_max_deliver(http: aiohttp.ClientSession, up: Laneway
     ops = await up.connect_nats("ops")
     try:
         answer = asyncio.create_task(chat(http, STOPS[0], headers={"x-laneway-class": "batch"}))
-        credit = codec.encode(Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6,
-                                     total_slots=1, classes=["batch"], wait_s=1.0))
+        credit = codec.encode(
+            Credit(
+                worker_id="doomed",
+                pool="sim",
+                free_slots=1,
+                token_budget=10**6,
+                total_slots=1,
+                classes=["batch"],
+                wait_s=1.0,
+            )
+        )
         taken = 0
 
         async def take() -> bool:
             nonlocal taken
             reply = await nc.request("lw.pull.sim", credit, timeout=5)
             taken += len(codec.decode_batch(reply.data).dispatches)
-            return taken == 2   # the --max-deliver below
+            return taken == 2  # the --max-deliver below
+
         assert await eventually(take, interval=0)
         status, text = await answer
         assert status >= 500 and "engine_error" in text
@@ -101,9 +119,16 @@ async def stop_with_one_waiting(up: LanewayUp) -> None:
     nc = await up.connect_nats("svc-bridge")
     try:
         now = time.time()
-        request = GenerateRequest(request_id="left-waiting", tenant="demo", klass="batch", model="laneway-sim",
-                                  reply_to="lw.tok.demo.nobody", created_at=now, deadline=now + 600,
-                                  chat=chat_body(DOCUMENT, max_tokens=256, stop=STOPS[1]))
+        request = GenerateRequest(
+            request_id="left-waiting",
+            tenant="demo",
+            klass="batch",
+            model="laneway-sim",
+            reply_to="lw.tok.demo.nobody",
+            created_at=now,
+            deadline=now + 600,
+            chat=chat_body(DOCUMENT, max_tokens=256, stop=STOPS[1]),
+        )
         await nc.jetstream().publish("lw.req.batch.demo", codec.encode(request))
     finally:
         await nc.close()
@@ -114,23 +139,38 @@ async def _stored(js, stream: str) -> bool:
 
 
 async def test_no_raw_pii_under_the_data_dir_after_a_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("LANEWAY_LOG_LEVEL", "DEBUG")   # every process logs all it can
+    monkeypatch.setenv("LANEWAY_LOG_LEVEL", "DEBUG")  # every process logs all it can
     data = tmp_path / "lw"
-    async with LanewayUp(data, KEY, ["--pii", "ner", "--sim-profile", "zero", "--max-deliver", "2",
-                                     "--ack-wait", "2", "--in-progress-interval", "0.5",
-                                     "--classes", "interactive", "standard"]) as up:
+    async with LanewayUp(
+        data,
+        KEY,
+        [
+            "--pii",
+            "ner",
+            "--sim-profile",
+            "zero",
+            "--max-deliver",
+            "2",
+            "--ack-wait",
+            "2",
+            "--in-progress-interval",
+            "0.5",
+            "--classes",
+            "interactive",
+            "standard",
+        ],
+    ) as up:
         async with aiohttp.ClientSession(base_url=up.url) as http:
             for i, stop in enumerate(STOPS):
                 status, text = await chat(http, stop, stream=i % 2 == 1)
                 assert status == 200, text
-            status, text = await chat(http, STOPS[1], temperature=0)   # cached, under a redacted key
+            status, text = await chat(http, STOPS[1], temperature=0)  # cached, under a redacted key
             assert status == 200, text
             record = await dead_letter_after_max_deliver(http, up)
             await stop_with_one_waiting(up)
-    assert b"<US_SSN>" in record and b"<PERSON>" in record       # the DLQ kept the redacted request
+    assert b"<US_SSN>" in record and b"<PERSON>" in record  # the DLQ kept the redacted request
 
     files = [p for p in data.rglob("*") if p.is_file()]
     assert any(p.suffix == ".blk" for p in files) and any(p.suffix == ".log" for p in files)
-    leaks = [(value, str(p.relative_to(data))) for p in files for value in RAW
-             if value.encode() in p.read_bytes()]
+    leaks = [(value, str(p.relative_to(data))) for p in files for value in RAW if value.encode() in p.read_bytes()]
     assert leaks == []

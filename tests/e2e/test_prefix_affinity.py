@@ -26,14 +26,18 @@ from loadtest.sessions import prose, system_prompt
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
 TURNS = 8
-BLOCK = 16      # the sim's KV block: the part of a prompt that can never be a full cached block
+BLOCK = 16  # the sim's KV block: the part of a prompt that can never be a full cached block
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
     tenants = [TenantSpec("acme"), TenantSpec("other")]
-    async with Fleet(tmp_path_factory.mktemp("affinity") / "lw", tenants, [PoolSpec(workers=2)],
-                     up_flags=["--pii", "off", "--metrics"]) as running:
+    async with Fleet(
+        tmp_path_factory.mktemp("affinity") / "lw",
+        tenants,
+        [PoolSpec(workers=2)],
+        up_flags=["--pii", "off", "--metrics"],
+    ) as running:
         yield running
 
 
@@ -48,8 +52,9 @@ async def converse(client: openai.AsyncOpenAI, tag: str) -> list[tuple[int, int]
     out = []
     for turn in range(TURNS):
         messages.append({"role": "user", "content": prose(rng, 120, f"[{tag} turn {turn}]")})
-        reply = await client.chat.completions.create(model="laneway-sim", messages=messages, max_tokens=8,
-                                                     temperature=0.7)    # never the response cache
+        reply = await client.chat.completions.create(
+            model="laneway-sim", messages=messages, max_tokens=8, temperature=0.7
+        )  # never the response cache
         usage = reply.usage
         out.append((usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens))
         messages.append({"role": "assistant", "content": reply.choices[0].message.content or "ok"})
@@ -77,11 +82,16 @@ async def test_another_tenant_shares_no_prefix(fleet: Fleet) -> None:
     second turn still finds its own history."""
     before = await expected_cached(fleet)
     other = client(fleet, "other")
-    rng = random.Random("first")            # the first tenant's very first turn, word for word
+    rng = random.Random("first")  # the first tenant's very first turn, word for word
     first = await other.chat.completions.create(
-        model="laneway-sim", max_tokens=8, temperature=0.7,
-        messages=[{"role": "system", "content": system_prompt("acme", 1500)},
-                  {"role": "user", "content": prose(rng, 120, "[first turn 0]")}])
+        model="laneway-sim",
+        max_tokens=8,
+        temperature=0.7,
+        messages=[
+            {"role": "system", "content": system_prompt("acme", 1500)},
+            {"role": "user", "content": prose(rng, 120, "[first turn 0]")},
+        ],
+    )
     assert first.usage.prompt_tokens_details.cached_tokens == 0, first.usage
     assert await expected_cached(fleet) == before
     turns = await converse(other, "second")

@@ -37,8 +37,12 @@ async def ask(client: openai.AsyncOpenAI, question: str, stream: bool) -> openai
     if not stream:
         completion = await client.chat.completions.create(model="laneway-sim", messages=messages, max_tokens=4)
         return completion.usage
-    chunks = [c async for c in await client.chat.completions.create(
-        model="laneway-sim", messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True})]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="laneway-sim", messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     return chunks[-1].usage
 
 
@@ -48,7 +52,7 @@ async def test_a_repeated_prompt_is_read_from_the_prefix_cache_per_tenant(stack,
     first = await ask(demo, "Where is my parcel?", stream=False)
     assert first.prompt_tokens > 500 and first.prompt_tokens_details.cached_tokens == 0
 
-    again = await ask(demo, "Can I change the address?", stream=False)     # the same long prefix
+    again = await ask(demo, "Can I change the address?", stream=False)  # the same long prefix
     assert 0 < again.prompt_tokens_details.cached_tokens < again.prompt_tokens
     streamed = await ask(demo, "Where is my parcel?", stream=True)
     assert streamed.prompt_tokens_details.cached_tokens > 0
@@ -61,9 +65,11 @@ async def test_a_repeated_prompt_is_read_from_the_prefix_cache_per_tenant(stack,
     told = again.prompt_tokens_details.cached_tokens + streamed.prompt_tokens_details.cached_tokens
     nc = await nats.connect(nats_server.url)
     try:
+
         async def metered(tenant: str) -> list[int]:
-            return [u.cached_tokens async for u in read_usage(nc.jetstream(), Subjects("lw"), tenant, since,
-                                                               idle_timeout=2)]
+            return [
+                u.cached_tokens async for u in read_usage(nc.jetstream(), Subjects("lw"), tenant, since, idle_timeout=2)
+            ]
 
         async def recorded() -> bool:
             mine, theirs = await metered("demo"), await metered("other")
@@ -77,4 +83,5 @@ async def test_a_repeated_prompt_is_read_from_the_prefix_cache_per_tenant(stack,
     labels = {"pool": "sim", "class": "interactive"}
     assert registry.get_sample_value("laneway_worker_cached_prompt_tokens_total", labels) == told
     assert registry.get_sample_value("laneway_worker_prompt_tokens_total", labels) == sum(
-        u.prompt_tokens for u in (first, again, streamed, theirs))
+        u.prompt_tokens for u in (first, again, streamed, theirs)
+    )

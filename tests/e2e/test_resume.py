@@ -29,8 +29,15 @@ CHAT = "/v1/chat/completions"
 
 
 def body(prompt: str, max_tokens: int = 60, **more) -> dict:
-    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens, "seed": 7, "temperature": 0.9,
-            "messages": [{"role": "user", "content": prompt}], **more}
+    return {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "seed": 7,
+        "temperature": 0.9,
+        "messages": [{"role": "user", "content": prompt}],
+        **more,
+    }
 
 
 def auth(key: str = KEY, last_event_id: str | None = None) -> dict[str, str]:
@@ -87,7 +94,7 @@ async def cut_after(http: aiohttp.ClientSession, url: str, payload: dict, n: int
     resp = await http.post(url + CHAT, json=payload, headers=auth())
     assert resp.status == 200, await resp.text()
     events = await read_events(resp, Events(), n)
-    resp.close()        # the connection, mid-stream
+    resp.close()  # the connection, mid-stream
     return events
 
 
@@ -108,13 +115,22 @@ async def second(stack):
 
 def generations(stack: Stack) -> float:
     registry = stack.workers[0].metrics.registry
-    return sum(s.value for m in registry.collect() if m.name == "laneway_worker_finished"
-               for s in m.samples if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in registry.collect()
+        if m.name == "laneway_worker_finished"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def cancelled(stack: Stack) -> float:
-    return stack.workers[0].metrics.registry.get_sample_value(
-        "laneway_worker_finished_total", {"pool": "sim", "reason": "cancelled"}) or 0.0
+    return (
+        stack.workers[0].metrics.registry.get_sample_value(
+            "laneway_worker_finished_total", {"pool": "sim", "reason": "cancelled"}
+        )
+        or 0.0
+    )
 
 
 def metric(bridge: Bridge, name: str, **labels: str) -> float:
@@ -164,7 +180,7 @@ async def test_a_finished_stream_keeps_its_tail_for_the_window(stack, second):
     async with aiohttp.ClientSession() as http:
         async with http.post(stack.bridge.url + CHAT, json=body("short", max_tokens=8), headers=auth()) as resp:
             whole = await read_events(resp, Events())
-        assert whole.done and whole.items[-1][0] is None      # [DONE] carries no id
+        assert whole.done and whole.items[-1][0] is None  # [DONE] carries no id
         ids = [i for i, _ in whole.items if i is not None]
         for url in (stack.bridge.url, second.url):
             async with http.post(url + CHAT, json={}, headers=auth(last_event_id=ids[2])) as resp:
@@ -190,7 +206,7 @@ async def test_another_tenants_key_gets_404_and_no_byte_of_the_stream(stack, sec
         assert unknown["status"] == 404 and unknown["code"] == "not_found", unknown
         for url in (stack.bridge.url, second.url):
             stolen = await _refused(http, url, OTHER_KEY, first.last_id)
-            assert stolen == unknown, stolen         # indistinguishable from an unknown id
+            assert stolen == unknown, stolen  # indistinguishable from an unknown id
         # The right id on the other endpoint is not that stream either.
         assert (await _refused(http, stack.bridge.url, KEY, first.last_id, "/v1/completions")) == unknown
         # The owner still resumes it, whole.
@@ -199,8 +215,10 @@ async def test_another_tenants_key_gets_404_and_no_byte_of_the_stream(stack, sec
         assert rest.done and len(first.tokens() + rest.tokens()) == 400
 
 
-@pytest.mark.parametrize("event_id", ["", "garbage", "a.b", "a.b.c", "e.r.-1", "e.r.01", "e r.x.1", "e.r.1.2",
-                                      "x" * 65 + ".r.1", "e.r." + "9" * 10])
+@pytest.mark.parametrize(
+    "event_id",
+    ["", "garbage", "a.b", "a.b.c", "e.r.-1", "e.r.01", "e r.x.1", "e.r.1.2", "x" * 65 + ".r.1", "e.r." + "9" * 10],
+)
 async def test_a_malformed_id_is_400(stack, event_id):
     async with aiohttp.ClientSession() as http:
         refused = await _refused(http, stack.bridge.url, KEY, event_id)
@@ -246,8 +264,10 @@ async def test_a_stream_not_resumed_within_the_window_is_cancelled_and_freed(sta
 
 async def test_a_tenants_abandoned_streams_are_bounded_in_bytes(stack):
     """A window of 10 minutes: only the byte bound can end these streams within the test."""
-    async with Replica(stack, resume_window_s=600, resume_tenant_bytes=20_000) as bridge, \
-            aiohttp.ClientSession() as http:
+    async with (
+        Replica(stack, resume_window_s=600, resume_tenant_bytes=20_000) as bridge,
+        aiohttp.ClientSession() as http,
+    ):
         before = cancelled(stack)
         for _ in range(2):
             await cut_after(http, bridge.url, body("fill the bridge", max_tokens=4000), 3)
@@ -259,8 +279,7 @@ async def test_a_tenants_abandoned_streams_are_bounded_in_bytes(stack):
 async def test_an_abandoned_stream_still_counts_against_the_tenants_streams(stack):
     """Its generation runs on during the window: leaving and asking again must not get a tenant
     more generations than `--tenant-max-streams`."""
-    async with Replica(stack, resume_window_s=600, tenant_max_streams=1) as bridge, \
-            aiohttp.ClientSession() as http:
+    async with Replica(stack, resume_window_s=600, tenant_max_streams=1) as bridge, aiohttp.ClientSession() as http:
         first = await cut_after(http, bridge.url, body("one at a time", max_tokens=200), 3)
         async with http.post(bridge.url + CHAT, json=body("another"), headers=auth()) as resp:
             assert resp.status == 429, await resp.text()
@@ -272,31 +291,42 @@ async def test_window_zero_is_the_old_behaviour(stack):
     async with Replica(stack, resume_window_s=0) as bridge, aiohttp.ClientSession() as http:
         before_cancels, before = cancelled(stack), generations(stack)
         first = await cut_after(http, bridge.url, body("no resuming", max_tokens=4000), 3)
-        assert [i for i, _ in first.items] == [None, None, None]      # no ids
+        assert [i for i, _ in first.items] == [None, None, None]  # no ids
         assert await eventually(lambda: cancelled(stack) == before_cancels + 1)
         assert await eventually(lambda: holds_nothing(bridge))
         # Last-Event-ID means nothing to it: the request is served anew.
-        async with http.post(bridge.url + CHAT, json=body("anew", max_tokens=5),
-                             headers=auth(last_event_id=f"{bridge.edge_id}.{'ab' * 16}.2")) as resp:
+        async with http.post(
+            bridge.url + CHAT,
+            json=body("anew", max_tokens=5),
+            headers=auth(last_event_id=f"{bridge.edge_id}.{'ab' * 16}.2"),
+        ) as resp:
             assert resp.status == 200 and (await read_events(resp, Events())).done
         assert await eventually(lambda: generations(stack) == before + 2)
 
 
 async def test_a_text_completion_resumes_too(stack):
-    payload = {"model": "laneway-sim", "prompt": "once upon", "stream": True, "max_tokens": 40, "seed": 3,
-               "temperature": 0.9}
+    payload = {
+        "model": "laneway-sim",
+        "prompt": "once upon",
+        "stream": True,
+        "max_tokens": 40,
+        "seed": 3,
+        "temperature": 0.9,
+    }
     async with aiohttp.ClientSession() as http:
         resp = await http.post(stack.bridge.url + "/v1/completions", json=payload, headers=auth())
         first = await read_events(resp, Events(), 4)
         resp.close()
-        async with http.post(stack.bridge.url + "/v1/completions", json={},
-                             headers=auth(last_event_id=first.last_id)) as resp:
+        async with http.post(
+            stack.bridge.url + "/v1/completions", json={}, headers=auth(last_event_id=first.last_id)
+        ) as resp:
             rest = await read_events(resp, Events())
         async with http.post(stack.bridge.url + "/v1/completions", json=payload, headers=auth()) as resp:
             whole = await read_events(resp, Events())
 
     def texts(events: Events) -> list[str]:
         return [json.loads(d)["choices"][0]["text"] for _, d in events.items if d != "[DONE]"]
+
     assert rest.done and texts(first) + texts(rest) == texts(whole)
 
 
@@ -306,8 +336,9 @@ async def test_without_the_header_a_stream_has_no_ids_and_its_leaving_client_can
     (600 s here) later. Fails with ids on every stream (the first version of this feature)."""
     async with Replica(stack, resume_window_s=600) as bridge, aiohttp.ClientSession() as http:
         before = cancelled(stack)
-        resp = await http.post(bridge.url + CHAT, json=body("go on and on", max_tokens=4000),
-                               headers={"Authorization": f"Bearer {KEY}"})
+        resp = await http.post(
+            bridge.url + CHAT, json=body("go on and on", max_tokens=4000), headers={"Authorization": f"Bearer {KEY}"}
+        )
         assert resp.status == 200
         lines = [(await resp.content.readline()).decode() for _ in range(6)]
         resp.close()

@@ -18,9 +18,12 @@ from core.settings import LogicalModel, Settings
 from core.topology import StreamLimits
 
 SETTINGS = Settings(
-    tenants={"acme": Tenant(name="acme", api_key_sha256=[hash_key("sk-acme")]),
-             "zeta": Tenant(name="zeta", api_key_sha256=[hash_key("sk-zeta")])},
-    models={"laneway-sim": LogicalModel(pool="sim")})
+    tenants={
+        "acme": Tenant(name="acme", api_key_sha256=[hash_key("sk-acme")]),
+        "zeta": Tenant(name="zeta", api_key_sha256=[hash_key("sk-zeta")]),
+    },
+    models={"laneway-sim": LogicalModel(pool="sim")},
+)
 LIVE_ACME = Tenant(name="acme", api_key_sha256=[hash_key("sk-acme"), hash_key("sk-acme-live")], weight=3.0)
 
 
@@ -28,10 +31,8 @@ def bridge(nats_server, prefix: str) -> Bridge:
     return Bridge(BridgeConfig(nats=NatsSettings(url=nats_server.url, prefix=prefix), port=0), SETTINGS)
 
 
-async def provision(nats_server, prefix: str, settings: Settings = SETTINGS, *,
-                    overwrite: bool = False) -> None:
-    await provision_at(NatsSettings(url=nats_server.url, prefix=prefix), StreamLimits(), settings,
-                       overwrite=overwrite)
+async def provision(nats_server, prefix: str, settings: Settings = SETTINGS, *, overwrite: bool = False) -> None:
+    await provision_at(NatsSettings(url=nats_server.url, prefix=prefix), StreamLimits(), settings, overwrite=overwrite)
 
 
 async def status_with(b: Bridge, key: str) -> int:
@@ -55,10 +56,10 @@ async def edit_live(b: Bridge) -> None:
 async def test_provisioning_again_keeps_live_edits_and_deletes(nats_server, caplog):
     await provision(nats_server, "keep")
     async with bridge(nats_server, "keep") as first:
-        assert await status_with(first, "sk-acme") == 200          # seeded from the settings file
+        assert await status_with(first, "sk-acme") == 200  # seeded from the settings file
         await edit_live(first)
     with caplog.at_level("INFO", logger="laneway.provision"):
-        await provision(nats_server, "keep")                       # the same settings file
+        await provision(nats_server, "keep")  # the same settings file
         async with bridge(nats_server, "keep") as restarted:
             assert await status_with(restarted, "sk-acme-live") == 200
             assert await status_with(restarted, "sk-zeta") == 401
@@ -69,9 +70,10 @@ async def test_provisioning_again_keeps_live_edits_and_deletes(nats_server, capl
 
 async def test_a_tenant_new_to_the_settings_file_is_created(nats_server):
     await provision(nats_server, "grow")
-    grown = Settings(tenants={**SETTINGS.tenants, "newco": Tenant(name="newco",
-                                                                  api_key_sha256=[hash_key("sk-newco")])},
-                     models=SETTINGS.models)
+    grown = Settings(
+        tenants={**SETTINGS.tenants, "newco": Tenant(name="newco", api_key_sha256=[hash_key("sk-newco")])},
+        models=SETTINGS.models,
+    )
     await provision(nats_server, "grow", grown)
     async with bridge(nats_server, "grow") as b:
         assert await status_with(b, "sk-newco") == 200
@@ -83,5 +85,5 @@ async def test_settings_overwrite_is_an_explicit_choice(nats_server):
         await edit_live(first)
     await provision(nats_server, "over", overwrite=True)
     async with bridge(nats_server, "over") as b:
-        assert await status_with(b, "sk-acme-live") == 401         # the settings file won
+        assert await status_with(b, "sk-acme-live") == 401  # the settings file won
         assert await status_with(b, "sk-zeta") == 200

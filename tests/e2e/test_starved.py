@@ -27,32 +27,50 @@ from loadtest.processes import LanewayUp
 from schemas.work import Heartbeat
 from tests.wait import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600),
-              pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the children")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the children"),
+]
 
 KEY = "sk-starved"
 STREAMS = 24
-HANG_S = 180            # a bound on a hang, not a window
-HEARTBEAT_S = 2.0       # the worker's default
+HANG_S = 180  # a bound on a hang, not a window
+HEARTBEAT_S = 2.0  # the worker's default
 # Today's bound on a worker's silence (3 missed beats + 1 s), what a continuation waits for.
 BOUND_S = stale_after(Heartbeat("w", "p", "sim", "m", True, 1, 1, 0, HEARTBEAT_S), 15.0)
-CHECK_S = 1.0           # the bridge checks its streams' workers this often
-ROOM_S = 5.0            # a loaded CI machine's room on top
+CHECK_S = 1.0  # the bridge checks its streams' workers this often
+ROOM_S = 5.0  # a loaded CI machine's room on top
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory):
     # Two workers and two brokers, as the reference deployments run: one worker's death must not
     # touch the other's streams, and the brokers share what they hold.
-    extra = ["--pii", "off", "--sim-profile", "llama-8b-h100", "--sim-speed", "0.05", "--workers", "2",
-             "--brokers", "2"]
+    extra = [
+        "--pii",
+        "off",
+        "--sim-profile",
+        "llama-8b-h100",
+        "--sim-speed",
+        "0.05",
+        "--workers",
+        "2",
+        "--brokers",
+        "2",
+    ]
     async with LanewayUp(tmp_path_factory.mktemp("starved") / "lw", KEY, extra) as running:
         yield running
 
 
 def body(max_tokens: int) -> dict:
-    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "a long answer, please"}]}
+    return {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "a long answer, please"}],
+    }
 
 
 def burners(n: int, seconds: float) -> list[subprocess.Popen]:
@@ -61,12 +79,14 @@ def burners(n: int, seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
 
 
-async def streams_running(up: LanewayUp, http: aiohttp.ClientSession, max_tokens: int
-                          ) -> tuple[list[Result], list[asyncio.Task]]:
+async def streams_running(
+    up: LanewayUp, http: aiohttp.ClientSession, max_tokens: int
+) -> tuple[list[Result], list[asyncio.Task]]:
     results = [Result() for _ in range(STREAMS)]
     load = [asyncio.create_task(stream_chat(http, up.url, KEY, body(max_tokens), result=r)) for r in results]
-    assert await eventually(lambda: all(r.tokens for r in results) or any(r.error for r in results),
-                            timeout=HANG_S), "streams never started"
+    assert await eventually(lambda: all(r.tokens for r in results) or any(r.error for r in results), timeout=HANG_S), (
+        "streams never started"
+    )
     assert not [r.error for r in results if r.error]
     return results, load
 
@@ -80,7 +100,7 @@ async def test_streams_of_starved_processes_run_to_their_end(up: LanewayUp) -> N
         try:
             # The bridge gets no CPU for longer than a worker may be silent; the worker works on.
             os.kill(bridge[0], signal.SIGSTOP)
-            await asyncio.sleep(BOUND_S + 2 * CHECK_S)     # the fault's length, not a wait for a result
+            await asyncio.sleep(BOUND_S + 2 * CHECK_S)  # the fault's length, not a wait for a result
             os.kill(bridge[0], signal.SIGCONT)
             _done, hung = await asyncio.wait(load, timeout=HANG_S)
         finally:
@@ -91,8 +111,9 @@ async def test_streams_of_starved_processes_run_to_their_end(up: LanewayUp) -> N
     assert not hung, f"{len(hung)} streams hung"
     errors = [r.error for r in results if r.error]
     assert not errors, f"streams of a live worker ended with {errors}"
-    assert all(r.ok and r.finish_reason == "length" and r.tokens == 300 for r in results), \
-        [(r.finish_reason, r.tokens) for r in results]
+    assert all(r.ok and r.finish_reason == "length" and r.tokens == 300 for r in results), [
+        (r.finish_reason, r.tokens) for r in results
+    ]
     assert up.role_pids("bridge") == bridge, "the bridge was restarted"
 
 

@@ -42,8 +42,13 @@ class RecordingSim(SimEngine):
 def _settings() -> Settings:
     def tenant(name: str, key: str, **policy) -> Tenant:
         return Tenant(name=name, api_key_sha256=[hash_key(key)], responses=StoragePolicy(**policy))
-    tenants = [tenant("acme", KEY), tenant("globex", OTHER_KEY), tenant("quiet", UNSTORED_KEY, store=False),
-               tenant("brief", SHORT_KEY, retention_days=2 / DAY_S)]
+
+    tenants = [
+        tenant("acme", KEY),
+        tenant("globex", OTHER_KEY),
+        tenant("quiet", UNSTORED_KEY, store=False),
+        tenant("brief", SHORT_KEY, retention_days=2 / DAY_S),
+    ]
     return Settings(tenants={t.name: t for t in tenants}, models={MODEL: LogicalModel(pool="sim")})
 
 
@@ -87,6 +92,7 @@ async def _retrieved(client, response_id: str):
         except openai.NotFoundError:
             return False
         return True
+
     assert await eventually(got)
     return found[0]
 
@@ -94,8 +100,9 @@ async def _retrieved(client, response_id: str):
 # -- store, retrieve, list, delete --------------------------------------------------------------
 async def test_a_response_is_stored_by_default_and_retrieved_whole(stack):
     client = _client(stack)
-    created = await client.responses.create(model=MODEL, input="Say hello", instructions="Be brief.",
-                                            metadata={"k": "v"})
+    created = await client.responses.create(
+        model=MODEL, input="Say hello", instructions="Be brief.", metadata={"k": "v"}
+    )
     assert created.model_extra["store"] is True
     got = await _retrieved(client, created.id)
     assert got.id == created.id and got.status == "completed" and got.output_text == created.output_text
@@ -116,11 +123,16 @@ async def test_a_streamed_response_is_stored_too(stack):
 
 async def test_input_items_list_the_input_in_order_with_paging(stack):
     client = _client(stack)
-    created = await client.responses.create(model=MODEL, max_output_tokens=4, input=[
-        {"role": "developer", "content": "Answer in English."},
-        {"role": "user", "content": [{"type": "input_text", "text": "first"}, {"type": "input_text", "text": "x"}]},
-        {"role": "assistant", "content": "Sure."},
-        {"role": "user", "content": "second"}])
+    created = await client.responses.create(
+        model=MODEL,
+        max_output_tokens=4,
+        input=[
+            {"role": "developer", "content": "Answer in English."},
+            {"role": "user", "content": [{"type": "input_text", "text": "first"}, {"type": "input_text", "text": "x"}]},
+            {"role": "assistant", "content": "Sure."},
+            {"role": "user", "content": "second"},
+        ],
+    )
     await _retrieved(client, created.id)
     async with httpx.AsyncClient(base_url=stack.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         whole = (await http.get(f"/v1/responses/{created.id}/input_items", params={"order": "asc"})).json()
@@ -128,7 +140,11 @@ async def test_input_items_list_the_input_in_order_with_paging(stack):
         refused = await http.get(f"/v1/responses/{created.id}/input_items", params={"limit": "0"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "limit"
     assert [(i["role"], i["content"][0]["text"]) for i in whole["data"]] == [
-        ("developer", "Answer in English."), ("user", "first"), ("assistant", "Sure."), ("user", "second")]
+        ("developer", "Answer in English."),
+        ("user", "first"),
+        ("assistant", "Sure."),
+        ("user", "second"),
+    ]
     newest_first = await client.responses.input_items.list(created.id, limit=2)
     assert [i.role for i in newest_first.data] == ["user", "assistant"] and newest_first.has_more
     rest = await client.responses.input_items.list(created.id, limit=10, after=newest_first.last_id)
@@ -162,7 +178,7 @@ async def test_store_false_keeps_nothing(stack, js):
     client = _client(stack)
     created = await client.responses.create(model=MODEL, input="hi", store=False)
     assert created.model_extra["store"] is False
-    later = await client.responses.create(model=MODEL, input="hi")      # stored after the first, if at all
+    later = await client.responses.create(model=MODEL, input="hi")  # stored after the first, if at all
     await _retrieved(client, later.id)
     assert await _stored_bytes(js, "acme", created.id) is None
     with pytest.raises(openai.NotFoundError):
@@ -194,6 +210,7 @@ async def test_retention_is_the_stores_ttl(stack, js):
         except nats.js.errors.NotFoundError:
             return False
         return True
+
     assert await eventually(stored)
     assert msg.headers["Nats-TTL"] == "2"
     assert await eventually(lambda: _gone(js, "brief", created.id))
@@ -217,8 +234,8 @@ async def test_another_tenants_key_finds_nothing(stack, js):
     with pytest.raises(openai.NotFoundError) as err:
         await other.responses.create(model=MODEL, input="go on", previous_response_id=created.id)
     assert err.value.body["param"] == "previous_response_id"
-    assert (await owner.responses.retrieve(created.id)).id == created.id       # still there
-    async with httpx.AsyncClient(base_url=stack.url) as http:      # ids that no key may hold
+    assert (await owner.responses.retrieve(created.id)).id == created.id  # still there
+    async with httpx.AsyncClient(base_url=stack.url) as http:  # ids that no key may hold
         for bad in ("a.b", "*", ">", "acme.x"):
             r = await http.get(f"/v1/responses/{bad}", headers={"Authorization": f"Bearer {OTHER_KEY}"})
             assert r.status_code == 404, bad
@@ -227,22 +244,33 @@ async def test_another_tenants_key_finds_nothing(stack, js):
 # -- previous_response_id -------------------------------------------------------------------------------
 async def test_previous_response_id_gives_the_engine_the_whole_history(stack, engine):
     client = _client(stack)
-    first = await client.responses.create(model=MODEL, input="My name is Ada.", instructions="Be terse.",
-                                          max_output_tokens=5)
+    first = await client.responses.create(
+        model=MODEL, input="My name is Ada.", instructions="Be terse.", max_output_tokens=5
+    )
     await _retrieved(client, first.id)
-    second = await client.responses.create(model=MODEL, input="What is my name?", previous_response_id=first.id,
-                                           max_output_tokens=5)
+    second = await client.responses.create(
+        model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=5
+    )
     assert second.previous_response_id == first.id
     assert second.usage.input_tokens > first.usage.input_tokens
     seen = engine.seen[-1].messages
     # The first turn's instructions are not carried over (as OpenAI); its input and output are.
     assert [(m.role, m.content) for m in seen] == [
-        ("user", "My name is Ada."), ("assistant", first.output_text), ("user", "What is my name?")]
+        ("user", "My name is Ada."),
+        ("assistant", first.output_text),
+        ("user", "What is my name?"),
+    ]
     await _retrieved(client, second.id)
-    third = await client.responses.create(model=MODEL, input="And again?", previous_response_id=second.id,
-                                          max_output_tokens=5)
+    third = await client.responses.create(
+        model=MODEL, input="And again?", previous_response_id=second.id, max_output_tokens=5
+    )
     assert [m.content for m in engine.seen[-1].messages] == [
-        "My name is Ada.", first.output_text, "What is my name?", second.output_text, "And again?"]
+        "My name is Ada.",
+        first.output_text,
+        "What is my name?",
+        second.output_text,
+        "And again?",
+    ]
     # Each response lists only its own input.
     items = await client.responses.input_items.list(third.id)
     assert [i.content[0].text for i in items.data] == ["And again?"]
@@ -259,10 +287,15 @@ async def test_the_openapi_document_lists_the_stored_routes(stack):
 
 async def test_every_stored_route_wants_a_key(stack):
     async with httpx.AsyncClient(base_url=stack.url) as http:
-        for method, path in [("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"),
-                             ("GET", "/v1/responses/resp_x/input_items"), ("POST", "/v1/responses/resp_x/cancel"),
-                             ("POST", "/v1/conversations"), ("GET", "/v1/conversations/conv_x/items"),
-                             ("DELETE", "/v1/conversations/conv_x/items/msg_x")]:
+        for method, path in [
+            ("GET", "/v1/responses/resp_x"),
+            ("DELETE", "/v1/responses/resp_x"),
+            ("GET", "/v1/responses/resp_x/input_items"),
+            ("POST", "/v1/responses/resp_x/cancel"),
+            ("POST", "/v1/conversations"),
+            ("GET", "/v1/conversations/conv_x/items"),
+            ("DELETE", "/v1/conversations/conv_x/items/msg_x"),
+        ]:
             answer = await http.request(method, path, headers={"Authorization": "Bearer sk-wrong"})
             assert answer.status_code == 401, (method, path)
             assert set(answer.json()["error"]) == {"message", "type", "param", "code"}

@@ -25,18 +25,31 @@ KEY = "sk-test-third-party-key"
 MODEL = "laneway-sim"
 ASK = [{"role": "user", "content": "Where is my order AB123456? Open a ticket if it is late."}]
 
-ORDER_PARAMS = {"type": "object", "properties": {
-    "order_id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{6}$"},
-    "include_items": {"type": "boolean"}},
-    "required": ["order_id"], "additionalProperties": False}
-TICKET_PARAMS = {"type": "object", "properties": {
-    "priority": {"enum": ["low", "normal", "urgent"]},
-    "summary": {"type": "string", "minLength": 5},
-    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
-    "required": ["priority", "summary", "tags"]}
-TOOLS = [{"type": "function", "function": {"name": "lookup_order", "description": "Find an order",
-                                           "parameters": ORDER_PARAMS}},
-         {"type": "function", "function": {"name": "open_ticket", "parameters": TICKET_PARAMS}}]
+ORDER_PARAMS = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{6}$"},
+        "include_items": {"type": "boolean"},
+    },
+    "required": ["order_id"],
+    "additionalProperties": False,
+}
+TICKET_PARAMS = {
+    "type": "object",
+    "properties": {
+        "priority": {"enum": ["low", "normal", "urgent"]},
+        "summary": {"type": "string", "minLength": 5},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    },
+    "required": ["priority", "summary", "tags"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "lookup_order", "description": "Find an order", "parameters": ORDER_PARAMS},
+    },
+    {"type": "function", "function": {"name": "open_ticket", "parameters": TICKET_PARAMS}},
+]
 SCHEMAS = {"lookup_order": ORDER_PARAMS, "open_ticket": TICKET_PARAMS}
 
 
@@ -78,13 +91,20 @@ def litellm():
 
     litellm.telemetry = False
     litellm.suppress_debug_info = True
-    litellm.drop_params = False            # what the test asks for is what Laneway gets
+    litellm.drop_params = False  # what the test asks for is what Laneway gets
     return litellm
 
 
 async def test_litellm_tool_calls(litellm, base_url):
-    response = await litellm.acompletion(model=f"openai/{MODEL}", api_base=base_url, api_key=KEY,
-                                         messages=ASK, tools=TOOLS, tool_choice="required", num_retries=0)
+    response = await litellm.acompletion(
+        model=f"openai/{MODEL}",
+        api_base=base_url,
+        api_key=KEY,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        num_retries=0,
+    )
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.tool_calls
@@ -95,10 +115,18 @@ async def test_litellm_tool_calls(litellm, base_url):
 
 
 async def test_litellm_streamed_tool_calls(litellm, base_url):
-    stream = await litellm.acompletion(model=f"openai/{MODEL}", api_base=base_url, api_key=KEY,
-                                       messages=ASK, tools=TOOLS, parallel_tool_calls=False,
-                                       tool_choice={"type": "function", "function": {"name": "open_ticket"}},
-                                       stream=True, stream_options={"include_usage": True}, num_retries=0)
+    stream = await litellm.acompletion(
+        model=f"openai/{MODEL}",
+        api_base=base_url,
+        api_key=KEY,
+        messages=ASK,
+        tools=TOOLS,
+        parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "open_ticket"}},
+        stream=True,
+        stream_options={"include_usage": True},
+        num_retries=0,
+    )
     chunks = [chunk async for chunk in stream]
     assert len(chunks) >= 2
     rebuilt = litellm.stream_chunk_builder(chunks, messages=ASK)
@@ -109,18 +137,28 @@ async def test_litellm_streamed_tool_calls(litellm, base_url):
 
 
 async def test_litellm_text_streamed_and_not(litellm, base_url):
-    whole = await litellm.acompletion(model=f"openai/{MODEL}", api_base=base_url, api_key=KEY,
-                                      messages=ASK, max_tokens=6, seed=21, num_retries=0)
+    whole = await litellm.acompletion(
+        model=f"openai/{MODEL}", api_base=base_url, api_key=KEY, messages=ASK, max_tokens=6, seed=21, num_retries=0
+    )
     assert whole.usage.completion_tokens == 6 and whole.choices[0].finish_reason == "length"
-    stream = await litellm.acompletion(model=f"openai/{MODEL}", api_base=base_url, api_key=KEY,
-                                       messages=ASK, max_tokens=6, seed=21, stream=True, num_retries=0)
+    stream = await litellm.acompletion(
+        model=f"openai/{MODEL}",
+        api_base=base_url,
+        api_key=KEY,
+        messages=ASK,
+        max_tokens=6,
+        seed=21,
+        stream=True,
+        num_retries=0,
+    )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == whole.choices[0].message.content
 
 
 async def test_litellm_json_schema_response_format(litellm, base_url):
-    response = await litellm.acompletion(model=f"openai/{MODEL}", api_base=base_url, api_key=KEY,
-                                         messages=ASK, response_format=Ticket, num_retries=0)
+    response = await litellm.acompletion(
+        model=f"openai/{MODEL}", api_base=base_url, api_key=KEY, messages=ASK, response_format=Ticket, num_retries=0
+    )
     Ticket.model_validate_json(response.choices[0].message.content)
 
 
@@ -177,8 +215,11 @@ async def test_openai_parse_with_a_pydantic_model(client):
 
 async def test_openai_parse_with_a_pydantic_function_tool(client):
     completion = await client.chat.completions.parse(
-        model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(Ticket)],
-        tool_choice={"type": "function", "function": {"name": "Ticket"}})
+        model=MODEL,
+        messages=ASK,
+        tools=[openai.pydantic_function_tool(Ticket)],
+        tool_choice={"type": "function", "function": {"name": "Ticket"}},
+    )
     call = completion.choices[0].message.tool_calls[0]
     assert isinstance(call.function.parsed_arguments, Ticket)
 

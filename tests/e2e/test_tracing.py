@@ -35,9 +35,16 @@ class Collector:
             service = {a.key: _value(a.value) for a in resource_spans.resource.attributes}["service.name"]
             for scope in resource_spans.scope_spans:
                 for span in scope.spans:
-                    self.spans.append({"service": service, "name": span.name, "trace": span.trace_id.hex(),
-                                       "id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
-                                       **{a.key: _value(a.value) for a in span.attributes}})
+                    self.spans.append(
+                        {
+                            "service": service,
+                            "name": span.name,
+                            "trace": span.trace_id.hex(),
+                            "id": span.span_id.hex(),
+                            "parent": span.parent_span_id.hex(),
+                            **{a.key: _value(a.value) for a in span.attributes},
+                        }
+                    )
         return web.Response(content_type="application/x-protobuf", body=b"")
 
     async def __aenter__(self) -> Collector:
@@ -66,18 +73,22 @@ class Collector:
 async def test_one_trace_crosses_bridge_broker_and_worker(tmp_path, monkeypatch):
     async with Collector() as collector:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")      # export within 50 ms, not 5 s
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # export within 50 ms, not 5 s
         async with LanewayUp(tmp_path / "lw", KEY, ["--pii", "off"]) as up:
             client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY)
             parent = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
             raw = await client.chat.completions.with_raw_response.create(
-                model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "Hello!"}],
-                extra_headers={"traceparent": parent})
+                model="laneway-sim",
+                max_tokens=4,
+                messages=[{"role": "user", "content": "Hello!"}],
+                extra_headers={"traceparent": parent},
+            )
             request_id = raw.headers["x-request-id"]
             await client.close()
 
             def complete() -> bool:
                 return {"laneway-bridge", "laneway-broker", "laneway-worker"} <= set(collector.trace_of(request_id))
+
             assert await eventually(complete), collector.spans
     trace = collector.trace_of(request_id)
     spans = [s for service in trace.values() for s in service]
@@ -97,16 +108,20 @@ async def test_one_trace_crosses_bridge_broker_and_worker(tmp_path, monkeypatch)
 
 def test_tracing_off_loads_no_opentelemetry():
     """Off (the default), the product's processes never import OpenTelemetry."""
-    code = ("import sys, broker.app, bridge.app, workers.runner, laneway.cli; "
-            "from core.tracing import configure; configure('x', None); "
-            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    code = (
+        "import sys, broker.app, bridge.app, workers.runner, laneway.cli; "
+        "from core.tracing import configure; configure('x', None); "
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_an_endpoint_without_opentelemetry_installed_leaves_tracing_off_and_says_so():
-    code = ("import sys, logging; sys.modules['opentelemetry'] = None; logging.basicConfig(); "
-            "from core.tracing import configure; "
-            "print(configure('laneway-broker', 'http://127.0.0.1:1').enabled)")
+    code = (
+        "import sys, logging; sys.modules['opentelemetry'] = None; logging.basicConfig(); "
+        "from core.tracing import configure; "
+        "print(configure('laneway-broker', 'http://127.0.0.1:1').enabled)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False" and "pip install 'laneway[otel]'" in out.stderr

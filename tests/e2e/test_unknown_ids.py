@@ -17,18 +17,28 @@ from tests.e2e.conftest import KEY
 IDS = ["*", ">", "acme.*", "%2A", "a%20b", "%00", "file-%3E", "..", "a.b", "x%2Fy", "%3E"]
 
 ROUTES = [
-    ("GET", "/v1/files/{id}"), ("DELETE", "/v1/files/{id}"), ("GET", "/v1/files/{id}/content"),
-    ("GET", "/v1/batches/{id}"), ("POST", "/v1/batches/{id}/cancel"),
-    ("GET", "/v1/responses/{id}"), ("DELETE", "/v1/responses/{id}"),
-    ("GET", "/v1/responses/{id}/input_items"), ("POST", "/v1/responses/{id}/cancel"),
-    ("GET", "/v1/conversations/{id}"), ("POST", "/v1/conversations/{id}"),
-    ("DELETE", "/v1/conversations/{id}"), ("GET", "/v1/conversations/{id}/items"),
+    ("GET", "/v1/files/{id}"),
+    ("DELETE", "/v1/files/{id}"),
+    ("GET", "/v1/files/{id}/content"),
+    ("GET", "/v1/batches/{id}"),
+    ("POST", "/v1/batches/{id}/cancel"),
+    ("GET", "/v1/responses/{id}"),
+    ("DELETE", "/v1/responses/{id}"),
+    ("GET", "/v1/responses/{id}/input_items"),
+    ("POST", "/v1/responses/{id}/cancel"),
+    ("GET", "/v1/conversations/{id}"),
+    ("POST", "/v1/conversations/{id}"),
+    ("DELETE", "/v1/conversations/{id}"),
+    ("GET", "/v1/conversations/{id}/items"),
     ("POST", "/v1/conversations/{id}/items"),
-    ("GET", "/v1/conversations/conv_x/items/{id}"), ("DELETE", "/v1/conversations/conv_x/items/{id}"),
+    ("GET", "/v1/conversations/conv_x/items/{id}"),
+    ("DELETE", "/v1/conversations/conv_x/items/{id}"),
 ]
 
-BODIES = {"/v1/conversations/{id}": {"metadata": {"a": "b"}},
-          "/v1/conversations/{id}/items": {"items": [{"type": "message", "role": "user", "content": "hi"}]}}
+BODIES = {
+    "/v1/conversations/{id}": {"metadata": {"a": "b"}},
+    "/v1/conversations/{id}/items": {"items": [{"type": "message", "role": "user", "content": "hi"}]},
+}
 
 
 def assert_unknown(resp: httpx.Response, what: str) -> None:
@@ -58,8 +68,7 @@ async def test_ids_in_request_bodies_outside_the_alphabet_are_unknown(stack, cap
         with pytest.raises((openai.NotFoundError, openai.BadRequestError)):
             await client.responses.create(model="laneway-sim", input="hi", conversation=bad)
         with pytest.raises((openai.NotFoundError, openai.BadRequestError)):
-            await client.batches.create(input_file_id=bad, endpoint="/v1/chat/completions",
-                                        completion_window="24h")
+            await client.batches.create(input_file_id=bad, endpoint="/v1/chat/completions", completion_window="24h")
         with pytest.raises((openai.NotFoundError, openai.BadRequestError)):
             await client.files.retrieve(bad)
     await client.close()

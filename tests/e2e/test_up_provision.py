@@ -32,7 +32,7 @@ async def test_up_again_keeps_live_edits_and_a_new_key_replaces_the_old(tmp_path
         finally:
             await ops.close()
 
-    async with LanewayUp(data_dir, "sk-first") as up:      # the same key: create-if-absent
+    async with LanewayUp(data_dir, "sk-first") as up:  # the same key: create-if-absent
         ops = await up.connect_nats("ops")
         try:
             tenants = await ops.jetstream().key_value(S.bucket("tenants"))
@@ -40,6 +40,6 @@ async def test_up_again_keeps_live_edits_and_a_new_key_replaces_the_old(tmp_path
         finally:
             await ops.close()
 
-    async with LanewayUp(data_dir, "sk-second") as up:     # a new key: the file wins
+    async with LanewayUp(data_dir, "sk-second") as up:  # a new key: the file wins
         assert await models_status(up.url, "sk-second") == 200
         assert await models_status(up.url, "sk-first") == 401

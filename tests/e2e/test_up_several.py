@@ -49,12 +49,13 @@ async def test_up_with_two_brokers_and_two_workers_streams_a_chat(tmp_path):
 
         client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0)
         stream = await client.chat.completions.create(
-            model="laneway-sim", stream=True, max_tokens=8, messages=[{"role": "user", "content": "Hello!"}])
+            model="laneway-sim", stream=True, max_tokens=8, messages=[{"role": "user", "content": "Hello!"}]
+        )
         chunks = [c async for c in stream if c.choices]
         await client.close()
         assert len("".join(c.choices[0].delta.content or "" for c in chunks).split()) == 8
         assert chunks[-1].choices[0].finish_reason == "length"
-    assert await eventually(lambda: up.pids() == []), up.pids()      # Ctrl-C stopped every child
+    assert await eventually(lambda: up.pids() == []), up.pids()  # Ctrl-C stopped every child
     logs = {p.name for p in (data_dir / "logs").iterdir()}
     assert {"broker-1.log", "broker-2.log", "worker-1.log", "worker-2.log", "bridge.log"} <= logs, logs
 
@@ -64,11 +65,20 @@ async def test_a_second_bridge_on_the_same_nats_serves_the_same_tenants(tmp_path
     knows the same tenants (from KV), and both bridges serve at once."""
     async with LanewayUp(tmp_path / "lw", KEY, ["--pii", "off"]) as up:
         port = free_port()
-        secret = (up.data_dir / "idempotency.key").read_text().strip()     # every replica's
+        secret = (up.data_dir / "idempotency.key").read_text().strip()  # every replica's
         second = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "laneway.cli", "bridge", "--nats-url", up.nats_url, "--port", str(port),
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "bridge",
+            "--nats-url",
+            up.nats_url,
+            "--port",
+            str(port),
             env=up.nats_env("svc-bridge") | {"LANEWAY_IDEMPOTENCY_SECRET": secret},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         drain = None
         try:
             said = b""
@@ -76,19 +86,26 @@ async def test_a_second_bridge_on_the_same_nats_serves_the_same_tenants(tmp_path
                 line = await asyncio.wait_for(second.stdout.readline(), 60)
                 assert line, f"the second bridge exited: {said.decode()}"
                 said += line
-            drain = asyncio.create_task(second.stdout.read())    # keep its pipe from filling
-            clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-                       for url in (up.url, f"http://127.0.0.1:{port}")]
+            drain = asyncio.create_task(second.stdout.read())  # keep its pipe from filling
+            clients = [
+                openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+                for url in (up.url, f"http://127.0.0.1:{port}")
+            ]
 
             async def chat(client: openai.AsyncOpenAI) -> tuple[str, int]:
                 stream = await client.chat.completions.create(
-                    model="laneway-sim", stream=True, max_tokens=8, stream_options={"include_usage": True},
-                    messages=[{"role": "user", "content": "Hello!"}])
+                    model="laneway-sim",
+                    stream=True,
+                    max_tokens=8,
+                    stream_options={"include_usage": True},
+                    messages=[{"role": "user", "content": "Hello!"}],
+                )
                 reasons, tokens = [], 0
                 async for chunk in stream:
                     reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
                     tokens = chunk.usage.completion_tokens if chunk.usage else tokens
                 return reasons[-1], tokens
+
             answers = await asyncio.gather(*(chat(clients[i % 2]) for i in range(10)))
             assert answers == [("length", 8)] * 10
             for client in clients:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 
 
 def predicted(profile_name: str, batches: list[int], context: int, chunks: list[int]) -> dict:
@@ -34,13 +34,17 @@ def predicted(profile_name: str, batches: list[int], context: int, chunks: list[
 
     p = PROFILES[profile_name]
     at_context = replace(p, decode_s_per_seq=p.decode_s_per_seq * context / _CTX)
-    return {"profile": p.name, "source": p.source, "prefill_s_per_token": p.prefill_s_per_token,
-            "max_num_batched_tokens": p.max_num_batched_tokens,
-            "full_prefill_step_s": step_seconds(p, 1, p.max_num_batched_tokens),
-            "decode": [{"batch": b, "step_s": step_seconds(at_context, b, b)} for b in batches],
-            # As the engine charges a lone prompt's chunk: one sequence (the sim counts a
-            # reference context's KV read for it, which a fresh prompt does not have).
-            "chunk": [{"tokens": m, "step_s": step_seconds(p, 1, m)} for m in chunks]}
+    return {
+        "profile": p.name,
+        "source": p.source,
+        "prefill_s_per_token": p.prefill_s_per_token,
+        "max_num_batched_tokens": p.max_num_batched_tokens,
+        "full_prefill_step_s": step_seconds(p, 1, p.max_num_batched_tokens),
+        "decode": [{"batch": b, "step_s": step_seconds(at_context, b, b)} for b in batches],
+        # As the engine charges a lone prompt's chunk: one sequence (the sim counts a
+        # reference context's KV read for it, which a fresh prompt does not have).
+        "chunk": [{"tokens": m, "step_s": step_seconds(p, 1, m)} for m in chunks],
+    }
 
 
 def main() -> int:
@@ -58,17 +62,31 @@ def main() -> int:
 
     device = "cpu" if args.tiny else "cuda"
     if args.tiny:
-        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)
+        cfg = LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+            max_position_embeddings=4096,
+        )
         args.batches, args.context, args.chunks = [1, 4], 64, [8, 32]
-    else:   # Llama-3.1-8B
-        cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                          max_position_embeddings=8192, rope_theta=500000.0)
+    else:  # Llama-3.1-8B
+        cfg = LlamaConfig(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=8192,
+            rope_theta=500000.0,
+        )
     try:
         cfg._attn_implementation = "sdpa"
     except (AttributeError, ValueError):
-        pass    # newer transformers pick SDPA by default
+        pass  # newer transformers pick SDPA by default
     dtype = torch.float32 if args.tiny else torch.bfloat16
     t0 = time.perf_counter()
     with torch.device(device):
@@ -90,8 +108,14 @@ def main() -> int:
         sync()
         return (time.perf_counter() - t) / repeats
 
-    report: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                    "params": params, "build_s": build_s, "context": args.context, "decode": [], "prefill": {}}
+    report: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "params": params,
+        "build_s": build_s,
+        "context": args.context,
+        "decode": [],
+        "prefill": {},
+    }
     with torch.inference_mode():
         # Prefill: tokens per second of one long prompt.
         ids = torch.randint(0, cfg.vocab_size, (1, 1500 if not args.tiny else 64), device=device)

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 
 from schemas.openai import ChatBody, Message
 from workers.engine import EngineRequest
@@ -44,8 +44,13 @@ async def one_stream(engine: VllmEngine, i: int, max_tokens: int) -> dict[str, f
     request = EngineRequest(
         request_id=f"bench-{i}-{time.monotonic_ns()}",
         # A high temperature keeps replies long enough (without vLLM's ignore_eos in `extra`).
-        body=ChatBody(model=engine.model, messages=[Message(role="user", content=PROMPTS[i % len(PROMPTS)])],
-                      max_tokens=max_tokens, temperature=0.8, seed=i),
+        body=ChatBody(
+            model=engine.model,
+            messages=[Message(role="user", content=PROMPTS[i % len(PROMPTS)])],
+            max_tokens=max_tokens,
+            temperature=0.8,
+            seed=i,
+        ),
     )
     t0 = time.perf_counter()
     ttft = None
@@ -63,12 +68,15 @@ async def round_(engine: VllmEngine, n: int, max_tokens: int) -> dict[str, float
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     ttfts = sorted(r["ttft"] for r in results)
-    return {"streams": n, "tokens": tokens, "wall_s": round(wall, 2),
-            "tokens_per_s": round(tokens / wall, 1),
-            "per_stream_tokens_per_s": round(statistics.mean(
-                r["tokens"] / r["wall"] for r in results), 1),
-            "ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2], 1),
-            "ttft_max_ms": round(1000 * ttfts[-1], 1)}
+    return {
+        "streams": n,
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+        "per_stream_tokens_per_s": round(statistics.mean(r["tokens"] / r["wall"] for r in results), 1),
+        "ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2], 1),
+        "ttft_max_ms": round(1000 * ttfts[-1], 1),
+    }
 
 
 async def main() -> int:
@@ -81,23 +89,42 @@ async def main() -> int:
 
     engine = VllmEngine(config)
     t0 = time.perf_counter()
-    await engine.start()                        # includes the warm-up generation
+    await engine.start()  # includes the warm-up generation
     start_s = time.perf_counter() - t0
-    print(f"engine start (build + load + warm-up): {start_s:.1f} s  "
-          f"model={engine.model} capacity={engine.capacity()}", flush=True)
+    print(
+        f"engine start (build + load + warm-up): {start_s:.1f} s  model={engine.model} capacity={engine.capacity()}",
+        flush=True,
+    )
     try:
         # A greedy answer first: a sanity check, and first-request effects out of the figures.
-        answer = "".join([o.text async for o in engine.generate(EngineRequest(
-            request_id="france",
-            body=ChatBody(model=engine.model, messages=[Message(role="user", content="What is the capital of France?")],
-                          max_tokens=32, temperature=0.0)))])
+        answer = "".join(
+            [
+                o.text
+                async for o in engine.generate(
+                    EngineRequest(
+                        request_id="france",
+                        body=ChatBody(
+                            model=engine.model,
+                            messages=[Message(role="user", content="What is the capital of France?")],
+                            max_tokens=32,
+                            temperature=0.0,
+                        ),
+                    )
+                )
+            ]
+        )
         print(f"France? {answer!r}", flush=True)
         single = await round_(engine, 1, args.max_tokens)
         print(f"1 stream : {single}", flush=True)
         many = await round_(engine, args.streams, args.max_tokens)
         print(f"{args.streams} streams: {many}", flush=True)
-        report = {"model": engine.model, "engine_start_s": round(start_s, 1), "france": answer,
-                  "single": single, "concurrent": many}
+        report = {
+            "model": engine.model,
+            "engine_start_s": round(start_s, 1),
+            "france": answer,
+            "single": single,
+            "concurrent": many,
+        }
         print(json.dumps(report))
         return 0 if many["tokens"] > 0 and single["tokens"] > 0 else 1
     finally:

@@ -36,16 +36,30 @@ def test_vllm_engine_on_gpu() -> None:
         pytest.skip("no CUDA GPU")
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (pip install vllm on the GPU host)")
-    model = Path(os.environ.get("LANEWAY_GPU_MODEL_DIR")
-                 or os.environ.get("LANEWAY_TEST_MODEL_DIR")
-                 or REPO / ".cache/models/smollm2")
+    model = Path(
+        os.environ.get("LANEWAY_GPU_MODEL_DIR")
+        or os.environ.get("LANEWAY_TEST_MODEL_DIR")
+        or REPO / ".cache/models/smollm2"
+    )
     if not (model / "config.json").is_file():
         pytest.skip(f"no model directory at {model} (laneway model prepare smollm2 DIR)")
     extra = shlex.split(os.environ.get("LANEWAY_GPU_ENGINE_ARGS", ""))
     proc = subprocess.run(
-        [sys.executable, str(HERE / "run_vllm_gpu.py"), "--model", str(model),
-         "--gpu-memory-utilization", "0.5", *extra],
-        capture_output=True, text=True, timeout=840, cwd=REPO, check=False)
+        [
+            sys.executable,
+            str(HERE / "run_vllm_gpu.py"),
+            "--model",
+            str(model),
+            "--gpu-memory-utilization",
+            "0.5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        cwd=REPO,
+        check=False,
+    )
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -19,19 +19,21 @@ async def test_interest_lives_with_the_subscribing_connection_not_with_its_answe
     worker = await nats.connect(nats_server.url)
     bridge = await nats.connect(nats_server.url)
     try:
-        assert not await has_interest(worker, S.alive("e1"))        # nobody holds it
+        assert not await has_interest(worker, S.alive("e1"))  # nobody holds it
 
         async def never_answers(msg) -> None:
             pass
+
         await bridge.subscribe(S.alive("e1"), cb=never_answers)
         await bridge.flush()
         assert await has_interest(worker, S.alive("e1"))
-        assert not await has_interest(worker, S.alive("e2"))        # another bridge's
+        assert not await has_interest(worker, S.alive("e2"))  # another bridge's
 
-        await bridge.close()        # as a SIGKILL closes its socket (the server learns it a moment later)
+        await bridge.close()  # as a SIGKILL closes its socket (the server learns it a moment later)
 
         async def gone() -> bool:
             return not await has_interest(worker, S.alive("e1"))
+
         assert await eventually(gone, timeout=10)
     finally:
         await worker.close()

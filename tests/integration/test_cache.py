@@ -36,11 +36,12 @@ ANSWER_TEXT = "You shared an identifier; I will not repeat it. Summary: none nee
 
 def deltas_of(text: str, chunk_chars: int = 16) -> list[Delta]:
     """The answer as an engine streamed it: pieces of about `chunk_chars`, ids to be re-stamped."""
-    return [Delta("orig", 0, i, text[at:at + chunk_chars]) for i, at in enumerate(range(0, len(text), chunk_chars))]
+    return [Delta("orig", 0, i, text[at : at + chunk_chars]) for i, at in enumerate(range(0, len(text), chunk_chars))]
 
 
-ANSWER = CachedResponse(deltas_of(ANSWER_TEXT), prompt_tokens=17, completion_tokens=15, finish_reason="stop",
-                        served_model="llama-8b@r2")
+ANSWER = CachedResponse(
+    deltas_of(ANSWER_TEXT), prompt_tokens=17, completion_tokens=15, finish_reason="stop", served_model="llama-8b@r2"
+)
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +108,18 @@ async def test_non_deterministic_requests_are_never_cached(nc) -> None:
     assert await cache.lookup(cache.key("acme", "chat", "r2", other_seed, b"")) is None
 
 
-@pytest.mark.parametrize("changed", [
-    body(max_tokens=65),
-    body(stop=["\n"]),
-    body([Message("user", "My SSN is <US_SSN>. Summarize."), Message("system", "You are terse.")]),
-    body([Message("system", "You are terse."), Message("assistant", "My SSN is <US_SSN>. Summarize.")]),
-    CompletionBody(model="chat", prompt="You are terse.My SSN is <US_SSN>. Summarize.", max_tokens=64,
-                   temperature=0.0),
-])
+@pytest.mark.parametrize(
+    "changed",
+    [
+        body(max_tokens=65),
+        body(stop=["\n"]),
+        body([Message("user", "My SSN is <US_SSN>. Summarize."), Message("system", "You are terse.")]),
+        body([Message("system", "You are terse."), Message("assistant", "My SSN is <US_SSN>. Summarize.")]),
+        CompletionBody(
+            model="chat", prompt="You are terse.My SSN is <US_SSN>. Summarize.", max_tokens=64, temperature=0.0
+        ),
+    ],
+)
 async def test_any_input_change_misses(nc, changed) -> None:
     cache = await open_cache(nc)
     await cache.store(cache.key("acme", "chat", "r2", GREEDY, b""), ANSWER)
@@ -135,8 +140,10 @@ async def test_entries_expire_with_the_bucket_ttl(nc) -> None:
     key = cache.key("acme", "chat", "r2", GREEDY, b"")
     await cache.store(key, ANSWER)
     assert await cache.lookup(key) is not None
+
     async def expired() -> bool:
         return await cache.lookup(key) is None
+
     assert await eventually(expired, interval=0.1), "the entry never expired"
     # a changed TTL is applied to the existing bucket
     await ensure_cache_bucket(nc.jetstream(), s, ttl_s=120.0)
@@ -146,14 +153,20 @@ async def test_entries_expire_with_the_bucket_ttl(nc) -> None:
 
 def test_replay_round_trips_the_deltas() -> None:
     call = ToolCallDelta(0, id="call_1", name="lookup", arguments="{}")
-    stored = [Delta("orig", 3, 7, "a b "), Delta("orig", 3, 8, "c", choice=1), Delta("orig", 3, 9, "", tool_calls=[call])]
+    stored = [
+        Delta("orig", 3, 7, "a b "),
+        Delta("orig", 3, 8, "c", choice=1),
+        Delta("orig", 3, 9, "", tool_calls=[call]),
+    ]
     cached = CachedResponse(stored, 5, 3, "tool_calls", finish_reasons=["stop", "tool_calls"])
     for text in ("", "one", "a b c d e f g " * 20, "x" * 100, " leading and trailing "):
         assert CachedResponse(deltas_of(text, 8), 1, 1, "stop").text == text
     entries = replay_entries(cached, "req-2", attempt=2)
     assert [e.seq for e in entries] == [0, 1, 2, 3] and {e.request_id for e in entries} == {"req-2"}
     assert {e.attempt for e in entries} == {2}
-    assert [(d.text, d.choice, d.tool_calls) for d in entries[:-1]] == [(d.text, d.choice, d.tool_calls) for d in stored]
+    assert [(d.text, d.choice, d.tool_calls) for d in entries[:-1]] == [
+        (d.text, d.choice, d.tool_calls) for d in stored
+    ]
     assert entries[-1].finish_reasons == ["stop", "tool_calls"]
 
 

@@ -21,8 +21,10 @@ KEY = "sk-cascade"
 
 RULES = {
     "pools": {"small": {"cost_out_per_1m": 0.1}, "large": {"cost_out_per_1m": 1.2}},
-    "rules": [{"rule_id": "auto", "match": {"model": "auto"}, "pools": {"small": 1}, "escalate_to": "large"},
-              {"rule_id": "quality", "match": {"model": "quality"}, "pools": {"large": 1}}],
+    "rules": [
+        {"rule_id": "auto", "match": {"model": "auto"}, "pools": {"small": 1}, "escalate_to": "large"},
+        {"rule_id": "quality", "match": {"model": "quality"}, "pools": {"large": 1}},
+    ],
     "models": ["auto", "quality"],
     "cascade": {"window": 3, "min_mean_logprob": -1.0},
 }
@@ -38,12 +40,14 @@ class UnsureOnHardPrompts(SimEngine):
 @pytest.fixture(scope="module")
 async def stack(nats_server):
     engines = [UnsureOnHardPrompts(PROFILES["zero"]), SimEngine(PROFILES["zero"])]
-    async with Stack(nats_server.url, demo_settings(KEY, pool="small"), engines=engines,
-                     pools=["small", "large"], prefix="cas") as s:
+    async with Stack(
+        nats_server.url, demo_settings(KEY, pool="small"), engines=engines, pools=["small", "large"], prefix="cas"
+    ) as s:
         store = await RuleStore.open(s.broker._nc.jetstream(), s.broker.s)
         await store.put(decode(json.dumps(RULES).encode()), expected_version=0)
-        assert await eventually(lambda: s.broker.live.rules is not None and s.bridge.rules is not None), \
+        assert await eventually(lambda: s.broker.live.rules is not None and s.bridge.rules is not None), (
             "the rules never reached the broker and the bridge"
+        )
         yield s
 
 
@@ -54,8 +58,11 @@ async def stream(stack, content: str) -> tuple[str, list[str]]:
             assert r.status == 200
             # Each event's data line (an `id:` line may come first: docs/openai-api.md, "Resuming a stream").
             events = [e.split("\n")[-1] for e in (await r.text()).split("\n\n") if e]
-    text = "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
-                   for e in events if e.startswith("data: {") and '"choices":[{' in e)
+    text = "".join(
+        json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if e.startswith("data: {") and '"choices":[{' in e
+    )
     return text, events
 
 
@@ -71,7 +78,7 @@ async def test_unsure_answers_escalate_to_the_large_pool_in_one_stream(stack):
     escalations = small_worker.metrics.escalations.labels("small")
     before, large = escalations._value.get(), stack.finished("large")
     text, events = await stream(stack, "HARD: prove the Riemann hypothesis")
-    assert len(text.split()) == 8, text            # the large pool's whole answer, nothing twice
+    assert len(text.split()) == 8, text  # the large pool's whole answer, nothing twice
     assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
     assert escalations._value.get() == before + 1
     assert stack.finished("large") == large + 1

@@ -44,11 +44,18 @@ async def nc(nats_server):
 async def stack(nats_server):
     settings = demo_settings(KEY)
     # A tenant whose analysis always times out, and whose policy lets requests on regardless.
-    hasty = Tenant(name="hasty", api_key_sha256=[hash_key("sk-hasty")],
-                   pii=TenantPiiPolicy(timeout_ms=10, fail_open=True))
+    hasty = Tenant(
+        name="hasty", api_key_sha256=[hash_key("sk-hasty")], pii=TenantPiiPolicy(timeout_ms=10, fail_open=True)
+    )
     settings = msgspec.structs.replace(settings, tenants={**settings.tenants, "hasty": hasty})
-    async with Stack(nats_server.url, settings, engines=[PoisonableEngine(PROFILES["zero"])],
-                     limits=StreamLimits(max_deliver=2, ack_wait_s=2.0), prefix="dlqpii", pii="regex") as s:
+    async with Stack(
+        nats_server.url,
+        settings,
+        engines=[PoisonableEngine(PROFILES["zero"])],
+        limits=StreamLimits(max_deliver=2, ack_wait_s=2.0),
+        prefix="dlqpii",
+        pii="regex",
+    ) as s:
         yield s
 
 
@@ -63,6 +70,7 @@ async def dead_letters(nc, stream: str) -> list:
 async def next_dead_letter(nc, stream: str, before: int):
     async def arrived() -> bool:
         return len(await dead_letters(nc, stream)) > before
+
     assert await eventually(arrived), f"nothing reached {stream}"
     return (await dead_letters(nc, stream))[-1]
 
@@ -92,10 +100,18 @@ async def test_a_poison_request_is_dead_lettered_redacted(stack, nc):
 def stray(tenant: str, text: str) -> bytes:
     """A request whose reply subject is another tenant's: refused as invalid before the gate runs."""
     now = time.time()
-    return codec.encode(GenerateRequest(
-        request_id="stray-1", tenant=tenant, klass="interactive", model="laneway-sim",
-        reply_to="dlqpii.tok.globex.edge", created_at=now, deadline=now + 60,
-        chat=chat(text, max_tokens=256, stop=STOP)))
+    return codec.encode(
+        GenerateRequest(
+            request_id="stray-1",
+            tenant=tenant,
+            klass="interactive",
+            model="laneway-sim",
+            reply_to="dlqpii.tok.globex.edge",
+            created_at=now,
+            deadline=now + 60,
+            chat=chat(text, max_tokens=256, stop=STOP),
+        )
+    )
 
 
 async def test_an_invalid_request_is_dead_lettered_redacted(stack, nc):
@@ -139,18 +155,22 @@ async def test_max_deliveries_are_dead_lettered_redacted(nats_server, nc):
     limits = StreamLimits(max_deliver=2, ack_wait_s=1.0)
     async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="mdpii", pii="regex"):
         async with LanewayClient(nc, "demo", prefix="mdpii") as client:
+
             async def consume() -> None:
                 async for _ in client.generate(chat(TEXT, max_tokens=256, stop=STOP)):
                     pass
+
             pending = asyncio.create_task(consume())
-            credit = codec.encode(Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6,
-                                         total_slots=1, wait_s=1.0))
+            credit = codec.encode(
+                Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6, total_slots=1, wait_s=1.0)
+            )
             seen: list[bytes] = []
 
             async def take() -> bool:
                 reply = await nc.request("mdpii.pull.sim", credit, timeout=5)
                 seen.extend(codec.encode(d.request) for d in codec.decode_batch(reply.data).dispatches)
-                return len(seen) == 2      # ... and never acked
+                return len(seen) == 2  # ... and never acked
+
             assert await eventually(take, interval=0)
             with pytest.raises(LanewayError) as err:
                 await pending

@@ -51,19 +51,33 @@ async def settled(stack) -> bool:
 
 def finished_count(stack) -> float:
     """Requests the worker finished, any reason."""
-    return sum(sample.value for metric in stack.workers[0].metrics.finished.collect()
-               for sample in metric.samples if sample.name.endswith("_total"))
+    return sum(
+        sample.value
+        for metric in stack.workers[0].metrics.finished.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
 
 
 async def listening(nc, request_id: str, inbox: str) -> tuple[GenerateRequest, list]:
     """A request answered on `inbox`, and the frames that arrive there."""
     frames: list = []
+
     async def collect(msg):
         frames.append(codec.decode_frame(msg.data))
+
     await nc.subscribe(inbox, cb=collect)
     now = time.time()
-    return GenerateRequest(request_id=request_id, tenant="demo", klass="interactive", model="laneway-sim",
-                           reply_to=inbox, created_at=now, deadline=now + 60, chat=chat("hi", max_tokens=3)), frames
+    return GenerateRequest(
+        request_id=request_id,
+        tenant="demo",
+        klass="interactive",
+        model="laneway-sim",
+        reply_to=inbox,
+        created_at=now,
+        deadline=now + 60,
+        chat=chat("hi", max_tokens=3),
+    ), frames
 
 
 async def test_a_republished_request_is_generated_once(stack, nats_server):
@@ -72,13 +86,17 @@ async def test_a_republished_request_is_generated_once(stack, nats_server):
         request, frames = await listening(nc, "retry-me", "dup.tok.demo.retrier")
         before = finished_count(stack)
         acks, publish_id = [], uuid.uuid4().hex
-        for _ in range(3):   # a publisher that timed out waiting for its PubAck and retried
-            acks.append(await nc.jetstream().publish(
-                "dup.req.interactive.demo", codec.encode(request),
-                headers={MSG_ID_HEADER: publish_id}))
+        for _ in range(3):  # a publisher that timed out waiting for its PubAck and retried
+            acks.append(
+                await nc.jetstream().publish(
+                    "dup.req.interactive.demo", codec.encode(request), headers={MSG_ID_HEADER: publish_id}
+                )
+            )
         assert [a.duplicate for a in acks] == [None, True, True]
+
         def finished_frames() -> list:
             return [e for f in frames for e in f.entries if isinstance(e, Finished)]
+
         assert await eventually(lambda: finished_frames()), "the request was never answered"
         assert await eventually(lambda: settled(stack)), "the request was never acked"
         finished = finished_frames()
@@ -99,15 +117,20 @@ async def test_a_copy_stored_past_the_streams_window_is_dropped_not_run_or_answe
         await js.update_stream(dataclasses.replace(config, duplicate_window=1.0))
         request, frames = await listening(nc, "late-copy", "dup.tok.demo.late")
         before, publish_id = finished_count(stack), uuid.uuid4().hex
+
         async def publish() -> bool:
-            ack = await js.publish("dup.req.interactive.demo", codec.encode(request),
-                                   headers={MSG_ID_HEADER: publish_id})
+            ack = await js.publish(
+                "dup.req.interactive.demo", codec.encode(request), headers={MSG_ID_HEADER: publish_id}
+            )
             return not ack.duplicate
+
         assert await publish()
+
         def entries() -> list:
             return [e for f in frames for e in f.entries if not isinstance(e, Delta)]
+
         assert await eventually(entries), "the request was never answered"
-        assert await eventually(publish), "the stream never stored the copy"     # past its window
+        assert await eventually(publish), "the stream never stored the copy"  # past its window
         assert await eventually(lambda: settled(stack)), "the copy was never taken off the stream"
         assert [type(e) for e in entries()] == [Finished], entries()
         assert finished_count(stack) - before == 1

@@ -47,7 +47,7 @@ async def test_without_a_key_the_store_holds_the_plaintext(tmp_path: Path) -> No
     server = NatsServer(tmp_path / "nats")
     await server.start()
     await store_one(server)
-    await server.stop()   # a clean stop writes everything out
+    await server.stop()  # a clean stop writes everything out
     assert files_holding(server.store_dir / "jetstream", SECRET)
     assert files_holding(server.store_dir / "jetstream", HEADER_SECRET.encode())
 
@@ -70,7 +70,7 @@ async def test_encrypted_store_never_holds_the_plaintext_and_restarts_with_its_k
 
     again = NatsServer(tmp_path / "nats", encryption_key_file=key_file)
     async with again:
-        assert key_file.read_text().strip() == key   # kept, not regenerated
+        assert key_file.read_text().strip() == key  # kept, not regenerated
         assert await read_back(again, seq) == (SECRET, HEADER_SECRET)
 
 
@@ -79,8 +79,9 @@ async def test_the_given_config_file_is_included(tmp_path: Path) -> None:
     auth = tmp_path / "etc" / "auth.conf"
     auth.parent.mkdir()
     auth.write_text('authorization { user: "lw", password: "s3cret-pass" }\n')
-    server = NatsServer(tmp_path / "data" / "nats", config_file=auth,
-                        encryption_key_file=tmp_path / "data" / "jetstream.key")
+    server = NatsServer(
+        tmp_path / "data" / "nats", config_file=auth, encryption_key_file=tmp_path / "data" / "jetstream.key"
+    )
     async with server:
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0)
@@ -90,11 +91,11 @@ async def test_the_given_config_file_is_included(tmp_path: Path) -> None:
 
 
 def test_a_weak_or_unquotable_key_is_refused(tmp_path: Path) -> None:
-    for bad in ("short", 'x' * 40 + '"', "y" * 40 + "\\"):
+    for bad in ("short", "x" * 40 + '"', "y" * 40 + "\\"):
         key_file = tmp_path / "bad.key"
         key_file.write_text(bad)
         with pytest.raises(NatsServerError):
             encryption_key(key_file)
     digits = tmp_path / "digits.key"
-    digits.write_text("1" * 48 + "\n")   # a bare number to nats-server's parser, unless quoted
+    digits.write_text("1" * 48 + "\n")  # a bare number to nats-server's parser, unless quoted
     assert encryption_key(digits) == "1" * 48

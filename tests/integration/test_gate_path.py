@@ -44,10 +44,12 @@ def settings() -> Settings:
     tenants = {
         "acme": Tenant(name="acme", api_key_sha256=[hash_key(KEYS["acme"])]),
         "globex": Tenant(name="globex", api_key_sha256=[hash_key(KEYS["globex"])]),
-        "tight": Tenant(name="tight", api_key_sha256=[hash_key(KEYS["tight"])],
-                        quota=QuotaPolicy(requests_per_min=3)),
-        "strict": Tenant(name="strict", api_key_sha256=[hash_key(KEYS["strict"])],
-                         pii=TenantPiiPolicy(entities={"US_SSN": Action.block})),
+        "tight": Tenant(name="tight", api_key_sha256=[hash_key(KEYS["tight"])], quota=QuotaPolicy(requests_per_min=3)),
+        "strict": Tenant(
+            name="strict",
+            api_key_sha256=[hash_key(KEYS["strict"])],
+            pii=TenantPiiPolicy(entities={"US_SSN": Action.block}),
+        ),
     }
     return Settings(tenants=tenants, models={"laneway-sim": LogicalModel(pool="sim")})
 
@@ -62,8 +64,9 @@ async def stack(nats_server):
 async def chat(stack, tenant: str, content: str, **extra) -> tuple[int, dict, dict]:
     body = {"model": "laneway-sim", "max_tokens": 6, "messages": [{"role": "user", "content": content}], **extra}
     async with aiohttp.ClientSession(base_url=stack.url) as http:
-        async with http.post("/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {KEYS[tenant]}"}) as resp:
+        async with http.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS[tenant]}"}
+        ) as resp:
             return resp.status, await resp.json(), dict(resp.headers)
 
 
@@ -93,9 +96,11 @@ async def test_deterministic_answer_is_replayed_from_the_cache_for_that_tenant_o
     entries = await cache_entries(stack)
     status, first, _ = await chat(stack, "acme", prompt, temperature=0)
     assert status == 200
+
     # the answer is stored in the background: wait until its entry is in the bucket
     async def stored() -> bool:
         return await cache_entries(stack) > entries
+
     assert await eventually(stored), "the answer was never cached"
     before = stack.finished()
     status, again, _ = await chat(stack, "acme", prompt, temperature=0)
@@ -103,7 +108,7 @@ async def test_deterministic_answer_is_replayed_from_the_cache_for_that_tenant_o
     assert stack.finished() == before, "a cache hit must not reach the engine"
     status, _other, _ = await chat(stack, "globex", prompt, temperature=0)
     assert status == 200 and stack.finished() == before + 1, "another tenant must not hit acme's entry"
-    await chat(stack, "acme", prompt, temperature=0.7)          # not deterministic: never cached
+    await chat(stack, "acme", prompt, temperature=0.7)  # not deterministic: never cached
     assert stack.finished() == before + 2
 
 
@@ -125,7 +130,7 @@ async def test_pii_findings_are_audited_without_values(stack, nats_server):
         sub = await js.subscribe("gate.audit.acme", stream="GATE_AUDIT", ordered_consumer=True)
         await chat(stack, "acme", "Call me on 212-555-0134 please")
         records = []
-        while not any(b"PHONE_NUMBER" in m.data for m in records):   # until this request's record
+        while not any(b"PHONE_NUMBER" in m.data for m in records):  # until this request's record
             records.append(await sub.next_msg(timeout=30))
         raw = b"".join(m.data for m in records)
         assert b"212-555-0134" not in raw
@@ -138,12 +143,14 @@ async def test_every_finished_request_is_metered(stack, nats_server):
     try:
         js = nc.jetstream()
         _status, body, _ = await chat(stack, "globex", "meter me")
-        async def metered() -> bool:   # the usage record comes after the answer, in the background
+
+        async def metered() -> bool:  # the usage record comes after the answer, in the background
             try:
                 msg = await js.get_last_msg("GATE_USAGE", "gate.usage.globex")
             except nats.js.errors.NotFoundError:
                 return False
             return f"chatcmpl-{codec.decode_usage(msg.data).request_id}" == body["id"]
+
         assert await eventually(metered), "the request was never metered"
         msg = await js.get_last_msg("GATE_USAGE", "gate.usage.globex")
         usage = codec.decode_usage(msg.data)

@@ -23,12 +23,13 @@ from workers.engines.sim.roofline import PROFILES
 from workers.runner import Worker, WorkerConfig
 
 FLOOD = 40
-MAX_HELD = 10       # batch may fill 90% of it (9), one tenant 90% of that (8)
+MAX_HELD = 10  # batch may fill 90% of it (9), one tenant 90% of that (8)
 
 
 async def test_a_chat_stored_behind_a_batch_flood_is_pulled_and_served_first(nats_server):
-    async with Stack(nats_server.url, demo_settings("sk-order"), engines=[], prefix="order",
-                     max_held=MAX_HELD) as stack:
+    async with Stack(
+        nats_server.url, demo_settings("sk-order"), engines=[], prefix="order", max_held=MAX_HELD
+    ) as stack:
         nc = await nats.connect(nats_server.url)
         js = nc.jetstream()
         s, lanes = stack.broker.s, stack.broker.scheduler.pools
@@ -51,8 +52,9 @@ async def test_a_chat_stored_behind_a_batch_flood_is_pulled_and_served_first(nat
                 share = stack.broker.live.classes["batch"].tenant_slot_cap(MAX_HELD)
                 assert await eventually(lambda: _waiting(lanes, "batch") == share)
                 chat_task = asyncio.create_task(ask("interactive", "the-chat"))
-                assert await eventually(lambda: _waiting(lanes, "interactive") == 1), \
+                assert await eventually(lambda: _waiting(lanes, "interactive") == 1), (
                     "the chat waited in JetStream behind the batch flood"
+                )
                 assert _waiting(lanes, "batch") == share
                 assert await batch_left_in_jetstream() == FLOOD - share
 
@@ -87,15 +89,18 @@ async def test_a_chat_stored_behind_another_tenants_backlog_in_its_class_is_pull
             finished.append(name)
 
         try:
-            async with LanewayClient(nc, tenant="acme", prefix="ordert") as acme, \
-                    LanewayClient(nc, tenant="globex", prefix="ordert") as globex:
+            async with (
+                LanewayClient(nc, tenant="acme", prefix="ordert") as acme,
+                LanewayClient(nc, tenant="globex", prefix="ordert") as globex,
+            ):
                 backlog = [asyncio.create_task(ask(acme, f"acme-{i}")) for i in range(FLOOD)]
                 assert await eventually(lambda: _stored(nc.jetstream(), s.req_stream, FLOOD))
                 share = stack.broker.live.classes["interactive"].tenant_slot_cap(MAX_HELD)
                 assert await eventually(lambda: _waiting(lanes, "interactive") == share)
                 chat_task = asyncio.create_task(ask(globex, "globex-chat"))
-                assert await eventually(lambda: _waiting(lanes, "interactive", "globex") == 1), \
+                assert await eventually(lambda: _waiting(lanes, "interactive", "globex") == 1), (
                     "the chat waited in JetStream behind the other tenant's backlog"
+                )
                 acme_left = await nc.jetstream().consumer_info(s.req_stream, s.intake_durable("interactive", "acme"))
                 assert acme_left.num_pending == FLOOD - share
 

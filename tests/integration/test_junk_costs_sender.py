@@ -54,6 +54,7 @@ class Junk:
         async def on_error(exc: Exception) -> None:
             if errors is not None:
                 errors.append(str(exc))
+
         user, password = self.auth.tenants[name]
         return await nats.connect(self.server.url, user=user, password=password, error_cb=on_error)
 
@@ -68,7 +69,7 @@ class Junk:
 @pytest.fixture(scope="module")
 async def junk(tmp_path_factory):
     root = tmp_path_factory.mktemp("junk")
-    auth = up_auth(S, [ACME, GLOBEX], root)     # the documents: acme's user gets its two classes
+    auth = up_auth(S, [ACME, GLOBEX], root)  # the documents: acme's user gets its two classes
     config = root / "nats.conf"
     config.write_text(f'include "{auth.authorization_file.name}"\n')
     server = NatsServer(root / "store", config_file=config, max_file_store=SHARED_DISK_FILE_STORE)
@@ -102,6 +103,7 @@ async def test_a_tenant_publishes_requests_only_in_the_classes_it_may_use(junk):
     def logged() -> bool:
         refused.extend(junk.log.new())
         return all(any(f"lw.req.{k}.acme" in line for line in refused) for k in ("standard", "j7"))
+
     assert await eventually(logged, timeout=30), refused
     assert all('user:tenant-acme"' in line for line in refused), refused
 
@@ -116,7 +118,7 @@ async def test_a_flood_of_junk_costs_its_sender_not_another_tenant(junk, caplog)
     acme, globex = await junk.tenant("acme"), await junk.tenant("globex")
     try:
         began = time.monotonic()
-        for i in range(JUNK):       # undecodable, in both of its classes
+        for i in range(JUNK):  # undecodable, in both of its classes
             await acme.publish(S.req(ACME.classes[i % 2], "acme"), b"\x93junk %d" % i)
         await acme.flush()
         # Another tenant's request, published behind the flood, is answered.
@@ -132,6 +134,7 @@ async def test_a_flood_of_junk_costs_its_sender_not_another_tenant(junk, caplog)
             info = await js.stream_info(S.dlq_stream)
             written = info.state.last_seq - written_before
             return written + junk.counted("laneway_dead_letters_dropped_total") - dropped == JUNK
+
         assert await eventually(settled, timeout=120), "every dead letter written or counted as dropped"
         assert (await js.stream_info(S.req_stream)).state.messages == 0
         # The dead-letter stream stays within its caps, acme's records within its own subjects'.
@@ -140,9 +143,11 @@ async def test_a_flood_of_junk_costs_its_sender_not_another_tenant(junk, caplog)
         assert sum(info.state.subjects.values()) <= len(ACME.classes) * LIMITS.dlq_max_msgs_per_subject
         # The log: one warning per interval, not one per message.
         lines = [r for r in caplog.records[lines_before:] if "dead-lettered" in r.getMessage()]
-        print(f"\n{JUNK} junk messages in {elapsed:.1f} s: {info.state.messages} records kept "
-              f"({info.state.bytes} bytes), {junk.counted('laneway_dead_letters_dropped_total') - dropped:.0f} "
-              f"dropped unwritten, {len(lines)} log lines")
+        print(
+            f"\n{JUNK} junk messages in {elapsed:.1f} s: {info.state.messages} records kept "
+            f"({info.state.bytes} bytes), {junk.counted('laneway_dead_letters_dropped_total') - dropped:.0f} "
+            f"dropped unwritten, {len(lines)} log lines"
+        )
         assert 1 <= len(lines) <= 2 + elapsed / LOG_EVERY_S, len(lines)
     finally:
         await acme.close()
@@ -160,13 +165,13 @@ async def test_the_servers_log_of_refused_publishes_stays_within_its_bounds(tmp_
     await server.start()
     nc = await nats.connect(server.url, user="t", password="p", error_cb=_ignore)
     try:
-        for i in range(3000):           # ~170 bytes of log each: 25 times the whole bound
+        for i in range(3000):  # ~170 bytes of log each: 25 times the whole bound
             await nc.publish(f"refused.{i}", b"x")
         await nc.publish("refused.last", b"x")
         await nc.flush()
         assert await eventually(lambda: "refused.last" in server.log_file.read_text())
         logs = list(server.log_file.parent.glob(f"{server.log_file.name}*"))
-        assert 1 < len(logs) <= 1 + 2, logs            # rolled, and no more old ones kept than 2
+        assert 1 < len(logs) <= 1 + 2, logs  # rolled, and no more old ones kept than 2
         assert sum(p.stat().st_size for p in logs) <= 3 * 20_000 + 1_000
     finally:
         await nc.close()
@@ -190,8 +195,10 @@ async def test_junk_is_read_at_a_bounded_rate_and_the_rest_waits_in_its_senders_
         read.append(msg.data)
         await msg.term()
         return False
-    pulls = PullIntake(nc, s.req_stream, s.intake_durable("interactive", "acme"), unreadable,
-                       room=lambda: 1000, batch=batch)
+
+    pulls = PullIntake(
+        nc, s.req_stream, s.intake_durable("interactive", "acme"), unreadable, room=lambda: 1000, batch=batch
+    )
     try:
         js = nc.jetstream()
         await ensure_topology(js, s, LIMITS)
@@ -203,8 +210,9 @@ async def test_junk_is_read_at_a_bounded_rate_and_the_rest_waits_in_its_senders_
         async def holding() -> bool:
             info = await js.consumer_info(s.req_stream, s.intake_durable("interactive", "acme"))
             return len(read) >= 20 and info.num_waiting == 0 and info.num_ack_pending == 0
+
         assert await eventually(holding), len(read)
-        assert len(read) < 20 + batch        # no pull after the tokens ran out
+        assert len(read) < 20 + batch  # no pull after the tokens ran out
         assert (await js.stream_info(s.req_stream)).state.messages == sent - len(read)
     finally:
         await pulls.stop()
@@ -217,14 +225,18 @@ async def test_provisioning_caps_an_old_installs_dead_letter_stream(nats_server)
     try:
         js = nc.jetstream()
         uncapped = StreamConfig(name=s.dlq_stream, subjects=[s.dlq_all], max_age=LIMITS.dlq_max_age_s)
-        await js.add_stream(uncapped)    # as provisioning made it before the caps
+        await js.add_stream(uncapped)  # as provisioning made it before the caps
         for i in range(150):
             await js.publish(s.dlq("interactive", "acme"), b"old record %d" % i)
         await ensure_topology(js, s, LIMITS)
         info = await js.stream_info(s.dlq_stream)
         wanted = dead_letter_stream(s, LIMITS)
-        assert (info.config.max_msgs_per_subject, info.config.max_msgs, info.config.max_bytes, info.config.discard) \
-            == (wanted.max_msgs_per_subject, wanted.max_msgs, wanted.max_bytes, wanted.discard)
+        assert (info.config.max_msgs_per_subject, info.config.max_msgs, info.config.max_bytes, info.config.discard) == (
+            wanted.max_msgs_per_subject,
+            wanted.max_msgs,
+            wanted.max_bytes,
+            wanted.discard,
+        )
         assert info.state.messages == LIMITS.dlq_max_msgs_per_subject, "the oldest over the cap are gone"
     finally:
         await nc.close()
@@ -234,8 +246,7 @@ async def test_the_dead_letter_queue_drops_what_does_not_fit_and_writes_the_rest
     s = Subjects("dq")
     nc = await nats.connect(nats_server.url)
     metrics = BrokerMetrics()
-    dead = DeadLetters(nc, s, metrics, 3, on_removed=_unused, gate=Gate(s), tenants=TenantDirectory(),
-                       queue_size=2)
+    dead = DeadLetters(nc, s, metrics, 3, on_removed=_unused, gate=Gate(s), tenants=TenantDirectory(), queue_size=2)
     try:
         js = nc.jetstream()
         await ensure_topology(js, s, LIMITS)
@@ -253,7 +264,7 @@ async def test_the_dead_letter_queue_drops_what_does_not_fit_and_writes_the_rest
         # The writer is stopped as it starts: what it was writing and what it holds are written
         # on the way out (the one in flight perhaps twice), and the cancellation goes on.
         writer = asyncio.create_task(dead.run())
-        await asyncio.sleep(0)          # started: a task cancelled before its first step never runs
+        await asyncio.sleep(0)  # started: a task cancelled before its first step never runs
         writer.cancel()
         await asyncio.wait([writer])
         assert writer.cancelled()

@@ -30,7 +30,7 @@ def early_marker(monkeypatch):
         queued = []
         while not watcher._updates.empty():
             queued.append(watcher._updates.get_nowait())
-        if None not in queued:          # a bucket with keys: the real watcher put no marker
+        if None not in queued:  # a bucket with keys: the real watcher put no marker
             watcher._updates.put_nowait(None)
         for item in queued:
             watcher._updates.put_nowait(item)
@@ -62,7 +62,7 @@ async def test_current_keys_and_values_read_every_stored_key_past_an_early_marke
     _, kv = bucket
     assert await current_keys(kv) == ["acme.a", "acme.b", "globex.a"]
     assert sorted(await current_values(kv, "acme.*")) == [b"acme.a", b"acme.b"]
-    assert await current_values(kv, "initech.*") == []      # the marker is the truth here
+    assert await current_values(kv, "initech.*") == []  # the marker is the truth here
 
 
 async def test_a_bucket_with_nothing_or_only_deletes_reads_empty(nats_server, early_marker):
@@ -87,7 +87,7 @@ async def test_a_bucket_watch_is_loaded_only_once_the_stored_values_are_applied(
         assert watch.loaded.is_set() and set(seen) == {"acme.a", "acme.b", "globex.a"}
         await kv.put("initech.a", b"later")
         async with asyncio.timeout(10):
-            while "initech.a" not in seen:      # changes still land after the first load
+            while "initech.a" not in seen:  # changes still land after the first load
                 await asyncio.sleep(0.01)
     finally:
         await watch.stop()

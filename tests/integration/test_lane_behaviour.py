@@ -25,8 +25,12 @@ CHAT = "/v1/chat/completions"
 
 
 def body(max_tokens: int, stream: bool = True, content: str = "hello") -> dict:
-    return {"model": "laneway-sim", "stream": stream, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": content}]}
+    return {
+        "model": "laneway-sim",
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": content}],
+    }
 
 
 def headers(**extra: str) -> dict:
@@ -47,9 +51,14 @@ async def slow_stack(nats_server):
     """One worker with a modelled 8B GPU (~7 ms per decode step) and only 4 slots."""
     engine = SimEngine(PROFILES["llama-8b-h100"], max_seqs=4)
     # A client that leaves may resume for --resume-window-s; a short one, so its cancel lands soon.
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix="slow",
-                     limits=StreamLimits(max_msgs_per_subject=6),
-                     bridge_config=BridgeConfig(resume_window_s=0.5)) as s:
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[engine],
+        prefix="slow",
+        limits=StreamLimits(max_msgs_per_subject=6),
+        bridge_config=BridgeConfig(resume_window_s=0.5),
+    ) as s:
         yield s
 
 
@@ -79,9 +88,11 @@ async def test_deadline_mid_generation_ends_with_in_band_error(slow_stack):
 
 async def test_backlog_cap_gives_429_with_retry_after(slow_stack):
     async with aiohttp.ClientSession(base_url=slow_stack.url) as http:
+
         async def one():
             async with http.post(CHAT, json=body(300, stream=False), headers=headers()) as resp:
                 return resp.status, resp.headers.get("Retry-After"), await resp.json()
+
         results = await asyncio.gather(*(one() for _ in range(12)))
     statuses = [r[0] for r in results]
     assert statuses.count(200) >= 6 and 429 in statuses
@@ -95,10 +106,13 @@ async def test_interactive_is_served_ahead_of_a_batch_flood(slow_stack):
     """4 slots, batch may hold 90% of them (3): a chat arriving behind 6 long batch jobs starts
     at once on the headroom slot instead of waiting for a batch job to finish."""
     async with aiohttp.ClientSession(base_url=slow_stack.url) as http:
+
         async def batch_job():
-            async with http.post(CHAT, json=body(400, stream=False),
-                                 headers=headers(**{"x-laneway-class": "batch"})) as resp:
+            async with http.post(
+                CHAT, json=body(400, stream=False), headers=headers(**{"x-laneway-class": "batch"})
+            ) as resp:
                 return resp.status
+
         flood = [asyncio.create_task(batch_job()) for _ in range(6)]
         engine: SimEngine = slow_stack.workers[0].engine
         ok = await eventually(lambda: engine.num_running() == 3, 5.0)
@@ -122,9 +136,11 @@ async def test_one_frame_per_engine_step_per_inbox(nats_server):
         frames = worker.metrics.frames.labels("sim")
         before_frames, before_steps = frames._value.get(), engine.steps
         async with aiohttp.ClientSession(base_url=s.url) as http:
+
             async def one():
                 async with http.post(CHAT, json=body(50, stream=False), headers=headers()) as resp:
                     assert resp.status == 200
+
             await asyncio.gather(*(one() for _ in range(32)))
         published = frames._value.get() - before_frames
         steps = engine.steps - before_steps
@@ -155,13 +171,15 @@ async def test_a_capped_class_is_served_when_room_frees_not_when_the_pull_times_
     30 s the stale pull would have been held."""
     engine = SimEngine(PROFILES["llama-8b-h100"], max_seqs=4)
     config = WorkerConfig(pull_wait_s=30.0)
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix="repull",
-                     worker_config=config) as s:
+    async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], prefix="repull", worker_config=config) as s:
         async with aiohttp.ClientSession(base_url=s.url) as http:
+
             async def one():
-                async with http.post(CHAT, json=body(100, stream=False),
-                                     headers=headers(**{"x-laneway-class": "standard"})) as resp:
+                async with http.post(
+                    CHAT, json=body(100, stream=False), headers=headers(**{"x-laneway-class": "standard"})
+                ) as resp:
                     return resp.status
+
             started = time.monotonic()
             statuses = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(4))), 60)
             elapsed = time.monotonic() - started

@@ -17,8 +17,12 @@ from tests.wait import eventually
 
 
 def laneway(nats_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "laneway.cli", *args[:1], "--nats-url", nats_url,
-                           "--prefix", "ops", *args[1:]], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "laneway.cli", *args[:1], "--nats-url", nats_url, "--prefix", "ops", *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +32,15 @@ async def stack(nats_server):
 
 
 async def test_class_change_applies_live(stack, nats_server):
-    result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "batch",
-                                     "--max-slot-share", "0.5", "--starve-after", "12")
+    result = await asyncio.to_thread(
+        laneway, nats_server.url, "classes", "set", "batch", "--max-slot-share", "0.5", "--starve-after", "12"
+    )
     assert result.returncode == 0, result.stderr
+
     def applied() -> bool:
         policy = stack.broker.live.classes.get("batch")
         return policy is not None and policy.max_slot_share == 0.5
+
     assert await eventually(applied), "the class change never applied"
     policy = stack.broker.live.classes["batch"]
     assert policy.max_slot_share == 0.5 and policy.starve_after_s == 12
@@ -45,12 +52,27 @@ async def test_a_class_created_live_gets_its_consumer_and_is_served(stack, nats_
     """Each (class, tenant) has a consumer of its own (the intake pulls a chat past a batch flood
     and past another tenant's backlog): the ones a new class and a new tenant need are made by
     `classes set` and `tenants set`, with the limits their siblings have."""
-    result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "vip", "--rank", "0",
-                                     "--max-queue-wait", "30", "--max-tenant-depth", "64",
-                                     "--max-slot-share", "1", "--starve-after", "60")
+    result = await asyncio.to_thread(
+        laneway,
+        nats_server.url,
+        "classes",
+        "set",
+        "vip",
+        "--rank",
+        "0",
+        "--max-queue-wait",
+        "30",
+        "--max-tenant-depth",
+        "64",
+        "--max-slot-share",
+        "1",
+        "--starve-after",
+        "60",
+    )
     assert result.returncode == 0, result.stderr
-    result = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "vipco", "--classes", "vip",
-                                     "--default-class", "vip")
+    result = await asyncio.to_thread(
+        laneway, nats_server.url, "tenants", "set", "vipco", "--classes", "vip", "--default-class", "vip"
+    )
     assert result.returncode == 0, result.stderr
     assert await eventually(lambda: "vip" in stack.broker.live.classes and stack.broker.live.tenants.get("vipco"))
     nc = await nats.connect(nats_server.url)
@@ -68,8 +90,9 @@ async def test_a_class_created_live_gets_its_consumer_and_is_served(stack, nats_
 
 async def test_bad_class_is_refused_and_nothing_changes(stack, nats_server):
     before = stack.broker.live.classes["interactive"]
-    result = await asyncio.to_thread(laneway, nats_server.url, "classes", "set", "interactive",
-                                     "--max-slot-share", "1.7")
+    result = await asyncio.to_thread(
+        laneway, nats_server.url, "classes", "set", "interactive", "--max-slot-share", "1.7"
+    )
     assert result.returncode == 2 and "max_slot_share" in result.stderr
     assert stack.broker.live.classes["interactive"] == before
 
@@ -78,6 +101,5 @@ async def test_tenant_weight_change_applies_live(stack, nats_server):
     result = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo", "--weight", "4")
     assert result.returncode == 0, result.stderr
     assert await eventually(lambda: stack.broker.live.tenants.weight("demo") == 4)
-    bad = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo",
-                                  "--default-class", "vip")
+    bad = await asyncio.to_thread(laneway, nats_server.url, "tenants", "set", "demo", "--default-class", "vip")
     assert bad.returncode == 2 and "default_class" in bad.stderr

@@ -52,7 +52,7 @@ pytestmark = pytest.mark.timeout(240)
 S = Subjects("lw")
 KEYS = {"alpha": "sk-alpha", "beta": "sk-beta", "tight": "sk-tight"}
 ADMIN_KEY = "lw-admin-" + "c" * 24
-VIOLATION = " Violation - "     # nats-server: `"$G/user:svc-worker" - Publish Violation - Subject ...`
+VIOLATION = " Violation - "  # nats-server: `"$G/user:svc-worker" - Publish Violation - Subject ...`
 RULES = {
     "pools": {"sim": {"cost_out_per_1m": 0.1}, "large": {"cost_out_per_1m": 1.2}},
     "rules": [{"rule_id": "auto", "match": {"model": "auto"}, "pools": {"sim": 1}, "escalate_to": "large"}],
@@ -68,12 +68,17 @@ class SmallModel(PoisonableEngine, UnsureOnHardPrompts):
 def settings() -> Settings:
     tenants = {name: Tenant(name=name, api_key_sha256=[hash_key(key)]) for name, key in KEYS.items()}
     # Slots come back only when the broker reads the request's usage record.
-    tenants["tight"] = Tenant(name="tight", api_key_sha256=[hash_key(KEYS["tight"])],
-                              quota=QuotaPolicy(requests_per_min=3, max_concurrent=1))
-    tenants["alpha"] = Tenant(name="alpha", api_key_sha256=[hash_key(KEYS["alpha"])],
-                              pii=TenantPiiPolicy(entities={"PHONE_NUMBER": Action.redact}))
-    return Settings(tenants=tenants, models={"laneway-sim": LogicalModel(pool="sim"),
-                                             "slow": LogicalModel(pool="large")})
+    tenants["tight"] = Tenant(
+        name="tight", api_key_sha256=[hash_key(KEYS["tight"])], quota=QuotaPolicy(requests_per_min=3, max_concurrent=1)
+    )
+    tenants["alpha"] = Tenant(
+        name="alpha",
+        api_key_sha256=[hash_key(KEYS["alpha"])],
+        pii=TenantPiiPolicy(entities={"PHONE_NUMBER": Action.redact}),
+    )
+    return Settings(
+        tenants=tenants, models={"laneway-sim": LogicalModel(pool="sim"), "slow": LogicalModel(pool="large")}
+    )
 
 
 class ViolationLog:
@@ -88,7 +93,7 @@ class ViolationLog:
 
     def new(self) -> list[str]:
         text = self.path.read_text()
-        fresh, self._offset = text[self._offset:], len(text)
+        fresh, self._offset = text[self._offset :], len(text)
         return [line for line in fresh.splitlines() if VIOLATION in line]
 
 
@@ -100,40 +105,56 @@ class Secured:
 
     def make_stack(self, **overrides) -> Stack:
         """The stack, each service as its own user."""
-        options = dict(engines=[SmallModel(PROFILES["zero"]), SimEngine(PROFILES["llama-8b-h100"])],
-                       pools=["sim", "large"], limits=StreamLimits(max_deliver=2, ack_wait_s=2.0),
-                       worker_config=WorkerConfig(in_progress_s=0.5),
-                       pii="regex",
-                       admin=AdminConfig((hash_key(ADMIN_KEY),)))
-        return Stack(self.server.url, settings(), credentials=dict(self.auth.services),   # ops provisions
-                     **{**options, **overrides})
+        options = dict(
+            engines=[SmallModel(PROFILES["zero"]), SimEngine(PROFILES["llama-8b-h100"])],
+            pools=["sim", "large"],
+            limits=StreamLimits(max_deliver=2, ack_wait_s=2.0),
+            worker_config=WorkerConfig(in_progress_s=0.5),
+            pii="regex",
+            admin=AdminConfig((hash_key(ADMIN_KEY),)),
+        )
+        return Stack(
+            self.server.url,
+            settings(),
+            credentials=dict(self.auth.services),  # ops provisions
+            **{**options, **overrides},
+        )
 
     async def connect(self, role: str, **options) -> nats.aio.client.Client:
         user, password = self.auth.services[role]
-        return await nats.connect(self.server.url, user=user, password=password,
-                                  inbox_prefix=service_inbox(user), **options)
+        return await nats.connect(
+            self.server.url, user=user, password=password, inbox_prefix=service_inbox(user), **options
+        )
 
     async def tenant(self, name: str, errors: list[str] | None = None) -> nats.aio.client.Client:
         async def on_error(exc: Exception) -> None:
             if errors is not None:
                 errors.append(str(exc))
+
         user, password = self.auth.tenants[name]
-        return await nats.connect(self.server.url, user=user, password=password,
-                                  inbox_prefix=f"_INBOX_{name}", error_cb=on_error)
+        return await nats.connect(
+            self.server.url, user=user, password=password, inbox_prefix=f"_INBOX_{name}", error_cb=on_error
+        )
 
     def laneway(self, *argv: str) -> subprocess.CompletedProcess:
         """An operator command, as `ops` through the environment."""
         user, password = self.auth.services["ops"]
-        env = {**os.environ, "LANEWAY_NATS_URL": self.server.url, "LANEWAY_NATS_USER": user,
-               "LANEWAY_NATS_PASSWORD": password}
-        return subprocess.run([sys.executable, "-m", "laneway.cli", *argv], capture_output=True,
-                              text=True, timeout=60, env=env)
+        env = {
+            **os.environ,
+            "LANEWAY_NATS_URL": self.server.url,
+            "LANEWAY_NATS_USER": user,
+            "LANEWAY_NATS_PASSWORD": password,
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "laneway.cli", *argv], capture_output=True, text=True, timeout=60, env=env
+        )
 
     async def chat(self, tenant: str, content: str, model: str = "laneway-sim", **extra) -> tuple[int, dict]:
         body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": content}], **extra}
         async with aiohttp.ClientSession(base_url=self.stack.url) as http:
-            async with http.post("/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {KEYS[tenant]}"}) as resp:
+            async with http.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS[tenant]}"}
+            ) as resp:
                 return resp.status, await resp.json()
 
 
@@ -149,7 +170,7 @@ async def secured(tmp_path_factory):
     try:
         env.stack = await env.make_stack().__aenter__()
         yield env
-        if env.stack is not None:       # the last test stops it itself
+        if env.stack is not None:  # the last test stops it itself
             await env.stack.__aexit__(None, None, None)
     finally:
         await env.server.stop()
@@ -171,6 +192,7 @@ async def test_tenants_stay_in_their_lane(secured):
 
         async def steal(msg):
             stolen.append(msg)
+
         await alpha.subscribe("lw.tok.beta.>", cb=steal)
         await alpha.flush()
         async with LanewayClient(beta, "beta") as client:
@@ -196,8 +218,11 @@ async def test_tenants_stay_in_their_lane(secured):
 
     def logged_all() -> bool:
         refused.extend(secured.log.new())
-        return (any("lw.tok.beta" in line for line in refused)
-                and sum("lw.req.interactive.beta" in line for line in refused) >= 2)
+        return (
+            any("lw.tok.beta" in line for line in refused)
+            and sum("lw.req.interactive.beta" in line for line in refused) >= 2
+        )
+
     assert await eventually(logged_all, timeout=30), refused
     print("\n".join(refused))
     assert all('user:tenant-alpha"' in line for line in refused), refused
@@ -207,8 +232,13 @@ async def test_cancels_from_a_tenant_and_from_the_edge_reach_the_engine(secured)
     worker = next(w for w in secured.stack.workers if w.config.pool == "large")
 
     def cancelled() -> float:
-        return worker.metrics.registry.get_sample_value(
-            "laneway_worker_finished_total", {"pool": "large", "reason": "cancelled"}) or 0.0
+        return (
+            worker.metrics.registry.get_sample_value(
+                "laneway_worker_finished_total", {"pool": "large", "reason": "cancelled"}
+            )
+            or 0.0
+        )
+
     # A tenant on NATS stops reading: its client publishes the cancel, as itself.
     alpha = await secured.tenant("alpha")
     try:
@@ -222,13 +252,14 @@ async def test_cancels_from_a_tenant_and_from_the_edge_reach_the_engine(secured)
     # An HTTP client drops its stream: the bridge publishes the cancel, once its resume window
     # (short here: the generation must outlive it) has passed with no client back.
     body = {"model": "slow", "stream": True, "max_tokens": 2000, "messages": [{"role": "user", "content": "go on"}]}
-    async with Bridge(replace(secured.stack.bridge.config, port=0, resume_window_s=0.5), settings()) as bridge, \
-            aiohttp.ClientSession(base_url=bridge.url) as http:
+    async with (
+        Bridge(replace(secured.stack.bridge.config, port=0, resume_window_s=0.5), settings()) as bridge,
+        aiohttp.ClientSession(base_url=bridge.url) as http,
+    ):
         await bridge.wait_ready()
-        resp = await http.post("/v1/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {KEYS['beta']}"})
+        resp = await http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS['beta']}"})
         assert resp.status == 200 and await resp.content.readline()
-        resp.close()    # the connection, mid-stream
+        resp.close()  # the connection, mid-stream
         assert await eventually(lambda: cancelled() == 2, timeout=10)
     assert secured.log.new() == []
 
@@ -237,8 +268,10 @@ async def test_a_stream_resumes_through_another_bridge_and_no_tenant_reaches_the
     """Two bridge replicas under the bridge role: a stream cut at one resumes at the other over
     `lw.resume.<edge>` with no violation logged. A tenant's user asking a bridge for a stream
     directly (as another tenant) or listening to the relays is refused by the server."""
-    async with Bridge(replace(secured.stack.bridge.config, port=0), settings()) as second, \
-            aiohttp.ClientSession() as http:
+    async with (
+        Bridge(replace(secured.stack.bridge.config, port=0), settings()) as second,
+        aiohttp.ClientSession() as http,
+    ):
         await second.wait_ready()
         body = {"model": "slow", "stream": True, "max_tokens": 50, "messages": [{"role": "user", "content": "on"}]}
         headers = {"Authorization": f"Bearer {KEYS['beta']}", "x-laneway-resumable": "true"}
@@ -249,12 +282,15 @@ async def test_a_stream_resumes_through_another_bridge_and_no_tenant_reaches_the
             line = (await resp.content.readline()).decode()
             last_id = line[4:].strip() if line.startswith("id: ") else ""
         resp.close()
-        async with http.post(second.url + "/v1/chat/completions", json={},
-                             headers={**headers, "Last-Event-ID": last_id}) as resumed:
+        async with http.post(
+            second.url + "/v1/chat/completions", json={}, headers={**headers, "Last-Event-ID": last_id}
+        ) as resumed:
             assert resumed.status == 200 and (await resumed.read()).endswith(b"data: [DONE]\n\n")
         assert second.metrics.registry.get_sample_value("laneway_streams_resumed_total", {"via": "relay"}) is None
-        assert secured.stack.bridge.metrics.registry.get_sample_value(
-            "laneway_streams_resumed_total", {"via": "relay"}) == 1
+        assert (
+            secured.stack.bridge.metrics.registry.get_sample_value("laneway_streams_resumed_total", {"via": "relay"})
+            == 1
+        )
     assert secured.log.new() == []
 
     errors: list[str] = []
@@ -264,6 +300,7 @@ async def test_a_stream_resumes_through_another_bridge_and_no_tenant_reaches_the
 
         async def got(msg):
             relayed.append(msg)
+
         await alpha.subscribe(S.resume_all, cb=got)
         edge, request_id, n = last_id.split(".")
         ask = ResumeAsk("beta", request_id, int(n), "/v1/chat/completions", S.resume_reply(edge, "stolen"))
@@ -278,6 +315,7 @@ async def test_a_stream_resumes_through_another_bridge_and_no_tenant_reaches_the
     def logged_both() -> bool:
         refused.extend(secured.log.new())
         return sum("lw.resume" in line for line in refused) >= 2
+
     assert await eventually(logged_both, timeout=30), refused
     assert all('user:tenant-alpha"' in line for line in refused), refused
 
@@ -298,6 +336,7 @@ async def test_a_repeated_request_is_a_cache_hit(secured):
             return False
         assert stack.finished("sim") == served, "a hit never reaches the engine"
         return True
+
     assert await eventually(hit, timeout=10)
     assert len(answers) >= 2 and answers[-1] in answers[:-1], "a hit replays a stored answer"
     assert secured.log.new() == []
@@ -312,17 +351,24 @@ async def test_usage_is_metered_and_reported(secured):
         ids.add(body["id"].removeprefix("chatcmpl-"))
     ops = await secured.connect("ops")
     try:
-        async def metered() -> bool:   # workers meter what they serve, the broker its cache hits
+
+        async def metered() -> bool:  # workers meter what they serve, the broker its cache hits
             records = [u async for u in read_usage(ops.jetstream(), S, "beta", since, idle_timeout=2)]
             return ids <= {u.request_id for u in records} and any(u.cached for u in records)
+
         assert await eventually(metered, timeout=15)
     finally:
         await ops.close()
-    registry = secured.stack.broker.metrics.registry   # the broker counts each record it reads
-    assert registry.get_sample_value("laneway_usage_requests_total",
-                                     {"tenant": "beta", "model": "laneway-sim", "cached": "true"}) >= 1
-    report = await asyncio.to_thread(secured.laneway, "usage", "--tenant", "beta", "--since",
-                                     since.isoformat(), "--csv")
+    registry = secured.stack.broker.metrics.registry  # the broker counts each record it reads
+    assert (
+        registry.get_sample_value(
+            "laneway_usage_requests_total", {"tenant": "beta", "model": "laneway-sim", "cached": "true"}
+        )
+        >= 1
+    )
+    report = await asyncio.to_thread(
+        secured.laneway, "usage", "--tenant", "beta", "--since", since.isoformat(), "--csv"
+    )
     assert report.returncode == 0, report.stderr
     total = report.stdout.strip().splitlines()[-1].split(",")
     assert total[0] == "total" and int(total[1]) >= 3 and int(total[2]) >= 1
@@ -333,7 +379,7 @@ async def test_quota_slots_come_back_and_the_rate_limit_holds(secured, monkeypat
     # All four requests in one minute window: its edge is 55 s away, not wherever the real clock is.
     monkeypatch.setattr(secured.stack.broker.gate.quota, "_clock", Clock.early_in_this_minute())
     ledger = secured.stack.broker.gate.ledger
-    for i in range(3):   # one slot: each request is admitted only once the last one's usage freed it
+    for i in range(3):  # one slot: each request is admitted only once the last one's usage freed it
         status, body = await secured.chat("tight", f"one at a time {i}")
         assert status == 200, body
         request_id = body["id"].removeprefix("chatcmpl-")
@@ -349,7 +395,7 @@ async def test_pii_findings_are_audited(secured):
     ops = await secured.connect("ops")
     try:
         sub = await ops.jetstream().subscribe(S.audit("alpha"), stream=S.audit_stream, ordered_consumer=True)
-        msg = await sub.next_msg(timeout=10)    # alpha's only prompt with PII
+        msg = await sub.next_msg(timeout=10)  # alpha's only prompt with PII
         assert b"PHONE_NUMBER" in msg.data and b"212-555-0134" not in msg.data
         await sub.unsubscribe()
     finally:
@@ -362,6 +408,7 @@ async def test_stored_responses_under_the_bridges_user(secured):
     background, delete; ops reads it."""
     headers = {"Authorization": f"Bearer {KEYS['alpha']}"}
     async with aiohttp.ClientSession(base_url=secured.stack.url, headers=headers) as http:
+
         async def post(**body) -> dict:
             async with http.post("/v1/responses", json={"model": "laneway-sim", "max_output_tokens": 3, **body}) as r:
                 assert r.status == 200, await r.text()
@@ -370,6 +417,7 @@ async def test_stored_responses_under_the_bridges_user(secured):
         async def status(method: str, path: str) -> int:
             async with http.request(method, path) as r:
                 return r.status
+
         first = await post(input="Call me on 212-555-0134")
         assert await eventually(lambda: _ok(status("GET", f"/v1/responses/{first['id']}")))
         second = await post(input="again", previous_response_id=first["id"])
@@ -382,12 +430,14 @@ async def test_stored_responses_under_the_bridges_user(secured):
         async def appended() -> bool:
             async with http.get(f"/v1/conversations/{conversation}/items") as r:
                 return len((await r.json())["data"]) == 2
+
         assert await eventually(appended)
         background = await post(input="later", background=True)
 
         async def ended() -> bool:
             async with http.get(f"/v1/responses/{background['id']}") as r:
-                return (await r.json())["status"] == "incomplete"      # its 3 tokens were generated
+                return (await r.json())["status"] == "incomplete"  # its 3 tokens were generated
+
         assert await eventually(ended)
         ops = await secured.connect("ops")
         try:
@@ -438,10 +488,13 @@ async def test_poison_malformed_and_abandoned_requests_land_in_the_dlq(secured):
             doomed = await secured.connect("worker")
             try:
                 task = asyncio.create_task(client.generate(chat("hi", model="doomed", max_tokens=256)).__anext__())
-                credit = codec.encode(Credit(worker_id="doomed", pool="doomed", free_slots=1,
-                                             token_budget=10**6, total_slots=1, wait_s=1.0))
+                credit = codec.encode(
+                    Credit(
+                        worker_id="doomed", pool="doomed", free_slots=1, token_budget=10**6, total_slots=1, wait_s=1.0
+                    )
+                )
                 taken, deadline = 0, time.monotonic() + 30
-                while taken < 2 and time.monotonic() < deadline:   # never acked: redelivered
+                while taken < 2 and time.monotonic() < deadline:  # never acked: redelivered
                     reply = await doomed.request(S.pull("doomed"), credit, timeout=5)
                     taken += len(codec.decode_batch(reply.data).dispatches)
                 assert taken == 2
@@ -450,7 +503,7 @@ async def test_poison_malformed_and_abandoned_requests_land_in_the_dlq(secured):
                 assert abandoned.value.code == "engine_error"
             finally:
                 await doomed.close()
-                await put_models(ops.jetstream(), S, models)     # a pool with no worker is not ready
+                await put_models(ops.jetstream(), S, models)  # a pool with no worker is not ready
         for reason in ("engine_error", "malformed", "max_deliver"):
             assert await eventually(lambda r=reason: dead_letters(ops, r), timeout=10), reason
     finally:
@@ -468,13 +521,19 @@ async def test_routing_admin_rules_apply_live_and_cascade(secured):
             version = (await resp.json())["version"]
         async with http.get("/v1/admin/routing/history") as resp:
             assert resp.status == 200 and (await resp.json())["current"] == version
-    assert await eventually(lambda: stack.broker.live.rules is not None and stack.bridge.rules is not None
-                            and stack.broker.live.rules.version == version, timeout=10)
+    assert await eventually(
+        lambda: (
+            stack.broker.live.rules is not None
+            and stack.bridge.rules is not None
+            and stack.broker.live.rules.version == version
+        ),
+        timeout=10,
+    )
     large = stack.finished("large")
     status, _ = await secured.chat("beta", "HARD question", model="auto")
     assert status == 200 and stack.finished("large") == large + 1, "escalated by the small worker"
     user, password = secured.auth.services["ops"]
-    async with connect_store(secured.server.url, "lw", user, password) as store:    # `laneway routing`
+    async with connect_store(secured.server.url, "lw", user, password) as store:  # `laneway routing`
         assert (await store.get_current()).version == version
         rolled = await store.rollback(version, "ops", "auth test")
     assert await eventually(lambda: stack.broker.live.rules.version == rolled.version, timeout=10)
@@ -487,8 +546,9 @@ async def test_classes_and_tenants_change_live_through_the_ops_user(secured):
     assert result.returncode == 0, result.stderr
     result = await asyncio.to_thread(secured.laneway, "tenants", "set", "beta", "--weight", "4")
     assert result.returncode == 0, result.stderr
-    assert await eventually(lambda: live.classes["batch"].max_slot_share == 0.5
-                            and live.tenants.weight("beta") == 4, timeout=10)
+    assert await eventually(
+        lambda: live.classes["batch"].max_slot_share == 0.5 and live.tenants.weight("beta") == 4, timeout=10
+    )
     listed = await asyncio.to_thread(secured.laneway, "tenants", "list")
     assert listed.returncode == 0 and '"beta"' in listed.stdout
     assert secured.log.new() == []

@@ -30,24 +30,27 @@ from workers.engines.sim.roofline import PROFILES
 pytestmark = pytest.mark.timeout(300)
 
 KEY = "sk-nats-loss"
-HANG_S = 60            # a bound on a hang; the requests' own deadline is 600 s
+HANG_S = 60  # a bound on a hang; the requests' own deadline is 600 s
 
 
 def body(max_tokens: int) -> dict:
-    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "go on"}]}
+    return {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "go on"}],
+    }
 
 
 async def test_bridge_fails_fast_while_nats_is_away_and_recovers(tmp_path):
     server = NatsServer(tmp_path / "nats")
     await server.start()
-    slow = SimEngine(PROFILES["llama-8b-h100"], speed=0.05)     # streams that outlive the kill
+    slow = SimEngine(PROFILES["llama-8b-h100"], speed=0.05)  # streams that outlive the kill
     try:
         async with Stack(server.url, demo_settings(KEY), engines=[slow]) as s:
             results = [Result() for _ in range(5)]
             async with aiohttp.ClientSession() as http:
-                load = [asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=r))
-                        for r in results]
+                load = [asyncio.create_task(stream_chat(http, s.url, KEY, body(2000), result=r)) for r in results]
                 assert await eventually(lambda: all(r.tokens for r in results), timeout=HANG_S)
                 await server.kill()
                 done, hung = await asyncio.wait(load, timeout=HANG_S)
@@ -59,10 +62,12 @@ async def test_bridge_fails_fast_while_nats_is_away_and_recovers(tmp_path):
                 async with http.get(f"{s.url}/readyz") as resp:
                     assert resp.status == 503
 
-                await server.start()           # same port, same store
+                await server.start()  # same port, same store
+
                 async def served() -> bool:
                     result = await stream_chat(http, s.url, KEY, body(4))
                     return result.ok and result.tokens == 4
+
                 assert await eventually(served, timeout=HANG_S)
     finally:
         await server.stop()
@@ -90,7 +95,7 @@ async def test_a_request_whose_puback_is_late_is_published_again_stored_once_and
                 stream = await nc.jetstream().stream_info(Subjects("lw").req_stream)
             finally:
                 await nc.close()
-            assert stream.state.last_seq == 1       # published three times or more, stored once
+            assert stream.state.last_seq == 1  # published three times or more, stored once
     finally:
         await server.stop()
 
@@ -130,7 +135,7 @@ async def bounded(request):
 
 
 def cancelled_count(s: Stack) -> float:
-    return s.broker.metrics.cancelled.labels("interactive")._value.get()     # the tenant's default class
+    return s.broker.metrics.cancelled.labels("interactive")._value.get()  # the tenant's default class
 
 
 async def test_a_request_never_confirmed_gets_503_and_its_stored_copy_is_cancelled(tmp_path):
@@ -154,8 +159,8 @@ async def test_a_client_that_leaves_while_its_publish_waits_gets_its_request_can
         server.process.send_signal(signal.SIGSTOP)
         try:
             leaving = asyncio.create_task(stream_chat(http, s.url, KEY, body(4)))
-            assert await eventually(lambda: len(s.bridge.demux) == 2, timeout=HANG_S)   # publishing
-            leaving.cancel()                 # the client hangs up
+            assert await eventually(lambda: len(s.bridge.demux) == 2, timeout=HANG_S)  # publishing
+            leaving.cancel()  # the client hangs up
             await asyncio.gather(leaving, return_exceptions=True)
             assert await eventually(lambda: len(s.bridge.demux) == 1, timeout=HANG_S)
         finally:

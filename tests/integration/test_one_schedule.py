@@ -30,7 +30,7 @@ from workers.engines.sim.roofline import PROFILES
 
 KEY = "sk-one-schedule"
 CHAT = "/v1/chat/completions"
-HANG_S = 60.0       # a bound on a hang, not a speed the behaviour must show
+HANG_S = 60.0  # a bound on a hang, not a speed the behaviour must show
 
 
 def body(max_tokens: int) -> dict:
@@ -58,8 +58,9 @@ def counted(metric) -> float:
 
 def roles_settled(scheduler: Broker, gates: list[Broker]) -> bool:
     """The scheduler saw its peers and stopped consuming; every other broker consumes."""
-    return scheduler.scheduler.active and not scheduler.gating and all(
-        g.gating and not g.scheduler.active for g in gates)
+    return (
+        scheduler.scheduler.active and not scheduler.gating and all(g.gating and not g.scheduler.active for g in gates)
+    )
 
 
 async def post(http: aiohttp.ClientSession, max_tokens: int, klass: str = "interactive") -> int:
@@ -88,8 +89,9 @@ class Usages:
 async def test_any_broker_feeds_the_parked_pull_and_priority_holds_across_brokers(nats_server):
     prefix = "one1"
     # A pull held 30 s: with per-broker lanes a request on another broker than the pull's waited that long.
-    async with Stack(nats_server.url, demo_settings(KEY), prefix=prefix,
-                     worker_config=WorkerConfig(pull_wait_s=30.0)) as stack:
+    async with Stack(
+        nats_server.url, demo_settings(KEY), prefix=prefix, worker_config=WorkerConfig(pull_wait_s=30.0)
+    ) as stack:
         gates = await more_brokers(nats_server.url, prefix, 2)
         try:
             assert await eventually(lambda: roles_settled(stack.broker, gates))
@@ -98,7 +100,7 @@ async def test_any_broker_feeds_the_parked_pull_and_priority_holds_across_broker
             async with aiohttp.ClientSession(base_url=stack.url) as http:
                 for _ in range(12):
                     assert await asyncio.wait_for(post(http, 8), HANG_S) == 200
-            assert sum(counted(g.metrics.forwarded) for g in gates) == 12   # all gated elsewhere
+            assert sum(counted(g.metrics.forwarded) for g in gates) == 12  # all gated elsewhere
             assert counted(stack.broker.metrics.scheduler) == 1
             assert all(counted(g.metrics.scheduler) == 0 for g in gates)
             # Each request rides a parked pull; the worker pulls again on the batch and on the end
@@ -123,7 +125,7 @@ async def test_a_chat_admitted_by_one_broker_goes_ahead_of_a_batch_backlog_admit
                 assert await eventually(lambda: "sim" in lanes and lanes["sim"].lanes.depth("batch") == 2)
                 assert counted(a.metrics.forwarded) == 3
                 [b] = await more_brokers(nats_server.url, prefix, 1)
-                await a.stop()      # its backlog stays in the scheduler's lanes
+                await a.stop()  # its backlog stays in the scheduler's lanes
                 assert await eventually(lambda: roles_settled(stack.broker, [b]))
                 assert await asyncio.wait_for(post(http, 4), HANG_S) == 200
                 assert counted(b.metrics.forwarded) == 1
@@ -155,8 +157,19 @@ async def test_a_sigkilled_scheduler_is_replaced_and_nothing_is_lost_or_run_twic
     settings = demo_settings(KEY)
     await provision_at(nats_settings(nats_server.url, prefix), BrokerConfig().limits, settings)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "laneway.cli", "broker", "--nats-url", nats_server.url, "--prefix", prefix,
-        "--pii", "off", stdout=asyncio.subprocess.DEVNULL, stderr=open(tmp_path / "broker.log", "wb"))
+        sys.executable,
+        "-m",
+        "laneway.cli",
+        "broker",
+        "--nats-url",
+        nats_server.url,
+        "--prefix",
+        prefix,
+        "--pii",
+        "off",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=open(tmp_path / "broker.log", "wb"),
+    )
     usages = Usages()
     try:
         assert await eventually(lambda: lease_holder(nats_server.url, prefix)), (tmp_path / "broker.log").read_text()
@@ -241,12 +254,13 @@ async def test_a_cancel_reaches_a_request_waiting_at_the_scheduler_that_another_
                 assert await eventually(lambda: "sim" in lanes and len(lanes["sim"].lanes) == 1)
                 [item] = lanes["sim"].lanes.waiting_items()
                 [origin] = [g for g in gates if len(g._origin)]
-                assert origin.gate.ledger.get("demo", item.request_id) is not None   # its quota grant
-                await nc.publish(f"{prefix}.cancel.demo.{item.request_id}",
-                                 codec.encode(Cancel(item.request_id, "demo")))
+                assert origin.gate.ledger.get("demo", item.request_id) is not None  # its quota grant
+                await nc.publish(
+                    f"{prefix}.cancel.demo.{item.request_id}", codec.encode(Cancel(item.request_id, "demo"))
+                )
                 assert await eventually(lambda: sum(len(g._origin) for g in gates) == 0)
                 assert counted(stack.broker.metrics.cancelled.labels("interactive")) == 1
-                assert origin.gate.ledger.get("demo", item.request_id) is None      # given back
+                assert origin.gate.ledger.get("demo", item.request_id) is None  # given back
                 assert len(lanes["sim"].lanes) == 0
                 for task in (running, waiting):
                     task.cancel()
@@ -281,12 +295,15 @@ async def test_a_gating_broker_routes_on_the_schedulers_queue_and_on_measured_tt
                 def gate_sees_the_queue() -> bool:
                     health = gate.live.health.snapshot().get("sim")
                     return health is not None and health.queue_depth >= 2
+
                 assert await eventually(gate_sees_the_queue, HANG_S)
                 assert await asyncio.wait_for(asyncio.gather(first, *waiting), HANG_S) == [200] * 4
+
             # The last ones waited behind a 400-token answer: their TTFT says so at the gate too.
             def both_measured_alike() -> bool:
                 mine, theirs = gate.live.health.ttft_p95("sim"), stack.broker.live.health.ttft_p95("sim")
                 return mine is not None and mine > 0 and mine == theirs
+
             assert await eventually(both_measured_alike, HANG_S)
         finally:
             await gate.stop()

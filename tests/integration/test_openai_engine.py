@@ -49,13 +49,13 @@ class Plan:
     status: int = 200
     tokens: tuple[str, ...] = ("Hello", ",", " world")
     usage: bool = True
-    hang: bool = False                 # never answer: no status line, no byte
-    first_delay: float = 0.0           # after the headers and role chunk, before the first token
-    gap: float = 0.0                   # between tokens
-    reset_after: int | None = None     # drop the connection after this many tokens
+    hang: bool = False  # never answer: no status line, no byte
+    first_delay: float = 0.0  # after the headers and role chunk, before the first token
+    gap: float = 0.0  # between tokens
+    reset_after: int | None = None  # drop the connection after this many tokens
     retry_after: str | None = None
     error: dict[str, Any] | None = None
-    chunks: tuple[dict[str, Any], ...] | None = None   # sent as they are instead of `tokens`, then [DONE]
+    chunks: tuple[dict[str, Any], ...] | None = None  # sent as they are instead of `tokens`, then [DONE]
 
 
 @dataclass
@@ -94,7 +94,7 @@ class FakeUpstream:
             return await self._stream(request, plan, chat=request.path.endswith("/chat/completions"))
         except Disconnected:
             self.disconnected.set()
-            raise web.HTTPBadRequest() from None        # nobody is listening any more
+            raise web.HTTPBadRequest() from None  # nobody is listening any more
 
     async def _stream(self, request: web.Request, plan: Plan, *, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -113,12 +113,17 @@ class FakeUpstream:
                 choice["delta"] = {"content": text} if text is not None else {}
             else:
                 choice["text"] = text or ""
-            return {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "up",
-                    "choices": [choice]}
+            return {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "up", "choices": [choice]}
 
         if chat:
-            await event({"id": "cmpl-1", "created": 1, "model": "up",
-                         "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+            await event(
+                {
+                    "id": "cmpl-1",
+                    "created": 1,
+                    "model": "up",
+                    "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}],
+                }
+            )
         await resp.write(b": keep-alive comment\n\n")
         if plan.chunks is not None:
             for payload in plan.chunks:
@@ -129,8 +134,8 @@ class FakeUpstream:
         await self._sleep(request, plan.first_delay)
         for i, token in enumerate(plan.tokens):
             if plan.reset_after == i:
-                await asyncio.sleep(0.05)               # scenario, kept: the tokens so far must reach the client:
-                assert request.transport is not None    # abort() drops unsent buffered bytes
+                await asyncio.sleep(0.05)  # scenario, kept: the tokens so far must reach the client:
+                assert request.transport is not None  # abort() drops unsent buffered bytes
                 request.transport.abort()
                 return resp
             if i:
@@ -138,9 +143,19 @@ class FakeUpstream:
             await event(chunk(token))
         await event(chunk(None, "stop"))
         if plan.usage:
-            await event({"id": "cmpl-1", "created": 1, "model": "up", "choices": [],
-                         "usage": {"prompt_tokens": 11, "completion_tokens": len(plan.tokens),
-                                   "total_tokens": 11 + len(plan.tokens)}})
+            await event(
+                {
+                    "id": "cmpl-1",
+                    "created": 1,
+                    "model": "up",
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 11,
+                        "completion_tokens": len(plan.tokens),
+                        "total_tokens": 11 + len(plan.tokens),
+                    },
+                }
+            )
         await event("[DONE]")
         await resp.write_eof()
         return resp
@@ -189,9 +204,17 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
     async def make(**overrides: Any) -> OpenAIUpstreamEngine:
         engine_kwargs = {k: overrides.pop(k) for k in ("clock", "on_breaker_change") if k in overrides}
         config = OpenAIUpstreamConfig(
-            base_url=upstream.url, model="up-model", api_key_env=KEY_ENV, max_concurrency=4,
-            connect_timeout_s=1.0, first_token_timeout_s=STALL_S, idle_timeout_s=STALL_S, total_timeout_s=10.0,
-            retries=2, backoff_s=0.01, backoff_max_s=0.02,
+            base_url=upstream.url,
+            model="up-model",
+            api_key_env=KEY_ENV,
+            max_concurrency=4,
+            connect_timeout_s=1.0,
+            first_token_timeout_s=STALL_S,
+            idle_timeout_s=STALL_S,
+            total_timeout_s=10.0,
+            retries=2,
+            backoff_s=0.01,
+            backoff_max_s=0.02,
             breaker=BreakerConfig(failure_threshold=3, min_volume=100, cooldown_s=5.0),
         )
         engine = OpenAIUpstreamEngine(replace(config, **overrides), **engine_kwargs)
@@ -204,22 +227,35 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
         await engine.cleanup()
 
 
-def request(rid: str = "r1", text: str = "What is the capital of France?", *, extra: bytes = b"",
-            confidence: bool = False, **fields: Any) -> EngineRequest:
+def request(
+    rid: str = "r1",
+    text: str = "What is the capital of France?",
+    *,
+    extra: bytes = b"",
+    confidence: bool = False,
+    **fields: Any,
+) -> EngineRequest:
     body = ChatBody(model="client-model", messages=[Message(role="user", content=text)], **fields)
     return EngineRequest(request_id=rid, body=body, extra=extra, klass="chat", confidence=confidence)
 
 
 def chunk(*choices: dict[str, Any], usage: dict[str, int] | None = None) -> dict[str, Any]:
     """An OpenAI `chat.completion.chunk` with these choices."""
-    out: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up",
-                           "choices": list(choices)}
+    out: dict[str, Any] = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "up",
+        "choices": list(choices),
+    }
     if usage is not None:
         out["usage"] = usage
     return out
 
 
-async def collect(engine: OpenAIUpstreamEngine, req: EngineRequest, into: list[EngineOutput] | None = None) -> list[EngineOutput]:
+async def collect(
+    engine: OpenAIUpstreamEngine, req: EngineRequest, into: list[EngineOutput] | None = None
+) -> list[EngineOutput]:
     outputs = into if into is not None else []
     async for out in engine.generate(req):
         outputs.append(out)
@@ -245,9 +281,15 @@ async def test_streams_tokens_with_upstream_usage(upstream: FakeUpstream, make_e
     (seen,) = upstream.seen
     assert seen.path == "/v1/chat/completions"
     assert seen.body == {
-        "model": "up-model", "stream": True, "stream_options": {"include_usage": True},
+        "model": "up-model",
+        "stream": True,
+        "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "max_tokens": 20, "temperature": 0.3, "top_p": 0.9, "stop": ["\n\n"], "seed": 7,
+        "max_tokens": 20,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "seed": 7,
     }
     assert engine.capacity().free_slots == 4
 
@@ -263,52 +305,91 @@ async def test_counts_streamed_tokens_without_a_usage_chunk(upstream: FakeUpstre
 async def test_upstream_prefix_cache_hits_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     """OpenAI's `usage.prompt_tokens_details.cached_tokens` reaches the final output; a null or
     absent detail (vLLM without prompt-token details, other upstreams) is 0."""
+
     def usage(details: Any) -> dict[str, Any]:
         return {"prompt_tokens": 2048, "completion_tokens": 1, "total_tokens": 2049, "prompt_tokens_details": details}
 
     engine = await make_engine()
     for details, hits in (({"cached_tokens": 1920, "audio_tokens": 0}, 1920), ({"cached_tokens": None}, 0), (None, 0)):
-        upstream.script(Plan(chunks=(
-            chunk({"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}),
-            chunk(usage=usage(details)),
-        )))
+        upstream.script(
+            Plan(
+                chunks=(
+                    chunk({"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}),
+                    chunk(usage=usage(details)),
+                )
+            )
+        )
         final = (await collect(engine, request()))[-1]
         assert (final.prompt_tokens, final.cached_tokens) == (2048, hits)
 
 
-async def test_completion_bodies_use_the_completions_endpoint(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_completion_bodies_use_the_completions_endpoint(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     engine = await make_engine()
     body = CompletionBody(model="client-model", prompt="Once upon", echo=False, suffix="The end.", best_of=2)
     outputs = await collect(engine, EngineRequest(request_id="p1", body=body, extra=b'{"min_p":0.1}'))
     assert text_of(outputs) == "Hello, world"
     assert upstream.seen[0].path == "/v1/completions"
     assert upstream.seen[0].body == {
-        "model": "up-model", "stream": True, "stream_options": {"include_usage": True},
-        "prompt": "Once upon", "max_tokens": 16, "echo": False, "suffix": "The end.", "best_of": 2, "min_p": 0.1,
+        "model": "up-model",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "prompt": "Once upon",
+        "max_tokens": 16,
+        "echo": False,
+        "suffix": "The end.",
+        "best_of": 2,
+        "min_p": 0.1,
     }
 
 
 # -- the body passes through; every choice's pieces come back ------------------------------------
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}, "strict": True}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather by city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "strict": True,
+        },
+    }
+]
 
 
-async def test_the_client_body_reaches_the_upstream_verbatim(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_the_client_body_reaches_the_upstream_verbatim(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     history = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
-                                               "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
     ]
     client = {
-        "model": "client-model", "messages": history, "tools": TOOLS,
-        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False,
+        "model": "client-model",
+        "messages": history,
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
         "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}},
-        "logprobs": True, "top_logprobs": 2, "n": 2, "temperature": 0.0, "max_completion_tokens": 50,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "n": 2,
+        "temperature": 0.0,
+        "max_completion_tokens": 50,
     }
     # The extra fields as the edge keeps them: raw bytes, spelling included (1.10, not 1.1).
     extra = b'{"top_k":40,"repetition_penalty":1.10,"guided_choice":["a","b"],"cache_salt":"client-chosen"}'
@@ -316,25 +397,50 @@ async def test_the_client_body_reaches_the_upstream_verbatim(upstream: FakeUpstr
     engine = await make_engine()
     await collect(engine, EngineRequest(request_id="v1", body=body, extra=extra))
     (seen,) = upstream.seen
-    expected = {**client, "model": "up-model", "stream": True, "stream_options": {"include_usage": True},
-                "top_k": 40, "repetition_penalty": 1.1, "guided_choice": ["a", "b"]}
-    assert seen.body == expected                                   # cache_salt is not the client's to set
-    assert b'"repetition_penalty":1.10' in seen.raw                # spliced, never re-parsed
+    expected = {
+        **client,
+        "model": "up-model",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "top_k": 40,
+        "repetition_penalty": 1.1,
+        "guided_choice": ["a", "b"],
+    }
+    assert seen.body == expected  # cache_salt is not the client's to set
+    assert b'"repetition_penalty":1.10' in seen.raw  # spliced, never re-parsed
 
 
 async def test_tool_call_pieces_are_relayed_exactly(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     def calls(*pieces: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return chunk({"index": 0, "delta": {"tool_calls": list(pieces)}, "finish_reason": finish})
 
-    upstream.script(Plan(chunks=(
-        chunk({"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}),
-        calls({"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}),
-        calls({"index": 0, "function": {"arguments": "{\"ci"}}),
-        calls({"index": 0, "function": {"arguments": "ty\": \"Paris\"}"}},
-              {"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}),
-        chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"}),
-        chunk(usage={"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}),
-    )))
+    upstream.script(
+        Plan(
+            chunks=(
+                chunk({"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}),
+                calls(
+                    {
+                        "index": 0,
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""},
+                    }
+                ),
+                calls({"index": 0, "function": {"arguments": '{"ci'}}),
+                calls(
+                    {"index": 0, "function": {"arguments": 'ty": "Paris"}'}},
+                    {
+                        "index": 1,
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "get_time", "arguments": "{}"},
+                    },
+                ),
+                chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"}),
+                chunk(usage={"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}),
+            )
+        )
+    )
     engine = await make_engine()
     outputs = await collect(engine, request(tools=msgspec.convert(TOOLS, list[Tool]), tool_choice="auto"))
     assert [d for o in outputs for d in o.tool_calls] == [
@@ -347,16 +453,23 @@ async def test_tool_call_pieces_are_relayed_exactly(upstream: FakeUpstream, make
     assert (outputs[-1].finish_reason, outputs[-1].completion_tokens) == ("tool_calls", 12)
 
 
-async def test_n_choices_keep_their_indices_and_finish_reasons(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_n_choices_keep_their_indices_and_finish_reasons(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     def piece(index: int, text: str | None, finish: str | None = None) -> dict[str, Any]:
         return {"index": index, "delta": {"content": text} if text is not None else {}, "finish_reason": finish}
 
-    upstream.script(Plan(chunks=(
-        chunk(piece(1, "Bonjour")), chunk(piece(0, "Hello")),
-        chunk(piece(0, " there"), piece(1, None, "length")),
-        chunk(piece(0, None, "stop")),
-        chunk(usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
-    )))
+    upstream.script(
+        Plan(
+            chunks=(
+                chunk(piece(1, "Bonjour")),
+                chunk(piece(0, "Hello")),
+                chunk(piece(0, " there"), piece(1, None, "length")),
+                chunk(piece(0, None, "stop")),
+                chunk(usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
+            )
+        )
+    )
     engine = await make_engine()
     outputs = await collect(engine, request(n=2))
     assert [(o.index, o.text) for o in outputs[:-1]] == [(1, "Bonjour"), (0, "Hello"), (0, " there")]
@@ -365,24 +478,43 @@ async def test_n_choices_keep_their_indices_and_finish_reasons(upstream: FakeUps
     assert upstream.seen[0].body["n"] == 2
 
 
-async def test_refusal_reasoning_and_content_filter_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
-    upstream.script(Plan(chunks=(
-        chunk({"index": 0, "delta": {"reasoning_content": "Thinking."}, "finish_reason": None}),
-        chunk({"index": 0, "delta": {"reasoning": " Still."}, "finish_reason": None}),
-        chunk({"index": 0, "delta": {"refusal": "I can't help with that."}, "finish_reason": "content_filter"}),
-    )))
+async def test_refusal_reasoning_and_content_filter_are_relayed(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
+    upstream.script(
+        Plan(
+            chunks=(
+                chunk({"index": 0, "delta": {"reasoning_content": "Thinking."}, "finish_reason": None}),
+                chunk({"index": 0, "delta": {"reasoning": " Still."}, "finish_reason": None}),
+                chunk({"index": 0, "delta": {"refusal": "I can't help with that."}, "finish_reason": "content_filter"}),
+            )
+        )
+    )
     engine = await make_engine()
     outputs = await collect(engine, request())
     assert [(o.reasoning, o.refusal) for o in outputs[:-1]] == [
-        ("Thinking.", ""), (" Still.", ""), ("", "I can't help with that.")]
+        ("Thinking.", ""),
+        (" Still.", ""),
+        ("", "I can't help with that."),
+    ]
     assert outputs[-1].finish_reason == "content_filter"
 
 
 def logprob_chunk(token: str, logprob: float, tops: list[tuple[str, float]]) -> dict[str, Any]:
-    entry = {"token": token, "logprob": logprob, "bytes": list(token.encode()),
-             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in tops]}
-    return chunk({"index": 0, "delta": {"content": token}, "logprobs": {"content": [entry], "refusal": None},
-                  "finish_reason": None})
+    entry = {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode()),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in tops],
+    }
+    return chunk(
+        {
+            "index": 0,
+            "delta": {"content": token},
+            "logprobs": {"content": [entry], "refusal": None},
+            "finish_reason": None,
+        }
+    )
 
 
 LOGPROB_CHUNKS = (
@@ -397,34 +529,66 @@ async def test_logprobs_are_relayed(upstream: FakeUpstream, make_engine: EngineF
     engine = await make_engine()
     outputs = await collect(engine, request(logprobs=True, top_logprobs=2, confidence=True))
     assert [o.logprobs for o in outputs[:-1]] == [
-        [TokenLogprob("Hi", -0.25, [72, 105], [TopLogprob("Hi", -0.25, [72, 105]), TopLogprob("Hey", -1.5, [72, 101, 121])])],
+        [
+            TokenLogprob(
+                "Hi", -0.25, [72, 105], [TopLogprob("Hi", -0.25, [72, 105]), TopLogprob("Hey", -1.5, [72, 101, 121])]
+            )
+        ],
         [TokenLogprob("!", -0.5, [33], [TopLogprob("!", -0.5, [33]), TopLogprob(".", -1.0, [46])])],
     ]
     assert [o.confidence for o in outputs[:-1]] == [[-0.25], [-0.5]]
     assert (upstream.seen[0].body["logprobs"], upstream.seen[0].body["top_logprobs"]) == (True, 2)
 
 
-async def test_confidence_alone_asks_for_logprobs_but_returns_none(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_confidence_alone_asks_for_logprobs_but_returns_none(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     upstream.script(Plan(chunks=LOGPROB_CHUNKS))
     engine = await make_engine()
     assert engine.supports_logprobs
     outputs = await collect(engine, request(confidence=True))
     assert upstream.seen[0].body["logprobs"] is True and "top_logprobs" not in upstream.seen[0].body
     assert [o.confidence for o in outputs[:-1]] == [[-0.25], [-0.5]]
-    assert all(not o.logprobs for o in outputs)                    # the client did not ask for them
+    assert all(not o.logprobs for o in outputs)  # the client did not ask for them
 
 
 async def test_completion_logprobs_are_relayed(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     def piece(text: str, logprob: float, tops: dict[str, float]) -> dict[str, Any]:
-        return {"id": "c1", "object": "text_completion", "created": 1, "model": "up",
-                "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": {
-                    "tokens": [text], "token_logprobs": [logprob], "top_logprobs": [tops], "text_offset": [0]}}]}
+        return {
+            "id": "c1",
+            "object": "text_completion",
+            "created": 1,
+            "model": "up",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "finish_reason": None,
+                    "logprobs": {
+                        "tokens": [text],
+                        "token_logprobs": [logprob],
+                        "top_logprobs": [tops],
+                        "text_offset": [0],
+                    },
+                }
+            ],
+        }
 
-    upstream.script(Plan(chunks=(
-        piece(" upon", -0.1, {" upon": -0.1, " a": -2.5}), piece(" a", -0.3, {" a": -0.3}),
-        {"id": "c1", "object": "text_completion", "created": 1, "model": "up",
-         "choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
-    )))
+    upstream.script(
+        Plan(
+            chunks=(
+                piece(" upon", -0.1, {" upon": -0.1, " a": -2.5}),
+                piece(" a", -0.3, {" a": -0.3}),
+                {
+                    "id": "c1",
+                    "object": "text_completion",
+                    "created": 1,
+                    "model": "up",
+                    "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                },
+            )
+        )
+    )
     engine = await make_engine()
     body = CompletionBody(model="client-model", prompt="Once", max_tokens=2, logprobs=2)
     outputs = await collect(engine, EngineRequest(request_id="c1", body=body))
@@ -437,15 +601,15 @@ async def test_completion_logprobs_are_relayed(upstream: FakeUpstream, make_engi
     assert upstream.seen[0].body["logprobs"] == 2
 
 
-async def test_the_upstream_rejecting_a_passed_field_names_it(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_the_upstream_rejecting_a_passed_field_names_it(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     error = {"message": "top_k is not supported", "type": "invalid_request_error", "param": "top_k", "code": None}
     upstream.script(Plan(status=400, error=error))
     engine = await make_engine()
     with pytest.raises(UpstreamRejected) as info:
         await collect(engine, request(extra=b'{"top_k":5}'))
     assert (info.value.param, len(upstream.seen)) == ("top_k", 1)
-
-
 
 
 # -- the upstream key ----------------------------------------------------------------------------
@@ -476,21 +640,25 @@ async def test_auth_errors_do_not_echo_the_upstream_body(upstream: FakeUpstream,
         await collect(engine, request())
     assert info.value.status == 401
     assert KEY not in str(info.value)
-    assert len(upstream.seen) == 1                       # not retried
+    assert len(upstream.seen) == 1  # not retried
     assert engine.breaker.state is BreakerState.CLOSED
 
 
 # -- retries: only before the first token --------------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", [
-    Plan(status=500),
-    Plan(status=503),
-    Plan(status=429, retry_after="0"),
-    Plan(hang=True),                                     # first-token timeout
-    Plan(first_delay=30.0),                              # headers, then no token in time
-    Plan(reset_after=0),                                 # reset before any token
-], ids=["500", "503", "429", "hang", "slow-first-token", "reset-before-first-token"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Plan(status=500),
+        Plan(status=503),
+        Plan(status=429, retry_after="0"),
+        Plan(hang=True),  # first-token timeout
+        Plan(first_delay=30.0),  # headers, then no token in time
+        Plan(reset_after=0),  # reset before any token
+    ],
+    ids=["500", "503", "429", "hang", "slow-first-token", "reset-before-first-token"],
+)
 async def test_retries_before_the_first_token(upstream: FakeUpstream, make_engine: EngineFactory, fault: Plan) -> None:
     upstream.script(fault)
     engine = await make_engine(first_token_timeout_s=1.0)
@@ -528,8 +696,8 @@ async def test_no_retry_after_the_first_token(upstream: FakeUpstream, make_engin
     outputs: list[EngineOutput] = []
     with pytest.raises(UpstreamError) as info:
         await collect(engine, request(), outputs)
-    assert text_of(outputs) == "one two"                 # the partial output came first ...
-    assert info.value.partial                            # ... and the error says so
+    assert text_of(outputs) == "one two"  # the partial output came first ...
+    assert info.value.partial  # ... and the error says so
     assert len(upstream.seen) == 1
 
 
@@ -544,7 +712,7 @@ async def test_first_token_timeout(upstream: FakeUpstream, make_engine: EngineFa
         await collect(engine, request())
     assert info.value.phase == "first_token"
     assert time.monotonic() - started < 2.0
-    await asyncio.wait_for(upstream.disconnected.wait(), 2.0)   # the hung request was dropped
+    await asyncio.wait_for(upstream.disconnected.wait(), 2.0)  # the hung request was dropped
 
 
 async def test_idle_timeout_between_tokens(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
@@ -570,7 +738,7 @@ async def test_total_timeout_on_a_slow_stream(upstream: FakeUpstream, make_engin
 
 
 async def test_connect_failure_counts_as_an_upstream_fault(make_engine: EngineFactory) -> None:
-    port = free_port()                                   # nothing listens there
+    port = free_port()  # nothing listens there
     engine = await make_engine(base_url=f"http://127.0.0.1:{port}/v1", retries=0)
     with pytest.raises(UpstreamError) as info:
         await collect(engine, request())
@@ -581,41 +749,51 @@ async def test_connect_failure_counts_as_an_upstream_fault(make_engine: EngineFa
 
 
 async def test_400_is_the_requests_fault(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
-    error = {"message": "This model's maximum context length is 10 tokens", "type": "invalid_request_error",
-             "param": "messages", "code": "context_length_exceeded"}
+    error = {
+        "message": "This model's maximum context length is 10 tokens",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
     upstream.script(*[Plan(status=400, error=error)] * 5)
     engine = await make_engine()
-    for i in range(5):                                   # more than the breaker's threshold
+    for i in range(5):  # more than the breaker's threshold
         with pytest.raises(UpstreamRejected) as info:
             await collect(engine, request(f"r{i}"))
         assert (info.value.status, info.value.param) == (400, "messages")
         assert "maximum context length" in info.value.message
-    assert len(upstream.seen) == 5                       # never retried
+    assert len(upstream.seen) == 5  # never retried
     assert engine.breaker.state is BreakerState.CLOSED
 
 
 # -- the circuit breaker -------------------------------------------------------------------------
 
 
-async def test_breaker_opens_rejects_fast_and_a_probe_closes_it(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_breaker_opens_rejects_fast_and_a_probe_closes_it(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     clock = FakeClock()
     changes: list[tuple[BreakerState, BreakerState]] = []
-    engine = await make_engine(retries=0, clock=clock, on_breaker_change=lambda o, n: changes.append((o, n)),
-                               breaker=BreakerConfig(failure_threshold=3, min_volume=100, cooldown_s=5.0))
+    engine = await make_engine(
+        retries=0,
+        clock=clock,
+        on_breaker_change=lambda o, n: changes.append((o, n)),
+        breaker=BreakerConfig(failure_threshold=3, min_volume=100, cooldown_s=5.0),
+    )
     upstream.script(Plan(status=500), Plan(status=429), Plan(reset_after=0))
     for i in range(3):
         with pytest.raises(UpstreamError):
             await collect(engine, request(f"f{i}"))
     assert engine.breaker.state is BreakerState.OPEN
-    assert engine.capacity().free_slots == 0             # the worker stops pulling
+    assert engine.capacity().free_slots == 0  # the worker stops pulling
 
     with pytest.raises(CircuitOpen) as info:
         await collect(engine, request("rejected"))
     assert info.value.retry_after_s == pytest.approx(5.0)
-    assert len(upstream.seen) == 3                       # rejected without touching the upstream
+    assert len(upstream.seen) == 3  # rejected without touching the upstream
 
     clock.now += 5.0
-    assert engine.capacity().free_slots == 1             # one probe
+    assert engine.capacity().free_slots == 1  # one probe
     outputs = await collect(engine, request("probe"))
     assert outputs[-1].finish_reason == "stop"
     assert engine.breaker.state is BreakerState.CLOSED
@@ -629,8 +807,9 @@ async def test_breaker_opens_rejects_fast_and_a_probe_closes_it(upstream: FakeUp
 
 async def test_failed_probe_reopens(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
     clock = FakeClock()
-    engine = await make_engine(retries=0, clock=clock,
-                               breaker=BreakerConfig(failure_threshold=1, min_volume=100, cooldown_s=5.0))
+    engine = await make_engine(
+        retries=0, clock=clock, breaker=BreakerConfig(failure_threshold=1, min_volume=100, cooldown_s=5.0)
+    )
     upstream.script(Plan(status=500), Plan(status=500))
     with pytest.raises(UpstreamError):
         await collect(engine, request("a"))
@@ -640,7 +819,9 @@ async def test_failed_probe_reopens(upstream: FakeUpstream, make_engine: EngineF
     assert engine.breaker.state is BreakerState.OPEN
 
 
-async def test_breaker_opening_between_attempts_stops_the_retries(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_breaker_opening_between_attempts_stops_the_retries(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     upstream.script(*[Plan(status=500)] * 5)
     engine = await make_engine(retries=4, breaker=BreakerConfig(failure_threshold=2, min_volume=100))
     with pytest.raises(CircuitOpen):
@@ -649,8 +830,6 @@ async def test_breaker_opening_between_attempts_stops_the_retries(upstream: Fake
 
 
 # -- abort and early close -----------------------------------------------------------------------
-
-
 
 
 async def test_abort_while_the_upstream_hangs(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
@@ -662,8 +841,6 @@ async def test_abort_while_the_upstream_hangs(upstream: FakeUpstream, make_engin
     outputs = await asyncio.wait_for(task, 2.0)
     assert [o.finish_reason for o in outputs] == ["abort"]
     await asyncio.wait_for(upstream.disconnected.wait(), 2.0)
-
-
 
 
 async def test_closing_the_iterator_is_no_upstream_fault(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
@@ -697,12 +874,26 @@ async def test_cancelling_the_consumer_propagates(upstream: FakeUpstream, make_e
 def test_config_from_cli_flags() -> None:
     parser = argparse.ArgumentParser()
     OpenAIUpstreamConfig.configure(parser)
-    args = parser.parse_args([
-        "--upstream-url", "https://api.example.com/v1/", "--upstream-model", "gpt-x",
-        "--upstream-key-env", "MY_KEY", "--upstream-max-concurrency", "16",
-        "--upstream-first-token-timeout", "2.5", "--upstream-retries", "1",
-        "--upstream-breaker-failures", "7", "--upstream-breaker-cooldown", "3",
-    ])
+    args = parser.parse_args(
+        [
+            "--upstream-url",
+            "https://api.example.com/v1/",
+            "--upstream-model",
+            "gpt-x",
+            "--upstream-key-env",
+            "MY_KEY",
+            "--upstream-max-concurrency",
+            "16",
+            "--upstream-first-token-timeout",
+            "2.5",
+            "--upstream-retries",
+            "1",
+            "--upstream-breaker-failures",
+            "7",
+            "--upstream-breaker-cooldown",
+            "3",
+        ]
+    )
     config = OpenAIUpstreamConfig.from_args(args)
     assert (config.base_url, config.model, config.api_key_env) == ("https://api.example.com/v1", "gpt-x", "MY_KEY")
     assert (config.max_concurrency, config.first_token_timeout_s, config.retries) == (16, 2.5, 1)

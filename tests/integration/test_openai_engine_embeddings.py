@@ -48,11 +48,11 @@ def upstream_vector(item: Any, dims: int) -> list[float]:
 @dataclass
 class Plan:
     status: int = 200
-    floats: bool = False               # ignore encoding_format: answer with float lists
+    floats: bool = False  # ignore encoding_format: answer with float lists
     hang: bool = False
-    reset: bool = False                # drop the connection after the headers
-    body: bytes | None = None          # sent as it is (a 200 JSON answer)
-    count: int | None = None           # answer this many vectors instead of one per input
+    reset: bool = False  # drop the connection after the headers
+    body: bytes | None = None  # sent as it is (a 200 JSON answer)
+    count: int | None = None  # answer this many vectors instead of one per input
     error: dict[str, Any] | None = None
     usage: bool = True
 
@@ -60,7 +60,7 @@ class Plan:
 @dataclass
 class Seen:
     path: str
-    headers: Any                       # case-insensitive, as received
+    headers: Any  # case-insensitive, as received
     body: dict[str, Any]
 
 
@@ -94,14 +94,14 @@ class FakeUpstream:
             inputs = [inputs]
         dims = body.get("dimensions", DIMS)
         data = []
-        for i, item in enumerate(inputs[:plan.count] if plan.count is not None else inputs):
+        for i, item in enumerate(inputs[: plan.count] if plan.count is not None else inputs):
             vec = upstream_vector(item, dims)
             if plan.floats or body.get("encoding_format") != "base64":
                 emb: Any = vec
             else:
                 emb = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": emb})
-        data.reverse()        # the index, not the position, says which input a vector is for
+        data.reverse()  # the index, not the position, says which input a vector is for
         answer: dict[str, Any] = {"object": "list", "data": data, "model": body["model"]}
         if plan.usage:
             answer["usage"] = {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}
@@ -133,9 +133,17 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
 
     async def make(**overrides: Any) -> OpenAIUpstreamEngine:
         config = OpenAIUpstreamConfig(
-            base_url=upstream.url, model="up-embed", api_key_env=KEY_ENV, max_concurrency=4,
-            connect_timeout_s=1.0, first_token_timeout_s=STALL_S, idle_timeout_s=STALL_S, total_timeout_s=10.0,
-            retries=2, backoff_s=0.01, backoff_max_s=0.02,
+            base_url=upstream.url,
+            model="up-embed",
+            api_key_env=KEY_ENV,
+            max_concurrency=4,
+            connect_timeout_s=1.0,
+            first_token_timeout_s=STALL_S,
+            idle_timeout_s=STALL_S,
+            total_timeout_s=10.0,
+            retries=2,
+            backoff_s=0.01,
+            backoff_max_s=0.02,
             breaker=BreakerConfig(failure_threshold=3, min_volume=100, cooldown_s=5.0),
         )
         engine = OpenAIUpstreamEngine(replace(config, **overrides))
@@ -148,12 +156,15 @@ async def make_engine(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -
         await engine.cleanup()
 
 
-def request(input: Any = ("alpha", "beta", "alpha"), rid: str = "e1", *, extra: dict | None = None,
-            **fields: Any) -> EngineRequest:
-    body = msgspec.convert({"model": "client-embed", "input": list(input) if isinstance(input, tuple) else input,
-                            **fields}, EmbeddingBody)
-    return EngineRequest(request_id=rid, body=body, extra=json.dumps(extra).encode() if extra else b"",
-                         klass="batch", confidence=True)
+def request(
+    input: Any = ("alpha", "beta", "alpha"), rid: str = "e1", *, extra: dict | None = None, **fields: Any
+) -> EngineRequest:
+    body = msgspec.convert(
+        {"model": "client-embed", "input": list(input) if isinstance(input, tuple) else input, **fields}, EmbeddingBody
+    )
+    return EngineRequest(
+        request_id=rid, body=body, extra=json.dumps(extra).encode() if extra else b"", klass="batch", confidence=True
+    )
 
 
 async def collect(engine: OpenAIUpstreamEngine, req: EngineRequest) -> list[EngineOutput]:
@@ -161,14 +172,15 @@ async def collect(engine: OpenAIUpstreamEngine, req: EngineRequest) -> list[Engi
 
 
 def as_floats(raw: bytes) -> list[float]:
-    return list(struct.unpack(f"<{len(raw) // 4}f", raw))      # explicitly little-endian float32
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))  # explicitly little-endian float32
 
 
 # -- the happy path ------------------------------------------------------------------------------
 
 
-async def test_vectors_come_back_as_float32_le_bytes_in_input_order(upstream: FakeUpstream,
-                                                                    make_engine: EngineFactory) -> None:
+async def test_vectors_come_back_as_float32_le_bytes_in_input_order(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     engine = await make_engine()
     outs = await collect(engine, request())
     assert len(outs) == 1
@@ -179,16 +191,29 @@ async def test_vectors_come_back_as_float32_le_bytes_in_input_order(upstream: Fa
     assert all(len(v) == 4 * DIMS for v in out.vectors)
 
 
-async def test_the_body_passes_through_with_the_upstream_model_and_base64(upstream: FakeUpstream,
-                                                                          make_engine: EngineFactory) -> None:
+async def test_the_body_passes_through_with_the_upstream_model_and_base64(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     engine = await make_engine()
-    req = request(["one", "two"], dimensions=4, user="u-1", encoding_format="float",
-                  extra={"input_type": "query", "truncate_prompt_tokens": 16, "cache_salt": "not-yours"})
+    req = request(
+        ["one", "two"],
+        dimensions=4,
+        user="u-1",
+        encoding_format="float",
+        extra={"input_type": "query", "truncate_prompt_tokens": 16, "cache_salt": "not-yours"},
+    )
     out = (await collect(engine, req))[0]
     (seen,) = upstream.seen
     assert seen.path == "/v1/embeddings"
-    assert seen.body == {"model": "up-embed", "input": ["one", "two"], "encoding_format": "base64",
-                         "dimensions": 4, "user": "u-1", "input_type": "query", "truncate_prompt_tokens": 16}
+    assert seen.body == {
+        "model": "up-embed",
+        "input": ["one", "two"],
+        "encoding_format": "base64",
+        "dimensions": 4,
+        "user": "u-1",
+        "input_type": "query",
+        "truncate_prompt_tokens": 16,
+    }
     assert seen.headers["Authorization"] == f"Bearer {KEY}"
     assert seen.headers["Accept"] == "application/json" and seen.headers["X-Request-Id"] == "e1"
     assert [len(v) for v in out.vectors] == [16, 16]
@@ -231,10 +256,19 @@ async def test_capacity_counts_the_request_while_it_runs(upstream: FakeUpstream,
 # -- faults: retried (nothing was yielded), or refused -------------------------------------------
 
 
-@pytest.mark.parametrize("fault", [
-    Plan(status=503), Plan(status=429), Plan(reset=True), Plan(hang=True),
-    Plan(body=b"{not json"), Plan(count=1), Plan(body=b'{"data": [{"index": 0, "embedding": "***"}]}'),
-], ids=["503", "429", "reset", "hang", "undecodable", "too-few", "not-base64"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Plan(status=503),
+        Plan(status=429),
+        Plan(reset=True),
+        Plan(hang=True),
+        Plan(body=b"{not json"),
+        Plan(count=1),
+        Plan(body=b'{"data": [{"index": 0, "embedding": "***"}]}'),
+    ],
+    ids=["503", "429", "reset", "hang", "undecodable", "too-few", "not-base64"],
+)
 async def test_retries_any_upstream_fault(upstream: FakeUpstream, make_engine: EngineFactory, fault: Plan) -> None:
     engine = await make_engine(first_token_timeout_s=1.0)
     upstream.plans.append(fault)
@@ -259,10 +293,20 @@ async def test_a_hang_times_out_as_first_token(upstream: FakeUpstream, make_engi
     assert err.value.phase == "first_token" and time.monotonic() - started < 2.0
 
 
-async def test_400_is_the_requests_fault_and_names_the_param(upstream: FakeUpstream, make_engine: EngineFactory) -> None:
+async def test_400_is_the_requests_fault_and_names_the_param(
+    upstream: FakeUpstream, make_engine: EngineFactory
+) -> None:
     engine = await make_engine()
-    upstream.plans.append(Plan(status=400, error={"message": "dimensions is not supported by this model",
-                                                  "type": "invalid_request_error", "param": "dimensions"}))
+    upstream.plans.append(
+        Plan(
+            status=400,
+            error={
+                "message": "dimensions is not supported by this model",
+                "type": "invalid_request_error",
+                "param": "dimensions",
+            },
+        )
+    )
     with pytest.raises(UpstreamRejected) as err:
         await collect(engine, request(dimensions=3))
     assert err.value.param == "dimensions" and len(upstream.seen) == 1

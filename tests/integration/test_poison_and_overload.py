@@ -40,7 +40,7 @@ async def dlq_messages(nc, stream: str) -> list:
     sub = await js.pull_subscribe(">", stream=stream)
     try:
         return await sub.fetch(100, timeout=1)
-    except (nats.errors.TimeoutError, TimeoutError):   # nats-py raises either when time runs out
+    except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either when time runs out
         return []
     finally:
         await sub.unsubscribe()
@@ -57,8 +57,13 @@ async def stored_is(nc, stream: str, count: int) -> bool:
 @pytest.fixture(scope="module")
 async def stack(nats_server):
     limits = StreamLimits(max_deliver=3, ack_wait_s=2.0)
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[PoisonableEngine(PROFILES["zero"])],
-                     limits=limits, prefix="poison") as s:
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[PoisonableEngine(PROFILES["zero"])],
+        limits=limits,
+        prefix="poison",
+    ) as s:
         yield s
 
 
@@ -107,17 +112,20 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(nats_server, 
     limits = StreamLimits(max_deliver=2, ack_wait_s=1.0)
     async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="crash"):
         async with LanewayClient(nc, "demo", prefix="crash") as client:
+
             async def consume():
                 async for _ in client.generate(chat("hi", max_tokens=256)):
                     pass
+
             task = asyncio.create_task(consume())
-            credit = codec.encode(Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6,
-                                         total_slots=1, wait_s=1.0))
+            credit = codec.encode(
+                Credit(worker_id="doomed", pool="sim", free_slots=1, token_budget=10**6, total_slots=1, wait_s=1.0)
+            )
             taken = 0
             deadline = time.monotonic() + 15
             while taken < 2 and time.monotonic() < deadline:
                 reply = await nc.request("crash.pull.sim", credit, timeout=5)
-                taken += len(codec.decode_batch(reply.data).dispatches)   # ... and never acked
+                taken += len(codec.decode_batch(reply.data).dispatches)  # ... and never acked
             assert taken == 2
             with pytest.raises(LanewayError) as err:
                 await asyncio.wait_for(task, 15)
@@ -133,10 +141,13 @@ async def test_full_system_gives_503_and_stays_responsive(nats_server):
     async with Stack(nats_server.url, demo_settings(KEY), engines=[engine], limits=limits, prefix="full") as s:
         body = {"model": "laneway-sim", "max_tokens": 400, "messages": [{"role": "user", "content": "x"}]}
         async with aiohttp.ClientSession(base_url=s.url) as http:
+
             async def one():
-                async with http.post("/v1/chat/completions", json=body,
-                                     headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                async with http.post(
+                    "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+                ) as resp:
                     return resp.status, resp.headers.get("Retry-After"), await resp.json()
+
             tasks = [asyncio.create_task(one()) for _ in range(12)]
             assert await eventually(lambda: engine.num_running() == 2), "the system never filled up"
             started = time.monotonic()

@@ -51,27 +51,42 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def laneway(nats_url: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "laneway.cli", *argv, "--nats-url", nats_url],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "laneway.cli", *argv, "--nats-url", nats_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 async def test_ops_provision_creates_everything_and_a_rerun_keeps_a_live_edit(nats_server, tmp_path):
     settings = tmp_path / "settings.toml"
     settings.write_text(SETTINGS_TOML)
     s = Subjects("prov")
-    first = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "prov",
-                                    "--settings", str(settings), "--max-deliver", "7")
+    first = await asyncio.to_thread(
+        laneway,
+        nats_server.url,
+        "ops",
+        "provision",
+        "--prefix",
+        "prov",
+        "--settings",
+        str(settings),
+        "--max-deliver",
+        "7",
+    )
     assert first.returncode == 0, first.stderr
     nc = await nats.connect(nats_server.url)
     try:
         js = nc.jetstream()
         for stream in (s.req_stream, s.usage_stream, s.dlq_stream, s.audit_stream):
             assert (await js.stream_info(stream)).config.name == stream
-        for policy in DEFAULT_CLASSES:      # one consumer per (class, tenant), none wider
+        for policy in DEFAULT_CLASSES:  # one consumer per (class, tenant), none wider
             info = await js.consumer_info(s.req_stream, s.intake_durable(policy.name, "acme"))
             assert (info.config.max_deliver, info.config.filter_subjects) == (7, s.intake_filters(policy.name, "acme"))
-        assert sorted(c.name for c in await js.consumers_info(s.req_stream)) \
-            == sorted(s.intake_durable(c.name, "acme") for c in DEFAULT_CLASSES)
+        assert sorted(c.name for c in await js.consumers_info(s.req_stream)) == sorted(
+            s.intake_durable(c.name, "acme") for c in DEFAULT_CLASSES
+        )
         assert (await js.stream_info(s.req_stream)).config.subjects == s.req_stream_subjects(["acme"])
         classes = await js.key_value(s.bucket("classes"))
         assert sorted(await classes.keys()) == sorted(c.name for c in DEFAULT_CLASSES)
@@ -81,10 +96,19 @@ async def test_ops_provision_creates_everything_and_a_rerun_keeps_a_live_edit(na
         assert tenant_docs.decode("acme", (await tenants.get("acme")).value).api_key_sha256 == [hash_key(KEY)]
 
         # An operator's live edit (`laneway tenants set acme --weight 3`), then provisioning again.
-        await tenants.put("acme", tenant_docs.encode(Tenant(name="acme", api_key_sha256=[hash_key(KEY)],
-                                                            weight=3.0)))
-        again = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "prov",
-                                        "--settings", str(settings), "--max-deliver", "7")
+        await tenants.put("acme", tenant_docs.encode(Tenant(name="acme", api_key_sha256=[hash_key(KEY)], weight=3.0)))
+        again = await asyncio.to_thread(
+            laneway,
+            nats_server.url,
+            "ops",
+            "provision",
+            "--prefix",
+            "prov",
+            "--settings",
+            str(settings),
+            "--max-deliver",
+            "7",
+        )
         assert again.returncode == 0, again.stderr
         assert "kept KV's own tenants/acme" in again.stderr
         assert tenant_docs.decode("acme", (await tenants.get("acme")).value).weight == 3.0
@@ -95,8 +119,9 @@ async def test_ops_provision_creates_everything_and_a_rerun_keeps_a_live_edit(na
 async def test_ops_provision_reports_a_bad_settings_file(nats_server, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[tenants.acme]\nweight = 'heavy'\n")
-    result = await asyncio.to_thread(laneway, nats_server.url, "ops", "provision", "--prefix", "bad",
-                                     "--settings", str(bad))
+    result = await asyncio.to_thread(
+        laneway, nats_server.url, "ops", "provision", "--prefix", "bad", "--settings", str(bad)
+    )
     assert result.returncode == 2 and "bad.toml" in result.stderr
 
 
@@ -107,15 +132,17 @@ async def test_a_stream_larger_than_jetstreams_storage_is_refused_with_the_flag_
         refused = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small")
         assert refused.returncode == 1
         assert "could not reserve max_bytes=4.00 GiB" in refused.stderr and "--max-stream-gib" in refused.stderr
-        whole = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "whole",
-                                        "--max-stream-gib", "1")     # the next stream finds none left
+        whole = await asyncio.to_thread(
+            laneway, small.url, "ops", "provision", "--prefix", "whole", "--max-stream-gib", "1"
+        )  # the next stream finds none left
         assert whole.returncode == 1 and "no file storage was left for it" in whole.stderr, whole.stderr
         nc = await nats.connect(small.url)
         try:
             js = nc.jetstream()
-            await js.delete_stream(Subjects("whole").req_stream)       # its reservation back
-            fits = await asyncio.to_thread(laneway, small.url, "ops", "provision", "--prefix", "small",
-                                           "--max-stream-gib", "0.5")
+            await js.delete_stream(Subjects("whole").req_stream)  # its reservation back
+            fits = await asyncio.to_thread(
+                laneway, small.url, "ops", "provision", "--prefix", "small", "--max-stream-gib", "0.5"
+            )
             assert fits.returncode == 0, fits.stderr
             info = await js.stream_info(Subjects("small").req_stream)
         finally:
@@ -143,8 +170,9 @@ async def test_services_started_before_provisioning_wait_for_it_then_serve(nats_
             await asyncio.wait_for(asyncio.gather(*starts), 30)
             await bridge.wait_ready()
             async with aiohttp.ClientSession() as http:
-                async with http.post(f"{bridge.url}/v1/chat/completions", json=BODY,
-                                     headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                async with http.post(
+                    f"{bridge.url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {KEY}"}
+                ) as resp:
                     assert resp.status == 200, await resp.text()
         finally:
             for task in starts:
@@ -161,20 +189,26 @@ async def test_an_install_from_before_tenant_consumers_loses_nothing_it_stored(n
     stored, delivered and not, is pulled by the new consumers."""
     s = Subjects(f"legacy{legacy[:3]}")
     classes = ("interactive", "batch")
-    old_names = {"whole-stream": {f"{s.prefix}-broker": [s.req("*", "*"), s.req_escalated("*", "*")]},
-                 "per-class": {f"{s.prefix}-req-{k}": [s.req(k, "*"), s.req_escalated(k, "*")] for k in classes}}[legacy]
+    old_names = {
+        "whole-stream": {f"{s.prefix}-broker": [s.req("*", "*"), s.req_escalated("*", "*")]},
+        "per-class": {f"{s.prefix}-req-{k}": [s.req(k, "*"), s.req_escalated(k, "*")] for k in classes},
+    }[legacy]
     nc = await nats.connect(nats_server.url)
     try:
         js = nc.jetstream()
-        await js.add_stream(replace(request_stream(s, StreamLimits(), []), subjects=[s.req("*", "*"), s.req_escalated("*", "*")]))
+        await js.add_stream(
+            replace(request_stream(s, StreamLimits(), []), subjects=[s.req("*", "*"), s.req_escalated("*", "*")])
+        )
         for name, filters in old_names.items():
-            await js.add_consumer(s.req_stream, ConsumerConfig(
-                durable_name=name, ack_policy=AckPolicy.EXPLICIT, ack_wait=600, filter_subjects=filters))
+            await js.add_consumer(
+                s.req_stream,
+                ConsumerConfig(durable_name=name, ack_policy=AckPolicy.EXPLICIT, ack_wait=600, filter_subjects=filters),
+            )
         for klass in classes:
             await js.publish(s.req(klass, "acme"), klass.encode())
         first = next(iter(old_names))
         old = await js.pull_subscribe_bind(first, s.req_stream)
-        assert [m.data for m in await old.fetch(1, timeout=10)] == [b"interactive"]    # never acked
+        assert [m.data for m in await old.fetch(1, timeout=10)] == [b"interactive"]  # never acked
         await old.unsubscribe()
 
         await ensure_topology(js, s, StreamLimits())

@@ -36,15 +36,18 @@ async def replicas(nats_server):
     s = Subjects(f"q{next(_prefixes)}")
     clock = Clock()
     conns = [await nats.connect(nats_server.url) for _ in range(2)]
-    quotas = [Quota(await ensure_quota_bucket(nc.jetstream(), s), clock=clock, replica_id=f"r{i}")
-              for i, nc in enumerate(conns)]
+    quotas = [
+        Quota(await ensure_quota_bucket(nc.jetstream(), s), clock=clock, replica_id=f"r{i}")
+        for i, nc in enumerate(conns)
+    ]
     yield quotas, clock
     for nc in conns:
         await nc.close()
 
 
-async def admit_until_refused(quota: Quota, tenant: str, policy: QuotaPolicy, tokens: int,
-                              limit: int = 10_000) -> tuple[int, QuotaExceeded]:
+async def admit_until_refused(
+    quota: Quota, tenant: str, policy: QuotaPolicy, tokens: int, limit: int = 10_000
+) -> tuple[int, QuotaExceeded]:
     for n in range(limit):
         try:
             await quota.admit(tenant, policy, tokens)
@@ -55,7 +58,7 @@ async def admit_until_refused(quota: Quota, tenant: str, policy: QuotaPolicy, to
 
 async def test_requests_per_minute_and_the_429_data(replicas) -> None:
     (quota, _), clock = replicas
-    clock.set(T0)                   # the fixture's set-up took time: 5 s into the minute from here
+    clock.set(T0)  # the fixture's set-up took time: 5 s into the minute from here
     policy = QuotaPolicy(requests_per_min=5, tokens_per_min=10_000)
     admitted, exc = await admit_until_refused(quota, "acme", policy, 100)
     assert admitted == 5
@@ -68,7 +71,7 @@ async def test_requests_per_minute_and_the_429_data(replicas) -> None:
     assert headers["x-ratelimit-reset-requests"] == headers["Retry-After"] + "s"
     assert headers["x-ratelimit-limit-tokens"] == "10000"
     assert headers["x-ratelimit-remaining-tokens"] == str(10_000 - 5 * 100)
-    clock.advance(60)                                      # the next minute starts from zero
+    clock.advance(60)  # the next minute starts from zero
     grant = await quota.admit("acme", policy, 100)
     assert grant.requests_state.remaining == 4 and grant.tokens_state.limit == 10_000
 
@@ -80,10 +83,10 @@ async def test_tokens_per_minute_with_release_correction(replicas) -> None:
     with pytest.raises(QuotaExceeded) as err:
         await quota.admit("acme", policy, 300)
     assert err.value.limit_name is LimitName.tokens and err.value.remaining == 100
-    await quota.release(grants[0], actual_tokens=100)   # used 200 fewer than estimated
+    await quota.release(grants[0], actual_tokens=100)  # used 200 fewer than estimated
     await quota.admit("acme", policy, 300)
     with pytest.raises(QuotaExceeded, match="lower max_tokens"):
-        await quota.admit("acme", policy, 5000)         # can never fit: says why
+        await quota.admit("acme", policy, 5000)  # can never fit: says why
 
 
 async def test_concurrency_slot_comes_back_on_release(replicas) -> None:
@@ -95,7 +98,7 @@ async def test_concurrency_slot_comes_back_on_release(replicas) -> None:
         await quota.admit("acme", policy, 10)
     assert err.value.limit_name is LimitName.concurrency and err.value.retry_after_s == 1
     await quota.release(first, 10)
-    await quota.release(first, 10)                      # idempotent: one slot back, not two
+    await quota.release(first, 10)  # idempotent: one slot back, not two
     await quota.admit("acme", policy, 10)
     with pytest.raises(QuotaExceeded):
         await quota.admit("acme", policy, 10)
@@ -108,10 +111,10 @@ async def test_monthly_budget_is_insufficient_quota(replicas) -> None:
     assert admitted == 4
     assert exc.code == INSUFFICIENT_QUOTA and exc.limit_name is LimitName.budget
     assert exc.reset_s == pytest.approx(datetime(2026, 12, 1, tzinfo=UTC).timestamp() - T0, abs=5)
-    with pytest.raises(QuotaExceeded):                  # the other replica sees the same budget
+    with pytest.raises(QuotaExceeded):  # the other replica sees the same budget
         await other.admit("acme", policy, 250)
     clock.set(datetime(2026, 12, 1, 0, 0, 1, tzinfo=UTC).timestamp())
-    await other.admit("acme", policy, 250)              # a new month
+    await other.admit("acme", policy, 250)  # a new month
 
 
 async def test_a_redelivered_request_is_charged_but_never_refused(replicas) -> None:
@@ -119,7 +122,7 @@ async def test_a_redelivered_request_is_charged_but_never_refused(replicas) -> N
     policy = QuotaPolicy(requests_per_min=2, max_concurrent=2)
     await quota.admit("acme", policy, 1)
     await quota.admit("acme", policy, 1)
-    forced = await quota.admit("acme", policy, 1, force=True)     # over both limits: a debt
+    forced = await quota.admit("acme", policy, 1, force=True)  # over both limits: a debt
     assert forced.slot
     with pytest.raises(QuotaExceeded):
         await other.admit("acme", policy, 1)
@@ -151,11 +154,11 @@ async def test_leases_amortize_round_trips(replicas) -> None:
 async def test_an_idle_lease_goes_back_to_the_other_replica(replicas) -> None:
     (a, b), clock = replicas
     policy = QuotaPolicy(requests_per_min=100)
-    await a.admit("acme", policy, 1)                    # a leases 10, uses 1
+    await a.admit("acme", policy, 1)  # a leases 10, uses 1
     admitted, _ = await admit_until_refused(b, "acme", policy, 1)
-    assert admitted == 90                               # 9 are stranded at a ...
-    await a.close()                                     # ... until a gives them back
-    clock.advance(1)                                       # (b trusts its last refusal for 0.5 s)
+    assert admitted == 90  # 9 are stranded at a ...
+    await a.close()  # ... until a gives them back
+    clock.advance(1)  # (b trusts its last refusal for 0.5 s)
     more, _ = await admit_until_refused(b, "acme", policy, 1)
     assert 1 + admitted + more == 100
 
@@ -168,7 +171,7 @@ async def test_a_dead_replicas_slots_expire(nats_server) -> None:
         live = Quota(kv, replica_id="live", clock=clock, slot_ttl_s=30)
         policy = QuotaPolicy(max_concurrent=2)
         await dead.admit("acme", policy, 1)
-        await dead.admit("acme", policy, 1)             # ... and it never releases or renews
+        await dead.admit("acme", policy, 1)  # ... and it never releases or renews
         with pytest.raises(QuotaExceeded):
             await live.admit("acme", policy, 1)
         clock.advance(31)
@@ -196,7 +199,7 @@ async def test_a_limit_fought_over_refuses_even_when_failing_open(nats_server) -
         update = kv.update
 
         async def update_after_a_rival(key, value, last=None):
-            await kv.put(key, value)        # a rival's write lands between our read and our write
+            await kv.put(key, value)  # a rival's write lands between our read and our write
             return await update(key, value, last=last)
 
         kv.update = update_after_a_rival
@@ -224,10 +227,12 @@ async def test_two_replicas_never_admit_more_than_the_rate(replicas, limit) -> N
     results = await asyncio.gather(*(one(q) for _ in range(limit * 2) for q in (a, b)))
     admitted = sum(results)
     stats = (a.store.writes + b.store.writes, a.store.conflicts + b.store.conflicts)
-    print(f"\nrpm={limit}: 2 replicas, {len(results)} concurrent admits -> {admitted} admitted "
-          f"({admitted / limit:.1%} of the limit), KV writes={stats[0]} conflicts={stats[1]}")
+    print(
+        f"\nrpm={limit}: 2 replicas, {len(results)} concurrent admits -> {admitted} admitted "
+        f"({admitted / limit:.1%} of the limit), KV writes={stats[0]} conflicts={stats[1]}"
+    )
     assert admitted <= limit
-    assert admitted >= limit * 0.9          # under-admission bounded by the stranded leases
+    assert admitted >= limit * 0.9  # under-admission bounded by the stranded leases
 
 
 async def test_two_replicas_never_exceed_the_concurrency_limit(replicas) -> None:
@@ -240,13 +245,13 @@ async def test_two_replicas_never_exceed_the_concurrency_limit(replicas) -> None
         for _ in range(10):
             try:
                 grant = await quota.admit("conc", policy, 10)
-            except (QuotaExceeded, QuotaContended):     # a 429, or a 503 to retry
-                await asyncio.sleep(0.001)   # scenario, kept: a refused client backs off and retries
+            except (QuotaExceeded, QuotaContended):  # a 429, or a 503 to retry
+                await asyncio.sleep(0.001)  # scenario, kept: a refused client backs off and retries
                 continue
             in_flight += 1
             admitted += 1
             peak = max(peak, in_flight)
-            await asyncio.sleep(random.uniform(0, 0.005))   # scenario, kept: holds its grant, so grants overlap
+            await asyncio.sleep(random.uniform(0, 0.005))  # scenario, kept: holds its grant, so grants overlap
             in_flight -= 1
             await quota.release(grant, 10)
 

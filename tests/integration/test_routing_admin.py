@@ -31,15 +31,21 @@ TENANT_KEY = "sk-tenant-" + "b" * 24
 async def simulated(pool: str, item: GoldenItem) -> Completion:
     if pool == "small" and item.category == "reasoning":
         return Completion("not sure", 20, 2, [-2.5, -2.5])
-    return Completion(f"Answer:\n{item.reference}" if item.extract == "last_line" else item.reference,
-                      20, 3, [-0.1, -0.1])
+    return Completion(
+        f"Answer:\n{item.reference}" if item.extract == "last_line" else item.reference, 20, 3, [-0.1, -0.1]
+    )
 
 
 def rules_doc(auto: dict[str, float], **extra) -> dict:
-    doc = {"pools": {"small": {"cost_out_per_1m": 0.1}, "large": {"cost_out_per_1m": 1.2},
-                     "api": {"hosted": True, "cost_out_per_1m": 6.0}},
-           "models": ["auto"],
-           "rules": [{"rule_id": "auto", "match": {"model": "auto"}, "pools": auto}]}
+    doc = {
+        "pools": {
+            "small": {"cost_out_per_1m": 0.1},
+            "large": {"cost_out_per_1m": 1.2},
+            "api": {"hosted": True, "cost_out_per_1m": 6.0},
+        },
+        "models": ["auto"],
+        "rules": [{"rule_id": "auto", "match": {"model": "auto"}, "pools": auto}],
+    }
     doc.update(extra)
     return doc
 
@@ -123,7 +129,7 @@ async def test_change_gate_force_rollback_history(server, http) -> None:
     status, doc = await call(http, "POST", routing, {"rules": rules_doc({"large": 1}, reason="start")})
     assert status == 200 and doc["version"] == 1
     assert doc["gate"]["allowed"] and doc["gate"]["baseline_quality"] is None
-    assert doc["rules"]["author"].startswith("admin-")        # who, without the key
+    assert doc["rules"]["author"].startswith("admin-")  # who, without the key
 
     # Deliberately bad: everything to the small pool loses the reasoning prompts (> 1 point).
     bad = {"rules": rules_doc({"small": 1}, author="bob", reason="save money"), "expected_version": 1}
@@ -131,17 +137,24 @@ async def test_change_gate_force_rollback_history(server, http) -> None:
     assert status == 422
     assert_openai_error(doc, "invalid_request_error", "quality_gate_failed", "rules")
     assert "below baseline 100.00 - 1" in doc["error"]["message"]
-    assert (await call(http, "GET", routing))[1]["version"] == 1            # nothing stored
+    assert (await call(http, "GET", routing))[1]["version"] == 1  # nothing stored
 
     # Cheaper and as good: what the classifier calls simple goes to small, with the cascade
     # escalating unsure answers to large (the classifier sends one reasoning prompt to small).
     smart = rules_doc({"large": 1})
-    smart["rules"].insert(0, {"rule_id": "simple", "match": {"model": "auto", "intent": "simple"},
-                              "pools": {"small": 1}, "escalate_to": "large"})
+    smart["rules"].insert(
+        0,
+        {
+            "rule_id": "simple",
+            "match": {"model": "auto", "intent": "simple"},
+            "pools": {"small": 1},
+            "escalate_to": "large",
+        },
+    )
     no_cascade = json.loads(json.dumps(smart))
     del no_cascade["rules"][0]["escalate_to"]
     status, doc = await call(http, "POST", routing, {"rules": no_cascade, "expected_version": 1})
-    assert status == 422                                       # that one misrouted prompt costs 1.85 points
+    assert status == 422  # that one misrouted prompt costs 1.85 points
     status, doc = await call(http, "POST", routing, {"rules": smart, "expected_version": 1})
     assert status == 200 and doc["version"] == 2
     assert not doc["gate"]["forced"] and doc["gate"]["candidate_quality"] >= doc["gate"]["baseline_quality"] - 1
@@ -176,18 +189,28 @@ async def test_change_gate_force_rollback_history(server, http) -> None:
     assert history["data"][2]["author"].startswith("bob (admin-") and history["data"][3]["rollback_of"] == 2
 
 
-@pytest.mark.parametrize(("body", "param", "code"), [
-    ({"rules": rules_doc({"nope": 1})}, "rules.rules[0].pools.nope", "invalid_rules"),
-    ({"rules": rules_doc({"small": 0})}, "rules.rules[0].pools.small", "invalid_rules"),
-    ({"rules": rules_doc({"small": 1}, rules=[{"rule_id": "auto", "pools": {"small": 1}},
-                                              {"rule_id": "auto", "pools": {"large": 1}}])},
-     "rules.rules[1].rule_id", "invalid_rules"),
-    ({"rules": rules_doc({})}, "rules.rules[0].pools", "invalid_rules"),
-    ({"rules": rules_doc({"small": "lots"})}, "rules.rules[0].pools[...]", "invalid_rules"),
-    ({"rules": rules_doc({"small": 1}), "expected_version": "one"}, "expected_version", "invalid_request"),
-    ({"rulez": {}}, None, "invalid_request"),
-    (b"{not json", None, "invalid_request"),
-])
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"rules": rules_doc({"nope": 1})}, "rules.rules[0].pools.nope", "invalid_rules"),
+        ({"rules": rules_doc({"small": 0})}, "rules.rules[0].pools.small", "invalid_rules"),
+        (
+            {
+                "rules": rules_doc(
+                    {"small": 1},
+                    rules=[{"rule_id": "auto", "pools": {"small": 1}}, {"rule_id": "auto", "pools": {"large": 1}}],
+                )
+            },
+            "rules.rules[1].rule_id",
+            "invalid_rules",
+        ),
+        ({"rules": rules_doc({})}, "rules.rules[0].pools", "invalid_rules"),
+        ({"rules": rules_doc({"small": "lots"})}, "rules.rules[0].pools[...]", "invalid_rules"),
+        ({"rules": rules_doc({"small": 1}), "expected_version": "one"}, "expected_version", "invalid_request"),
+        ({"rulez": {}}, None, "invalid_request"),
+        (b"{not json", None, "invalid_request"),
+    ],
+)
 async def test_validation_errors_are_openai_shaped(server, http, body, param, code) -> None:
     url, _ = server
     status, doc = await call(http, "POST", f"{url}/v1/admin/routing", body)
@@ -208,4 +231,4 @@ def test_admin_keys_come_hashed_from_the_environment() -> None:
     assert config.authenticate(ADMIN_KEY) == digest and config.authenticate(TENANT_KEY) is None
     assert AdminConfig.parse("").key_sha256 == ()
     with pytest.raises(ValueError, match="LANEWAY_ADMIN_KEY_SHA256"):
-        AdminConfig.parse(ADMIN_KEY)    # a raw key, not its hash
+        AdminConfig.parse(ADMIN_KEY)  # a raw key, not its hash

@@ -40,28 +40,36 @@ RULES = {
 
 def served_by(stack, pool: str) -> float:
     worker = next(w for w in stack.workers if w.config.pool == pool)
-    return sum(s.value for m in worker.metrics.finished.collect() for s in m.samples
-               if s.name.endswith("_total"))
+    return sum(s.value for m in worker.metrics.finished.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 @pytest.fixture(scope="module")
 async def stack(nats_server):
     admin = AdminConfig((hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),))
     engines = [SimEngine(PROFILES["zero"]) for _ in range(3)]
-    async with Stack(nats_server.url, demo_settings(KEY, pool="small"), engines=engines,
-                     pools=["small", "large", "hosted"], prefix="rt", admin=admin) as s:
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY, pool="small"),
+        engines=engines,
+        pools=["small", "large", "hosted"],
+        prefix="rt",
+        admin=admin,
+    ) as s:
         store = await RuleStore.open(s.broker._nc.jetstream(), s.broker.s)
         await store.put(decode(json.dumps(RULES).encode()), expected_version=0)
-        assert await eventually(lambda: s.broker.live.rules is not None and s.bridge.rules is not None), \
+        assert await eventually(lambda: s.broker.live.rules is not None and s.bridge.rules is not None), (
             "the rules never reached the broker and the bridge"
+        )
         yield s
 
 
 async def chat(stack, model: str, content: str = "What is 2+2?") -> dict:
     async with aiohttp.ClientSession(base_url=stack.url) as http:
-        async with http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                             json={"model": model, "max_tokens": 3,
-                                   "messages": [{"role": "user", "content": content}]}) as resp:
+        async with http.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": content}]},
+        ) as resp:
             return {"status": resp.status, "body": await resp.json()}
 
 
@@ -86,10 +94,12 @@ async def test_a_pool_that_goes_down_spills_to_the_hosted_pool(stack):
     small_worker = next(w for w in stack.workers if w.config.pool == "small")
     hosted_before = served_by(stack, "hosted")
     fallback = stack.broker.metrics.routing_fallback
-    await small_worker.stop()     # its last heartbeat says `stopping`
+    await small_worker.stop()  # its last heartbeat says `stopping`
+
     def small_down() -> bool:
         health = stack.broker.live.pool_health.get("small")
         return not health or not health.ready_workers
+
     assert await eventually(small_down), "the broker never saw the small pool go down"
     result = await chat(stack, "fast")
     assert result["status"] == 200

@@ -33,11 +33,16 @@ from tests.wait import eventually
 
 
 def ruleset(large_weight: float = 1.0, reason: str = "") -> RuleSet:
-    return decode(json.dumps({
-        "pools": {"small": {}, "large": {}},
-        "rules": [{"rule_id": "all", "pools": {"small": 1, "large": large_weight}}],
-        "author": "test", "reason": reason,
-    }).encode())
+    return decode(
+        json.dumps(
+            {
+                "pools": {"small": {}, "large": {}},
+                "rules": [{"rule_id": "all", "pools": {"small": 1, "large": large_weight}}],
+                "author": "test",
+                "reason": reason,
+            }
+        ).encode()
+    )
 
 
 @pytest.fixture
@@ -74,8 +79,9 @@ async def test_a_stale_expected_version_is_a_conflict(store: RuleStore) -> None:
 
 async def test_concurrent_writers_one_wins(store: RuleStore) -> None:
     await store.put(ruleset(1), expected_version=0)
-    outcomes = await asyncio.gather(*(store.put(ruleset(w), expected_version=1) for w in (2, 3, 4, 5)),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(store.put(ruleset(w), expected_version=1) for w in (2, 3, 4, 5)), return_exceptions=True
+    )
     winners = [o for o in outcomes if isinstance(o, RuleSet)]
     assert len(winners) == 1 and winners[0].version == 2
     assert all(isinstance(o, VersionConflict) for o in outcomes if o is not winners[0])
@@ -83,7 +89,7 @@ async def test_concurrent_writers_one_wins(store: RuleStore) -> None:
 
 
 async def test_history_and_rollback_beyond_the_bucket_history(store: RuleStore) -> None:
-    for i in range(ROUTING_HISTORY + 4):                 # more versions than the bucket keeps per key
+    for i in range(ROUTING_HISTORY + 4):  # more versions than the bucket keeps per key
         await store.put(ruleset(i + 1, reason=f"step {i + 1}"), expected_version=i)
     history = await store.history()
     assert [v.version for v in history] == list(range(1, ROUTING_HISTORY + 5))
@@ -91,7 +97,7 @@ async def test_history_and_rollback_beyond_the_bucket_history(store: RuleStore) 
     assert restored.version == ROUTING_HISTORY + 5 and restored.rollback_of == 1
     assert restored.rules == history[0].rules and restored.author == "ops"
     assert (await store.get_current()) == restored
-    assert (await store.history())[-1] == restored       # history only grows
+    assert (await store.history())[-1] == restored  # history only grows
     with pytest.raises(VersionNotFound):
         await store.rollback(999, author="ops")
     with pytest.raises(VersionConflict):
@@ -112,7 +118,7 @@ async def test_the_broker_watch_applies_rules_live_and_skips_bad_documents(nc, s
     applied: list[RuleSet] = []
     seen: list[str] = []
 
-    def on_put(key: str, value: bytes) -> None:           # what the broker's _put_routing does
+    def on_put(key: str, value: bytes) -> None:  # what the broker's _put_routing does
         seen.append(key)
         if is_rules_key(key):
             applied.append(rule_docs.decode(value))
@@ -124,11 +130,11 @@ async def test_the_broker_watch_applies_rules_live_and_skips_bad_documents(nc, s
         assert [r.version for r in applied] == [1]
         seen.clear()
         await store.put(ruleset(5), expected_version=1)
-        await store._kv.put(RULES_KEY, b'{"pools": {}, "rules": []}')     # hand-edited garbage
+        await store._kv.put(RULES_KEY, b'{"pools": {}, "rules": []}')  # hand-edited garbage
         await store._kv.put("models", b"{}")
         # the watch applies puts in order: once the last one ("models") is seen, so was the garbage
         assert await eventually(lambda: "models" in seen), "the watch never saw the last put"
-        assert [r.version for r in applied] == [1, 2]      # the invalid one was logged and skipped
+        assert [r.version for r in applied] == [1, 2]  # the invalid one was logged and skipped
     finally:
         await watch.stop()
 
@@ -156,8 +162,9 @@ async def test_routing_command(nats_server, tmp_path: Path, capsys) -> None:
     assert "not measured" in capsys.readouterr().err
     assert await ops_routing.run(cli(url, prefix, "set", str(doc), "--force-reason", "eval cluster down")) == 0
     assert "FORCED" in capsys.readouterr().out
-    assert await ops_routing.run(cli(url, prefix, "set", str(doc), "--expected-version", "1",
-                                     "--force-reason", "x")) == 4
+    assert (
+        await ops_routing.run(cli(url, prefix, "set", str(doc), "--expected-version", "1", "--force-reason", "x")) == 4
+    )
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"pools": {"small": {}}, "rules": [{"rule_id": "a", "pools": {"huge": 1}}]}')

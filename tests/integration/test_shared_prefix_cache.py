@@ -51,14 +51,17 @@ async def test_a_guess_of_another_tenants_prefix_is_not_confirmed(stack, nats_se
     attacker = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=OTHER_KEY, max_retries=0)
     messages = [{"role": "system", "content": SECRET_PROMPT}, {"role": "user", "content": "balance?"}]
     await victim.chat.completions.create(model="laneway-sim", messages=messages, max_tokens=2, temperature=0.5)
-    guess = await attacker.chat.completions.create(model="laneway-sim", messages=messages, max_tokens=2,
-                                                   temperature=0.5)
-    assert guess.usage.prompt_tokens_details.cached_tokens == 0          # the client learns nothing
+    guess = await attacker.chat.completions.create(
+        model="laneway-sim", messages=messages, max_tokens=2, temperature=0.5
+    )
+    assert guess.usage.prompt_tokens_details.cached_tokens == 0  # the client learns nothing
     nc = await nats.connect(nats_server.url)
     try:
-        async def metered() -> bool:       # ... and the engine's real hits are still metered
+
+        async def metered() -> bool:  # ... and the engine's real hits are still metered
             records = [u async for u in read_usage(nc.jetstream(), Subjects("shc"), "other", since, idle_timeout=2)]
             return bool(records) and records[-1].cached_tokens > 0
+
         assert await eventually(metered)
     finally:
         await nc.close()

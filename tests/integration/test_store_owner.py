@@ -28,11 +28,11 @@ async def test_a_second_server_on_a_store_is_refused_naming_the_first(tmp_path: 
         assert f"pid {os.getpid()}" in str(refused.value) and first.url in str(refused.value)
         assert second.process is None
 
-        await js.publish("kept", b"two")        # the first serves on, its store whole
+        await js.publish("kept", b"two")  # the first serves on, its store whole
         assert (await js.stream_info("KEPT")).state.messages == 2
         await nc.close()
 
-    async with NatsServer(tmp_path / "nats") as after:      # stopped: the store is free
+    async with NatsServer(tmp_path / "nats") as after:  # stopped: the store is free
         nc = await nats.connect(after.url)
         assert (await nc.jetstream().stream_info("KEPT")).state.messages == 2
         await nc.close()

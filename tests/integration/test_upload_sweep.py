@@ -71,15 +71,19 @@ async def test_the_chunks_of_an_upload_whose_bridge_was_killed_are_swept(nats_se
     kept = await files.put("acme", b"k" * 1000, "kept.jsonl", "batch")
     baseline = await object_bytes(js, files)
 
-    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, nats_server.url, prefix, "file-killed"],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UPLOADER, nats_server.url, prefix, "file-killed"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert (await asyncio.to_thread(proc.stdout.readline)).strip() == "stored"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert await object_bytes(js, files) > baseline + 2 * len(CHUNK)    # left behind
+    assert await object_bytes(js, files) > baseline + 2 * len(CHUNK)  # left behind
 
     # Swept once the upload's hold has lapsed: before, it might still be running.
     assert await eventually(files.sweep_uploads, timeout=30)
@@ -100,10 +104,12 @@ async def test_a_running_upload_and_whole_files_are_left_alone(store):
         yield CHUNK
         await more.wait()
         yield CHUNK
+
     upload = asyncio.create_task(files.put_stream("acme", "file-running", chunks()))
 
     async def two_chunks_stored() -> bool:
         return await object_bytes(js, files) >= 2 * len(CHUNK) + 1000
+
     assert await eventually(two_chunks_stored, timeout=10)
 
     assert await files.sweep_uploads() == 0

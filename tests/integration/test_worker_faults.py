@@ -54,8 +54,13 @@ async def test_a_dead_letter_that_cannot_be_stored_leaves_the_flusher_serving(na
     the failed publish and goes on; the request's TERM is withheld, so once the DLQ is back the
     broker dead-letters it from JetStream's max-deliveries advisory."""
     limits = StreamLimits(max_deliver=2, ack_wait_s=5.0)
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[PoisonableEngine(PROFILES["zero"])],
-                     limits=limits, prefix="dlqfail") as stack:
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[PoisonableEngine(PROFILES["zero"])],
+        limits=limits,
+        prefix="dlqfail",
+    ) as stack:
         worker, js = stack.workers[0], nc.jetstream()
         await js.delete_stream("DLQFAIL_DLQ")
         async with LanewayClient(nc, "demo", prefix="dlqfail") as client:
@@ -89,8 +94,9 @@ class UnencodableEngine(SimEngine):
 
 
 async def test_a_worker_whose_flusher_dies_stops_taking_work_and_exits_nonzero(nats_server, nc):
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[UnencodableEngine(PROFILES["zero"])],
-                     prefix="flushdie") as stack:
+    async with Stack(
+        nats_server.url, demo_settings(KEY), engines=[UnencodableEngine(PROFILES["zero"])], prefix="flushdie"
+    ) as stack:
         worker = stack.workers[0]
         async with LanewayClient(nc, "demo", prefix="flushdie") as client:
             request = asyncio.create_task(answer(client, "BUG", timeout_s=60))
@@ -98,10 +104,11 @@ async def test_a_worker_whose_flusher_dies_stops_taking_work_and_exits_nonzero(n
             assert isinstance(worker.dead, TypeError)
             pull_loop = next(t for t in worker._tasks if t.get_name() == "pull-loop")
             assert await eventually(pull_loop.done)
-            assert not pull_loop.cancelled() and pull_loop.exception() is None   # ended: no more pulls
+            assert not pull_loop.cancelled() and pull_loop.exception() is None  # ended: no more pulls
             # ... and it tells the edges it no longer takes work.
-            assert await eventually(lambda: any(
-                beat.worker_id == worker.id and not beat.ready for beat in stack.bridge.readiness.workers()))
+            assert await eventually(
+                lambda: any(beat.worker_id == worker.id and not beat.ready for beat in stack.bridge.readiness.workers())
+            )
             request.cancel()
             await asyncio.wait([request])
 
@@ -121,8 +128,7 @@ async def test_a_malformed_batch_is_skipped_and_the_worker_serves_on(nats_server
         await nc.flush()
         config = WorkerConfig(nats=NatsSettings(url=nats_server.url, prefix="badbatch"), pool="sim")
         async with Worker(config, SimEngine(PROFILES["zero"])) as worker:
-            assert await eventually(
-                lambda: counted(worker, "laneway_worker_malformed_batches_total") == 1)
+            assert await eventually(lambda: counted(worker, "laneway_worker_malformed_batches_total") == 1)
             async with LanewayClient(nc, "demo", prefix="badbatch") as client:
                 assert len((await answer(client, "after the garbage", timeout_s=60)).split()) == 3
             assert worker.dead is None
@@ -157,32 +163,37 @@ async def test_a_stream_cut_by_a_nats_crash_is_metered_at_what_was_delivered(tmp
     server = NatsServer(tmp_path / "nats")
     await server.start()
     nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-    max_tokens = 1000                       # ~7 ms a step on this profile: ~7 s of streaming
+    max_tokens = 1000  # ~7 ms a step on this profile: ~7 s of streaming
     try:
-        async with Stack(server.url, demo_settings(KEY), engines=[SimEngine(PROFILES["llama-8b-h100"])],
-                         prefix="cut") as stack:
+        async with Stack(
+            server.url, demo_settings(KEY), engines=[SimEngine(PROFILES["llama-8b-h100"])], prefix="cut"
+        ) as stack:
             worker = stack.workers[0]
             async with LanewayClient(nc, "demo", prefix="cut") as client:
                 received: list[str] = []
 
                 async def stream() -> None:
-                    async for text in client.generate(chat("a long story", max_tokens=max_tokens), timeout_s=120,
-                            request_id="cut-1"):
+                    async for text in client.generate(
+                        chat("a long story", max_tokens=max_tokens), timeout_s=120, request_id="cut-1"
+                    ):
                         received.append(text)
 
                 consumer = asyncio.create_task(stream())
-                assert await eventually(lambda: received)              # tokens are flowing
+                assert await eventually(lambda: received)  # tokens are flowing
                 await server.kill()
                 assert await eventually(
-                    lambda: counted(worker, "laneway_worker_publish_failures_total", kind="frame") > 0)
-                await server.start()                                   # same port, same store
+                    lambda: counted(worker, "laneway_worker_publish_failures_total", kind="frame") > 0
+                )
+                await server.start()  # same port, same store
                 usage = await usage_record(nc, Subjects("cut"), "cut-1")
-                consumer.cancel()       # it may still wait for an end it will never get
+                consumer.cancel()  # it may still wait for an end it will never get
                 await asyncio.wait([consumer])
                 if not consumer.cancelled() and consumer.exception() is not None:
-                    assert isinstance(consumer.exception(), LanewayError)   # the gap, seen at the edge
-        print(f"\n[nats crash mid-stream] max_tokens={max_tokens} received={len(''.join(received).split())} "
-              f"metered={usage.completion_tokens} undelivered={usage.undelivered_tokens}")
+                    assert isinstance(consumer.exception(), LanewayError)  # the gap, seen at the edge
+        print(
+            f"\n[nats crash mid-stream] max_tokens={max_tokens} received={len(''.join(received).split())} "
+            f"metered={usage.completion_tokens} undelivered={usage.undelivered_tokens}"
+        )
         assert usage.interrupted
         assert usage.undelivered_tokens > 0
         assert len("".join(received).split()) <= usage.completion_tokens < max_tokens

@@ -72,16 +72,16 @@ def _registry() -> Registry:
 def validator(name: str) -> jsonschema.Draft202012Validator:
     if name not in spec()["components"]["schemas"] and name not in _local():
         raise KeyError(f"{name} is not in the extract; add it to ROOTS in extract.py")
-    return jsonschema.Draft202012Validator({"$ref": f"{URI}#/components/schemas/{name}"},
-                                           registry=_registry())
+    return jsonschema.Draft202012Validator({"$ref": f"{URI}#/components/schemas/{name}"}, registry=_registry())
 
 
 def validate(name: str, instance: Any) -> None:
     """Raise the most relevant `ValidationError` when `instance` is not a valid `name`."""
     error = jsonschema.exceptions.best_match(validator(name).iter_errors(instance))
     if error is not None:
-        raise AssertionError(f"not a valid {name} at {error.json_path}: {error.message}\n"
-                             f"{json.dumps(instance)[:2000]}") from error
+        raise AssertionError(
+            f"not a valid {name} at {error.json_path}: {error.message}\n{json.dumps(instance)[:2000]}"
+        ) from error
 
 
 def properties(name: str) -> dict[str, Any]:

@@ -12,15 +12,44 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOTS = ["CreateChatCompletionRequest", "CreateChatCompletionResponse",
-         "CreateChatCompletionStreamResponse", "CreateCompletionRequest", "CreateCompletionResponse",
-         "Model", "ListModelsResponse", "Error", "ErrorResponse",
-         # work that outlives a connection: files, batches, stored responses, conversations
-         "OpenAIFile", "ListFilesResponse", "DeleteFileResponse", "CreateBatchRequest", "Batch",
-         "ListBatchesResponse", "CreateResponse", "Response", "ResponseItemList", "ResponseStreamEvent",
-         "ConversationResource", "ConversationItemList", "DeletedConversationResource"]
-PROSE = {"description", "example", "examples", "title", "x-oaiMeta", "x-oaiExpandable",
-         "x-oaiTypeLabel", "x-stainless-const", "group", "beta", "legacy"}
+ROOTS = [
+    "CreateChatCompletionRequest",
+    "CreateChatCompletionResponse",
+    "CreateChatCompletionStreamResponse",
+    "CreateCompletionRequest",
+    "CreateCompletionResponse",
+    "Model",
+    "ListModelsResponse",
+    "Error",
+    "ErrorResponse",
+    # work that outlives a connection: files, batches, stored responses, conversations
+    "OpenAIFile",
+    "ListFilesResponse",
+    "DeleteFileResponse",
+    "CreateBatchRequest",
+    "Batch",
+    "ListBatchesResponse",
+    "CreateResponse",
+    "Response",
+    "ResponseItemList",
+    "ResponseStreamEvent",
+    "ConversationResource",
+    "ConversationItemList",
+    "DeletedConversationResource",
+]
+PROSE = {
+    "description",
+    "example",
+    "examples",
+    "title",
+    "x-oaiMeta",
+    "x-oaiExpandable",
+    "x-oaiTypeLabel",
+    "x-stainless-const",
+    "group",
+    "beta",
+    "legacy",
+}
 PREFIX = "#/components/schemas/"
 OUT = Path(__file__).with_name("openai-subset.json")
 
@@ -34,7 +63,7 @@ def strip(node: Any) -> Any:
     for key, value in node.items():
         if key in PROSE:
             continue
-        if key == "properties":        # its keys are property names, not keywords
+        if key == "properties":  # its keys are property names, not keywords
             out[key] = {name: strip(schema) for name, schema in value.items()}
         else:
             out[key] = strip(value)
@@ -51,7 +80,7 @@ def refs(node: Any) -> set[str]:
     if isinstance(ref, str):
         if not ref.startswith(PREFIX):
             raise ValueError(f"unexpected $ref {ref}")
-        found.add(ref[len(PREFIX):])
+        found.add(ref[len(PREFIX) :])
     return found
 
 
@@ -64,10 +93,20 @@ def main(source: str, commit: str) -> None:
         if name not in keep:
             keep[name] = strip(schemas[name])
             todo.extend(refs(keep[name]))
-    OUT.write_text(json.dumps({
-        "source": "https://github.com/openai/openai-openapi (openapi.json), MIT licence: see LICENSE",
-        "commit": commit, "openapi": doc["openapi"], "roots": ROOTS,
-        "components": {"schemas": dict(sorted(keep.items()))}}, indent=1, sort_keys=False) + "\n")
+    OUT.write_text(
+        json.dumps(
+            {
+                "source": "https://github.com/openai/openai-openapi (openapi.json), MIT licence: see LICENSE",
+                "commit": commit,
+                "openapi": doc["openapi"],
+                "roots": ROOTS,
+                "components": {"schemas": dict(sorted(keep.items()))},
+            },
+            indent=1,
+            sort_keys=False,
+        )
+        + "\n"
+    )
     print(f"{len(keep)} schemas → {OUT}")
 
 

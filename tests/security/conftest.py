@@ -17,11 +17,11 @@ KEYS = {"acme": "sk-acme-" + "a" * 24, "globex": "sk-globex-" + "g" * 24}
 
 SETTINGS = f"""
 [tenants.acme]
-api_key_sha256 = ["{hashlib.sha256(KEYS['acme'].encode()).hexdigest()}"]
+api_key_sha256 = ["{hashlib.sha256(KEYS["acme"].encode()).hexdigest()}"]
 classes = ["interactive", "standard", "batch"]
 
 [tenants.globex]
-api_key_sha256 = ["{hashlib.sha256(KEYS['globex'].encode()).hexdigest()}"]
+api_key_sha256 = ["{hashlib.sha256(KEYS["globex"].encode()).hexdigest()}"]
 default_class = "batch"
 classes = ["batch"]
 
@@ -40,8 +40,9 @@ def write_settings(directory: Path) -> Path:
 async def up(tmp_path_factory):
     """One `laneway up` per module: the attacks of a module share it, as tenants share a server."""
     root = tmp_path_factory.mktemp("security")
-    async with LanewayUp(root / "lw", KEYS["acme"],
-                         ["--settings", str(write_settings(root)), "--pii", "off", "--metrics"]) as stack:
+    async with LanewayUp(
+        root / "lw", KEYS["acme"], ["--settings", str(write_settings(root)), "--pii", "off", "--metrics"]
+    ) as stack:
         yield stack
 
 

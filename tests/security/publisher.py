@@ -28,15 +28,24 @@ class Publisher:
         async def on_frame(msg) -> None:
             for entry in codec.decode_frame(msg.data).entries:
                 self.entries.setdefault(entry.request_id, asyncio.Queue()).put_nowait(entry)
+
         await self.nc.subscribe(S.tok(self.tenant, self.edge), cb=on_frame)
         return self
 
     def request(self, klass: str = "batch", max_tokens: int = 4, **fields) -> GenerateRequest:
         now = time.time()
         body = chat("hello", max_tokens=max_tokens)
-        return GenerateRequest(request_id=uuid.uuid4().hex, tenant=self.tenant, klass=klass, model=body.model,
-                               reply_to=S.tok(self.tenant, self.edge), created_at=now, deadline=now + 120,
-                               chat=body, **fields)
+        return GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            tenant=self.tenant,
+            klass=klass,
+            model=body.model,
+            reply_to=S.tok(self.tenant, self.edge),
+            created_at=now,
+            deadline=now + 120,
+            chat=body,
+            **fields,
+        )
 
     async def publish(self, request: GenerateRequest, stored_as: str | None = None) -> None:
         headers = {MSG_ID_HEADER: stored_as or uuid.uuid4().hex}

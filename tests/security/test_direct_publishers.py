@@ -34,7 +34,7 @@ async def test_a_request_id_is_received_once_per_tenant(acme):
     request = acme.request()
     await acme.publish(request, stored_as=f"globex:{request.request_id}")
     assert isinstance(await acme.first(request.request_id), Finished)
-    await acme.publish(request)         # a new publish (another Nats-Msg-Id) of the same id
+    await acme.publish(request)  # a new publish (another Nats-Msg-Id) of the same id
     end = await acme.first(request.request_id)
     assert isinstance(end, StreamError) and end.code == "duplicate_request", end
     assert end.param == "request_id", end
@@ -46,10 +46,11 @@ async def test_a_cancel_acts_on_its_subjects_tenant_not_its_payloads(up, acme):
         globex = await Publisher(globex_nc, "globex").start()
         victim = globex.request(max_tokens=200)
         await globex.publish(victim)
-        assert isinstance(await globex.next(victim.request_id), Delta)       # running
+        assert isinstance(await globex.next(victim.request_id), Delta)  # running
         # acme may publish only on its own cancel subjects, and names globex in the payload.
-        await acme.nc.publish(S.cancel("acme", victim.request_id),
-                              codec.encode(Cancel(request_id=victim.request_id, tenant="globex")))
+        await acme.nc.publish(
+            S.cancel("acme", victim.request_id), codec.encode(Cancel(request_id=victim.request_id, tenant="globex"))
+        )
         await acme.nc.flush()
         end = await globex.first(victim.request_id)
         assert isinstance(end, Finished), f"globex's request was ended by acme's cancel: {end}"
@@ -64,7 +65,7 @@ async def test_a_tenant_the_operator_removed_is_refused(up):
     tenants = await ops.jetstream().key_value(S.bucket("tenants"))
     document = (await tenants.get("globex")).value
     try:
-        await tenants.delete("globex")      # its NATS user lives on until the next restart
+        await tenants.delete("globex")  # its NATS user lives on until the next restart
         globex = await Publisher(globex_nc, "globex").start()
         # The brokers see the deletion through their watch: ask until one refuses.
         for _ in range(100):

@@ -15,16 +15,20 @@ import pytest
 
 pytestmark = pytest.mark.timeout(300)
 
-BODY_BYTES = 4_000_000      # announced; only the first bytes are ever sent
+BODY_BYTES = 4_000_000  # announced; only the first bytes are ever sent
 
 
 async def status_with_most_of_the_body_unsent(url: str, path: str, key: str) -> int:
     parts = urlsplit(url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     try:
-        writer.write((f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {key}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {BODY_BYTES}\r\n\r\n"
-                      '{"model": "laneway-sim", "messages": [').encode())
+        writer.write(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {BODY_BYTES}\r\n\r\n"
+                '{"model": "laneway-sim", "messages": ['
+            ).encode()
+        )
         await writer.drain()
         # Bounded well past nothing, short of the 60 s body timeout that would answer 408.
         line = await asyncio.wait_for(reader.readline(), 30)
@@ -33,10 +37,8 @@ async def status_with_most_of_the_body_unsent(url: str, path: str, key: str) -> 
         writer.close()
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/v1/admin/routing",
-                                  "/v1/no-such-route"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/v1/admin/routing", "/v1/no-such-route"])
 @pytest.mark.parametrize("key", ["sk-not-a-tenant-key", ""])
 async def test_an_anonymous_body_is_never_read(up, path, key):
     status = await status_with_most_of_the_body_unsent(up.url, path, key)
     assert status in (401, 404), status
-

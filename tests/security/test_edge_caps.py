@@ -29,13 +29,17 @@ from tests.wait import eventually
 pytestmark = pytest.mark.timeout(300)
 
 TENANT_STREAMS = 2
-MAX_TOKENS = 8000       # minutes of simulated decoding: only a cancel ends it early
+MAX_TOKENS = 8000  # minutes of simulated decoding: only a cancel ends it early
 CHAT = "/v1/chat/completions"
 
 
 def chat(max_tokens: int = MAX_TOKENS) -> dict:
-    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "Tell me everything."}]}
+    return {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Tell me everything."}],
+    }
 
 
 def auth(tenant: str) -> dict[str, str]:
@@ -56,8 +60,11 @@ async def stalled_client(port: int, tenant: str) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     body = json.dumps(chat()).encode()
-    sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: laneway\r\nAuthorization: Bearer {KEYS[tenant]}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        f"POST {CHAT} HTTP/1.1\r\nHost: laneway\r\nAuthorization: Bearer {KEYS[tenant]}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     return sock
 
 
@@ -92,10 +99,22 @@ async def bridge_holds_no_stream(http: aiohttp.ClientSession, up: LanewayUp) -> 
 @pytest.fixture(scope="module")
 async def capped(tmp_path_factory):
     root = tmp_path_factory.mktemp("edge-caps")
-    flags = ["--settings", str(write_settings(root)), "--pii", "off", "--metrics",
-             "--tenant-max-streams", str(TENANT_STREAMS), "--stream-buffer-bytes", "32768", "--write-timeout", "0",
-             # A stream its client left stays resumable, and counts against the cap, this long.
-             "--resume-window-s", "1"]
+    flags = [
+        "--settings",
+        str(write_settings(root)),
+        "--pii",
+        "off",
+        "--metrics",
+        "--tenant-max-streams",
+        str(TENANT_STREAMS),
+        "--stream-buffer-bytes",
+        "32768",
+        "--write-timeout",
+        "0",
+        # A stream its client left stays resumable, and counts against the cap, this long.
+        "--resume-window-s",
+        "1",
+    ]
     async with LanewayUp(root / "lw", KEYS["acme"], flags) as stack:
         yield stack
 
@@ -113,7 +132,7 @@ async def test_one_tenant_past_its_streams_gets_429_and_the_other_is_still_serve
     async with aiohttp.ClientSession(base_url=capped.url) as http, AsyncExitStack() as held:
         for _ in range(TENANT_STREAMS):
             resp = await held.enter_async_context(http.post(CHAT, json=chat(), headers=auth("acme")))
-            assert resp.status == 200 and await resp.content.readline()      # open and streaming
+            assert resp.status == 200 and await resp.content.readline()  # open and streaming
         before = await stored(capped)
         async with http.post(CHAT, json=chat(), headers=auth("acme")) as refused:
             assert refused.status == 429, refused.status
@@ -131,7 +150,7 @@ async def test_a_reader_that_stops_is_ended_and_its_generation_cancelled(capped)
         with closing(await stalled_client(capped.port, "acme")) as sock:
             assert await eventually(lambda: _slow_readers(http, capped.port, "stream"), timeout=120)
             sent = await read_all(sock)
-        assert b'"code":"slow_reader"' in sent and sent.rstrip().endswith(b"0")   # in-band error, then the end
+        assert b'"code":"slow_reader"' in sent and sent.rstrip().endswith(b"0")  # in-band error, then the end
         assert b'"finish_reason":"length"' not in sent
         assert await eventually(lambda: bridge_holds_no_stream(http, capped), timeout=60)
         await worker_cancelled(http, capped)
@@ -149,4 +168,4 @@ async def test_a_write_that_waits_past_the_timeout_drops_the_connection(tmp_path
             assert await eventually(lambda: bridge_holds_no_stream(http, up), timeout=60)
             await worker_cancelled(http, up)
             sent = await read_all(sock)
-        assert b"[DONE]" not in sent      # cut off: a client that stopped reading gets no more
+        assert b"[DONE]" not in sent  # cut off: a client that stopped reading gets no more

@@ -45,7 +45,7 @@ async def target():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]     # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield f"http://127.0.0.1:{port}", hits
     await runner.cleanup()
 
@@ -65,8 +65,14 @@ def engine(*flags: str):
 
 
 def ask(part: dict) -> EngineRequest:
-    return EngineRequest("ssrf", ChatBody(model="smollm2", max_tokens=4, messages=[Message(
-        role="user", content=[{"type": "text", "text": "What is in this picture?"}, part])]))
+    return EngineRequest(
+        "ssrf",
+        ChatBody(
+            model="smollm2",
+            max_tokens=4,
+            messages=[Message(role="user", content=[{"type": "text", "text": "What is in this picture?"}, part])],
+        ),
+    )
 
 
 PARTS = {
@@ -82,7 +88,7 @@ PARTS = {
 async def test_a_media_url_to_an_internal_host_is_refused_unfetched(target, shape) -> None:
     base, hits = target
     part = PARTS[shape](f"{base}/varz")
-    with pytest.raises(UnsupportedRequest) as refused:       # the worker's invalid_request (400)
+    with pytest.raises(UnsupportedRequest) as refused:  # the worker's invalid_request (400)
         [o async for o in engine().generate(ask(part))]
     field = next(k for k in part if k.endswith("_url"))
     assert refused.value.param == f"messages[0].content[1].{field}"
@@ -90,11 +96,14 @@ async def test_a_media_url_to_an_internal_host_is_refused_unfetched(target, shap
     assert hits == []
 
 
-@pytest.mark.parametrize(("url", "why"), [
-    ("http://example.com@127.0.0.1:{port}/x.png", "has a user name or password before its host"),
-    ("http://localhost:{port}/x.png", "port {port} is not fetched"),
-    ("HTTP://LOCALHOST:{port}/x.png", "port {port} is not fetched"),
-])
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://example.com@127.0.0.1:{port}/x.png", "has a user name or password before its host"),
+        ("http://localhost:{port}/x.png", "port {port} is not fetched"),
+        ("HTTP://LOCALHOST:{port}/x.png", "port {port} is not fetched"),
+    ],
+)
 async def test_an_allowed_host_name_does_not_open_other_hosts_or_ports(target, url, why) -> None:
     base, hits = target
     port = base.rsplit(":", 1)[1]
@@ -122,7 +131,7 @@ async def test_vllms_own_fetcher_as_the_worker_configures_it_fetches_nothing(tar
     with pytest.raises(ValueError, match="allowed domains"):
         await ours.load_from_url_async(f"{base}/meta-data", ImageMediaIO())
     assert hits == []
-    with pytest.raises(ValueError, match="Failed to load image"):    # fetched, then not decodable
+    with pytest.raises(ValueError, match="Failed to load image"):  # fetched, then not decodable
         await MediaConnector().load_from_url_async(f"{base}/meta-data", ImageMediaIO())
     assert hits == ["GET /meta-data"]
 
@@ -137,14 +146,34 @@ async def test_through_laneway_up_the_client_gets_a_400_and_nothing_is_fetched(t
     base, hits = target
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     key = "sk-media-urls"
-    flags = ["--engine", "vllm", "--model", str(vllm_model_dir()), "--kv-cache-bytes", "256MiB",
-             "--max-model-len", "2048", "--pii", "off"]
+    flags = [
+        "--engine",
+        "vllm",
+        "--model",
+        str(vllm_model_dir()),
+        "--kv-cache-bytes",
+        "256MiB",
+        "--max-model-len",
+        "2048",
+        "--pii",
+        "off",
+    ]
     async with LanewayUp(tmp_path / "lw", key, flags) as up:
         client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=key, max_retries=0, timeout=300)
         with pytest.raises(openai.BadRequestError) as refused:
-            await client.chat.completions.create(model="smollm2", max_tokens=4, messages=[
-                {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
-                                             {"type": "image_url", "image_url": {"url": f"{base}/varz"}}]}])
+            await client.chat.completions.create(
+                model="smollm2",
+                max_tokens=4,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is in this picture?"},
+                            {"type": "image_url", "image_url": {"url": f"{base}/varz"}},
+                        ],
+                    }
+                ],
+            )
         await client.close()
     error = refused.value.body
     assert refused.value.status_code == 400

@@ -19,7 +19,7 @@ from tests.wait import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
-LISTEN = "0A"       # TCP_LISTEN in /proc/net/tcp's `st` column
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 
 
 def listening_on(port: int) -> set[str]:
@@ -36,7 +36,7 @@ def listening_on(port: int) -> set[str]:
                 continue
             raw = bytes.fromhex(address)
             # The kernel prints each 32-bit word in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add(str(ipaddress.ip_address(raw[:width])))
     return found
 

@@ -51,35 +51,37 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
     app = web.Application()
     for path in ("/v1/chat/completions", "/v1/completions"):
         app.router.add_post(path, fake.handle)
-    async with TestServer(app, host="127.0.0.1") as server:     # a free port
+    async with TestServer(app, host="127.0.0.1") as server:  # a free port
         fake.url = str(server.make_url("/v1"))
         yield fake
 
 
 def hosted(upstream: FakeUpstream) -> OpenAIUpstreamConfig:
-    return OpenAIUpstreamConfig(base_url=upstream.url, model="up-model", api_key_env="LANEWAY_TEST_NO_KEY",
-                                max_concurrency=4, retries=0)
+    return OpenAIUpstreamConfig(
+        base_url=upstream.url, model="up-model", api_key_env="LANEWAY_TEST_NO_KEY", max_concurrency=4, retries=0
+    )
 
 
 @pytest.fixture(scope="module")
 async def stack(nats_server, upstream: FakeUpstream):
-    settings = Settings(tenants={"acme": Tenant(name="acme", api_key_sha256=[hash_key(KEY)])},
-                        models={MODEL: LogicalModel(pool="hosted")})
+    settings = Settings(
+        tenants={"acme": Tenant(name="acme", api_key_sha256=[hash_key(KEY)])},
+        models={MODEL: LogicalModel(pool="hosted")},
+    )
     engine = OpenAIUpstreamEngine(hosted(upstream))
-    async with Stack(nats_server.url, settings, engines=[engine], pool="hosted", prefix="piifields",
-                     pii="regex") as s:
+    async with Stack(nats_server.url, settings, engines=[engine], pool="hosted", prefix="piifields", pii="regex") as s:
         yield s
 
 
 async def post(stack: Stack, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     async with aiohttp.ClientSession(base_url=stack.url) as http:
-        async with http.post(path, json={"model": MODEL, **body},
-                             headers={"Authorization": f"Bearer {KEY}"}) as resp:
+        async with http.post(path, json={"model": MODEL, **body}, headers={"Authorization": f"Bearer {KEY}"}) as resp:
             return resp.status, await resp.json(content_type=None)
 
 
-async def sent_upstream(stack: Stack, upstream: FakeUpstream, body: dict[str, Any],
-                        path: str = "/v1/chat/completions") -> bytes:
+async def sent_upstream(
+    stack: Stack, upstream: FakeUpstream, body: dict[str, Any], path: str = "/v1/chat/completions"
+) -> bytes:
     """What the hosted upstream received for `body`, which must be answered."""
     before = len(upstream.seen)
     status, answer = await post(stack, path, body)
@@ -88,39 +90,70 @@ async def sent_upstream(stack: Stack, upstream: FakeUpstream, body: dict[str, An
     return seen.raw
 
 
-def tool(description: str = "Look up an order", parameters: dict[str, Any] | None = None,
-         name: str = "lookup_order") -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": parameters or {"type": "object", "properties": {"order": {"type": "string"}}}}}
+def tool(
+    description: str = "Look up an order", parameters: dict[str, Any] | None = None, name: str = "lookup_order"
+) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": parameters or {"type": "object", "properties": {"order": {"type": "string"}}},
+        },
+    }
 
 
-SCHEMA_WITH_PII = {"type": "object", "properties": {
-    "contact": {"type": "string", "description": f"Reply to {EMAIL} or call {PHONE}",
-                "enum": [EMAIL, "someone else"], "default": EMAIL}},
-    "required": ["contact"]}
+SCHEMA_WITH_PII = {
+    "type": "object",
+    "properties": {
+        "contact": {
+            "type": "string",
+            "description": f"Reply to {EMAIL} or call {PHONE}",
+            "enum": [EMAIL, "someone else"],
+            "default": EMAIL,
+        }
+    },
+    "required": ["contact"],
+}
 CALL_ID = f"call_{EMAIL}"
 HISTORY_WITH_CALL = [
     {"role": "user", "content": "Notify the customer."},
-    {"role": "assistant", "tool_calls": [{"id": CALL_ID, "type": "function",
-                                          "function": {"name": f"notify_{PHONE}", "arguments": "{}"}}]},
+    {
+        "role": "assistant",
+        "tool_calls": [{"id": CALL_ID, "type": "function", "function": {"name": f"notify_{PHONE}", "arguments": "{}"}}],
+    },
     {"role": "tool", "tool_call_id": CALL_ID, "content": "done"},
 ]
 
 # Each body carries the seeded values in one field the model (or the hosted API) receives.
 CHAT_FIELDS = {
-    "messages[].name": {"messages": [{"role": "user", "name": EMAIL, "content": "Hi"},
-                                     {"role": "user", "name": f"caller_{PHONE}", "content": "Hi"}]},
-    "refusal content part": {"messages": [
-        {"role": "assistant", "content": [{"type": "refusal", "refusal": f"I will not email {EMAIL}"}]},
-        {"role": "user", "content": "Why not?"}]},
+    "messages[].name": {
+        "messages": [
+            {"role": "user", "name": EMAIL, "content": "Hi"},
+            {"role": "user", "name": f"caller_{PHONE}", "content": "Hi"},
+        ]
+    },
+    "refusal content part": {
+        "messages": [
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": f"I will not email {EMAIL}"}]},
+            {"role": "user", "content": "Why not?"},
+        ]
+    },
     "tool description": {"messages": ASK, "tools": [tool(description=f"Emails {EMAIL}, texts {PHONE}")]},
     "tool parameter schema": {"messages": ASK, "tools": [tool(parameters=SCHEMA_WITH_PII)]},
-    "tool name and tool_choice": {"messages": ASK, "tools": [tool(name=f"notify_{PHONE}")],
-                                  "tool_choice": {"type": "function", "function": {"name": f"notify_{PHONE}"}}},
+    "tool name and tool_choice": {
+        "messages": ASK,
+        "tools": [tool(name=f"notify_{PHONE}")],
+        "tool_choice": {"type": "function", "function": {"name": f"notify_{PHONE}"}},
+    },
     "tool call id and name in the history": {"messages": HISTORY_WITH_CALL, "tools": [tool(name=f"notify_{PHONE}")]},
-    "response_format schema": {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "reply", "description": f"A reply for {EMAIL}", "schema": SCHEMA_WITH_PII}}},
+    "response_format schema": {
+        "messages": ASK,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "reply", "description": f"A reply for {EMAIL}", "schema": SCHEMA_WITH_PII},
+        },
+    },
     "user": {"messages": ASK, "user": EMAIL},
     "logit_bias keys": {"messages": ASK, "logit_bias": {EMAIL: 1, PHONE: -1}},
     "prediction": {"messages": ASK, "prediction": {"type": "content", "content": f"Dear {EMAIL}, call {PHONE}"}},
@@ -156,9 +189,13 @@ async def test_a_seeded_value_in_a_completions_field_never_reaches_the_engine(st
 
 
 async def test_a_seeded_value_in_a_responses_tool_never_reaches_the_engine(stack, upstream):
-    body = {"input": "Where is my order?", "max_output_tokens": 16,
-            "tools": [{"type": "function", "name": "lookup_order", "description": f"Ask {EMAIL}",
-                       "parameters": SCHEMA_WITH_PII}]}
+    body = {
+        "input": "Where is my order?",
+        "max_output_tokens": 16,
+        "tools": [
+            {"type": "function", "name": "lookup_order", "description": f"Ask {EMAIL}", "parameters": SCHEMA_WITH_PII}
+        ],
+    }
     raw = await sent_upstream(stack, upstream, body, "/v1/responses")
     assert not [v for v in RAW if v in raw], raw
 
@@ -166,10 +203,14 @@ async def test_a_seeded_value_in_a_responses_tool_never_reaches_the_engine(stack
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + EMAIL.encode()).decode()
 UNANALYSABLE = {
     "image_url": {"type": "image_url", "image_url": {"url": PNG}},
-    "input_audio": {"type": "input_audio", "input_audio": {"data": base64.b64encode(EMAIL.encode()).decode(),
-                                                           "format": "wav"}},
-    "file": {"type": "file", "file": {"file_data": base64.b64encode(EMAIL.encode()).decode(),
-                                      "filename": "ticket.pdf"}},
+    "input_audio": {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(EMAIL.encode()).decode(), "format": "wav"},
+    },
+    "file": {
+        "type": "file",
+        "file": {"file_data": base64.b64encode(EMAIL.encode()).decode(), "filename": "ticket.pdf"},
+    },
 }
 
 
@@ -184,10 +225,15 @@ async def test_a_part_no_analyser_reads_is_refused_naming_it(stack, upstream, ki
     assert len(upstream.seen) == before
 
 
-@pytest.mark.parametrize("field, value", [
-    ("store", True), ("service_tier", "priority"), ("web_search_options", {"search_context_size": "high"}),
-    ("prompt_cache_retention", "24h"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("store", True),
+        ("service_tier", "priority"),
+        ("web_search_options", {"search_context_size": "high"}),
+        ("prompt_cache_retention", "24h"),
+    ],
+)
 async def test_a_tenant_cannot_act_on_the_operators_hosted_account(stack, upstream, field, value):
     before = len(upstream.seen)
     status, body = await post(stack, "/v1/chat/completions", {"max_tokens": 4, "messages": ASK, field: value})
@@ -197,8 +243,9 @@ async def test_a_tenant_cannot_act_on_the_operators_hosted_account(stack, upstre
 
 async def test_an_unknown_field_is_refused_not_forwarded(stack, upstream):
     before = len(upstream.seen)
-    status, body = await post(stack, "/v1/chat/completions", {"max_tokens": 4, "messages": ASK,
-                                                              "frobnicate": {"note": "x"}})
+    status, body = await post(
+        stack, "/v1/chat/completions", {"max_tokens": 4, "messages": ASK, "frobnicate": {"note": "x"}}
+    )
     assert status == 400 and body["error"]["param"] == "frobnicate", body
     assert len(upstream.seen) == before
 

@@ -29,19 +29,31 @@ from tests.wait import eventually
 
 pytestmark = pytest.mark.timeout(600)
 
-EMAIL, IP = "sim@example.com", "192.0.2.7"      # what the sim writes for those formats
-SCHEMA = {"type": "object", "properties": {"contact": {"type": "string", "format": "email"}},
-          "required": ["contact"], "additionalProperties": False}
-TOOL = {"type": "function", "function": {
-    "name": "block_address", "description": "Block a client address at the firewall.",
-    "parameters": {"type": "object", "properties": {"address": {"type": "string", "format": "ipv4"}},
-                   "required": ["address"]}}}
+EMAIL, IP = "sim@example.com", "192.0.2.7"  # what the sim writes for those formats
+SCHEMA = {
+    "type": "object",
+    "properties": {"contact": {"type": "string", "format": "email"}},
+    "required": ["contact"],
+    "additionalProperties": False,
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "block_address",
+        "description": "Block a client address at the firewall.",
+        "parameters": {
+            "type": "object",
+            "properties": {"address": {"type": "string", "format": "ipv4"}},
+            "required": ["address"],
+        },
+    },
+}
 SETTINGS = f"""
 [tenants.acme]
-api_key_sha256 = ["{hashlib.sha256(KEYS['acme'].encode()).hexdigest()}"]
+api_key_sha256 = ["{hashlib.sha256(KEYS["acme"].encode()).hexdigest()}"]
 
 [tenants.globex]
-api_key_sha256 = ["{hashlib.sha256(KEYS['globex'].encode()).hexdigest()}"]
+api_key_sha256 = ["{hashlib.sha256(KEYS["globex"].encode()).hexdigest()}"]
 pii = {{ output = false }}
 
 [models.laneway-sim]
@@ -63,9 +75,12 @@ def client(up: LanewayUp, tenant: str) -> openai.AsyncOpenAI:
 
 
 def json_answer() -> dict:
-    return {"model": "laneway-sim", "max_tokens": 64,
-            "messages": [{"role": "user", "content": "Who should the customer write to?"}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "contact", "schema": SCHEMA}}}
+    return {
+        "model": "laneway-sim",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Who should the customer write to?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "contact", "schema": SCHEMA}},
+    }
 
 
 async def streamed_text(up: LanewayUp, tenant: str) -> str:
@@ -76,15 +91,19 @@ async def streamed_text(up: LanewayUp, tenant: str) -> str:
 async def test_an_email_the_model_writes_is_redacted_in_the_stream(up):
     text = await streamed_text(up, "acme")
     assert EMAIL not in text and "<EMAIL_ADDRESS>" in text
-    assert json.loads(text) == {"contact": "<EMAIL_ADDRESS>"}     # still the JSON the schema asked for
-    assert EMAIL in await streamed_text(up, "globex")           # the control: its policy lets it through
+    assert json.loads(text) == {"contact": "<EMAIL_ADDRESS>"}  # still the JSON the schema asked for
+    assert EMAIL in await streamed_text(up, "globex")  # the control: its policy lets it through
 
 
 async def test_tool_call_arguments_are_redacted_in_a_whole_answer(up):
     async def arguments(tenant: str) -> str:
         answer = await client(up, tenant).chat.completions.create(
-            model="laneway-sim", max_tokens=64, tools=[TOOL], tool_choice="required",
-            messages=[{"role": "user", "content": "Block the address that attacked us."}])
+            model="laneway-sim",
+            max_tokens=64,
+            tools=[TOOL],
+            tool_choice="required",
+            messages=[{"role": "user", "content": "Block the address that attacked us."}],
+        )
         return answer.choices[0].message.tool_calls[0].function.arguments
 
     acme = await arguments("acme")
@@ -104,8 +123,11 @@ async def test_a_tenants_own_nats_client_reads_no_raw_output_nor_token_ids(up):
     nc = await up.connect_nats("tenant-acme")
     try:
         acme = await Publisher(nc, "acme").start()
-        body = chat("Who should the customer write to?", max_tokens=64, response_format=ResponseFormat(
-            "json_schema", JsonSchemaFormat("contact", SCHEMA)))
+        body = chat(
+            "Who should the customer write to?",
+            max_tokens=64,
+            response_format=ResponseFormat("json_schema", JsonSchemaFormat("contact", SCHEMA)),
+        )
         request = msgspec.structs.replace(acme.request(klass="interactive"), chat=body)
         await acme.publish(request)
         deltas, end = await acme.rest(request.request_id)
@@ -135,4 +157,5 @@ async def test_a_cached_raw_answer_is_not_replayed_once_the_policy_redacts_outpu
     async def redacted() -> bool:
         answer = await client(up, "globex").chat.completions.create(**body)
         return "<EMAIL_ADDRESS>" in answer.choices[0].message.content
+
     assert await eventually(redacted, timeout=60, interval=0.5), "the cached raw answer kept coming back"

@@ -35,18 +35,18 @@ from tests.wait import eventually
 
 pytestmark = pytest.mark.timeout(600)
 
-MAX_CHARS = 100_000   # --pii-max-chars: the flood's prompts (~8,000 characters each) are under it
-FLOOD = 16          # acme's prompts, each a few hundred milliseconds of analysis
+MAX_CHARS = 100_000  # --pii-max-chars: the flood's prompts (~8,000 characters each) are under it
+FLOOD = 16  # acme's prompts, each a few hundred milliseconds of analysis
 EMAIL = "maria.garcia@example.com"
 # Both policies wait long for the pool: a request of acme's queued behind its own flood must not
 # fail for its timeout, and globex's must not fail for waiting behind acme's.
 SETTINGS = f"""
 [tenants.acme]
-api_key_sha256 = ["{hashlib.sha256(KEYS['acme'].encode()).hexdigest()}"]
+api_key_sha256 = ["{hashlib.sha256(KEYS["acme"].encode()).hexdigest()}"]
 pii = {{ timeout_ms = 30000 }}
 
 [tenants.globex]
-api_key_sha256 = ["{hashlib.sha256(KEYS['globex'].encode()).hexdigest()}"]
+api_key_sha256 = ["{hashlib.sha256(KEYS["globex"].encode()).hexdigest()}"]
 pii = {{ timeout_ms = 30000 }}
 
 [models.laneway-sim]
@@ -58,7 +58,8 @@ def dense(i: int, n: int = 450) -> str:
     """About 8,000 characters of phone numbers and IP addresses; `i` makes each text new (the
     gate caches what it analysed)."""
     return f"Flood {i}: write to {EMAIL}. " + " ".join(
-        f"call {400 + k % 500}-555-{1000 + k:04d} or 10.{i % 250}.{k % 250}.{k % 200}" for k in range(n))
+        f"call {400 + k % 500}-555-{1000 + k:04d} or 10.{i % 250}.{k % 250}.{k % 200}" for k in range(n)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,20 @@ async def up(tmp_path_factory):
     settings.write_text(SETTINGS)
     # Two processes: a share of one each. The sim worker takes interactive only: what the
     # broker admits in batch or standard waits for the test's own pulls.
-    async with LanewayUp(root / "lw", KEYS["acme"], ["--settings", str(settings), "--pii-workers", "2",
-                                                    "--pii-max-chars", str(MAX_CHARS), "--classes", "interactive"]) as stack:
+    async with LanewayUp(
+        root / "lw",
+        KEYS["acme"],
+        [
+            "--settings",
+            str(settings),
+            "--pii-workers",
+            "2",
+            "--pii-max-chars",
+            str(MAX_CHARS),
+            "--classes",
+            "interactive",
+        ],
+    ) as stack:
         yield stack
 
 
@@ -96,11 +109,12 @@ async def test_another_tenant_gets_through_the_pii_stage_while_one_floods_it(up)
         # Behind the flood, globex would come after all of it; beside it, after the few of acme's
         # jobs already in the pool (one per process of acme's share) while the rest still wait.
         written = await audits(js)
-        before = written[:written.index(("globex", quiet.request_id))]
+        before = written[: written.index(("globex", quiet.request_id))]
         flood_ids = {r.request_id for r in flood}
         analysed_first = len([rid for _, rid in before if rid in flood_ids])
-        assert analysed_first < FLOOD // 2, \
+        assert analysed_first < FLOOD // 2, (
             f"globex's request got through the PII stage only after {analysed_first} of acme's {FLOOD}"
+        )
     finally:
         for nc in (ops, acme_nc, globex_nc):
             await nc.close()
@@ -111,13 +125,17 @@ async def _has(js, tenant: str) -> bool:
 
 
 async def test_a_request_over_the_size_limit_is_refused_before_analysis_and_reaches_no_engine(up):
-    huge = dense(0, n=9000)                          # ~300,000 characters, in a tool's description:
-    assert len(huge) > MAX_CHARS                     # the context check counts only the messages
+    huge = dense(0, n=9000)  # ~300,000 characters, in a tool's description:
+    assert len(huge) > MAX_CHARS  # the context check counts only the messages
     tools = [{"type": "function", "function": {"name": "lookup", "description": huge}}]
     headers = {"Authorization": f"Bearer {KEYS['globex']}", "x-laneway-class": "standard"}
     async with aiohttp.ClientSession(base_url=up.url) as http:
-        body = {"model": "laneway-sim", "max_tokens": 4, "tools": tools,
-                "messages": [{"role": "user", "content": "Which order is late?"}]}
+        body = {
+            "model": "laneway-sim",
+            "max_tokens": 4,
+            "tools": tools,
+            "messages": [{"role": "user", "content": "Which order is late?"}],
+        }
         async with http.post("/v1/chat/completions", json=body, headers=headers) as resp:
             status, answer = resp.status, await resp.json(content_type=None)
         assert status == 413, answer

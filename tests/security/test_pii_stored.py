@@ -35,17 +35,32 @@ KEY = "sk-pii-stored-" + "s" * 16
 NAME, EMAIL, PHONE, CARD = "Maria Garcia", "maria.garcia@example.com", "(415) 555-0132", "4111 1111 1111 1111"
 SEEDS = (NAME, EMAIL, PHONE, CARD)
 TEXT = f"Ticket from {NAME} ({EMAIL}), who called from {PHONE} about card {CARD}."
-FILES = "OBJ_lw_file_data"      # the tenant's files, kept as uploaded (see the docstring)
-READERS = ("ops", "bridge", "broker")      # the worker user reads no stream message by message
+FILES = "OBJ_lw_file_data"  # the tenant's files, kept as uploaded (see the docstring)
+READERS = ("ops", "bridge", "broker")  # the worker user reads no stream message by message
 ENDED = ("completed", "incomplete", "failed", "cancelled")
 
-TOOL = {"type": "function", "name": "lookup_customer", "description": f"Look up {TEXT}",
-        "parameters": {"type": "object", "properties": {"who": {"type": "string", "description": TEXT}}}}
-FORMAT = {"type": "json_schema", "name": "ticket", "description": TEXT,
-          "schema": {"type": "object", "properties": {"summary": {"type": "string", "description": TEXT}}}}
+TOOL = {
+    "type": "function",
+    "name": "lookup_customer",
+    "description": f"Look up {TEXT}",
+    "parameters": {"type": "object", "properties": {"who": {"type": "string", "description": TEXT}}},
+}
+FORMAT = {
+    "type": "json_schema",
+    "name": "ticket",
+    "description": TEXT,
+    "schema": {"type": "object", "properties": {"summary": {"type": "string", "description": TEXT}}},
+}
 # Every field of a Response request that holds text of the client's.
-FIELDS = {"input": TEXT, "instructions": f"Answer for {TEXT}", "tools": [TOOL], "user": TEXT,
-          "metadata": {"customer": TEXT, EMAIL: "contact"}, "safety_identifier": TEXT, "prompt_cache_key": TEXT}
+FIELDS = {
+    "input": TEXT,
+    "instructions": f"Answer for {TEXT}",
+    "tools": [TOOL],
+    "user": TEXT,
+    "metadata": {"customer": TEXT, EMAIL: "contact"},
+    "safety_identifier": TEXT,
+    "prompt_cache_key": TEXT,
+}
 
 
 def readable_streams(role: str) -> list[str]:
@@ -55,7 +70,7 @@ def readable_streams(role: str) -> list[str]:
     for subject in allowed:
         for api in ("$JS.API.STREAM.MSG.GET.", "$JS.API.DIRECT.GET."):
             if subject.startswith(api):
-                streams.add(subject[len(api):].removesuffix(".>"))
+                streams.add(subject[len(api) :].removesuffix(".>"))
     return sorted(s for s in streams if "*" not in s and ">" not in s)
 
 
@@ -71,12 +86,12 @@ async def leaks_seen_by(up: LanewayUp, role: str) -> tuple[list[tuple[str, str, 
             try:
                 state = (await js.stream_info(stream)).state
             except nats.js.errors.NotFoundError:
-                continue        # never created on this run
+                continue  # never created on this run
             for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
                 try:
                     msg = await js.get_msg(stream, seq)
                 except nats.js.errors.NotFoundError:
-                    continue    # deleted or purged
+                    continue  # deleted or purged
                 read += 1
                 raw = (msg.data or b"") + json.dumps(msg.headers or {}).encode() + (msg.subject or "").encode()
                 found += [(seed, stream, seq) for seed in SEEDS if seed.encode() in raw]
@@ -89,24 +104,33 @@ async def ended(client: openai.AsyncOpenAI, response_id: str) -> bool:
     try:
         return (await client.responses.retrieve(response_id)).status in ENDED
     except openai.NotFoundError:
-        return False        # not written yet: a stored response is kept after its answer
+        return False  # not written yet: a stored response is kept after its answer
 
 
 async def test_nothing_stored_holds_a_raw_value(tmp_path):
     async with LanewayUp(tmp_path / "lw", KEY, ["--sim-profile", "zero"]) as up:
         assert "PII         on (Presidio" in up.banner
         client = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEY, max_retries=0)
-        stored = [await client.responses.create(model="laneway-sim", max_output_tokens=8, **FIELDS),
-                  await client.responses.create(model="laneway-sim", max_output_tokens=8, text={"format": FORMAT},
-                                                tool_choice={"type": "function", "name": "lookup_customer"},
-                                                **FIELDS)]
-        async with await client.responses.create(model="laneway-sim", max_output_tokens=8, stream=True,
-                                                 **FIELDS) as events:
+        stored = [
+            await client.responses.create(model="laneway-sim", max_output_tokens=8, **FIELDS),
+            await client.responses.create(
+                model="laneway-sim",
+                max_output_tokens=8,
+                text={"format": FORMAT},
+                tool_choice={"type": "function", "name": "lookup_customer"},
+                **FIELDS,
+            ),
+        ]
+        async with await client.responses.create(
+            model="laneway-sim", max_output_tokens=8, stream=True, **FIELDS
+        ) as events:
             stored += [e.response async for e in events if e.type == "response.completed"]
-        stored.append(await client.responses.create(model="laneway-sim", max_output_tokens=8, background=True,
-                                                    **FIELDS))
-        async with await client.responses.create(model="laneway-sim", max_output_tokens=8, background=True,
-                                                 stream=True, **FIELDS) as events:
+        stored.append(
+            await client.responses.create(model="laneway-sim", max_output_tokens=8, background=True, **FIELDS)
+        )
+        async with await client.responses.create(
+            model="laneway-sim", max_output_tokens=8, background=True, stream=True, **FIELDS
+        ) as events:
             stored += [e.response async for e in events if e.type == "response.created"]
 
         with pytest.raises(openai.BadRequestError, match="metadata"):
@@ -114,18 +138,30 @@ async def test_nothing_stored_holds_a_raw_value(tmp_path):
         conversation = await client.conversations.create()
         with pytest.raises(openai.BadRequestError, match="metadata"):
             await client.conversations.update(conversation.id, metadata={"customer": TEXT})
-        stored.append(await client.responses.create(model="laneway-sim", max_output_tokens=8,
-                                                    conversation=conversation.id, **FIELDS))
+        stored.append(
+            await client.responses.create(
+                model="laneway-sim", max_output_tokens=8, conversation=conversation.id, **FIELDS
+            )
+        )
 
-        line = {"custom_id": "l0", "method": "POST", "url": "/v1/responses",
-                "body": {"model": "laneway-sim", "max_output_tokens": 8, **FIELDS}}
+        line = {
+            "custom_id": "l0",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": "laneway-sim", "max_output_tokens": 8, **FIELDS},
+        }
         upload = await client.files.create(file=("lines.jsonl", json.dumps(line).encode() + b"\n"), purpose="batch")
         ask = {"input_file_id": upload.id, "endpoint": "/v1/responses", "completion_window": "24h"}
         with pytest.raises(openai.BadRequestError, match="metadata"):
             await client.batches.create(**ask, metadata={"customer": TEXT})
         batch = await client.batches.create(**ask)
-        await client.chat.completions.create(model="laneway-sim", max_tokens=8, user=TEXT, metadata={"c": TEXT},
-                                             messages=[{"role": "user", "content": TEXT}])
+        await client.chat.completions.create(
+            model="laneway-sim",
+            max_tokens=8,
+            user=TEXT,
+            metadata={"c": TEXT},
+            messages=[{"role": "user", "content": TEXT}],
+        )
 
         for response in stored:
             assert await eventually(lambda rid=response.id: ended(client, rid), timeout=60), response.id

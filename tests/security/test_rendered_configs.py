@@ -37,8 +37,9 @@ def accounts_of(source: str) -> dict:
 def tenant_users(source: str) -> list[tuple[str, str, dict]]:
     """(tenant, its user's account name, the user's entry) for every tenant user."""
     users = user_accounts(accounts_of(source))
-    found = [(u.removeprefix("tenant-"), account, entry) for u, (account, entry) in users.items()
-             if u.startswith("tenant-")]
+    found = [
+        (u.removeprefix("tenant-"), account, entry) for u, (account, entry) in users.items() if u.startswith("tenant-")
+    ]
     assert found, f"{source}: no tenant has a NATS user of its own"
     return found
 
@@ -55,8 +56,11 @@ def test_a_tenant_user_lives_in_an_account_of_its_own_without_jetstream(source: 
         assert [u["user"] for u in accounts[account]["users"]] == [f"tenant-{tenant}"]
         assert "jetstream" not in accounts[account], f"{account} has JetStream"
     assert [name for name, a in accounts.items() if "jetstream" in a] == [SERVICE_ACCOUNT]
-    assert not [u for u in user_accounts(accounts) if u.startswith("tenant-")
-                and user_accounts(accounts)[u][0] == SERVICE_ACCOUNT]
+    assert not [
+        u
+        for u in user_accounts(accounts)
+        if u.startswith("tenant-") and user_accounts(accounts)[u][0] == SERVICE_ACCOUNT
+    ]
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -70,8 +74,9 @@ def test_a_tenant_cannot_publish_into_the_control_plane_or_another_tenant(source
         # Its own requests, each class by name (its settings' classes): never a class wildcard.
         requests = [a for a in allow if a.startswith(f"{S.prefix}.req.")]
         assert requests, f"tenant-{tenant} publishes no request"
-        assert all(a.split(".")[2] not in ("*", ">") and a == S.req(a.split(".")[2], tenant) for a in requests), \
+        assert all(a.split(".")[2] not in ("*", ">") and a == S.req(a.split(".")[2], tenant) for a in requests), (
             requests
+        )
         # Only its own subjects cross into its account, and only from the service account.
         for i in accounts[account]["imports"]:
             source_account = next(iter(i.values()))["account"]
@@ -91,7 +96,7 @@ def test_the_service_account_exports_to_each_tenant_only_its_own_subjects(source
         (tenant,) = [a.removeprefix("TENANT_") for a in e["accounts"]]
         subject = e.get("service") or e["stream"]
         assert tenant in subject.split("."), e
-        if subject.startswith(f"{S.prefix}.req."):      # each class the tenant may use
+        if subject.startswith(f"{S.prefix}.req."):  # each class the tenant may use
             # One reply, rewritten by the server: the PubAck can only go back to the publisher.
             assert e["response_type"] == "singleton", e
 
@@ -115,6 +120,10 @@ def test_the_compose_nats_monitor_is_on_each_nodes_loopback_only() -> None:
     for node in NODES:
         http = re.findall(r"^\s*http\w*\s*[:=]\s*(\S+)", node_conf(node), re.M)
         assert http and all(h.startswith("127.0.0.1:") for h in http), f"{node} monitors on {http}"
-    published = [(name, p) for name, svc in services().items() for p in [*svc.get("expose", []), *svc.get("ports", [])]
-                 if "8222" in str(p)]
+    published = [
+        (name, p)
+        for name, svc in services().items()
+        for p in [*svc.get("expose", []), *svc.get("ports", [])]
+        if "8222" in str(p)
+    ]
     assert not published, f"the NATS monitor is exposed: {published}"

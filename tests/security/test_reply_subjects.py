@@ -21,14 +21,22 @@ from tests.wait import eventually
 pytestmark = pytest.mark.timeout(600)
 
 S = Subjects("lw")
-PUBACK = b'"stream":"LW_REQ"'      # what JetStream would have written there
-KV_BUCKETS = {"tenants": "ops", "routing": "ops", "classes": "ops", "quota_use": "svc-broker",
-              "cache": "svc-broker"}
+PUBACK = b'"stream":"LW_REQ"'  # what JetStream would have written there
+KV_BUCKETS = {"tenants": "ops", "routing": "ops", "classes": "ops", "quota_use": "svc-broker", "cache": "svc-broker"}
 REPLIES = [
-    "$KV.lw_tenants.globex", "$KV.lw_routing.models", "$KV.lw_classes.interactive",
-    "$KV.lw_quota_use.acme.spent", "$KV.lw_cache.forged",
-    "lw.evt.broker.spoofed", "lw.sched.admit", "lw.sched.leader", "lw.sched.settled.spoofed",
-    "lw.usage.acme", "lw.audit.acme", "lw.dlq.batch.acme", "lw.tok.globex.edge",
+    "$KV.lw_tenants.globex",
+    "$KV.lw_routing.models",
+    "$KV.lw_classes.interactive",
+    "$KV.lw_quota_use.acme.spent",
+    "$KV.lw_cache.forged",
+    "lw.evt.broker.spoofed",
+    "lw.sched.admit",
+    "lw.sched.leader",
+    "lw.sched.settled.spoofed",
+    "lw.usage.acme",
+    "lw.audit.acme",
+    "lw.dlq.batch.acme",
+    "lw.tok.globex.edge",
 ]
 
 
@@ -54,7 +62,7 @@ async def test_a_reply_subject_never_writes_into_the_control_plane(up):
     ops = await up.connect_nats("ops")
     broker = await up.connect_nats("svc-broker")
     bridge = await up.connect_nats("svc-bridge")
-    acme = await up.connect_nats("tenant-acme", inbox_prefix="_INBOX_acme")   # works on either layout
+    acme = await up.connect_nats("tenant-acme", inbox_prefix="_INBOX_acme")  # works on either layout
     try:
         ops_js, broker_js = ops.jetstream(), broker.jetstream()
         clients = {"ops": ops_js, "svc-broker": broker_js}
@@ -65,8 +73,9 @@ async def test_a_reply_subject_never_writes_into_the_control_plane(up):
                 try:
                     seqs[name] = (await clients[user].stream_info(f"KV_{S.bucket(name)}")).state.last_seq
                 except nats.js.errors.NotFoundError:
-                    seqs[name] = 0       # created on first use
+                    seqs[name] = 0  # created on first use
             return seqs
+
         before = await last_seqs()
         tenants = await ops_js.key_value(S.bucket("tenants"))
         globex = await tenants.get("globex")
@@ -76,6 +85,7 @@ async def test_a_reply_subject_never_writes_into_the_control_plane(up):
 
         async def hear(msg) -> None:
             heard.append((msg.subject, msg.data))
+
         for subject in (S.broker_events, "lw.sched.>"):
             await broker.subscribe(subject, cb=hear)
         await bridge.subscribe("lw.tok.*.*", cb=hear)
@@ -84,15 +94,16 @@ async def test_a_reply_subject_never_writes_into_the_control_plane(up):
         dlq_before = len(await stream_messages(ops_js, S.dlq_stream))
 
         for i, reply in enumerate(REPLIES):
-            await acme.publish(S.req("interactive", "acme"), b"attack", reply=reply,
-                               headers={"Nats-Msg-Id": f"acme:attack-{i}"})
+            await acme.publish(
+                S.req("interactive", "acme"), b"attack", reply=reply, headers={"Nats-Msg-Id": f"acme:attack-{i}"}
+            )
         # The positive signal that every attack was handled: a later publish's PubAck comes back
         # (JetStream answers in order), and the broker dead-letters each attack's bytes.
-        ack = await acme.jetstream().publish(S.req("interactive", "acme"), b"attack",
-                                             headers={"Nats-Msg-Id": "acme:attack-last"})
+        ack = await acme.jetstream().publish(
+            S.req("interactive", "acme"), b"attack", headers={"Nats-Msg-Id": "acme:attack-last"}
+        )
         assert ack.stream == S.req_stream
-        assert await eventually(
-            lambda: _count_at_least(ops_js, dlq_before + len(REPLIES) + 1), timeout=60)
+        assert await eventually(lambda: _count_at_least(ops_js, dlq_before + len(REPLIES) + 1), timeout=60)
         await broker.flush()
         await bridge.flush()
 

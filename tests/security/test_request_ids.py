@@ -40,8 +40,12 @@ async def tenants(up):
 async def same_id(publishers: list[Publisher], max_tokens: list[int]) -> str:
     """Each publisher's request, all under one request id, published at once."""
     request_id = uuid.uuid4().hex
-    await asyncio.gather(*(p.publish(msgspec.structs.replace(p.request(max_tokens=n), request_id=request_id))
-                           for p, n in zip(publishers, max_tokens, strict=True)))
+    await asyncio.gather(
+        *(
+            p.publish(msgspec.structs.replace(p.request(max_tokens=n), request_id=request_id))
+            for p, n in zip(publishers, max_tokens, strict=True)
+        )
+    )
     return request_id
 
 
@@ -68,8 +72,9 @@ async def test_a_cancel_on_globexs_subject_leaves_acmes_request_of_that_id_runni
     firsts = await asyncio.gather(acme.next(request_id), globex.next(request_id))
     assert all(isinstance(d, Delta) and d.attempt == 1 for d in firsts), f"not both running: {firsts}"
     # globex may cancel only on its own subject: there it names acme's running request's id.
-    await globex.nc.publish(S.cancel("globex", request_id),
-                            codec.encode(Cancel(request_id=request_id, tenant="globex")))
+    await globex.nc.publish(
+        S.cancel("globex", request_id), codec.encode(Cancel(request_id=request_id, tenant="globex"))
+    )
     await globex.nc.flush()
     globex_end = await globex.first(request_id)
     assert isinstance(globex_end, Finished) and globex_end.finish_reason == "cancelled", globex_end
@@ -82,8 +87,11 @@ async def test_an_idempotency_keys_request_id_is_keyed_by_the_bridges_secret(up)
     for tenant in ("acme", "globex"):
         async with openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEYS[tenant], max_retries=0) as client:
             raw = await client.chat.completions.with_raw_response.create(
-                model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
-                extra_headers={"Idempotency-Key": "k1"})
+                model="laneway-sim",
+                max_tokens=4,
+                messages=[{"role": "user", "content": "hello"}],
+                extra_headers={"Idempotency-Key": "k1"},
+            )
             request_id = raw.parse().id.removeprefix("chatcmpl-")
             unkeyed = hashlib.sha256(f"{tenant}\0k1".encode()).hexdigest()[:32]
             assert request_id != unkeyed, "the id is computable from the tenant and its key alone"
@@ -92,8 +100,11 @@ async def test_an_idempotency_keys_request_id_is_keyed_by_the_bridges_secret(up)
             # The same key again maps to the same id: stored once, the retry is told so.
             with pytest.raises(openai.ConflictError):
                 await client.chat.completions.create(
-                    model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
-                    extra_headers={"Idempotency-Key": "k1"})
+                    model="laneway-sim",
+                    max_tokens=4,
+                    messages=[{"role": "user", "content": "hello"}],
+                    extra_headers={"Idempotency-Key": "k1"},
+                )
     assert ids["acme"] != ids["globex"]
 
 
@@ -102,6 +113,9 @@ async def test_an_idempotency_key_outside_1_to_255_characters_is_refused(up, key
     async with openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key=KEYS["acme"], max_retries=0) as client:
         with pytest.raises(openai.BadRequestError) as refused:
             await client.chat.completions.create(
-                model="laneway-sim", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
-                extra_headers={"Idempotency-Key": key})
+                model="laneway-sim",
+                max_tokens=4,
+                messages=[{"role": "user", "content": "hello"}],
+                extra_headers={"Idempotency-Key": key},
+            )
     assert refused.value.body["param"] == "Idempotency-Key"

@@ -35,8 +35,12 @@ def auth(tenant: str, event_id: str | None = None) -> dict[str, str]:
 
 async def acmes_stream_cut(http: aiohttp.ClientSession, url: str) -> tuple[str, bytes]:
     """acme streams, reads a few events and drops the connection: its last id and what it read."""
-    body = {"model": "laneway-sim", "stream": True, "max_tokens": 300,
-            "messages": [{"role": "user", "content": "the merger terms"}]}
+    body = {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": 300,
+        "messages": [{"role": "user", "content": "the merger terms"}],
+    }
     resp = await http.post(url + CHAT, json=body, headers=auth("acme"))
     assert resp.status == 200
     seen, last_id = b"", ""
@@ -70,20 +74,24 @@ async def test_a_tenants_nats_user_cannot_reach_the_resume_subject(up):
 
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc).lower())
+
     async with aiohttp.ClientSession() as http:
         last_id, _ = await acmes_stream_cut(http, up.url)
     edge, request_id, n = last_id.split(".")
     globex = await up.connect_nats("tenant-globex", error_cb=on_error)
     relayed: list[nats.aio.msg.Msg] = []
     try:
+
         async def got(msg) -> None:
             relayed.append(msg)
+
         await globex.subscribe(S.resume_all, cb=got)
         ask = ResumeAsk("acme", request_id, int(n), CHAT, S.resume_reply(edge, "stolen"))
         await globex.publish(S.resume(edge), codec.encode(ask))
         await globex.flush()
-        assert await eventually(lambda: sum("permissions violation" in e and "lw.resume" in e for e in errors) >= 2,
-                                timeout=20), errors
+        assert await eventually(
+            lambda: sum("permissions violation" in e and "lw.resume" in e for e in errors) >= 2, timeout=20
+        ), errors
     finally:
         await globex.close()
     assert relayed == []

@@ -31,17 +31,21 @@ async def test_a_worker_cannot_read_the_other_services_replies(up):
     heard = []
     try:
         for subject in OTHERS:
+
             async def overheard(msg, subject=subject) -> None:
                 heard.append(subject)
+
             await spy.subscribe(subject, cb=overheard)
         async with aiohttp.ClientSession(base_url=up.url) as http:
             body = {"model": "laneway-sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-            async with http.post("/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {KEYS['acme']}"}) as resp:
+            async with http.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS['acme']}"}
+            ) as resp:
                 assert resp.status == 200, await resp.text()
 
         def refused(subject: str) -> bool:
             return any("permissions violation" in e.lower() and subject.lower() in e.lower() for e in errors)
+
         assert await eventually(lambda: all(refused(s) for s in OTHERS)), errors
         await spy.flush()
         assert heard == []
@@ -50,9 +54,9 @@ async def test_a_worker_cannot_read_the_other_services_replies(up):
 
 
 async def test_a_service_still_gets_its_own_replies(up):
-    worker = await up.connect_nats("svc-worker")        # its own prefix, as `laneway worker` uses
+    worker = await up.connect_nats("svc-worker")  # its own prefix, as `laneway worker` uses
     try:
-        info = await worker.jetstream().stream_info("KV_lw_routing")     # a request and its reply
+        info = await worker.jetstream().stream_info("KV_lw_routing")  # a request and its reply
         assert info.config.name == "KV_lw_routing"
     finally:
         await worker.close()

@@ -35,10 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory):
-    tenants = [TenantSpec("acme", more=(f"storage.file_bytes = {QUOTA}", "storage.files = 5",
-                                           "storage.records = 3")), TenantSpec("globex")]
-    async with Fleet(tmp_path_factory.mktemp("storage") / "lw", tenants, [PoolSpec(profile="zero")],
-                     up_flags=["--pii", "off"]) as running:
+    tenants = [
+        TenantSpec("acme", more=(f"storage.file_bytes = {QUOTA}", "storage.files = 5", "storage.records = 3")),
+        TenantSpec("globex"),
+    ]
+    async with Fleet(
+        tmp_path_factory.mktemp("storage") / "lw", tenants, [PoolSpec(profile="zero")], up_flags=["--pii", "off"]
+    ) as running:
         yield running
 
 
@@ -96,14 +99,17 @@ async def test_an_upload_of_unknown_length_is_held_as_it_streams(fleet: Fleet) -
         async def body():
             for _ in range(size // 100_000):
                 yield b"z" * 100_000
+
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
         form.add_field("file", body(), filename="chunked.jsonl", content_type="application/octet-stream")
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{fleet.url}/v1/files", data=form,
-                                 headers={"Authorization": f"Bearer {fleet.keys['acme']}"}) as resp:
+            async with http.post(
+                f"{fleet.url}/v1/files", data=form, headers={"Authorization": f"Bearer {fleet.keys['acme']}"}
+            ) as resp:
                 assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
                 return resp.status, await resp.json()
+
     status, body = await upload(2 * MB)
     assert status == 200 and body["bytes"] == 2 * MB, body
     before = await stored_bytes(fleet)
@@ -120,12 +126,13 @@ async def test_two_uploads_racing_past_the_quota_are_not_both_kept(fleet: Fleet)
     acme = client(fleet, "acme")
     for _ in range(3):
         await clear(acme)
-        results = await asyncio.gather(*(acme.files.create(file=(f"{i}.jsonl", bytes([65 + i]) * (2 * MB)),
-                                                            purpose="batch") for i in range(2)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(acme.files.create(file=(f"{i}.jsonl", bytes([65 + i]) * (2 * MB)), purpose="batch") for i in range(2)),
+            return_exceptions=True,
+        )
         kept = [r for r in results if not isinstance(r, BaseException)]
         refused = [r for r in results if isinstance(r, openai.PermissionDeniedError)]
-        assert len(kept) == 1 and len(refused) == 1, results    # the earlier hold wins; never both
+        assert len(kept) == 1 and len(refused) == 1, results  # the earlier hold wins; never both
         assert sum([f.bytes async for f in acme.files.list()]) <= QUOTA
     await clear(acme)
 
@@ -157,11 +164,12 @@ async def test_stored_responses_and_conversations_are_bounded_per_tenant(fleet: 
     kept = [await acme.responses.create(model=MODEL, input=f"note {i}", max_output_tokens=4) for i in range(2)]
     await acme.conversations.create()
 
-    async def stored() -> bool:     # an ended response is written after its answer
+    async def stored() -> bool:  # an ended response is written after its answer
         try:
             return all([await acme.responses.retrieve(r.id) for r in kept])
         except openai.NotFoundError:
             return False
+
     assert await eventually(stored)
     with pytest.raises(openai.PermissionDeniedError) as refused:
         await acme.responses.create(model=MODEL, input="one more", max_output_tokens=4)
@@ -173,7 +181,7 @@ async def test_stored_responses_and_conversations_are_bounded_per_tenant(fleet: 
     unstored = await acme.responses.create(model=MODEL, input="not kept", max_output_tokens=4, store=False)
     assert unstored.store is False
     assert (await globex.responses.create(model=MODEL, input="mine", max_output_tokens=4)).store is True
-    assert (await acme.responses.retrieve(kept[0].id)).id == kept[0].id     # what was kept stays
+    assert (await acme.responses.retrieve(kept[0].id)).id == kept[0].id  # what was kept stays
     await acme.responses.delete(kept[0].id)
 
     async def room_again() -> bool:
@@ -182,8 +190,9 @@ async def test_stored_responses_and_conversations_are_bounded_per_tenant(fleet: 
         except openai.PermissionDeniedError:
             return False
         return True
+
     assert await eventually(room_again, timeout=30, interval=0.5)
-    assert await eventually(stored)      # 3 records again: 2 responses and the conversation
+    assert await eventually(stored)  # 3 records again: 2 responses and the conversation
 
 
 async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
@@ -192,9 +201,25 @@ async def test_laneway_usage_shows_what_a_tenant_stores(fleet: Fleet) -> None:
     await acme.files.create(file=("u.jsonl", b"u" * 12_345), purpose="batch")
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     report = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "laneway.cli", "usage", "--tenant", "acme", "--since", since,
-                         "--nats-url", fleet.nats_url],
-        capture_output=True, text=True, timeout=60, env=fleet.up.nats_env("ops"), cwd=ROOT)
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "usage",
+            "--tenant",
+            "acme",
+            "--since",
+            since,
+            "--nats-url",
+            fleet.nats_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=fleet.up.nats_env("ops"),
+        cwd=ROOT,
+    )
     assert report.returncode == 0, report.stderr
     assert f"storage: 12345 bytes in 1 files of the quota's {QUOTA} bytes and 5 files" in report.stdout, report.stdout
     assert "stored responses and conversations: 3 of the quota's 3" in report.stdout, report.stdout

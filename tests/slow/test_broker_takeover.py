@@ -32,21 +32,28 @@ from schemas import codec
 from schemas.subjects import Subjects
 from tests.wait import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
-              pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the brokers")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the brokers"),
+]
 
 KEY = "sk-takeover"
-SLOTS = 10            # batch may hold 9 (max_slot_share 0.9): one slot stays for the probe
-STREAMS = 24          # batch streams: 9 run when the scheduler dies, 15 wait in the lanes
-TOKENS = 300          # ~2.5 s each on the simulated H100: still running at the kill
+SLOTS = 10  # batch may hold 9 (max_slot_share 0.9): one slot stays for the probe
+STREAMS = 24  # batch streams: 9 run when the scheduler dies, 15 wait in the lanes
+TOKENS = 300  # ~2.5 s each on the simulated H100: still running at the kill
 HANG_S = 60
 S = Subjects()
 
 
 def body(max_tokens: int) -> dict:
-    return {"model": "laneway-sim", "stream": True, "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": "a long answer, please"}]}
+    return {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "a long answer, please"}],
+    }
 
 
 async def lease_holder(kv) -> str | None:
@@ -61,10 +68,21 @@ async def lease_holder(kv) -> str | None:
 async def test_killing_the_scheduler_loses_nothing_and_a_standby_takes_over(tmp_path, brokers):
     """With 2 brokers the survivor must also start consuming at once (the dead one was the
     scheduler: it does not count as a live peer that gates)."""
-    extra = ["--pii", "off", "--brokers", str(brokers), "--metrics",
-             "--sim-profile", "llama-8b-h100", "--sim-max-seqs", str(SLOTS)]
-    async with LanewayUp(tmp_path / "lw", KEY, extra) as up, \
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    extra = [
+        "--pii",
+        "off",
+        "--brokers",
+        str(brokers),
+        "--metrics",
+        "--sim-profile",
+        "llama-8b-h100",
+        "--sim-max-seqs",
+        str(SLOTS),
+    ]
+    async with (
+        LanewayUp(tmp_path / "lw", KEY, extra) as up,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
+    ):
         nc = await up.connect_nats("ops")
         js = nc.jetstream()
         try:
@@ -77,8 +95,10 @@ async def test_killing_the_scheduler_loses_nothing_and_a_standby_takes_over(tmp_
         [victim] = await up.schedulers(http)
 
         results = [Result() for _ in range(STREAMS)]
-        load = [asyncio.create_task(stream_chat(http, up.url, KEY, body(TOKENS), {"x-laneway-class": "batch"}, r))
-                for r in results]
+        load = [
+            asyncio.create_task(stream_chat(http, up.url, KEY, body(TOKENS), {"x-laneway-class": "batch"}, r))
+            for r in results
+        ]
         # In flight and waiting: some streams have tokens, the rest have none yet.
         assert await eventually(lambda: any(r.tokens for r in results), timeout=HANG_S)
         assert not all(r.tokens for r in results), "no request was waiting when the scheduler died"
@@ -87,14 +107,17 @@ async def test_killing_the_scheduler_loses_nothing_and_a_standby_takes_over(tmp_
         killed = time.monotonic()
         probe = Result()
         probing = asyncio.create_task(stream_chat(http, up.url, KEY, body(8), result=probe))
-        assert await eventually(lambda: _other(lease_holder(kv), holder), timeout=HANG_S), \
+        assert await eventually(lambda: _other(lease_holder(kv), holder), timeout=HANG_S), (
             f"no broker took the lease from {holder}"
+        )
         new_lease_s = time.monotonic() - killed
         _done, hung = await asyncio.wait([*load, probing], timeout=HANG_S)
         assert not hung, f"{len(hung)} of {STREAMS + 1} calls hung after the scheduler was killed"
         first_token = "none" if probe.ttft is None else f"{probe.ttft:.2f} s"
-        print(f"\ntakeover ({brokers} brokers): kill → new lease {new_lease_s:.2f} s; kill → first token of a request "
-              f"sent after it {first_token}")
+        print(
+            f"\ntakeover ({brokers} brokers): kill → new lease {new_lease_s:.2f} s; kill → first token of a request "
+            f"sent after it {first_token}"
+        )
 
         everyone = [*results, probe]
         assert [r.error for r in everyone if not r.ok] == []

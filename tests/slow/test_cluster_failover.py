@@ -30,16 +30,18 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
     try:
         setup = await nats.connect(list(urls.values()))
         js = setup.jetstream()
-        async def meta_leader() -> bool:   # the JetStream meta leader is elected a moment after start
+
+        async def meta_leader() -> bool:  # the JetStream meta leader is elected a moment after start
             try:
                 await js.account_info()
             except Exception:
                 return False
             return True
+
         assert await eventually(meta_leader, timeout=60, interval=0.2), "no JetStream meta leader"
         limits = StreamLimits(replicas=3, ack_wait_s=5.0)
 
-        async def placed() -> bool:        # a moment more until every peer has reported to the leader
+        async def placed() -> bool:  # a moment more until every peer has reported to the leader
             try:
                 await ensure_topology(js, Subjects("lw"), limits)
             except nats.js.errors.BadRequestError as exc:
@@ -47,6 +49,7 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
                     raise
                 return False
             return True
+
         assert await eventually(placed, timeout=60, interval=0.2), "no placement for an R3 stream"
         leader = (await js.stream_info("LW_REQ")).cluster.leader
         # Laneway connects to a node that will survive; the victim is the stream leader.
@@ -55,10 +58,11 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
             client_nc = await nats.connect(urls[survivor])
             accepted: list[asyncio.Task] = []
             refused = 0
-            completed_at: list[tuple[float, float]] = []   # (sent, done)
+            completed_at: list[tuple[float, float]] = []  # (sent, done)
             accepted_at: list[float] = []
 
             async with LanewayClient(client_nc, "demo") as client:
+
                 async def one(i: int) -> None:
                     sent = time.monotonic()
                     parts = []
@@ -83,16 +87,19 @@ async def test_stream_leader_lost_under_load(tmp_path, how):
                     task = asyncio.create_task(one(i))
                     accepted.append(task)
                     i += 1
-                    await asyncio.sleep(0.05)   # scenario, kept: the load's pace, 20 requests a second
+                    await asyncio.sleep(0.05)  # scenario, kept: the load's pace, 20 requests a second
                 done, pending = await asyncio.wait(accepted, timeout=90)
             failures = [t.exception() for t in done if t.exception() is not None]
-            refused = sum(1 for f in failures if isinstance(f, LanewayError)
-                          and f.code in ("overloaded", "queue_full"))   # never accepted
+            refused = sum(
+                1 for f in failures if isinstance(f, LanewayError) and f.code in ("overloaded", "queue_full")
+            )  # never accepted
             lost = len(failures) - refused
             resumed = min((d for s, d in completed_at if s >= killed_at), default=float("inf")) - killed_at
-            print(f"\n[cluster failover, leader {how}] faults=1 sent={len(accepted)} "
-                  f"refused_at_publish={refused} completed={len(completed_at)} lost={lost} "
-                  f"hung={len(pending)} first_completion_after={resumed:.2f}s")
+            print(
+                f"\n[cluster failover, leader {how}] faults=1 sent={len(accepted)} "
+                f"refused_at_publish={refused} completed={len(completed_at)} lost={lost} "
+                f"hung={len(pending)} first_completion_after={resumed:.2f}s"
+            )
             assert not pending and lost == 0, failures[:3]
             # A handed-over leadership resumes at once. After a crash, JetStream's raft waits out
             # its election timeout (4 s minimum in nats-server) first; refused publishes are safe

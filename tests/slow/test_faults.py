@@ -25,14 +25,22 @@ from tests.wait import eventually
 pytestmark = pytest.mark.slow
 
 KEY = "sk-faults-slow"
-HANG_S = 300          # how long a test waits before it calls a request hung
+HANG_S = 300  # how long a test waits before it calls a request hung
 
 
 async def spawn(role: str, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", role, *args,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "laneway.cli",
+        "--log-level",
+        "WARNING",
+        role,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 async def kill(proc: asyncio.subprocess.Process, sig: int = signal.SIGKILL) -> None:
@@ -42,8 +50,21 @@ async def kill(proc: asyncio.subprocess.Process, sig: int = signal.SIGKILL) -> N
 
 
 def worker_args(url: str, prefix: str, *extra: str) -> list[str]:
-    return ["--nats-url", url, "--prefix", prefix, "--pool", "sim", "--engine", "sim",
-            "--heartbeat-interval", "0.5", "--in-progress-interval", "0.5", *extra]
+    return [
+        "--nats-url",
+        url,
+        "--prefix",
+        prefix,
+        "--pool",
+        "sim",
+        "--engine",
+        "sim",
+        "--heartbeat-interval",
+        "0.5",
+        "--in-progress-interval",
+        "0.5",
+        *extra,
+    ]
 
 
 async def stored(nc, stream: str) -> int:
@@ -68,19 +89,40 @@ async def test_worker_sigkill_with_200_accepted(nats_server):
     limits = StreamLimits(ack_wait_s=3.0)
     async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="wk") as s:
         # A slow modelled GPU (10× slower than an H100) keeps the client side of this test light.
-        a = await spawn("worker", *worker_args(nats_server.url, "wk", "--worker-id", "victim",
-                                               "--sim-profile", "llama-8b-h100", "--sim-speed", "0.1",
-                                               "--sim-kv-tokens", "5000000"))
+        a = await spawn(
+            "worker",
+            *worker_args(
+                nats_server.url,
+                "wk",
+                "--worker-id",
+                "victim",
+                "--sim-profile",
+                "llama-8b-h100",
+                "--sim-speed",
+                "0.1",
+                "--sim-kv-tokens",
+                "5000000",
+            ),
+        )
         b = None
         try:
             await s.bridge.wait_ready(60)
-            streaming = {"model": "laneway-sim", "stream": True, "max_tokens": 3000,
-                         "messages": [{"role": "user", "content": "tell me a long story"}]}
+            streaming = {
+                "model": "laneway-sim",
+                "stream": True,
+                "max_tokens": 3000,
+                "messages": [{"role": "user", "content": "tell me a long story"}],
+            }
             # ~6,000-token prompts: 100 of them keep the slowed GPU in prefill for minutes.
-            prefilling = {"model": "laneway-sim", "stream": True, "max_tokens": 20,
-                          "stream_options": {"include_usage": True},   # tokens, not chunks
-                          "messages": [{"role": "user", "content": "long document " * 1700}]}
+            prefilling = {
+                "model": "laneway-sim",
+                "stream": True,
+                "max_tokens": 20,
+                "stream_options": {"include_usage": True},  # tokens, not chunks
+                "messages": [{"role": "user", "content": "long document " * 1700}],
+            }
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
                 def in_flight() -> int:
                     beat = next((w for w in s.bridge.readiness.workers() if w.worker_id == "victim"), None)
                     return 0 if beat is None else beat.total_slots - beat.free_slots
@@ -88,13 +130,26 @@ async def test_worker_sigkill_with_200_accepted(nats_server):
                 first = [asyncio.create_task(stream_chat(http, s.url, KEY, streaming)) for _ in range(100)]
                 assert await eventually(lambda: in_flight() == 100, timeout=HANG_S)
                 second = [asyncio.create_task(stream_chat(http, s.url, KEY, prefilling)) for _ in range(100)]
-                assert await eventually(lambda: in_flight() > 100, timeout=HANG_S), \
-                    [t.result() for t in second if t.done()][:3]
+                assert await eventually(lambda: in_flight() > 100, timeout=HANG_S), [
+                    t.result() for t in second if t.done()
+                ][:3]
                 assert await eventually(lambda: stored_is(s.broker._nc, "WK_REQ", 200), timeout=HANG_S)
                 await kill(a)
-                b = await spawn("worker", *worker_args(nats_server.url, "wk", "--worker-id", "rescuer",
-                                                       "--sim-profile", "llama-8b-h100", "--sim-speed", "50",
-                                                       "--sim-kv-tokens", "5000000"))
+                b = await spawn(
+                    "worker",
+                    *worker_args(
+                        nats_server.url,
+                        "wk",
+                        "--worker-id",
+                        "rescuer",
+                        "--sim-profile",
+                        "llama-8b-h100",
+                        "--sim-speed",
+                        "50",
+                        "--sim-kv-tokens",
+                        "5000000",
+                    ),
+                )
                 # A bound on a hang, far past what a slow machine needs; not a window.
                 _done, pending = await asyncio.wait(first + second, timeout=HANG_S)
             assert not pending, f"{len(pending)} requests hung"
@@ -104,8 +159,16 @@ async def test_worker_sigkill_with_200_accepted(nats_server):
             assert all(r.ok and r.tokens == 20 for r in moved), {(r.error, r.tokens) for r in moved}
             await eventually(lambda: stored_is(s.broker._nc, "WK_REQ", 0))
             left = await stored(s.broker._nc, "WK_REQ")
-            report("worker SIGKILL", faults=1, accepted=200, completed_elsewhere=len(moved),
-                   continued_elsewhere=len(continued), lost=0, hung=len(pending), left_in_stream=left)
+            report(
+                "worker SIGKILL",
+                faults=1,
+                accepted=200,
+                completed_elsewhere=len(moved),
+                continued_elsewhere=len(continued),
+                lost=0,
+                hung=len(pending),
+                left_in_stream=left,
+            )
             assert left == 0
         finally:
             await kill(a)
@@ -125,20 +188,23 @@ async def test_nats_restart_with_1000_queued(tmp_path):
     try:
         async with Stack(server.url, demo_settings(KEY), engines=[], prefix="rs"):
             async with LanewayClient(nc, "demo", prefix="rs") as client:
+
                 async def one(i: int) -> int:
                     text = [t async for t in client.generate(chat(f"queued {i}", max_tokens=4), timeout_s=300)]
                     return len("".join(text).split())
+
                 tasks = [asyncio.create_task(one(i)) for i in range(1000)]
+
                 async def all_stored() -> bool:
                     return await stored(nc, "RS_REQ") >= 1000
+
                 assert await eventually(all_stored, timeout=300, interval=0.1), "the 1000 requests were never stored"
                 await server.kill()
-                await server.start()          # same port, same store
+                await server.start()  # same port, same store
                 worker = await spawn("worker", *worker_args(server.url, "rs", "--sim-profile", "zero"))
                 results = await asyncio.gather(*tasks, return_exceptions=True)
                 completed = sum(1 for r in results if r == 4)
-                report("nats restart", faults=1, accepted=1000, completed=completed,
-                       lost=1000 - completed, hung=0)
+                report("nats restart", faults=1, accepted=1000, completed=completed, lost=1000 - completed, hung=0)
                 assert completed == 1000, [r for r in results if r != 4][:3]
                 # Acks are applied after the last frame leaves: wait for the store to drain.
                 assert await eventually(lambda: stored_is(nc, "RS_REQ", 0))
@@ -156,12 +222,15 @@ async def test_broker_sigkill_rebuilds_lanes_from_unacked_messages(nats_server):
     worker = None
     nc = await nats.connect(nats_server.url)
     try:
-        async with Stack(nats_server.url, demo_settings(KEY), engines=[], prefix="bk",
-                         limits=StreamLimits(ack_wait_s=2.0)) as s:
-            await s.broker.stop()     # only the killable broker process serves this prefix
+        async with Stack(
+            nats_server.url, demo_settings(KEY), engines=[], prefix="bk", limits=StreamLimits(ack_wait_s=2.0)
+        ) as s:
+            await s.broker.stop()  # only the killable broker process serves this prefix
             async with LanewayClient(nc, "demo", prefix="bk") as client:
+
                 async def one(i: int) -> int:
                     return len([t async for t in client.generate(chat(f"r{i}", max_tokens=3), timeout_s=120)])
+
                 tasks = [asyncio.create_task(one(i)) for i in range(50)]
                 # Accepted (stored), held unacked in the broker's lanes.
                 assert await eventually(lambda: stored_is(nc, "BK_REQ", 50))
@@ -170,8 +239,14 @@ async def test_broker_sigkill_rebuilds_lanes_from_unacked_messages(nats_server):
                 worker = await spawn("worker", *worker_args(nats_server.url, "bk", "--sim-profile", "zero"))
                 done, pending = await asyncio.wait(tasks, timeout=HANG_S)
                 completed = sum(1 for t in done if not t.exception() and t.result() >= 1)
-                report("broker SIGKILL", faults=1, accepted=50, completed=completed,
-                       lost=50 - completed - len(pending), hung=len(pending))
+                report(
+                    "broker SIGKILL",
+                    faults=1,
+                    accepted=50,
+                    completed=completed,
+                    lost=50 - completed - len(pending),
+                    hung=len(pending),
+                )
                 assert completed == 50
     finally:
         await kill(broker, signal.SIGTERM)

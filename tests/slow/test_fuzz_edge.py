@@ -28,18 +28,35 @@ def bridge_url(tmp_path_factory) -> str:
     port = free_port()
     data = tmp_path_factory.mktemp("fuzz")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "laneway.cli", "--log-level", "WARNING", "up", "--port", str(port),
-         "--data-dir", str(data), "--api-key", KEY, "--sim-profile", "zero"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "laneway.cli",
+            "--log-level",
+            "WARNING",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data),
+            "--api-key",
+            KEY,
+            "--sim-profile",
+            "zero",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300     # a bound on a hang: start-up imports Presidio in the PII pool
+    deadline = time.monotonic() + 300  # a bound on a hang: start-up imports Presidio in the PII pool
     while time.monotonic() < deadline:
         try:
             if requests.get(f"{url}/readyz", timeout=1).status_code == 200:
                 break
         except requests.RequestException:
             pass
-        time.sleep(0.25)   # kept: a sync fixture polling /readyz, the positive signal itself
+        time.sleep(0.25)  # kept: a sync fixture polling /readyz, the positive signal itself
     else:
         proc.kill()
         pytest.fail(f"laneway up did not become ready: {proc.stdout.read()}")
@@ -67,8 +84,11 @@ def _clamp(case) -> None:
     # Inputs are what is under test, not generation length: keep valid streams short.
     if isinstance(case.body, dict) and isinstance(case.body.get("max_tokens"), int) and case.body["max_tokens"] > 16:
         case.body["max_tokens"] = 16
-    if isinstance(case.body, dict) and isinstance(case.body.get("max_completion_tokens"), int) \
-            and case.body["max_completion_tokens"] > 16:
+    if (
+        isinstance(case.body, dict)
+        and isinstance(case.body.get("max_completion_tokens"), int)
+        and case.body["max_completion_tokens"] > 16
+    ):
         case.body["max_completion_tokens"] = 16
 
 
@@ -76,8 +96,7 @@ def _clamp(case) -> None:
 def test_chat_completions_fuzz(bridge_url, mode, examples):
     operation = _operation(bridge_url, "/v1/chat/completions", "POST")
 
-    @settings(max_examples=examples, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy(generation_mode=mode))
     def run(case):
         _clamp(case)

@@ -19,8 +19,19 @@ from loadtest.results import to_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-GROUP_KEYS = {"requests", "completed", "failed", "cut", "errors", "ttft_s", "itl_s", "e2e_s",
-              "tokens_per_s", "requests_per_s", "slo"}
+GROUP_KEYS = {
+    "requests",
+    "completed",
+    "failed",
+    "cut",
+    "errors",
+    "ttft_s",
+    "itl_s",
+    "e2e_s",
+    "tokens_per_s",
+    "requests_per_s",
+    "slo",
+}
 
 
 def _args(module, *argv: str) -> argparse.Namespace:
@@ -38,16 +49,19 @@ def _check_run(run: dict) -> None:
     assert {"t", "tokens_per_s", "sample_t", "inflight", "waiting", "open_streams"} <= set(run["timeline"])
 
 
-@pytest.mark.parametrize("name,scale_by,target", [
-    ("b2b-100k-dau", 0.01, "http"),
-    ("cost-stack-120qps", 0.01, "http"),
-    ("batch-flood", 0.02, "http"),
-    ("two-tenant-fairness", 0.005, "nats"),
-])
+@pytest.mark.parametrize(
+    "name,scale_by,target",
+    [
+        ("b2b-100k-dau", 0.01, "http"),
+        ("cost-stack-120qps", 0.01, "http"),
+        ("batch-flood", 0.02, "http"),
+        ("two-tenant-fairness", 0.005, "nats"),
+    ],
+)
 async def test_generator_scenario_runs_and_reports(name, scale_by, target, tmp_path):
     s = scenarios.get(name).scaled(scale_by).with_duration(3.0)
     doc = await generator.run_scenario(s, target=target, drain_s=4.0, show_progress=False)
-    doc = json.loads(to_json(doc))          # what --json writes: strict JSON
+    doc = json.loads(to_json(doc))  # what --json writes: strict JSON
     assert doc["scenario"] == name and doc["target"] == target
     assert "SIMULATION" in doc["engine"]["engine"]
     [run] = doc["runs"]
@@ -76,17 +90,30 @@ async def test_overhead_short():
         assert lv["tokens_per_s"] * 12 / lv["requests_per_s"] == pytest.approx(12 * 16)
         # CPU clocks tick at 1-10 ms on some machines, so a short run may read 0: never negative.
         assert lv["cpu_ms_per_request"] >= 0 and lv["engine_cpu_ms_per_request"] >= 0
-        assert lv["net_cpu_ms_per_request"] == pytest.approx(
-            lv["cpu_ms_per_request"] - lv["engine_cpu_ms_per_request"])
-        by_role = lv["cpu_ms_per_request_by_role"]      # where it went, a figure per process role
+        assert lv["net_cpu_ms_per_request"] == pytest.approx(lv["cpu_ms_per_request"] - lv["engine_cpu_ms_per_request"])
+        by_role = lv["cpu_ms_per_request_by_role"]  # where it went, a figure per process role
         assert set(by_role) == {"nats-server", "broker", "worker", "bridge"}
         assert all(v >= 0 for v in by_role.values())
     assert "added p50" in overhead.render(report_)
 
 
 async def test_hol_short():
-    args = _args(hol, "--duration", "4", "--warmup", "1", "--max-seqs", "16", "--flood-users", "20",
-                 "--flood-tokens", "256", "--chat-rate", "3", "--quiet")
+    args = _args(
+        hol,
+        "--duration",
+        "4",
+        "--warmup",
+        "1",
+        "--max-seqs",
+        "16",
+        "--flood-users",
+        "20",
+        "--flood-tokens",
+        "256",
+        "--chat-rate",
+        "3",
+        "--quiet",
+    )
     doc = await hol.run_benchmark(args)
     f = doc["figures"]
     assert set(f["phases"]) == {"alone", "flood-alone", "lanes", "fifo"}
@@ -116,14 +143,28 @@ async def test_fairness_short():
 async def test_affinity_short():
     """Two workers, a few sessions: every turn metered with the worker that served it, and with
     affinity on, a conversation's next turn is served where its history was."""
-    args = _args(affinity, "--workers", "2", "--sessions", "3", "--duration", "12", "--warmup", "0",
-                 "--turns", "4", "--think", "0.3", "--quiet")
+    args = _args(
+        affinity,
+        "--workers",
+        "2",
+        "--sessions",
+        "3",
+        "--duration",
+        "12",
+        "--warmup",
+        "0",
+        "--turns",
+        "4",
+        "--think",
+        "0.3",
+        "--quiet",
+    )
     doc = await affinity.run_benchmark(args)
     runs = doc["runs"]
     assert set(runs) == {"one", "on", "off"}
     for r in runs.values():
         assert r["turns"] > 0 and r["errors"] == 0
-        assert r["metered"] == r["turns"]                   # every turn's usage record was read back
+        assert r["metered"] == r["turns"]  # every turn's usage record was read back
         assert 0 < r["hit_rate"] < 1 and r["cached_tokens"] > 0
         assert sum(r["per_worker"].values()) == r["metered"] and len(r["per_worker"]) <= r["workers"]
     assert runs["one"]["stayed"] == 1.0
@@ -133,8 +174,25 @@ async def test_affinity_short():
 
 
 async def test_multibroker_short():
-    args = _args(multibroker, "--brokers", "1", "2", "--duration", "4", "--warmup", "1", "--max-seqs", "16",
-                 "--flood-users", "20", "--flood-tokens", "64", "--chat-rate", "3", "--quiet")
+    args = _args(
+        multibroker,
+        "--brokers",
+        "1",
+        "2",
+        "--duration",
+        "4",
+        "--warmup",
+        "1",
+        "--max-seqs",
+        "16",
+        "--flood-users",
+        "20",
+        "--flood-tokens",
+        "64",
+        "--chat-rate",
+        "3",
+        "--quiet",
+    )
     doc = await multibroker.run_benchmark(args)
     f = doc["figures"]
     assert set(f) == {"1", "2"} and len(doc["runs"]) == 4
@@ -152,8 +210,9 @@ async def test_multibroker_short():
 
 
 async def test_scale_short():
-    args = _args(scale, "--clients", "200", "--workers", "2", "--ramp", "2", "--hold", "3",
-                 "--stream-rate", "4", "--quiet")
+    args = _args(
+        scale, "--clients", "200", "--workers", "2", "--ramp", "2", "--hold", "3", "--stream-rate", "4", "--quiet"
+    )
     doc = await scale.run_benchmark(args)
     f = doc["figures"]
     assert f["error_count"] == 0, f["errors"]
@@ -162,20 +221,35 @@ async def test_scale_short():
     assert f["frame_lag_s"]["n"] > 0 and math.isfinite(f["frame_lag_s"]["p99"])
     assert set(f["rss_per_stream_bytes"]) == {"nats-server", "bridge", "broker", "worker"}
     assert f["rss_during"]["bridge"] > 0
-    assert f["client_procs"] == 2 and f["client_cpu_cores"] >= 0   # the generator's processes, apart
+    assert f["client_procs"] == 2 and f["client_cpu_cores"] >= 0  # the generator's processes, apart
     assert "memory per open stream" in scale.render(doc)
 
 
 async def test_scale_find_max_short():
     """Steps up until one misses (a loaded CI machine may miss the lag target at any step): the
     most held is the step before the first miss, and the miss says why."""
-    args = _args(scale, "--find-max", "--steps", "40,80", "--workers", "1", "--ramp", "1", "--hold", "2",
-                 "--stream-rate", "4", "--client-procs", "1", "--quiet")
+    args = _args(
+        scale,
+        "--find-max",
+        "--steps",
+        "40,80",
+        "--workers",
+        "1",
+        "--ramp",
+        "1",
+        "--hold",
+        "2",
+        "--stream-rate",
+        "4",
+        "--client-procs",
+        "1",
+        "--quiet",
+    )
     doc = await scale.run_benchmark(args)
     steps = doc["figures"]["steps"]
     ran = sorted(steps)
-    assert ran == [40, 80][:len(ran)] and len(doc["runs"]) == len(ran)
+    assert ran == [40, 80][: len(ran)] and len(doc["runs"]) == len(ran)
     missed = [n for n in ran if steps[n]["missed"]]
-    assert missed in ([], [ran[-1]])                      # it stops at the first miss
+    assert missed in ([], [ran[-1]])  # it stops at the first miss
     assert doc["figures"]["max_held"] == max((n for n in ran if n not in missed), default=0)
     assert "Most streams held" in scale.render(doc)

@@ -28,8 +28,13 @@ def _proxy_importable(args: argparse.Namespace) -> str | None:
     env = dict(os.environ)
     if args.proxy_path.is_dir():
         env["PYTHONPATH"] = str(args.proxy_path.resolve())
-    done = subprocess.run([sys.executable, "-c", "import litellm.proxy.proxy_server"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import litellm.proxy.proxy_server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
 
 

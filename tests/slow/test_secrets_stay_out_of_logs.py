@@ -12,31 +12,38 @@ pytestmark = pytest.mark.slow
 KEY = "sk-SEEDED-SECRET-KEY-31415"
 WRONG_KEY = "sk-WRONG-SECRET-KEY-92653"
 PROMPT_MARK = "SEEDED-PROMPT-27182"
-COMPLETION_PHRASE = "streams simulated tokens from"   # what the sim engine writes
+COMPLETION_PHRASE = "streams simulated tokens from"  # what the sim engine writes
 
 
 async def test_secrets_never_reach_logs_or_metrics(tmp_path):
     data = tmp_path / "lw"
     async with LanewayUp(data, KEY, ["--sim-profile", "zero"]) as up:
-        body = {"model": "laneway-sim", "max_tokens": 16,
-                "messages": [{"role": "user", "content": f"my secret is {PROMPT_MARK}"}]}
+        body = {
+            "model": "laneway-sim",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": f"my secret is {PROMPT_MARK}"}],
+        }
         async with aiohttp.ClientSession(base_url=up.url) as http:
             auth = {"Authorization": f"Bearer {KEY}"}
             async with http.post("/v1/chat/completions", json={**body, "stream": True}, headers=auth) as r:
                 assert r.status == 200 and (await r.text()).endswith("data: [DONE]\n\n")
             async with http.post("/v1/chat/completions", json=body, headers=auth) as r:
                 completion = (await r.json())["choices"][0]["message"]["content"]
-                assert COMPLETION_PHRASE in completion   # so its absence from the logs means something
+                assert COMPLETION_PHRASE in completion  # so its absence from the logs means something
             # Error paths log too: a wrong key, a malformed body, a timed-out request, a disconnect.
-            async with http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {WRONG_KEY}"}) as r:
+            async with http.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {WRONG_KEY}"}
+            ) as r:
                 assert r.status == 401
             async with http.post("/v1/chat/completions", data=f'{{"messages": "{PROMPT_MARK}', headers=auth) as r:
                 assert r.status == 400
-            async with http.post("/v1/chat/completions", json=body,
-                                 headers={**auth, "x-laneway-timeout": "0.0001"}) as r:
+            async with http.post(
+                "/v1/chat/completions", json=body, headers={**auth, "x-laneway-timeout": "0.0001"}
+            ) as r:
                 assert r.status == 504
-            async with http.post("/v1/chat/completions", json={**body, "stream": True, "max_tokens": 5000},
-                                 headers=auth) as r:
+            async with http.post(
+                "/v1/chat/completions", json={**body, "stream": True, "max_tokens": 5000}, headers=auth
+            ) as r:
                 await r.content.readline()
             async with http.get("/metrics") as r:
                 metrics = await r.text()

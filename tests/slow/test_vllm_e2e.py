@@ -22,11 +22,10 @@ from schemas import codec
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
-              pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(1200)]
 
 KEY = "sk-vllm-e2e"
-STALL_S = 30.0      # a bound on a late heartbeat, not a speed to show
+STALL_S = 30.0  # a bound on a late heartbeat, not a speed to show
 # A story that outlasts its deadline or its reader on any CPU: no EOS, and 1,900 tokens (the
 # prompt's ~40 and the template's fit the 2,048 context with room to spare).
 STORY = {"model": "smollm2", "stream": True, "max_tokens": 1900, "temperature": 0.8, "ignore_eos": True}
@@ -40,8 +39,19 @@ ABORT_BOUND_S = 10.0
 async def up(tmp_path_factory):
     model = vllm_model_dir()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    extra = ["--engine", "vllm", "--model", str(model), "--kv-cache-bytes", "256MiB",
-             "--max-model-len", "2048", "--max-num-seqs", "16", "--metrics"]
+    extra = [
+        "--engine",
+        "vllm",
+        "--model",
+        str(model),
+        "--kv-cache-bytes",
+        "256MiB",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "16",
+        "--metrics",
+    ]
     async with LanewayUp(tmp_path_factory.mktemp("vllm-up") / "lw", KEY, extra) as running:
         yield running
 
@@ -49,12 +59,13 @@ async def up(tmp_path_factory):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine_state(up):
     """The latest heartbeat of the vLLM worker, refreshed on demand with a ping."""
-    nc = await up.connect_nats("svc-bridge")      # the bridge's user reads heartbeats and pings
+    nc = await up.connect_nats("svc-bridge")  # the bridge's user reads heartbeats and pings
     beats: dict[str, object] = {}
 
     async def on_beat(msg):
         beat = codec.decode_heartbeat(msg.data)
         beats[beat.worker_id] = beat
+
     await nc.subscribe("lw.evt.worker.*", cb=on_beat)
 
     async def running() -> int | None:
@@ -66,6 +77,7 @@ async def engine_state(up):
             return None
         beat = next(iter(beats.values()))
         return beat.total_slots - beat.free_slots
+
     yield running
     await nc.close()
 
@@ -77,10 +89,13 @@ def client(up) -> openai.AsyncOpenAI:
 async def test_greedy_answer_streamed_equals_the_unstreamed_one(up):
     # Never the model's words (they differ by CPU): the streamed and the unstreamed greedy
     # answers through Laneway must be the same tokens, with usage counted alike.
-    ask = dict(model="smollm2", temperature=0, max_tokens=32,
-               messages=[{"role": "user", "content": "What is the capital of France?"}])
-    stream = await client(up).chat.completions.create(
-        stream=True, stream_options={"include_usage": True}, **ask)
+    ask = dict(
+        model="smollm2",
+        temperature=0,
+        max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    stream = await client(up).chat.completions.create(stream=True, stream_options={"include_usage": True}, **ask)
     chunks = [c async for c in stream]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = next(c.usage for c in chunks if c.usage)
@@ -91,8 +106,7 @@ async def test_greedy_answer_streamed_equals_the_unstreamed_one(up):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     assert whole.choices[0].message.content == streamed
     assert whole.choices[0].finish_reason in ("stop", "length")
-    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == \
-        (usage.prompt_tokens, usage.completion_tokens)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
 
 
 async def test_eight_concurrent_streams_complete(up):
@@ -100,9 +114,14 @@ async def test_eight_concurrent_streams_complete(up):
 
     async def one(i: int) -> str:
         stream = await c.chat.completions.create(
-            model="smollm2", stream=True, temperature=0, max_tokens=24,
-            messages=[{"role": "user", "content": f"Name a colour. ({i})"}])
+            model="smollm2",
+            stream=True,
+            temperature=0,
+            max_tokens=24,
+            messages=[{"role": "user", "content": f"Name a colour. ({i})"}],
+        )
         return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+
     texts = await asyncio.gather(*(one(i) for i in range(8)))
     assert all(t.strip() for t in texts)
 
@@ -113,30 +132,37 @@ async def test_client_disconnect_aborts_the_vllm_request(up, engine_state):
 
     body = STORY | {"messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}]}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{up.url}/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {KEY}"}) as resp:
+        async with http.post(
+            f"{up.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as resp:
             for _ in range(4):
                 await resp.content.readline()
             assert await eventually(lambda: running(1), timeout=STALL_S), "vLLM does not run the request"
-    assert await eventually(lambda: running(0), timeout=ABORT_BOUND_S), \
+    assert await eventually(lambda: running(0), timeout=ABORT_BOUND_S), (
         f"vLLM still runs the request {ABORT_BOUND_S:.0f} s after the client left"
+    )
 
 
 async def test_deadline_mid_generation_aborts_with_deadline_exceeded(up, engine_state):
     body = STORY | {"messages": [{"role": "user", "content": "Write a very long story about a harbour."}]}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{up.url}/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {KEY}", "x-laneway-timeout": "8"}) as resp:
+        async with http.post(
+            f"{up.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}", "x-laneway-timeout": "8"},
+        ) as resp:
             assert resp.status == 200
             text = await resp.text()
     events = [e for e in text.split("\n\n") if e]
     assert '"content"' in text, "the deadline should pass mid-generation, after tokens streamed"
     assert '"deadline_exceeded"' in events[-2] and events[-1] == "data: [DONE]"
+
     async def idle() -> bool:
         return await engine_state() == 0
 
-    assert await eventually(idle, timeout=ABORT_BOUND_S), \
+    assert await eventually(idle, timeout=ABORT_BOUND_S), (
         f"vLLM still runs the request {ABORT_BOUND_S:.0f} s after its deadline"
+    )
 
 
 async def test_a_repeated_prefix_is_named_by_the_index_and_read_from_vllm_cache(up):
@@ -148,8 +174,11 @@ async def test_a_repeated_prefix_is_named_by_the_index_and_read_from_vllm_cache(
     async def ask(question: str):
         # Sampled (temperature): never the response cache, always the engine.
         return await client.chat.completions.create(
-            model="smollm2", max_tokens=4, temperature=0.8,
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+            model="smollm2",
+            max_tokens=4,
+            temperature=0.8,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+        )
 
     first = await ask("Where is my parcel?")
     again = await ask("Can I change the delivery address?")

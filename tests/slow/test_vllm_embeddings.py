@@ -24,8 +24,7 @@ from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
 from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
-              pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 SLOTS = 8
 # The same input in another batch: the same direction up to float summation order (0.99992
@@ -38,22 +37,27 @@ async def engine():
     from workers.engines.vllm.config import VllmConfig
     from workers.engines.vllm.engine import VllmEngine
 
-    config = VllmConfig(model=str(vllm_model_dir()), served_model_name="smollm2-embed",
-                        max_model_len=512, max_num_seqs=SLOTS, kv_cache_bytes=128 * 1024**2,
-                        embedding=True, convert="embed")
+    config = VllmConfig(
+        model=str(vllm_model_dir()),
+        served_model_name="smollm2-embed",
+        max_model_len=512,
+        max_num_seqs=SLOTS,
+        kv_cache_bytes=128 * 1024**2,
+        embedding=True,
+        convert="embed",
+    )
     eng = VllmEngine(config)
     await eng.start()
     yield eng
     await eng.cleanup()
-    await eng.cleanup()         # idempotent
+    await eng.cleanup()  # idempotent
 
 
 def body(input: Any, **fields: Any) -> EmbeddingBody:
     return msgspec.convert({"model": "smollm2-embed", "input": input, **fields}, EmbeddingBody)
 
 
-async def embed(engine, b: EmbeddingBody, rid: str = "e", extra: dict | None = None,
-                **kw: Any) -> EngineOutput:
+async def embed(engine, b: EmbeddingBody, rid: str = "e", extra: dict | None = None, **kw: Any) -> EngineOutput:
     request = EngineRequest(rid, b, json.dumps(extra).encode() if extra else b"", **kw)
     outs = [out async for out in engine.generate(request)]
     assert len(outs) == 1, "an embedding is answered by exactly one output"
@@ -71,8 +75,7 @@ def cosine(a: bytes, b: bytes) -> float:
 
 async def test_one_float32_vector_per_input_of_the_models_hidden_size(engine):
     hidden = engine._llm.model_config.get_hidden_size()
-    texts = ["The cat sat on the mat.", "Quarterly revenue grew by four percent.",
-             "The cat sat on the mat.", "Bonjour"]
+    texts = ["The cat sat on the mat.", "Quarterly revenue grew by four percent.", "The cat sat on the mat.", "Bonjour"]
     out = await embed(engine, body(texts), cache_salt="tenant-scope-salt")
     assert out.finish_reason == "stop" and out.completion_tokens == 0
     assert len(out.vectors) == len(texts)
@@ -80,7 +83,7 @@ async def test_one_float32_vector_per_input_of_the_models_hidden_size(engine):
         assert len(v) == 4 * hidden
         values = floats(v)
         assert all(math.isfinite(x) for x in values)
-        assert math.isclose(math.sqrt(sum(x * x for x in values)), 1.0, rel_tol=1e-3)   # normalised
+        assert math.isclose(math.sqrt(sum(x * x for x in values)), 1.0, rel_tol=1e-3)  # normalised
     # Same input, same direction; a different input is further away than that.
     assert cosine(out.vectors[0], out.vectors[2]) > max(SAME, cosine(out.vectors[0], out.vectors[1]))
     assert out.vectors[3] not in out.vectors[:3]
@@ -132,12 +135,15 @@ async def test_a_cancelled_request_is_aborted_in_the_engine(engine):
     assert len((await embed(engine, body("still serving"), rid="after-cancel")).vectors) == 1
 
 
-@pytest.mark.parametrize("b, extra, param", [
-    (body("x", dimensions=64), None, "dimensions"),               # not a Matryoshka model
-    (body("x"), {"embed_dtype": "float16"}, "embed_dtype"),       # ours to choose
-    (body("x"), {"no_such_field": 1}, "no_such_field"),
-    (body("word " * 2000), None, "input"),                        # > max_model_len 512
-])
+@pytest.mark.parametrize(
+    "b, extra, param",
+    [
+        (body("x", dimensions=64), None, "dimensions"),  # not a Matryoshka model
+        (body("x"), {"embed_dtype": "float16"}, "embed_dtype"),  # ours to choose
+        (body("x"), {"no_such_field": 1}, "no_such_field"),
+        (body("word " * 2000), None, "input"),  # > max_model_len 512
+    ],
+)
 async def test_what_cannot_be_honoured_is_refused_by_name(engine, b, extra, param):
     with pytest.raises(UnsupportedRequest) as err:
         await embed(engine, b, rid="refused", extra=extra)
@@ -147,8 +153,9 @@ async def test_what_cannot_be_honoured_is_refused_by_name(engine, b, extra, para
 
 async def test_vllms_own_extras_are_honoured(engine):
     long = await embed(engine, body("one two three four five six seven eight nine ten"), rid="t1")
-    cut = await embed(engine, body("one two three four five six seven eight nine ten"), rid="t2",
-                      extra={"truncate_prompt_tokens": 3})
+    cut = await embed(
+        engine, body("one two three four five six seven eight nine ten"), rid="t2", extra={"truncate_prompt_tokens": 3}
+    )
     assert cut.prompt_tokens == 3 < long.prompt_tokens
     assert cut.vectors[0] != long.vectors[0]
 
@@ -164,7 +171,7 @@ async def test_a_generation_worker_refuses_embeddings_naming_model():
     from workers.engines.vllm.config import VllmConfig
     from workers.engines.vllm.engine import VllmEngine
 
-    generation = VllmEngine(VllmConfig(model=str(vllm_model_dir())))      # not started: no engine needed
+    generation = VllmEngine(VllmConfig(model=str(vllm_model_dir())))  # not started: no engine needed
     with pytest.raises(UnsupportedRequest) as err:
         [o async for o in generation.generate(EngineRequest("e", body("x")))]
     assert err.value.param == "model" and "embeddings" in err.value.message
@@ -177,8 +184,9 @@ async def test_the_embedding_flag_selects_the_pooling_runner():
 
     parser = argparse.ArgumentParser()
     VllmConfig.configure(parser)
-    config = VllmConfig.from_args(parser.parse_args(["--model", str(vllm_model_dir()), "--embedding",
-                                                     "--convert", "embed"]))
+    config = VllmConfig.from_args(
+        parser.parse_args(["--model", str(vllm_model_dir()), "--embedding", "--convert", "embed"])
+    )
     assert config.embedding and config.convert == "embed"
     args = config.engine_args()
     assert (args.runner, args.convert) == ("pooling", "embed")

@@ -36,10 +36,9 @@ from workers.engine import (
     EngineRequest,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
-              pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
-SLOTS = 16          # small enough that 8 running streams visibly halve the free slots
+SLOTS = 16  # small enough that 8 running streams visibly halve the free slots
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -48,8 +47,11 @@ async def engine():
     from workers.engines.vllm.engine import VllmEngine
 
     config = VllmConfig(
-        model=str(vllm_model_dir()), served_model_name="smollm2", max_model_len=2048,
-        max_num_seqs=SLOTS, kv_cache_bytes=256 * 1024**2,
+        model=str(vllm_model_dir()),
+        served_model_name="smollm2",
+        max_model_len=2048,
+        max_num_seqs=SLOTS,
+        kv_cache_bytes=256 * 1024**2,
         # Defaults (auto dtype, eager on CPU) are what a worker gets; override to compare.
         dtype=os.environ.get("LANEWAY_TEST_VLLM_DTYPE", "auto"),
     )
@@ -57,17 +59,36 @@ async def engine():
     await eng.start()
     yield eng
     await eng.cleanup()
-    await eng.cleanup()         # idempotent
+    await eng.cleanup()  # idempotent
 
 
-def chat(request_id: str, text: str, *, max_tokens: int | None = 32, temperature: float = 0.0,
-         priority: int = 0, klass: str = "interactive", extra: dict | None = None,
-         confidence: bool = False, **fields) -> EngineRequest:
-    body = ChatBody(model="smollm2", messages=[Message(role="user", content=text)],
-                    max_tokens=max_tokens, temperature=temperature, **fields)
-    return EngineRequest(request_id=request_id, body=body, priority=priority, klass=klass,
-                         extra=json.dumps(extra).encode() if extra else b"",
-                         confidence=confidence)
+def chat(
+    request_id: str,
+    text: str,
+    *,
+    max_tokens: int | None = 32,
+    temperature: float = 0.0,
+    priority: int = 0,
+    klass: str = "interactive",
+    extra: dict | None = None,
+    confidence: bool = False,
+    **fields,
+) -> EngineRequest:
+    body = ChatBody(
+        model="smollm2",
+        messages=[Message(role="user", content=text)],
+        max_tokens=max_tokens,
+        temperature=temperature,
+        **fields,
+    )
+    return EngineRequest(
+        request_id=request_id,
+        body=body,
+        priority=priority,
+        klass=klass,
+        extra=json.dumps(extra).encode() if extra else b"",
+        confidence=confidence,
+    )
 
 
 def text_of(outs: list[EngineOutput], index: int = 0) -> str:
@@ -110,11 +131,8 @@ async def test_greedy_reply_streams_and_repeats_exactly(engine) -> None:
     assert again[-1].prompt_tokens == last.prompt_tokens
 
 
-
-
 async def test_eight_concurrent_streams_complete(engine) -> None:
-    requests = [chat(f"c8-{i}", f"Count from 1 to {i + 5}.", max_tokens=24, temperature=0.7)
-                for i in range(8)]
+    requests = [chat(f"c8-{i}", f"Count from 1 to {i + 5}.", max_tokens=24, temperature=0.7) for i in range(8)]
     results = await asyncio.gather(*(collect(engine, r) for r in requests))
     for outs in results:
         assert outs[-1].finish_reason in ("stop", "length")
@@ -140,9 +158,12 @@ async def test_capacity_reflects_running_requests(engine) -> None:
                 if first_tokens == 8:
                     started.set()
 
-    tasks = [asyncio.create_task(run(chat(f"cap-{i}", "Tell me a long story about a dragon.",
-                                          max_tokens=48, temperature=0.8, klass="batch")))
-             for i in range(8)]
+    tasks = [
+        asyncio.create_task(
+            run(chat(f"cap-{i}", "Tell me a long story about a dragon.", max_tokens=48, temperature=0.8, klass="batch"))
+        )
+        for i in range(8)
+    ]
     await asyncio.wait_for(started.wait(), 300)
     busy = engine.capacity()
     assert busy.free_slots == SLOTS - 8
@@ -153,13 +174,8 @@ async def test_capacity_reflects_running_requests(engine) -> None:
     assert await eventually(lambda: engine.capacity().free_slots == SLOTS, 2.0)
 
 
-
-
-
-
 async def test_abort_reaches_a_completion(engine) -> None:
-    body = CompletionBody(model="smollm2", prompt="Once upon a time", max_tokens=1000,
-                          temperature=0.8)
+    body = CompletionBody(model="smollm2", prompt="Once upon a time", max_tokens=1000, temperature=0.8)
     request = EngineRequest(request_id="abort-completion", body=body)
     outs: list[EngineOutput] = []
     async for out in engine.generate(request):
@@ -168,57 +184,79 @@ async def test_abort_reaches_a_completion(engine) -> None:
             await engine.abort(request.key)
     assert outs[-1].finish_reason == "abort"
     assert len(outs) < 50
-    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0,
-                            2.0)
+    assert await eventually(lambda: engine.num_running() == 0 and engine.num_unfinished() == 0, 2.0)
 
 
-
-
-
-
-
-
-CAPITAL = {"type": "object", "additionalProperties": False, "required": ["capital", "certain"],
-           "properties": {"capital": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]},
-                          "certain": {"type": "boolean"}}}
+CAPITAL = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["capital", "certain"],
+    "properties": {"capital": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]}, "certain": {"type": "boolean"}},
+}
 # strict: the client asks for arguments that follow the schema (as with OpenAI); vLLM then
 # constrains them, not only the call's envelope.
-WEATHER = Tool(function=FunctionDef(
-    name="get_weather", description="The current weather in a city", strict=True,
-    parameters={"type": "object", "additionalProperties": False, "required": ["city"],
-                "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
-                               "unit": {"type": "string", "enum": ["C", "F"]}}}))
-TIME = Tool(function=FunctionDef(
-    name="get_time", description="The local time in a city", strict=True,
-    parameters={"type": "object", "additionalProperties": False, "required": ["city"],
-                "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}}}))
+WEATHER = Tool(
+    function=FunctionDef(
+        name="get_weather",
+        description="The current weather in a city",
+        strict=True,
+        parameters={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
+                "unit": {"type": "string", "enum": ["C", "F"]},
+            },
+        },
+    )
+)
+TIME = Tool(
+    function=FunctionDef(
+        name="get_time",
+        description="The local time in a city",
+        strict=True,
+        parameters={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}},
+        },
+    )
+)
 SCHEMAS = {t.function.name: t.function.parameters for t in (WEATHER, TIME)}
 
 
 async def test_json_schema_response_format_output_validates(engine) -> None:
-    fmt = ResponseFormat(type="json_schema",
-                         json_schema=JsonSchemaFormat(name="capital", schema=CAPITAL, strict=True))
-    outs = await collect(engine, chat("schema", "What is the capital of France? Answer in JSON.",
-                                      max_tokens=64, response_format=fmt))
+    fmt = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="capital", schema=CAPITAL, strict=True))
+    outs = await collect(
+        engine, chat("schema", "What is the capital of France? Answer in JSON.", max_tokens=64, response_format=fmt)
+    )
     assert outs[-1].finish_reason == "stop", "the constrained answer did not end by itself"
     jsonschema.validate(json.loads(text_of(outs)), CAPITAL)
 
 
 async def test_named_tool_choice_gives_a_valid_call(engine) -> None:
     choice = NamedToolChoice(function=NamedFunction(name="get_weather"))
-    outs = await collect(engine, chat("named-tool", "What is the weather like in Paris?",
-                                      max_tokens=64, tools=[WEATHER, TIME], tool_choice=choice))
+    outs = await collect(
+        engine,
+        chat(
+            "named-tool", "What is the weather like in Paris?", max_tokens=64, tools=[WEATHER, TIME], tool_choice=choice
+        ),
+    )
     calls = tool_calls_of(outs)
     assert len(calls) == 1, calls
     (call,) = calls.values()
     assert call["name"] == "get_weather" and call["id"]
     jsonschema.validate(json.loads(call["arguments"]), SCHEMAS["get_weather"])
-    assert outs[-1].finish_reason in ("stop", "tool_calls")   # OpenAI: "stop" for a named call
+    assert outs[-1].finish_reason in ("stop", "tool_calls")  # OpenAI: "stop" for a named call
 
 
 async def test_required_tool_choice_gives_valid_calls(engine) -> None:
-    outs = await collect(engine, chat("required-tool", "What time is it in Rome?",
-                                      max_tokens=96, tools=[WEATHER, TIME], tool_choice="required"))
+    outs = await collect(
+        engine,
+        chat("required-tool", "What time is it in Rome?", max_tokens=96, tools=[WEATHER, TIME], tool_choice="required"),
+    )
     calls = tool_calls_of(outs)
     assert calls, "no tool call"
     for call in calls.values():
@@ -228,8 +266,7 @@ async def test_required_tool_choice_gives_valid_calls(engine) -> None:
 
 
 async def test_logprobs_with_top_alternatives(engine) -> None:
-    outs = await collect(engine, chat("logprobs", "Name a colour.", max_tokens=8,
-                                      logprobs=True, top_logprobs=3))
+    outs = await collect(engine, chat("logprobs", "Name a colour.", max_tokens=8, logprobs=True, top_logprobs=3))
     entries = [lp for o in outs for lp in o.logprobs]
     assert len(entries) == outs[-1].completion_tokens
     for lp in entries:
@@ -242,8 +279,7 @@ async def test_logprobs_with_top_alternatives(engine) -> None:
 
 
 async def test_confidence_without_client_logprobs(engine) -> None:
-    outs = await collect(engine, chat("confidence", "Name a colour.", max_tokens=8,
-                                      confidence=True))
+    outs = await collect(engine, chat("confidence", "Name a colour.", max_tokens=8, confidence=True))
     sampled = [c for o in outs for c in o.confidence]
     assert len(sampled) == outs[-1].completion_tokens
     assert all(c <= 0.0 for c in sampled)
@@ -251,8 +287,7 @@ async def test_confidence_without_client_logprobs(engine) -> None:
 
 
 async def test_two_choices(engine) -> None:
-    outs = await collect(engine, chat("two", "Say something about cats.", max_tokens=12,
-                                      temperature=0.9, n=2))
+    outs = await collect(engine, chat("two", "Say something about cats.", max_tokens=12, temperature=0.9, n=2))
     assert {o.index for o in outs} == {0, 1}
     last = outs[-1]
     assert len(last.finish_reasons) == 2
@@ -262,45 +297,47 @@ async def test_two_choices(engine) -> None:
     assert text_of(outs, 0) and text_of(outs, 1)
 
 
-
-
-
-
 async def test_extra_top_k_is_honoured(engine) -> None:
     # top_k=1 leaves only the most likely token, so sampling hot gives the greedy answer.
     greedy = await collect(engine, chat("greedy", "Describe the sea.", max_tokens=16))
-    top1 = await collect(engine, chat("top-k-1", "Describe the sea.", max_tokens=16,
-                                      temperature=1.5, extra={"top_k": 1}))
+    top1 = await collect(
+        engine, chat("top-k-1", "Describe the sea.", max_tokens=16, temperature=1.5, extra={"top_k": 1})
+    )
     assert [t for o in top1 for t in o.token_ids] == [t for o in greedy for t in o.token_ids]
 
 
 async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
     from workers.engines.vllm.wire import build_request
 
-    request = chat("salted", "Hi", max_tokens=4, priority=3,
-                   extra={"cache_salt": "client's", "request_id": "client's", "priority": -9})
+    request = chat(
+        "salted",
+        "Hi",
+        max_tokens=4,
+        priority=3,
+        extra={"cache_salt": "client's", "request_id": "client's", "priority": -9},
+    )
     request.cache_salt, request.tenant = "tenant-a", "acme"
     vllm_request = build_request(request, engine.model)
-    assert (vllm_request.cache_salt, vllm_request.request_id, vllm_request.priority) == \
-        ("tenant-a", "acme:salted", 3)      # the id scoped by its tenant: see vllm_engine.py
+    assert (vllm_request.cache_salt, vllm_request.request_id, vllm_request.priority) == (
+        "tenant-a",
+        "acme:salted",
+        3,
+    )  # the id scoped by its tenant: see vllm_engine.py
     outs = await collect(engine, request)
     assert outs[-1].finish_reason in ("stop", "length")
-
-
 
 
 async def test_engine_death_is_engine_dead(engine) -> None:
     """Runs last: kills the engine core process, as an OOM kill or a crash would."""
     import psutil
 
-    cores = [p for p in psutil.Process().children(recursive=True)
-             if "EngineCore" in " ".join(p.cmdline())]
+    cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
     assert cores, "no EngineCore child process found"
     for p in cores:
         p.kill()
     with pytest.raises(EngineDead):
-        for attempt in range(50):     # the client notices the death within a moment
+        for attempt in range(50):  # the client notices the death within a moment
             await collect(engine, chat(f"after-death-{attempt}", "Hello", max_tokens=4))
-            await asyncio.sleep(0.1)     # scenario, kept: paces the requests until one sees the death
+            await asyncio.sleep(0.1)  # scenario, kept: paces the requests until one sees the death
     with pytest.raises(EngineDead):
         engine.capacity()

@@ -15,8 +15,7 @@ from core.policy.tenants import hash_key
 from loadtest.processes import LanewayUp
 from tests.slow.conftest import vllm_model_dir, write_lora_adapter
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"),
-              pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 KEY = "sk-vllm-lora"
 ASK = dict(temperature=0, max_tokens=16, messages=[{"role": "user", "content": "Tell me a story."}])
@@ -29,12 +28,32 @@ async def up(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-lora")
     adapter = write_lora_adapter(root / "support-bot", model, seed=1)
     settings = root / "settings.toml"
-    settings.write_text(f'[tenants.acme]\napi_key_sha256 = ["{hash_key(KEY)}"]\n\n'
-                        '[models.smollm2]\npool = "vllm"\n\n'
-                        f'[models."support-bot"]\npool = "vllm"\nadapter = "{adapter}"\n')
-    extra = ["--settings", str(settings), "--engine", "vllm", "--model", str(model), "--pool", "vllm",
-             "--enable-lora", "--max-lora-rank", "8", "--kv-cache-bytes", "128MiB",
-             "--max-model-len", "1024", "--max-num-seqs", "8", "--pii", "off"]
+    settings.write_text(
+        f'[tenants.acme]\napi_key_sha256 = ["{hash_key(KEY)}"]\n\n'
+        '[models.smollm2]\npool = "vllm"\n\n'
+        f'[models."support-bot"]\npool = "vllm"\nadapter = "{adapter}"\n'
+    )
+    extra = [
+        "--settings",
+        str(settings),
+        "--engine",
+        "vllm",
+        "--model",
+        str(model),
+        "--pool",
+        "vllm",
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--kv-cache-bytes",
+        "128MiB",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "8",
+        "--pii",
+        "off",
+    ]
     async with LanewayUp(root / "lw", KEY, extra) as running:
         yield running
 
@@ -56,5 +75,6 @@ async def test_the_adapter_answers_under_its_name_and_otherwise_than_the_base(up
     print(f"base {base.choices[0].message.content!r}\nlora {tuned.choices[0].message.content!r}")
     assert tuned.model == "support-bot" and tuned.choices[0].message.content
     assert again.choices[0].message.content == tuned.choices[0].message.content
-    assert tuned.choices[0].message.content != base.choices[0].message.content, \
+    assert tuned.choices[0].message.content != base.choices[0].message.content, (
         "the adapter did not change the greedy answer: it was not applied"
+    )

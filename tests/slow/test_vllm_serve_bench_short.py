@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 async def test_vllm_serve_bench_short():
-    tokenizer = vllm_model_dir()       # the random dataset needs SmolLM2's tokenizer (skips without vllm)
+    tokenizer = vllm_model_dir()  # the random dataset needs SmolLM2's tokenizer (skips without vllm)
     parser = argparse.ArgumentParser()
     vllm_serve_bench.configure(parser)
     args = parser.parse_args(["--scale", "0.05", "--duration", "4", "--tokenizer", str(tokenizer)])
@@ -35,5 +35,5 @@ async def test_vllm_serve_bench_short():
     assert [p["scaled_replicas"] for p in doc["plan"]["pools"]] == [1, 1]
     routed_pools = {key.split("/")[0] for key in doc["routed"]}
     assert {"small", "large"} <= routed_pools
-    assert sum(doc["routed"].values()) == prompts + 1     # + the probe that shows the rules applied
+    assert sum(doc["routed"].values()) == prompts + 1  # + the probe that shows the rules applied
     assert "SCALE FACTOR 0.05" in vllm_serve_bench.render(doc)

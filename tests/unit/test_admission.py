@@ -18,14 +18,16 @@ INTERACTIVE = DEFAULT_CLASSES[0]
 def held(total: int, tenant: int = 0) -> Held:
     """`total` open streams, `tenant` of them the asking tenant's (to an interactive request,
     every stream is one it competes with)."""
-    return Held(total=total, below=total, in_class=total, sharing=1 if total else 0, tenant=tenant,
-                tenant_in_class=tenant)
+    return Held(
+        total=total, below=total, in_class=total, sharing=1 if total else 0, tenant=tenant, tenant_in_class=tenant
+    )
 
 
 def test_under_both_limits_a_stream_is_admitted():
     admit(held(9, 4), 0.2, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)
-    admit(held(10_000, 10_000), 30.0, INTERACTIVE, max_streams=0, max_delivery_lag_s=0,
-          tenant_max_streams=0)  # 0: each off
+    admit(
+        held(10_000, 10_000), 30.0, INTERACTIVE, max_streams=0, max_delivery_lag_s=0, tenant_max_streams=0
+    )  # 0: each off
 
 
 @pytest.mark.parametrize("open_streams,lag,kind", [(10, 0.0, "streams"), (0, 0.6, "delivery_lag")])
@@ -43,8 +45,7 @@ def test_a_tenant_at_its_share_gets_a_429_while_the_bridge_has_room():
     e = refused.value
     assert e.code is ErrorCode.rate_limited and e.status == 429 and e.code_name == "rate_limit_exceeded"
     assert e.headers["x-laneway-overload"] == "tenant_streams" and int(e.headers["Retry-After"]) > 0
-    admit(held(5, 4), 0.0, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5,
-          tenant_max_streams=5)   # another tenant
+    admit(held(5, 4), 0.0, INTERACTIVE, max_streams=10, max_delivery_lag_s=0.5, tenant_max_streams=5)  # another tenant
 
 
 def test_one_late_frame_is_not_a_trend_but_a_run_of_them_is():
@@ -65,5 +66,5 @@ def test_without_frames_lately_nothing_is_late():
     lag.observe(3.0, now=0.0)
     assert lag.current(0.0) == 3.0
     assert lag.current(LAG_FRESH_S + 0.01) == 0.0
-    lag.observe(0.05, now=LAG_FRESH_S + 0.02)       # a stale estimate starts over
+    lag.observe(0.05, now=LAG_FRESH_S + 0.02)  # a stale estimate starts over
     assert lag.current(LAG_FRESH_S + 0.02) == 0.05

@@ -33,8 +33,9 @@ class Edge:
         catalogue = Catalogue()
         catalogue.classes.update(CLASSES)
         self.demux = Demux()
-        self.admission = EdgeAdmission(BridgeConfig(**config), self.demux, LoopLag(), BridgeMetrics(),
-                                       catalogue.rank, catalogue.classes)
+        self.admission = EdgeAdmission(
+            BridgeConfig(**config), self.demux, LoopLag(), BridgeMetrics(), catalogue.rank, catalogue.classes
+        )
         self.open: dict[str, list[str]] = defaultdict(list)
         self._ids = itertools.count()
 
@@ -68,13 +69,20 @@ class Edge:
 
 
 def overloaded(refusal: EdgeError | None, kind: str) -> bool:
-    return (refusal is not None and refusal.code is ErrorCode.overloaded and refusal.status == 503
-            and int(refusal.headers["Retry-After"]) >= 1 and refusal.headers[OVERLOAD_HEADER] == kind)
+    return (
+        refusal is not None
+        and refusal.code is ErrorCode.overloaded
+        and refusal.status == 503
+        and int(refusal.headers["Retry-After"]) >= 1
+        and refusal.headers[OVERLOAD_HEADER] == kind
+    )
 
 
 async def test_at_the_limit_held_by_batch_a_chat_is_admitted_and_batch_refused():
-    for config, kind in (({"max_streams": 10, "initial_stream_limit": 0}, STREAMS),
-                         ({"initial_stream_limit": 10}, MEASURED)):
+    for config, kind in (
+        ({"max_streams": 10, "initial_stream_limit": 0}, STREAMS),
+        ({"initial_stream_limit": 10}, MEASURED),
+    ):
         edge = Edge(**config)
         admitted, refusal = edge.flood("flood", "batch")
         assert admitted == 9 and overloaded(refusal, kind), "batch holds at most 0.9 of the limit"
@@ -86,10 +94,9 @@ async def test_at_the_limit_held_by_batch_a_chat_is_admitted_and_batch_refused()
         edge.end("flood")
         assert edge.ask("chat", "interactive") is None, "a batch stream's end is a chat's room"
         assert overloaded(edge.ask("flood", "batch"), kind), "...and not batch's, while a chat holds it"
-        if kind == MEASURED:       # refused by its shares, the measured limit binds: it grows when on time
+        if kind == MEASURED:  # refused by its shares, the measured limit binds: it grows when on time
             limit = edge.admission.limit
-            limit.observe(time.monotonic() + limit.tick_s, open_streams=len(edge.demux), lag_s=0.0,
-                          loop_lag_s=0.0)
+            limit.observe(time.monotonic() + limit.tick_s, open_streams=len(edge.demux), lag_s=0.0, loop_lag_s=0.0)
             assert limit.limit > 10
         edge.close_all()
 
@@ -98,21 +105,22 @@ async def test_a_limit_cut_below_what_a_flood_holds_still_admits_a_chat_to_its_h
     """The measured limit falls fast (0.8 of the open streams) when delivery runs late; a retry
     storm of standard then holds more than the whole new limit, and its streams are long. The
     storm's excess must not refuse every chat until they end: the storm counts up to its room."""
-    edge = Edge(initial_stream_limit=100, tenant_stream_share=1.0)     # the classes' order alone
+    edge = Edge(initial_stream_limit=100, tenant_stream_share=1.0)  # the classes' order alone
     limit = edge.admission.limit
-    limit.growth = 0.0                      # the limit moves only where the test moves it
+    limit.growth = 0.0  # the limit moves only where the test moves it
     admitted, refusal = edge.flood("storm", "standard")
     assert admitted == 95 and overloaded(refusal, MEASURED)
-    limit.limit = 50.0                      # a cut: standard may fill 47 of it, and holds 95
+    limit.limit = 50.0  # a cut: standard may fill 47 of it, and holds 95
     assert overloaded(edge.ask("storm", "standard"), MEASURED), "the storm gets nothing while over its room"
     assert overloaded(edge.ask("storm", "batch"), MEASURED), "nor does any class after it"
-    assert [edge.ask("chat", "interactive") is None for _ in range(4)] == [True, True, True, False], \
+    assert [edge.ask("chat", "interactive") is None for _ in range(4)] == [True, True, True, False], (
         "the chats take the headroom standard may never fill (50 - 47), and no more"
+    )
     edge.close_all()
 
 
 async def test_a_tenant_holding_its_share_is_refused_while_another_is_admitted():
-    edge = Edge(max_streams=100, initial_stream_limit=0)      # batch's room: 90; one tenant's: 81
+    edge = Edge(max_streams=100, initial_stream_limit=0)  # batch's room: 90; one tenant's: 81
     admitted, refusal = edge.flood("flood", "batch")
     assert admitted == 81 and overloaded(refusal, STREAMS) and "this tenant holds 81" in refusal.message
     assert edge.ask("other", "batch") is None, "the room a flood leaves, another tenant takes"
@@ -125,7 +133,7 @@ async def test_a_tenant_holding_its_share_is_refused_while_another_is_admitted()
     assert overloaded(refusal, STREAMS) and "limit (100)" in refusal.message, "and the bridge is full"
     edge.close_all()
 
-    edge = Edge(max_streams=100, initial_stream_limit=0, tenant_stream_share=1.0)       # off
+    edge = Edge(max_streams=100, initial_stream_limit=0, tenant_stream_share=1.0)  # off
     assert edge.flood("flood", "batch")[0] == 90
     edge.close_all()
 
@@ -161,8 +169,12 @@ KINDS = ["interactive", "standard", "batch", ""]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b", "c"]), st.sampled_from(KINDS),
-                          st.integers(0, 50)), max_size=80))
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from(["a", "b", "c"]), st.sampled_from(KINDS), st.integers(0, 50)),
+        max_size=80,
+    )
+)
 def test_open_streams_are_counted_by_class_and_tenant(ops):
     async def play() -> None:
         demux, ids = Demux(), itertools.count()

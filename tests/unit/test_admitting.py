@@ -22,6 +22,7 @@ class Gates:
         async def run() -> None:
             self.started.append(name)
             await gate.wait()
+
         return run
 
 
@@ -31,12 +32,12 @@ async def test_a_tenant_stuck_in_the_gate_holds_up_no_other_tenant() -> None:
         admitting.submit("acme", f"a{i}", 0, g.admit(f"a{i}"))
     admitting.submit("globex", "g0", 0, g.admit("g0"))
     assert await eventually(lambda: "g0" in g.started)
-    assert g.started[:2] == ["a0", "a1"] and "a2" not in g.started    # acme: two at once
+    assert g.started[:2] == ["a0", "a1"] and "a2" not in g.started  # acme: two at once
     assert len(admitting) == 11
     for name in [f"a{i}" for i in range(10)] + ["g0"]:
         g.gates[name].set()
     await admitting.wait_idle()
-    assert [n for n in g.started if n.startswith("a")] == [f"a{i}" for i in range(10)]   # in arrival order
+    assert [n for n in g.started if n.startswith("a")] == [f"a{i}" for i in range(10)]  # in arrival order
     assert len(admitting) == 0
 
 
@@ -46,7 +47,7 @@ async def test_one_request_id_is_admitted_once_at_a_time() -> None:
     admitting.submit("acme", "same", 0, g.admit("copy"))
     admitting.submit("acme", "other", 0, g.admit("other"))
     assert await eventually(lambda: "other" in g.started)
-    assert "copy" not in g.started                  # behind the first, whatever the room
+    assert "copy" not in g.started  # behind the first, whatever the room
     g.gates["first"].set()
     assert await eventually(lambda: "copy" in g.started)
     g.gates["copy"].set()
@@ -59,6 +60,7 @@ async def test_a_failed_admission_is_logged_and_frees_its_place(caplog) -> None:
 
     async def broken() -> None:
         raise RuntimeError("the gate broke")
+
     admitting.submit("acme", "a0", 0, broken)
     admitting.submit("acme", "a1", 0, g.admit("a1"))
     assert await eventually(lambda: "a1" in g.started)
@@ -77,7 +79,7 @@ async def test_a_tenants_chat_behind_its_own_batch_flood_is_admitted_next() -> N
     assert await eventually(lambda: g.started == ["batch0", "batch1"])
     g.gates["batch0"].set()
     assert await eventually(lambda: len(g.started) == 3)
-    assert g.started[2] == "chat"                   # not batch2: the chat arrived 52nd
+    assert g.started[2] == "chat"  # not batch2: the chat arrived 52nd
     g.gates["batch1"].set()
     assert await eventually(lambda: len(g.started) == 4)
     assert g.started[3] == "standard"

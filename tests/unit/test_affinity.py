@@ -25,7 +25,7 @@ def test_hashes_name_the_whole_prefix_and_the_tenant_scope():
     a = prefix_hashes([SYSTEM, "hello " * 100], "scope-a")
     longer = prefix_hashes([SYSTEM, "hello " * 100, "more " * 200], "scope-a")
     assert len(a) == len(SYSTEM + "hello " * 100) // CHUNK_CHARS
-    assert longer[:len(a)] == a                                  # a longer conversation extends it
+    assert longer[: len(a)] == a  # a longer conversation extends it
     # Another tenant scope's identical prompt shares no entry: no affinity, no timing channel.
     assert not set(prefix_hashes([SYSTEM], "scope-b")) & set(prefix_hashes([SYSTEM], "scope-a"))
     # Chained: the same chunk after a different start is a different entry.
@@ -35,17 +35,17 @@ def test_hashes_name_the_whole_prefix_and_the_tenant_scope():
 
 def test_index_counts_leading_chunks_and_ages_by_kv_size():
     index = PrefixIndex()
-    index.heard("w1", kv_tokens=8 * CHUNK_TOKENS, now=0.0)       # room for 8 chunks
+    index.heard("w1", kv_tokens=8 * CHUNK_TOKENS, now=0.0)  # room for 8 chunks
     first = prefix_hashes([SYSTEM + "a" * CHUNK_CHARS * 2], "t")  # 6 chunks
     index.record("w1", first, 0.0)
     assert index.overlap("w1", first) == 6 * CHUNK_TOKENS
     other = prefix_hashes([SYSTEM + "b" * CHUNK_CHARS * 2], "t")  # shares the 4 system chunks
     assert index.overlap("w1", other) == 4 * CHUNK_TOKENS
     assert index.overlap("w2", first) == 0
-    index.record("w1", prefix_hashes(["z" * CHUNK_CHARS * 4], "t"), 0.0)   # 4 more: the oldest 2 go
+    index.record("w1", prefix_hashes(["z" * CHUNK_CHARS * 4], "t"), 0.0)  # 4 more: the oldest 2 go
     assert len(index) == 8
-    assert index.overlap("w1", first) == 4 * CHUNK_TOKENS        # its tail went first: the head still leads
-    index.heard("w2", kv_tokens=0, now=0.0)                      # no KV size: nothing is kept
+    assert index.overlap("w1", first) == 4 * CHUNK_TOKENS  # its tail went first: the head still leads
+    index.heard("w2", kv_tokens=0, now=0.0)  # no KV size: nothing is kept
     index.record("w2", first, 0.0)
     assert index.overlap("w2", first) == 0
 
@@ -57,7 +57,7 @@ def test_a_silent_worker_is_forgotten():
         index.heard(w, 10_000, now=0.0)
         index.record(w, p, 0.0)
     index.heard("w1", 10_000, now=FORGET_AFTER_S)
-    assert index.best_elsewhere("w1", p, now=FORGET_AFTER_S) == 0     # w2 went quiet
+    assert index.best_elsewhere("w1", p, now=FORGET_AFTER_S) == 0  # w2 went quiet
     assert index.forget_silent(FORGET_AFTER_S) == ["w2"]
     assert index.overlap("w2", p) == 0
 
@@ -86,14 +86,14 @@ def test_a_hot_prefix_spreads_by_load():
     assert max(loads) - min(loads) <= 1
 
 
-def _item(rid: str, tenant: str = "acme", enqueued: float = 0.0, prefix: tuple[int, ...] = (),
-          klass: str = "interactive") -> Item:
+def _item(
+    rid: str, tenant: str = "acme", enqueued: float = 0.0, prefix: tuple[int, ...] = (), klass: str = "interactive"
+) -> Item:
     return Item(rid, tenant, klass, cost=600, deadline=enqueued + 100, enqueued_at=enqueued, prefix=prefix)
 
 
 def _select(lanes: Lanes, prefer, slots: int = 1, now: float = 1.0) -> list[str]:
-    chosen = lanes.select(free_slots=slots, token_budget=10**9, total_slots=64, running={}, now=now,
-                          prefer=prefer)
+    chosen = lanes.select(free_slots=slots, token_budget=10**9, total_slots=64, running={}, now=now, prefer=prefer)
     return [i.request_id for i in chosen.dispatch]
 
 
@@ -107,7 +107,7 @@ def test_lanes_prefer_within_the_age_slack_only():
     lanes.admit(_item("near", enqueued=AFFINITY_SLACK_S / 2), now=0.0)
     lanes.admit(_item("far", enqueued=AFFINITY_SLACK_S * 4), now=0.0)
     assert _select(lanes, _score({"near"})) == ["near"]
-    assert _select(lanes, _score({"far"})) == ["head"]              # too much younger: order holds
+    assert _select(lanes, _score({"far"})) == ["head"]  # too much younger: order holds
     assert _select(lanes, _score({"far"})) == ["far"]
 
 
@@ -115,9 +115,9 @@ def test_lanes_prefer_never_crosses_a_class_or_the_fair_share_slack():
     lanes = Lanes(DEFAULT_CLASSES)
     lanes.admit(_item("chat"), now=0.0)
     lanes.admit(_item("bulk", klass="batch"), now=0.0)
-    assert _select(lanes, _score({"bulk"})) == ["chat"]             # rank first, whatever the score
+    assert _select(lanes, _score({"bulk"})) == ["chat"]  # rank first, whatever the score
     lanes = Lanes(DEFAULT_CLASSES)
-    for n in range(12):                                              # acme runs ahead in virtual time
+    for n in range(12):  # acme runs ahead in virtual time
         lanes.admit(_item(f"a{n}", "acme", enqueued=n * 0.001), now=0.0)
     lanes.admit(_item("b0", "beta", enqueued=0.0), now=0.0)
     served = []
@@ -125,7 +125,7 @@ def test_lanes_prefer_never_crosses_a_class_or_the_fair_share_slack():
         served += _select(lanes, _score({f"a{n}" for n in range(12)}))
     # beta is passed over while within the slack, served once acme is a slack ahead of it
     assert served.index("b0") <= AFFINITY_SLACK_COST / 600 + 2
-    assert sorted(served) == sorted([f"a{n}" for n in range(12)] + ["b0"])   # each exactly once
+    assert sorted(served) == sorted([f"a{n}" for n in range(12)] + ["b0"])  # each exactly once
 
 
 def test_peek_is_what_a_pull_takes_first_and_changes_nothing():
@@ -146,7 +146,7 @@ def test_sessions_stay_with_their_history_and_spread_evenly():
     history = {s: SYSTEM for s in range(sessions)}
     home: dict[int, str] = {}
     served = dict.fromkeys(workers, 0)
-    running: deque[str] = deque(maxlen=6)       # the last few dispatches are still running
+    running: deque[str] = deque(maxlen=6)  # the last few dispatches are still running
     stayed = follow_ups = 0
     now = 0.0
     for turn in range(6):

@@ -36,12 +36,12 @@ def test_bars_fill_and_fall_back_to_ascii() -> None:
 def test_rate_is_over_the_recent_window() -> None:
     rate = Rate(window_s=10.0)
     rate.add(0.0, 0)
-    assert rate.per_s() is None                 # one sighting: no rate yet
+    assert rate.per_s() is None  # one sighting: no rate yet
     rate.add(5.0, 50)
     assert rate.per_s() == 10.0
-    rate.add(20.0, 60)                          # slowed down: the first sighting ages out
+    rate.add(20.0, 60)  # slowed down: the first sighting ages out
     rate.add(25.0, 65)
-    assert rate.per_s() == (65 - 50) / (25 - 5)     # from the last sighting a window or more ago
+    assert rate.per_s() == (65 - 50) / (25 - 5)  # from the last sighting a window or more ago
 
 
 def test_a_terminal_redraws_one_line_in_place() -> None:
@@ -57,12 +57,12 @@ def test_a_terminal_redraws_one_line_in_place() -> None:
 def test_a_pipe_gets_a_line_per_status_and_progress_every_so_often() -> None:
     screen = Screen(io.StringIO(), width=80, every_s=10.0)
     screen.show(0.0, "validating", Counts(0, 0, 0), None)
-    screen.show(1.0, "in_progress", Counts(10, 0, 0), None)     # new status: a line
-    screen.show(2.0, "in_progress", Counts(10, 3, 0), 3.0)      # progress, too soon: none
-    screen.show(9.0, "in_progress", Counts(10, 6, 0), 0.7)      # more, still too soon: none
-    screen.show(11.5, "in_progress", Counts(10, 6, 0), 0.6)     # 10 s since the last line: a line
-    screen.show(13.0, "in_progress", Counts(10, 6, 0), 0.5)     # no progress since: none
-    screen.show(14.0, "completed", Counts(10, 9, 1), 0.7)       # the end: a line
+    screen.show(1.0, "in_progress", Counts(10, 0, 0), None)  # new status: a line
+    screen.show(2.0, "in_progress", Counts(10, 3, 0), 3.0)  # progress, too soon: none
+    screen.show(9.0, "in_progress", Counts(10, 6, 0), 0.7)  # more, still too soon: none
+    screen.show(11.5, "in_progress", Counts(10, 6, 0), 0.6)  # 10 s since the last line: a line
+    screen.show(13.0, "in_progress", Counts(10, 6, 0), 0.5)  # no progress since: none
+    screen.show(14.0, "completed", Counts(10, 9, 1), 0.7)  # the end: a line
     screen.close()
     lines = screen.stream.getvalue().splitlines()
     assert [ln.split()[0] for ln in lines] == ["validating", "in_progress", "in_progress", "completed"]

@@ -23,12 +23,12 @@ async def test_a_caller_cancelled_while_stopping_still_sees_cancelled_error():
             await asyncio.Event().wait()
         finally:
             cleaning.set()
-            await release.wait()     # a cleanup that takes a while (a drain, a last publish)
+            await release.wait()  # a cleanup that takes a while (a drain, a last publish)
 
     task = asyncio.create_task(slow_to_stop())
-    await asyncio.sleep(0)           # scenario, kept: one loop turn so the task is inside its try
+    await asyncio.sleep(0)  # scenario, kept: one loop turn so the task is inside its try
     caller = asyncio.create_task(cancel_and_wait(task))
-    await cleaning.wait()            # the caller is now waiting for the task to finish
+    await cleaning.wait()  # the caller is now waiting for the task to finish
     caller.cancel()
     release.set()
     with pytest.raises(asyncio.CancelledError):
@@ -41,8 +41,8 @@ async def test_the_sim_engine_cleanup_passes_its_callers_cancellation_on():
     await engine.start()
     loop_task = engine._loop_task
     caller = asyncio.create_task(engine.cleanup())
-    while not loop_task.cancelling():    # the caller has cancelled the step loop and waits for it
-        await asyncio.sleep(0)           # scenario, kept: one loop turn at a time, to cancel the caller mid-wait
+    while not loop_task.cancelling():  # the caller has cancelled the step loop and waits for it
+        await asyncio.sleep(0)  # scenario, kept: one loop turn at a time, to cancel the caller mid-wait
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
@@ -74,7 +74,7 @@ async def _stops_when_woken_and_cancelled_in_one_step(loop_body) -> bool:
             await loop_body(wake)
 
     task = asyncio.create_task(forever())
-    await asyncio.sleep(0)           # scenario, kept: one loop turn so the task waits on the event
+    await asyncio.sleep(0)  # scenario, kept: one loop turn so the task waits on the event
     wake.set()
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=5)
@@ -97,6 +97,10 @@ async def test_wait_event_says_whether_the_event_was_set():
 def test_no_process_waits_with_asyncio_wait_for():
     """Each of its uses was a loop or a stop path that a cancel must end (see wait_event)."""
     root = Path(__file__).resolve().parents[2]
-    users = [str(path.relative_to(root)) for package in ("schemas", "core", "bridge", "broker", "workers", "laneway")
-             for path in (root / package).rglob("*.py") if "wait_for(" in path.read_text()]
+    users = [
+        str(path.relative_to(root))
+        for package in ("schemas", "core", "bridge", "broker", "workers", "laneway")
+        for path in (root / package).rglob("*.py")
+        if "wait_for(" in path.read_text()
+    ]
     assert users == []

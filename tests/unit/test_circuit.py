@@ -16,8 +16,9 @@ class FakeClock:
 
 
 def make(**overrides: float) -> tuple[CircuitBreaker, FakeClock, list[tuple[BreakerState, BreakerState]]]:
-    settings: dict = dict(failure_threshold=3, error_rate=0.5, window_s=10.0, min_volume=4,
-                          cooldown_s=5.0, half_open_probes=1)
+    settings: dict = dict(
+        failure_threshold=3, error_rate=0.5, window_s=10.0, min_volume=4, cooldown_s=5.0, half_open_probes=1
+    )
     settings.update(overrides)
     clock = FakeClock()
     changes: list[tuple[BreakerState, BreakerState]] = []
@@ -65,9 +66,9 @@ def test_opens_on_error_rate_once_volume_is_reached() -> None:
     succeed(breaker)
     fail(breaker)
     succeed(breaker)
-    assert breaker.state is BreakerState.CLOSED       # 1/3 failed, volume below minimum
+    assert breaker.state is BreakerState.CLOSED  # 1/3 failed, volume below minimum
     fail(breaker)
-    assert breaker.state is BreakerState.OPEN         # 2/4 failed
+    assert breaker.state is BreakerState.OPEN  # 2/4 failed
 
 
 def test_error_rate_needs_minimum_volume() -> None:
@@ -82,10 +83,10 @@ def test_window_slides_old_failures_out() -> None:
     breaker, clock, _ = make(failure_threshold=100, min_volume=4, error_rate=0.5, window_s=10.0)
     fail(breaker)
     fail(breaker)
-    clock.now += 11.0                                 # both failures leave the window
+    clock.now += 11.0  # both failures leave the window
     succeed(breaker, 3)
     fail(breaker)
-    assert breaker.state is BreakerState.CLOSED       # 1/4 in the window
+    assert breaker.state is BreakerState.CLOSED  # 1/4 in the window
 
 
 def test_cooldown_then_half_open_probe_closes() -> None:
@@ -98,12 +99,12 @@ def test_cooldown_then_half_open_probe_closes() -> None:
     assert breaker.state is BreakerState.HALF_OPEN
     assert breaker.allowance() == 2
     first, second = permit(breaker), permit(breaker)
-    assert breaker.acquire() is None                  # only K probes at a time
+    assert breaker.acquire() is None  # only K probes at a time
     assert breaker.allowance() == 0
     breaker.success(first)
     assert breaker.state is BreakerState.CLOSED
     assert breaker.allowance() is None
-    breaker.failure(second)                           # stale verdict from the old generation
+    breaker.failure(second)  # stale verdict from the old generation
     assert breaker.state is BreakerState.CLOSED
     assert changes == [
         (BreakerState.CLOSED, BreakerState.OPEN),
@@ -127,18 +128,18 @@ def test_release_returns_the_probe_slot() -> None:
     clock.now += 5.0
     probe = permit(breaker)
     assert breaker.acquire() is None
-    breaker.release(probe)                            # cancelled: no verdict on the upstream
+    breaker.release(probe)  # cancelled: no verdict on the upstream
     assert breaker.state is BreakerState.HALF_OPEN
     assert breaker.acquire() is not None
 
 
 def test_late_verdicts_from_before_opening_are_ignored() -> None:
     breaker, clock, _ = make()
-    slow = permit(breaker)                            # admitted while CLOSED
+    slow = permit(breaker)  # admitted while CLOSED
     fail(breaker, 3)
     clock.now += 5.0
     assert breaker.state is BreakerState.HALF_OPEN
-    breaker.success(slow)                             # must not close the breaker unprobed
+    breaker.success(slow)  # must not close the breaker unprobed
     assert breaker.state is BreakerState.HALF_OPEN
     breaker.failure(slow)
     assert breaker.state is BreakerState.HALF_OPEN
@@ -157,8 +158,17 @@ def test_state_is_an_int_for_gauges() -> None:
     assert [int(s) for s in BreakerState] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("field,value", [("failure_threshold", 0), ("error_rate", 0.0), ("error_rate", 1.5),
-                                         ("window_s", 0.0), ("min_volume", 0), ("half_open_probes", 0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("failure_threshold", 0),
+        ("error_rate", 0.0),
+        ("error_rate", 1.5),
+        ("window_s", 0.0),
+        ("min_volume", 0),
+        ("half_open_probes", 0),
+    ],
+)
 def test_config_rejects_nonsense(field: str, value: float) -> None:
     with pytest.raises(ValueError):
         BreakerConfig(**{field: value})

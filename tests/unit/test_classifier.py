@@ -33,7 +33,7 @@ def test_the_data_set_is_large_and_balanced() -> None:
     assert len(examples) >= 300
     assert set(counts) == set(LABELS) and min(counts.values()) >= 80
     train, test = split(examples)
-    assert {e.group for e in train}.isdisjoint({e.group for e in test})   # whole groups held out
+    assert {e.group for e in train}.isdisjoint({e.group for e in test})  # whole groups held out
     assert set(Counter(e.label for e in test)) == set(LABELS)
 
 
@@ -55,14 +55,20 @@ def test_training_is_reproducible(model: IntentModel) -> None:
     assert evaluate(retrained, test)[0] == pytest.approx(model.meta["held_out_accuracy"], abs=1e-4)
 
 
-@pytest.mark.parametrize(("prompt", "label"), [
-    ("What is the capital of Portugal?", "simple"),
-    ("hi there, thanks for your help yesterday", "simple"),
-    ("Write a Python function that returns the median of a list.", "code"),
-    ("Why does this fail?\n```\nx = [1, 2]\nprint(x[2])\n```", "code"),
-    ("Compare nuclear and solar power for a small island nation, weighing cost, reliability and "
-     "environmental impact, and recommend a strategy.", "complex"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "label"),
+    [
+        ("What is the capital of Portugal?", "simple"),
+        ("hi there, thanks for your help yesterday", "simple"),
+        ("Write a Python function that returns the median of a list.", "code"),
+        ("Why does this fail?\n```\nx = [1, 2]\nprint(x[2])\n```", "code"),
+        (
+            "Compare nuclear and solar power for a small island nation, weighing cost, reliability and "
+            "environmental impact, and recommend a strategy.",
+            "complex",
+        ),
+    ],
+)
 def test_clear_cases(prompt: str, label: str) -> None:
     got, confidence = predict(prompt)
     assert got == label and 1 / 3 < confidence <= 1.0
@@ -85,9 +91,21 @@ def test_predict_is_deterministic_and_cheap() -> None:
 
 
 def test_prompt_text_is_the_latest_user_turn() -> None:
-    req = GenerateRequest(request_id="r", tenant="t", klass="c", model="auto", reply_to="x", created_at=0,
-                          deadline=1, chat=chat(Message("system", "You write code."),
-                                                     Message("user", "first"), Message("assistant", "ok"),
-                                                     Message("user", "What is 2 + 2?"), model="auto"))
+    req = GenerateRequest(
+        request_id="r",
+        tenant="t",
+        klass="c",
+        model="auto",
+        reply_to="x",
+        created_at=0,
+        deadline=1,
+        chat=chat(
+            Message("system", "You write code."),
+            Message("user", "first"),
+            Message("assistant", "ok"),
+            Message("user", "What is 2 + 2?"),
+            model="auto",
+        ),
+    )
     assert prompt_text(req) == "What is 2 + 2?"
     assert classifier.intent_of(req) == "simple"

@@ -50,8 +50,7 @@ def test_the_commands_for_batches_and_files_are_there() -> None:
 
 
 def test_laneway_help_from_a_shell_opens_with_what_laneway_is() -> None:
-    ran = subprocess.run([sys.executable, "-m", "laneway.cli", "--help"], capture_output=True, text=True,
-                         timeout=120)
+    ran = subprocess.run([sys.executable, "-m", "laneway.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     description = ran.stdout.split("\n\n")[1]
     assert description.startswith("Laneway serves OpenAI-compatible"), description

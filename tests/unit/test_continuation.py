@@ -24,14 +24,19 @@ def test_a_stream_goes_on_after_what_its_client_got_and_drops_the_lost_worker_s_
     async def main() -> None:
         stream = streaming(Delta("r", 1, 0, "Hello ", [11]), Delta("r", 1, 1, "there ", [12, 13]))
         said = answer(stream, "acme", ContinueAsk("r", 2, "w2"), max_migrations=2)
-        assert (said.verdict, said.next_seq, said.token_ids, said.text) == (Outcome.CONTINUE, 2, [11, 12, 13],
-                                                                            "Hello there ")
+        assert (said.verdict, said.next_seq, said.token_ids, said.text) == (
+            Outcome.CONTINUE,
+            2,
+            [11, 12, 13],
+            "Hello there ",
+        )
         assert stream.source == "w2" and stream.migrations == 1
-        assert not stream.feed(Delta("r", 1, 2, "late ", [14]), "w1")     # the lost worker's
+        assert not stream.feed(Delta("r", 1, 2, "late ", [14]), "w1")  # the lost worker's
         assert stream.feed(Delta("r", 2, 2, "friend", [15]), "w2")
         assert stream.feed(Finished("r", 2, 3, "stop", TokenUsage(3, 4)), "w2")
         entries = await stream.next_entries()
         assert [e.seq for e in entries] == [0, 1, 2, 3] and isinstance(entries[-1], Finished)
+
     asyncio.run(main())
 
 
@@ -45,7 +50,7 @@ def test_the_answer_for_each_kind_of_stream() -> None:
         assert answer(stale, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
         tools = streaming(Delta("r", 1, 0, "", [1], logprobs=[]), Delta("r", 1, 1, "", [], choice=1))
         assert answer(tools, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
-        assert isinstance((await tools.next_entries())[-1], StreamError)    # worker_lost, told at once
+        assert isinstance((await tools.next_entries())[-1], StreamError)  # worker_lost, told at once
         tired = streaming(Delta("r", 1, 0, "a", [1]))
         for attempt in (2, 3):
             assert answer(tired, "acme", ContinueAsk("r", attempt, "w"), 2).verdict is Outcome.CONTINUE
@@ -53,6 +58,7 @@ def test_the_answer_for_each_kind_of_stream() -> None:
         assert last.verdict is Outcome.EXHAUSTED and "dead-lettered" in last.reason
         end = (await tired.next_entries())[-1]
         assert isinstance(end, StreamError) and end.code == "worker_lost" and "dead-lettered" in end.message
+
     asyncio.run(main())
 
 

@@ -24,27 +24,46 @@ class Active:
 
 
 def accepted(rid: str, klass: str, chars: int, started: bool, tenant: str = "acme") -> Active:
-    request = GenerateRequest(request_id=rid, tenant=tenant, klass=klass, model="m", reply_to="lw.tok.acme.e",
-                              created_at=0.0, deadline=1.0, chat=chat("x" * chars, model="m"))
+    request = GenerateRequest(
+        request_id=rid,
+        tenant=tenant,
+        klass=klass,
+        model="m",
+        reply_to="lw.tok.acme.e",
+        created_at=0.0,
+        deadline=1.0,
+        chat=chat("x" * chars, model="m"),
+    )
     return Active(Dispatch(request, "ack", 1), 1.0 if started else None)
 
 
 def credit_of(engine: SimEngine, *active: Active) -> Credit:
-    puller = Puller(None, "lw.pull.sim", WorkerConfig(pool="sim", worker_id="w1"), engine,  # type: ignore[arg-type]
-                    WorkerMetrics(), dict(enumerate(active)), lambda batch: None, asyncio.Event(), asyncio.Event())
+    puller = Puller(
+        None,
+        "lw.pull.sim",
+        WorkerConfig(pool="sim", worker_id="w1"),
+        engine,  # type: ignore[arg-type]
+        WorkerMetrics(),
+        dict(enumerate(active)),
+        lambda batch: None,
+        asyncio.Event(),
+        asyncio.Event(),
+    )
     credit = puller.credit()
     assert credit is not None
     return credit
 
 
 def test_the_credit_counts_unstarted_prompt_tokens_per_class_and_the_step_size():
-    credit = credit_of(SimEngine(PROFILES["llama-8b-h100"], max_num_batched_tokens=4096),
-                       accepted("b1", "batch", 6144, started=False),
-                       accepted("b2", "batch", 6144, started=True),     # its first token came: prefilled
-                       accepted("b3", "batch", 400, started=False),
-                       accepted("c1", "interactive", 800, started=False))
+    credit = credit_of(
+        SimEngine(PROFILES["llama-8b-h100"], max_num_batched_tokens=4096),
+        accepted("b1", "batch", 6144, started=False),
+        accepted("b2", "batch", 6144, started=True),  # its first token came: prefilled
+        accepted("b3", "batch", 400, started=False),
+        accepted("c1", "interactive", 800, started=False),
+    )
     assert credit.step_tokens == 4096
-    assert credit.prefill == {"batch": (6144 + 400) // 4, "interactive": 800 // 4}   # ~4 characters a token
+    assert credit.prefill == {"batch": (6144 + 400) // 4, "interactive": 800 // 4}  # ~4 characters a token
 
 
 def test_the_credit_counts_what_each_tenant_holds_per_class():
@@ -53,5 +72,7 @@ def test_the_credit_counts_what_each_tenant_holds_per_class():
     credit = credit_of(SimEngine(PROFILES["llama-8b-h100"]), g1, g2, c1, b1)
     assert credit.tenant_slots == {"interactive": {"globex": 2, "acme": 1}, "batch": {"acme": 1}}
     cost = {a.dispatch.request.request_id: a.dispatch.request.estimated_cost() for a in (g1, g2, c1, b1)}
-    assert credit.tenant_tokens == {"interactive": {"globex": cost["g1"] + cost["g2"], "acme": cost["c1"]},
-                                    "batch": {"acme": cost["b1"]}}
+    assert credit.tenant_tokens == {
+        "interactive": {"globex": cost["g1"] + cost["g2"], "acme": cost["c1"]},
+        "batch": {"acme": cost["b1"]},
+    }

@@ -24,7 +24,7 @@ async def test_entries_arrive_in_order_and_stale_attempts_are_dropped():
     assert stream.feed(Delta("r1", 2, 0, "x", [9]), "w2")
     [entry] = await stream.next_entries()
     assert isinstance(entry, StreamError) and entry.code == ErrorCode.worker_lost.value
-    assert not stream.feed(Delta("r1", 1, 2, "c", [3]), "w1")    # ended: nothing more
+    assert not stream.feed(Delta("r1", 1, 2, "c", [3]), "w1")  # ended: nothing more
     demux.close("r1")
     assert len(demux) == 0
 
@@ -44,7 +44,7 @@ async def test_waiting_past_the_expiry_raises_timeout_and_close_cancels_the_time
     with pytest.raises(TimeoutError):
         await stream.next_entries()
     assert asyncio.get_running_loop().time() - started >= 0.04
-    with pytest.raises(TimeoutError):               # stays expired
+    with pytest.raises(TimeoutError):  # stays expired
         await stream.next_entries()
 
     kept = demux.open("r2", "acme", time.time() + 0.05)
@@ -64,9 +64,9 @@ async def test_a_stream_past_its_buffer_ends_with_slow_reader_and_frees_what_it_
     demux = Demux(limits=BufferLimits(stream_bytes=1000, tenant_bytes=10_000))
     stream = demux.open("r1", "acme", time.time() + 30)
     _fill(stream, 10, 100)
-    assert demux.buffered_by("acme") == 1000 and not stream.closed       # at the limit, not past it
+    assert demux.buffered_by("acme") == 1000 and not stream.closed  # at the limit, not past it
     stream.feed(Delta("r1", 1, stream.next_seq, "x", [1]), "w1", 100)
-    [entry] = await stream.next_entries()            # what waited is dropped: only why it ends
+    [entry] = await stream.next_entries()  # what waited is dropped: only why it ends
     assert isinstance(entry, StreamError) and entry.code == ErrorCode.slow_reader.value
     assert stream.edge_failed and demux.buffered_by("acme") == 0
     assert not stream.feed(Delta("r1", 1, stream.next_seq, "x", [1]), "w1", 100)
@@ -78,7 +78,7 @@ async def test_past_the_tenant_limit_its_largest_buffer_ends_and_other_tenants_k
     other = demux.open("r3", "globex", time.time() + 30)
     _fill(other, 10, 100)
     _fill(stalled, 10, 100)
-    _fill(reading, 6, 100)        # acme: 1,600 bytes waiting
+    _fill(reading, 6, 100)  # acme: 1,600 bytes waiting
     assert stalled.closed and not reading.closed and not other.closed
     assert demux.buffered_by("acme") == 600 and demux.buffered_by("globex") == 1000
     assert [e.code for e in await stalled.next_entries()] == [ErrorCode.slow_reader.value]

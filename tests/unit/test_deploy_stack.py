@@ -39,9 +39,9 @@ PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "laneway.json"
 SETTINGS = DEPLOY / "settings.toml"
-PLACEHOLDER_KEY = "lw-demo-key-CHANGE-ME"      # documented in deploy/settings.toml
+PLACEHOLDER_KEY = "lw-demo-key-CHANGE-ME"  # documented in deploy/settings.toml
 ROLES = ("broker", "worker", "bridge")
-PROVISION = ["ops", "provision"]           # the one-shot service's subcommand
+PROVISION = ["ops", "provision"]  # the one-shot service's subcommand
 METRICS_PACKAGES = ("core", "bridge", "broker", "workers", "laneway", "loadtest")
 
 
@@ -85,8 +85,9 @@ def flag_value(command: list[str], flag: str) -> str | None:
 
 @functools.cache
 def cli_help(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "laneway.cli", *args, "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "laneway.cli", *args, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -113,14 +114,20 @@ def compose_command() -> list[str] | None:
 def test_compose_file_validates() -> None:
     command = compose_command()
     if command is None:
-        pytest.skip("no docker-compose binary: install Debian's `docker-compose` package "
-                    "(apt-get install -y docker-compose) or the Docker Compose v2 plugin")
+        pytest.skip(
+            "no docker-compose binary: install Debian's `docker-compose` package "
+            "(apt-get install -y docker-compose) or the Docker Compose v2 plugin"
+        )
     # The defaults in the file, not the caller's settings.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LANEWAY_", "GRAFANA_", "PROMETHEUS_", "HF_", "COMPOSE_"))}
-    env["GRAFANA_ADMIN_PASSWORD"] = "set-by-the-operator"     # the one variable without a default
-    result = subprocess.run([*command, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LANEWAY_", "GRAFANA_", "PROMETHEUS_", "HF_", "COMPOSE_"))
+    }
+    env["GRAFANA_ADMIN_PASSWORD"] = "set-by-the-operator"  # the one variable without a default
+    result = subprocess.run(
+        [*command, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "is not set" not in result.stderr, f"a variable lacks a default: {result.stderr}"
 
@@ -135,14 +142,16 @@ def test_services_run_real_subcommands_and_flags() -> None:
     for name, command in commands.items():
         words = PROVISION if command[:2] == PROVISION else command[:1]
         role = command[0]
-        assert role in (*ROLES, "ops") and re.search(rf"\b{role}\b", top), \
+        assert role in (*ROLES, "ops") and re.search(rf"\b{role}\b", top), (
             f"{name}: `laneway {role}` is not a subcommand"
+        )
         text = cli_help(*words)
-        for arg in command[len(words):]:
+        for arg in command[len(words) :]:
             if arg.startswith("--"):
                 flag = arg.split("=", 1)[0]
-                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), \
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), (
                     f"{name}: `laneway {' '.join(words)} --help` has no {flag}"
+                )
         try:
             args, rest = build_parser().parse_known_args(command)
         except SystemExit:
@@ -158,8 +167,9 @@ def test_provisioning_runs_once_before_every_service() -> None:
     name = provisioners[0]
     assert services()[name]["restart"] == "no", "a one-shot: it exits when done"
     for other in commands.keys() - {name}:
-        assert services()[other]["depends_on"][name] == {"condition": "service_completed_successfully"}, \
+        assert services()[other]["depends_on"][name] == {"condition": "service_completed_successfully"}, (
             f"{other} must start after {name} succeeded"
+        )
     bridge = next(c for c in commands.values() if c[0] == "bridge")
     assert flag_value(commands[name], "--settings") == flag_value(bridge, "--settings")
     mounts = {v for svc in (services()[name], services()["bridge"]) for v in svc["volumes"]}
@@ -173,8 +183,9 @@ def test_workers_pools_gpus_and_settings_agree() -> None:
     pools = {flag_value(c, "--pool"): name for name, c in workers.items()}
     settings = load_settings(SETTINGS)
     for model, logical in settings.models.items():
-        assert logical.pool in pools, \
+        assert logical.pool in pools, (
             f"settings model {model!r} needs pool {logical.pool!r}; workers serve {sorted(pools)}"
+        )
     demo = settings.tenants["demo"]
     assert demo.api_key_sha256 == [hashlib.sha256(PLACEHOLDER_KEY.encode()).hexdigest()]
 
@@ -185,8 +196,9 @@ def test_workers_pools_gpus_and_settings_agree() -> None:
             devices = svc["deploy"]["resources"]["reservations"]["devices"]
             assert all(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
             gpus = sum(len(d.get("device_ids", ())) or int(d.get("count", 0)) for d in devices)
-            assert gpus == int(flag_value(command, "--tensor-parallel-size") or 1), \
+            assert gpus == int(flag_value(command, "--tensor-parallel-size") or 1), (
                 f"{name}: GPUs reserved and --tensor-parallel-size differ"
+            )
         if engine == "openai":
             key_env = flag_value(command, "--upstream-key-env")
             assert key_env in svc.get("environment", {}), f"{name}: {key_env} is not passed to the container"
@@ -223,8 +235,14 @@ def scrape_targets() -> list[tuple[str, str, int]]:
                 out.append((job["job_name"], host, int(port)))
         for sd in job.get("dns_sd_configs", []):
             out += [(job["job_name"], host, int(sd["port"])) for host in sd["names"]]
-        assert set(job) <= {"job_name", "static_configs", "dns_sd_configs", "metrics_path",
-                            "scrape_interval", "scrape_timeout"}, f"{job['job_name']}: unchecked discovery"
+        assert set(job) <= {
+            "job_name",
+            "static_configs",
+            "dns_sd_configs",
+            "metrics_path",
+            "scrape_interval",
+            "scrape_timeout",
+        }, f"{job['job_name']}: unchecked discovery"
     return out
 
 
@@ -234,12 +252,12 @@ def test_scrape_targets_are_services_on_exposed_ports() -> None:
     for job, host, port in targets:
         assert host in services(), f"job {job}: {host} is not a compose service"
         assert port in exposed_ports(services()[host]), f"job {job}: {host} does not expose {port}"
-        if host in commands:   # and the process really listens there
+        if host in commands:  # and the process really listens there
             command = commands[host]
             listens = flag_value(command, "--metrics-port") or flag_value(command, "--port")
             assert listens == str(port), f"job {job}: {host} serves metrics on {listens}, not {port}"
     scraped = {host for _, host, _ in targets}
-    running = {name for name, command in commands.items() if command[:2] != PROVISION}   # not the one-shot
+    running = {name for name, command in commands.items() if command[:2] != PROVISION}  # not the one-shot
     assert running <= scraped, f"Laneway services nobody scrapes: {running - scraped}"
     config = yaml.safe_load(PROMETHEUS.read_text())
     for rule_file in config.get("rule_files", []):
@@ -262,9 +280,16 @@ def test_every_process_kind_is_scraped_under_the_job_up_gives_it() -> None:
 
 
 # -- (d) dashboards and alerts name metrics Laneway exports ---------------------------------------
-_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created"),
-             "summary": ("", "_sum", "_count", "_created"), "info": ("_info",), "stateset": ("",),
-             "gaugehistogram": ("_bucket", "_gsum", "_gcount"), "unknown": ("",)}
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "unknown": ("",),
+}
 
 
 def metrics_classes() -> list[type]:
@@ -299,8 +324,24 @@ def exported_metrics() -> tuple[set[str], list[str]]:
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _IDENT = re.compile(r"(?<![\w.$:])([a-zA-Z_:][\w:]*)(?![\w:])(?!\s*\()")
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
-             "group_left", "group_right", "inf", "nan", "atan2", "start", "end"}
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+    "atan2",
+    "start",
+    "end",
+}
 
 
 def promql_metrics(expr: str) -> set[str]:
@@ -356,14 +397,18 @@ def test_dashboard_and_alerts_use_exported_metrics() -> None:
                 missing.setdefault(name, set()).add(where)
     assert not missing, (
         "metrics used by deploy/ that Laneway does not export (searched "
-        + ", ".join(classes) + "):\n"
-        + "\n".join(f"  {name}: {', '.join(sorted(where))}" for name, where in sorted(missing.items())))
+        + ", ".join(classes)
+        + "):\n"
+        + "\n".join(f"  {name}: {', '.join(sorted(where))}" for name, where in sorted(missing.items()))
+    )
 
 
 def test_promql_extraction() -> None:
-    expr = ('1e6 * sum by (model) (rate(laneway_cost_usd_total{tenant!="x"}[$__rate_interval])) '
-            '/ ignoring(pool) group_left() histogram_quantile(0.95, sum(rate(a_bucket[5m] offset 1h))) '
-            '> 1.2 * avg_over_time(laneway:cost:rate1h[7d])')
+    expr = (
+        '1e6 * sum by (model) (rate(laneway_cost_usd_total{tenant!="x"}[$__rate_interval])) '
+        "/ ignoring(pool) group_left() histogram_quantile(0.95, sum(rate(a_bucket[5m] offset 1h))) "
+        "> 1.2 * avg_over_time(laneway:cost:rate1h[7d])"
+    )
     assert promql_metrics(expr) == {"laneway_cost_usd_total", "a_bucket", "laneway:cost:rate1h"}
 
 
@@ -375,8 +420,10 @@ def test_promtool_accepts_config_rules_and_queries(tmp_path: Path) -> None:
     for args in (["check", "config", str(PROMETHEUS)], ["check", "rules", str(RULES)]):
         result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
-    queries = [{"record": f"dashboard:query:{i}", "expr": expr.replace("$__rate_interval", "5m")}
-               for i, (_, expr) in enumerate(dashboard_exprs())]
+    queries = [
+        {"record": f"dashboard:query:{i}", "expr": expr.replace("$__rate_interval", "5m")}
+        for i, (_, expr) in enumerate(dashboard_exprs())
+    ]
     probe = tmp_path / "dashboard_rules.yml"
     probe.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": queries}]}))
     result = subprocess.run([promtool, "check", "rules", str(probe)], capture_output=True, text=True, timeout=60)

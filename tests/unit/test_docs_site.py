@@ -18,7 +18,11 @@ README_LINK = re.compile(r"\]\((?!https?:|mailto:)([^)#\s]+)(?:#([^)\s]+))?\)")
 def build(site: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
-        capture_output=True, text=True, cwd=ROOT, timeout=120)
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def built_page(site: Path, page: str) -> Path:

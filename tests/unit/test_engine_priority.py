@@ -22,8 +22,12 @@ class Item:
 
 def test_a_tenant_holding_less_of_the_class_comes_first_and_a_class_above_before_all():
     held = {"interactive": {"globex": 230}}
-    batch = [Item("globex", "interactive"), Item("acme", "interactive"), Item("acme", "interactive"),
-             Item("acme", "batch")]
+    batch = [
+        Item("globex", "interactive"),
+        Item("acme", "interactive"),
+        Item("acme", "interactive"),
+        Item("acme", "batch"),
+    ]
     assert engine_priorities(batch, held, RANKS.__getitem__) == [230, 0, 1, 2 * TENANT_SPREAD]
     assert held == {"interactive": {"globex": 230}}, "the credit's counts are left as they were"
 

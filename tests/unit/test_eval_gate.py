@@ -40,7 +40,7 @@ from laneway import ops_eval
 
 GOLDEN = load_golden()
 HARD = {"reasoning"}
-HARD_IDS = {"fact-04", "fact-05"}          # Ottawa, Canberra: a 135M model's usual misses
+HARD_IDS = {"fact-04", "fact-05"}  # Ottawa, Canberra: a 135M model's usual misses
 
 
 def is_hard(item: GoldenItem) -> bool:
@@ -49,8 +49,9 @@ def is_hard(item: GoldenItem) -> bool:
 
 async def simulated(pool: str, item: GoldenItem) -> Completion:
     """`large` and `api` always right; `small` right and confident on easy items, else unsure."""
-    answer = f"Let me work it out.\nFinal answer: {item.reference}" if item.extract == "last_line" \
-        else f"{item.reference}."
+    answer = (
+        f"Let me work it out.\nFinal answer: {item.reference}" if item.extract == "last_line" else f"{item.reference}."
+    )
     if pool == "small" and is_hard(item):
         return Completion("I am not sure, maybe 7.", 20, 8, [-2.3, -1.9, -2.8, -2.0])
     return Completion(answer, 20, 6, [-0.2, -0.1, -0.3, -0.2])
@@ -58,9 +59,11 @@ async def simulated(pool: str, item: GoldenItem) -> Completion:
 
 def rules(auto_pools: dict, simple_pools: dict | None = None, escalate: str | None = None) -> RuleSet:
     doc = {
-        "pools": {"small": {"cost_in_per_1m": 0.05, "cost_out_per_1m": 0.10},
-                  "large": {"cost_in_per_1m": 0.60, "cost_out_per_1m": 1.20},
-                  "api": {"hosted": True, "cost_in_per_1m": 3.0, "cost_out_per_1m": 6.0}},
+        "pools": {
+            "small": {"cost_in_per_1m": 0.05, "cost_out_per_1m": 0.10},
+            "large": {"cost_in_per_1m": 0.60, "cost_out_per_1m": 1.20},
+            "api": {"hosted": True, "cost_in_per_1m": 3.0, "cost_out_per_1m": 6.0},
+        },
         "models": ["auto"],
         "rules": [{"rule_id": "auto", "match": {"model": "auto"}, "pools": auto_pools}],
         "cascade": {"min_mean_logprob": -1.0, "window": 4},
@@ -85,7 +88,7 @@ def test_golden_set_shape() -> None:
     assert len(GOLDEN) >= 40
     assert len({i.id for i in GOLDEN}) == len(GOLDEN)
     assert {"factual", "arithmetic", "sentiment", "units", "words", "reasoning", "code"} <= {i.category for i in GOLDEN}
-    for item in GOLDEN:                     # the scorer accepts every reference and alias as given
+    for item in GOLDEN:  # the scorer accepts every reference and alias as given
         for ref in (item.reference, *item.aliases):
             assert score_answer(ref, item) == 1.0, item.id
 
@@ -128,7 +131,7 @@ def test_gate_allows_down_to_one_point_below_baseline() -> None:
     assert gate(87.0, 88.0).allowed
     blocked = gate(86.99, 88.0)
     assert not blocked.allowed and "below baseline" in blocked.message
-    assert gate(95.0, None).allowed                          # nothing to regress from
+    assert gate(95.0, None).allowed  # nothing to regress from
 
 
 def test_gate_forced_only_with_a_reason_that_is_recorded() -> None:
@@ -208,8 +211,13 @@ def _args(tmp_path: Path, candidate: RuleSet, baseline: RuleSet, **extra) -> arg
 
 async def test_eval_command_prints_side_by_side_and_exits_by_the_gate(tmp_path: Path, results, capsys) -> None:
     save_results(tmp_path / "scores.json", results)
-    good = _args(tmp_path, rules({"large": 1}, simple_pools={"small": 1}, escalate="large"), rules({"large": 1}),
-                 scores=tmp_path / "scores.json", cascade="small:large")
+    good = _args(
+        tmp_path,
+        rules({"large": 1}, simple_pools={"small": 1}, escalate="large"),
+        rules({"large": 1}),
+        scores=tmp_path / "scores.json",
+        cascade="small:large",
+    )
     assert await ops_eval.run(good) == 0
     out = capsys.readouterr().out
     assert "candidate" in out and "current" in out and "gate: PASS" in out and "kept off large" in out
@@ -230,9 +238,14 @@ async def test_http_runner_pins_pools_through_logical_models() -> None:
         if body["model"] == "pool-broken":
             return web.json_response({"error": {"message": "no worker", "type": "server_error"}}, status=503)
         reply = "Paris" if body["model"] == "pool-large" else "Lyon"
-        return web.json_response({"choices": [{"message": {"role": "assistant", "content": reply},
-                                               "logprobs": {"content": [{"logprob": -0.5}]}}],
-                                  "usage": {"prompt_tokens": 11, "completion_tokens": 1}})
+        return web.json_response(
+            {
+                "choices": [
+                    {"message": {"role": "assistant", "content": reply}, "logprobs": {"content": [{"logprob": -0.5}]}}
+                ],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 1},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
@@ -244,8 +257,13 @@ async def test_http_runner_pins_pools_through_logical_models() -> None:
     item = GoldenItem("q", "factual", "Capital of France?", "Paris")
     try:
         async with aiohttp.ClientSession() as session:
-            complete = ops_eval.http_completer(session, url, "k", {"large": "pool-large", "small": "pool-small",
-                                                                   "broken": "pool-broken"}, logprobs=True)
+            complete = ops_eval.http_completer(
+                session,
+                url,
+                "k",
+                {"large": "pool-large", "small": "pool-small", "broken": "pool-broken"},
+                logprobs=True,
+            )
             got = await run_pools([item], ["large", "small"], complete)
             with pytest.raises(EvalUnavailable):
                 await complete("broken", item)

@@ -22,8 +22,13 @@ def request(extra: dict, body=CHAT) -> EngineRequest:
     return EngineRequest("r1", body, json.dumps(extra).encode())
 
 
-@pytest.mark.parametrize("extra", [{"top_k": 5, "prediction": {"type": "content", "content": "x"}},
-                                   {"metadata": {"a": "b"}, "documents": [{"text": "d"}], "guided_choice": ["a"]}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"top_k": 5, "prediction": {"type": "content", "content": "x"}},
+        {"metadata": {"a": "b"}, "documents": [{"text": "d"}], "guided_choice": ["a"]},
+    ],
+)
 def test_the_hosted_engine_forwards_what_shapes_the_answer(extra: dict) -> None:
     assert json.loads(wire.forwarded_extra(request(extra))) == extra
 
@@ -35,9 +40,17 @@ def test_the_hosted_engine_refuses_any_other_field_by_name(name: str) -> None:
     assert err.value.param == name
 
 
-@pytest.mark.parametrize("name, value", [("store", True), ("service_tier", "priority"),
-                                         ("web_search_options", {}), ("prompt_cache_retention", "24h"),
-                                         ("store", 0), ("moderation", {"model": "omni-moderation-latest"})])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("store", True),
+        ("service_tier", "priority"),
+        ("web_search_options", {}),
+        ("prompt_cache_retention", "24h"),
+        ("store", 0),
+        ("moderation", {"model": "omni-moderation-latest"}),
+    ],
+)
 def test_account_fields_are_the_operators(name: str, value: object) -> None:
     with pytest.raises(UnsupportedRequest) as err:
         wire.forwarded_extra(request({name: value}))
@@ -71,8 +84,18 @@ def test_embeddings_take_their_own_list() -> None:
 def test_the_operator_allows_fields_by_flag_but_never_laneways_own() -> None:
     parser = argparse.ArgumentParser()
     OpenAIUpstreamConfig.configure(parser)
-    args = parser.parse_args(["--upstream-url", "http://u/v1", "--upstream-model", "m",
-                              "--upstream-allow-field", "store", "--upstream-allow-field", "service_tier"])
+    args = parser.parse_args(
+        [
+            "--upstream-url",
+            "http://u/v1",
+            "--upstream-model",
+            "m",
+            "--upstream-allow-field",
+            "store",
+            "--upstream-allow-field",
+            "service_tier",
+        ]
+    )
     assert OpenAIUpstreamConfig.from_args(args).allow_fields == {"store", "service_tier"}
     with pytest.raises(ValueError, match="cache_salt"):
         OpenAIUpstreamConfig(base_url="http://u/v1", model="m", allow_fields=frozenset({"cache_salt"}))
@@ -83,7 +106,7 @@ def test_vllm_takes_its_sampling_and_template_fields_only() -> None:
     assert refused_extra({"top_k": 1, "documents": [], "chat_template_kwargs": {}}, _CHAT, known) is None
     assert refused_extra({"top_k": 1, "chat_template": "{{ x }}"}, _CHAT, known) == "chat_template"
     assert refused_extra({"mm_processor_kwargs": {}}, _CHAT, known) == "mm_processor_kwargs"
-    assert refused_extra({"cache_salt": "x"}, _CHAT, known) is None          # Laneway's: dropped
+    assert refused_extra({"cache_salt": "x"}, _CHAT, known) is None  # Laneway's: dropped
     assert refused_extra({"top_k": 1}, _CHAT, known - {"top_k"}) == "top_k"  # this vLLM lacks it
 
 

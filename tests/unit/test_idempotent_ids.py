@@ -19,7 +19,7 @@ SECRET = "s" * 64
 
 def test_the_id_depends_on_the_secret_the_tenant_and_the_key():
     one = idempotent_id(SECRET, "acme", "k1")
-    assert one == idempotent_id(SECRET, "acme", "k1")           # another replica, the same id
+    assert one == idempotent_id(SECRET, "acme", "k1")  # another replica, the same id
     assert len(one) == 32 and set(one) <= set("0123456789abcdef")
     assert one != idempotent_id(SECRET, "globex", "k1")
     assert one != idempotent_id(SECRET, "acme", "k2")
@@ -39,7 +39,12 @@ def test_laneway_bridge_does_not_start_without_a_secret(secret):
     env = {k: v for k, v in os.environ.items() if k != "LANEWAY_IDEMPOTENCY_SECRET"}
     if secret is not None:
         env["LANEWAY_IDEMPOTENCY_SECRET"] = secret
-    done = subprocess.run([sys.executable, "-m", "laneway.cli", "bridge", "--nats-url", "nats://127.0.0.1:1"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "laneway.cli", "bridge", "--nats-url", "nats://127.0.0.1:1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "LANEWAY_IDEMPOTENCY_SECRET" in done.stderr

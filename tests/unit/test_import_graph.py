@@ -25,23 +25,57 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK = {
-    "schemas": 0,       # the wire contract
-    "core": 1,          # what every process shares
-    "bridge": 2,        # the HTTP edge process
-    "broker": 2,        # the gate, the lanes, the scheduler
-    "workers": 2,       # the worker loop and its engines
-    "loadtest": 3,      # benchmarks and the planner, over the product
-    "laneway": 4,       # the command line, over everything it can start
-    "tools": 5,         # offline tools (not installed): over the product, imported by none of it
+    "schemas": 0,  # the wire contract
+    "core": 1,  # what every process shares
+    "bridge": 2,  # the HTTP edge process
+    "broker": 2,  # the gate, the lanes, the scheduler
+    "workers": 2,  # the worker loop and its engines
+    "loadtest": 3,  # benchmarks and the planner, over the product
+    "laneway": 4,  # the command line, over everything it can start
+    "tools": 5,  # offline tools (not installed): over the product, imported by none of it
 }
 TOPS = tuple(RANK)
 # Pure: a module named here, or inside a package named here.
-PURE = ("schemas", "core.policy", "core.routing.rules", "core.routing.health", "broker.lanes", "broker.room",
-        "broker.affinity", "broker.pools", "broker.running", "workers.engines.sim.scheduler", "workers.engines.sim.roofline",
-        "workers.engines.openai.circuit")
-PURE_OUTSIDE = {"__future__", "abc", "bisect", "collections", "collections.abc", "copy", "dataclasses",
-                "datetime", "enum", "functools", "hashlib", "heapq", "hmac", "ipaddress", "itertools",
-                "math", "numbers", "operator", "re", "string", "time", "typing", "msgspec", "regex"}
+PURE = (
+    "schemas",
+    "core.policy",
+    "core.routing.rules",
+    "core.routing.health",
+    "broker.lanes",
+    "broker.room",
+    "broker.affinity",
+    "broker.pools",
+    "broker.running",
+    "workers.engines.sim.scheduler",
+    "workers.engines.sim.roofline",
+    "workers.engines.openai.circuit",
+)
+PURE_OUTSIDE = {
+    "__future__",
+    "abc",
+    "bisect",
+    "collections",
+    "collections.abc",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "enum",
+    "functools",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "ipaddress",
+    "itertools",
+    "math",
+    "numbers",
+    "operator",
+    "re",
+    "string",
+    "time",
+    "typing",
+    "msgspec",
+    "regex",
+}
 ENV_REGISTRY = "core.env"
 MAX_LINES = 400
 
@@ -79,14 +113,15 @@ def _imports(module: str, path: Path, is_pkg: bool, known: dict) -> Iterator[str
             else:
                 target = node.module or ""
             for alias in node.names:
-                sub = f"{target}.{alias.name}"    # `from core import env` names a module
+                sub = f"{target}.{alias.name}"  # `from core import env` names a module
                 yield sub if sub in known else target
 
 
 def _all_imports() -> list[tuple[str, str]]:
     known = _modules()
-    return sorted({(mod, target) for mod, (path, is_pkg) in known.items()
-                   for target in _imports(mod, path, is_pkg, known)})
+    return sorted(
+        {(mod, target) for mod, (path, is_pkg) in known.items() for target in _imports(mod, path, is_pkg, known)}
+    )
 
 
 def ours(edges: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -98,12 +133,24 @@ def ours(edges: list[tuple[str, str]]) -> list[tuple[str, str]]:
 # each other, without a cycle), the way back (frames, rendering, resuming), the one generation
 # path, the endpoints over it, the app. Wings of one rank never import each other.
 BRIDGE_WINGS = {
-    **dict.fromkeys(("bridge.errors", "bridge.metrics", "bridge.readiness", "bridge.publish_errors",
-                     "bridge.paging", "bridge.auth", "bridge.server", "bridge.openapi", "bridge.admin"), 0),
-    "bridge.streams": 1,                    # frames back, by request
+    **dict.fromkeys(
+        (
+            "bridge.errors",
+            "bridge.metrics",
+            "bridge.readiness",
+            "bridge.publish_errors",
+            "bridge.paging",
+            "bridge.auth",
+            "bridge.server",
+            "bridge.openapi",
+            "bridge.admin",
+        ),
+        0,
+    ),
+    "bridge.streams": 1,  # frames back, by request
     **dict.fromkeys(("bridge.render", "bridge.config", "bridge.client"), 2),
     "bridge.resume": 3,
-    "bridge.generate": 4,                   # the one path every generation takes
+    "bridge.generate": 4,  # the one path every generation takes
     **dict.fromkeys(("bridge.responses", "bridge.files"), 5),
     "bridge.batch": 6,
     "bridge.app": 7,
@@ -145,8 +192,11 @@ def _is_pure(module: str) -> bool:
 
 
 def purity_violations(edges: list[tuple[str, str]]) -> list[str]:
-    return [f"{src} is pure but imports {dst}" for src, dst in edges
-            if _is_pure(src) and not (_is_pure(dst) or dst in PURE_OUTSIDE)]
+    return [
+        f"{src} is pure but imports {dst}"
+        for src, dst in edges
+        if _is_pure(src) and not (_is_pure(dst) or dst in PURE_OUTSIDE)
+    ]
 
 
 def environ_reads(module: str, source: str) -> list[str]:
@@ -154,12 +204,19 @@ def environ_reads(module: str, source: str) -> list[str]:
     `from os import environ`)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "unsetenv")
-                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("environ", "getenv", "putenv", "unsetenv")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
             found.append(f"{module}:{node.lineno} os.{node.attr}")
         elif isinstance(node, ast.ImportFrom) and node.module == "os":
-            found += [f"{module}:{node.lineno} from os import {a.name}" for a in node.names
-                      if a.name in ("environ", "getenv", "putenv", "unsetenv")]
+            found += [
+                f"{module}:{node.lineno} from os import {a.name}"
+                for a in node.names
+                if a.name in ("environ", "getenv", "putenv", "unsetenv")
+            ]
     return found
 
 
@@ -238,8 +295,12 @@ def test_pure_modules_import_no_io(edges) -> None:
 
 
 def test_the_environment_is_read_in_the_registry_alone() -> None:
-    reads = [hit for mod, (path, _) in _modules().items() if mod != ENV_REGISTRY
-             for hit in environ_reads(mod, path.read_text())]
+    reads = [
+        hit
+        for mod, (path, _) in _modules().items()
+        if mod != ENV_REGISTRY
+        for hit in environ_reads(mod, path.read_text())
+    ]
     assert not reads, "read these through core/env.py:\n" + "\n".join(reads)
 
 
@@ -250,8 +311,9 @@ ANALYSIS_HOME = ("broker.pii_analysis", "loadtest.pii_bench")
 
 
 def analyser_imports(edges) -> list[str]:
-    return sorted(f"{a} imports {b}" for a, b in edges
-                  if b.split(".")[0] in ANALYSERS and not a.startswith(ANALYSIS_HOME))
+    return sorted(
+        f"{a} imports {b}" for a, b in edges if b.split(".")[0] in ANALYSERS and not a.startswith(ANALYSIS_HOME)
+    )
 
 
 def test_only_the_analysis_pool_loads_presidio_and_spacy(edges) -> None:
@@ -261,8 +323,11 @@ def test_only_the_analysis_pool_loads_presidio_and_spacy(edges) -> None:
 
 
 def test_no_module_is_over_the_line_limit() -> None:
-    long = [f"{path.relative_to(ROOT)}: {n} lines" for path, _ in _modules().values()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path, _ in _modules().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    ]
     assert not long, "\n".join(long)
 
 
@@ -275,38 +340,52 @@ def test_no_cycles_between_packages_but_the_known_ones(edges) -> None:
     print("cycles:", sorted(sorted(c) for c in found) or "none")
     new = found - KNOWN_CYCLES
     gone = KNOWN_CYCLES - found
-    assert not new, "new import cycles between packages: " + "; ".join(
-        " ↔ ".join(sorted(c)) for c in new)
+    assert not new, "new import cycles between packages: " + "; ".join(" ↔ ".join(sorted(c)) for c in new)
     assert not gone, "these cycles are gone, take them out of KNOWN_CYCLES: " + "; ".join(
-        " ↔ ".join(sorted(c)) for c in gone)
+        " ↔ ".join(sorted(c)) for c in gone
+    )
 
 
 def test_no_cycles_between_modules(edges) -> None:
     found = cycles(module_dependencies(edges))
     assert not found, "modules that import each other (at any depth, TYPE_CHECKING too): " + "; ".join(
-        " ↔ ".join(sorted(c)) for c in sorted(found, key=sorted))
+        " ↔ ".join(sorted(c)) for c in sorted(found, key=sorted)
+    )
 
 
 def test_the_checks_see_the_tree_and_catch_a_wrong_import(edges) -> None:
     """Guards the test itself: a walk that found nothing would pass everything above."""
     deps = dependencies(edges)
-    assert {"schemas", "core.policy", "core.routing", "bridge.app", "broker.gate", "broker.app",
-            "workers.engines", "laneway.cli", "loadtest.stack"} <= set(deps)
+    assert {
+        "schemas",
+        "core.policy",
+        "core.routing",
+        "bridge.app",
+        "broker.gate",
+        "broker.app",
+        "workers.engines",
+        "laneway.cli",
+        "loadtest.stack",
+    } <= set(deps)
     assert "core.routing" in deps["broker.gate"]
-    assert ("bridge.streams.demux", "schemas.codec") in edges     # `from schemas import codec`
-    assert ("broker.lanes", "heapq") in edges             # others' modules, as written
+    assert ("bridge.streams.demux", "schemas.codec") in edges  # `from schemas import codec`
+    assert ("broker.lanes", "heapq") in edges  # others' modules, as written
     # A lower layer importing a higher one, peers importing each other, a pure module's I/O:
     assert rank_violations([("core.settings", "broker.config")])
     assert rank_violations([("workers.serve", "broker.gate.pii")])
     assert rank_violations([("bridge.generate.routes", "laneway.flags")])
     assert not rank_violations([("laneway.cli", "loadtest.planner"), ("broker.gate.route", "core.routing")])
     assert purity_violations([("core.policy.quota", "nats.js"), ("broker.lanes", "asyncio")]) == [
-        "core.policy.quota is pure but imports nats.js", "broker.lanes is pure but imports asyncio"]
+        "core.policy.quota is pure but imports nats.js",
+        "broker.lanes is pure but imports asyncio",
+    ]
     assert environ_reads("x", "import os\nkey = os.environ.get('K')\nfrom os import getenv")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
     # Imports inside functions are edges (how cycles hide); two files importing each other are a cycle.
     assert ("laneway.processes", "core.routing.eval_gate") in edges
-    assert cycles(module_dependencies([("core.env", "core.tasks"), ("core.tasks", "core.env"),
-                                       ("core.routing.classifier", "schemas.requests")])) == {
-        frozenset({"core.env", "core.tasks"})}
+    assert cycles(
+        module_dependencies(
+            [("core.env", "core.tasks"), ("core.tasks", "core.env"), ("core.routing.classifier", "schemas.requests")]
+        )
+    ) == {frozenset({"core.env", "core.tasks"})}
     assert "tools.routing.train_classifier" in module_dependencies(edges)

@@ -20,16 +20,18 @@ def test_humaneval_loads_from_the_wheel_in_task_order(view: str) -> None:
     assert [e.group for e in public.examples] == [f"HumanEval/{i}" for i in range(SAMPLE)]
     assert {e.label for e in public.examples} == {"code"}
     assert all(e.text.strip() for e in public.examples)
-    assert public.version == "1.0.3" and "MIT" in public.licence    # the pin in pyproject's loadtest extra
+    assert public.version == "1.0.3" and "MIT" in public.licence  # the pin in pyproject's loadtest extra
 
 
 def test_prose_view_is_the_entry_points_description_without_code() -> None:
     texts = [e.text for e in load("prose").examples]
     assert len(texts) == 164
     assert all(t and "\n" not in t and ">>>" not in t and "def " not in t for t in texts)
-    prompt = ('def helper(s: str) -> bool:\n    """ Not this one. """\n\n\n'
-              'def target(n: int) -> int:\n    """Return the n-th square.\n    Squares grow fast.\n'
-              '    For example:\n    target(3) == 9\n    """\n')
+    prompt = (
+        'def helper(s: str) -> bool:\n    """ Not this one. """\n\n\n'
+        'def target(n: int) -> int:\n    """Return the n-th square.\n    Squares grow fast.\n'
+        '    For example:\n    target(3) == 9\n    """\n'
+    )
     assert prose(prompt, "target") == "Return the n-th square. Squares grow fast."
     assert prose(prompt.replace("    For example:\n", ""), "target") == "Return the n-th square. Squares grow fast."
     with pytest.raises(ValueError):
@@ -51,8 +53,13 @@ def test_report_counts_add_up_on_a_sample(view: str) -> None:
 def test_precision_and_recall_on_a_known_model() -> None:
     # One word per class decides; no word scores a tie, which the first label (simple) wins.
     model = IntentModel(LABELS, {"w:def": (0.0, 0.0, 5.0), "w:why": (0.0, 5.0, 0.0)}, {})
-    examples = [Example("def f", "code", "a"), Example("def g", "complex", "b"), Example("why so", "complex", "c"),
-                Example("hello", "simple", "d"), Example("hi", "code", "e")]
+    examples = [
+        Example("def f", "code", "a"),
+        Example("def g", "complex", "b"),
+        Example("why so", "complex", "c"),
+        Example("hello", "simple", "d"),
+        Example("hi", "code", "e"),
+    ]
     report = score(examples, model)
     assert report.accuracy == 3 / 5
     assert report.confusion["code"] == {"simple": 1, "complex": 0, "code": 1}

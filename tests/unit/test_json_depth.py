@@ -13,7 +13,9 @@ from schemas.codec import nests_deeper_than
 tricky = st.text(alphabet='[]{}"\\ax', max_size=8)
 documents = st.recursive(
     st.none() | st.integers() | tricky,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(tricky, inner, max_size=3), max_leaves=40)
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(tricky, inner, max_size=3),
+    max_leaves=40,
+)
 
 
 def depth(value) -> int:
@@ -24,7 +26,7 @@ def depth(value) -> int:
     return 0
 
 
-@settings(max_examples=300, deadline=None)     # a verdict, not a speed: GC pauses must not fail it
+@settings(max_examples=300, deadline=None)  # a verdict, not a speed: GC pauses must not fail it
 @given(documents, st.integers(min_value=0, max_value=12))
 def test_agrees_with_the_documents_depth(document, limit):
     assert nests_deeper_than(json.dumps(document).encode(), limit) == (depth(document) > limit)

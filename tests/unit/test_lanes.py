@@ -18,10 +18,15 @@ def item(tenant="t1", klass="interactive", cost=100, deadline=1e9, at=0.0) -> It
     return Item(f"r{next(_ids)}", tenant, klass, cost, deadline, at)
 
 
-def take(lanes: Lanes, now: float = 0.0, slots: int = 1, budget: int = 10**9, total: int = 100,
-         running: dict[str, int] | None = None):
-    return lanes.select(free_slots=slots, token_budget=budget, total_slots=total,
-                        running=running or {}, now=now)
+def take(
+    lanes: Lanes,
+    now: float = 0.0,
+    slots: int = 1,
+    budget: int = 10**9,
+    total: int = 100,
+    running: dict[str, int] | None = None,
+):
+    return lanes.select(free_slots=slots, token_budget=budget, total_slots=total, running=running or {}, now=now)
 
 
 def test_higher_rank_class_is_served_first():
@@ -82,8 +87,7 @@ def test_max_queue_wait_expires_in_the_sweep():
 
 
 def test_tenant_depth_cap_and_unknown_class():
-    small = ClassPolicy("x", rank=0, max_queue_wait_s=10, max_tenant_depth=2, max_slot_share=1,
-                        starve_after_s=1)
+    small = ClassPolicy("x", rank=0, max_queue_wait_s=10, max_tenant_depth=2, max_slot_share=1, starve_after_s=1)
     lanes = Lanes([small])
     assert lanes.admit(item(klass="x"), 0) is Admit.OK
     assert lanes.admit(item(klass="x"), 0) is Admit.OK
@@ -149,12 +153,18 @@ def test_idle_tenant_cannot_bank_credit():
 # -- properties -----------------------------------------------------------------------------
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("admit"), st.sampled_from(["a", "b", "c"]),
-                  st.sampled_from(["interactive", "standard", "batch"]),
-                  st.integers(1, 4000), st.floats(0, 200)),
+        st.tuples(
+            st.just("admit"),
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from(["interactive", "standard", "batch"]),
+            st.integers(1, 4000),
+            st.floats(0, 200),
+        ),
         st.tuples(st.just("select"), st.integers(0, 8), st.integers(0, 20000)),
         st.tuples(st.just("cancel"), st.integers(0, 200)),
-        st.tuples(st.just("expire"),),
+        st.tuples(
+            st.just("expire"),
+        ),
         st.tuples(st.just("tick"), st.floats(0, 20)),
     ),
     max_size=120,
@@ -176,8 +186,7 @@ def test_every_admitted_request_reaches_exactly_one_terminal_state(script):
             if lanes.admit(it, now) is Admit.OK:
                 admitted.append(it)
         elif op[0] == "select":
-            got = lanes.select(free_slots=op[1], token_budget=op[2], total_slots=8,
-                               running=running, now=now)
+            got = lanes.select(free_slots=op[1], token_budget=op[2], total_slots=8, running=running, now=now)
             assert len(got.dispatch) <= op[1]
             for it in got.dispatch:
                 assert now < it.deadline, "an expired request was dispatched"
@@ -226,20 +235,21 @@ def test_batch_size_is_bounded_by_message_bytes():
     for it in items:
         it.size = 300_000
         lanes.admit(it, 0.0)
-    first = lanes.select(free_slots=10, token_budget=10**9, total_slots=100, running={}, now=0.0,
-                         max_bytes=1_000_000)
+    first = lanes.select(free_slots=10, token_budget=10**9, total_slots=100, running={}, now=0.0, max_bytes=1_000_000)
     assert len(first.dispatch) == 3
     huge = item()
     huge.size = 5_000_000
     lanes2 = Lanes(DEFAULT_CLASSES)
     lanes2.admit(huge, 0.0)
-    assert lanes2.select(free_slots=1, token_budget=10**9, total_slots=100, running={}, now=0.0,
-                         max_bytes=1_000_000).dispatch == [huge]
+    assert lanes2.select(
+        free_slots=1, token_budget=10**9, total_slots=100, running={}, now=0.0, max_bytes=1_000_000
+    ).dispatch == [huge]
 
 
 def _prefill_lanes(share: float = 0.25) -> Lanes:
-    batch = msgspec.structs.replace(next(c for c in DEFAULT_CLASSES if c.name == "batch"),
-                                    max_slot_share=1.0, max_prefill_share=share)
+    batch = msgspec.structs.replace(
+        next(c for c in DEFAULT_CLASSES if c.name == "batch"), max_slot_share=1.0, max_prefill_share=share
+    )
     return Lanes([c for c in DEFAULT_CLASSES if c.name != "batch"] + [batch])
 
 
@@ -250,24 +260,31 @@ def _prompt(klass: str, tokens: int) -> Item:
 
 
 def _pick(lanes: Lanes, pending: dict[str, int], slots: int = 10, step: int = 8192):
-    return lanes.select(free_slots=slots, token_budget=10**9, total_slots=100, running={"batch": 1},
-                        now=0.0, step_tokens=step, prefill=pending).dispatch
+    return lanes.select(
+        free_slots=slots,
+        token_budget=10**9,
+        total_slots=100,
+        running={"batch": 1},
+        now=0.0,
+        step_tokens=step,
+        prefill=pending,
+    ).dispatch
 
 
 def test_a_class_prompts_awaiting_prefill_stay_under_its_share_of_the_step():
-    lanes = _prefill_lanes(0.25)              # batch: 2,048 of an 8,192-token step
+    lanes = _prefill_lanes(0.25)  # batch: 2,048 of an 8,192-token step
     floods = [_prompt("batch", 1536) for _ in range(4)]
     for it in floods:
         lanes.admit(it, 0.0)
-    assert _pick(lanes, {"batch": 1000}) == []        # 1,000 + 1,536 > 2,048
+    assert _pick(lanes, {"batch": 1000}) == []  # 1,000 + 1,536 > 2,048
     assert _pick(lanes, {"batch": 500}) == floods[:1]  # 500 + 1,536 fits; a second would not
     chat = _prompt("interactive", 3000)
     lanes.admit(chat, 0.0)
-    assert _pick(lanes, {"batch": 2000}) == [chat]     # other classes are not held back
+    assert _pick(lanes, {"batch": 2000}) == [chat]  # other classes are not held back
 
 
 def test_a_class_with_nothing_awaiting_prefill_may_start_one_prompt_longer_than_its_cap():
-    lanes = _prefill_lanes(0.1)               # 819 tokens
+    lanes = _prefill_lanes(0.1)  # 819 tokens
     long = [_prompt("batch", 6000) for _ in range(2)]
     for it in long:
         lanes.admit(it, 0.0)
@@ -295,17 +312,21 @@ def test_a_neighbours_flood_in_the_chats_own_class_waits_here_not_in_the_engine(
     taken = _pick(lanes, {}, slots=40)
     assert sum(it.prompt for it in taken[1:]) <= 2 * 8192 < sum(it.prompt for it in taken) + 1536
     pending = {"interactive": sum(it.prompt for it in taken)}
-    assert _pick(lanes, pending, slots=40) == []          # the engine has two steps queued
+    assert _pick(lanes, pending, slots=40) == []  # the engine has two steps queued
     chat = _prompt("interactive", 512)
     chat.tenant = "acme"
     lanes.admit(chat, 0.0)
-    assert _pick(lanes, {"interactive": 2 * 8192 - 600}, slots=40)[0] is chat   # room again: fair share
+    assert _pick(lanes, {"interactive": 2 * 8192 - 600}, slots=40)[0] is chat  # room again: fair share
     assert _pick(lanes, {"batch": 10 * 8192}, slots=1)[0].klass == "interactive"  # lower classes: behind it
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.integers(1, 4000), min_size=1, max_size=20), st.integers(0, 3000),
-       st.floats(0.05, 0.9), st.sampled_from([2048, 8192]))
+@given(
+    st.lists(st.integers(1, 4000), min_size=1, max_size=20),
+    st.integers(0, 3000),
+    st.floats(0.05, 0.9),
+    st.sampled_from([2048, 8192]),
+)
 def test_prefill_cap_invariant(prompts, already, share, step):
     lanes = _prefill_lanes(share)
     for tokens in prompts:
@@ -322,12 +343,27 @@ def test_prefill_cap_invariant(prompts, already, share, step):
 
 
 # -- tenant headroom within a class ------------------------------------------------------------
-def _held(lanes: Lanes, now: float, slots: int, held: dict[str, int], tokens: dict[str, int] | None = None,
-          total: int = 100, kv: int = 0, budget: int = 10**9) -> list[Item]:
+def _held(
+    lanes: Lanes,
+    now: float,
+    slots: int,
+    held: dict[str, int],
+    tokens: dict[str, int] | None = None,
+    total: int = 100,
+    kv: int = 0,
+    budget: int = 10**9,
+) -> list[Item]:
     """A pull from a worker of `total` slots whose interactive slots are held per tenant as given."""
-    return lanes.select(free_slots=slots, token_budget=budget, total_slots=total,
-                        running={"interactive": sum(held.values())}, now=now, kv_tokens=kv,
-                        tenant_slots={"interactive": held}, tenant_tokens={"interactive": tokens or {}}).dispatch
+    return lanes.select(
+        free_slots=slots,
+        token_budget=budget,
+        total_slots=total,
+        running={"interactive": sum(held.values())},
+        now=now,
+        kv_tokens=kv,
+        tenant_slots={"interactive": held},
+        tenant_tokens={"interactive": tokens or {}},
+    ).dispatch
 
 
 def test_a_flood_leaves_another_active_tenant_its_share_of_the_class_at_a_worker():
@@ -343,13 +379,13 @@ def test_a_flood_leaves_another_active_tenant_its_share_of_the_class_at_a_worker
     chat = item("acme", at=2.0)
     lanes.admit(chat, 2.0)
     assert _held(lanes, 2.0, 9, {"acme": 1, "globex": 90}) == [chat]
-    assert _held(lanes, 2.0, 8, {"acme": 2, "globex": 90}) == []        # globex stays at its cap
+    assert _held(lanes, 2.0, 8, {"acme": 2, "globex": 90}) == []  # globex stays at its cap
 
 
 def test_a_tenant_at_its_cap_is_passed_over_for_the_next_fair_tenant_not_the_whole_lane():
     lanes = Lanes(DEFAULT_CLASSES)
     lanes.admit(item("acme"), 0.0)
-    _held(lanes, 0.0, 1, {})                                            # acme's virtual time moves on
+    _held(lanes, 0.0, 1, {})  # acme's virtual time moves on
     floods = [item("globex") for _ in range(10)]
     chats = [item("acme") for _ in range(3)]
     for it in floods + chats:
@@ -386,15 +422,20 @@ def test_a_lone_tenant_keeps_every_slot_and_the_whole_cache():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 64), st.integers(0, 40), st.integers(0, 40), st.integers(0, 20_000),
-       st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 3000)), min_size=1, max_size=40))
+@given(
+    st.integers(1, 64),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.integers(0, 20_000),
+    st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 3000)), min_size=1, max_size=40),
+)
 def test_tenant_headroom_invariant(total, held_a, held_b, kv, offered):
     """Both tenants active: what each holds after a pull stays within its caps (a tenant holding
     nothing may take one item), and a pull stops short only at a cap, never with room for more."""
     lanes = Lanes(DEFAULT_CLASSES)
     policy = lanes.policy("interactive")
     for tenant in "ab":
-        lanes.admit(item(tenant), 0.0)          # both active, whatever `offered` holds
+        lanes.admit(item(tenant), 0.0)  # both active, whatever `offered` holds
     for tenant, cost in offered:
         lanes.admit(item(tenant, cost=cost), 0.0)
     held = {"a": min(held_a, total), "b": min(held_b, max(0, total - held_a))}
@@ -419,6 +460,6 @@ def test_depths_by_class_and_tenant_count_only_what_waits():
     for tenant, klass in [("acme", "batch"), ("acme", "batch"), ("beta", "batch"), ("acme", "interactive")]:
         lanes.admit(item(tenant, klass), now=0.0)
     lanes.cancel("beta", next(i.request_id for i in lanes.waiting_items() if i.tenant == "beta"))
-    take(lanes)                                          # the interactive one goes first
+    take(lanes)  # the interactive one goes first
     depths = lanes.depths()
     assert depths["batch"] == {"acme": 2} and depths["interactive"] == {}

@@ -24,8 +24,10 @@ def test_histogram_quantile_interpolates_inside_the_bucket():
 
 
 def test_bucket_delta_and_parse():
-    text = ('# TYPE lag histogram\nlag_bucket{le="0.1"} 3\nlag_bucket{le="+Inf"} 4\nlag_count 4\nlag_sum 1\n'
-            "# TYPE laneway_open_streams gauge\nlaneway_open_streams 7\n")
+    text = (
+        '# TYPE lag histogram\nlag_bucket{le="0.1"} 3\nlag_bucket{le="+Inf"} 4\nlag_count 4\nlag_sum 1\n'
+        "# TYPE laneway_open_streams gauge\nlaneway_open_streams 7\n"
+    )
     scrape = parse(text)
     assert scrape.value("laneway_open_streams") == 7
     assert bucket_delta(scrape.buckets("lag"), [(0.1, 1.0), (math.inf, 1.0)]) == [(0.1, 2.0), (math.inf, 3.0)]
@@ -46,7 +48,7 @@ def test_group_stats_counts_errors_as_slo_misses_and_excludes_warmup():
     g = group_stats([*ok, warm, failed, cut], (5.0, 20.0))
     assert g["requests"] == 11 and g["failed"] == 1 and g["errors"] == {"queue_full": 1}
     assert g["cut_waiting"] == 1 and g["ttft_s"]["n"] == 9
-    assert g["slo"]["ttft_800ms"]["attainment"] == 7 / 10      # 0.1..0.7 s of 9, plus 1 failure
+    assert g["slo"]["ttft_800ms"]["attainment"] == 7 / 10  # 0.1..0.7 s of 9, plus 1 failure
     assert g["slo"]["ttft_800ms"]["met"] is False
     assert "NaN" not in to_json({"x": group_stats([], (0.0, 1.0))})
 

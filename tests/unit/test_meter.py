@@ -39,9 +39,12 @@ def test_cached_responses_cost_a_fraction() -> None:
 def test_a_class_pays_its_share_of_the_price() -> None:
     """The batch price: `class_fraction` {"batch": 0.5} halves what a batch line costs, prefix hits
     and their savings included; other classes pay the full price; the book refuses a share > 1."""
-    book = parse_price_book({"pools": {"p": {"usd_per_1m_prompt": 2, "usd_per_1m_completion": 8,
-                                             "usd_per_1m_cached_prompt": 1}},
-                             "class_fraction": {"batch": 0.5}})
+    book = parse_price_book(
+        {
+            "pools": {"p": {"usd_per_1m_prompt": 2, "usd_per_1m_completion": 8, "usd_per_1m_cached_prompt": 1}},
+            "class_fraction": {"batch": 0.5},
+        }
+    )
     meter = Meter(book)
     assert meter.cost("p", 1_000_000, 1_000_000, klass="interactive") == pytest.approx(10.0)
     assert meter.cost("p", 1_000_000, 1_000_000, klass="batch") == pytest.approx(5.0)
@@ -52,22 +55,33 @@ def test_a_class_pays_its_share_of_the_price() -> None:
 
 
 def test_price_book_from_toml_table() -> None:
-    book = parse_price_book({"pools": {"sim": {"gpu_usd_per_hour": 4.0, "tokens_per_s": 1000},
-                                       "hosted": {"usd_per_1m_prompt": 3, "usd_per_1m_completion": 15}}})
+    book = parse_price_book(
+        {
+            "pools": {
+                "sim": {"gpu_usd_per_hour": 4.0, "tokens_per_s": 1000},
+                "hosted": {"usd_per_1m_prompt": 3, "usd_per_1m_completion": 15},
+            }
+        }
+    )
     assert Meter(book).cost("hosted", 1_000_000, 1_000_000) == pytest.approx(18.0)
     assert Meter(book).cost("sim", 0, 3600) == pytest.approx(4.0 * 3600 / 3600 / 1000)
 
 
-@pytest.mark.parametrize("raw, param", [
-    ({"pools": {"a": {"usd_per_1m_prompt": 1.0}}}, "pools.a.usd_per_1m_completion"),
-    ({"pools": {"a": {"gpu_usd_per_hour": 2.0}}}, "pools.a.prompt_tokens_per_s"),
-    ({"pools": {"a": {"gpu_usd_per_hour": 2.0, "usd_per_1m_prompt": 1, "usd_per_1m_completion": 1}}},
-     "pools.a.gpu_usd_per_hour"),
-    ({"pools": {"a": {}}}, "pools.a"),
-    ({"pools": {"a": {"usd_per_1m_prompt": -1, "usd_per_1m_completion": 1}}}, "pools.a.usd_per_1m_prompt"),
-    ({"pools": {"a": {"gpu_usd_per_hour": 2, "tokens_per_s": 0}}}, "pools.a.tokens_per_s"),
-    ({"pools": {"a": {"gpu_usd_per_hour": 2, "tokens_per_s": 9, "utilization": 1.5}}}, "pools.a.utilization"),
-])
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        ({"pools": {"a": {"usd_per_1m_prompt": 1.0}}}, "pools.a.usd_per_1m_completion"),
+        ({"pools": {"a": {"gpu_usd_per_hour": 2.0}}}, "pools.a.prompt_tokens_per_s"),
+        (
+            {"pools": {"a": {"gpu_usd_per_hour": 2.0, "usd_per_1m_prompt": 1, "usd_per_1m_completion": 1}}},
+            "pools.a.gpu_usd_per_hour",
+        ),
+        ({"pools": {"a": {}}}, "pools.a"),
+        ({"pools": {"a": {"usd_per_1m_prompt": -1, "usd_per_1m_completion": 1}}}, "pools.a.usd_per_1m_prompt"),
+        ({"pools": {"a": {"gpu_usd_per_hour": 2, "tokens_per_s": 0}}}, "pools.a.tokens_per_s"),
+        ({"pools": {"a": {"gpu_usd_per_hour": 2, "tokens_per_s": 9, "utilization": 1.5}}}, "pools.a.utilization"),
+    ],
+)
 def test_bad_prices_name_the_field(raw, param) -> None:
     with pytest.raises(BadPrice) as err:
         parse_price_book(raw)
@@ -80,9 +94,24 @@ def test_unknown_price_field_is_refused() -> None:
 
 
 def _usage(tenant: str, model: str, cached: bool = False) -> Usage:
-    return Usage(request_id="r", tenant=tenant, klass="interactive", model=model, served_model="m@1",
-                 pool="sim", worker_id="w", prompt_tokens=100, completion_tokens=20, finish_reason="stop",
-                 queued_s=0.0, ttft_s=0.01, total_s=0.1, finished_at=0.0, cached=cached, cost_usd=0.5)
+    return Usage(
+        request_id="r",
+        tenant=tenant,
+        klass="interactive",
+        model=model,
+        served_model="m@1",
+        pool="sim",
+        worker_id="w",
+        prompt_tokens=100,
+        completion_tokens=20,
+        finish_reason="stop",
+        queued_s=0.0,
+        ttft_s=0.01,
+        total_s=0.1,
+        finished_at=0.0,
+        cached=cached,
+        cost_usd=0.5,
+    )
 
 
 def test_usage_metrics_labels_stay_bounded() -> None:
@@ -90,7 +119,7 @@ def test_usage_metrics_labels_stay_bounded() -> None:
     metrics = UsageMetrics(registry, tenants=["acme"], models=["chat"])
     metrics.observe(_usage("acme", "chat"))
     metrics.observe(_usage("acme", "chat", cached=True))
-    for i in range(50):                         # unknown tenants/models never mint new series
+    for i in range(50):  # unknown tenants/models never mint new series
         metrics.observe(_usage(f"t{i}", f"m{i}"))
     get = registry.get_sample_value
     assert get("laneway_usage_tokens_total", {"tenant": "acme", "model": "chat", "kind": "prompt"}) == 200

@@ -108,14 +108,22 @@ def test_jetstream_rights_are_per_verb_and_stream():
         purges = {s for s in subjects if ".STREAM.PURGE." in s}
         assert purges == (own_purges if role == "bridge" else set()), role
     # Only the broker takes requests off the work queue, or removes one (the DLQ move).
-    takers = {role for role, subjects in publish.items()
-              if any("MSG.NEXT.LW_REQ" in s or "MSG.DELETE.LW_REQ" in s for s in subjects)}
+    takers = {
+        role
+        for role, subjects in publish.items()
+        if any("MSG.NEXT.LW_REQ" in s or "MSG.DELETE.LW_REQ" in s for s in subjects)
+    }
     assert takers == {"broker"}
     assert not any(s.startswith(("lw.", "$JS.ACK")) for s in publish["ops"])
     # Only ops provisions: no service creates or changes a stream, the durable or a live bucket; a
     # service creates only the buckets of its own runtime state (quota, response cache).
-    provisioned = [S.req_stream, S.usage_stream, S.dlq_stream, S.audit_stream,
-                   *(f"KV_{S.bucket(name)}" for name in ("classes", "tenants", "routing"))]
+    provisioned = [
+        S.req_stream,
+        S.usage_stream,
+        S.dlq_stream,
+        S.audit_stream,
+        *(f"KV_{S.bucket(name)}" for name in ("classes", "tenants", "routing")),
+    ]
     making = {f"$JS.API.STREAM.{verb}.{stream}" for verb in ("CREATE", "UPDATE") for stream in provisioned}
     making.add(f"$JS.API.CONSUMER.CREATE.{S.req_stream}.*")
     assert {role for role, subjects in publish.items() if making & set(subjects)} == {"ops"}
@@ -138,8 +146,13 @@ def test_each_tenant_account_imports_only_its_own_protocol():
     assert [u["user"] for u in acme["users"]] == ["tenant-acme"]
     assert acme["limits"]["max_connections"] == 3
     imported = [(kind, spec["subject"]) for i in acme["imports"] for kind, spec in i.items()]
-    assert imported == [("service", "lw.req.interactive.acme"), ("service", "lw.req.standard.acme"),
-                        ("service", "lw.req.batch.acme"), ("service", "lw.cancel.acme.*"), ("stream", "lw.tok.acme.>")]
+    assert imported == [
+        ("service", "lw.req.interactive.acme"),
+        ("service", "lw.req.standard.acme"),
+        ("service", "lw.req.batch.acme"),
+        ("service", "lw.cancel.acme.*"),
+        ("stream", "lw.tok.acme.>"),
+    ]
     # Every export names the one account that may import it: no public export.
     for export in services["exports"]:
         subject = export.get("service") or export["stream"]
@@ -153,7 +166,7 @@ def test_each_service_user_reads_only_its_own_inbox():
         inboxes = [s for s in roles[role]["subscribe"]["allow"] if s.startswith("_INBOX")]
         assert inboxes == [f"{service_inbox(user_name(role))}.>"], role
     assert len({service_inbox(user_name(role)) for role in ROLES}) == len(ROLES)
-    assert service_inbox("ops@corp.example") == "_INBOX_ops_corp_example"     # one token, always
+    assert service_inbox("ops@corp.example") == "_INBOX_ops_corp_example"  # one token, always
     assert service_inbox(None) == "_INBOX"
 
 
@@ -168,15 +181,23 @@ def test_a_tenant_user_reaches_only_the_classes_its_document_lists(tmp_path):
     account = accts["TENANT_nightly"]
     assert account["users"][0]["permissions"]["publish"]["allow"] == ["lw.req.batch.nightly", "lw.cancel.nightly.*"]
     assert [i["service"]["subject"] for i in account["imports"] if "service" in i] == [
-        "lw.req.batch.nightly", "lw.cancel.nightly.*"]
+        "lw.req.batch.nightly",
+        "lw.cancel.nightly.*",
+    ]
     assert not any("*" in s for s in requests)
     assert up_auth(S, {"nightly": nightly}.values(), tmp_path).tenants.keys() == {"nightly"}
     assert '"lw.req.batch.nightly"' in (tmp_path / "nats-auth.conf").read_text()
     # `laneway nats-config --settings`: the settings' classes, also for a name given again.
     (tmp_path / "settings.toml").write_text('[tenants.nightly]\ndefault_class = "batch"\nclasses = ["batch"]\n')
-    args = argparse.Namespace(tenant=["nightly", "acme"], settings=str(tmp_path / "settings.toml"), prefix="lw",
-                              port=4222, store_dir=None, out=tmp_path / "nats.conf",
-                              credentials_out=tmp_path / "creds.json")
+    args = argparse.Namespace(
+        tenant=["nightly", "acme"],
+        settings=str(tmp_path / "settings.toml"),
+        prefix="lw",
+        port=4222,
+        store_dir=None,
+        out=tmp_path / "nats.conf",
+        credentials_out=tmp_path / "creds.json",
+    )
     assert run(args) == 0
     written = json.loads((tmp_path / "nats.conf").read_text())["accounts"]
     assert written["TENANT_nightly"]["imports"][0]["service"]["subject"] == "lw.req.batch.nightly"

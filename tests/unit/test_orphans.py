@@ -12,7 +12,7 @@ def test_a_bridge_without_interest_is_gone_only_after_the_threshold():
     assert not silence.gone("e1", 12.9)
     silence.heard("e1", interest=False, now=13.0)
     assert silence.gone("e1", 13.0)
-    assert not silence.gone("e2", 13.0)       # never probed: not gone
+    assert not silence.gone("e2", 13.0)  # never probed: not gone
 
 
 def test_interest_between_silences_starts_the_count_again():

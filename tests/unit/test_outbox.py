@@ -29,7 +29,7 @@ async def test_deltas_of_one_stream_merge_until_the_flush():
     box, nc = Outbox("w1", "pool", WorkerMetrics(), 0.002), FakeNats()
     box.emit("inbox.a", Delta("r1", 1, 0, "Hel", [1]))
     assert box.extend(("inbox.a", "r1", 1), "lo", [2])
-    assert not box.extend(("inbox.a", "r2", 1), "x", [9])          # nothing open for r2: the caller emits
+    assert not box.extend(("inbox.a", "r2", 1), "x", [9])  # nothing open for r2: the caller emits
     box.emit("inbox.a", Delta("r2", 1, 0, "Hi", [5]))
     assert box.extend(("inbox.a", "r1", 1), "!", [3])
     await box.flush(nc)
@@ -43,9 +43,9 @@ async def test_deltas_of_one_stream_merge_until_the_flush():
 async def test_no_merge_across_attempts_or_after_the_end():
     box, nc = Outbox("w1", "pool", WorkerMetrics(), 0.002), FakeNats()
     box.emit("inbox.a", Delta("r1", 1, 0, "a", [1]))
-    assert not box.extend(("inbox.a", "r1", 2), "b", [2])          # another delivery attempt
+    assert not box.extend(("inbox.a", "r1", 2), "b", [2])  # another delivery attempt
     box.emit("inbox.a", Finished("r1", 1, 1, "stop", TokenUsage(3, 1)))
-    assert not box.extend(("inbox.a", "r1", 1), "late", [7])       # the stream already ended
+    assert not box.extend(("inbox.a", "r1", 1), "late", [7])  # the stream already ended
     box.emit("inbox.b", Delta("r3", 1, 0, "x", [1]))
     box.emit("inbox.b", StreamError("r3", 1, 1, "engine_error", "boom"))
     assert not box.extend(("inbox.b", "r3", 1), "y", [2])
@@ -71,6 +71,7 @@ async def test_two_tenants_streams_of_one_request_id_stay_apart():
         def build(delivery: Delivery) -> bytes:
             delivered[inbox] = delivery
             return b"usage"
+
         return build
 
     for inbox in (acme, globex):

@@ -35,15 +35,18 @@ def test_an_email_split_across_outputs_is_redacted_and_no_token_id_leaves() -> N
 
 
 def test_choices_and_fields_are_redacted_apart() -> None:
-    outs = streamed(redaction(), [
-        EngineOutput("mail maria.garcia@", index=0),
-        EngineOutput("call 415-555-", index=1),
-        EngineOutput("", index=0, reasoning="the user is maria.garcia@example.com "),
-        EngineOutput("example.com ok", index=0),
-        EngineOutput("0132 now", index=1),
-        EngineOutput("", index=1, tool_calls=[ToolCallDelta(0, "call_1", "lookup", '{"ip": "10.1.')]),
-        EngineOutput("", index=1, tool_calls=[ToolCallDelta(0, arguments='2.3"}')]),
-    ])
+    outs = streamed(
+        redaction(),
+        [
+            EngineOutput("mail maria.garcia@", index=0),
+            EngineOutput("call 415-555-", index=1),
+            EngineOutput("", index=0, reasoning="the user is maria.garcia@example.com "),
+            EngineOutput("example.com ok", index=0),
+            EngineOutput("0132 now", index=1),
+            EngineOutput("", index=1, tool_calls=[ToolCallDelta(0, "call_1", "lookup", '{"ip": "10.1.')]),
+            EngineOutput("", index=1, tool_calls=[ToolCallDelta(0, arguments='2.3"}')]),
+        ],
+    )
     assert content(outs, 0) == "mail <EMAIL_ADDRESS> ok"
     assert content(outs, 1) == "call <PHONE_NUMBER> now"
     assert "".join(o.reasoning for o in outs) == "the user is <EMAIL_ADDRESS> "

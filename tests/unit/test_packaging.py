@@ -15,18 +15,25 @@ SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setup
 
 def installed_modules() -> set[str]:
     packages = find_packages(str(ROOT), include=SETUPTOOLS["packages"]["find"]["include"])
-    return {path.relative_to(ROOT).as_posix() for package in packages
-            for path in ROOT.joinpath(*package.split(".")).glob("*.py")}
+    return {
+        path.relative_to(ROOT).as_posix()
+        for package in packages
+        for path in ROOT.joinpath(*package.split(".")).glob("*.py")
+    }
 
 
 def shipped_data() -> set[str]:
-    return {path.relative_to(ROOT).as_posix() for package, globs in SETUPTOOLS["package-data"].items()
-            for pattern in globs for path in ROOT.joinpath(*package.split(".")).glob(pattern)}
+    return {
+        path.relative_to(ROOT).as_posix()
+        for package, globs in SETUPTOOLS["package-data"].items()
+        for pattern in globs
+        for path in ROOT.joinpath(*package.split(".")).glob(pattern)
+    }
 
 
 def test_the_offline_tools_are_not_installed() -> None:
     modules = installed_modules()
-    assert "core/routing/classifier.py" in modules and "laneway/cli.py" in modules   # the finder sees the tree
+    assert "core/routing/classifier.py" in modules and "laneway/cli.py" in modules  # the finder sees the tree
     assert (ROOT / "tools/routing/train_classifier.py").is_file()
     assert not {m for m in modules if m.startswith("tools/") or m.endswith("/train_classifier.py")}
 

@@ -20,7 +20,7 @@ from schemas.work import Admitted, Credit
 from tests.requests import chat
 
 PULLS = itertools.count()
-SYSTEM = "You are the support assistant of a parcel company. " * 40      # ~500 tokens
+SYSTEM = "You are the support assistant of a parcel company. " * 40  # ~500 tokens
 
 
 class FakeNats:
@@ -48,25 +48,45 @@ class Ack:
 def scheduler() -> tuple[Scheduler, FakeNats]:
     nc = FakeNats()
     classes = {c.name: c for c in DEFAULT_CLASSES}
-    live = SimpleNamespace(classes=classes, rank=lambda name: classes[name].rank,
-                           tenants=SimpleNamespace(weight=lambda tenant: 1.0), rules=None)
+    live = SimpleNamespace(
+        classes=classes,
+        rank=lambda name: classes[name].rank,
+        tenants=SimpleNamespace(weight=lambda tenant: 1.0),
+        rules=None,
+    )
 
     async def release(tenant: str, request_id: str) -> None: ...
+
     s = Scheduler(nc, Subjects(), "b1", 5, live, BrokerMetrics(), lambda: CacheScope(), release)
     s.active = True
     return s, nc
 
 
 def credit(worker: str, budget: int = 100_000, running: int = 0) -> Credit:
-    return Credit(worker_id=worker, pool="sim", free_slots=8 - running, token_budget=budget, total_slots=8,
-                  running={"interactive": running} if running else {}, kv_tokens=500_000, step_tokens=8192)
+    return Credit(
+        worker_id=worker,
+        pool="sim",
+        free_slots=8 - running,
+        token_budget=budget,
+        total_slots=8,
+        running={"interactive": running} if running else {},
+        kv_tokens=500_000,
+        step_tokens=8192,
+    )
 
 
 def admitted(rid: str, question: str) -> Admitted:
     now = time.time()
-    request = GenerateRequest(request_id=rid, tenant="acme", klass="interactive", model="laneway-sim",
-                              reply_to="_INBOX.x", created_at=now, deadline=now + 60,
-                              chat=chat(SYSTEM + question, max_tokens=64))
+    request = GenerateRequest(
+        request_id=rid,
+        tenant="acme",
+        klass="interactive",
+        model="laneway-sim",
+        reply_to="_INBOX.x",
+        created_at=now,
+        deadline=now + 60,
+        chat=chat(SYSTEM + question, max_tokens=64),
+    )
     return Admitted(request, Ack(int(rid[1:])).reply, 1, "sim", "b1")
 
 

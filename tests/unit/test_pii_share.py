@@ -34,7 +34,7 @@ async def turns_until(holds) -> None:
     for _ in range(1000):
         if holds():
             return
-        await asyncio.sleep(0)           # scenario, kept: one loop turn, so the takers run
+        await asyncio.sleep(0)  # scenario, kept: one loop turn, so the takers run
     raise AssertionError("the tasks never got there")
 
 
@@ -71,7 +71,7 @@ async def test_another_tenant_starts_while_the_flood_waits():
     assert await share.take("flood") == 1
     flood = [asyncio.create_task(share.take("flood")) for _ in range(5)]
     await turns_until(lambda: share.waiting("flood") == 5)
-    assert await share.take("quiet") == 1          # no wait behind the flood
+    assert await share.take("quiet") == 1  # no wait behind the flood
     assert share.waiting("flood") == 5 and not any(t.done() for t in flood)
     for task in flood:
         task.cancel()
@@ -80,16 +80,16 @@ async def test_another_tenant_starts_while_the_flood_waits():
 
 async def test_a_caller_takes_more_units_only_while_nobody_of_its_tenant_waits():
     share = TenantShare(3)
-    assert await share.take("t", want=5) == 3      # never past the share
+    assert await share.take("t", want=5) == 3  # never past the share
     waiters = [asyncio.create_task(share.take("t", want=3)) for _ in range(2)]
     await turns_until(lambda: share.waiting("t") == 2)
-    share.give_back("t", 2)                        # one to each waiter, in order: none left over
+    share.give_back("t", 2)  # one to each waiter, in order: none left over
     assert [await w for w in waiters] == [1, 1]
     share.give_back("t", 3)
     assert share.held("t") == 0
     assert await share.take("t", want=2) == 2
     waiter = asyncio.create_task(share.take("t", want=3))
-    assert await waiter == 1                       # the one unit still free
+    assert await waiter == 1  # the one unit still free
     share.give_back("t", 3)
     assert await share.take("t", want=3) == 3
 
@@ -103,12 +103,12 @@ async def test_a_cancelled_waiter_takes_nothing_and_gives_back_nothing():
     with pytest.raises(asyncio.CancelledError):
         await first
     assert share.held("t") == 1 and share.waiting("t") == 1
-    share.give_back("t")                           # the unit skips the cancelled waiter
+    share.give_back("t")  # the unit skips the cancelled waiter
     assert await second == 1 and share.held("t") == 1
     share.give_back("t")
     assert share.held("t") == 0
     with pytest.raises(RuntimeError):
-        share.give_back("t")                       # nobody may free what nobody holds
+        share.give_back("t")  # nobody may free what nobody holds
 
 
 async def test_a_waiter_cancelled_after_its_unit_was_handed_over_passes_it_on():
@@ -116,11 +116,11 @@ async def test_a_waiter_cancelled_after_its_unit_was_handed_over_passes_it_on():
     await share.take("t")
     first, second = asyncio.create_task(share.take("t")), asyncio.create_task(share.take("t"))
     await turns_until(lambda: share.waiting("t") == 2)
-    share.give_back("t")                           # handed to `first`, which has not run yet
+    share.give_back("t")  # handed to `first`, which has not run yet
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
-    await turns_until(second.done)                 # kept by `first`, the unit would be lost
+    await turns_until(second.done)  # kept by `first`, the unit would be lost
     assert second.result() == 1 and share.held("t") == 1 and share.waiting("t") == 0
 
 
@@ -153,7 +153,7 @@ class Pool:
 
 @pytest.fixture
 def engine() -> PiiEngine:
-    engine = PiiEngine(workers=2, ner_model=None)     # a share of 1
+    engine = PiiEngine(workers=2, ner_model=None)  # a share of 1
     engine._pool = Pool()
     return engine
 
@@ -168,10 +168,10 @@ async def test_a_flood_keeps_one_job_in_the_pool_and_another_tenant_gets_in(engi
     quiet = asyncio.create_task(engine.analyze("quiet", PLAN, ["hello"], 30))
     await turns_until(lambda: len(pool.jobs) == 2)
     assert not quiet.done()
-    pool.end(1)                                   # the quiet tenant's job, submitted while the flood waits
+    pool.end(1)  # the quiet tenant's job, submitted while the flood waits
     assert (await quiet)[0] == [[]]
     assert len(pool.jobs) == 2 and engine.share.waiting("flood") == 3
-    for job, submitted in ((0, 3), (2, 4), (3, 5), (4, 5)):   # each flood job ends; the next goes in
+    for job, submitted in ((0, 3), (2, 4), (3, 5), (4, 5)):  # each flood job ends; the next goes in
         pool.end(job)
         await turns_until(lambda n=submitted: len(pool.jobs) == n)
         assert engine.share.held("flood") <= 1
@@ -181,7 +181,7 @@ async def test_a_flood_keeps_one_job_in_the_pool_and_another_tenant_gets_in(engi
 
 async def test_a_long_text_is_cut_into_no_more_jobs_than_the_share(engine):
     pool = engine._pool
-    long = ("word " * 2000).strip()               # 10,000 characters: enough for both processes
+    long = ("word " * 2000).strip()  # 10,000 characters: enough for both processes
     task = asyncio.create_task(engine.analyze("t", PLAN, [long], 30))
     await turns_until(lambda: pool.jobs)
     assert len(pool.jobs) == 1 and engine.share.held("t") == 1
@@ -232,22 +232,31 @@ async def test_text_over_the_limit_is_refused_before_any_analysis():
     with pytest.raises(PiiTooLarge) as refused:
         await gate(100).inspect_body("t", TenantPiiPolicy(), body)
     assert (refused.value.chars, refused.value.limit, refused.value.param) == (102, 100, "messages")
-    with pytest.raises(PiiUnavailable, match="not running"):   # at the limit: on to analysis
+    with pytest.raises(PiiUnavailable, match="not running"):  # at the limit: on to analysis
         await gate(102).inspect_body("t", TenantPiiPolicy(), body)
     assert (await gate(100).inspect_body("t", TenantPiiPolicy(enabled=False), body)).action == "pass"
 
 
 async def test_the_refusal_names_the_field_with_the_most_text():
-    body = ChatBody(model="m", messages=[Message("user", "hi")],
-                    tools=[Tool(function=FunctionDef(name="f", description="d" * 200))])
+    body = ChatBody(
+        model="m", messages=[Message("user", "hi")], tools=[Tool(function=FunctionDef(name="f", description="d" * 200))]
+    )
     with pytest.raises(PiiTooLarge) as refused:
         await gate(100).inspect_body("t", TenantPiiPolicy(), body)
     assert refused.value.param == "tools" and "at most 100" in str(refused.value)
 
 
 async def test_the_gate_refuses_it_as_pii_too_large():
-    request = GenerateRequest(request_id="r1", tenant="t", klass="interactive", model="m", reply_to="lw.tok.t.e",
-                              created_at=0.0, deadline=1.0, chat=chat("x" * 11))
+    request = GenerateRequest(
+        request_id="r1",
+        tenant="t",
+        klass="interactive",
+        model="m",
+        reply_to="lw.tok.t.e",
+        created_at=0.0,
+        deadline=1.0,
+        chat=chat("x" * 11),
+    )
     g = Gate(Subjects("lw"))
     g.use_pii(gate(10), publish_audit=None)
     with pytest.raises(Refusal) as refused:
@@ -259,7 +268,7 @@ async def test_a_tenants_waiting_jobs_go_by_class_rank_then_arrival() -> None:
     """A tenant's chat queued behind its own batch flood for the analyzer pool is the next job
     through: the pool's door keeps the lanes' order (a lower rank first)."""
     share = TenantShare(1)
-    assert await share.take("acme", rank=2) == 1               # a batch job holds the one unit
+    assert await share.take("acme", rank=2) == 1  # a batch job holds the one unit
     order: list[str] = []
 
     async def job(name: str, rank: int) -> None:
@@ -270,7 +279,7 @@ async def test_a_tenants_waiting_jobs_go_by_class_rank_then_arrival() -> None:
     tasks.append(asyncio.create_task(job("chat", 0)))
     while share.waiting("acme") < 6:
         await asyncio.sleep(0)
-    for done in range(1, 7):        # each unit given back goes to the first waiter by rank
+    for done in range(1, 7):  # each unit given back goes to the first waiter by rank
         share.give_back("acme")
         while len(order) < done:
             await asyncio.sleep(0)

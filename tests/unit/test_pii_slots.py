@@ -26,22 +26,43 @@ def test_every_field_of_the_typed_bodies_is_a_slot_or_declared_textless() -> Non
     assert set(NOT_TEXT) == set(FIELDS)
 
 
-CHAT = msgspec.convert({
-    "model": "m", "user": "u-email", "stop": ["s0", "s1"], "logit_bias": {"123": 1},
-    "messages": [
-        {"role": "user", "name": "who", "content": [{"type": "text", "text": "hello"},
-                                                     {"type": "refusal", "refusal": "no"}]},
-        {"role": "assistant", "refusal": "nope", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "result"},
-    ],
-    "tools": [{"type": "function", "function": {
-        "name": "look", "description": "Looks",
-        "parameters": {"type": "object", "properties": {"q": {"enum": ["x"]}}}}}],
-    "tool_choice": {"type": "function", "function": {"name": "look"}},
-    "response_format": {"type": "json_schema", "json_schema": {"name": "r", "description": "d",
-                                                               "schema": {"title": "t"}}},
-}, ChatBody)
+CHAT = msgspec.convert(
+    {
+        "model": "m",
+        "user": "u-email",
+        "stop": ["s0", "s1"],
+        "logit_bias": {"123": 1},
+        "messages": [
+            {
+                "role": "user",
+                "name": "who",
+                "content": [{"type": "text", "text": "hello"}, {"type": "refusal", "refusal": "no"}],
+            },
+            {
+                "role": "assistant",
+                "refusal": "nope",
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "look", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "result"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "look",
+                    "description": "Looks",
+                    "parameters": {"type": "object", "properties": {"q": {"enum": ["x"]}}},
+                },
+            }
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "look"}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "r", "description": "d", "schema": {"title": "t"}},
+        },
+    },
+    ChatBody,
+)
 
 
 def slots_by_text(found) -> dict[str, list[Slot]]:
@@ -60,8 +81,11 @@ def test_a_chat_is_read_everywhere_a_model_reads_text() -> None:
     assert params["hello"] == {"messages[0].content[0]"} and params["no"] == {"messages[0].content[1]"}
     assert params["nope"] == {"messages[1].refusal"} and params["result"] == {"messages[2].content"}
     assert params["call_1"] == {"messages[1].tool_calls[0].id", "messages[2].tool_call_id"}
-    assert params["look"] == {"messages[1].tool_calls[0].function.name", "tools[0].function.name",
-                              "tool_choice.function.name"}
+    assert params["look"] == {
+        "messages[1].tool_calls[0].function.name",
+        "tools[0].function.name",
+        "tool_choice.function.name",
+    }
     assert params["{}"] == {"messages[1].tool_calls[0].function.arguments"}
     assert params["Looks"] == {"tools[0].function.description"}
     # A schema is read whole, keys too, and named by its root (a key may be the client's text).
@@ -84,27 +108,35 @@ def test_a_chat_is_read_everywhere_a_model_reads_text() -> None:
 def test_completion_and_embedding_texts() -> None:
     found = collect(CompletionBody(model="m", prompt=["p"], suffix="sfx", user="u"), {})
     assert [(t, s.param) for t, s in zip(found.texts, found.slots, strict=True)] == [
-        ("p", "prompt[0]"), ("sfx", "suffix"), ("u", "user")]
+        ("p", "prompt[0]"),
+        ("sfx", "suffix"),
+        ("u", "user"),
+    ]
     found = collect(EmbeddingBody(model="m", input=["a", "b"]), {})
     assert [(t, s.param, s.first_index) for t, s in zip(found.texts, found.slots, strict=True)] == [
-        ("a", "input[0]", 0), ("b", "input[1]", 1)]
+        ("a", "input[0]", 0),
+        ("b", "input[1]", 1),
+    ]
     assert collect(EmbeddingBody(model="m", input=[1, 2, 3]), {}).texts == []
 
 
-@pytest.mark.parametrize("part, what", [
-    ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "'image_url' content"),
-    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "'input_audio' content"),
-    ({"type": "file", "file": {"file_data": "AAAA"}}, "'file' content"),
-    ({"type": "video_url", "video_url": {"url": "x"}}, "'video_url' content"),
-    ({"image_url": "https://example.com/a.png"}, "an untyped content part"),     # vLLM reads it by its key
-])
+@pytest.mark.parametrize(
+    "part, what",
+    [
+        ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "'image_url' content"),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "'input_audio' content"),
+        ({"type": "file", "file": {"file_data": "AAAA"}}, "'file' content"),
+        ({"type": "video_url", "video_url": {"url": "x"}}, "'video_url' content"),
+        ({"image_url": "https://example.com/a.png"}, "an untyped content part"),  # vLLM reads it by its key
+    ],
+)
 def test_parts_no_analyser_reads_are_unreadable(part, what) -> None:
     body = ChatBody(model="m", messages=[Message("user", [{"type": "text", "text": "see"}, part])])
     found = collect(body, {})
     assert found.texts == ["see"]
     ((slot, said, instead),) = found.unreadable
     assert slot.param == "messages[0].content[1]" and said == what
-    assert instead == ({"type": part["type"]} if "type" in part else {})   # what a kept copy holds
+    assert instead == ({"type": part["type"]} if "type" in part else {})  # what a kept copy holds
 
 
 def test_a_bare_text_part_is_text() -> None:
@@ -113,12 +145,17 @@ def test_a_bare_text_part_is_text() -> None:
 
 
 def redact(found, needle: str, replacement: str) -> list[tuple[Slot, str]]:
-    return [(slot, text.replace(needle, replacement)) for text, slot in zip(found.texts, found.slots, strict=True) if needle in text]
+    return [
+        (slot, text.replace(needle, replacement))
+        for text, slot in zip(found.texts, found.slots, strict=True)
+        if needle in text
+    ]
 
 
 def test_write_back_copies_only_along_the_edited_paths() -> None:
-    body = ChatBody(model="m", messages=[Message("system", "fixed"), Message("user", "mail a@b.c now")],
-                    tools=CHAT.tools)
+    body = ChatBody(
+        model="m", messages=[Message("system", "fixed"), Message("user", "mail a@b.c now")], tools=CHAT.tools
+    )
     body_edits, extra_edits, _ = split(redact(collect(body, {}), "a@b.c", "<EMAIL_ADDRESS>"))
     assert extra_edits == []
     out = edited(body, body_edits, [])
@@ -128,12 +165,21 @@ def test_write_back_copies_only_along_the_edited_paths() -> None:
 
 def test_keys_and_values_under_them_are_rewritten_together() -> None:
     schema = {"type": "object", "properties": {"a@b.c": {"description": "mail a@b.c"}}, "required": ["a@b.c"]}
-    body = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                            "tools": [{"function": {"name": "f", "parameters": schema}}]}, ChatBody)
+    body = msgspec.convert(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"function": {"name": "f", "parameters": schema}}],
+        },
+        ChatBody,
+    )
     clashes: list[Slot] = []
     out = edited(body, split(redact(collect(body, {}), "a@b.c", "<E>"))[0], clashes)
     assert out.tools[0].function.parameters == {
-        "type": "object", "properties": {"<E>": {"description": "mail <E>"}}, "required": ["<E>"]}
+        "type": "object",
+        "properties": {"<E>": {"description": "mail <E>"}},
+        "required": ["<E>"],
+    }
     assert clashes == [] and "a@b.c" in json.dumps(schema)
 
 
@@ -145,7 +191,7 @@ def test_two_keys_that_read_the_same_once_redacted_are_a_clash() -> None:
     clashes: list[Slot] = []
     extra = edited_extra(raw, decoded, split(edits)[1], clashes)
     assert [c.param for c in clashes] == ["metadata"]
-    assert b'"top_k":5.50' in extra           # an untouched member keeps the client's spelling
+    assert b'"top_k":5.50' in extra  # an untouched member keeps the client's spelling
 
 
 def test_identifiers_get_a_name_safe_replacement() -> None:

@@ -47,6 +47,7 @@ def row(report: Report, metric: str):
 
 # --- the cost-stack document (reference 004) -------------------------------------------------
 
+
 def test_peak_tokens_per_second_is_228k() -> None:
     inp = scenario("cost-stack-120qps")
     lf = load_figures(inp)
@@ -112,6 +113,7 @@ def test_cost_stack_meets_its_latency_slo() -> None:
 
 # --- the B2B document (reference 000) and its verdict ------------------------------------------
 
+
 def test_b2b_load_rows_follow_the_document() -> None:
     report = build_report(scenario("b2b-100k-dau"))
     assert row(report, "Daily request volume").result.startswith("100,000 req/day")
@@ -155,6 +157,7 @@ def test_a_big_enough_budget_fits_the_large_model() -> None:
 
 # --- arithmetic building blocks -----------------------------------------------------------------
 
+
 def test_quantization_and_kv_assumptions() -> None:
     assert QUANT_BYTES == {"nvfp4": 0.5625, "fp8": 1.0, "bf16": 2.0}
     inp = scenario("cost-stack-120qps")
@@ -173,31 +176,39 @@ def test_decode_batch_respects_kv_room_and_step_time() -> None:
 
 # --- the CLI: text, JSON, TOML, errors ----------------------------------------------------------
 
+
 def test_a_prefix_hit_rate_shrinks_prefill_and_reports_the_savings(capsys: pytest.CaptureFixture[str]) -> None:
     cold = scenario("cost-stack-120qps")
     warm = msgspec.structs.replace(cold, load=msgspec.structs.replace(cold.load, prefix_hit_rate=0.6))
     big = max(cold.models, key=lambda m: m.active_params_b)
     cold_fleet, warm_fleet = plan_fleet(cold), plan_fleet(warm)
     for c, w in zip(cold_fleet.pools, warm_fleet.pools, strict=True):
-        assert w.prefill_replicas == pytest.approx(0.4 * c.prefill_replicas)    # 40% of the prompt prefilled
-        assert w.decode_replicas == pytest.approx(c.decode_replicas)            # decode and KV unchanged
+        assert w.prefill_replicas == pytest.approx(0.4 * c.prefill_replicas)  # 40% of the prompt prefilled
+        assert w.decode_replicas == pytest.approx(c.decode_replicas)  # decode and KV unchanged
         assert w.kv_gb_at_peak == pytest.approx(c.kv_gb_at_peak)
     assert replica_for(big, warm).ttft_s < replica_for(big, cold).ttft_s
     assert warm_fleet.gpus < cold_fleet.gpus
     saved = row(build_report(warm), "Prefix cache 60%")
     assert saved.result.startswith(f"{cold_fleet.gpus - warm_fleet.gpus} GPUs, $")
-    assert not any(r.metric.startswith("Prefix cache") for r in build_report(cold).rows)   # default 0
+    assert not any(r.metric.startswith("Prefix cache") for r in build_report(cold).rows)  # default 0
     rc, out, _ = cli(capsys, "--scenario", "cost-stack-120qps", "--prefix-hit-rate", "0.6")
     assert rc == 0 and "Prefix cache 60%" in out
     rc, _, err = cli(capsys, "--scenario", "cost-stack-120qps", "--prefix-hit-rate", "1")
-    assert rc == 2 and "--prefix-hit-rate" in err         # the last prompt token is always computed
+    assert rc == 2 and "--prefix-hit-rate" in err  # the last prompt token is always computed
 
 
 def test_text_output_has_every_reference_row(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = cli(capsys, "--scenario", "cost-stack-120qps")
     assert rc == 0
-    for doc in ("~228K tok/s", "~40 H100s (rough)", "~2B tokens/day", "~$6K/day worst",
-                "~$1.2K/day", "120 × (1,500 + 400)", "228,000 tokens/s"):
+    for doc in (
+        "~228K tok/s",
+        "~40 H100s (rough)",
+        "~2B tokens/day",
+        "~$6K/day worst",
+        "~$1.2K/day",
+        "120 × (1,500 + 400)",
+        "228,000 tokens/s",
+    ):
         assert doc in out
     rc, out, _ = cli(capsys, "--scenario", "b2b-100k-dau")
     assert rc == 0
@@ -263,20 +274,24 @@ def test_toml_layers_over_a_scenario(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (gpu["name"], gpu["usd_per_hour"]) == ("H100", 2.0)
 
 
-@pytest.mark.parametrize("argv, names", [
-    (["--scenario", "cost-stack-120qps", "--qps", "-5"], "load.qps (--qps)"),
-    (["--gpu", "H100", "--model", "m:70:70:int3:80x8x128", "--qps", "1"], "models[0].quant"),
-    (["--scenario", "cost-stack-120qps", "--mix", "llama-70b=0.5,llama-8b=0.6"], "mix"),
-    (["--scenario", "cost-stack-120qps", "--mix", "nope=1"], "--mix"),
-    (["--scenario", "cost-stack-120qps", "--fallback-share", "2"], "api.fallback_share"),
-    (["--scenario", "b2b-100k-dau", "--gpu", "A1"], "gpu"),
-    (["--model", "m:70:70:fp8:1000", "--qps", "1"], "gpu"),
-    (["--gpu", "H100", "--model", "m:70:80:fp8:1000", "--qps", "1"], "models[0].active_params_b"),
-    (["--gpu", "H100", "--model", "m:70:x:fp8"], "--model"),
-    (["--config", "/nonexistent/plan.toml"], "--config"),
-])
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--scenario", "cost-stack-120qps", "--qps", "-5"], "load.qps (--qps)"),
+        (["--gpu", "H100", "--model", "m:70:70:int3:80x8x128", "--qps", "1"], "models[0].quant"),
+        (["--scenario", "cost-stack-120qps", "--mix", "llama-70b=0.5,llama-8b=0.6"], "mix"),
+        (["--scenario", "cost-stack-120qps", "--mix", "nope=1"], "--mix"),
+        (["--scenario", "cost-stack-120qps", "--fallback-share", "2"], "api.fallback_share"),
+        (["--scenario", "b2b-100k-dau", "--gpu", "A1"], "gpu"),
+        (["--model", "m:70:70:fp8:1000", "--qps", "1"], "gpu"),
+        (["--gpu", "H100", "--model", "m:70:80:fp8:1000", "--qps", "1"], "models[0].active_params_b"),
+        (["--gpu", "H100", "--model", "m:70:x:fp8"], "--model"),
+        (["--config", "/nonexistent/plan.toml"], "--config"),
+    ],
+)
 def test_bad_input_exits_2_naming_the_parameter(
-        argv: list[str], names: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc, out, err = cli(capsys, *argv)
     assert rc == 2 and out == ""
     assert f"error: {names}" in err
@@ -304,10 +319,17 @@ def test_argparse_type_errors_exit_2() -> None:
 
 
 def test_python_dash_m_entry_point() -> None:
-    ok = subprocess.run([sys.executable, "-m", "loadtest.planner", "--scenario",
-                         "cost-stack-120qps"], cwd=REPO, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "loadtest.planner", "--scenario", "cost-stack-120qps"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "228,000 tokens/s" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "loadtest.planner", "--scenario",
-                          "cost-stack-120qps", "--qps", "-1"], cwd=REPO, capture_output=True,
-                         text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "loadtest.planner", "--scenario", "cost-stack-120qps", "--qps", "-1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "--qps" in bad.stderr and "Traceback" not in bad.stderr

@@ -34,7 +34,7 @@ def test_a_port_bound_by_someone_else_is_never_chosen(monkeypatch) -> None:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
-                s.close()                                  # somebody else's: not choosable either
+                s.close()  # somebody else's: not choosable either
                 continue
             (left if len(left) < 5 else held).append(s)
         free = sorted(s.getsockname()[1] for s in left)

@@ -41,14 +41,17 @@ def test_policy_from_toml_table_and_json() -> None:
     assert parse_policy("acme", b'{"max_concurrent": 4, "monthly_tokens": 1000000}').max_concurrent == 4
 
 
-@pytest.mark.parametrize("raw, param", [
-    ({"requests_per_min": 0}, "requests_per_min"),
-    ({"tokens_per_min": -5}, "tokens_per_min"),
-    ({"max_concurrent": "many"}, "max_concurrent"),
-    ({"monthly_tokens": 1.5}, "monthly_tokens"),
-    ({"requests_per_minute": 10}, "requests_per_minute"),      # a typo is refused, not ignored
-    (b'{"max_concurrent": 2,', None),
-])
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        ({"requests_per_min": 0}, "requests_per_min"),
+        ({"tokens_per_min": -5}, "tokens_per_min"),
+        ({"max_concurrent": "many"}, "max_concurrent"),
+        ({"monthly_tokens": 1.5}, "monthly_tokens"),
+        ({"requests_per_minute": 10}, "requests_per_minute"),  # a typo is refused, not ignored
+        (b'{"max_concurrent": 2,', None),
+    ],
+)
 def test_bad_policy_names_the_field(raw, param) -> None:
     with pytest.raises(BadQuotaPolicy) as err:
         parse_policy("acme", raw)
@@ -56,21 +59,30 @@ def test_bad_policy_names_the_field(raw, param) -> None:
     assert err.value.tenant == "acme" and "acme" in str(err.value)
 
 
-@pytest.mark.parametrize("seconds, text", [(0.02, "20ms"), (7, "7s"), (6.2, "7s"), (360, "6m0s"),
-                                           (3723, "1h2m3s")])
+@pytest.mark.parametrize("seconds, text", [(0.02, "20ms"), (7, "7s"), (6.2, "7s"), (360, "6m0s"), (3723, "1h2m3s")])
 def test_reset_format(seconds, text) -> None:
     assert format_reset(seconds) == text
 
 
 def test_headers_of_a_rate_refusal() -> None:
-    exc = QuotaExceeded("acme", LimitName.requests, 60, 0, 12.3, "rate limit reached",
-                        requests=RateState(60, 0, 12.3), tokens=RateState(10_000, 4_200, 12.3))
+    exc = QuotaExceeded(
+        "acme",
+        LimitName.requests,
+        60,
+        0,
+        12.3,
+        "rate limit reached",
+        requests=RateState(60, 0, 12.3),
+        tokens=RateState(10_000, 4_200, 12.3),
+    )
     assert exc.code == RATE_LIMITED and exc.retry_after_s == 13
     assert rate_limit_headers(exc) == {
         "Retry-After": "13",
-        "x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "0",
         "x-ratelimit-reset-requests": "13s",
-        "x-ratelimit-limit-tokens": "10000", "x-ratelimit-remaining-tokens": "4200",
+        "x-ratelimit-limit-tokens": "10000",
+        "x-ratelimit-remaining-tokens": "4200",
         "x-ratelimit-reset-tokens": "13s",
     }
 
@@ -78,14 +90,16 @@ def test_headers_of_a_rate_refusal() -> None:
 def test_budget_refusal_is_insufficient_quota() -> None:
     exc = QuotaExceeded("acme", LimitName.budget, 1000, -3, 86400.0, "budget spent")
     assert exc.code == INSUFFICIENT_QUOTA and exc.remaining == 0
-    assert rate_limit_headers(exc) == {"Retry-After": "86400"}     # no rate limits configured
+    assert rate_limit_headers(exc) == {"Retry-After": "86400"}  # no rate limits configured
 
 
 def test_grant_headers_have_no_retry_after() -> None:
     grant = QuotaGrant("acme", 10, 1, -1, False, requests_state=RateState(5, 4, 30.0))
-    assert rate_limit_headers(grant) == {"x-ratelimit-limit-requests": "5",
-                                         "x-ratelimit-remaining-requests": "4",
-                                         "x-ratelimit-reset-requests": "30s"}
+    assert rate_limit_headers(grant) == {
+        "x-ratelimit-limit-requests": "5",
+        "x-ratelimit-remaining-requests": "4",
+        "x-ratelimit-reset-requests": "30s",
+    }
 
 
 def test_periods() -> None:
@@ -110,16 +124,16 @@ def test_take_rate_all_or_nothing() -> None:
 
 def test_take_rate_windows() -> None:
     fresh = take_rate(RateDoc(6, 10, 1000), 7, POLICY, 1, 10, 1, 10)
-    assert fresh.doc == RateDoc(7, 1, 10)                       # a new minute starts from zero
+    assert fresh.doc == RateDoc(7, 1, 10)  # a new minute starts from zero
     ahead = take_rate(RateDoc(8, 2, 0), 7, POLICY, 1, 0, 1, 0)
-    assert ahead.period == 8 and ahead.doc == RateDoc(8, 3, 0)   # never reset a newer window
+    assert ahead.period == 8 and ahead.doc == RateDoc(8, 3, 0)  # never reset a newer window
     over = take_rate(RateDoc(7, 0, 1200), 7, POLICY, 1, 0, 1, 100)
-    assert over.doc == RateDoc(7, 1, 1200) and over.got_tokens == 0   # a debt is not leased out
+    assert over.doc == RateDoc(7, 1, 1200) and over.got_tokens == 0  # a debt is not leased out
 
 
 def test_return_rate_only_into_its_own_window() -> None:
     assert return_rate(RateDoc(7, 5, 500), 7, 2, 200) == RateDoc(7, 3, 300)
-    assert return_rate(RateDoc(7, 5, 500), 7, 0, -50) == RateDoc(7, 5, 550)   # a debt paid
+    assert return_rate(RateDoc(7, 5, 500), 7, 0, -50) == RateDoc(7, 5, 550)  # a debt paid
     assert return_rate(RateDoc(8, 5, 500), 7, 2, 200) is None
     assert return_rate(None, 7, 2, 200) is None
 
@@ -139,7 +153,7 @@ def test_slots_expire_with_their_holder() -> None:
     full = set_slots(take.doc, "c", now=60.0, ttl_s=30, limit=5, in_use=0, want_spare=1, need_spare=1)
     assert full.denied is LimitName.concurrency and full.doc is None
     shrink = set_slots(take.doc, "b", now=61.0, ttl_s=30, limit=5, in_use=0, want_spare=0, need_spare=0)
-    assert shrink.doc.holders == {"a": (3, 100.0)}               # nothing held: the entry goes
+    assert shrink.doc.holders == {"a": (3, 100.0)}  # nothing held: the entry goes
 
 
 def test_ledger_releases_grants_whose_request_never_ended() -> None:

@@ -21,12 +21,30 @@ from tests.wait import eventually
 
 
 def replay(n: int = 1, limit: int = 1 << 20) -> tuple[Replay, Demux]:
-    generate = to_generate(chat("hi", n=n, stream=True), b"", request_id="r" * 32, tenant="acme", klass="interactive",
-                           reply_to="lw.tok.acme.e", edge="e", now=time.time(), deadline=time.time() + 30)
+    generate = to_generate(
+        chat("hi", n=n, stream=True),
+        b"",
+        request_id="r" * 32,
+        tenant="acme",
+        klass="interactive",
+        reply_to="lw.tok.acme.e",
+        edge="e",
+        now=time.time(),
+        deadline=time.time() + 30,
+    )
     demux = Demux()
     stream = demux.open(generate.request_id, "acme", time.time() + 30)
-    return Replay("edge01", generate, "/v1/chat/completions", stream, renderer_for(generate), BridgeMetrics(),
-                  time.monotonic(), limit, lambda *_: None), demux
+    return Replay(
+        "edge01",
+        generate,
+        "/v1/chat/completions",
+        stream,
+        renderer_for(generate),
+        BridgeMetrics(),
+        time.monotonic(),
+        limit,
+        lambda *_: None,
+    ), demux
 
 
 def ids(events: list[bytes]) -> list[str | None]:
@@ -64,22 +82,26 @@ async def test_a_resume_takes_over_from_a_waiting_reader_without_losing_entries(
 
     async def sink(events: list[bytes], upto: int) -> None:
         seen.extend(events)
+
     reader = asyncio.create_task(follow(log, first, sink, -1))
     await asyncio.sleep(0)
     log.owner = second
     log.stream.interrupt()
-    assert await reader is False               # it looked, and left
+    assert await reader is False  # it looked, and left
     log.stream.feed(Delta(log.request_id, 0, 0, "x", [1]), "w")
     log.stream.feed(Finished(log.request_id, 0, 1, "stop", TokenUsage(1, 1)), "w")
     resumed: list[bytes] = []
 
     async def sink2(events: list[bytes], upto: int) -> None:
         resumed.extend(events)
+
     assert await follow(log, second, sink2, len(seen) - 1) is True
     assert b'"x"' in b"".join(resumed) and resumed[-1] == b"data: [DONE]\n\n"
 
 
-@pytest.mark.parametrize("raw", ["", "a", "a.b", "a.b.c", "a.b.-1", "a.b.01", "a.b.c.1", "a.b c.1", "a." + "b" * 65 + ".1"])
+@pytest.mark.parametrize(
+    "raw", ["", "a", "a.b", "a.b.c", "a.b.-1", "a.b.01", "a.b.c.1", "a.b c.1", "a." + "b" * 65 + ".1"]
+)
 def test_a_malformed_event_id_is_refused(raw):
     with pytest.raises(BadEventId):
         EventId.parse(raw)
@@ -102,12 +124,21 @@ class Held:
         self.cancelled.append(request_id)
 
     def open(self, request_id: str, tenant: str = "acme") -> Replay:
-        generate = to_generate(chat("hi", stream=True), b"", request_id=request_id, tenant=tenant,
-                               klass="interactive", reply_to=f"lw.tok.{tenant}.e", edge="e", now=time.time(),
-                               deadline=time.time() + 60)
+        generate = to_generate(
+            chat("hi", stream=True),
+            b"",
+            request_id=request_id,
+            tenant=tenant,
+            klass="interactive",
+            reply_to=f"lw.tok.{tenant}.e",
+            edge="e",
+            now=time.time(),
+            deadline=time.time() + 60,
+        )
         stream = self.demux.open(request_id, tenant, generate.deadline)
-        replay, token = self.resumes.open(generate, "/v1/chat/completions", stream, renderer_for(generate),
-                                          time.monotonic())
+        replay, token = self.resumes.open(
+            generate, "/v1/chat/completions", stream, renderer_for(generate), time.monotonic()
+        )
         self.token = token
         return replay
 
@@ -120,7 +151,7 @@ def feed(replay: Replay, words: int, start: int = 0) -> None:
 async def test_an_abandoned_stream_past_its_bytes_is_expired_and_cancelled():
     held = Held(BufferLimits(stream_bytes=8_000))
     replay = held.open("a" * 32)
-    await held.resumes.release(replay, held.token, completed=False)     # its client left
+    await held.resumes.release(replay, held.token, completed=False)  # its client left
     feed(replay, 100)
     assert await eventually(lambda: held.cancelled == [replay.request_id])
     assert len(held.resumes) == 0 and len(held.demux) == 0
@@ -130,16 +161,18 @@ async def test_an_abandoned_stream_past_its_bytes_is_expired_and_cancelled():
 async def test_a_tenants_abandoned_streams_past_its_bytes_go_cleanly_ended_first():
     held = Held(BufferLimits(resume_bytes=6_000))
     ended = held.open("e" * 32)
-    ended.add([Delta(ended.request_id, 0, seq, "word " * 20, [seq]) for seq in range(10)]
-              + [Finished(ended.request_id, 0, 10, "stop", TokenUsage(1, 10))])
+    ended.add(
+        [Delta(ended.request_id, 0, seq, "word " * 20, [seq]) for seq in range(10)]
+        + [Finished(ended.request_id, 0, 10, "stop", TokenUsage(1, 10))]
+    )
     await held.resumes.release(ended, held.token, completed=True)
     cut = held.open("c" * 32)
     await held.resumes.release(cut, held.token, completed=False)
-    other = held.open("o" * 32, tenant="globex")         # another tenant's share is its own
+    other = held.open("o" * 32, tenant="globex")  # another tenant's share is its own
     await held.resumes.release(other, held.token, completed=False)
     feed(cut, 10)
     assert await eventually(lambda: held.resumes.get(ended.request_id) is None)
-    assert held.resumes.get(cut.request_id) is not None and held.cancelled == []    # ended: nothing to cancel
+    assert held.resumes.get(cut.request_id) is not None and held.cancelled == []  # ended: nothing to cancel
     feed(cut, 30, start=10)
     assert await eventually(lambda: held.cancelled == [cut.request_id])
     assert held.resumes.get(other.request_id) is other

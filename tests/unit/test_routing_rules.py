@@ -42,8 +42,12 @@ RULES = {
         {"rule_id": "acme-long", "match": {"tenant": "acme", "min_prompt_tokens": 1000}, "pools": {"large": 1}},
         {"rule_id": "in-house", "match": {"tenant": "bank"}, "pools": {"small": 1}, "spill": False},
         {"rule_id": "batch", "match": {"class": "batch"}, "pools": {"small": 1}},
-        {"rule_id": "auto-simple", "match": {"model": "auto", "intent": "simple"}, "pools": {"small": 1},
-         "escalate_to": "large"},
+        {
+            "rule_id": "auto-simple",
+            "match": {"model": "auto", "intent": "simple"},
+            "pools": {"small": 1},
+            "escalate_to": "large",
+        },
         {"rule_id": "auto", "match": {"model": "auto"}, "pools": {"large": 1}},
         {"rule_id": "fast", "match": {"model": "fast"}, "pools": {"small": 1}},
         {"rule_id": "balanced", "match": {"model": "balanced"}, "pools": {"small": 3, "large": 1}},
@@ -58,8 +62,14 @@ def ruleset(**changes) -> RuleSet:
     return decode(json.dumps(doc).encode())
 
 
-def feat(model: str = "balanced", rid: str = "r1", tenant: str = "t", klass: str = "interactive",
-         tokens: int = 50, intent: str | None = None) -> Features:
+def feat(
+    model: str = "balanced",
+    rid: str = "r1",
+    tenant: str = "t",
+    klass: str = "interactive",
+    tokens: int = 50,
+    intent: str | None = None,
+) -> Features:
     return Features(rid, tenant, klass, model, tokens, intent)
 
 
@@ -94,16 +104,27 @@ def test_intent_routes_auto() -> None:
 
 
 def test_prompt_length_bounds_are_inclusive() -> None:
-    rs = ruleset(rules=[
-        {"rule_id": "short", "match": {"max_prompt_tokens": 100}, "pools": {"small": 1}},
-        {"rule_id": "all", "pools": {"large": 1}}])
+    rs = ruleset(
+        rules=[
+            {"rule_id": "short", "match": {"max_prompt_tokens": 100}, "pools": {"small": 1}},
+            {"rule_id": "all", "pools": {"large": 1}},
+        ]
+    )
     assert choose_pool(feat(tokens=100), rs, health()).pool == "small"
     assert choose_pool(feat(tokens=101), rs, health()).pool == "large"
 
 
 def test_features_of_a_request_and_the_gate_entry_point() -> None:
-    req = GenerateRequest(request_id="abc", tenant="acme", klass="interactive", model="auto", reply_to="x",
-                          created_at=0, deadline=1, chat=chat("x" * 400, model="auto"))
+    req = GenerateRequest(
+        request_id="abc",
+        tenant="acme",
+        klass="interactive",
+        model="auto",
+        reply_to="x",
+        created_at=0,
+        deadline=1,
+        chat=chat("x" * 400, model="auto"),
+    )
     assert features_of(req, "code") == Features("abc", "acme", "interactive", "auto", 100, "code")
     asked: list[str] = []
 
@@ -115,7 +136,7 @@ def test_features_of_a_request_and_the_gate_entry_point() -> None:
     assert decide_request(req, rs, health(), intent_of).rule_id == "auto-simple"
     fast = msgspec.structs.replace(req, model="fast")
     assert decide_request(fast, rs, health(), intent_of).rule_id == "fast"
-    assert asked == ["abc"]                    # the classifier runs only where a rule needs it
+    assert asked == ["abc"]  # the classifier runs only where a rule needs it
     up = escalated_decision(req, rs, health(), intent_of)
     assert (up.pool, up.rule_id, up.reason) == ("large", "auto-simple", Reason.ESCALATED)
     down = escalated_decision(req, rs, health(large=PoolHealth(0)), intent_of)
@@ -129,9 +150,9 @@ def test_weights_split_traffic_deterministically_per_request_id() -> None:
     rs = ruleset()
     picks = [choose_pool(feat(rid=f"req-{i}"), rs, health()).pool for i in range(4000)]
     share = Counter(picks)["small"] / len(picks)
-    assert 0.72 < share < 0.78                       # weights 3 : 1
+    assert 0.72 < share < 0.78  # weights 3 : 1
     again = [choose_pool(feat(rid=f"req-{i}"), rs, health()).pool for i in range(4000)]
-    assert picks == again                            # the same id always lands on the same pool
+    assert picks == again  # the same id always lands on the same pool
     _, shares = route_distribution(feat(), rs)
     assert shares == {"large": 0.25, "small": 0.75}
 
@@ -144,7 +165,7 @@ def test_a_pool_without_ready_workers_is_skipped() -> None:
     for i in range(200):
         d = choose_pool(feat(rid=str(i)), rs, health(large=PoolHealth(0)))
         assert (d.pool, d.reason) == ("small", Reason.WEIGHTED)
-    d = choose_pool(feat(rid="x"), rs, {"small": PoolHealth(1)})   # large and api unknown = down
+    d = choose_pool(feat(rid="x"), rs, {"small": PoolHealth(1)})  # large and api unknown = down
     assert d.pool == "small"
 
 
@@ -164,10 +185,11 @@ def test_spill_to_hosted_when_saturated_or_down() -> None:
 
 def test_hosted_breaker_open_overflows_to_the_least_loaded_live_pool() -> None:
     rs = ruleset()
-    h = health(small=PoolHealth(1, queue_depth=40), large=PoolHealth(4, queue_depth=60),
-               api=PoolHealth(1, free_slots=0))     # the openai engine reports no slots while open
+    h = health(
+        small=PoolHealth(1, queue_depth=40), large=PoolHealth(4, queue_depth=60), api=PoolHealth(1, free_slots=0)
+    )  # the openai engine reports no slots while open
     d = choose_pool(feat("balanced"), rs, h)
-    assert (d.pool, d.reason) == ("large", Reason.OVERFLOW)   # 60/4 waiting per worker < 40/1
+    assert (d.pool, d.reason) == ("large", Reason.OVERFLOW)  # 60/4 waiting per worker < 40/1
 
 
 def test_no_spill_for_rules_that_keep_data_in_house() -> None:
@@ -186,8 +208,7 @@ def test_nothing_ready_anywhere_is_refused() -> None:
 
 
 def test_unknown_logical_model_is_refused_as_unknown_model() -> None:
-    rs = ruleset(rules=[{"rule_id": "q", "match": {"model": "quality"}, "pools": {"large": 1}}],
-                 models=["quality"])
+    rs = ruleset(rules=[{"rule_id": "q", "match": {"model": "quality"}, "pools": {"large": 1}}], models=["quality"])
     with pytest.raises(Refusal) as exc:
         choose_pool(feat("fast"), rs, health())
     assert (exc.value.code, exc.value.param) == (ErrorCode.unknown_model, "model")
@@ -207,7 +228,7 @@ def test_health_board_from_heartbeats_depths_and_ttft() -> None:
     snap = board.snapshot()
     assert snap["small"] == PoolHealth(2, 7, 0.95, 6)
     assert snap["large"].ready_workers == 0
-    now[0] += 61                                    # beats are stale, ttft samples aged out
+    now[0] += 61  # beats are stale, ttft samples aged out
     snap = board.snapshot()
     assert snap["small"].ready_workers == 0 and snap["small"].ttft_p95_s is None
 
@@ -240,19 +261,31 @@ def test_empty_pools_and_duplicate_ids() -> None:
 
 def test_other_validation_errors_name_their_fields() -> None:
     catch_all = {"rule_id": "z", "pools": {"small": 1}}
-    assert _error(rules=[{"rule_id": "a", "match": {"intent": "poetry"}, "pools": {"small": 1}},
-                         catch_all]).field == "rules[0].match.intent"
-    assert _error(rules=[{"rule_id": "a", "match": {"model": "gpt-9"}, "pools": {"small": 1}},
-                         catch_all]).field == "rules[0].match.model"
+    assert (
+        _error(rules=[{"rule_id": "a", "match": {"intent": "poetry"}, "pools": {"small": 1}}, catch_all]).field
+        == "rules[0].match.intent"
+    )
+    assert (
+        _error(rules=[{"rule_id": "a", "match": {"model": "gpt-9"}, "pools": {"small": 1}}, catch_all]).field
+        == "rules[0].match.model"
+    )
     err = _error(rules=[{"rule_id": "a", "escalate_to": "huge", "pools": {"small": 1}}])
     assert err.field == "rules[0].escalate_to"
-    assert _error(rules=[{"rule_id": "a", "match": {"min_prompt_tokens": 9, "max_prompt_tokens": 3},
-                          "pools": {"small": 1}}, catch_all]).field == "rules[0].match.min_prompt_tokens"
+    assert (
+        _error(
+            rules=[
+                {"rule_id": "a", "match": {"min_prompt_tokens": 9, "max_prompt_tokens": 3}, "pools": {"small": 1}},
+                catch_all,
+            ]
+        ).field
+        == "rules[0].match.min_prompt_tokens"
+    )
     assert _error(pools={}).field == "pools"
     assert _error(rules=[]).field == "rules"
     # A rule set that would leave some `auto` request without a rule is refused up front.
-    err = _error(rules=[{"rule_id": "a", "match": {"model": "auto", "intent": "code"}, "pools": {"small": 1}}],
-                 models=["auto"])
+    err = _error(
+        rules=[{"rule_id": "a", "match": {"model": "auto", "intent": "code"}, "pools": {"small": 1}}], models=["auto"]
+    )
     assert err.field == "rules" and "catch-all" in err.message
 
 

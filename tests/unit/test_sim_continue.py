@@ -18,8 +18,9 @@ def chat(**fields) -> ChatBody:
     return ChatBody(model="m", messages=[Message(role="user", content="Tell me about lanes")], **fields)
 
 
-async def run(engine: SimEngine, body: ChatBody, continued: Continued | None = None,
-              rid: str = "r") -> list[EngineOutput]:
+async def run(
+    engine: SimEngine, body: ChatBody, continued: Continued | None = None, rid: str = "r"
+) -> list[EngineOutput]:
     return [out async for out in engine.generate(EngineRequest(rid, body, continued=continued))]
 
 
@@ -31,8 +32,9 @@ def text(outs: list[EngineOutput]) -> str:
     return "".join(out.text for out in outs)
 
 
-@pytest.mark.parametrize("fields", [{"temperature": 0.0}, {"seed": 7, "max_tokens": 40},
-                                    {"temperature": 0.0, "stop": ["GPU engine"]}])
+@pytest.mark.parametrize(
+    "fields", [{"temperature": 0.0}, {"seed": 7, "max_tokens": 40}, {"temperature": 0.0, "stop": ["GPU engine"]}]
+)
 @pytest.mark.parametrize("cut", [1, 4, 9])
 def test_a_continuation_goes_on_from_the_next_token(fields: dict, cut: int) -> None:
     async def main() -> None:
@@ -53,6 +55,7 @@ def test_a_continuation_goes_on_from_the_next_token(fields: dict, cut: int) -> N
             assert rest[-1].completion_tokens == whole[-1].completion_tokens - cut
         finally:
             await engine.cleanup()
+
     asyncio.run(main())
 
 
@@ -67,4 +70,5 @@ def test_a_continuation_of_a_whole_answer_only_ends_it() -> None:
             assert rest[-1].finish_reason == whole[-1].finish_reason == "length"
         finally:
             await engine.cleanup()
+
     asyncio.run(main())

@@ -61,7 +61,7 @@ async def test_one_output_with_one_unit_float32_vector_per_input_in_order(engine
         assert math.isclose(math.sqrt(sum(x * x for x in values)), 1.0, rel_tol=1e-5)
     assert out.vectors[0] == out.vectors[2] and cosine(out.vectors[0], out.vectors[2]) == pytest.approx(1.0)
     assert out.vectors[0] != out.vectors[1] and abs(cosine(out.vectors[0], out.vectors[1])) < 0.5
-    assert out.vectors == [vector(t) for t in texts]       # in input order
+    assert out.vectors == [vector(t) for t in texts]  # in input order
     # ~4 characters a token, as the sim's chat prompts: 6 + 2 + 6 + 11
     assert out.prompt_tokens == 25
 
@@ -100,20 +100,23 @@ async def test_dimensions_are_leading_components_renormalised(engine):
     assert floats(both) == pytest.approx(full)
 
 
-@pytest.mark.parametrize("b, extra, param", [
-    (body("x", dimensions=NATIVE_DIMENSIONS + 1), None, "dimensions"),
-    (body(["a", 1]), None, "input"),
-    (body("x"), {"dimension": 3}, "dimension"),
-    (body("x"), {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
-    (body("x"), {"use_activation": "yes"}, "use_activation"),
-    (body("y" * 40_000), None, "input"),          # 10,000 tokens > the 8,192-token context
-    (body([[1], []]), None, "input"),
-])
+@pytest.mark.parametrize(
+    "b, extra, param",
+    [
+        (body("x", dimensions=NATIVE_DIMENSIONS + 1), None, "dimensions"),
+        (body(["a", 1]), None, "input"),
+        (body("x"), {"dimension": 3}, "dimension"),
+        (body("x"), {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        (body("x"), {"use_activation": "yes"}, "use_activation"),
+        (body("y" * 40_000), None, "input"),  # 10,000 tokens > the 8,192-token context
+        (body([[1], []]), None, "input"),
+    ],
+)
 async def test_what_the_sim_cannot_honour_is_refused_by_name(engine, b, extra, param):
     with pytest.raises(UnsupportedRequest) as err:
         await run(engine, b, extra)
     assert err.value.param == param
-    assert engine.capacity().free_slots == engine.max_seqs     # nothing was admitted
+    assert engine.capacity().free_slots == engine.max_seqs  # nothing was admitted
 
 
 async def test_honoured_and_accepted_extras(engine):
@@ -122,7 +125,7 @@ async def test_honoured_and_accepted_extras(engine):
     assert out.prompt_tokens == 4 + 2 and len(out.vectors) == 2
     ids = (await run(engine, body([[1, 2, 3, 4, 5, 6], [9]]), extra))[0]
     assert ids.prompt_tokens == 4 + 1
-    assert ids.vectors[0] == (await run(engine, body([3, 4, 5, 6]), rid="r2"))[0].vectors[0]   # the end kept
+    assert ids.vectors[0] == (await run(engine, body([3, 4, 5, 6]), rid="r2"))[0].vectors[0]  # the end kept
 
 
 def _profile(prefill_s_per_token: float) -> SimProfile:
@@ -130,10 +133,10 @@ def _profile(prefill_s_per_token: float) -> SimProfile:
 
 
 async def test_an_embedding_is_one_prefill_step_holding_a_slot_while_it_runs():
-    engine = SimEngine(_profile(0.001))                 # 1 ms a prompt token
+    engine = SimEngine(_profile(0.001))  # 1 ms a prompt token
     await engine.start()
     try:
-        request = EngineRequest("e", body(["w" * 800, "v" * 800]), klass="batch")   # 400 tokens: 0.4 s
+        request = EngineRequest("e", body(["w" * 800, "v" * 800]), klass="batch")  # 400 tokens: 0.4 s
         task = asyncio.ensure_future(anext(engine.generate(request)))
         started = time.monotonic()
         assert await eventually(lambda: engine.capacity().free_slots == 1, timeout=5)
@@ -141,8 +144,8 @@ async def test_an_embedding_is_one_prefill_step_holding_a_slot_while_it_runs():
         assert cap.running == {"batch": 1} and cap.token_budget == (1 << 20) - 400
         out = await task
         elapsed = time.monotonic() - started
-        assert 0.3 < elapsed < 5.0                      # the modelled prefill, not instant
-        assert engine.steps == 1                        # prefill only: no decode steps
+        assert 0.3 < elapsed < 5.0  # the modelled prefill, not instant
+        assert engine.steps == 1  # prefill only: no decode steps
         assert out.prompt_tokens == 400 and len(out.vectors) == 2
         assert engine.capacity().free_slots == 2 and engine.capacity().token_budget == 1 << 20
     finally:
@@ -153,12 +156,12 @@ async def test_embeddings_and_generations_share_the_slots():
     engine = SimEngine(_profile(0.0005), max_seqs=1)
     await engine.start()
     try:
-        emb = asyncio.ensure_future(run(engine, body("q" * 2000), rid="e"))      # 500 tokens: 0.25 s
+        emb = asyncio.ensure_future(run(engine, body("q" * 2000), rid="e"))  # 500 tokens: 0.25 s
         assert await eventually(lambda: engine.capacity().free_slots == 0, timeout=5)
         chat = ChatBody(model="sim", messages=[Message(role="user", content="hi")], max_tokens=2)
         gen = asyncio.ensure_future(run(engine, chat, rid="c"))
         await asyncio.sleep(0)
-        assert engine.capacity().free_slots == 0        # the chat waits for the slot
+        assert engine.capacity().free_slots == 0  # the chat waits for the slot
         (e,) = await emb
         outs = await gen
         assert len(e.vectors) == 1 and outs[-1].completion_tokens == 2
@@ -167,7 +170,7 @@ async def test_embeddings_and_generations_share_the_slots():
 
 
 async def test_abort_frees_the_slot_and_returns_no_vectors():
-    engine = SimEngine(_profile(0.01))                  # 10 ms a token: a long prefill
+    engine = SimEngine(_profile(0.01))  # 10 ms a token: a long prefill
     await engine.start()
     try:
         stream = engine.generate(EngineRequest("e", body("a" * 4000)))

@@ -36,8 +36,10 @@ CREATE_TICKET = {
     "$defs": {
         "contact": {
             "type": "object",
-            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 80},
-                           "phone": {"type": ["string", "null"], "pattern": "^\\+[1-9][0-9]{7,14}$"}},
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 80},
+                "phone": {"type": ["string", "null"], "pattern": "^\\+[1-9][0-9]{7,14}$"},
+            },
             "required": ["name", "phone"],
             "additionalProperties": False,
         },
@@ -48,29 +50,50 @@ CREATE_TICKET = {
         "title": {"type": "string", "minLength": 5, "maxLength": 120},
         "priority": {"$ref": "#/$defs/priority"},
         "contact": {"$ref": "#/$defs/contact"},
-        "tags": {"type": "array", "items": {"type": "string", "enum": ["billing", "shipping", "bug"]},
-                 "minItems": 1, "maxItems": 3, "uniqueItems": True},
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["billing", "shipping", "bug"]},
+            "minItems": 1,
+            "maxItems": 3,
+            "uniqueItems": True,
+        },
         "due": {"type": "string", "format": "date"},
         "estimate_hours": {"type": "number", "exclusiveMinimum": 0, "maximum": 40, "multipleOf": 0.5},
-        "attachments": {"type": "array", "items": {"type": "object", "properties": {
-            "url": {"type": "string", "format": "uri"}, "bytes": {"type": "integer", "minimum": 1}},
-            "required": ["url"]}},
+        "attachments": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"url": {"type": "string", "format": "uri"}, "bytes": {"type": "integer", "minimum": 1}},
+                "required": ["url"],
+            },
+        },
     },
     "required": ["title", "priority", "contact", "tags"],
     "additionalProperties": False,
 }
-REFUND = {   # allOf / oneOf / const / definitions (draft-07 spelling)
-    "definitions": {"money": {"type": "object", "properties": {
-        "amount": {"type": "integer", "minimum": 1, "maximum": 10_000},
-        "currency": {"const": "EUR"}}, "required": ["amount", "currency"]}},
-    "allOf": [{"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-              {"properties": {"refund": {"$ref": "#/definitions/money"}}, "required": ["refund"]}],
+REFUND = {  # allOf / oneOf / const / definitions (draft-07 spelling)
+    "definitions": {
+        "money": {
+            "type": "object",
+            "properties": {
+                "amount": {"type": "integer", "minimum": 1, "maximum": 10_000},
+                "currency": {"const": "EUR"},
+            },
+            "required": ["amount", "currency"],
+        }
+    },
+    "allOf": [
+        {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        {"properties": {"refund": {"$ref": "#/definitions/money"}}, "required": ["refund"]},
+    ],
     "properties": {"reason": {"oneOf": [{"type": "string", "enum": ["damaged", "late"]}, {"type": "null"}]}},
 }
 SCHEMAS = [ORDER_LOOKUP, CREATE_TICKET, REFUND]
-TOOLS = [{"type": "function", "function": {"name": "lookup_order", "parameters": ORDER_LOOKUP}},
-         {"type": "function", "function": {"name": "create_ticket", "parameters": CREATE_TICKET}},
-         {"type": "function", "function": {"name": "refund", "parameters": REFUND}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "lookup_order", "parameters": ORDER_LOOKUP}},
+    {"type": "function", "function": {"name": "create_ticket", "parameters": CREATE_TICKET}},
+    {"type": "function", "function": {"name": "refund", "parameters": REFUND}},
+]
 
 
 def chat(content: Any = "Where is my parcel? It was due on Monday.", **fields: Any) -> ChatBody:
@@ -144,7 +167,9 @@ async def test_without_a_limit_the_answer_ends_at_a_natural_length(engine):
         lengths.add(final.completion_tokens)
     assert len(lengths) > 1, "the natural length should depend on the prompt"
     again = (await run(engine, chat("question number 0", temperature=0.0)))[-1]
-    assert again.completion_tokens == (await run(engine, chat("question number 0", temperature=0.0)))[-1].completion_tokens
+    assert (
+        again.completion_tokens == (await run(engine, chat("question number 0", temperature=0.0)))[-1].completion_tokens
+    )
 
 
 async def test_without_a_limit_the_context_caps_the_answer():
@@ -169,24 +194,26 @@ async def test_a_stop_string_never_reaches_the_output_not_even_in_part(engine, s
     full = text(await run(engine, chat(temperature=0.0, max_tokens=60)))
     assert stop in full
     outs = await run(engine, chat(temperature=0.0, max_tokens=60, stop=[stop, "never there"]))
-    assert text(outs) == full[:full.find(stop)]
+    assert text(outs) == full[: full.find(stop)]
     assert outs[-1].finish_reason == "stop"
     streamed = ""
-    for out in outs:      # no delta ever carried a fragment of the stop past the cut
+    for out in outs:  # no delta ever carried a fragment of the stop past the cut
         streamed += out.text
         assert full.startswith(streamed) and len(streamed) <= full.find(stop)
 
 
 async def test_include_stop_str_in_output_keeps_the_stop_and_min_tokens_delays_it(engine):
     full = text(await run(engine, chat(temperature=0.0, max_tokens=60)))
-    kept = text(await run(engine, chat(temperature=0.0, max_tokens=60, stop="GPU"),
-                          {"include_stop_str_in_output": True}))
-    assert kept == full[:full.find("GPU") + 3]
-    tokens = [lp.token for o in await run(engine, chat(temperature=0.0, max_tokens=60, logprobs=True))
-              for lp in o.logprobs]
+    kept = text(
+        await run(engine, chat(temperature=0.0, max_tokens=60, stop="GPU"), {"include_stop_str_in_output": True})
+    )
+    assert kept == full[: full.find("GPU") + 3]
+    tokens = [
+        lp.token for o in await run(engine, chat(temperature=0.0, max_tokens=60, logprobs=True)) for lp in o.logprobs
+    ]
     late = await run(engine, chat(temperature=0.0, max_tokens=60, stop="GPU"), {"min_tokens": 20})
-    checked_from = len("".join(tokens[:19])) - 2     # stops count from the 20th token on, as in vLLM
-    assert late[-1].completion_tokens >= 20 and text(late) == full[:full.find("GPU", checked_from)]
+    checked_from = len("".join(tokens[:19])) - 2  # stops count from the 20th token on, as in vLLM
+    assert late[-1].completion_tokens >= 20 and text(late) == full[: full.find("GPU", checked_from)]
 
 
 # -- tools -------------------------------------------------------------------------------------------
@@ -216,11 +243,21 @@ async def test_tool_choice_none_named_and_auto_after_a_tool_result(engine):
     assert text(none) and not calls(none) and none[-1].finish_reason == "stop"
     named = await run(engine, chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "refund"}}))
     assert [c["name"] for c in calls(named)] == ["refund"]
-    assert calls(await run(engine, chat(tools=TOOLS)))          # auto, with tools: a call
-    history = [{"role": "user", "content": "Where is ORD-123456?"},
-               {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                   "name": "lookup_order", "arguments": '{"order_id":"ORD-123456"}'}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'}]
+    assert calls(await run(engine, chat(tools=TOOLS)))  # auto, with tools: a call
+    history = [
+        {"role": "user", "content": "Where is ORD-123456?"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup_order", "arguments": '{"order_id":"ORD-123456"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'},
+    ]
     done = await run(engine, chat(messages=history, tools=TOOLS))
     assert text(done) and not calls(done) and done[-1].finish_reason == "stop"
 
@@ -228,8 +265,10 @@ async def test_tool_choice_none_named_and_auto_after_a_tool_result(engine):
 async def test_parallel_tool_calls_false_makes_one_call(engine):
     counts = {len(calls(await run(engine, chat(tools=TOOLS, tool_choice="required", seed=s)))) for s in range(12)}
     assert counts == {1, 2}
-    single = {len(calls(await run(engine, chat(tools=TOOLS, tool_choice="required", seed=s,
-                                                parallel_tool_calls=False)))) for s in range(12)}
+    single = {
+        len(calls(await run(engine, chat(tools=TOOLS, tool_choice="required", seed=s, parallel_tool_calls=False))))
+        for s in range(12)
+    }
     assert single == {1}
 
 
@@ -244,15 +283,32 @@ async def test_json_object_and_json_schema_outputs_parse_and_validate(engine):
         jsonschema.validate(json.loads(text(outs)), schema, format_checker=FORMATS)
 
 
-@pytest.mark.parametrize("schema", [
-    *SCHEMAS,
-    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
-    {"type": "object", "properties": {"n": {"type": "number", "minimum": 0.25, "maximum": 0.5}},
-     "required": ["n"], "minProperties": 2},
-    {"$defs": {"node": {"type": "object", "properties": {"children": {"type": "array", "items": {
-        "$ref": "#/$defs/node"}}}, "required": ["children"]}}, "$ref": "#/$defs/node"},
-    {"type": "string", "format": "uuid"}, {}, True,
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        *SCHEMAS,
+        {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
+        {
+            "type": "object",
+            "properties": {"n": {"type": "number", "minimum": 0.25, "maximum": 0.5}},
+            "required": ["n"],
+            "minProperties": 2,
+        },
+        {
+            "$defs": {
+                "node": {
+                    "type": "object",
+                    "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                    "required": ["children"],
+                }
+            },
+            "$ref": "#/$defs/node",
+        },
+        {"type": "string", "format": "uuid"},
+        {},
+        True,
+    ],
+)
 def test_generated_instances_validate(schema):
     for seed in range(25):
         jsonschema.validate(instance(schema, random.Random(seed)), schema, format_checker=FORMATS)
@@ -276,10 +332,13 @@ async def test_chat_logprobs_give_each_token_its_top_alternatives(engine):
         assert lp.logprob <= 0 and lp.bytes == list(lp.token.encode())
         assert len(lp.top) == 3 and [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
         assert lp.top[0].logprob >= lp.logprob and any(t.token == lp.token for t in lp.top)
-        assert sum(2.718281828 ** t.logprob for t in lp.top) <= 1.0 + 1e-9
+        assert sum(2.718281828**t.logprob for t in lp.top) <= 1.0 + 1e-9
     confidence = [c for o in outs for c in o.confidence]
-    assert len(confidence) == 20 and len(set(confidence)) == 1 and confidence[0] == engine.confidence(
-        EngineRequest("r", chat()))
+    assert (
+        len(confidence) == 20
+        and len(set(confidence)) == 1
+        and confidence[0] == engine.confidence(EngineRequest("r", chat()))
+    )
 
 
 async def test_completion_logprobs_and_no_logprobs_unless_asked(engine):
@@ -291,9 +350,17 @@ async def test_completion_logprobs_and_no_logprobs_unless_asked(engine):
 
 # -- extras --------------------------------------------------------------------------------------
 async def test_sampling_extras_and_metadata_are_accepted(engine):
-    extra = {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "skip_special_tokens": True,
-             "metadata": {"team": "support"}, "store": False, "service_tier": "auto",
-             "prompt_cache_key": "k", "safety_identifier": "u1"}
+    extra = {
+        "top_k": 40,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "skip_special_tokens": True,
+        "metadata": {"team": "support"},
+        "store": False,
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "safety_identifier": "u1",
+    }
     assert (await run(engine, chat(max_tokens=4), extra))[-1].finish_reason == "length"
 
 
@@ -305,13 +372,16 @@ async def test_min_tokens_and_ignore_eos_are_honoured(engine):
     assert (forced.completion_tokens, forced.finish_reason) == (300, "length")
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"reasoning_effort": "high"}, "reasoning_effort"),
-    ({"top_k": "many"}, "top_k"),
-    ({"ignore_eos": 1}, "ignore_eos"),
-    ({"modalities": ["text", "audio"]}, "modalities"),
-    ({"min_tokens": 10}, "min_tokens"),      # more than max_tokens=4
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"top_k": "many"}, "top_k"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"min_tokens": 10}, "min_tokens"),  # more than max_tokens=4
+    ],
+)
 async def test_unknown_or_unhonourable_extras_are_refused_by_name(engine, extra, param):
     with pytest.raises(UnsupportedRequest) as refused:
         await run(engine, chat(max_tokens=4), extra)
@@ -320,9 +390,16 @@ async def test_unknown_or_unhonourable_extras_are_refused_by_name(engine, extra,
 
 
 async def test_images_are_refused_naming_the_message(engine):
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "What is this?"},
-                                             {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+            ],
+        },
+    ]
     with pytest.raises(UnsupportedRequest) as refused:
         await run(engine, chat(messages=messages))
     assert refused.value.param == "messages[1].content"
@@ -347,7 +424,7 @@ async def test_waiting_requests_are_admitted_by_priority_then_arrival():
                 done.append(rid)
 
     tasks = [asyncio.create_task(one(rid, p)) for rid, p in (("late", 9), ("first", 1), ("second", 1))]
-    assert await eventually(lambda: engine.num_running() == 3)    # all queued before the loop starts
+    assert await eventually(lambda: engine.num_running() == 3)  # all queued before the loop starts
     await engine.start()
     try:
         await asyncio.gather(*tasks)
@@ -356,13 +433,16 @@ async def test_waiting_requests_are_admitted_by_priority_then_arrival():
     assert done == ["first", "second", "late"]
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "string", "minLength": 1_000_000_000},          # would build a 1 GB string
-    {"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000}},
-    {"type": "string", "pattern": "a{1000000000}"},
-    {"properties": {"x": 5}},                                  # malformed: not a schema
-    {"enum": 5},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "minLength": 1_000_000_000},  # would build a 1 GB string
+        {"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000}},
+        {"type": "string", "pattern": "a{1000000000}"},
+        {"properties": {"x": 5}},  # malformed: not a schema
+        {"enum": 5},
+    ],
+)
 def test_a_schema_the_sim_cannot_or_should_not_expand_is_refused_by_name(schema) -> None:
     import random
 

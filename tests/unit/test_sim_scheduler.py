@@ -19,7 +19,7 @@ _arrivals = itertools.count()
 
 def seq(prompt: int, priority: int = 0, text: str | None = None, salt: str = "") -> Sequence:
     n = next(_arrivals)
-    body = text if text is not None else f"{n:08d}" * (prompt // 2 + 1)   # distinct per sequence
+    body = text if text is not None else f"{n:08d}" * (prompt // 2 + 1)  # distinct per sequence
     return Sequence(n, priority, n, prompt, block_hashes(body, prompt, salt))
 
 
@@ -41,8 +41,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_the_budget():
     s.add(long)
     steps = run(s, 3)
     assert [st.scheduled[long] for st in steps] == [2048, 2048, 904]
-    assert long.num_tokens == 5001            # one token sampled, after the last chunk only
-    assert run(s)[0].scheduled[long] == 1     # then it decodes
+    assert long.num_tokens == 5001  # one token sampled, after the last chunk only
+    assert run(s)[0].scheduled[long] == 1  # then it decodes
 
 
 def test_running_decodes_go_before_a_waiting_prefill_and_it_takes_what_is_left():
@@ -50,7 +50,7 @@ def test_running_decodes_go_before_a_waiting_prefill_and_it_takes_what_is_left()
     chats = [seq(100) for _ in range(3)]
     for c in chats:
         s.add(c)
-    run(s)                                    # all three prefilled in one step (300 ≤ 512)
+    run(s)  # all three prefilled in one step (300 ≤ 512)
     big = seq(4000)
     s.add(big)
     step = run(s)[0]
@@ -61,12 +61,22 @@ def test_running_decodes_go_before_a_waiting_prefill_and_it_takes_what_is_left()
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 2), st.integers(1, 40)), min_size=1, max_size=30),
-       st.integers(16, 1024), st.integers(1, 6), st.sampled_from([0, 64]))
+@given(
+    st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 2), st.integers(1, 40)), min_size=1, max_size=30),
+    st.integers(16, 1024),
+    st.integers(1, 6),
+    st.sampled_from([0, 64]),
+)
 def test_every_step_keeps_its_budget_slots_and_kv(work, budget, max_seqs, threshold):
     blocks = 4000 // BLOCK
-    s = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, num_blocks=blocks,
-                                  long_prefill_token_threshold=threshold))
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=max_seqs,
+            max_num_batched_tokens=budget,
+            num_blocks=blocks,
+            long_prefill_token_threshold=threshold,
+        )
+    )
     outputs = {}
     for prompt, priority, out in work:
         q = seq(min(prompt, 4000 - out - 1), priority)
@@ -85,8 +95,8 @@ def test_every_step_keeps_its_budget_slots_and_kv(work, budget, max_seqs, thresh
         for done in s.finish_step(step):
             if done.num_tokens - done.prompt_tokens >= outputs[done]:
                 s.finish(done)
-    assert not s.has_work()                   # every sequence ran to its end
-    assert s.pool.free == blocks              # and gave all its blocks back
+    assert not s.has_work()  # every sequence ran to its end
+    assert s.pool.free == blocks  # and gave all its blocks back
 
 
 def test_out_of_kv_the_lowest_priority_running_sequence_is_preempted_for_a_higher_one():
@@ -95,20 +105,20 @@ def test_out_of_kv_the_lowest_priority_running_sequence_is_preempted_for_a_highe
     old, young = seq(5 * BLOCK - 1, priority=2), seq(5 * BLOCK - 1, priority=2)
     s.add(old)
     s.add(young)
-    run(s)                                    # both prefilled: each sampled its first token
+    run(s)  # both prefilled: each sampled its first token
     chat = seq(2 * BLOCK - 1, priority=0)
     s.add(chat)
     run(s)
     assert chat in s.running and s.pool.free == 0
-    step = run(s)[0]                          # `old` crosses a block boundary: no block is free
-    assert step.preempted == [young]          # the latest arrival of the lowest priority
+    step = run(s)[0]  # `old` crosses a block boundary: no block is free
+    assert step.preempted == [young]  # the latest arrival of the lowest priority
     assert chat in step.scheduled and old in step.scheduled and young not in s.running
     assert young.computed == 0 and young.blocks == [] and young.preemptions == 1
     s.finish(chat)
     s.finish(old)
     resumed = young.num_tokens
-    scheduled = run(s)[0].scheduled[young]    # recomputed: its prompt and its output so far, less
-    assert young.cached_tokens == 4 * BLOCK   # its own full prompt blocks, freed but still cached
+    scheduled = run(s)[0].scheduled[young]  # recomputed: its prompt and its output so far, less
+    assert young.cached_tokens == 4 * BLOCK  # its own full prompt blocks, freed but still cached
     assert scheduled == resumed - young.cached_tokens
     assert young.num_tokens == resumed + 1
 
@@ -118,17 +128,17 @@ def test_fcfs_preempts_the_last_started():
     first, second = seq(4 * BLOCK - 1, priority=5), seq(4 * BLOCK - 1, priority=0)
     s.add(first)
     s.add(second)
-    steps = run(s, 3)                         # step 3: `first` needs a fifth block
+    steps = run(s, 3)  # step 3: `first` needs a fifth block
     assert [q for st in steps for q in st.preempted] == [second]
 
 
 def test_a_shared_prefix_is_prefilled_once_and_the_last_token_always_computed():
-    system = "You are a helpful assistant for Acme invoices. " * 60         # ~700 tokens
+    system = "You are a helpful assistant for Acme invoices. " * 60  # ~700 tokens
     s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8192, num_blocks=1000))
     a = seq(len(system + "first question") // 4, text=system + "first question")
     s.add(a)
     first = run(s)[0].scheduled[a]
-    s.finish(a)                               # it ends; its blocks stay cached
+    s.finish(a)  # it ends; its blocks stay cached
     b = seq(len(system + "second question") // 4, text=system + "second question")
     s.add(b)
     second = run(s)[0].scheduled[b]
@@ -136,7 +146,7 @@ def test_a_shared_prefix_is_prefilled_once_and_the_last_token_always_computed():
     assert second < first // 4 and b.cached_tokens == b.prompt_tokens - second
     same = seq(b.prompt_tokens, text=system + "second question")
     s.add(same)
-    assert run(s)[0].scheduled[same] >= 1     # a whole hit still computes its last token
+    assert run(s)[0].scheduled[same] >= 1  # a whole hit still computes its last token
 
 
 def test_the_cache_salt_separates_tenants():
@@ -152,13 +162,13 @@ def test_the_cache_salt_separates_tenants():
 
 def test_cached_blocks_are_evicted_least_recently_used_first_within_the_kv_size():
     s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8192, num_blocks=20))
-    keep = "kept prefix " * 60                # 180 tokens: 11 full blocks
+    keep = "kept prefix " * 60  # 180 tokens: 11 full blocks
     a = seq(len(keep) // 4, text=keep)
     s.add(a)
     run(s)
     s.finish(a)
-    assert s.pool.free == 20                  # cached blocks are free blocks
-    filler = seq(15 * BLOCK)                  # 8 never-used blocks, then 7 from the LRU head
+    assert s.pool.free == 20  # cached blocks are free blocks
+    filler = seq(15 * BLOCK)  # 8 never-used blocks, then 7 from the LRU head
     s.add(filler)
     run(s)
     s.finish(filler)
@@ -174,7 +184,7 @@ def test_an_aborted_waiting_sequence_leaves_no_work():
     s.add(a)
     s.add(b)
     run(s)
-    s.finish(b)                               # never started
+    s.finish(b)  # never started
     s.finish(a)
     assert not s.has_work() and s.pool.free == 100
 
@@ -184,10 +194,10 @@ async def test_the_sim_engine_prefills_a_long_prompt_over_budgeted_steps():
     engine = SimEngine(PROFILES["zero"], max_num_batched_tokens=512)
     await engine.start()
     try:
-        body = CompletionBody(model="m", prompt="word " * 1600, max_tokens=2)   # 2,000 tokens
+        body = CompletionBody(model="m", prompt="word " * 1600, max_tokens=2)  # 2,000 tokens
         stream = engine.generate(EngineRequest("long", body))
         first = await anext(stream)
-        assert first.token_ids and engine.steps == 4                  # 512 + 512 + 512 + 464
+        assert first.token_ids and engine.steps == 4  # 512 + 512 + 512 + 464
         async for out in stream:
             if out.finish_reason is not None:
                 assert out.prompt_tokens == 2000

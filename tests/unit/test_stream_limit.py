@@ -16,8 +16,17 @@ from schemas.errors import ErrorCode
 from schemas.work import Heartbeat
 
 
-def run(limit: StreamLimit, seconds: float, *, open_streams, lag_s: float = 0.0, loop_lag_s: float = 0.0,
-        start: float = 0.0, step: float = 0.1, refusing: bool | None = None) -> float:
+def run(
+    limit: StreamLimit,
+    seconds: float,
+    *,
+    open_streams,
+    lag_s: float = 0.0,
+    loop_lag_s: float = 0.0,
+    start: float = 0.0,
+    step: float = 0.1,
+    refusing: bool | None = None,
+) -> float:
     """Feed the limit every `step` seconds; `open_streams` may follow the limit (a callable). More
     clients than it admits are refused (`refused`) when `refusing`, by default when the streams
     open reach the limit."""
@@ -33,13 +42,13 @@ def run(limit: StreamLimit, seconds: float, *, open_streams, lag_s: float = 0.0,
 
 def test_the_limit_grows_only_while_it_binds_and_delivery_is_on_time() -> None:
     limit = StreamLimit(limit=100)
-    t = run(limit, 10, open_streams=10)                              # far below it: nothing to learn
+    t = run(limit, 10, open_streams=10)  # far below it: nothing to learn
     assert limit.limit == 100
-    t = run(limit, 10, open_streams=95, refusing=False, start=t)     # near it, but nobody refused
+    t = run(limit, 10, open_streams=95, refusing=False, start=t)  # near it, but nobody refused
     assert limit.limit == 100
     t = run(limit, 10, open_streams=lambda lim: int(lim.limit), lag_s=0.02, start=t)  # binding, but late
     assert limit.limit == 100
-    run(limit, 10, open_streams=lambda lim: int(lim.limit), start=t)   # binding and on time
+    run(limit, 10, open_streams=lambda lim: int(lim.limit), start=t)  # binding and on time
     assert 150 < limit.limit < 180, "about 5 % a second"
 
 
@@ -54,7 +63,7 @@ def test_a_flood_held_at_a_share_of_the_limit_still_grows_it_while_on_time() -> 
 def test_late_delivery_cuts_below_the_open_streams_once_per_cooldown() -> None:
     limit = StreamLimit(limit=1000)
     limit.observe(0.0, open_streams=600, lag_s=0.5, loop_lag_s=0.0)
-    assert limit.limit == pytest.approx(480)                         # 0.8 × what is open, not × the limit
+    assert limit.limit == pytest.approx(480)  # 0.8 × what is open, not × the limit
     limit.observe(1.0, open_streams=600, lag_s=0.5, loop_lag_s=0.0)
     assert limit.limit == pytest.approx(480), "the last cut's effect is not visible yet"
     limit.observe(2.0, open_streams=600, lag_s=0.0, loop_lag_s=0.5)  # the loop's own lag counts too
@@ -71,11 +80,25 @@ def test_the_limit_stays_between_its_floor_and_ceiling() -> None:
 
 def test_admission_refuses_at_the_measured_limit_before_the_configured_one() -> None:
     interactive = DEFAULT_CLASSES[0]
-    admit(Held(total=99, below=99), 0.0, interactive, max_streams=0, max_delivery_lag_s=0.5, tenant_max_streams=0,
-          measured_limit=100)
+    admit(
+        Held(total=99, below=99),
+        0.0,
+        interactive,
+        max_streams=0,
+        max_delivery_lag_s=0.5,
+        tenant_max_streams=0,
+        measured_limit=100,
+    )
     with pytest.raises(EdgeError) as refused:
-        admit(Held(total=100, below=100), 0.0, interactive, max_streams=0, max_delivery_lag_s=0.5,
-              tenant_max_streams=0, measured_limit=100)
+        admit(
+            Held(total=100, below=100),
+            0.0,
+            interactive,
+            max_streams=0,
+            max_delivery_lag_s=0.5,
+            tenant_max_streams=0,
+            measured_limit=100,
+        )
     assert refused.value.code is ErrorCode.overloaded
     assert refused.value.headers["x-laneway-overload"] == "measured_streams"
 
@@ -84,14 +107,24 @@ def test_loop_lag_is_the_mean_lateness_or_the_tick_overdue_now() -> None:
     lag = LoopLag(interval_s=0.05, window_s=2.0)
     assert lag.current(0.0) == 0.0
     for i in range(20):
-        lag.observe(i * 0.1, 0.2 if i == 5 else 0.0)     # one collector pause among on-time ticks
+        lag.observe(i * 0.1, 0.2 if i == 5 else 0.0)  # one collector pause among on-time ticks
     assert lag.current(1.95) == pytest.approx(0.01)
     assert lag.current(5.0) == pytest.approx(5.0 - 1.9 - 0.05), "a loop stuck now is as late as that"
 
 
 def beat(loop_lag_s: float = 0.0) -> Heartbeat:
-    return Heartbeat(worker_id="w1", pool="p", engine="sim", model="m", ready=True, total_slots=8,
-                     free_slots=8, token_budget=0, interval_s=2.0, loop_lag_s=loop_lag_s)
+    return Heartbeat(
+        worker_id="w1",
+        pool="p",
+        engine="sim",
+        model="m",
+        ready=True,
+        total_slots=8,
+        free_slots=8,
+        token_budget=0,
+        interval_s=2.0,
+        loop_lag_s=loop_lag_s,
+    )
 
 
 class _Msg:

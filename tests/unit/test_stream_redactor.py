@@ -45,8 +45,7 @@ def test_entities_split_character_by_character_are_redacted() -> None:
     assert "".join(out) == EXPECTED
     for value in VALUES.values():
         assert not any(value[:6] in piece for piece in out)
-    assert [e for e, _, _ in r.found] == [
-        "EMAIL_ADDRESS", "PHONE_NUMBER", "US_SSN", "CREDIT_CARD", "IP_ADDRESS"]
+    assert [e for e, _, _ in r.found] == ["EMAIL_ADDRESS", "PHONE_NUMBER", "US_SSN", "CREDIT_CARD", "IP_ADDRESS"]
     for etype, start, end in r.found:
         assert TEXT[start:end] == VALUES[etype]
 
@@ -80,20 +79,23 @@ def test_invalid_lookalikes_pass() -> None:
 
 
 def test_policy_actions_apply_and_allow_skips() -> None:
-    policy = TenantPiiPolicy(entities={"EMAIL_ADDRESS": Action.allow, "US_SSN": Action.mask,
-                                       "CREDIT_CARD": Action.block})
+    policy = TenantPiiPolicy(
+        entities={"EMAIL_ADDRESS": Action.allow, "US_SSN": Action.mask, "CREDIT_CARD": Action.block}
+    )
     r = StreamRedactor.for_policy(policy)
     out = "".join(stream(TEXT, list(range(0, len(TEXT), 5)), r))
-    assert "maria.garcia@example.com" in out          # allowed
-    assert "***-**-1120" in out                       # masked
-    assert "<CREDIT_CARD>" in out                     # output cannot be refused mid-stream: redacted
+    assert "maria.garcia@example.com" in out  # allowed
+    assert "***-**-1120" in out  # masked
+    assert "<CREDIT_CARD>" in out  # output cannot be refused mid-stream: redacted
 
 
 def test_custom_patterns_and_deny_list() -> None:
-    policy = TenantPiiPolicy(custom=[
-        CustomRecognizer(name="emp", entity_type="EMPLOYEE_ID", patterns=[CustomPattern(r"EMP-\d{6}")]),
-        CustomRecognizer(name="code", entity_type="CODENAME", deny_list=["Project Nightjar"]),
-    ])
+    policy = TenantPiiPolicy(
+        custom=[
+            CustomRecognizer(name="emp", entity_type="EMPLOYEE_ID", patterns=[CustomPattern(r"EMP-\d{6}")]),
+            CustomRecognizer(name="code", entity_type="CODENAME", deny_list=["Project Nightjar"]),
+        ]
+    )
     text = "Ask EMP-123456 about Project Nightjar before Friday."
     r = StreamRedactor.for_policy(policy, hold=32)
     pieces = stream(text, list(range(len(text))), r)

@@ -31,10 +31,10 @@ async def test_a_dying_child_is_restarted_and_said_so_and_stop_ends_it() -> None
     sup.keep("crashy", await crasher(), crasher)
     assert await eventually(lambda: sup.restarts["crashy"] >= 3, timeout=30)
     assert any("crashy" in line and "exited with 3" in line for line in said)
-    assert sup.procs["steady"] is steady and sup.restarts["steady"] == 0   # one crash, one child
+    assert sup.procs["steady"] is steady and sup.restarts["steady"] == 0  # one crash, one child
     await sup.stop()
     count = sup.restarts["crashy"]
-    assert steady.returncode is None       # stopping the supervisor leaves stopping to the caller
+    assert steady.returncode is None  # stopping the supervisor leaves stopping to the caller
     steady.kill()
     await steady.wait()
     # stop() ended every keeper, so nothing is left that could restart the killed child

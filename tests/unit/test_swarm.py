@@ -11,17 +11,39 @@ def test_closed_loop_users_are_dealt_out_and_open_loop_rates_divided():
     shares = split([Flow("chat", "a", "interactive", users=5), Flow("bg", "b", "batch", rate=9.0)], 2)
     assert [sum(f.users for f in share if not f.open_loop) for share in shares] == [3, 2]
     assert [f.rate for share in shares for f in share if f.open_loop] == [4.5, 4.5]
-    assert split([Flow("one", "a", "interactive", users=1)], 3)[2] == []    # no empty users flow
+    assert split([Flow("one", "a", "interactive", users=1)], 3)[2] == []  # no empty users flow
 
 
 def test_results_come_back_whole():
-    r = Result(ttft=0.25, e2e=3.5, tokens=3, gaps=[0.1, 0.2], status=200, started_at=1700000000.5,
-               klass="interactive", tenant="t00", flow="stream", completion_tokens=3)
+    r = Result(
+        ttft=0.25,
+        e2e=3.5,
+        tokens=3,
+        gaps=[0.1, 0.2],
+        status=200,
+        started_at=1700000000.5,
+        klass="interactive",
+        tenant="t00",
+        flow="stream",
+        completion_tokens=3,
+    )
     cut = Result(status=503, error="overloaded", cut=False, klass="interactive", tenant="t01", flow="stream")
     back = _unpack(_pack([r, cut]))
     for mine, theirs in zip([r, cut], back, strict=True):
-        for field in ("ttft", "e2e", "tokens", "gaps", "status", "error", "started_at", "klass", "tenant",
-                      "flow", "completion_tokens", "cut"):
+        for field in (
+            "ttft",
+            "e2e",
+            "tokens",
+            "gaps",
+            "status",
+            "error",
+            "started_at",
+            "klass",
+            "tenant",
+            "flow",
+            "completion_tokens",
+            "cut",
+        ):
             assert getattr(theirs, field) == getattr(mine, field), field
 
 

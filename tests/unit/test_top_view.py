@@ -19,8 +19,9 @@ WORKER = Target("worker", "worker-1", "127.0.0.1:9102")
 
 
 def ttft(klass: str, tenant: str, le_counts: list[tuple[str, int]]) -> str:
-    return "".join(f'laneway_ttft_seconds_bucket{{class="{klass}",tenant="{tenant}",le="{le}"}} {n}\n'
-                   for le, n in le_counts)
+    return "".join(
+        f'laneway_ttft_seconds_bucket{{class="{klass}",tenant="{tenant}",le="{le}"}} {n}\n' for le, n in le_counts
+    )
 
 
 def bridge_text(fast: int, slow: int, refused: int, limit: int | None) -> str:
@@ -63,14 +64,20 @@ laneway_worker_cached_prompt_tokens_total{pool="sim",class="batch"} 100
 
 
 def frame(at: float, bridge: str, worker: str | None = WORKER_TEXT) -> Frame:
-    return Frame(at, [(BRIDGE, parse(bridge)), (BROKER, parse(BROKER_TEXT)),
-                      (WORKER, parse(worker) if worker else "ClientConnectorError: refused")])
+    return Frame(
+        at,
+        [
+            (BRIDGE, parse(bridge)),
+            (BROKER, parse(BROKER_TEXT)),
+            (WORKER, parse(worker) if worker else "ClientConnectorError: refused"),
+        ],
+    )
 
 
 def cells(text: str, *first: str) -> list[str]:
     """The cells of the row whose first cells are `first` (two spaces or more apart)."""
     rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
-    found = [r for r in rows if r[:len(first)] == list(first)]
+    found = [r for r in rows if r[: len(first)] == list(first)]
     assert len(found) == 1, text
     return found[0]
 
@@ -79,19 +86,19 @@ def test_the_lanes_by_class_and_tenant_with_each_class_total() -> None:
     text = render(frame(100.0, bridge_text(fast=19, slow=1, refused=4, limit=None)))
     #                       class, tenant, waiting, running, TTFT p95, refused
     assert cells(text, "batch", "(all)") == ["batch", "(all)", "128", "28", "-", "0"]
-    assert cells(text, "beta") == ["beta", "125", "28", "-", "0"]     # both pools' lanes
-    assert cells(text, "acme", "3") == ["acme", "3", "0", "-", "0"]   # batch's acme: waits, runs nothing
+    assert cells(text, "beta") == ["beta", "125", "28", "-", "0"]  # both pools' lanes
+    assert cells(text, "acme", "3") == ["acme", "3", "0", "-", "0"]  # batch's acme: waits, runs nothing
     assert cells(text, "interactive", "(all)")[2:] == ["0", "2", "100 ms", "4"]
     assert "TTFT p95 (since start)" in text
 
 
 def test_ttft_p95_of_the_live_view_is_over_the_window() -> None:
     before = frame(100.0, bridge_text(fast=19, slow=1, refused=0, limit=256))
-    now = frame(110.0, bridge_text(fast=20, slow=20, refused=0, limit=256))   # 1 fast, 19 slow since
+    now = frame(110.0, bridge_text(fast=20, slow=20, refused=0, limit=256))  # 1 fast, 19 slow since
     text = render(now, before)
     assert "TTFT p95 (last 10 s)" in text
     assert cells(text, "interactive", "(all)")[4] == "989 ms"
-    assert cells(render(now), "interactive", "(all)")[4] == "980 ms"          # since start: 20 + 20
+    assert cells(render(now), "interactive", "(all)")[4] == "980 ms"  # since start: 20 + 20
 
 
 def test_the_workers_the_bridges_and_who_does_not_answer() -> None:
@@ -105,8 +112,12 @@ def test_the_workers_the_bridges_and_who_does_not_answer() -> None:
 
 
 def test_the_scrape_config_up_writes_reads_back(tmp_path) -> None:
-    targets = [BRIDGE, Target("broker", "broker-1", "127.0.0.1:11"), Target("broker", "broker-2", "127.0.0.1:12"),
-               WORKER]
+    targets = [
+        BRIDGE,
+        Target("broker", "broker-1", "127.0.0.1:11"),
+        Target("broker", "broker-2", "127.0.0.1:12"),
+        WORKER,
+    ]
     path = scrape_config.write(tmp_path, targets)
     assert path == tmp_path / "prometheus.yml"
     assert scrape_config.read(path) == targets
@@ -125,6 +136,9 @@ def test_live_series_drop_a_row_that_holds_nothing() -> None:
 def test_up_lists_the_bridge_where_a_client_reaches_it_and_the_others_on_loopback() -> None:
     targets = scrape_config.up_targets("0.0.0.0", 8080, {"broker": 11, "worker-1": 12, "worker-2": 13})
     assert [(t.kind, t.name, t.address) for t in targets] == [
-        ("bridge", "bridge", "127.0.0.1:8080"), ("broker", "broker", "127.0.0.1:11"),
-        ("worker", "worker-1", "127.0.0.1:12"), ("worker", "worker-2", "127.0.0.1:13")]
+        ("bridge", "bridge", "127.0.0.1:8080"),
+        ("broker", "broker", "127.0.0.1:11"),
+        ("worker", "worker-1", "127.0.0.1:12"),
+        ("worker", "worker-2", "127.0.0.1:13"),
+    ]
     assert scrape_config.up_targets("::1", 8080, {})[0].url == "http://[::1]:8080/metrics"

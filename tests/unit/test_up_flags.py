@@ -17,7 +17,7 @@ def routed(*argv: str) -> dict[str, list[str]]:
 def test_each_flag_goes_to_the_roles_that_take_it():
     r = routed("--ack-wait", "10", "--sim-profile", "zero", "--prefix=xy", "--no-quotas")
     assert r["broker"] == ["--ack-wait", "10", "--prefix=xy", "--no-quotas"]
-    assert r["bridge"] == ["--prefix=xy"]     # stream limits are provisioning's (`up` runs it)
+    assert r["bridge"] == ["--prefix=xy"]  # stream limits are provisioning's (`up` runs it)
     assert r["worker"] == ["--sim-profile", "zero", "--prefix=xy"]
 
 
@@ -26,11 +26,14 @@ def test_up_keeps_its_own_flags():
     assert forwarded == [] and args.port == 9000 and args.pii == "regex"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
-    (["--metrics-port", "9100"], "each process needs its own port"),
-    (["--nats-url", "nats://elsewhere:4222"], "runs its own nats-server"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
+        (["--metrics-port", "9100"], "each process needs its own port"),
+        (["--nats-url", "nats://elsewhere:4222"], "runs its own nats-server"),
+    ],
+)
 def test_flags_no_role_can_take_are_refused_by_name(argv, message):
     with pytest.raises(FlagError, match=message):
         routed(*argv)
@@ -38,10 +41,10 @@ def test_flags_no_role_can_take_are_refused_by_name(argv, message):
 
 def test_brokers_and_workers_default_to_one_each_and_are_up_s_own():
     args, forwarded = build_parser().parse_known_args(["up"])
-    assert (args.brokers, args.workers, args.metrics) == (1, 1, True)      # every process's metrics
+    assert (args.brokers, args.workers, args.metrics) == (1, 1, True)  # every process's metrics
     args, forwarded = build_parser().parse_known_args(["up", "--brokers", "3", "--workers=2", "--no-metrics"])
     assert forwarded == [] and (args.brokers, args.workers, args.metrics) == (3, 2, False)
-    assert build_parser().parse_known_args(["up", "--metrics"])[0].metrics     # as before it was the default
+    assert build_parser().parse_known_args(["up", "--metrics"])[0].metrics  # as before it was the default
 
 
 @pytest.mark.parametrize("flag", ["--brokers", "--workers"])
@@ -70,4 +73,4 @@ def test_several_workers_given_one_id_get_unique_ones():
 
 def test_workers_without_an_id_each_draw_their_own():
     argvs = worker_argvs(["--nats-url", "nats://x:1"], 2)
-    assert _worker_ids(argvs) == [None, None]     # WorkerConfig.with_id draws one per process
+    assert _worker_ids(argvs) == [None, None]  # WorkerConfig.with_id draws one per process

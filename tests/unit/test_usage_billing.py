@@ -9,9 +9,22 @@ from schemas.usage import Superseded, Usage
 
 
 def usage(request_id: str) -> Usage:
-    return Usage(request_id=request_id, tenant="acme", klass="batch", model="m", served_model="m", pool="p",
-                 worker_id="w", prompt_tokens=3, completion_tokens=5, finish_reason="stop", queued_s=0.0,
-                 ttft_s=0.1, total_s=0.2, finished_at=1.0)
+    return Usage(
+        request_id=request_id,
+        tenant="acme",
+        klass="batch",
+        model="m",
+        served_model="m",
+        pool="p",
+        worker_id="w",
+        prompt_tokens=3,
+        completion_tokens=5,
+        finish_reason="stop",
+        queued_s=0.0,
+        ttft_s=0.1,
+        total_s=0.2,
+        finished_at=1.0,
+    )
 
 
 def test_a_line_run_again_is_billed_as_its_output_names_it() -> None:
@@ -19,7 +32,7 @@ def test_a_line_run_again_is_billed_as_its_output_names_it() -> None:
     others = [usage("batch_a-10-edge1-0"), usage("batch_b-1-edge1-0"), usage("chatcmpl-xyz")]
     records = [first, *others, again, Superseded("acme", "batch_a", 1, again.request_id, 2.0)]
     assert billed(records) == [*others, again]
-    assert billed([first, again, *others]) == [first, again, *others]       # nothing superseded: all of it
+    assert billed([first, again, *others]) == [first, again, *others]  # nothing superseded: all of it
 
 
 def test_a_superseded_record_is_not_read_as_usage() -> None:

@@ -38,13 +38,15 @@ def test_lora_sizes_without_enable_lora_are_refused_by_name() -> None:
         parse("--max-loras", "2", "--max-lora-rank", "32")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not (MODEL / "config.json").is_file(),
-                    reason="needs vllm and the prepared model (laneway model prepare smollm2)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or not (MODEL / "config.json").is_file(),
+    reason="needs vllm and the prepared model (laneway model prepare smollm2)",
+)
 def test_lora_flags_reach_vllms_engine_args() -> None:
     model = str(MODEL)
     args = parse("--enable-lora", "--max-loras", "2", "--max-lora-rank", "32", model=model).engine_args()
     assert (args.enable_lora, args.max_loras, args.max_lora_rank) == (True, 2, 32)
-    assert args.max_cpu_loras is None              # vLLM's default: max_loras
+    assert args.max_cpu_loras is None  # vLLM's default: max_loras
     defaults = parse("--enable-lora", model=model).engine_args()
     assert defaults.enable_lora and defaults.max_loras == 1 and defaults.max_lora_rank == 16
     assert not parse(model=model).engine_args().enable_lora

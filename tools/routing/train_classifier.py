@@ -42,10 +42,11 @@ def held_out_groups(examples: Sequence[Example]) -> set[str]:
     held: set[str] = set()
     for label in LABELS:
         for kind in ("t", "hand"):
-            groups = sorted({e.group for e in examples if e.label == label and
-                             e.group.startswith("hand-") == (kind == "hand")},
-                            key=lambda g: hashlib.sha256(g.encode()).hexdigest())
-            held.update(groups[:round(len(groups) * HOLDOUT_SHARE)])
+            groups = sorted(
+                {e.group for e in examples if e.label == label and e.group.startswith("hand-") == (kind == "hand")},
+                key=lambda g: hashlib.sha256(g.encode()).hexdigest(),
+            )
+            held.update(groups[: round(len(groups) * HOLDOUT_SHARE)])
     return held
 
 
@@ -58,8 +59,9 @@ def data_digest(path: Path = DATA_PATH) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def fit(examples: Sequence[Example], epochs: int = 40, lr: float = 0.3, l2: float = 1e-4,
-        seed: int = 13) -> dict[str, list[float]]:
+def fit(
+    examples: Sequence[Example], epochs: int = 40, lr: float = 0.3, l2: float = 1e-4, seed: int = 13
+) -> dict[str, list[float]]:
     k = len(LABELS)
     data = [(features(e.text), LABELS.index(e.label)) for e in examples]
     weights: dict[str, list[float]] = {}
@@ -89,14 +91,18 @@ def fit(examples: Sequence[Example], epochs: int = 40, lr: float = 0.3, l2: floa
 
 def to_model(weights: dict[str, list[float]], meta: dict[str, object]) -> IntentModel:
     # Drop near-zero rows and round: the shipped file stays small and diff-able.
-    kept = {f: tuple(round(w, 4) for w in row) for f, row in sorted(weights.items())
-            if max(abs(w) for w in row) >= 5e-4}
+    kept = {
+        f: tuple(round(w, 4) for w in row) for f, row in sorted(weights.items()) if max(abs(w) for w in row) >= 5e-4
+    }
     return IntentModel(LABELS, kept, meta)
 
 
 def write(model: IntentModel, path: Path = MODEL_PATH) -> None:
-    doc = {"labels": list(model.labels), "meta": dict(model.meta),
-           "weights": {f: list(row) for f, row in model.weights.items()}}
+    doc = {
+        "labels": list(model.labels),
+        "meta": dict(model.meta),
+        "weights": {f: list(row) for f, row in model.weights.items()},
+    }
     path.write_text(json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n")
 
 
@@ -111,12 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     provisional = to_model(weights, {})
     train_acc, _ = evaluate(provisional, train)
     test_acc, confusion = evaluate(provisional, test)
-    meta = {"data_sha256": data_digest(), "n_train": len(train), "n_held_out": len(test),
-            "held_out_groups": len({e.group for e in test}), "train_accuracy": round(train_acc, 4),
-            "held_out_accuracy": round(test_acc, 4)}
+    meta = {
+        "data_sha256": data_digest(),
+        "n_train": len(train),
+        "n_held_out": len(test),
+        "held_out_groups": len({e.group for e in test}),
+        "train_accuracy": round(train_acc, 4),
+        "held_out_accuracy": round(test_acc, 4),
+    }
     model = to_model(weights, meta)
-    print(f"examples: {len(examples)}  train: {len(train)}  held out: {len(test)} "
-          f"({meta['held_out_groups']} whole template groups)")
+    print(
+        f"examples: {len(examples)}  train: {len(train)}  held out: {len(test)} "
+        f"({meta['held_out_groups']} whole template groups)"
+    )
     print(f"train accuracy: {train_acc:.3f}   held-out accuracy: {test_acc:.3f}")
     print("confusion (rows: true, columns: predicted)")
     print("           " + "".join(f"{label:>9}" for label in LABELS))

@@ -41,15 +41,21 @@ from workers.engine import EngineOutput, EngineRequest, UnsupportedRequest
 # Never forwarded from a client's extra fields: what the engine sets (model, streaming), what
 # Laneway owns (the upstream's prefix-cache salt, priority, ids), and a vLLM upstream's
 # disaggregated-serving handles.
-DROPPED_EXTRA = LANEWAY_OWNED | {"model", "stream", "stream_options",
-                                 "kv_transfer_params", "ec_transfer_params", "vllm_xargs"}
+DROPPED_EXTRA = LANEWAY_OWNED | {
+    "model",
+    "stream",
+    "stream_options",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "vllm_xargs",
+}
 # What a tenant may send an OpenAI-compatible upstream (OpenAI's own, or a vLLM server): OpenAI's
 # fields that shape the answer, vLLM's sampling and template fields. The account's fields, and
 # anything else, only where the operator allows them (`OpenAIUpstreamConfig.allow_fields`).
 FORWARDED = OPENAI_TENANT | VLLM_SAMPLING | VLLM_TEMPLATE | VLLM_GUIDED | VLLM_COMPLETION
 FORWARDED_EMBEDDING = VLLM_EMBEDDING | EMBEDDING_INPUT_TYPE
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
-_VERY_UNLIKELY = -9999.0           # OpenAI's (and vLLM's) logprob for "practically impossible"
+_VERY_UNLIKELY = -9999.0  # OpenAI's (and vLLM's) logprob for "practically impossible"
 
 _encode = msgspec.json.Encoder().encode
 _decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
@@ -108,21 +114,25 @@ def forwarded_extra(request: EngineRequest, allowed: frozenset[str] = frozenset(
     forwarded = (FORWARDED_EMBEDDING if isinstance(request.body, EmbeddingBody) else FORWARDED) | allowed
     kept = {}
     for name, value in members.items():
-        if name in forwarded or name in LANEWAY_OWNED:      # Laneway's own: `encode_body` drops them
+        if name in forwarded or name in LANEWAY_OWNED:  # Laneway's own: `encode_body` drops them
             kept[name] = value
         elif name in ACCOUNT_FIELDS:
             default = ACCOUNT_DEFAULTS.get(name)
             if default is not None and _is(_decode_value(value), default):
                 continue
-            raise UnsupportedRequest(request.request_id, name, f"{name!r} acts on the operator's account with "
-                                     "the upstream, and this pool's operator does not allow it")
+            raise UnsupportedRequest(
+                request.request_id,
+                name,
+                f"{name!r} acts on the operator's account with "
+                "the upstream, and this pool's operator does not allow it",
+            )
         else:
             raise UnsupportedRequest(request.request_id, name, f"unsupported parameter: {name!r}")
     return _encode(kept) if len(kept) < len(members) else request.extra
 
 
 def _is(value: object, default: object) -> bool:
-    return type(value) is type(default) and value == default     # 0 is not false here
+    return type(value) is type(default) and value == default  # 0 is not false here
 
 
 def _extra_members(extra: bytes) -> bytes:
@@ -156,10 +166,10 @@ class ToolCallChunk(msgspec.Struct):
 class Delta(msgspec.Struct):
     content: str | None = None
     refusal: str | None = None
-    reasoning_content: str | None = None     # vLLM, DeepSeek
-    reasoning: str | None = None             # newer vLLM, OpenRouter
+    reasoning_content: str | None = None  # vLLM, DeepSeek
+    reasoning: str | None = None  # newer vLLM, OpenRouter
     tool_calls: list[ToolCallChunk] | None = None
-    function_call: FunctionDelta | None = None   # the legacy single-function shape
+    function_call: FunctionDelta | None = None  # the legacy single-function shape
 
 
 class TopLogprobChunk(msgspec.Struct):
@@ -176,30 +186,30 @@ class TokenLogprobChunk(msgspec.Struct):
 
 
 class Logprobs(msgspec.Struct):
-    content: list[TokenLogprobChunk] | None = None        # chat
-    tokens: list[str] | None = None                       # completions, column-wise
+    content: list[TokenLogprobChunk] | None = None  # chat
+    tokens: list[str] | None = None  # completions, column-wise
     token_logprobs: list[float | None] | None = None
     top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class Choice(msgspec.Struct):
     index: int = 0
-    delta: Delta | None = None              # chat/completions
-    text: str | None = None                  # completions
+    delta: Delta | None = None  # chat/completions
+    text: str | None = None  # completions
     finish_reason: str | None = None
     logprobs: Logprobs | None = None
-    token_ids: list[int] | None = None       # vLLM's return_token_ids
-    prompt_token_ids: list[int] | None = None   # ... completions: on a choice's first chunk
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
+    prompt_token_ids: list[int] | None = None  # ... completions: on a choice's first chunk
 
 
 class PromptTokensDetails(msgspec.Struct):
-    cached_tokens: int | None = None        # vLLM may send null
+    cached_tokens: int | None = None  # vLLM may send null
 
 
 class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails | None = None   # vLLM: with enable_prompt_tokens_details
+    prompt_tokens_details: PromptTokensDetails | None = None  # vLLM: with enable_prompt_tokens_details
 
     @property
     def cached_tokens(self) -> int:
@@ -213,25 +223,25 @@ class ErrorBody(msgspec.Struct):
     message: str = ""
     param: str | None = None
     type: str = ""
-    code: int | str | None = None            # vLLM: the HTTP status it would answer with
+    code: int | str | None = None  # vLLM: the HTTP status it would answer with
 
 
 class Chunk(msgspec.Struct):
     choices: list[Choice] = []
     usage: Usage | None = None
-    error: ErrorBody | None = None          # in-band error after the stream started (vLLM)
-    prompt_token_ids: list[int] | None = None   # vLLM's return_token_ids, chat: on the first chunk
+    error: ErrorBody | None = None  # in-band error after the stream started (vLLM)
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids, chat: on the first chunk
 
 
 class ErrorEnvelope(msgspec.Struct):
     error: ErrorBody | None = None
-    message: str | None = None               # older vLLM puts the error at the top level
+    message: str | None = None  # older vLLM puts the error at the top level
     param: str | None = None
 
 
 class EmbeddingData(msgspec.Struct):
     index: int = 0
-    embedding: str | list[float] = ""       # base64 as asked; some upstreams send floats anyway
+    embedding: str | list[float] = ""  # base64 as asked; some upstreams send floats anyway
 
 
 class EmbeddingUsage(msgspec.Struct):
@@ -260,7 +270,7 @@ def embedding_vectors(answer: EmbeddingResponse, count: int) -> list[bytes]:
                 raise BadEmbeddings(f"embedding {d.index} is not base64") from None
         else:
             values = array("f", d.embedding)
-            if sys.byteorder != "little":       # pragma: no cover - the wire is little-endian
+            if sys.byteorder != "little":  # pragma: no cover - the wire is little-endian
                 values.byteswap()
             raw = values.tobytes()
         if not raw or len(raw) % 4:
@@ -276,9 +286,16 @@ def choice_output(choice: Choice, *, logprobs: bool, confidence: bool) -> Engine
     role-only first chunk, a bare finish). Logprobs go to the client only when it asked for
     them (`logprobs`), sampled values to the cascade when it did (`confidence`)."""
     delta = choice.delta
-    if delta is not None and choice.logprobs is None and choice.token_ids is None and delta.refusal is None \
-            and delta.tool_calls is None and delta.function_call is None \
-            and delta.reasoning_content is None and delta.reasoning is None:
+    if (
+        delta is not None
+        and choice.logprobs is None
+        and choice.token_ids is None
+        and delta.refusal is None
+        and delta.tool_calls is None
+        and delta.function_call is None
+        and delta.reasoning_content is None
+        and delta.reasoning is None
+    ):
         # Nearly every chunk: text only.
         return EngineOutput(delta.content, index=choice.index) if delta.content else None
     output = EngineOutput(text="", token_ids=choice.token_ids or [], index=choice.index)
@@ -295,31 +312,56 @@ def choice_output(choice: Choice, *, logprobs: bool, confidence: bool) -> Engine
             output.logprobs = token_logprobs(choice.logprobs)
         if confidence:
             output.confidence = sampled_logprobs(choice.logprobs)
-    if output.text or output.token_ids or output.tool_calls or output.logprobs or output.confidence \
-            or output.refusal or output.reasoning:
+    if (
+        output.text
+        or output.token_ids
+        or output.tool_calls
+        or output.logprobs
+        or output.confidence
+        or output.refusal
+        or output.reasoning
+    ):
         return output
     return None
 
 
 def tool_call_deltas(delta: Delta) -> list[ToolCallDelta]:
     """The call pieces exactly as received: ids, names and argument fragments are not joined."""
-    out = [ToolCallDelta(c.index, c.id or "", (c.function.name or "") if c.function else "",
-                         (c.function.arguments or "") if c.function else "")
-           for c in delta.tool_calls or ()]
-    if delta.function_call is not None:       # legacy: one call, always index 0
+    out = [
+        ToolCallDelta(
+            c.index,
+            c.id or "",
+            (c.function.name or "") if c.function else "",
+            (c.function.arguments or "") if c.function else "",
+        )
+        for c in delta.tool_calls or ()
+    ]
+    if delta.function_call is not None:  # legacy: one call, always index 0
         out.append(ToolCallDelta(0, "", delta.function_call.name or "", delta.function_call.arguments or ""))
     return out
 
 
 def token_logprobs(lp: Logprobs) -> list[TokenLogprob]:
     if lp.content is not None:
-        return [TokenLogprob(t.token, _lp(t.logprob), t.bytes,
-                             [TopLogprob(a.token, _lp(a.logprob), a.bytes) for a in t.top_logprobs or ()])
-                for t in lp.content]
+        return [
+            TokenLogprob(
+                t.token,
+                _lp(t.logprob),
+                t.bytes,
+                [TopLogprob(a.token, _lp(a.logprob), a.bytes) for a in t.top_logprobs or ()],
+            )
+            for t in lp.content
+        ]
     tokens, values, tops = lp.tokens or [], lp.token_logprobs or [], lp.top_logprobs or []
-    return [TokenLogprob(token, _lp(values[i] if i < len(values) else None), None,
-                         [TopLogprob(k, v) for k, v in (tops[i] or {}).items()] if i < len(tops) else [])
-            for i, token in enumerate(tokens)]
+    return [
+        TokenLogprob(
+            token,
+            _lp(values[i] if i < len(values) else None),
+            None,
+            [TopLogprob(k, v) for k, v in (tops[i] or {}).items()] if i < len(tops) else [],
+        )
+        for i, token in enumerate(tokens)
+    ]
 
 
 def sampled_logprobs(lp: Logprobs) -> list[float]:

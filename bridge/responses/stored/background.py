@@ -36,8 +36,8 @@ from schemas.stored import MAX_STORED_EVENT_BYTES, StoredResponse
 
 log = logging.getLogger("laneway.bridge")
 
-FLUSH_S = 0.25          # events and progress are written at most this often
-LEASE_S = 5.0           # the heartbeat: a record not refreshed for STALE_LEASES of these is stale
+FLUSH_S = 0.25  # events and progress are written at most this often
+LEASE_S = 5.0  # the heartbeat: a record not refreshed for STALE_LEASES of these is stale
 
 
 @dataclass(slots=True, eq=False)
@@ -47,14 +47,14 @@ class Job:
     render: ResponsesRenderer
     ttl_s: int
     revision: int
-    ended: Callable[[], StoredResponse]       # the record of the ended response (its input, history)
-    stored: Callable[[], None]                # once that record is written: its turn added to its conversation
-    rerunnable: bool = False                  # its request is in lw_background: another bridge can run it
+    ended: Callable[[], StoredResponse]  # the record of the ended response (its input, history)
+    stored: Callable[[], None]  # once that record is written: its turn added to its conversation
+    rerunnable: bool = False  # its request is in lw_background: another bridge can run it
     events: list[bytes] = field(default_factory=list)
     first_event: int = 0
     event_bytes: int = 0
-    started: bool = False                     # streamed: its opening events are in `events` already
-    ended_here: bool = False                  # its end written by this task: unlisted on the way out
+    started: bool = False  # streamed: its opening events are in `events` already
+    ended_here: bool = False  # its end written by this task: unlisted on the way out
 
     @property
     def response_id(self) -> str:
@@ -80,21 +80,32 @@ class Job:
             self.first_event += drop
 
 
-def queued(render: ResponsesRenderer, request_id: str, owner: str, lease_s: float,
-           rerunnable: bool) -> StoredResponse:
-    return StoredResponse(response=orjson.dumps(render.snapshot("queued")), request_id=request_id,
-                          owner=owner, beat_at=time.time(), lease_s=lease_s, rerunnable=rerunnable)
+def queued(render: ResponsesRenderer, request_id: str, owner: str, lease_s: float, rerunnable: bool) -> StoredResponse:
+    return StoredResponse(
+        response=orjson.dumps(render.snapshot("queued")),
+        request_id=request_id,
+        owner=owner,
+        beat_at=time.time(),
+        lease_s=lease_s,
+        rerunnable=rerunnable,
+    )
 
 
 class Background:
-    def __init__(self, store: ResponseStore, demux: Demux, edge_id: str,
-                 cancel: Callable[[str, str], Awaitable[None]], lease_s: float = LEASE_S) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        demux: Demux,
+        edge_id: str,
+        cancel: Callable[[str, str], Awaitable[None]],
+        lease_s: float = LEASE_S,
+    ) -> None:
         self.store = store
         self.demux = demux
         self.edge_id = edge_id
         self.lease_s = lease_s
         self._cancel = cancel
-        self._tasks: dict[str, asyncio.Task[None]] = {}     # key → the task running it here
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # key → the task running it here
 
     def run(self, job: Job) -> None:
         task = asyncio.create_task(self._run(job), name=f"background-{job.response_id}")
@@ -115,7 +126,7 @@ class Background:
         try:
             await self._follow(job)
         except Conflict:
-            pass            # written over (a cancel): what was written stays
+            pass  # written over (a cancel): what was written stays
         except asyncio.CancelledError:
             await self._give_up(job, leave=job.rerunnable)
             raise
@@ -154,10 +165,16 @@ class Background:
         job.revision = await self.store.put(job.tenant, job.response_id, record, job.ttl_s, after=job.revision)
 
     def _progress(self, job: Job, status: str) -> StoredResponse:
-        return StoredResponse(response=orjson.dumps(job.render.snapshot(status)), request_id=job.stream.request_id,
-                              owner=self.edge_id, beat_at=time.time(), lease_s=self.lease_s,
-                              events=list(job.events), first_event=job.first_event,
-                              rerunnable=job.rerunnable)
+        return StoredResponse(
+            response=orjson.dumps(job.render.snapshot(status)),
+            request_id=job.stream.request_id,
+            owner=self.edge_id,
+            beat_at=time.time(),
+            lease_s=self.lease_s,
+            events=list(job.events),
+            first_event=job.first_event,
+            rerunnable=job.rerunnable,
+        )
 
     async def _end(self, job: Job) -> None:
         """The ended record written; then, and only if this task wrote it, the conversation's turn."""
@@ -179,14 +196,21 @@ class Background:
                     pending = asyncio.ensure_future(job.stream.next_entries())
                 done, _ = await asyncio.wait({pending}, timeout=self.lease_s)
                 if not done:
-                    await self._write(job, self._progress(job, status))        # the heartbeat
+                    await self._write(job, self._progress(job, status))  # the heartbeat
                     written_at = time.monotonic()
                     continue
                 try:
                     entries = pending.result()
                 except TimeoutError:
-                    entries = [StreamError(job.stream.request_id, job.stream.attempt, job.stream.next_seq,
-                                           ErrorCode.deadline_exceeded.value, "no response before the deadline")]
+                    entries = [
+                        StreamError(
+                            job.stream.request_id,
+                            job.stream.attempt,
+                            job.stream.next_seq,
+                            ErrorCode.deadline_exceeded.value,
+                            "no response before the deadline",
+                        )
+                    ]
                 pending = None
                 for entry in entries:
                     if isinstance(entry, Delta):
@@ -220,8 +244,15 @@ class Background:
         await self._end(job)
 
 
-async def mark_lost(store: ResponseStore, cancel: Callable[[str, str], Awaitable[None]], tenant: str,
-                    response_id: str, record: StoredResponse, revision: int, ttl_s: int) -> StoredResponse:
+async def mark_lost(
+    store: ResponseStore,
+    cancel: Callable[[str, str], Awaitable[None]],
+    tenant: str,
+    response_id: str,
+    record: StoredResponse,
+    revision: int,
+    ttl_s: int,
+) -> StoredResponse:
     """A stale background response: failed, for good (unless someone wrote it first), and its
     generation, if it still runs, stopped."""
     failed = lost(record)

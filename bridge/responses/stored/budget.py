@@ -27,7 +27,7 @@ log = logging.getLogger("laneway.bridge")
 
 FRESH_S = 2.0
 PAST_THE_END = 1 << 31
-NEAR = 0.9          # from this share of its budget on, a tenant is counted for every new record
+NEAR = 0.9  # from this share of its budget on, a tenant is counted for every new record
 
 
 class CountFailed(Exception):
@@ -40,9 +40,9 @@ class CountFailed(Exception):
 class RecordBudget:
     def __init__(self, js: JetStreamContext, stream: str, subject_prefix: str) -> None:
         self.js = js
-        self.stream = stream                # KV_lw_responses
-        self.subject_prefix = subject_prefix    # $KV.lw_responses.
-        self._counted: dict[str, tuple[float, int]] = {}     # tenant -> (when, how many)
+        self.stream = stream  # KV_lw_responses
+        self.subject_prefix = subject_prefix  # $KV.lw_responses.
+        self._counted: dict[str, tuple[float, int]] = {}  # tenant -> (when, how many)
 
     async def admit(self, tenant: str, quota: StorageQuota) -> None:
         """Raise `StorageExceeded` if one more record would take `tenant` past its budget."""
@@ -51,7 +51,7 @@ class RecordBudget:
         if now - at > FRESH_S or held >= quota.records * NEAR:
             try:
                 held = await self.count(tenant)
-            except (CountFailed, nats.errors.Error) as exc:     # open: the server's own limits still hold
+            except (CountFailed, nats.errors.Error) as exc:  # open: the server's own limits still hold
                 log.warning("stored records of tenant %s not counted: %s", tenant, exc)
         if (refused := over_records(quota, held)) is not None:
             self._counted[tenant] = (now, held)

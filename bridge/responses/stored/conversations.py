@@ -37,8 +37,8 @@ from schemas.stored import CONVERSATION_PREFIX, StoredConversation
 
 log = logging.getLogger("laneway.bridge")
 
-MAX_NEW_ITEMS = 20          # as OpenAI: items per create or add
-APPEND_TRIES = 5            # concurrent appends to one conversation: compare-and-set, retried
+MAX_NEW_ITEMS = 20  # as OpenAI: items per create or add
+APPEND_TRIES = 5  # concurrent appends to one conversation: compare-and-set, retried
 Metadata = Annotated[dict[str, Annotated[str, Meta(max_length=512)]], Meta(max_length=16)]
 
 
@@ -63,8 +63,9 @@ def _decode(raw: bytes, kind: type) -> Any:
 def _check_metadata(tenant: Tenant, body: ConversationBody) -> None:
     """Metadata no generation carries past the PII stage: kept only where the policy looks for nothing."""
     if body.metadata and tenant.pii.looks:
-        raise unanalysed("a conversation's metadata", "metadata", "leave it out (a response's metadata is analysed "
-                         "and kept)")
+        raise unanalysed(
+            "a conversation's metadata", "metadata", "leave it out (a response's metadata is analysed and kept)"
+        )
 
 
 class Conversations:
@@ -90,25 +91,28 @@ class Conversations:
             raise not_found("conversation", conversation_id, "conversation")
         return item_messages(orjson.loads(found[0].items), "conversation")
 
-    async def append(self, tenant: Tenant, conversation_id: str, messages: list[Message],
-                     output: list[dict[str, Any]]) -> None:
+    async def append(
+        self, tenant: Tenant, conversation_id: str, messages: list[Message], output: list[dict[str, Any]]
+    ) -> None:
         """Add a response's input and output to the conversation (after its other writers)."""
         for _ in range(APPEND_TRIES):
             found = await self.store.get_conversation(tenant.name, conversation_id)
             if found is None:
-                return          # deleted meanwhile
+                return  # deleted meanwhile
             record, revision = found
-            new = [*to_items(messages, conversation_id[len(CONVERSATION_PREFIX):], record.next_item), *output]
+            new = [*to_items(messages, conversation_id[len(CONVERSATION_PREFIX) :], record.next_item), *output]
             try:
-                await self._put(tenant, conversation_id, record, [*orjson.loads(record.items), *new],
-                                after=revision, added=len(new))
+                await self._put(
+                    tenant, conversation_id, record, [*orjson.loads(record.items), *new], after=revision, added=len(new)
+                )
                 return
             except Conflict:
                 continue
         log.warning("conversation %s: items not appended after %d tries", conversation_id, APPEND_TRIES)
 
-    def append_later(self, tenant: Tenant, conversation_id: str, messages: list[Message],
-                     output: list[dict[str, Any]]) -> None:
+    def append_later(
+        self, tenant: Tenant, conversation_id: str, messages: list[Message], output: list[dict[str, Any]]
+    ) -> None:
         self.store.detach(self._append_logged(tenant, conversation_id, messages, output), f"append-{conversation_id}")
 
     async def _append_logged(self, *args: Any) -> None:
@@ -118,12 +122,28 @@ class Conversations:
             log.warning("conversation items not appended: %s", type(exc).__name__)
 
     # -- the routes ---------------------------------------------------------------------------------
-    async def _put(self, tenant: Tenant, conversation_id: str, record: StoredConversation,
-                   items: list[dict[str, Any]], *, after: int | None, added: int = 0,
-                   conversation: bytes | None = None) -> None:
-        await self.store.put(tenant.name, conversation_id, StoredConversation(
-            conversation=conversation or record.conversation, items=orjson.dumps(items),
-            next_item=record.next_item + added), tenant.responses.retention_s, after=after)
+    async def _put(
+        self,
+        tenant: Tenant,
+        conversation_id: str,
+        record: StoredConversation,
+        items: list[dict[str, Any]],
+        *,
+        after: int | None,
+        added: int = 0,
+        conversation: bytes | None = None,
+    ) -> None:
+        await self.store.put(
+            tenant.name,
+            conversation_id,
+            StoredConversation(
+                conversation=conversation or record.conversation,
+                items=orjson.dumps(items),
+                next_item=record.next_item + added,
+            ),
+            tenant.responses.retention_s,
+            after=after,
+        )
 
     async def _found(self, request: web.Request) -> tuple[Tenant, str, StoredConversation, int]:
         tenant = authenticate(request, self.catalogue.tenants)
@@ -136,7 +156,7 @@ class Conversations:
     def _client_items(self, tenant: Tenant, cid: str, items: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
         if tenant.pii.looks:
             raise unanalysed("items added directly", "items", "add turns with POST /v1/responses and conversation")
-        return to_items(item_messages(items, "items"), cid[len(CONVERSATION_PREFIX):], start)
+        return to_items(item_messages(items, "items"), cid[len(CONVERSATION_PREFIX) :], start)
 
     async def create(self, request: web.Request) -> web.Response:
         tenant = authenticate(request, self.catalogue.tenants)
@@ -148,8 +168,9 @@ class Conversations:
             raise storage_refused(exc, None, "delete stored responses or conversations") from None
         cid = f"{CONVERSATION_PREFIX}{uuid.uuid4().hex}"
         items = self._client_items(tenant, cid, body.items, 0) if body.items else []
-        conversation = orjson.dumps({"id": cid, "object": "conversation", "created_at": int(time.time()),
-                                     "metadata": body.metadata or {}})
+        conversation = orjson.dumps(
+            {"id": cid, "object": "conversation", "created_at": int(time.time()), "metadata": body.metadata or {}}
+        )
         await self._put(tenant, cid, StoredConversation(conversation=conversation), items, after=0, added=len(items))
         return json_answer(conversation)
 
@@ -188,8 +209,9 @@ class Conversations:
         item_id = request.match_info["item_id"]
         item = next((i for i in orjson.loads(record.items) if i["id"] == item_id), None)
         if item is None:
-            raise EdgeError(ErrorCode.invalid_request, f"No item found with id '{item_id}'.", status=404,
-                            code_name="not_found")
+            raise EdgeError(
+                ErrorCode.invalid_request, f"No item found with id '{item_id}'.", status=404, code_name="not_found"
+            )
         return json_answer(orjson.dumps(item))
 
     async def delete_item(self, request: web.Request) -> web.Response:
@@ -199,7 +221,8 @@ class Conversations:
         items = orjson.loads(record.items)
         kept = [i for i in items if i["id"] != item_id]
         if len(kept) == len(items):
-            raise EdgeError(ErrorCode.invalid_request, f"No item found with id '{item_id}'.", status=404,
-                            code_name="not_found")
+            raise EdgeError(
+                ErrorCode.invalid_request, f"No item found with id '{item_id}'.", status=404, code_name="not_found"
+            )
         await self._put(tenant, cid, record, kept, after=revision)
         return json_answer(record.conversation)

@@ -54,11 +54,26 @@ def to_items(messages: list[Message], prefix: str, start: int = 0) -> list[dict[
                     parts.append({"type": "refusal", "refusal": m.refusal})
                 add("msg", {"type": "message", "role": "assistant", "status": "completed", "content": parts})
             for call in m.tool_calls or ():
-                add("fc", {"type": "function_call", "status": "completed", "call_id": call.id,
-                           "name": call.function.name, "arguments": call.function.arguments})
+                add(
+                    "fc",
+                    {
+                        "type": "function_call",
+                        "status": "completed",
+                        "call_id": call.id,
+                        "name": call.function.name,
+                        "arguments": call.function.arguments,
+                    },
+                )
         elif m.role == "tool":
-            add("fco", {"type": "function_call_output", "status": "completed", "call_id": m.tool_call_id or "",
-                        "output": _text(m.content)})
+            add(
+                "fco",
+                {
+                    "type": "function_call_output",
+                    "status": "completed",
+                    "call_id": m.tool_call_id or "",
+                    "output": _text(m.content),
+                },
+            )
         else:
             add("msg", {"type": "message", "role": m.role, "status": "completed", "content": _content(m)})
     return items
@@ -68,5 +83,10 @@ def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: s
     """OpenAI's `ResponseItemList`: `order` asc (as given) or desc, the items after the id
     `after` in that order, at most `limit`."""
     data, more = window(items, [i["id"] for i in items], after, limit, order)
-    return {"object": "list", "data": data, "has_more": more,
-            "first_id": data[0]["id"] if data else "", "last_id": data[-1]["id"] if data else ""}
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": more,
+        "first_id": data[0]["id"] if data else "",
+        "last_id": data[-1]["id"] if data else "",
+    }

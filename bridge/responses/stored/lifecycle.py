@@ -10,8 +10,7 @@ import orjson
 from schemas.stored import STALE_LEASES, StoredResponse
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
-BRIDGE_LOST = ("the bridge running this background response stopped before it finished; "
-               "create it again")
+BRIDGE_LOST = "the bridge running this background response stopped before it finished; create it again"
 
 
 def status_of(record: StoredResponse) -> str:
@@ -35,13 +34,22 @@ def ended(record: StoredResponse, status: str, error: dict[str, Any] | None = No
     if error is not None:
         response["error"] = error
     events = record.events
-    if events and status == "failed":       # a streamed one: its readers see the end in-band too
+    if events and status == "failed":  # a streamed one: its readers see the end in-band too
         seq = record.first_event + len(events)
-        events = [*events, b"event: response.failed\ndata: " + orjson.dumps(
-            {"type": "response.failed", "sequence_number": seq, "response": response}) + b"\n\n"]
-    return StoredResponse(response=orjson.dumps(response), request_id=record.request_id,
-                          input_items=record.input_items, history=record.history, events=events,
-                          first_event=record.first_event)
+        events = [
+            *events,
+            b"event: response.failed\ndata: "
+            + orjson.dumps({"type": "response.failed", "sequence_number": seq, "response": response})
+            + b"\n\n",
+        ]
+    return StoredResponse(
+        response=orjson.dumps(response),
+        request_id=record.request_id,
+        input_items=record.input_items,
+        history=record.history,
+        events=events,
+        first_event=record.first_event,
+    )
 
 
 def lost(record: StoredResponse) -> StoredResponse:

@@ -39,8 +39,9 @@ def paged(items: bytes, request: web.Request) -> web.Response:
 
 
 class StoredRoutes:
-    def __init__(self, store: ResponseStore, catalogue: Catalogue,
-                 cancel: Callable[[str, str], Awaitable[None]]) -> None:
+    def __init__(
+        self, store: ResponseStore, catalogue: Catalogue, cancel: Callable[[str, str], Awaitable[None]]
+    ) -> None:
         self.store = store
         self.catalogue = catalogue
         self._cancel = cancel
@@ -63,10 +64,14 @@ class StoredRoutes:
         """The record, a lost background one marked failed on the way (unless another bridge
         can run it again, its request still listed: `takeover.py` does)."""
         found = await self.store.get(tenant.name, response_id)
-        if found is not None and stale(found[0], time.time()) and \
-                (not found[0].rerunnable or await self.store.listed(tenant.name, response_id) is None):
-            record = await mark_lost(self.store, self._cancel, tenant.name, response_id, *found,
-                                     tenant.responses.retention_s)
+        if (
+            found is not None
+            and stale(found[0], time.time())
+            and (not found[0].rerunnable or await self.store.listed(tenant.name, response_id) is None)
+        ):
+            record = await mark_lost(
+                self.store, self._cancel, tenant.name, response_id, *found, tenant.responses.retention_s
+            )
             return await self.store.get(tenant.name, response_id) or (record, found[1])
         return found
 
@@ -76,31 +81,36 @@ class StoredRoutes:
             return json_answer(record.response)
         after = query_int(request.query.get("starting_after"), -1, "starting_after", -1, 2**53)
         if not record.events and not running(record):
-            raise EdgeError(ErrorCode.invalid_request, "only a background response created with stream: true "
-                            "can be streamed again", "stream")
+            raise EdgeError(
+                ErrorCode.invalid_request,
+                "only a background response created with stream: true can be streamed again",
+                "stream",
+            )
         return await self.follow(request, tenant, response_id, after)
 
-    async def follow(self, request: web.Request, tenant: Tenant, response_id: str, after: int,
-                     headers: dict[str, str] | None = None) -> web.StreamResponse:
+    async def follow(
+        self, request: web.Request, tenant: Tenant, response_id: str, after: int, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
         """The stored events after sequence number `after`, then new ones as the running response
         stores them, until it ends."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               **(headers or {})})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **(headers or {})}
+        )
         await response.prepare(request)
         next_seq = after + 1
         try:
             while (found := await self._current(tenant, response_id)) is not None:
                 record = found[0]
-                fresh = record.events[max(0, next_seq - record.first_event):]
+                fresh = record.events[max(0, next_seq - record.first_event) :]
                 if fresh:
                     await response.write(b"".join(fresh))
                     next_seq = record.first_event + len(record.events)
                 if not running(record):
                     break
-                await asyncio.sleep(FLUSH_S)    # the runner writes at most this often
+                await asyncio.sleep(FLUSH_S)  # the runner writes at most this often
             await response.write_eof()
         except ConnectionResetError:
-            pass            # the client left; the response runs on (it is a background one)
+            pass  # the client left; the response runs on (it is a background one)
         return response
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -123,9 +133,8 @@ class StoredRoutes:
                 return json_answer(record.response)
             cancelled = ended(record, "cancelled")
             try:
-                await self.store.put(tenant.name, response_id, cancelled, tenant.responses.retention_s,
-                                     after=revision)
-            except Conflict:            # its runner wrote in between: look again
+                await self.store.put(tenant.name, response_id, cancelled, tenant.responses.retention_s, after=revision)
+            except Conflict:  # its runner wrote in between: look again
                 found = await self.store.get(tenant.name, response_id)
                 if found is None:
                     raise not_found("response", response_id) from None

@@ -28,8 +28,8 @@ from schemas.subjects import BACKGROUND_BUCKET, RESPONSES_BUCKET, BadToken, Subj
 
 log = logging.getLogger("laneway.bridge")
 
-PURGE_MARKER_TTL_S = 1         # JetStream's shortest TTL
-STREAM_IN_USE = 10058          # "stream name already in use with a different configuration"
+PURGE_MARKER_TTL_S = 1  # JetStream's shortest TTL
+STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
 
 
 class Conflict(Exception):
@@ -45,32 +45,38 @@ class ResponseStore:
     def __init__(self, js: JetStreamContext, kv: KeyValue, running: KeyValue, s: Subjects) -> None:
         self.js = js
         self.kv = kv
-        self.running = running      # lw_background
+        self.running = running  # lw_background
         self.running_bucket = s.bucket(BACKGROUND_BUCKET)
-        self._writes: set[asyncio.Task[None]] = set()     # `keep`s in flight: held, and awaited on stop
+        self._writes: set[asyncio.Task[None]] = set()  # `keep`s in flight: held, and awaited on stop
         self._prefix = f"$KV.{s.bucket(RESPONSES_BUCKET)}."
-        self.budget = RecordBudget(js, f"KV_{s.bucket(RESPONSES_BUCKET)}", self._prefix)    # records per tenant
+        self.budget = RecordBudget(js, f"KV_{s.bucket(RESPONSES_BUCKET)}", self._prefix)  # records per tenant
 
     @classmethod
     async def open(cls, js: JetStreamContext, s: Subjects, replicas: int = 1) -> ResponseStore:
         """History 1: an update replaces the record; no bucket TTL, every write brings its own."""
-        kv = await _bucket(js, KeyValueConfig(bucket=s.bucket(RESPONSES_BUCKET), history=1,
-                                              storage=StorageType.FILE, replicas=replicas, direct=True))
-        running = await _bucket(js, KeyValueConfig(bucket=s.bucket(BACKGROUND_BUCKET), history=1,
-                                                   storage=StorageType.FILE, replicas=replicas, direct=True))
+        kv = await _bucket(
+            js,
+            KeyValueConfig(
+                bucket=s.bucket(RESPONSES_BUCKET), history=1, storage=StorageType.FILE, replicas=replicas, direct=True
+            ),
+        )
+        running = await _bucket(
+            js,
+            KeyValueConfig(
+                bucket=s.bucket(BACKGROUND_BUCKET), history=1, storage=StorageType.FILE, replicas=replicas, direct=True
+            ),
+        )
         return cls(js, kv, running, s)
 
-    async def put(self, tenant: str, response_id: str, record: Record, ttl_s: int,
-                  *, after: int | None = None) -> int:
+    async def put(self, tenant: str, response_id: str, record: Record, ttl_s: int, *, after: int | None = None) -> int:
         """Write the record; `after`: only if the key is still at that revision (else `Conflict`).
         Returns the new revision."""
         key = stored_response_key(tenant, response_id)
         headers = {} if after is None else {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(after)}
         try:
-            ack = await self.js.publish(self._prefix + key, stored.encode(record), headers=headers,
-                                            msg_ttl=ttl_s)
+            ack = await self.js.publish(self._prefix + key, stored.encode(record), headers=headers, msg_ttl=ttl_s)
         except nats.js.errors.APIError as exc:
-            if after is not None and exc.err_code in (10071, 10164):     # wrong last sequence
+            if after is not None and exc.err_code in (10071, 10164):  # wrong last sequence
                 raise Conflict(key, after) from None
             raise
         return ack.seq
@@ -84,7 +90,7 @@ class ResponseStore:
         return await self._get(tenant, conversation_id, StoredConversation, CONVERSATION_PREFIX)
 
     async def _get(self, tenant: str, record_id: str, kind: type[Record], prefix: str) -> tuple[Record, int] | None:
-        if not record_id.startswith(prefix):        # the other kind's id, or none of ours
+        if not record_id.startswith(prefix):  # the other kind's id, or none of ours
             return None
         try:
             entry = await self.kv.get(stored_response_key(tenant, record_id))
@@ -102,8 +108,9 @@ class ResponseStore:
     async def list_running(self, tenant: str, response_id: str, listing: bytes, ttl_s: int) -> None:
         """A background response runs: listed, with its request (a `Rerun`, encoded), for every
         bridge to watch, until `unlist` or `ttl_s` (past its deadline nothing can run it again)."""
-        await self.js.publish(f"$KV.{self.running_bucket}.{stored_response_key(tenant, response_id)}",
-                              listing, msg_ttl=ttl_s)
+        await self.js.publish(
+            f"$KV.{self.running_bucket}.{stored_response_key(tenant, response_id)}", listing, msg_ttl=ttl_s
+        )
 
     async def listed(self, tenant: str, response_id: str) -> bytes | None:
         """The request listed with a running background response (a `Rerun`, encoded), if any."""
@@ -146,4 +153,4 @@ async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != STREAM_IN_USE:
             raise
-        return await js.key_value(config.bucket)     # an operator's changes (size, replicas) stay
+        return await js.key_value(config.bucket)  # an operator's changes (size, replicas) stay

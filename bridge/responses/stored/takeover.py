@@ -42,8 +42,13 @@ class Takeover:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._watch = BucketWatch(self.store.js, self.store.running_bucket, lambda key, _v: self._listed.add(key),
-                                  self._listed.discard, meta_only=True)     # the requests are read when needed
+        self._watch = BucketWatch(
+            self.store.js,
+            self.store.running_bucket,
+            lambda key, _v: self._listed.add(key),
+            self._listed.discard,
+            meta_only=True,
+        )  # the requests are read when needed
         await self._watch.start()
         self._task = asyncio.create_task(self._loop(), name="background-takeover")
 

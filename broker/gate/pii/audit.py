@@ -15,23 +15,23 @@ class AuditSpan(msgspec.Struct, array_like=True, gc=False):
     start: int
     end: int
     action: str
-    part: str = "messages"           # the top-level request field ("messages", "stop", "tools", ...); appended
-    param: str = ""                  # where in it, as OpenAI names it ("messages[2].name"); appended
+    part: str = "messages"  # the top-level request field ("messages", "stop", "tools", ...); appended
+    param: str = ""  # where in it, as OpenAI names it ("messages[2].name"); appended
 
 
 class PiiAudit(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     request_id: str
     tenant: str
-    action: str                      # pass | redacted | blocked
-    entity_types: list[str]          # sorted, distinct
-    counts: dict[str, int]           # entity type -> findings
-    spans: list[AuditSpan]           # offsets in the original texts
-    policy: str                      # policy fingerprint: which rules decided
-    mode: str                        # "ner" or "regex": what the analyzer could see
-    analyzed_messages: int = 0       # texts analyzed for this request (the name predates other fields)
-    cached_messages: int = 0         # texts whose analysis came from the cache
-    unavailable: str | None = None   # analysis failed and the policy failed open: why
-    at: float = 0.0                  # unix seconds
+    action: str  # pass | redacted | blocked
+    entity_types: list[str]  # sorted, distinct
+    counts: dict[str, int]  # entity type -> findings
+    spans: list[AuditSpan]  # offsets in the original texts
+    policy: str  # policy fingerprint: which rules decided
+    mode: str  # "ner" or "regex": what the analyzer could see
+    analyzed_messages: int = 0  # texts analyzed for this request (the name predates other fields)
+    cached_messages: int = 0  # texts whose analysis came from the cache
+    unavailable: str | None = None  # analysis failed and the policy failed open: why
+    at: float = 0.0  # unix seconds
 
 
 # msgpack on NATS, like every other record (schemas/codec.py).

@@ -22,14 +22,19 @@ def edited(node: Any, edits: list[Edit], clashes: list[Slot]) -> Any:
     below: dict[str | int, list[Edit]] = {}
     for rest, slot, value in edits:
         if not rest:
-            return value                     # this node is the slot's text
+            return value  # this node is the slot's text
         if slot.key and len(rest) == 1:
             renames[rest[0]] = (slot, value)  # type: ignore[index]
         else:
             below.setdefault(rest[0], []).append((rest[1:], slot, value))
     if isinstance(node, msgspec.Struct):
-        return msgspec.structs.replace(node, **{f: edited(getattr(node, f), e, clashes)  # type: ignore[misc]
-                                                for f, e in below.items()})
+        return msgspec.structs.replace(
+            node,
+            **{
+                f: edited(getattr(node, f), e, clashes)  # type: ignore[misc]
+                for f, e in below.items()
+            },
+        )
     if isinstance(node, list):
         out = list(node)
         for i, e in below.items():
@@ -43,7 +48,7 @@ def edited(node: Any, edits: list[Edit], clashes: list[Slot]) -> Any:
             slot, k = renames[k]
             if k in result:
                 clashes.append(slot)
-        elif k in result:                    # an earlier key was renamed onto this one
+        elif k in result:  # an earlier key was renamed onto this one
             clashes.append(next(s for s, new in renames.values() if new == k))
         result[k] = v
     return result
@@ -61,8 +66,7 @@ def split(edits: list[tuple[Slot, Any]]) -> tuple[list[Edit], list[Edit], list[E
     return body, free[EXTRA], free[KEPT]
 
 
-def edited_extra(raw: dict[str, msgspec.Raw], decoded: dict[str, Any], edits: list[Edit],
-                 clashes: list[Slot]) -> bytes:
+def edited_extra(raw: dict[str, msgspec.Raw], decoded: dict[str, Any], edits: list[Edit], clashes: list[Slot]) -> bytes:
     """`extra` (or `kept`) re-joined with the edits applied: only edited members are encoded again."""
     touched = {rest[0] for rest, slot, _ in edits if not (slot.key and len(rest) == 1)}
     root = {k: decoded[k] if k in touched else v for k, v in raw.items()}

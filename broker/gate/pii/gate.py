@@ -42,7 +42,7 @@ from schemas.openai import Body, ChatBody, Message
 from schemas.requests import GenerateRequest
 
 Verdict = Literal["pass", "redacted", "blocked"]
-_decode_value = msgspec.json.Decoder().decode       # a member of `extra`, as plain values
+_decode_value = msgspec.json.Decoder().decode  # a member of `extra`, as plain values
 
 
 class PiiTooLarge(PiiError):
@@ -53,39 +53,41 @@ class PiiTooLarge(PiiError):
 
     def __init__(self, chars: int, limit: int, param: str) -> None:
         self.chars, self.limit = chars, limit
-        self.param = param      # the top-level field holding the most of that text
-        super().__init__(f"this request has {chars} characters of text to analyse for PII, most of them in "
-                         f"{param}; this broker analyses at most {limit} per request")
+        self.param = param  # the top-level field holding the most of that text
+        super().__init__(
+            f"this request has {chars} characters of text to analyse for PII, most of them in "
+            f"{param}; this broker analyses at most {limit} per request"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     entity_type: str
-    message_index: int      # the first index on the field's path: the message's, the stop sequence's, ...
-    start: int              # offsets in the original text of the slot
+    message_index: int  # the first index on the field's path: the message's, the stop sequence's, ...
+    start: int  # offsets in the original text of the slot
     end: int
     score: float
     action: Action
-    part: str = "messages"          # the top-level request field
-    param: str = "messages"         # where, as OpenAI names it: "messages[2].name", "tools[0].function.parameters"
+    part: str = "messages"  # the top-level request field
+    param: str = "messages"  # where, as OpenAI names it: "messages[2].name", "tools[0].function.parameters"
 
 
 @dataclass(frozen=True, slots=True)
 class PiiDecision:
     action: Verdict
-    body: Body                       # what may go on: redacted (and, if blocked, fully redacted)
+    body: Body  # what may go on: redacted (and, if blocked, fully redacted)
     findings: list[Finding]
     tenant: str
-    policy: str                      # policy fingerprint
-    mode: str                        # "ner" | "regex"
-    analyzed: int = 0                # texts sent to the pool for this request
-    cached: int = 0                  # texts answered from the cache (or repeated in the request)
-    unavailable: str | None = None   # set when analysis failed and the policy failed open
+    policy: str  # policy fingerprint
+    mode: str  # "ner" | "regex"
+    analyzed: int = 0  # texts sent to the pool for this request
+    cached: int = 0  # texts answered from the cache (or repeated in the request)
+    unavailable: str | None = None  # set when analysis failed and the policy failed open
     entity_types: list[str] = field(default_factory=list)
-    cpu_ms: float = 0.0              # pool CPU on the critical path (slowest job); 0 if all cached
-    extra: bytes = b""               # the request's other fields, redacted like `body`
-    refusal: PiiRefused | None = None    # refused whatever the findings say
-    kept: bytes = b""                # what the edge stores beside the answer, redacted like `body`
+    cpu_ms: float = 0.0  # pool CPU on the critical path (slowest job); 0 if all cached
+    extra: bytes = b""  # the request's other fields, redacted like `body`
+    refusal: PiiRefused | None = None  # refused whatever the findings say
+    kept: bytes = b""  # what the edge stores beside the answer, redacted like `body`
 
     @property
     def messages(self) -> list[Message]:
@@ -115,12 +117,20 @@ class PiiDecision:
         for f in self.findings:
             counts[f.entity_type] = counts.get(f.entity_type, 0) + 1
         return PiiAudit(
-            request_id=request_id, tenant=self.tenant, action=self.action,
-            entity_types=self.entity_types, counts=counts,
-            spans=[AuditSpan(f.message_index, f.entity_type, f.start, f.end, f.action.value, f.part, f.param)
-                   for f in self.findings],
-            policy=self.policy, mode=self.mode, analyzed_messages=self.analyzed,
-            cached_messages=self.cached, unavailable=self.unavailable,
+            request_id=request_id,
+            tenant=self.tenant,
+            action=self.action,
+            entity_types=self.entity_types,
+            counts=counts,
+            spans=[
+                AuditSpan(f.message_index, f.entity_type, f.start, f.end, f.action.value, f.part, f.param)
+                for f in self.findings
+            ],
+            policy=self.policy,
+            mode=self.mode,
+            analyzed_messages=self.analyzed,
+            cached_messages=self.cached,
+            unavailable=self.unavailable,
             at=time.time() if at is None else at,
         )
 
@@ -140,7 +150,7 @@ class PiiGate:
         workers: int | None = None,
         ner_model: str | None = "auto",
         hash_key: bytes | None = None,
-        cache_entries: int = 100_000,    # ~ a few hundred bytes each: offsets and scores, no text
+        cache_entries: int = 100_000,  # ~ a few hundred bytes each: offsets and scores, no text
         split_chars: int = 1500,
         stuck_after_s: float = 30.0,
         max_chars: int = DEFAULT_PII_MAX_CHARS,
@@ -148,14 +158,15 @@ class PiiGate:
     ) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars is at least 1, not {max_chars}")
-        self.engine = PiiEngine(workers=workers, ner_model=ner_model, split_chars=split_chars,
-                                stuck_after_s=stuck_after_s, share=share)
+        self.engine = PiiEngine(
+            workers=workers, ner_model=ner_model, split_chars=split_chars, stuck_after_s=stuck_after_s, share=share
+        )
         self.max_chars = max_chars
         self._hash_key = hash_key or os.urandom(32)
         self._cache: OrderedDict[tuple[str, str, bytes], tuple[Hit, ...]] = OrderedDict()
         self._cache_entries = cache_entries
         self._plans: OrderedDict[str, Plan] = OrderedDict()
-        self._clean: OrderedDict[tuple[str, str, bytes], None] = OrderedDict()   # roots with nothing found
+        self._clean: OrderedDict[tuple[str, str, bytes], None] = OrderedDict()  # roots with nothing found
         self.hits = 0
         self.misses = 0
 
@@ -176,40 +187,52 @@ class PiiGate:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def inspect_request(self, tenant: str, policy: TenantPiiPolicy, request: GenerateRequest,
-                              *, rank: int = 0) -> tuple[PiiDecision, GenerateRequest]:
+    async def inspect_request(
+        self, tenant: str, policy: TenantPiiPolicy, request: GenerateRequest, *, rank: int = 0
+    ) -> tuple[PiiDecision, GenerateRequest]:
         """`inspect` over all a request carries to an engine: its body and its extra fields.
         Returns the decision and `decision.redacted(request)`. `rank`: its class's (0 first), its
         place among the tenant's jobs waiting for the analyzer pool."""
-        decision = await self.inspect_body(tenant, policy, request.body, request.extra, rank=rank,
-                                           kept=request.kept)
+        decision = await self.inspect_body(tenant, policy, request.body, request.extra, rank=rank, kept=request.kept)
         return decision, decision.redacted(request)
 
-    async def inspect(self, tenant: str, policy: TenantPiiPolicy, messages: list[Message],
-                      stop: Sequence[str] = ()) -> PiiDecision:
+    async def inspect(
+        self, tenant: str, policy: TenantPiiPolicy, messages: list[Message], stop: Sequence[str] = ()
+    ) -> PiiDecision:
         """Messages (and stop sequences) alone, as a chat carries them."""
-        return await self.inspect_body(tenant, policy, ChatBody(model="-", messages=list(messages),
-                                                                stop=list(stop) or None))
+        return await self.inspect_body(
+            tenant, policy, ChatBody(model="-", messages=list(messages), stop=list(stop) or None)
+        )
 
-    async def inspect_body(self, tenant: str, policy: TenantPiiPolicy, body: Body,
-                           extra: bytes = b"", *, rank: int = 0, kept: bytes = b"") -> PiiDecision:
+    async def inspect_body(
+        self, tenant: str, policy: TenantPiiPolicy, body: Body, extra: bytes = b"", *, rank: int = 0, kept: bytes = b""
+    ) -> PiiDecision:
         """Raises `PiiUnavailable` when analysis fails and the policy fails closed, `PiiTooLarge`
         (before any analysis) when the texts are over `max_chars`; a blocked request is a decision
         (audit it, then `raise_if_blocked()`)."""
         key = fingerprint(policy)
         plan = self._plan(key, policy) if policy.enabled else None
-        if plan is None or plan.empty:      # nothing to look for: nothing to refuse either
+        if plan is None or plan.empty:  # nothing to look for: nothing to refuse either
             return PiiDecision("pass", body, [], tenant, key, self.mode, extra=extra, kept=kept)
         members: dict[str, tuple[dict[str, msgspec.Raw], dict[str, Any]]] = {}
         for name, value in (("extra", extra), ("kept", kept)):
             try:
                 raw = dict(codec.extra_members(value))
                 members[name] = raw, {k: _decode_value(v) for k, v in raw.items()}
-            except codec.DecodeError:       # the gate refuses it before; a record keeps none of it
-                return PiiDecision("blocked", body, [], tenant, key, self.mode, extra=b"",
-                                   refusal=PiiRefused(f"{name} is not a JSON object", name))
-        found = collect(body, members["extra"][1], lambda digest: (tenant, key, digest) in self._clean,
-                        members["kept"][1])
+            except codec.DecodeError:  # the gate refuses it before; a record keeps none of it
+                return PiiDecision(
+                    "blocked",
+                    body,
+                    [],
+                    tenant,
+                    key,
+                    self.mode,
+                    extra=b"",
+                    refusal=PiiRefused(f"{name} is not a JSON object", name),
+                )
+        found = collect(
+            body, members["extra"][1], lambda digest: (tenant, key, digest) in self._clean, members["kept"][1]
+        )
         _check_size(found, self.max_chars)
         hits, analyzed, unavailable, cpu_ms = await self._analyze(tenant, key, plan, policy, found.texts, rank)
         findings, edits = self._findings(tenant, policy, found, hits)
@@ -219,12 +242,25 @@ class PiiGate:
         actions = {f.action for f in findings}
         verdict: Verdict = "blocked" if Action.block in actions or refusal else "redacted" if actions else "pass"
         return PiiDecision(
-            verdict, body, findings, tenant, key, self.mode, analyzed, len(found.texts) - analyzed,
-            unavailable, sorted({f.entity_type for f in findings}), cpu_ms, extra, refusal, kept,
+            verdict,
+            body,
+            findings,
+            tenant,
+            key,
+            self.mode,
+            analyzed,
+            len(found.texts) - analyzed,
+            unavailable,
+            sorted({f.entity_type for f in findings}),
+            cpu_ms,
+            extra,
+            refusal,
+            kept,
         )
 
-    async def _analyze(self, tenant: str, key: str, plan: Plan, policy: TenantPiiPolicy,
-                       texts: list[str], rank: int) -> tuple[list[tuple[Hit, ...] | None], int, str | None, float]:
+    async def _analyze(
+        self, tenant: str, key: str, plan: Plan, policy: TenantPiiPolicy, texts: list[str], rank: int
+    ) -> tuple[list[tuple[Hit, ...] | None], int, str | None, float]:
         """Findings per text (None: unavailable, the policy failing open), the texts sent to the
         pool, why analysis was unavailable, and the pool's CPU milliseconds."""
         # Each distinct text once: a schema repeats "type" and "string" dozens of times.
@@ -246,8 +282,9 @@ class PiiGate:
         cpu_ms = 0.0
         if todo:
             try:
-                results, cpu_ms = await self.engine.analyze(tenant, plan, [t for t, _ in todo],
-                                                            policy.timeout_ms / 1000, rank=rank)
+                results, cpu_ms = await self.engine.analyze(
+                    tenant, plan, [t for t, _ in todo], policy.timeout_ms / 1000, rank=rank
+                )
             except PiiUnavailable as exc:
                 if not policy.fail_open:
                     raise
@@ -283,8 +320,9 @@ class PiiGate:
             self._cache.popitem(last=False)
         return hits
 
-    def _findings(self, tenant: str, policy: TenantPiiPolicy, found: Found,
-                  hits: list[tuple[Hit, ...] | None]) -> tuple[list[Finding], list[tuple[Slot, Any]]]:
+    def _findings(
+        self, tenant: str, policy: TenantPiiPolicy, found: Found, hits: list[tuple[Hit, ...] | None]
+    ) -> tuple[list[Finding], list[tuple[Slot, Any]]]:
         """What the policy acts on, and each slot's text as it may go on (where it changed)."""
         findings: list[Finding] = []
         edits: list[tuple[Slot, Any]] = []
@@ -313,9 +351,14 @@ def _check_size(found: Found, limit: int) -> None:
     raise PiiTooLarge(chars, limit, max(per_part, key=per_part.__getitem__))
 
 
-def _written(body: Body, extra: bytes, kept: bytes,
-             members: dict[str, tuple[dict[str, msgspec.Raw], dict[str, Any]]], found: Found,
-             edits: list[tuple[Slot, Any]]) -> tuple[Body, bytes, bytes, PiiRefused | None]:
+def _written(
+    body: Body,
+    extra: bytes,
+    kept: bytes,
+    members: dict[str, tuple[dict[str, msgspec.Raw], dict[str, Any]]],
+    found: Found,
+    edits: list[tuple[Slot, Any]],
+) -> tuple[Body, bytes, bytes, PiiRefused | None]:
     """The body, extra and kept fields with the edits written back, and why the request is
     refused whatever the policy's actions: what cannot be analysed (left out of the copy too),
     or two keys that the edits made one."""
@@ -331,8 +374,10 @@ def _written(body: Body, extra: bytes, kept: bytes,
     refusal = None
     if found.unreadable:
         slot, what, _ = found.unreadable[0]
-        refusal = PiiRefused(f"{what} cannot be analysed for PII, and this tenant's policy asks "
-                             "for PII handling; send it as text", slot.param)
+        refusal = PiiRefused(
+            f"{what} cannot be analysed for PII, and this tenant's policy asks for PII handling; send it as text",
+            slot.param,
+        )
     elif clashes:
         param = clashes[0].param
         refusal = PiiRefused(f"two keys of {param} read the same once redacted", param)

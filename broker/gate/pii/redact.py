@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 from core.policy.pii import STRENGTH, Action, mask
 
-HASH_HEX = 12   # 48 bits of a keyed hash: stable pseudonyms, no collisions at chat scale
-Replace = Callable[[str, str, Action], str]     # (entity type, value, action) -> its replacement
+HASH_HEX = 12  # 48 bits of a keyed hash: stable pseudonyms, no collisions at chat scale
+Replace = Callable[[str, str, Action], str]  # (entity type, value, action) -> its replacement
 
 
 class Replacer:
@@ -47,7 +47,7 @@ def apply(text: str, spans: Sequence[tuple[int, int, str, Action]], replace: Rep
     """Replace (start, end, entity_type, action) spans; overlapping spans are merged into one
     region replaced under the strongest action (type of the longest span). `block` spans are
     redacted too: a blocked request's messages must be safe even if someone forwards them."""
-    regions: list[list] = []   # [start, end, type, action, length of the typed span]
+    regions: list[list] = []  # [start, end, type, action, length of the typed span]
     for start, end, etype, action in sorted(spans):
         if action is Action.allow:
             continue

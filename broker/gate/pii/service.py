@@ -48,11 +48,19 @@ async def start_pii(mode: str, workers: int | None = None, max_chars: int = DEFA
     except PiiStartError as exc:
         if mode != "auto":
             raise
-        log.error("PII stage NOT RUNNING: %s; tenants whose policy asks for PII handling are refused "
-                  "(503 pii_unavailable)", exc)
+        log.error(
+            "PII stage NOT RUNNING: %s; tenants whose policy asks for PII handling are refused (503 pii_unavailable)",
+            exc,
+        )
         return PiiStage(missing=str(exc))
-    log.info("PII stage on: %s mode, %d processes (one tenant's jobs hold %d at most), at most %d "
-             "characters of text a request", gate.mode, gate.engine.workers, gate.engine.share.limit, gate.max_chars)
+    log.info(
+        "PII stage on: %s mode, %d processes (one tenant's jobs hold %d at most), at most %d "
+        "characters of text a request",
+        gate.mode,
+        gate.engine.workers,
+        gate.engine.share.limit,
+        gate.max_chars,
+    )
     return PiiStage(gate)
 
 
@@ -62,7 +70,7 @@ async def _start(mode: str, workers: int | None, max_chars: int) -> PiiGate:
     gate = PiiGate(workers=workers, ner_model=None if mode == "regex" else "auto", max_chars=max_chars)
     try:
         await gate.start()
-    except Exception as exc:   # a pool that cannot import Presidio or load its recognizers
+    except Exception as exc:  # a pool that cannot import Presidio or load its recognizers
         await gate.close()
         raise PiiStartError(f"Presidio did not start: {exc!r}") from exc
     if mode == "ner" and gate.mode != "ner":

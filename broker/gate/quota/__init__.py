@@ -39,6 +39,17 @@ from core.policy.quota import (
     rate_limit_headers,
 )
 
-__all__ = ["BadQuotaPolicy", "GrantLedger", "LimitName", "Quota", "QuotaContended", "QuotaExceeded",
-           "QuotaGrant", "QuotaPolicy", "QuotaUnavailable", "ensure_quota_bucket", "parse_policy",
-           "rate_limit_headers"]
+__all__ = [
+    "BadQuotaPolicy",
+    "GrantLedger",
+    "LimitName",
+    "Quota",
+    "QuotaContended",
+    "QuotaExceeded",
+    "QuotaGrant",
+    "QuotaPolicy",
+    "QuotaUnavailable",
+    "ensure_quota_bucket",
+    "parse_policy",
+    "rate_limit_headers",
+]

@@ -21,7 +21,7 @@ from schemas.subjects import Subjects
 log = logging.getLogger("laneway.quota")
 
 QUOTA_BUCKET = "quota_use"
-_MONTH_S = 32 * 86400       # a counter untouched this long belongs to a month that is over
+_MONTH_S = 32 * 86400  # a counter untouched this long belongs to a month that is over
 MAX_ATTEMPTS = 64
 # After a lost compare-and-set a writer waits a random time up to this, doubling per loss to the
 # cap: a replica that writes from its cached revision (one round trip) would otherwise win every
@@ -45,16 +45,18 @@ class QuotaContended(QuotaUnavailable):
 
 async def ensure_quota_bucket(js: JetStreamContext, s: Subjects, replicas: int = 1) -> KeyValue:
     """`lw_quota_use`: history 1 (only the current count matters), entries expire after 32 days."""
-    return await js.create_key_value(KeyValueConfig(
-        bucket=s.bucket(QUOTA_BUCKET), history=1, ttl=_MONTH_S, storage=StorageType.FILE,
-        replicas=replicas))
+    return await js.create_key_value(
+        KeyValueConfig(
+            bucket=s.bucket(QUOTA_BUCKET), history=1, ttl=_MONTH_S, storage=StorageType.FILE, replicas=replicas
+        )
+    )
 
 
 class CounterStore:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
         self.reads = self.writes = self.conflicts = 0
-        self._known: dict[str, tuple[int, Any]] = {}    # key → (revision, doc) of our last write
+        self._known: dict[str, tuple[int, Any]] = {}  # key → (revision, doc) of our last write
 
     async def cas(self, key: str, decode: Callable[[bytes], Any], step: Callable[[Any], Take]) -> Take:
         """Apply `step` to the current document until our write lands on the revision it read
@@ -69,7 +71,7 @@ class CounterStore:
             take = step(doc)
             if take.doc is None:
                 if take.denied is not None and not fresh:
-                    known = None        # never refuse on a possibly stale copy
+                    known = None  # never refuse on a possibly stale copy
                     continue
                 return take
             try:
@@ -79,7 +81,7 @@ class CounterStore:
                 self.conflicts += 1
                 self._known.pop(key, None)
                 known = None
-                await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_S * 2 ** attempt)))
+                await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)))
                 continue
             self._known[key] = (new_revision, take.doc)
             return take

@@ -34,35 +34,74 @@ PATTERN_FLAGS = regex.DOTALL | regex.MULTILINE | regex.IGNORECASE
 
 
 class Action(str, Enum):
-    allow = "allow"      # not detected at all (costs nothing)
-    redact = "redact"    # replaced by <ENTITY_TYPE>
-    mask = "mask"        # letters and digits replaced by '*', the last 4 digits kept for long numbers
-    hash = "hash"        # replaced by <ENTITY_TYPE_hmac>: a stable, keyed pseudonym per tenant
-    block = "block"      # the request is refused, naming the entity types
+    allow = "allow"  # not detected at all (costs nothing)
+    redact = "redact"  # replaced by <ENTITY_TYPE>
+    mask = "mask"  # letters and digits replaced by '*', the last 4 digits kept for long numbers
+    hash = "hash"  # replaced by <ENTITY_TYPE_hmac>: a stable, keyed pseudonym per tenant
+    block = "block"  # the request is refused, naming the entity types
 
 
 # How strongly an action hides a value; where findings overlap, the strongest one wins.
 STRENGTH = {Action.allow: 0, Action.mask: 1, Action.hash: 2, Action.redact: 3, Action.block: 4}
 
 # Entity types found by pattern recognizers (regex + checksum + context words).
-PATTERN_ENTITIES = frozenset({
-    "CREDIT_CARD", "CRYPTO", "DATE_TIME", "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS", "MAC_ADDRESS",
-    "MEDICAL_LICENSE", "PHONE_NUMBER", "UK_NHS", "URL", "US_BANK_NUMBER", "US_DRIVER_LICENSE",
-    "US_ITIN", "US_PASSPORT", "US_SSN", "UUID",
-})
+PATTERN_ENTITIES = frozenset(
+    {
+        "CREDIT_CARD",
+        "CRYPTO",
+        "DATE_TIME",
+        "EMAIL_ADDRESS",
+        "IBAN_CODE",
+        "IP_ADDRESS",
+        "MAC_ADDRESS",
+        "MEDICAL_LICENSE",
+        "PHONE_NUMBER",
+        "UK_NHS",
+        "URL",
+        "US_BANK_NUMBER",
+        "US_DRIVER_LICENSE",
+        "US_ITIN",
+        "US_PASSPORT",
+        "US_SSN",
+        "UUID",
+    }
+)
 # Entity types only the NER model finds (DATE_TIME is found by both).
 NER_ENTITIES = frozenset({"PERSON", "LOCATION", "NRP", "ORGANIZATION", "DATE_TIME"})
 KNOWN_ENTITIES = PATTERN_ENTITIES | NER_ENTITIES
 
 DEFAULT_ACTIONS: dict[str, Action] = {
-    **{e: Action.redact for e in (
-        "US_SSN", "CREDIT_CARD", "US_BANK_NUMBER", "IBAN_CODE", "US_ITIN", "US_PASSPORT",
-        "US_DRIVER_LICENSE", "UK_NHS", "MEDICAL_LICENSE", "CRYPTO",
-        "EMAIL_ADDRESS", "PHONE_NUMBER", "IP_ADDRESS", "PERSON",
-    )},
-    **{e: Action.allow for e in (
-        "LOCATION", "DATE_TIME", "NRP", "ORGANIZATION", "URL", "UUID", "MAC_ADDRESS",
-    )},
+    **{
+        e: Action.redact
+        for e in (
+            "US_SSN",
+            "CREDIT_CARD",
+            "US_BANK_NUMBER",
+            "IBAN_CODE",
+            "US_ITIN",
+            "US_PASSPORT",
+            "US_DRIVER_LICENSE",
+            "UK_NHS",
+            "MEDICAL_LICENSE",
+            "CRYPTO",
+            "EMAIL_ADDRESS",
+            "PHONE_NUMBER",
+            "IP_ADDRESS",
+            "PERSON",
+        )
+    },
+    **{
+        e: Action.allow
+        for e in (
+            "LOCATION",
+            "DATE_TIME",
+            "NRP",
+            "ORGANIZATION",
+            "URL",
+            "UUID",
+            "MAC_ADDRESS",
+        )
+    },
 }
 
 EntityType = Annotated[str, Meta(pattern=r"^[A-Z][A-Z0-9_]{1,63}$")]
@@ -95,13 +134,13 @@ class CustomRecognizer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class TenantPiiPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True
-    fail_open: bool = False          # analysis failed or timed out: refuse (False) or pass unredacted
-    min_score: Score = 0.4           # Presidio's "very weak" patterns (<0.4) count only with context
+    fail_open: bool = False  # analysis failed or timed out: refuse (False) or pass unredacted
+    min_score: Score = 0.4  # Presidio's "very weak" patterns (<0.4) count only with context
     timeout_ms: Annotated[int, Meta(ge=10, le=30_000)] = 1000
-    entities: dict[EntityType, Action] = {}                        # overrides of DEFAULT_ACTIONS
+    entities: dict[EntityType, Action] = {}  # overrides of DEFAULT_ACTIONS
     allow_list: Annotated[list[Word], Meta(max_length=1000)] = []  # exact values never flagged
     custom: Annotated[list[CustomRecognizer], Meta(max_length=32)] = []
-    custom_action: Action = Action.redact   # for custom entity types not named in `entities`
+    custom_action: Action = Action.redact  # for custom entity types not named in `entities`
     # Model output too: the worker's stream detectors (validated patterns and the custom
     # recognizers, no NER) redact what the input's actions do not allow, across chunk edges.
     output: bool = True
@@ -155,10 +194,9 @@ def _locate(error: str, document: bytes | str) -> tuple[str, str]:
         return (f"{path}.{unknown.group(1)}" if path else unknown.group(1)), message
     if path.startswith("entities"):
         entities = msgspec.json.decode(document).get("entities", {})
-        bad_key = m is not None and m.group(1) is not None   # "- at `key` in `$.entities`"
+        bad_key = m is not None and m.group(1) is not None  # "- at `key` in `$.entities`"
         for key, value in entities.items() if isinstance(entities, dict) else ():
-            if (bad_key and not re.fullmatch(r"[A-Z][A-Z0-9_]{1,63}", key)) or \
-                    (not bad_key and value not in _ACTIONS):
+            if (bad_key and not re.fullmatch(r"[A-Z][A-Z0-9_]{1,63}", key)) or (not bad_key and value not in _ACTIONS):
                 return f"entities.{key}", message
     return path, message
 

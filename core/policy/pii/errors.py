@@ -19,10 +19,8 @@ class PiiBlocked(PiiError):
 
     def __init__(self, entity_types: list[str], param: str = "messages") -> None:
         self.entity_types = sorted(set(entity_types))
-        self.param = param      # the request field holding them, e.g. "messages[2].content"
-        super().__init__(
-            "request refused by the PII policy: it contains " + ", ".join(self.entity_types)
-        )
+        self.param = param  # the request field holding them, e.g. "messages[2].content"
+        super().__init__("request refused by the PII policy: it contains " + ", ".join(self.entity_types))
 
 
 class PiiRefused(PiiBlocked):

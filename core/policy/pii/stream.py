@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from core.policy.pii import Action, TenantPiiPolicy, mask
 
-Replace = Callable[[str, str], str]   # (entity_type, value) -> replacement
+Replace = Callable[[str, str], str]  # (entity_type, value) -> replacement
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Detector:
     entity_type: str
     pattern: re.Pattern[str]
     valid: Callable[[str], bool] | None = None
-    triggers: str | None = None          # None: always scan (custom patterns)
+    triggers: str | None = None  # None: always scan (custom patterns)
 
 
 def _luhn(value: str) -> bool:
@@ -62,21 +62,32 @@ def _ip(value: str) -> bool:
 
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-BUILT_IN = (   # order = precedence where matches overlap
-    Detector("CREDIT_CARD", re.compile(   # contiguous, 4-4-4-4(-3), or Amex/Diners 4-6-5/4
-        r"(?<![\d-])(?:\d{13,19}|\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?:\1\d{3}(?!\d))?|\d{4}([ -])\d{6}\2\d{4,5})(?!\d)"),
-        _luhn, "0123456789"),
+BUILT_IN = (  # order = precedence where matches overlap
+    Detector(
+        "CREDIT_CARD",
+        re.compile(  # contiguous, 4-4-4-4(-3), or Amex/Diners 4-6-5/4
+            r"(?<![\d-])(?:\d{13,19}|\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?:\1\d{3}(?!\d))?|\d{4}([ -])\d{6}\2\d{4,5})(?!\d)"
+        ),
+        _luhn,
+        "0123456789",
+    ),
     Detector("US_SSN", re.compile(r"(?<![\d-])\d{3}([- ])\d{2}\1\d{4}(?![\d-])"), _ssn, "0123456789"),
     Detector("IP_ADDRESS", re.compile(rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\d]|\.\d)"), _ip, "0123456789"),
     Detector("IP_ADDRESS", re.compile(r"(?<![\w:])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])"), _ip, ":"),
-    Detector("EMAIL_ADDRESS", re.compile(
-        r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}"), None, "@"),
-    Detector("PHONE_NUMBER", re.compile(
-        r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?|\d{1,4}[ .-])(?:\d{2,4}[ .-]){0,3}\d{2,8}(?!\w)"),
-        _phone, "0123456789"),
+    Detector(
+        "EMAIL_ADDRESS", re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}"), None, "@"
+    ),
+    Detector(
+        "PHONE_NUMBER",
+        re.compile(
+            r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?|\d{1,4}[ .-])(?:\d{2,4}[ .-]){0,3}\d{2,8}(?!\w)"
+        ),
+        _phone,
+        "0123456789",
+    ),
 )
-STREAM_TYPES = frozenset(d.entity_type for d in BUILT_IN)   # what output redaction can find
-_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL   # Presidio's flags for pattern recognizers
+STREAM_TYPES = frozenset(d.entity_type for d in BUILT_IN)  # what output redaction can find
+_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL  # Presidio's flags for pattern recognizers
 _NUMERIC = set("0123456789+-().")
 
 
@@ -110,31 +121,34 @@ def _trigger_patterns(detectors: tuple[Detector, ...]) -> tuple[list[re.Pattern[
 
 
 class StreamRedactor:
-    def __init__(self, detectors: Iterable[Detector], replace: Replace, *, hold: int = 64,
-                 max_hold: int = 1024) -> None:
+    def __init__(
+        self, detectors: Iterable[Detector], replace: Replace, *, hold: int = 64, max_hold: int = 1024
+    ) -> None:
         self.detectors = list(detectors)
         self.replace = replace
         self.custom = any(d.triggers is None for d in self.detectors)
         self._triggers, self._any_trigger = _trigger_patterns(tuple(self.detectors))
         self.hold = hold
         self.max_hold = max_hold
-        self.found: list[tuple[str, int, int]] = []   # (entity_type, start, end) in the raw stream
+        self.found: list[tuple[str, int, int]] = []  # (entity_type, start, end) in the raw stream
         self._buf = ""
-        self._left = ""      # the last released character: look-behind context for the buffer
-        self._offset = 0     # raw-stream position of the buffer's first character
+        self._left = ""  # the last released character: look-behind context for the buffer
+        self._offset = 0  # raw-stream position of the buffer's first character
 
     @classmethod
-    def for_policy(cls, policy: TenantPiiPolicy,
-                   replace: Callable[[str, str, Action], str] | None = None, **kw: int) -> StreamRedactor:
+    def for_policy(
+        cls, policy: TenantPiiPolicy, replace: Callable[[str, str, Action], str] | None = None, **kw: int
+    ) -> StreamRedactor:
         """Built-in detectors for the types the policy does not allow, plus its custom ones.
         Output cannot be refused mid-stream, so `block` redacts here."""
         wanted = policy.detected()
-        dets = [d for d in BUILT_IN if d.entity_type in wanted] + \
-            [d for d in custom_detectors(policy) if d.entity_type in wanted]
+        dets = [d for d in BUILT_IN if d.entity_type in wanted] + [
+            d for d in custom_detectors(policy) if d.entity_type in wanted
+        ]
         # Without a keyed replacer `hash` falls back to redaction: an unkeyed hash is reversible.
         act = replace or (lambda etype, value, action: mask(value) if action is Action.mask else f"<{etype}>")
 
-        allowed = frozenset(policy.allow_list)     # exact values never flagged, as on input
+        allowed = frozenset(policy.allow_list)  # exact values never flagged, as on input
 
         def rep(etype: str, value: str) -> str:
             if value in allowed:
@@ -184,9 +198,9 @@ class StreamRedactor:
 
     def _safe_cut(self, buf: str) -> int:
         i = len(buf)
-        while i > 0 and not buf[i - 1].isspace():   # the last, maybe unfinished, word
+        while i > 0 and not buf[i - 1].isspace():  # the last, maybe unfinished, word
             i -= 1
-        while True:                                  # numeric tokens before it
+        while True:  # numeric tokens before it
             j = i
             while j > 0 and buf[j - 1].isspace():
                 j -= 1
@@ -200,7 +214,7 @@ class StreamRedactor:
         if self.custom:
             i = min(i, max(0, len(buf) - self.hold))
             while 0 < i < len(buf) and not buf[i - 1].isspace() and not buf[i].isspace():
-                i -= 1                               # not inside a word
+                i -= 1  # not inside a word
         return max(i, len(buf) - self.max_hold, 0)
 
     def _matches(self, buf: str) -> list[tuple[int, int, str]]:

@@ -31,12 +31,12 @@ class BreakerState(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
-    failure_threshold: int = 5        # consecutive failures that open the breaker
-    error_rate: float = 0.5           # failure share in the window that opens it ...
+    failure_threshold: int = 5  # consecutive failures that open the breaker
+    error_rate: float = 0.5  # failure share in the window that opens it ...
     window_s: float = 30.0
-    min_volume: int = 20              # ... once the window holds at least this many calls
-    cooldown_s: float = 10.0          # OPEN for this long, then HALF_OPEN
-    half_open_probes: int = 1         # calls let through at a time while HALF_OPEN
+    min_volume: int = 20  # ... once the window holds at least this many calls
+    cooldown_s: float = 10.0  # OPEN for this long, then HALF_OPEN
+    half_open_probes: int = 1  # calls let through at a time while HALF_OPEN
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:
@@ -52,10 +52,10 @@ class BreakerConfig:
 @dataclass(frozen=True, slots=True)
 class Permit:
     generation: int
-    probe: bool                       # holds one of the HALF_OPEN probe slots
+    probe: bool  # holds one of the HALF_OPEN probe slots
 
 
-StateHook = Callable[[BreakerState, BreakerState], None]   # (old, new)
+StateHook = Callable[[BreakerState, BreakerState], None]  # (old, new)
 
 
 class CircuitBreaker:
@@ -73,7 +73,7 @@ class CircuitBreaker:
         self._generation = 0
         self._opened_at = 0.0
         self._consecutive = 0
-        self._probes = 0                                   # probe permits out, HALF_OPEN only
+        self._probes = 0  # probe permits out, HALF_OPEN only
         self._window: deque[tuple[float, bool]] = deque()  # (time, failed) in the window
         self._window_failures = 0
 
@@ -158,10 +158,10 @@ class CircuitBreaker:
     def _move(self, new: BreakerState) -> None:
         old = self._state
         self._state = new
-        self._generation += 1       # verdicts on permits from the old state are now stale
+        self._generation += 1  # verdicts on permits from the old state are now stale
         self._probes = 0
         self._consecutive = 0
-        self._window.clear()        # a fresh start: old failures must not re-open a closed breaker
+        self._window.clear()  # a fresh start: old failures must not re-open a closed breaker
         self._window_failures = 0
         if new is BreakerState.OPEN:
             self._opened_at = self._clock()

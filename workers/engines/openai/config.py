@@ -16,17 +16,17 @@ DEFAULT_KEY_ENV = env.UPSTREAM_API_KEY.name
 
 @dataclass(frozen=True, slots=True)
 class OpenAIUpstreamConfig:
-    base_url: str                            # up to the API version, e.g. http://host:8000/v1
-    model: str                               # the upstream's model name, sent as `model`
-    api_key_env: str = DEFAULT_KEY_ENV       # NAME of the env var holding the key (unset: no auth)
-    max_concurrency: int = 64                # streams in flight at once: the slots reported
-    token_budget: int = 1 << 30              # the upstream manages its own KV cache
+    base_url: str  # up to the API version, e.g. http://host:8000/v1
+    model: str  # the upstream's model name, sent as `model`
+    api_key_env: str = DEFAULT_KEY_ENV  # NAME of the env var holding the key (unset: no auth)
+    max_concurrency: int = 64  # streams in flight at once: the slots reported
+    token_budget: int = 1 << 30  # the upstream manages its own KV cache
     connect_timeout_s: float = 5.0
-    first_token_timeout_s: float = 30.0      # request sent → first token, per attempt
-    idle_timeout_s: float = 30.0             # longest gap between chunks after the first token
-    total_timeout_s: float = 600.0           # whole request, retries included
-    retries: int = 2                         # extra attempts, only before the first token
-    backoff_s: float = 0.2                   # first retry delay; doubles, jittered, capped
+    first_token_timeout_s: float = 30.0  # request sent → first token, per attempt
+    idle_timeout_s: float = 30.0  # longest gap between chunks after the first token
+    total_timeout_s: float = 600.0  # whole request, retries included
+    retries: int = 2  # extra attempts, only before the first token
+    backoff_s: float = 0.2  # first retry delay; doubles, jittered, capped
     backoff_max_s: float = 2.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     # Top-level fields a tenant may send this upstream beyond the built-in list: the fields that
@@ -53,11 +53,20 @@ class OpenAIUpstreamConfig:
         g = parser.add_argument_group("openai engine (--engine openai)")
         g.add_argument("--upstream-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
         g.add_argument("--upstream-model", help="model name the upstream serves")
-        g.add_argument("--upstream-key-env", default=DEFAULT_KEY_ENV, metavar="NAME",
-                       help="environment variable holding the upstream API key (default: %(default)s)")
-        g.add_argument("--upstream-allow-field", action="append", default=[], metavar="NAME",
-                       help="a request field to forward beyond the built-in list; the only way a tenant's "
-                            "store, service_tier, web_search_options, ... reach the upstream (repeatable)")
+        g.add_argument(
+            "--upstream-key-env",
+            default=DEFAULT_KEY_ENV,
+            metavar="NAME",
+            help="environment variable holding the upstream API key (default: %(default)s)",
+        )
+        g.add_argument(
+            "--upstream-allow-field",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="a request field to forward beyond the built-in list; the only way a tenant's "
+            "store, service_tier, web_search_options, ... reach the upstream (repeatable)",
+        )
         flags: list[tuple[str, type, object, str]] = [
             ("max-concurrency", int, d["max_concurrency"], "streams in flight at once (the slots offered)"),
             ("connect-timeout", float, d["connect_timeout_s"], "seconds to open a TCP connection"),

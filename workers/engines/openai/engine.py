@@ -56,8 +56,14 @@ from workers.engines.openai.config import OpenAIUpstreamConfig
 from workers.engines.openai.errors import CircuitOpen, UpstreamError, UpstreamRejected, UpstreamTimeout
 from workers.engines.openai.http import Aborted, Call, UpstreamHTTP, abortable
 
-__all__ = ["CircuitOpen", "OpenAIUpstreamConfig", "OpenAIUpstreamEngine", "UpstreamError",
-           "UpstreamRejected", "UpstreamTimeout"]
+__all__ = [
+    "CircuitOpen",
+    "OpenAIUpstreamConfig",
+    "OpenAIUpstreamEngine",
+    "UpstreamError",
+    "UpstreamRejected",
+    "UpstreamTimeout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +73,8 @@ log = logging.getLogger(__name__)
 
 class OpenAIUpstreamEngine(Engine):
     name = "openai"
-    supports_logprobs = True           # chat `logprobs: true` / completions `logprobs: 0` upstream
-    shared_prefix_cache = True         # one API key for every tenant: hits metered, not told
+    supports_logprobs = True  # chat `logprobs: true` / completions `logprobs: 0` upstream
+    shared_prefix_cache = True  # one API key for every tenant: hits metered, not told
 
     def __init__(
         self,
@@ -126,7 +132,7 @@ class OpenAIUpstreamEngine(Engine):
         if call.pending is not None:
             call.pending.cancel()
         if call.response is not None:
-            call.response.close()            # wakes a pending read and drops the connection
+            call.response.close()  # wakes a pending read and drops the connection
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         rid, key = request.request_id, request.key
@@ -137,16 +143,24 @@ class OpenAIUpstreamEngine(Engine):
             raise EngineError(rid, "request is already running on this engine")
         if request.adapter:
             # Never the base model in its place: the client asked for the adapter's answers.
-            raise UnsupportedRequest(rid, "model", f"the model {request.body.model!r} is a LoRA adapter, and "
-                                                   "this pool's engine (a hosted upstream) serves none")
+            raise UnsupportedRequest(
+                rid,
+                "model",
+                f"the model {request.body.model!r} is a LoRA adapter, and "
+                "this pool's engine (a hosted upstream) serves none",
+            )
         url, body = self._build(request)
         embedding = isinstance(request.body, EmbeddingBody)
         # Upstream it goes by its bare id (X-Request-Id, for the upstream's logs): the tenant's
         # name is not the hosted provider's to know.
-        call = self._inflight[key] = Call(rid, request.klass, choices=request.body.choices,
-                                          logprobs=wire.client_wants_logprobs(request.body),
-                                          confidence=request.confidence and not embedding,
-                                          embedding=len(request.body.inputs) if embedding else 0)
+        call = self._inflight[key] = Call(
+            rid,
+            request.klass,
+            choices=request.body.choices,
+            logprobs=wire.client_wants_logprobs(request.body),
+            confidence=request.confidence and not embedding,
+            embedding=len(request.body.inputs) if embedding else 0,
+        )
         attempt_fn = http.attempt_embedding if embedding else http.attempt
         self._running[request.klass] += 1
         loop = asyncio.get_running_loop()
@@ -156,12 +170,12 @@ class OpenAIUpstreamEngine(Engine):
                 permit = self.breaker.acquire()
                 if permit is None:
                     raise CircuitOpen(rid, self.breaker.retry_after())
-                verdict: bool | None = None          # None: says nothing about the upstream
+                verdict: bool | None = None  # None: says nothing about the upstream
                 try:
                     async with contextlib.aclosing(attempt_fn(call, url, body, deadline)) as reads:
                         async for outputs in reads:
                             for output in outputs:
-                                if call.aborted:     # abort() ran while an output was out
+                                if call.aborted:  # abort() ran while an output was out
                                     raise Aborted
                                 call.streamed += 1
                                 yield output
@@ -174,9 +188,14 @@ class OpenAIUpstreamEngine(Engine):
                         raise
                     delay = self._backoff(attempt, err.retry_after_s)
                     if delay > self.config.backoff_max_s or loop.time() + delay >= deadline:
-                        raise                        # a long Retry-After: fail now, not hold the slot
-                    log.info("upstream attempt %d for %s failed (%s); retrying in %.2fs",
-                             attempt + 1, rid, err.message, delay)
+                        raise  # a long Retry-After: fail now, not hold the slot
+                    log.info(
+                        "upstream attempt %d for %s failed (%s); retrying in %.2fs",
+                        attempt + 1,
+                        rid,
+                        err.message,
+                        delay,
+                    )
                 finally:
                     self._judge(permit, verdict)
                 await abortable(call, asyncio.sleep(delay), loop.time() + delay + 1.0)
@@ -194,12 +213,11 @@ class OpenAIUpstreamEngine(Engine):
     def _build(self, request: EngineRequest) -> tuple[str, bytes]:
         body = request.body
         try:
-            extra = wire.forwarded_extra(request, self.config.allow_fields)   # UnsupportedRequest naming a field
+            extra = wire.forwarded_extra(request, self.config.allow_fields)  # UnsupportedRequest naming a field
             if isinstance(body, EmbeddingBody):
                 data = wire.encode_embedding_body(body, self.config.model, extra)
             else:
-                data = wire.encode_body(body, self.config.model, extra,
-                                        sampled_logprobs=request.confidence)
+                data = wire.encode_body(body, self.config.model, extra, sampled_logprobs=request.confidence)
         except (ValueError, msgspec.DecodeError) as exc:
             raise EngineError(request.request_id, f"malformed extra fields: {exc}") from None
         return self.config.base_url.rstrip("/") + wire.path_of(body), data
@@ -209,23 +227,35 @@ class OpenAIUpstreamEngine(Engine):
         if call.embedding:
             body = request.body
             assert isinstance(body, EmbeddingBody)
-            prompt_tokens = usage.prompt_tokens if usage is not None else \
-                max(1, sum(len(t) for t in body.texts()) // 4 + body.token_count())
-            return EngineOutput(text="", finish_reason="abort" if aborted else "stop",
-                                prompt_tokens=prompt_tokens, vectors=[] if aborted else call.vectors)
+            prompt_tokens = (
+                usage.prompt_tokens
+                if usage is not None
+                else max(1, sum(len(t) for t in body.texts()) // 4 + body.token_count())
+            )
+            return EngineOutput(
+                text="",
+                finish_reason="abort" if aborted else "stop",
+                prompt_tokens=prompt_tokens,
+                vectors=[] if aborted else call.vectors,
+            )
         cached_tokens = 0
         if usage is not None:
             prompt_tokens, completion_tokens = usage.prompt_tokens, usage.completion_tokens
-            cached_tokens = usage.cached_tokens     # the upstream's prefix-cache hits, relayed
+            cached_tokens = usage.cached_tokens  # the upstream's prefix-cache hits, relayed
         else:
             # No usage chunk (an aborted stream, or an upstream that ignores include_usage):
             # count streamed deltas (about one token each) and estimate the prompt.
             chars = sum(len(t) for t in request.body.texts())
             prompt_tokens, completion_tokens = max(1, chars // 4), call.streamed
         reasons = ["abort" if aborted else wire.finish_reason(call.finishes.get(i)) for i in range(call.choices)]
-        return EngineOutput(text="", finish_reason=reasons[0], prompt_tokens=prompt_tokens,
-                            completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                            finish_reasons=reasons if call.choices > 1 else [])
+        return EngineOutput(
+            text="",
+            finish_reason=reasons[0],
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            finish_reasons=reasons if call.choices > 1 else [],
+        )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Jittered exponential delay, or the upstream's Retry-After when that is longer."""

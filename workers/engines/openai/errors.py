@@ -33,7 +33,7 @@ class UpstreamError(EngineError):
 class UpstreamTimeout(UpstreamError):
     def __init__(self, request_id: str, phase: str, *, retryable: bool) -> None:
         super().__init__(request_id, f"upstream {phase} timeout", retryable=retryable)
-        self.phase = phase           # "connect" | "first_token" | "idle" | "total"
+        self.phase = phase  # "connect" | "first_token" | "idle" | "total"
 
 
 class CircuitOpen(UpstreamError):
@@ -47,4 +47,3 @@ class UpstreamRejected(UnsupportedRequest):
     def __init__(self, request_id: str, status: int, param: str, message: str) -> None:
         super().__init__(request_id, param, message)
         self.status = status
-

@@ -26,8 +26,8 @@ from workers.engines.openai.config import OpenAIUpstreamConfig
 from workers.engines.openai.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 from workers.engines.openai.sse import EventSplitter, EventTooLarge
 
-_ERROR_BODY_LIMIT = 4096       # bytes of an error response read for its message
-_EMBEDDING_BODY_LIMIT = 256 << 20   # an embedding answer: 2048 inputs x 3072 dims as base64 is ~34 MB
+_ERROR_BODY_LIMIT = 4096  # bytes of an error response read for its message
+_EMBEDDING_BODY_LIMIT = 256 << 20  # an embedding answer: 2048 inputs x 3072 dims as base64 is ~34 MB
 _T = TypeVar("_T")
 
 
@@ -43,15 +43,15 @@ class Call:
     klass: str
     aborted: bool = False
     choices: int = 1
-    logprobs: bool = False                            # the client asked for them
-    confidence: bool = False                          # the cascade asked for sampled logprobs
-    streamed: int = 0                                 # outputs yielded, over all attempts
-    finishes: dict[int, str] = field(default_factory=dict)   # choice index → upstream finish reason
+    logprobs: bool = False  # the client asked for them
+    confidence: bool = False  # the cascade asked for sampled logprobs
+    streamed: int = 0  # outputs yielded, over all attempts
+    finishes: dict[int, str] = field(default_factory=dict)  # choice index → upstream finish reason
     usage: wire.Usage | None = None
-    embedding: int = 0                                # an embedding request: its number of inputs
-    vectors: list[bytes] = field(default_factory=list)   # its answer, once read
-    pending: asyncio.Future[Any] | None = None        # send or backoff in progress
-    response: aiohttp.ClientResponse | None = None    # stream being read
+    embedding: int = 0  # an embedding request: its number of inputs
+    vectors: list[bytes] = field(default_factory=list)  # its answer, once read
+    pending: asyncio.Future[Any] | None = None  # send or backoff in progress
+    response: aiohttp.ClientResponse | None = None  # stream being read
 
 
 async def abortable(call: Call, aw: Awaitable[_T], deadline: float) -> _T:
@@ -83,14 +83,12 @@ async def abortable(call: Call, aw: Awaitable[_T], deadline: float) -> _T:
 class UpstreamHTTP:
     """The upstream's session and headers, and the I/O of one attempt over them."""
 
-    def __init__(self, config: OpenAIUpstreamConfig, session: aiohttp.ClientSession,
-                 headers: dict[str, str]) -> None:
+    def __init__(self, config: OpenAIUpstreamConfig, session: aiohttp.ClientSession, headers: dict[str, str]) -> None:
         self.config = config
         self.session = session
         self.headers = headers
 
-    async def attempt(self, call: Call, url: str, body: bytes,
-                      deadline: float) -> AsyncIterator[list[EngineOutput]]:
+    async def attempt(self, call: Call, url: str, body: bytes, deadline: float) -> AsyncIterator[list[EngineOutput]]:
         """One HTTP request: yields the deltas of each read (the consumer counts `call.streamed`
         as it releases them), records finish reasons and usage on `call`."""
         loop = asyncio.get_running_loop()
@@ -101,7 +99,7 @@ class UpstreamHTTP:
         events = EventSplitter()
         try:
             while True:
-                if call.aborted:                     # abort() ran while outputs were out
+                if call.aborted:  # abort() ran while outputs were out
                     raise Aborted
                 if call.streamed:
                     read_deadline = min(deadline, loop.time() + self.config.idle_timeout_s)
@@ -109,27 +107,31 @@ class UpstreamHTTP:
                 else:
                     read_deadline, phase = first_deadline, first_phase
                 ready = await self._next_events(call, resp, events, read_deadline, phase)
-                if not ready:                        # EOF: fine after a finish_reason, else cut short
+                if not ready:  # EOF: fine after a finish_reason, else cut short
                     if not call.finishes:
-                        raise UpstreamError(call.request_id, "upstream closed the stream before it finished",
-                                            retryable=not call.streamed)
+                        raise UpstreamError(
+                            call.request_id,
+                            "upstream closed the stream before it finished",
+                            retryable=not call.streamed,
+                        )
                     break
                 outputs, done, error = self._outputs(call, ready)
                 if outputs:
                     yield outputs
                     if call.aborted:
                         raise Aborted
-                if error is not None:                # after the outputs before it went out
+                if error is not None:  # after the outputs before it went out
                     raise UpstreamError(call.request_id, error, retryable=not call.streamed)
                 if done:
                     break
-            resp.release()                           # a clean end: the connection may be reused
+            resp.release()  # a clean end: the connection may be reused
         finally:
             call.response = None
             resp.close()
 
-    async def attempt_embedding(self, call: Call, url: str, body: bytes,
-                                deadline: float) -> AsyncIterator[list[EngineOutput]]:
+    async def attempt_embedding(
+        self, call: Call, url: str, body: bytes, deadline: float
+    ) -> AsyncIterator[list[EngineOutput]]:
         """One `/embeddings` request: reads the whole answer into `call` and yields nothing (the
         engine's final output carries the vectors), so every failure happens before a yield."""
         loop = asyncio.get_running_loop()
@@ -143,8 +145,9 @@ class UpstreamHTTP:
                 answer = wire.decode_embeddings(raw)
                 call.vectors = wire.embedding_vectors(answer, call.embedding)
             except (msgspec.DecodeError, wire.BadEmbeddings) as exc:
-                raise UpstreamError(call.request_id, f"upstream sent a malformed embedding answer: {exc}",
-                                    retryable=True) from None
+                raise UpstreamError(
+                    call.request_id, f"upstream sent a malformed embedding answer: {exc}", retryable=True
+                ) from None
             if answer.usage is not None:
                 call.usage = wire.Usage(prompt_tokens=answer.usage.prompt_tokens)
             resp.release()
@@ -169,8 +172,9 @@ class UpstreamHTTP:
         except TimeoutError:
             raise UpstreamTimeout(call.request_id, phase, retryable=phase != "total") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError(call.request_id, f"upstream answer broken: {type(exc).__name__}",
-                                retryable=True) from exc
+            raise UpstreamError(
+                call.request_id, f"upstream answer broken: {type(exc).__name__}", retryable=True
+            ) from exc
 
     def _outputs(self, call: Call, payloads: list[bytes]) -> tuple[list[EngineOutput], bool, str | None]:
         """The outputs of these events in order: one per choice that carries anything (finish
@@ -202,7 +206,7 @@ class UpstreamHTTP:
         self, call: Call, resp: aiohttp.ClientResponse, events: EventSplitter, deadline: float, phase: str
     ) -> list[bytes]:
         """The payloads of the next event(s) read; [] at the end of the stream."""
-        retryable = not call.streamed                # nothing released yet: another attempt may
+        retryable = not call.streamed  # nothing released yet: another attempt may
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
@@ -212,8 +216,9 @@ class UpstreamHTTP:
             except (aiohttp.ClientError, OSError) as exc:
                 if call.aborted:
                     raise Aborted from None
-                raise UpstreamError(call.request_id, f"upstream stream broken: {type(exc).__name__}",
-                                    retryable=retryable) from exc
+                raise UpstreamError(
+                    call.request_id, f"upstream stream broken: {type(exc).__name__}", retryable=retryable
+                ) from exc
             if call.aborted:
                 raise Aborted
             if not data:
@@ -226,8 +231,9 @@ class UpstreamHTTP:
             if payloads:
                 return payloads
 
-    async def _open(self, call: Call, url: str, body: bytes, deadline: float, phase: str, *,
-                    json_answer: bool = False) -> aiohttp.ClientResponse:
+    async def _open(
+        self, call: Call, url: str, body: bytes, deadline: float, phase: str, *, json_answer: bool = False
+    ) -> aiohttp.ClientResponse:
         """Send the request and return a 200 event stream (a 200 JSON answer when `json_answer`),
         or raise a classified error."""
         rid = call.request_id
@@ -254,8 +260,13 @@ class UpstreamHTTP:
             if status == 200:
                 raise UpstreamError(rid, f"upstream answered {resp.content_type}, not {expected}")
             if status == 429 or status >= 500:
-                raise UpstreamError(rid, f"upstream returned HTTP {status}", status=status,
-                                    retryable=True, retry_after_s=_retry_after(resp))
+                raise UpstreamError(
+                    rid,
+                    f"upstream returned HTTP {status}",
+                    status=status,
+                    retryable=True,
+                    retry_after_s=_retry_after(resp),
+                )
             if status in (400, 413, 422):
                 param, message = await self._error_detail(call, resp, deadline)
                 raise UpstreamRejected(rid, status, param, message)
@@ -286,7 +297,7 @@ def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
     try:
         return float(resp.headers.get("Retry-After", ""))
     except ValueError:
-        return None              # absent, or an HTTP date: fall back to our own backoff
+        return None  # absent, or an HTTP date: fall back to our own backoff
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

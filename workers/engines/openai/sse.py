@@ -12,7 +12,7 @@ usual one-line `data: {...}` event needs no line loop at all.
 
 from __future__ import annotations
 
-MAX_EVENT_BYTES = 16 << 20        # an upstream that never ends an event must not eat our memory
+MAX_EVENT_BYTES = 16 << 20  # an upstream that never ends an event must not eat our memory
 
 
 class EventTooLarge(ValueError):
@@ -25,15 +25,15 @@ class EventSplitter:
     __slots__ = ("_rest", "_cr", "_started", "_limit")
 
     def __init__(self, limit: int = MAX_EVENT_BYTES) -> None:
-        self._rest = b""          # the unfinished event, line endings already LF
-        self._cr = False          # the last read ended in CR: an LF opening the next is its pair
+        self._rest = b""  # the unfinished event, line endings already LF
+        self._cr = False  # the last read ended in CR: an LF opening the next is its pair
         self._started = False
         self._limit = limit
 
     def feed(self, data: bytes) -> list[bytes]:
         if not self._started and data:
             self._started = True
-            if data.startswith(b"\xef\xbb\xbf"):      # a UTF-8 BOM may open the stream
+            if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM may open the stream
                 data = data[3:]
         if self._cr and data.startswith(b"\n"):
             data, self._cr = data[1:], False
@@ -48,7 +48,7 @@ class EventSplitter:
             raise EventTooLarge(f"an event longer than {self._limit} bytes")
         out = []
         for block in blocks:
-            if block.startswith(b"data: ") and b"\n" not in block:    # the usual one-line event, inline
+            if block.startswith(b"data: ") and b"\n" not in block:  # the usual one-line event, inline
                 out.append(block[6:])
             elif (payload := _payload(block)) is not None:
                 out.append(payload)
@@ -62,7 +62,7 @@ class EventSplitter:
 
 def _payload(block: bytes) -> bytes | None:
     """The data of one event's lines (LF-separated, no blank line inside), or None."""
-    if b"\n" not in block:                            # the usual case: one line
+    if b"\n" not in block:  # the usual case: one line
         if block.startswith(b"data:"):
             return block[6:] if block[5:6] == b" " else block[5:]
         return b"" if block == b"data" else None

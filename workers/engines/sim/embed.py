@@ -24,7 +24,7 @@ from schemas.openai import EmbeddingBody
 from workers.engine import EngineRequest, UnsupportedRequest
 from workers.engines.sim.request import checked_extras
 
-NATIVE_DIMENSIONS = 384              # the simulated model's vector size (a MiniLM-sized model)
+NATIVE_DIMENSIONS = 384  # the simulated model's vector size (a MiniLM-sized model)
 _SCALE = 1.0 / 2**31
 
 # vLLM's embedding extras: accepted because the sim honours them, or because they do not change
@@ -37,8 +37,8 @@ _NOOP = {"add_special_tokens": bool, "use_activation": bool}
 class SimEmbedding:
     """An embedding request the sim accepted."""
 
-    prompt_tokens: int                 # all inputs together: what usage reports
-    vectors: list[bytes]               # float32 little-endian, one per input, in input order
+    prompt_tokens: int  # all inputs together: what usage reports
+    vectors: list[bytes]  # float32 little-endian, one per input, in input order
 
 
 def accept_embedding(request: EngineRequest, max_model_len: int) -> SimEmbedding:
@@ -50,8 +50,9 @@ def accept_embedding(request: EngineRequest, max_model_len: int) -> SimEmbedding
         raise UnsupportedRequest(rid, "input", problem)
     dims = body.dimensions or NATIVE_DIMENSIONS
     if dims > NATIVE_DIMENSIONS:
-        raise UnsupportedRequest(rid, "dimensions", f"this model's embeddings have at most "
-                                                    f"{NATIVE_DIMENSIONS} dimensions; asked for {dims}")
+        raise UnsupportedRequest(
+            rid, "dimensions", f"this model's embeddings have at most {NATIVE_DIMENSIONS} dimensions; asked for {dims}"
+        )
     if truncate is not None and truncate < 1:
         raise UnsupportedRequest(rid, "truncate_prompt_tokens", "truncate_prompt_tokens must be at least 1")
     total, vectors = 0, []
@@ -59,10 +60,11 @@ def accept_embedding(request: EngineRequest, max_model_len: int) -> SimEmbedding
         tokens = len(item) if isinstance(item, list) else max(1, math.ceil(len(item) / 4))
         if truncate is not None and tokens > truncate:
             tokens = truncate
-            item = item[-truncate:] if isinstance(item, list) else item[-truncate * 4:]   # vLLM keeps the end
+            item = item[-truncate:] if isinstance(item, list) else item[-truncate * 4 :]  # vLLM keeps the end
         if tokens > max_model_len:
-            raise UnsupportedRequest(rid, "input", f"input {i} has {tokens} tokens; this model's maximum "
-                                                   f"context length is {max_model_len}")
+            raise UnsupportedRequest(
+                rid, "input", f"input {i} has {tokens} tokens; this model's maximum context length is {max_model_len}"
+            )
         if isinstance(item, list) and not item:
             raise UnsupportedRequest(rid, "input", f"input {i} is empty")
         total += tokens
@@ -77,9 +79,9 @@ def vector(item: str | list[int], dims: int = NATIVE_DIMENSIONS) -> bytes:
     values = [x * _SCALE - 1.0 for x in raw[:dims]]
     norm = math.sqrt(sum(v * v for v in values)) or 1.0
     out = array("f", [v / norm for v in values])
-    if out.itemsize != 4:                              # pragma: no cover - every CPython platform
+    if out.itemsize != 4:  # pragma: no cover - every CPython platform
         raise RuntimeError("array('f') is not float32 here")
-    if sys.byteorder != "little":                     # pragma: no cover - the wire is little-endian
+    if sys.byteorder != "little":  # pragma: no cover - the wire is little-endian
         out.byteswap()
     return out.tobytes()
 

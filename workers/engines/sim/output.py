@@ -23,10 +23,22 @@ from schemas.openai import ChatBody, Tool
 from workers.engines.sim.request import SimRequest
 from workers.engines.sim.schema import SchemaUnsupported, instance
 
-WORDS = ("Laneway ", "streams ", "simulated ", "tokens ", "from ", "a ", "modelled ", "GPU ",
-         "engine ", "with ", "continuous ", "batching. ")
-MIN_ANSWER, MAX_ANSWER = 16, 200       # a natural answer's length in tokens, when nothing caps it
-_PIECE = re.compile(r"\s*(?:\w{1,8}|[^\w\s]{1,3})|\s+")   # JSON text in token-sized pieces
+WORDS = (
+    "Laneway ",
+    "streams ",
+    "simulated ",
+    "tokens ",
+    "from ",
+    "a ",
+    "modelled ",
+    "GPU ",
+    "engine ",
+    "with ",
+    "continuous ",
+    "batching. ",
+)
+MIN_ANSWER, MAX_ANSWER = 16, 200  # a natural answer's length in tokens, when nothing caps it
+_PIECE = re.compile(r"\s*(?:\w{1,8}|[^\w\s]{1,3})|\s+")  # JSON text in token-sized pieces
 
 
 class Unfit(Exception):
@@ -41,17 +53,17 @@ class Unfit(Exception):
 class Piece:
     """One generated token: content text, or a part of tool call `call`."""
 
-    text: str                          # content, or a fragment of the call's arguments
+    text: str  # content, or a fragment of the call's arguments
     token_id: int
-    call: int = -1                     # -1: message content
-    name: str = ""                     # a call's first piece: its function name and id
+    call: int = -1  # -1: message content
+    name: str = ""  # a call's first piece: its function name and id
     id: str = ""
 
 
 @dataclass(slots=True)
 class Answer:
     pieces: list[Piece]
-    finish: str                        # at its natural end: "stop" or "tool_calls"
+    finish: str  # at its natural end: "stop" or "tool_calls"
 
 
 def token_id(text: str) -> int:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 # NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 989 TFLOPS dense BF16, 1,979 TFLOPS dense FP8, 80 GB.
 _H100_BW, _H100_BF16, _H100_FP8, _H100_MEM = 3.35e12, 989e12, 1979e12, 80e9
-_BW_EFF, _MFU = 0.7, 0.5      # achieved fractions typical of vLLM decode / prefill
-_CTX = 1900                   # reference context for per-sequence KV reads: 1.5K in + 400 out
+_BW_EFF, _MFU = 0.7, 0.5  # achieved fractions typical of vLLM decode / prefill
+_CTX = 1900  # reference context for per-sequence KV reads: 1.5K in + 400 out
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,13 @@ class SimProfile:
     max_seqs: int
     kv_tokens: int
     source: str
-    max_num_batched_tokens: int = 8192      # vLLM's default on ≥ 70 GiB GPUs but A100 (OpenAI server)
-    long_prefill_token_threshold: int = 0   # vLLM's default: a prompt may take the whole budget
+    max_num_batched_tokens: int = 8192  # vLLM's default on ≥ 70 GiB GPUs but A100 (OpenAI server)
+    long_prefill_token_threshold: int = 0  # vLLM's default: a prompt may take the whole budget
 
 
-def _roofline(name: str, params: float, weight_bytes: float, kv_bytes_per_token: float,
-              gpus: int, peak_flops: float, source: str) -> SimProfile:
+def _roofline(
+    name: str, params: float, weight_bytes: float, kv_bytes_per_token: float, gpus: int, peak_flops: float, source: str
+) -> SimProfile:
     bw = _H100_BW * gpus * _BW_EFF
     return SimProfile(
         name=name,
@@ -62,13 +63,26 @@ def step_seconds(p: SimProfile, sequences: int, tokens: int) -> float:
 PROFILES: dict[str, SimProfile] = {
     # Llama-3.1-8B, BF16, 1×H100: 16 GB weights; KV 32 layers × 8 kv-heads × 128 × 2 (K,V) × 2 B = 128 KiB/token.
     "llama-8b-h100": _roofline(
-        "llama-8b-h100", 8.0e9, 16.0e9, 131_072, 1, _H100_BF16,
-        "H100 SXM datasheet (3.35 TB/s, 989 TFLOPS BF16); Llama-3.1-8B config; 70% bandwidth, 50% MFU"),
+        "llama-8b-h100",
+        8.0e9,
+        16.0e9,
+        131_072,
+        1,
+        _H100_BF16,
+        "H100 SXM datasheet (3.35 TB/s, 989 TFLOPS BF16); Llama-3.1-8B config; 70% bandwidth, 50% MFU",
+    ),
     # Llama-3.1-70B, FP8 weights, TP=2 on 2×H100: 70 GB weights; KV 80 layers × 8 × 128 × 2 × 2 B = 320 KiB/token.
     "llama-70b-fp8-2xh100": _roofline(
-        "llama-70b-fp8-2xh100", 70.6e9, 70.6e9, 327_680, 2, _H100_FP8,
-        "H100 SXM datasheet (3.35 TB/s, 1979 TFLOPS FP8) ×2 (TP=2); Llama-3.1-70B config; 70% bandwidth, 50% MFU"),
+        "llama-70b-fp8-2xh100",
+        70.6e9,
+        70.6e9,
+        327_680,
+        2,
+        _H100_FP8,
+        "H100 SXM datasheet (3.35 TB/s, 1979 TFLOPS FP8) ×2 (TP=2); Llama-3.1-70B config; 70% bandwidth, 50% MFU",
+    ),
     # No GPU time at all: isolates Laneway's own overhead in benchmarks.
-    "zero": SimProfile("zero", 0.0, 0.0, 0.0, 4096, 1 << 40, "no delays: overhead measurements only",
-                       max_num_batched_tokens=1 << 30),
+    "zero": SimProfile(
+        "zero", 0.0, 0.0, 0.0, 4096, 1 << 40, "no delays: overhead measurements only", max_num_batched_tokens=1 << 30
+    ),
 }

@@ -42,7 +42,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
-BLOCK = 16                              # vLLM's default block_size on GPU (CacheConfig)
+BLOCK = 16  # vLLM's default block_size on GPU (CacheConfig)
 
 
 def block_hashes(text: str, prompt_tokens: int, salt: str = "") -> tuple[int, ...]:
@@ -50,7 +50,7 @@ def block_hashes(text: str, prompt_tokens: int, salt: str = "") -> tuple[int, ..
     out: list[int] = []
     parent: object = salt
     for i in range(prompt_tokens // BLOCK):
-        parent = hash((parent, text[i * BLOCK * 4:(i + 1) * BLOCK * 4]))
+        parent = hash((parent, text[i * BLOCK * 4 : (i + 1) * BLOCK * 4]))
         out.append(parent)
     return tuple(out)
 
@@ -62,7 +62,7 @@ class SchedulerConfig:
     num_blocks: int
     long_prefill_token_threshold: int = 0
     policy: Literal["priority", "fcfs"] = "priority"
-    max_loras: int = 0                  # distinct LoRA adapters in one step at most (0: no LoRA limit)
+    max_loras: int = 0  # distinct LoRA adapters in one step at most (0: no LoRA limit)
 
 
 @dataclass(eq=False)
@@ -74,14 +74,14 @@ class Sequence:
     arrival: int
     prompt_tokens: int
     hashes: tuple[int, ...] = ()
-    num_tokens: int = 0                 # prompt + sampled output
-    computed: int = 0                   # tokens whose KV is in the cache
+    num_tokens: int = 0  # prompt + sampled output
+    computed: int = 0  # tokens whose KV is in the cache
     blocks: list[int] = field(default_factory=list)
-    hashed: int = 0                     # leading blocks registered in the prefix cache
+    hashed: int = 0  # leading blocks registered in the prefix cache
     preemptions: int = 0
-    cached_tokens: int = 0              # prompt tokens taken from the prefix cache, all starts
-    adapter: str = ""                   # its LoRA adapter ("" for the base model)
-    first_hit: int | None = None        # ... at its first start: what vLLM reports (num_cached_tokens)
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache, all starts
+    adapter: str = ""  # its LoRA adapter ("" for the base model)
+    first_hit: int | None = None  # ... at its first start: what vLLM reports (num_cached_tokens)
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -94,8 +94,8 @@ class Sequence:
 
 @dataclass
 class Step:
-    scheduled: dict[Sequence, int] = field(default_factory=dict)   # tokens per sequence
-    decodes: int = 0                    # sequences computing one token past a full prefill
+    scheduled: dict[Sequence, int] = field(default_factory=dict)  # tokens per sequence
+    decodes: int = 0  # sequences computing one token past a full prefill
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -113,7 +113,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict()
         self._refs: dict[int, int] = {}
         self._hash_of: dict[int, int] = {}
-        self._cached: dict[int, int] = {}   # hash → block
+        self._cached: dict[int, int] = {}  # hash → block
 
     @property
     def free(self) -> int:
@@ -167,7 +167,7 @@ class Scheduler:
         self.pool = BlockPool(config.num_blocks)
         self.running: list[Sequence] = []
         self._waiting: list[tuple[int, int, int, Sequence]] = []
-        self._queued = 0                    # waiting sequences not done
+        self._queued = 0  # waiting sequences not done
         self._ties = itertools.count()
 
     def add(self, seq: Sequence) -> None:
@@ -190,8 +190,7 @@ class Scheduler:
             seq = self.running[i]
             n = min(self._chunk(seq.num_tokens - seq.computed, threshold), budget)
             while not self._allocate(seq, n):
-                victim = (max(self.running, key=lambda s: s.rank) if c.policy == "priority"
-                          else self.running[-1])
+                victim = max(self.running, key=lambda s: s.rank) if c.policy == "priority" else self.running[-1]
                 at = self.running.index(victim)
                 del self.running[at]
                 if at < i:
@@ -209,8 +208,11 @@ class Scheduler:
             break
         if not step.preempted:
             budget = self._start_waiting(step, budget, threshold)
-        step.decodes = sum(1 for s, n in step.scheduled.items()
-                           if n == 1 and s.num_tokens > s.prompt_tokens and s.computed == s.num_tokens - 1)
+        step.decodes = sum(
+            1
+            for s, n in step.scheduled.items()
+            if n == 1 and s.num_tokens > s.prompt_tokens and s.computed == s.num_tokens - 1
+        )
         return step
 
     def _start_waiting(self, step: Step, budget: int, threshold: int) -> int:
@@ -223,8 +225,12 @@ class Scheduler:
             if seq.done:
                 heapq.heappop(self._waiting)
                 continue
-            if (seq.adapter and self.config.max_loras and seq.adapter not in adapters
-                    and len(adapters) >= self.config.max_loras):
+            if (
+                seq.adapter
+                and self.config.max_loras
+                and seq.adapter not in adapters
+                and len(adapters) >= self.config.max_loras
+            ):
                 skipped.append(heapq.heappop(self._waiting))
                 continue
             hits = self.pool.lookup(seq.hashes, (seq.num_tokens - 1) // BLOCK)
@@ -269,7 +275,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         else:
-            self._queued -= 1                # still waiting: dropped lazily from the heap
+            self._queued -= 1  # still waiting: dropped lazily from the heap
         self.pool.release(seq.blocks)
         seq.blocks = []
 

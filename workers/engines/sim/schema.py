@@ -22,19 +22,32 @@ import re._parser as _sre  # type: ignore[import-not-found]
 import uuid
 from typing import Any
 
-MAX_DEPTH = 16                         # recursive $refs stop adding optional parts well before this
+MAX_DEPTH = 16  # recursive $refs stop adding optional parts well before this
 # A client's schema is expanded on the event loop: bound the work one request can ask for.
-MAX_SIZE = 4096                        # minLength, minItems, minProperties, a pattern's repeat
-MAX_NODES = 20_000                     # values generated for one instance
+MAX_SIZE = 4096  # minLength, minItems, minProperties, a pattern's repeat
+MAX_NODES = 20_000  # values generated for one instance
 
 _WORDS = ("simulated", "value", "laneway", "sample", "alpha", "beta", "order", "ticket", "item", "note")
 _FORMATS = {
-    "date-time": "2024-05-17T09:30:00Z", "date": "2024-05-17", "time": "09:30:00Z",
-    "email": "sim@example.com", "idn-email": "sim@example.com", "hostname": "sim.example.com",
-    "idn-hostname": "sim.example.com", "ipv4": "192.0.2.7", "ipv6": "2001:db8::7",
-    "uri": "https://example.com/sim", "iri": "https://example.com/sim", "url": "https://example.com/sim",
-    "uri-reference": "/sim", "iri-reference": "/sim", "duration": "PT15M", "json-pointer": "/sim",
-    "relative-json-pointer": "0", "regex": "^sim$", "uri-template": "https://example.com/{id}",
+    "date-time": "2024-05-17T09:30:00Z",
+    "date": "2024-05-17",
+    "time": "09:30:00Z",
+    "email": "sim@example.com",
+    "idn-email": "sim@example.com",
+    "hostname": "sim.example.com",
+    "idn-hostname": "sim.example.com",
+    "ipv4": "192.0.2.7",
+    "ipv6": "2001:db8::7",
+    "uri": "https://example.com/sim",
+    "iri": "https://example.com/sim",
+    "url": "https://example.com/sim",
+    "uri-reference": "/sim",
+    "iri-reference": "/sim",
+    "duration": "PT15M",
+    "json-pointer": "/sim",
+    "relative-json-pointer": "0",
+    "regex": "^sim$",
+    "uri-template": "https://example.com/{id}",
 }
 
 
@@ -50,8 +63,17 @@ def instance(schema: Any, rng: random.Random) -> Any:
         return _Gen(schema, rng).value(schema, 0)
     except SchemaUnsupported:
         raise
-    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError,
-            StopIteration, RecursionError, re.error) as exc:
+    except (
+        ArithmeticError,
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        StopIteration,
+        RecursionError,
+        re.error,
+    ) as exc:
         # A malformed schema (a number where an object belongs, an unparsable pattern...).
         raise SchemaUnsupported(f"the schema is malformed ({type(exc).__name__})") from None
 
@@ -129,7 +151,7 @@ class _Gen:
         # Optional properties too while shallow (realistic arguments), only required ones deeper.
         optional = [k for k in props if k not in required] if depth < 4 else []
         room = s.get("maxProperties", len(required) + len(optional)) - len(required)
-        keys = required + optional[:max(0, room)]
+        keys = required + optional[: max(0, room)]
         out: dict[str, Any] = {}
         for key in keys:
             sub = props.get(key, extra if isinstance(extra, dict) else True)
@@ -154,7 +176,7 @@ class _Gen:
         seen: set[str] = set()
         for i in range(count):
             sub = prefix[i] if i < len(prefix) else (s["contains"] if i == 0 and "contains" in s else items)
-            for _ in range(32):         # uniqueItems: draw again on a duplicate
+            for _ in range(32):  # uniqueItems: draw again on a duplicate
                 v = self.value(sub, depth + 1)
                 if not s.get("uniqueItems") or repr(v) not in seen:
                     break
@@ -167,7 +189,7 @@ class _Gen:
     def number(self, s: dict[str, Any], integer: bool) -> int | float:
         low, high = s.get("minimum", -math.inf), s.get("maximum", math.inf)
         xlow, xhigh = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
-        xlow = low if xlow is True else xlow          # draft 4: a boolean modifier of minimum/maximum
+        xlow = low if xlow is True else xlow  # draft 4: a boolean modifier of minimum/maximum
         xhigh = high if xhigh is True else xhigh
         step = s.get("multipleOf") or (1 if integer else 0)
         eps = step or 0.01
@@ -179,11 +201,11 @@ class _Gen:
             low = min(high - 100, 1)
         if high == math.inf:
             high = low + 100
-        if not step:                              # a number off any grid: two decimals
+        if not step:  # a number off any grid: two decimals
             v = round(self.rng.uniform(low, high), 2)
             return v if low <= v <= high else low
         first, last = math.ceil(low / step), math.floor(high / step)
-        for _ in range(8):                        # a multiple whose float division stays exact
+        for _ in range(8):  # a multiple whose float division stays exact
             if first > last:
                 break
             v = self.rng.randint(first, min(last, first + 100)) * step
@@ -201,7 +223,7 @@ class _Gen:
             text = _FORMATS[s["format"]]
         else:
             text = "sim " + " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randint(1, 3)))
-            text = (text + " sim" * low)[:max(low, min(high, len(text)))]
+            text = (text + " sim" * low)[: max(low, min(high, len(text)))]
         if not low <= len(text) <= high:
             raise SchemaUnsupported("no string satisfies the schema's format and length")
         return text
@@ -209,8 +231,9 @@ class _Gen:
 
 def _bounded(size: Any) -> int:
     if not isinstance(size, int) or size > MAX_SIZE:
-        raise SchemaUnsupported(f"sizes over {MAX_SIZE} (minLength, minItems, minProperties, "
-                                "pattern repeats) are not simulated")
+        raise SchemaUnsupported(
+            f"sizes over {MAX_SIZE} (minLength, minItems, minProperties, pattern repeats) are not simulated"
+        )
     return size
 
 
@@ -236,8 +259,10 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         if key not in out:
             out[key] = value
         elif key == "properties":
-            out[key] = {**out[key], **{k: v if k not in out[key] else {"allOf": [out[key][k], v]}
-                                       for k, v in value.items()}}
+            out[key] = {
+                **out[key],
+                **{k: v if k not in out[key] else {"allOf": [out[key][k], v]} for k, v in value.items()},
+            }
         elif key == "required":
             out[key] = list(dict.fromkeys([*out[key], *value]))
         elif key == "type":
@@ -256,8 +281,14 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- strings for a `pattern`: walk the regex's parse tree ----------------------------------------
-_CATEGORY = {"CATEGORY_DIGIT": "7", "CATEGORY_WORD": "s", "CATEGORY_SPACE": " ",
-             "CATEGORY_NOT_DIGIT": "s", "CATEGORY_NOT_WORD": "-", "CATEGORY_NOT_SPACE": "s"}
+_CATEGORY = {
+    "CATEGORY_DIGIT": "7",
+    "CATEGORY_WORD": "s",
+    "CATEGORY_SPACE": " ",
+    "CATEGORY_NOT_DIGIT": "s",
+    "CATEGORY_NOT_WORD": "-",
+    "CATEGORY_NOT_SPACE": "s",
+}
 
 
 def _matching(pattern: str, rng: random.Random, low: int, high: int) -> str:

@@ -82,12 +82,12 @@ class _SchedulerView:
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats: Any, iteration_stats: Any,
-                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            def record(
+                self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+            ) -> None:
                 if scheduler_stats is not None:
                     view.running = scheduler_stats.num_running_reqs
-                    view.waiting = (scheduler_stats.num_waiting_reqs
-                                    + scheduler_stats.num_skipped_waiting_reqs)
+                    view.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
                     view.kv_usage = scheduler_stats.kv_cache_usage
 
             def log_engine_initialized(self) -> None:
@@ -99,8 +99,8 @@ class _SchedulerView:
 @dataclass(slots=True)
 class _Live:
     klass: str
-    slots: int            # n: each choice is a sequence
-    max_tokens: int       # per choice; 0 until known (the client's limit, else up to the context)
+    slots: int  # n: each choice is a sequence
+    max_tokens: int  # per choice; 0 until known (the client's limit, else up to the context)
     prompt_tokens: int = 0
     pooling: bool = False  # an embedding: its prompts are all it holds in the KV cache
     aborted: bool = False  # abort() came, maybe before vLLM knew the request (it ignores those)
@@ -113,35 +113,33 @@ class VllmEngine(Engine):
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         self.model = config.name
-        self._media = config.media_fetch()      # which media URLs vLLM may fetch (none by default)
+        self._media = config.media_fetch()  # which media URLs vLLM may fetch (none by default)
         self._llm: Any = None
-        self._chat: Any = None           # vLLM's OpenAIServingChat
-        self._completion: Any = None     # vLLM's OpenAIServingCompletion
-        self._embedding: Any = None      # vLLM's ServingEmbedding (an embedding worker)
-        self._adapters: Adapters | None = None   # LoRA adapters (--enable-lora)
+        self._chat: Any = None  # vLLM's OpenAIServingChat
+        self._completion: Any = None  # vLLM's OpenAIServingCompletion
+        self._embedding: Any = None  # vLLM's ServingEmbedding (an embedding worker)
+        self._adapters: Adapters | None = None  # LoRA adapters (--enable-lora)
         self._view = _SchedulerView()
         self._live: dict[RequestKey, _Live] = {}
-        self._vllm_ids: dict[RequestKey, str | list[str]] = {}   # our request → the serving layer's ids
+        self._vllm_ids: dict[RequestKey, str | list[str]] = {}  # our request → the serving layer's ids
         self._max_num_seqs = 0
         self._step_tokens = 0
         self._kv_tokens = 0
-        self._prefix_caching = False     # vLLM's prefix cache is on (its default for generation)
+        self._prefix_caching = False  # vLLM's prefix cache is on (its default for generation)
         self._max_model_len = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         # An allowed media host must not bounce vLLM's fetch to an internal address.
-        env.library_defaults({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                              "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"})
+        env.library_defaults({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"})
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_args = self.config.engine_args()
         factory = self._view.factory()
         # Building spawns the engine-core process and loads the model (tens of seconds): keep the
         # event loop free meanwhile. AsyncLLM starts its output loop lazily on the first request.
-        self._llm = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, engine_args, stat_loggers=[factory])
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args, stat_loggers=[factory])
         vc = self._llm.vllm_config
         self._max_num_seqs = vc.scheduler_config.max_num_seqs
         self._step_tokens = vc.scheduler_config.max_num_batched_tokens
@@ -207,10 +205,15 @@ class VllmEngine(Engine):
         running: dict[str, int] = {}
         for live in self._live.values():
             running[live.klass] = running.get(live.klass, 0) + live.slots
-        return Capacity(total_slots=self._max_num_seqs, free_slots=free_slots,
-                        token_budget=budget, running=running, step_tokens=self._step_tokens,
-                        kv_tokens=self._kv_tokens if self._prefix_caching else 0,
-                        adapters=self._adapters.resident() if self._adapters is not None else ())
+        return Capacity(
+            total_slots=self._max_num_seqs,
+            free_slots=free_slots,
+            token_budget=budget,
+            running=running,
+            step_tokens=self._step_tokens,
+            kv_tokens=self._kv_tokens if self._prefix_caching else 0,
+            adapters=self._adapters.resident() if self._adapters is not None else (),
+        )
 
     def _reserved(self, live: _Live) -> int:
         if live.pooling:
@@ -224,7 +227,7 @@ class VllmEngine(Engine):
     async def abort(self, key: RequestKey) -> None:
         llm = self._llm
         if (live := self._live.get(key)) is not None:
-            live.aborted = True     # repeated once vLLM has the request (see _generate)
+            live.aborted = True  # repeated once vLLM has the request (see _generate)
         vllm_id = self._vllm_ids.get(key)
         if llm is not None and not llm.errored and vllm_id is not None:
             await llm.abort(vllm_id)
@@ -240,8 +243,9 @@ class VllmEngine(Engine):
             raise EngineError(rid, "the request is already running on this engine")
         if request.adapter and self._adapters is None:
             why = "an embedding worker" if self.config.embedding else "its vllm engine runs without --enable-lora"
-            raise UnsupportedRequest(rid, "model", f"the model {body.model!r} is a LoRA adapter, and this "
-                                     f"worker serves none ({why})")
+            raise UnsupportedRequest(
+                rid, "model", f"the model {body.model!r} is a LoRA adapter, and this worker serves none ({why})"
+            )
         if isinstance(body, EmbeddingBody):
             if not self.config.embedding:
                 raise UnsupportedRequest(rid, "model", "this pool's model does not serve embeddings")
@@ -249,7 +253,7 @@ class VllmEngine(Engine):
             return
         if self.config.embedding:
             raise UnsupportedRequest(rid, "model", "this pool's model serves embeddings only")
-        vreq = build_request(request, self.model, self._media)   # refuses before vLLM sees it
+        vreq = build_request(request, self.model, self._media)  # refuses before vLLM sees it
         llm = self._engine()
         chat = isinstance(body, ChatBody)
         n = body.choices
@@ -293,7 +297,7 @@ class VllmEngine(Engine):
             self._live.pop(key, None)
             vllm_id = self._vllm_ids.pop(key)
             if stream is not None and not reader.done and not llm.errored:
-                await llm.abort(vllm_id)   # closed or failed early: free the slot now
+                await llm.abort(vllm_id)  # closed or failed early: free the slot now
 
     async def _embed(self, request: EngineRequest) -> EngineOutput:
         """One embedding request through vLLM's `ServingEmbedding`: every input's vector at once."""
@@ -331,7 +335,7 @@ class VllmEngine(Engine):
             self._live.pop(key, None)
             ids = self._vllm_ids.pop(key)
             if not done and not llm.errored:
-                await llm.abort(ids)          # failed or cancelled part-way: free the slots now
+                await llm.abort(ids)  # failed or cancelled part-way: free the slots now
         return EngineOutput(text="", finish_reason="stop", prompt_tokens=prompt_tokens, vectors=vectors)
 
     def _check_dimensions(self, request: EngineRequest) -> None:
@@ -342,14 +346,19 @@ class VllmEngine(Engine):
         if body.dimensions is None:
             return
         if not mc.is_matryoshka:
-            raise UnsupportedRequest(request.request_id, "dimensions",
-                                     f"the model {self.model!r} does not support Matryoshka "
-                                     f"embeddings: dimensions must be unset")
+            raise UnsupportedRequest(
+                request.request_id,
+                "dimensions",
+                f"the model {self.model!r} does not support Matryoshka embeddings: dimensions must be unset",
+            )
         allowed = mc.matryoshka_dimensions
         if body.dimensions > mc.embedding_size or (allowed and body.dimensions not in allowed):
-            raise UnsupportedRequest(request.request_id, "dimensions",
-                                     f"the model {self.model!r} supports dimensions "
-                                     f"{allowed or f'1 to {mc.embedding_size}'}, not {body.dimensions}")
+            raise UnsupportedRequest(
+                request.request_id,
+                "dimensions",
+                f"the model {self.model!r} supports dimensions "
+                f"{allowed or f'1 to {mc.embedding_size}'}, not {body.dimensions}",
+            )
 
     async def _open(self, request: EngineRequest, vreq: Any) -> Any:
         """vLLM's SSE stream for this request, or the error it answered with."""
@@ -363,6 +372,9 @@ class VllmEngine(Engine):
             result = await self._completion.create_completion(vreq)
         if isinstance(result, ErrorResponse):
             e = result.error
-            raise refused(request, ErrorBody(message=e.message, type=e.type, param=e.param, code=e.code),
-                          core_dead=self._engine_down())
+            raise refused(
+                request,
+                ErrorBody(message=e.message, type=e.type, param=e.param, code=e.code),
+                core_dead=self._engine_down(),
+            )
         return result

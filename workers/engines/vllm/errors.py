@@ -20,8 +20,7 @@ _PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
 def param_name(request: EngineRequest, param: str | None) -> str:
     body = request.body
     if param in _PROMPT_PARAMS:
-        return ("messages" if isinstance(body, ChatBody) else
-                "input" if isinstance(body, EmbeddingBody) else "prompt")
+        return "messages" if isinstance(body, ChatBody) else "input" if isinstance(body, EmbeddingBody) else "prompt"
     return param or ""
 
 
@@ -47,7 +46,7 @@ def translate(request: EngineRequest, e: Exception) -> Exception:
     if isinstance(e, VLLMClientError):
         return UnsupportedRequest(rid, param_name(request, getattr(e, "parameter", None)), str(e))
     if isinstance(e, EngineGenerateError) and e.__cause__ is not None:
-        e = e.__cause__   # type: ignore[assignment]
+        e = e.__cause__  # type: ignore[assignment]
     # Anything else vLLM (or its engine-core process) raised: logged here, the one place
     # that sees it whole, then ended as this request's engine error.
     log.warning("vllm failed %s; ending it as an engine error", rid, exc_info=e)

@@ -33,11 +33,11 @@ class Adapters:
     """The LoRA adapters one engine serves, by logical model name."""
 
     def __init__(self, models: Any, slots: int) -> None:
-        self._models = models              # vLLM's OpenAIServingModels
-        self._slots = max(1, slots)        # vLLM's max_loras
-        self._paths: dict[str, str] = {}   # name → the path it was loaded from
+        self._models = models  # vLLM's OpenAIServingModels
+        self._slots = max(1, slots)  # vLLM's max_loras
+        self._paths: dict[str, str] = {}  # name → the path it was loaded from
         self._locks: dict[str, asyncio.Lock] = {}
-        self._recent: OrderedDict[str, None] = OrderedDict()   # most recently used last
+        self._recent: OrderedDict[str, None] = OrderedDict()  # most recently used last
 
     async def ensure(self, request_id: str, name: str, path: str) -> None:
         """The adapter `name` loaded from `path`, loading it now if it is not; raises
@@ -57,13 +57,17 @@ class Adapters:
 
         again = name in self._paths
         result = await self._models.load_lora_adapter(
-            LoadLoRAAdapterRequest(lora_name=name, lora_path=path, load_inplace=again))
+            LoadLoRAAdapterRequest(lora_name=name, lora_path=path, load_inplace=again)
+        )
         if isinstance(result, ErrorResponse):
             e = result.error
             # The path is the operator's, not the client's to see: logged here, whole.
             log.warning("LoRA adapter %r failed to load from %s: %s %s", name, path, e.type, e.message)
-            raise EngineError(request_id, f"model {name!r}: its LoRA adapter could not be loaded on "
-                                          f"this worker ({e.type}; the worker's log has the details)")
+            raise EngineError(
+                request_id,
+                f"model {name!r}: its LoRA adapter could not be loaded on "
+                f"this worker ({e.type}; the worker's log has the details)",
+            )
         self._paths[name] = path
         log.info("LoRA adapter %r loaded from %s", name, path)
 

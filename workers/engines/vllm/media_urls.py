@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 FLAG = "--allowed-media-domains"
 _PORTS = {"http": 80, "https": 443}
-_AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")       # whitespace, control characters, backslash
+_AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")  # whitespace, control characters, backslash
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 # A host name: dot-separated labels, the last starting with a letter, as top-level domains do
 # (which leaves out 10.0.0.1, 2130706433 and 0x7f000001: numbers a resolver reads as addresses).
@@ -44,17 +44,17 @@ _HOST_NAME = re.compile(rf"^(?:{_LABEL}\.)*(?=[a-z])(?:{_LABEL})$")
 class MediaFetchPolicy:
     """What one engine may fetch for a request: the default fetches nothing but `data:` URLs."""
 
-    domains: frozenset[str] = frozenset()     # host names, lower case (`parse_media_domains`)
-    local_files: bool = False                 # vLLM's allowed_local_media_path is set
+    domains: frozenset[str] = frozenset()  # host names, lower case (`parse_media_domains`)
+    local_files: bool = False  # vLLM's allowed_local_media_path is set
 
 
 @dataclass(frozen=True, slots=True)
 class RefusedMediaUrl:
     """A media URL the engine may not fetch: where it sits, under which key, and why."""
 
-    param: str          # e.g. messages[0].content[1].image_url
-    field: str          # the part's key: image_url, audio_url, video_url, ...
-    message: str        # names the field and the host (or scheme)
+    param: str  # e.g. messages[0].content[1].image_url
+    field: str  # the part's key: image_url, audio_url, video_url, ...
+    message: str  # names the field and the host (or scheme)
 
 
 def parse_media_domains(text: str) -> frozenset[str]:
@@ -65,13 +65,14 @@ def parse_media_domains(text: str) -> frozenset[str]:
         if not _HOST_NAME.match(domain):
             raise argparse.ArgumentTypeError(
                 f"{domain!r} is not a host name (each host is listed by its name, exactly: no IP "
-                f"address, wildcard, port or URL)")
+                f"address, wildcard, port or URL)"
+            )
     return domains
 
 
 def media_url_refusal(field: str, url: str, policy: MediaFetchPolicy) -> str | None:
     """Why `url` (a content part's `field`) may not be fetched under `policy`; None if it may."""
-    if url[:5].lower() == "data:":        # vLLM's own test: the bytes are in the URL
+    if url[:5].lower() == "data:":  # vLLM's own test: the bytes are in the URL
         return None
     if _AMBIGUOUS.search(url):
         return f"{field} is not a well-formed URL (whitespace, control characters or backslashes)"
@@ -81,8 +82,7 @@ def media_url_refusal(field: str, url: str, policy: MediaFetchPolicy) -> str | N
     except ValueError:
         return f"{field} is not a well-formed URL"
     if parts.scheme == "file":
-        return None if policy.local_files else (
-            f"{field} names a local file (file:), which this worker does not read")
+        return None if policy.local_files else (f"{field} names a local file (file:), which this worker does not read")
     if parts.scheme not in _PORTS:
         scheme = f"scheme {parts.scheme!r}" if parts.scheme else "URL without a scheme"
         return f"{field} {scheme} is not fetched: use http(s) or a data: URL"
@@ -98,8 +98,7 @@ def media_url_refusal(field: str, url: str, policy: MediaFetchPolicy) -> str | N
     return None
 
 
-def first_refused_media_url(messages: Sequence[Mapping[str, Any]],
-                            policy: MediaFetchPolicy) -> RefusedMediaUrl | None:
+def first_refused_media_url(messages: Sequence[Mapping[str, Any]], policy: MediaFetchPolicy) -> RefusedMediaUrl | None:
     """The first media URL in chat `messages` (as JSON builtins, what vLLM validates) that
     `policy` does not let the engine fetch, or None."""
     for i, message in enumerate(messages):

@@ -16,8 +16,9 @@ def _models(config: VllmConfig, llm: Any) -> Any:
     from vllm.entrypoints.openai.models.protocol import BaseModelPath
     from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 
-    return OpenAIServingModels(engine_client=llm, base_model_paths=[
-        BaseModelPath(name=config.name, model_path=config.model)])
+    return OpenAIServingModels(
+        engine_client=llm, base_model_paths=[BaseModelPath(name=config.name, model_path=config.model)]
+    )
 
 
 def embedding_serving(config: VllmConfig, llm: Any) -> Any:
@@ -39,20 +40,36 @@ def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any, Any]:
     from vllm.renderers.online_renderer import OnlineRenderer
 
     template = load_chat_template(config.chat_template)
-    parsers = dict(enable_auto_tools=config.enable_auto_tool_choice,
-                   tool_parser=config.tool_call_parser, tool_strict_level=config.tool_strict_level,
-                   reasoning_parser=config.reasoning_parser or "")
+    parsers = dict(
+        enable_auto_tools=config.enable_auto_tool_choice,
+        tool_parser=config.tool_call_parser,
+        tool_strict_level=config.tool_strict_level,
+        reasoning_parser=config.reasoning_parser or "",
+    )
     models = _models(config, llm)
-    renderer = OnlineRenderer(model_config=llm.model_config, renderer=llm.renderer,
-                              request_logger=None, chat_template=template,
-                              chat_template_content_format="auto", **parsers)
+    renderer = OnlineRenderer(
+        model_config=llm.model_config,
+        renderer=llm.renderer,
+        request_logger=None,
+        chat_template=template,
+        chat_template_content_format="auto",
+        **parsers,
+    )
     renderer.warmup()
     # Prompt-token details on: usage then carries `cached_tokens`, the request's prefix-cache hits
     # (metered and priced apart). vLLM leaves them off by default (--enable-prompt-tokens-details).
-    chat = OpenAIServingChat(llm, models, "assistant", online_renderer=renderer,
-                             request_logger=None, chat_template=template,
-                             chat_template_content_format="auto", enable_prompt_tokens_details=True,
-                             **parsers)
-    completion = OpenAIServingCompletion(llm, models, online_renderer=renderer, request_logger=None,
-                                         enable_prompt_tokens_details=True)
+    chat = OpenAIServingChat(
+        llm,
+        models,
+        "assistant",
+        online_renderer=renderer,
+        request_logger=None,
+        chat_template=template,
+        chat_template_content_format="auto",
+        enable_prompt_tokens_details=True,
+        **parsers,
+    )
+    completion = OpenAIServingCompletion(
+        llm, models, online_renderer=renderer, request_logger=None, enable_prompt_tokens_details=True
+    )
     return chat, completion, models

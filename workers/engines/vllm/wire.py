@@ -38,8 +38,7 @@ _OWNED = LANEWAY_OWNED | {"stream", "stream_options", "model"}
 _CHAT = VLLM_SAMPLING | VLLM_TEMPLATE
 
 
-def build_request(request: EngineRequest, served_name: str,
-                  media: MediaFetchPolicy = MediaFetchPolicy()) -> Any:
+def build_request(request: EngineRequest, served_name: str, media: MediaFetchPolicy = MediaFetchPolicy()) -> Any:
     """vLLM's pydantic request for this body and its extra fields, streaming with usage, carrying
     Laneway's request id, priority and cache salt. Raises `UnsupportedRequest` naming the field,
     and for a media URL `media` does not let vLLM fetch (the default: any but a data: URL)."""
@@ -58,8 +57,14 @@ def build_request(request: EngineRequest, served_name: str,
     # (and the prompt's once, on the first: how we learn its length for capacity()).
     # A LoRA adapter is served under its own name (vLLM's serving layer finds it by that name).
     model = request.body.model if request.adapter else served_name
-    data.update(model=model, stream=True, stream_options={"include_usage": True},
-                request_id=request.key.scoped(), priority=request.priority, return_token_ids=True)
+    data.update(
+        model=model,
+        stream=True,
+        stream_options={"include_usage": True},
+        request_id=request.key.scoped(),
+        priority=request.priority,
+        return_token_ids=True,
+    )
     if request.cache_salt:
         data["cache_salt"] = request.cache_salt
     if request.confidence:
@@ -85,8 +90,14 @@ def build_embedding_request(request: EngineRequest, served_name: str) -> Any:
     assert isinstance(request.body, EmbeddingBody)
     cls, rid = EmbeddingCompletionRequest, request.request_id
     data = _merged(request, cls, VLLM_EMBEDDING)
-    data.update(model=served_name, request_id=request.key.scoped(), priority=request.priority,
-                encoding_format="base64", embed_dtype="float32", endianness="little")
+    data.update(
+        model=served_name,
+        request_id=request.key.scoped(),
+        priority=request.priority,
+        encoding_format="base64",
+        embed_dtype="float32",
+        endianness="little",
+    )
     if request.cache_salt:
         data["cache_salt"] = request.cache_salt
     return validate(cls, data, rid)
@@ -113,8 +124,9 @@ def _merged(request: EngineRequest, cls: type, allowed: frozenset[str]) -> dict[
 
 def refused_extra(extra: dict[str, Any], allowed: frozenset[str], known: set[str]) -> str | None:
     """The first extra field (by name) this engine does not take; Laneway's own are dropped."""
-    return next((name for name in sorted(extra) if name not in _OWNED and (name not in allowed or name not in known)),
-                None)
+    return next(
+        (name for name in sorted(extra) if name not in _OWNED and (name not in allowed or name not in known)), None
+    )
 
 
 def _field_names(cls: Any) -> set[str]:
@@ -179,7 +191,7 @@ class ChunkReader:
             raise StreamError(chunk.error)
         if chunk.prompt_token_ids is not None:
             self.prompt_tokens = len(chunk.prompt_token_ids)
-        for choice in chunk.choices:      # completions: prompt ids on each choice's first chunk
+        for choice in chunk.choices:  # completions: prompt ids on each choice's first chunk
             if choice.prompt_token_ids is not None:
                 self.prompt_tokens = len(choice.prompt_token_ids)
         if chunk.usage is not None:
