@@ -22,7 +22,7 @@ class BadToken(ValueError):
 
 
 def check_token(what: str, value: str) -> str:
-    if not _TOKEN.match(value):
+    if not _TOKEN.fullmatch(value):  # `$` alone would let a final newline through
         raise BadToken(what, value)
     return value
 

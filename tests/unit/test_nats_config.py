@@ -80,6 +80,8 @@ def test_unreadable_credentials_are_an_error_not_new_passwords(tmp_path):
         up_auth(S, [], tmp_path)
     with pytest.raises(BadToken):
         up_auth(S, ["a.b"], tmp_path / "other")
+    with pytest.raises(BadToken):  # `^...$` matched before a final newline: a subject split in two
+        up_auth(S, ["acme\n"], tmp_path / "newline")
 
 
 def test_nats_server_accepts_the_block_alone_included_and_the_whole_config(tmp_path):

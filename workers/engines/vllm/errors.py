@@ -46,7 +46,7 @@ def translate(request: EngineRequest, e: Exception) -> Exception:
     if isinstance(e, VLLMClientError):
         return UnsupportedRequest(rid, param_name(request, getattr(e, "parameter", None)), str(e))
     if isinstance(e, EngineGenerateError) and e.__cause__ is not None:
-        e = e.__cause__  # type: ignore[assignment]
+        e = e.__cause__
     # Anything else vLLM (or its engine-core process) raised: logged here, the one place
     # that sees it whole, then ended as this request's engine error.
     log.warning("vllm failed %s; ending it as an engine error", rid, exc_info=e)
