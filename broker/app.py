@@ -132,7 +132,7 @@ class Broker:
         await self._set_roles()
         sweep = Sweep(self._nc, self.scheduler.pools, self.live, self.metrics, self.gate, self._recent_cancels,
                       self.scheduler.expire, self.scheduler.serve_parked, self._poke_intake,
-                      cfg.sweep_interval_s, cfg.limits.ack_wait_s / 3)
+                      cfg.sweep_interval_s, cfg.limits.ack_wait_s / 3, self.s)
         self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
                        asyncio.create_task(beat_forever(self._beat, BROKER_HEARTBEAT_S), name="broker-heartbeats"),
                        asyncio.create_task(self._lease.run(), name="scheduler-lease"),

@@ -10,6 +10,10 @@ edge moves the stream to the new worker, and the old worker's frames are dropped
 
 Only the scheduler holds this, in memory: a new scheduler does not know what its predecessor
 dispatched, and those requests come back after `ack_wait`, as before. Pure state; the sweep naks.
+
+A worker judged lost that was only silent (a stalled loop, a partition) would go on generating
+what another worker now continues: two generations, two usage records. The sweep fences it
+first (`schemas.work.Fence`): when it reads the fence it drops those requests without a trace.
 """
 
 from __future__ import annotations
@@ -24,11 +28,19 @@ KEEP_PAST_DEADLINE_S = 60.0  # an entry whose usage never came is dropped this l
 Key = tuple[str, str]  # (tenant, request id)
 
 
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    key: Key
+    ack_subject: str
+    attempt: int
+
+
 @dataclass(slots=True)
 class _Dispatched:
     worker: str
     ack_subject: str
     deadline: float
+    attempt: int
 
 
 class Running:
@@ -42,11 +54,11 @@ class Running:
     def placed(self, worker: str, items: Iterable[Item]) -> None:
         """A worker's pull took these lane items (their payload a `broker.pools.Held`)."""
         for item in items:
-            self.add(worker, item.key, item.payload.ack.reply, item.deadline)
+            self.add(worker, item.key, item.payload.ack.reply, item.deadline, item.payload.attempt)
 
-    def add(self, worker: str, key: Key, ack_subject: str, deadline: float) -> None:
+    def add(self, worker: str, key: Key, ack_subject: str, deadline: float, attempt: int = 1) -> None:
         self.ended(key)
-        self._by_key[key] = _Dispatched(worker, ack_subject, deadline)
+        self._by_key[key] = _Dispatched(worker, ack_subject, deadline, attempt)
         self._by_worker.setdefault(worker, set()).add(key)
 
     def ended(self, key: Key) -> None:
@@ -62,10 +74,14 @@ class Running:
     def workers(self) -> list[str]:
         return list(self._by_worker)
 
-    def lost(self, worker: str) -> list[tuple[Key, str]]:
-        """The worker is gone: its requests, (key, ack subject), forgotten here."""
+    def lost(self, worker: str) -> list[HandedBack]:
+        """The worker is gone: its requests, forgotten here."""
         keys = self._by_worker.pop(worker, set())
-        return [(key, self._by_key.pop(key).ack_subject) for key in keys]
+        out = []
+        for key in keys:
+            d = self._by_key.pop(key)
+            out.append(HandedBack(key, d.ack_subject, d.attempt))
+        return out
 
     def expire(self, now: float) -> None:
         for key in [k for k, d in self._by_key.items() if now - d.deadline > KEEP_PAST_DEADLINE_S]:

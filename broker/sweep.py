@@ -27,7 +27,8 @@ from broker.metrics import BrokerMetrics
 from broker.pools import Held, Pool
 from broker.scheduler.answers import AckHandle
 from schemas import codec
-from schemas.work import Batch
+from schemas.subjects import Subjects
+from schemas.work import Batch, Fence, Fenced
 
 log = logging.getLogger("laneway.sweep")
 
@@ -64,7 +65,9 @@ async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
         pool.parked = [p for p in pool.parked if p.until > mono]
 
 
-async def hand_back_lost(nc: Client, pool: Pool, lost: Callable[[str], bool], metrics: BrokerMetrics) -> None:
+async def hand_back_lost(
+    nc: Client, s: Subjects, pool: Pool, lost: Callable[[str], bool], metrics: BrokerMetrics
+) -> None:
     """`-NAK` the requests running on workers that are `lost` (broker/running.py): JetStream
     delivers them again now, and each stream goes on on another worker (bridge/streams/continuation.py).
     Their pulls parked here are answered empty first, so none of it goes back to them."""
@@ -79,8 +82,11 @@ async def hand_back_lost(nc: Client, pool: Pool, lost: Callable[[str], bool], me
         if lost(worker):
             gone = pool.running.lost(worker)
             log.warning("worker %s lost with %d request(s) running: handed back for another worker", worker, len(gone))
-            for _key, ack_subject in gone:
-                await AckHandle(nc, ack_subject).nak()
+            # The fence first: a worker that was only silent drops them before another takes them.
+            fence = Fence([Fenced(g.key[0], g.key[1], g.attempt) for g in gone])
+            await nc.publish(s.fence(worker), codec.encode(fence))
+            for g in gone:
+                await AckHandle(nc, g.ack_subject).nak()
             metrics.lost_handed_back.inc(len(gone))
 
 
@@ -134,6 +140,7 @@ class Sweep:
     after: Callable[[], None]  # each tick, once the jobs are done
     interval_s: float
     touch_every_s: float
+    s: Subjects
     last_tick: float | None = field(default=None, init=False)
 
     async def run(self) -> None:
@@ -155,7 +162,7 @@ class Sweep:
         for name, pool in list(self.pools.items()):  # a pull may add a pool meanwhile
             await self._publishing(
                 "handing back a lost worker's requests",
-                hand_back_lost(self.nc, pool, lambda w: health.gone(w, late), self.metrics),
+                hand_back_lost(self.nc, self.s, pool, lambda w: health.gone(w, late), self.metrics),
             )
             await expire_waiting(pool, now, self.expire)
             await self._publishing("in-progress acks", touch_waiting(pool, mono, self.touch_every_s))

@@ -19,7 +19,7 @@ from schemas.openai import (
 from schemas.requests import Cancel, GenerateRequest
 from schemas.resume import Relayed, ResumeControl
 from schemas.usage import Superseded, Usage
-from schemas.work import AdmitAnswer, Admitted, Batch, BrokerBeat, Credit, Heartbeat, Settled
+from schemas.work import AdmitAnswer, Admitted, Batch, BrokerBeat, Credit, Fence, Heartbeat, Settled
 
 # NATS payloads: one msgpack encoder for every struct, one typed decoder per message kind.
 _mp = msgspec.msgpack.Encoder()
@@ -41,6 +41,7 @@ decode_resume_control = msgspec.msgpack.Decoder(ResumeControl).decode
 decode_relayed = msgspec.msgpack.Decoder(Relayed).decode
 decode_continue_ask = msgspec.msgpack.Decoder(ContinueAsk).decode
 decode_continuation = msgspec.msgpack.Decoder(Continuation).decode
+decode_fence = msgspec.msgpack.Decoder(Fence).decode
 
 
 def broker_beat(data: bytes) -> BrokerBeat:

@@ -173,6 +173,15 @@ class Subjects:
     def alive_all(self) -> str:
         return f"{self.prefix}.alive.*"
 
+    def fence(self, worker_id: str) -> str:
+        """The requests the scheduler took back from a worker it judged lost (`schemas.work.Fence`).
+        Services only."""
+        return f"{self.prefix}.fence.{check_token('worker', worker_id)}"
+
+    @property
+    def fence_all(self) -> str:
+        return f"{self.prefix}.fence.*"
+
     def usage(self, tenant: str) -> str:
         return f"{self.prefix}.usage.{tenant}"
 

@@ -53,6 +53,20 @@ class Batch(msgspec.Struct, omit_defaults=True, gc=False):
     dispatches: list[Dispatch] = []
 
 
+class Fenced(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    tenant: str
+    request_id: str
+    attempt: int  # the delivery handed back: a later one, maybe to the same worker, is not fenced
+
+
+class Fence(msgspec.Struct, gc=False):
+    """Scheduler → worker on `lw.fence.<worker_id>`: it judged the worker lost and handed these
+    requests back to JetStream (broker/running.py). A worker that reads this was only silent: it
+    drops them without a frame, an ack or a usage record, since they go on elsewhere."""
+
+    requests: list[Fenced]
+
+
 class Heartbeat(msgspec.Struct, omit_defaults=True, gc=False):
     """On `lw.evt.worker.<id>` every few seconds; `ready` only after model load and warm-up."""
 

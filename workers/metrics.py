@@ -90,6 +90,12 @@ class WorkerMetrics:
             ["pool"],
             registry=r,
         )
+        self.fenced = Counter(
+            "laneway_worker_fenced_total",
+            "Requests dropped because the scheduler judged this worker lost and handed them to another",
+            ["pool"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "laneway_worker_ttft_seconds",
             "Dispatch to first token in the engine",

@@ -25,6 +25,7 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 
+import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -109,6 +110,7 @@ class Worker:
         self.ready = True
         await self._heartbeat()
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
+        await self._nc.subscribe(self.s.fence(self.id), cb=self._on_fence)
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
         await self._nc.subscribe(self.s.sched_leader, cb=self._on_new_scheduler)
         self._puller = puller = Puller(
@@ -221,6 +223,23 @@ class Worker:
         active = self._active.get(key)
         if active is not None:
             await self._abort(key, active)
+
+    async def _on_fence(self, msg: Msg) -> None:
+        try:
+            fence = codec.decode_fence(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable fence: %s", exc)
+            return
+        assert self._serving is not None  # subscribed after it exists
+        dropped = [
+            f for f in fence.requests if await self._serving.fence(RequestKey(f.tenant, f.request_id), f.attempt)
+        ]
+        if dropped:
+            log.warning(
+                "the scheduler judged this worker lost (silent too long): %d request(s) dropped here, "
+                "they go on on another worker",
+                len(dropped),
+            )
 
     async def _abort(self, key: RequestKey, active: Active) -> None:
         """A client's cancel, or its bridge gone (workers/orphans.py): the engine stops, the slot

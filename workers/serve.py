@@ -112,6 +112,21 @@ class Serving:
             return
         active.task = asyncio.create_task(self._serve(active), name=f"serve-{request.request_id}")
 
+    async def fence(self, key: RequestKey, attempt: int) -> bool:
+        """The scheduler judged this worker lost and handed the request back (`schemas.work.Fence`):
+        it goes on elsewhere, so it stops here without a frame, an ack or a usage record. A later
+        delivery of it, here again, is not the one fenced."""
+        active = self.active.get(key)
+        if active is None or active.dispatch.attempt > attempt:
+            return False
+        del self.active[key]
+        if active.task is not None:
+            active.task.cancel()
+        await self.engine.abort(key)
+        self.metrics.fenced.labels(self.pool).inc()
+        self._room.set()
+        return True
+
     # -- the request's task ----------------------------------------------------------------
     async def _serve(self, active: Active) -> None:
         r = active.dispatch.request

@@ -161,28 +161,38 @@ async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
     return found
 
 
-async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: bool) -> tuple[list[Stream], int]:
+async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: signal.Signals | None) -> tuple[list[Stream], int]:
     streams = [Stream() for _ in range(STREAMS)]
     tasks = [
         asyncio.create_task(read(http, up, body(i, p), s))
         for i, (s, p) in enumerate(zip(streams, prompts(), strict=True))
     ]
     victim = 0
-    if kill:
+    if kill is not None:
         # Mid-stream: every stream has tokens on the wire.
         assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
         # The worker holding the most streams (as its last pull reported), else one streaming.
         held = await frames(http, up, "laneway_worker_slots_in_use")
         victim = max(held, key=held.__getitem__) if any(held.values()) else await streaming_worker(http, up)
         assert victim, "no worker streams"
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, kill)
+        if kill is signal.SIGSTOP:
+            # Silent past the loss bound: its streams go on elsewhere while it sleeps; then it wakes.
+            seen = [s.chunks for s in streams]
+            try:
+                assert await eventually(
+                    lambda: all(s.done or s.chunks > n + 2 for s, n in zip(streams, seen, strict=True)),
+                    timeout=HANG_S,
+                ), "the stopped worker's streams did not go on elsewhere"
+            finally:
+                os.kill(victim, signal.SIGCONT)
     _, hung = await asyncio.wait(tasks, timeout=HANG_S)
     assert not hung, f"{len(hung)} streams hung"
     return streams, victim
 
 
-async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None:
-    nc = await up.connect_nats("")
+async def usage_records(nc) -> dict[str, list]:
+    """Every usage record published from now on, by request id (filled as they come)."""
     records: dict[str, list] = {}
 
     async def on_usage(msg) -> None:
@@ -190,13 +200,19 @@ async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None
         records.setdefault(usage.request_id, []).append(usage)
 
     await nc.subscribe(Subjects().usage_all, cb=on_usage)
+    return records
+
+
+async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None:
+    nc = await up.connect_nats("")
+    records = await usage_records(nc)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            unbroken, _ = await run(up, http, kill=False)
+            unbroken, _ = await run(up, http, kill=None)
             assert all(s.status == 200 and s.error is None and s.finish_reason for s in unbroken), [
                 s.error for s in unbroken
             ]
-            broken, victim = await run(up, http, kill=True)
+            broken, victim = await run(up, http, kill=signal.SIGKILL)
         assert [s.error for s in broken] == [None] * STREAMS, [s.error for s in broken if s.error]
         for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
             # Word by word: the sim's tokens are its words, so no token is missing or repeated.
@@ -256,5 +272,38 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp
         assert await eventually(
             lambda: any(m.headers and m.headers.get("Laneway-Reason") == "max_migrations" for m in dead), timeout=HANG_S
         ), [m.headers for m in dead]
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_judged_lost_while_only_silent_is_fenced(up: LanewayUp) -> None:
+    """SIGSTOP, not SIGKILL: the scheduler judges the worker lost and its streams go on elsewhere;
+    when it wakes it reads its fence and drops them, so each request still has ONE usage record
+    (not a second, for a generation nobody receives) and the answers are the unbroken run's."""
+    nc = await up.connect_nats("")
+    records = await usage_records(nc)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            unbroken, _ = await run(up, http, kill=None)
+            fenced_before = sum((await frames(http, up, "laneway_worker_fenced_total")).values())
+            broken, victim = await run(up, http, kill=signal.SIGSTOP)
+            assert [s.error for s in broken] == [None] * STREAMS, [s.error for s in broken if s.error]
+            for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
+                assert b.text == a.text, (i, a.text, b.text)
+                assert b.finish_reason == a.finish_reason, i
+
+            # The woken worker holds nothing: it dropped what it was fenced from (without the fence it
+            # generates each to its end, nobody reading, and meters it a second time).
+            async def idle() -> bool:
+                return (await frames(http, up, "laneway_worker_slots_in_use")).get(victim) == 0
+
+            assert await eventually(idle, timeout=HANG_S), "the woken worker never let go"
+            fenced = await frames(http, up, "laneway_worker_fenced_total")
+            assert await eventually(lambda: all(s.request_id in records for s in broken)), "usage records missing"
+            await nc.flush()
+        for s in broken:
+            assert len(records[s.request_id]) == 1, [(u.worker_id, u.finish_reason) for u in records[s.request_id]]
+        assert fenced.get(victim, 0) > 0 and sum(fenced.values()) > fenced_before, fenced
+        assert any(records[s.request_id][0].continued_tokens for s in broken), "no stream went on elsewhere"
     finally:
         await nc.close()

@@ -37,7 +37,7 @@ from loadtest.stack import Stack
 from schemas import codec
 from schemas.resume import ResumeAsk
 from schemas.subjects import Subjects, service_inbox
-from schemas.work import Credit
+from schemas.work import Credit, Fence, Fenced
 from tests.clock import Clock
 from tests.integration.test_cascade_live import UnsureOnHardPrompts
 from tests.integration.test_poison_and_overload import PoisonableEngine
@@ -261,6 +261,35 @@ async def test_cancels_from_a_tenant_and_from_the_edge_reach_the_engine(secured)
         assert resp.status == 200 and await resp.content.readline()
         resp.close()  # the connection, mid-stream
         assert await eventually(lambda: cancelled() == 2, timeout=10)
+    assert secured.log.new() == []
+
+
+async def test_a_fence_from_the_scheduler_drops_a_worker_s_request_and_no_tenant_can_send_one(secured):
+    """The scheduler's fence (broker/sweep.py) under the generated users: the broker's user
+    publishes it, the worker's reads it and drops the named request without a usage record. A
+    tenant that publishes one (to make a worker drop others' work) is refused by the server."""
+    worker = next(w for w in secured.stack.workers if w.config.pool == "large")
+
+    def fenced() -> float:
+        return worker.metrics.registry.get_sample_value("laneway_worker_fenced_total", {"pool": "large"}) or 0.0
+
+    alpha, broker = await secured.tenant("alpha"), await secured.connect("broker")
+    try:
+        async with LanewayClient(alpha, "alpha") as client:
+            stream = client.generate(chat("go on", model="slow", max_tokens=2000), request_id="fence-me")
+            await stream.__anext__()
+            key = next(k for k in worker._active if k.request_id == "fence-me")
+            fence = codec.encode(Fence([Fenced(key.tenant, key.request_id, 1)]))
+            await alpha.publish(S.fence(worker.id), fence)  # the attack: refused, nothing dropped
+            await alpha.flush()
+            assert await eventually(lambda: any("alpha" in line and ".fence." in line for line in secured.log.new()))
+            assert fenced() == 0 and key in worker._active
+            await broker.publish(S.fence(worker.id), fence)
+            assert await eventually(lambda: fenced() == 1 and key not in worker._active, timeout=10)
+            await stream.aclose()
+    finally:
+        await alpha.close()
+        await broker.close()
     assert secured.log.new() == []
 
 

@@ -8,7 +8,7 @@ import time
 
 from bridge.streams.continuation import answer
 from bridge.streams.demux import ResponseStream
-from broker.running import Running
+from broker.running import HandedBack, Running
 from schemas.continuation import ContinueAsk, Outcome
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
 
@@ -64,12 +64,12 @@ def test_the_answer_for_each_kind_of_stream() -> None:
 
 def test_running_hands_back_a_lost_worker_s_requests_once() -> None:
     running = Running()
-    running.add("w1", ("acme", "a"), "ack.a", deadline=100.0)
+    running.add("w1", ("acme", "a"), "ack.a", deadline=100.0, attempt=2)
     running.add("w1", ("acme", "b"), "ack.b", deadline=100.0)
     running.add("w2", ("acme", "c"), "ack.c", deadline=100.0)
     running.ended(("acme", "b"))
     assert sorted(running.workers()) == ["w1", "w2"]
-    assert running.lost("w1") == [(("acme", "a"), "ack.a")]
+    assert running.lost("w1") == [HandedBack(("acme", "a"), "ack.a", 2)]  # the attempt its fence names
     assert running.lost("w1") == [] and running.workers() == ["w2"]
     running.expire(now=100.0 + 61)
     assert len(running) == 0 and running.workers() == []
