@@ -122,7 +122,13 @@ async def test_a_killed_bridges_generation_is_cancelled_in_the_engine(up: Lanewa
     [bridge] = up.role_pids("bridge")
     result = Result()
     async with aiohttp.ClientSession() as http:
+        probed = await worker_sample(up, "laneway_worker_edge_probes_total", answer="interest")
         task = await streaming(up, http, result)
+
+        async def found_alive() -> bool:  # only a bridge the worker found alive once is ever gone
+            return await worker_sample(up, "laneway_worker_edge_probes_total", answer="interest") > probed
+
+        assert await eventually(found_alive, timeout=60, interval=0.2)
         os.kill(bridge, signal.SIGKILL)
         await asyncio.wait([task], timeout=60)
     assert result.request_id
