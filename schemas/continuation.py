@@ -35,3 +35,4 @@ class Continuation(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     text: str = ""  # choice 0's text as streamed
     migrations: int = 0  # workers this stream has been continued on, this one included
     reason: str = ""  # GONE / EXHAUSTED: why, for the worker's log and dead letter
+    delivered: int = 0  # token ids the client got from the lost workers: the new one meters them

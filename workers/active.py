@@ -32,6 +32,7 @@ class Active:
     redaction: OutputRedaction | None = None  # the tenant's PII policy on the answer
     cached_tokens: int = 0  # the engine's prefix-cache hits (metered)
     continued: Continued | None = None  # a continuation: the answer's start, streamed by a lost worker
+    delivered_before: int = 0  # tokens the client got from lost workers (none of them metered it)
 
     def next_seq(self) -> int:
         seq = self.seq

@@ -168,9 +168,11 @@ class Serving:
         """Act on the edge's answer to a redelivery; False: the request ended here."""
         if answer is None or answer.verdict is Outcome.FRESH:
             return True
+        active.delivered_before = answer.delivered  # metered here: the lost workers never did
         if answer.verdict is Outcome.GONE:  # nobody waits for it: it never runs
             self._release(active, TERM)
-            self._record_usage(active, ErrorCode.worker_lost.value, 0, 0, self.engine.model)
+            prompt = active.dispatch.request.estimated_prompt_tokens() if answer.delivered else 0
+            self._record_usage(active, ErrorCode.worker_lost.value, prompt, answer.delivered, self.engine.model)
             return False
         if answer.verdict is Outcome.EXHAUSTED:
             self._dead_letter(active, "max_migrations", answer.reason)
@@ -316,7 +318,9 @@ class Serving:
         self.metrics.finished.labels(self.pool, code.value).inc()
         self._release(active, TERM)
         # Metered too: tokens already generated cost money, and the brokers free its quota slot.
-        self._record_usage(active, code.value, d.request.estimated_prompt_tokens(), active.tokens, self.engine.model)
+        # Those the client got from lost workers count too (`_finish` has them from the engine).
+        tokens = active.tokens + active.delivered_before
+        self._record_usage(active, code.value, d.request.estimated_prompt_tokens(), tokens, self.engine.model)
 
     def _dead_letter(self, active: Active, reason: str, detail: str) -> None:
         """The last attempt failed: park the request on LW_DLQ with its reason, then end it."""

@@ -42,18 +42,18 @@ def answer(stream: ResponseStream | None, tenant: str, ask: ContinueAsk, max_mig
             ErrorCode.worker_lost,
             f"{LOST_MESSAGE} (a stream of tool calls, logprobs or several choices is not continued on another worker)",
         )
-        return Continuation(Outcome.GONE, reason="the stream cannot be continued")
+        return Continuation(Outcome.GONE, reason="the stream cannot be continued", delivered=stream.tokens)
     if stream.migrations >= max_migrations:
         reason = (
             f"the request lost {stream.migrations + 1} workers while streaming (at most "
             f"{max_migrations} continuations); it was dead-lettered"
         )
         stream.fail(ErrorCode.worker_lost, reason)
-        return Continuation(Outcome.EXHAUSTED, reason=reason)
+        return Continuation(Outcome.EXHAUSTED, reason=reason, delivered=stream.tokens)
     stream.migrations += 1
     stream.attempt, stream.source, stream.lost_at = ask.attempt, ask.worker, None
     ids, text = stream.delivered()
-    return Continuation(Outcome.CONTINUE, stream.next_seq, ids, text, stream.migrations)
+    return Continuation(Outcome.CONTINUE, stream.next_seq, ids, text, stream.migrations, delivered=stream.tokens)
 
 
 class Continuations:

@@ -108,6 +108,7 @@ class ResponseStream:
         "_limits",
         "buffered",
         "continuable",
+        "tokens",
         "migrations",
         "lost_at",
         "_ids",
@@ -137,6 +138,7 @@ class ResponseStream:
         # as they came, while every delta was plain text; the workers it moved to; when its
         # worker was lost.
         self.continuable = True
+        self.tokens = 0  # token ids the client got, of every choice (a lost worker's, metered by the next)
         self.migrations = 0
         self.lost_at: float | None = None
         self._ids: list[int] = []
@@ -182,6 +184,7 @@ class ResponseStream:
         self.source = source
         if isinstance(entry, Delta):
             self.streamed = True
+            self.tokens += len(entry.token_ids)
             if self.continuable:
                 if entry.plain:
                     self._ids += entry.token_ids

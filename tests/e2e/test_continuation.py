@@ -248,6 +248,7 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp
         dead.append(msg)
 
     await nc.subscribe(Subjects().dlq_all, cb=on_dead)
+    records = await usage_records(nc)
     long = {
         "model": "laneway-sim",
         "stream": True,
@@ -272,6 +273,12 @@ async def test_a_request_whose_workers_keep_dying_is_dead_lettered(up: LanewayUp
         assert await eventually(
             lambda: any(m.headers and m.headers.get("Laneway-Reason") == "max_migrations" for m in dead), timeout=HANG_S
         ), [m.headers for m in dead]
+        # Metered once, by the worker that dead-lettered it: every token the client got from the
+        # three that died (none of them lived to meter its part).
+        assert await eventually(lambda: stream.request_id in records, timeout=HANG_S)
+        await nc.flush()
+        [usage] = records[stream.request_id]
+        assert usage.finish_reason == "worker_lost" and usage.completion_tokens == len(stream.text.split()), usage
     finally:
         await nc.close()
 

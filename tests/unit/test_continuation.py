@@ -30,7 +30,7 @@ def test_a_stream_goes_on_after_what_its_client_got_and_drops_the_lost_worker_s_
             [11, 12, 13],
             "Hello there ",
         )
-        assert stream.source == "w2" and stream.migrations == 1
+        assert stream.source == "w2" and stream.migrations == 1 and said.delivered == 3
         assert not stream.feed(Delta("r", 1, 2, "late ", [14]), "w1")  # the lost worker's
         assert stream.feed(Delta("r", 2, 2, "friend", [15]), "w2")
         assert stream.feed(Finished("r", 2, 3, "stop", TokenUsage(3, 4)), "w2")
@@ -49,13 +49,14 @@ def test_the_answer_for_each_kind_of_stream() -> None:
         stale = streaming(Delta("r", 3, 0, "a", [1]))
         assert answer(stale, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
         tools = streaming(Delta("r", 1, 0, "", [1], logprobs=[]), Delta("r", 1, 1, "", [], choice=1))
-        assert answer(tools, "acme", ContinueAsk("r", 2, "w2"), 2).verdict is Outcome.GONE
+        said = answer(tools, "acme", ContinueAsk("r", 2, "w2"), 2)
+        assert said.verdict is Outcome.GONE and said.delivered == 1  # metered by the worker asking
         assert isinstance((await tools.next_entries())[-1], StreamError)  # worker_lost, told at once
         tired = streaming(Delta("r", 1, 0, "a", [1]))
         for attempt in (2, 3):
             assert answer(tired, "acme", ContinueAsk("r", attempt, "w"), 2).verdict is Outcome.CONTINUE
         last = answer(tired, "acme", ContinueAsk("r", 4, "w"), 2)
-        assert last.verdict is Outcome.EXHAUSTED and "dead-lettered" in last.reason
+        assert last.verdict is Outcome.EXHAUSTED and "dead-lettered" in last.reason and last.delivered == 1
         end = (await tired.next_entries())[-1]
         assert isinstance(end, StreamError) and end.code == "worker_lost" and "dead-lettered" in end.message
 
