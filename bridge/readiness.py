@@ -69,6 +69,11 @@ class Readiness:
     def known(self, worker_id: str) -> bool:
         return worker_id in self._workers
 
+    def continues(self, worker_id: str) -> bool:
+        """Whether its pool's engine goes on with a lost worker's streams (its last beat says)."""
+        seen = self._workers.get(worker_id)
+        return seen is not None and seen.beat.continues
+
     def ready_pools(self) -> dict[str, int]:
         now = time.monotonic()
         pools: dict[str, int] = {}

@@ -81,6 +81,7 @@ class Heartbeat(msgspec.Struct, omit_defaults=True, gc=False):
     interval_s: float
     stopping: bool = False
     loop_lag_s: float = 0.0  # how late the worker's event loop runs: its beats are that late too
+    continues: bool = False  # its engine goes on with a lost worker's stream (`Engine.continues`)
 
 
 # -- gate → scheduler: one broker at a time keeps the lanes of every pool (broker/scheduler/) ----

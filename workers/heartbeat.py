@@ -36,4 +36,5 @@ def heartbeat(
         interval_s=config.heartbeat_s,
         stopping=stopping,
         loop_lag_s=round(loop_lag_s, 3),
+        continues=engine.continues,
     )

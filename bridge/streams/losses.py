@@ -68,22 +68,22 @@ class Losses:
             lost: set[str] = set()
             for stream in self.demux.streams():
                 source = stream.source
-                if (
-                    stream.streamed
-                    and not stream.closed
-                    and source
-                    and self.readiness.known(source)
-                    and not self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack)
-                ):
-                    if stream.continuable and stream.lost_at is None:
-                        stream.lost_at = now
-                        lost.add(source)
-                    elif not stream.continuable or now - (stream.lost_at or now) > CONTINUE_WITHIN_S:
-                        stream.fail(
-                            ErrorCode.worker_lost,
-                            f"{LOST_MESSAGE} (no worker continued it)" if stream.continuable else LOST_MESSAGE,
-                        )
-                        lost.add(source)
+                if not (stream.streamed and not stream.closed and source and self.readiness.known(source)):
+                    continue
+                if self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack):
+                    stream.lost_at = None  # back (it was only slow): a later silence counts afresh
+                    continue
+                # An engine that cannot continue (vLLM today, a hosted API) will not: end it now.
+                goes_on = stream.continuable and self.readiness.continues(source)
+                if goes_on and stream.lost_at is None:
+                    stream.lost_at = now
+                    lost.add(source)
+                elif not goes_on or now - (stream.lost_at or now) > CONTINUE_WITHIN_S:
+                    stream.fail(
+                        ErrorCode.worker_lost,
+                        f"{LOST_MESSAGE} (no worker continued it)" if goes_on else LOST_MESSAGE,
+                    )
+                    lost.add(source)
             for worker in lost:
                 log.warning(
                     "worker %s silent past its bound (this bridge %.1f s late): its streams wait "

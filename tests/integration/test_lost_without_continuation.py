@@ -1,0 +1,62 @@
+"""A worker whose engine cannot continue a stream (vLLM today, a hosted API: `Engine.continues`
+is false) says so in its heartbeat, and when it is lost mid-stream the bridge ends the stream
+with `worker_lost` as soon as it finds the worker silent, instead of holding the client for a
+continuation that cannot come. The wait for one is set to an hour here, and the class's wait in
+the lanes is 300 s: a stream that waited for either would outlive the test."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import aiohttp
+import pytest
+
+from bridge.config import BridgeConfig
+from bridge.streams import losses
+from loadtest.http_client import Result, stream_chat
+from loadtest.stack import Stack, demo_settings
+from tests.wait import eventually
+from workers.config import WorkerConfig
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.roofline import PROFILES
+
+pytestmark = pytest.mark.timeout(180)
+
+KEY = "sk-lost"
+
+
+class Unresumable(SimEngine):
+    continues = False
+
+
+async def test_a_stream_on_an_engine_that_cannot_continue_ends_when_its_worker_is_lost(nats_server, monkeypatch):
+    monkeypatch.setattr(losses, "CONTINUE_WITHIN_S", 3600.0)
+    body = {
+        "model": "laneway-sim",
+        "stream": True,
+        "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "a long answer, please"}],
+    }
+    engine = Unresumable(PROFILES["llama-8b-h100"], speed=0.05)
+    async with Stack(
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[engine],
+        worker_config=WorkerConfig(heartbeat_s=0.5),
+        bridge_config=replace(BridgeConfig(), worker_stale_s=2.0),
+    ) as stack:
+        [worker] = stack.workers
+        assert await eventually(lambda: any(not b.continues for b in stack.bridge.readiness.workers()))
+        result = Result()
+        async with aiohttp.ClientSession() as http:
+            # Class `standard`: its redelivery, with no worker left, would wait 300 s in the lanes.
+            headers = {"x-laneway-class": "standard"}
+            task = asyncio.create_task(stream_chat(http, stack.url, KEY, body, headers, result=result))
+            assert await eventually(lambda: result.tokens > 0 or task.done(), timeout=60) and not task.done()
+            # The worker dies without a word: its loops stop, its connection closes.
+            for t in [*worker._tasks, *(a.task for a in worker._active.values() if a.task)]:
+                t.cancel()
+            await worker._nc.close()
+            await asyncio.wait_for(task, timeout=120)
+        assert result.error == "worker_lost", (result.error, result.finish_reason, result.tokens)
