@@ -133,6 +133,10 @@ class Serving:
         ask = self._ask_edge if active.dispatch.attempt > 1 else None  # a redelivery: how it goes on
         if ask is not None and not self._goes_on(active, await ask(active.dispatch)):
             return
+        if active.cancelled:  # while it asked: the engine had nothing to abort yet
+            self._release(active, ACK)
+            self._record_usage(active, "cancelled", 0, active.delivered_before, self.engine.model)
+            return
         # A continuation's first tokens were let through already: no verdict to wait for.
         gate = None if active.continued else stream_gate(active.dispatch, self.engine)
         try:
