@@ -23,7 +23,7 @@ Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 MaxTokens = Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)]
-ToolName = Annotated[str, Meta(pattern="^[A-Za-z0-9_.:-]{1,64}$")]
+ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}\Z")]
 
 
 class FunctionCall(msgspec.Struct, omit_defaults=True, gc=False):
@@ -95,7 +95,7 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class JsonSchemaFormat(msgspec.Struct, omit_defaults=True):
-    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\Z")]
     schema: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None

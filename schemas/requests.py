@@ -19,8 +19,8 @@ from schemas.openai import Body, ChatBody, CompletionBody, EmbeddingBody, Respon
 _encode_json = msgspec.json.Encoder().encode
 MAX_ECHO_BYTES = 512 * 1024  # half of NATS's default max_payload: a Finished entry must fit in a frame
 
-RequestId = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
-Token = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
+RequestId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\Z")]
+Token = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\Z")]
 
 # The output length the broker assumes for cost and KV reservation when the client sets no
 # limit (the engine then generates up to the model's context): the reference shape's 400 out.
@@ -68,7 +68,7 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False
     kept: bytes = b""
     # The bridge awaiting the frames (its edge id): the worker cancels the work once that bridge is
     # gone (workers/orphans.py). Empty for a tenant's own client, whose liveness nobody watches.
-    edge: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{0,64}$")] = ""
+    edge: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{0,64}\Z")] = ""
 
     def echoed_input(self) -> bytes:
         """What `Finished.messages` carries for this request: its chat messages as JSON, when asked

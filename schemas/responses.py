@@ -72,7 +72,7 @@ class ToolChoiceObject(msgspec.Struct, omit_defaults=True):
 
 class TextFormat(msgspec.Struct, omit_defaults=True):
     type: Literal["text", "json_object", "json_schema"]
-    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")] | None = None
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\Z")] | None = None
     schema: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None

@@ -21,7 +21,7 @@ from core.policy.storage_quota import StorageQuota
 from core.policy.stored import StoragePolicy
 from schemas.requests import Token
 
-KeyHash = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+KeyHash = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
 
 
 def hash_key(api_key: str) -> str:

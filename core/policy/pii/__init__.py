@@ -104,8 +104,8 @@ DEFAULT_ACTIONS: dict[str, Action] = {
     },
 }
 
-EntityType = Annotated[str, Meta(pattern=r"^[A-Z][A-Z0-9_]{1,63}$")]
-Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+EntityType = Annotated[str, Meta(pattern=r"^[A-Z][A-Z0-9_]{1,63}\Z")]
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
 Score = Annotated[float, Meta(ge=0.0, le=1.0)]
 Word = Annotated[str, Meta(min_length=1, max_length=128)]
 # Tenant regexes run on every prompt: bounded in size, count and (in the worker) time.
