@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from broker.admitting import Admitting
 from broker.config import BrokerConfig
 from broker.deadletter import DeadLetters
-from broker.gate.pii import PiiAudit, encode_audit
+from broker.gate.pii import encode_audit
 from broker.gate.pii.service import start_pii
 from broker.gate.pipeline import Admission, Delivery, Gate
 from broker.gate.quota import Quota
@@ -134,6 +134,7 @@ class Broker:
                       self.scheduler.expire, self.scheduler.serve_parked, self._poke_intake,
                       cfg.sweep_interval_s, cfg.limits.ack_wait_s / 3, self.s)
         self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
+                       asyncio.create_task(sweep.probe_workers(), name="worker-probes"),
                        asyncio.create_task(beat_forever(self._beat, BROKER_HEARTBEAT_S), name="broker-heartbeats"),
                        asyncio.create_task(self._lease.run(), name="scheduler-lease"),
                        asyncio.create_task(self._origin.resend_forever(), name="scheduler-resend"),
@@ -151,10 +152,8 @@ class Broker:
             self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
                                                       replicas=cfg.limits.replicas)
         stage = await start_pii(cfg.pii, cfg.pii_workers, cfg.pii_max_chars)
-        self.gate.use_pii(stage.gate, self._publish_audit, stage.missing)
-
-    async def _publish_audit(self, tenant: str, audit: PiiAudit) -> None:
-        await self._nc.publish(self.s.audit(tenant), encode_audit(audit))
+        audit = lambda tenant, found: self._nc.publish(self.s.audit(tenant), encode_audit(found))  # noqa: E731
+        self.gate.use_pii(stage.gate, audit, stage.missing)
 
     async def stop(self) -> None:
         """Stop taking work. As the scheduler: answer parked pulls, hand this broker's own waiting

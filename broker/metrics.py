@@ -63,6 +63,19 @@ class BrokerMetrics:
             "Requests running on a lost worker, handed back to JetStream (-NAK) to go on elsewhere",
             registry=r,
         )
+        self.worker_probes = Counter(
+            "laneway_worker_probes_total",
+            "The scheduler's probes of its workers' NATS connections, by answer (none: gone)",
+            ["answer"],
+            registry=r,
+        )
+        self.workers_lost = Counter(
+            "laneway_workers_lost_total",
+            "Workers the scheduler found gone with requests running, by signal: interest (its NATS "
+            "connection closed) or silence (no heartbeat past its bound)",
+            ["signal"],
+            registry=r,
+        )
         self.expired = Counter("laneway_expired_total", "Requests that expired before starting", ["class"], registry=r)
         self.rejected = Counter("laneway_rejected_total", "Requests refused by the broker", ["reason"], registry=r)
         self.cancelled = Counter("laneway_cancelled_total", "Requests cancelled before they ran", ["class"], registry=r)

@@ -26,6 +26,9 @@ from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Held, Pool
 from broker.scheduler.answers import AckHandle
+from broker.worker_probes import GONE_S as WORKER_GONE_S
+from broker.worker_probes import probe_workers
+from core.liveness import Silence
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.work import Batch, Fence, Fenced
@@ -66,11 +69,12 @@ async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
 
 
 async def hand_back_lost(
-    nc: Client, s: Subjects, pool: Pool, lost: Callable[[str], bool], metrics: BrokerMetrics
+    nc: Client, s: Subjects, pool: Pool, lost: Callable[[str], str | None], metrics: BrokerMetrics
 ) -> None:
     """`-NAK` the requests running on workers that are `lost` (broker/running.py): JetStream
     delivers them again now, and each stream goes on on another worker (bridge/streams/continuation.py).
-    Their pulls parked here are answered empty first, so none of it goes back to them."""
+    Their pulls parked here are answered empty first, so none of it goes back to them. `lost`
+    says by which signal a worker was found gone (`interest`, `silence`), None if it was not."""
     pool.running.expire(time.time())
     # A dead worker's parked pull must take no more work (it would be lost again): answered empty.
     dead_pulls = [p for p in pool.parked if lost(p.credit.worker_id)]
@@ -79,9 +83,15 @@ async def hand_back_lost(
         for parked in dead_pulls:
             await nc.publish(parked.reply, codec.encode(Batch()))
     for worker in pool.running.workers():
-        if lost(worker):
+        if signal := lost(worker):
             gone = pool.running.lost(worker)
-            log.warning("worker %s lost with %d request(s) running: handed back for another worker", worker, len(gone))
+            log.warning(
+                "worker %s lost (%s) with %d request(s) running: handed back for another worker",
+                worker,
+                "its NATS connection is gone" if signal == "interest" else "silent past its bound",
+                len(gone),
+            )
+            metrics.workers_lost.labels(signal).inc()
             # The fence first: a worker that was only silent drops them before another takes them.
             fence = Fence([Fenced(g.key[0], g.key[1], g.attempt) for g in gone])
             await nc.publish(s.fence(worker), codec.encode(fence))
@@ -141,6 +151,8 @@ class Sweep:
     interval_s: float
     touch_every_s: float
     s: Subjects
+    # The workers' interest, as broker/worker_probes.py hears it.
+    probes: Silence = field(default_factory=lambda: Silence(WORKER_GONE_S))
     last_tick: float | None = field(default=None, init=False)
 
     async def run(self) -> None:
@@ -154,15 +166,31 @@ class Sweep:
                 log.exception("sweep failed")
             self.after()
 
+    async def probe_workers(self) -> None:
+        """Forever: probe the workers that run what this scheduler dispatched, and those whose
+        pull waits here (so that each is found alive before its first dispatch)."""
+
+        def workers() -> set[str]:
+            running = {w for pool in self.pools.values() for w in pool.running.workers()}
+            return running | {p.credit.worker_id for pool in self.pools.values() for p in pool.parked}
+
+        await probe_workers(self.nc, self.s, workers, self.probes, self.metrics)
+
     async def once(self, now: float, mono: float) -> None:
         # This loop's own lateness is slack: a beat it has not read yet is not a missing one.
         late = 0.0 if self.last_tick is None else max(0.0, mono - self.last_tick - self.interval_s)
         self.last_tick = mono
         health = self.live.health
+
+        def lost(worker: str) -> str | None:
+            if self.probes.gone(worker, mono):
+                return "interest"
+            return "silence" if health.gone(worker, late) else None
+
         for name, pool in list(self.pools.items()):  # a pull may add a pool meanwhile
             await self._publishing(
                 "handing back a lost worker's requests",
-                hand_back_lost(self.nc, self.s, pool, lambda w: health.gone(w, late), self.metrics),
+                hand_back_lost(self.nc, self.s, pool, lost, self.metrics),
             )
             await expire_waiting(pool, now, self.expire)
             await self._publishing("in-progress acks", touch_waiting(pool, mono, self.touch_every_s))

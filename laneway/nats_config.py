@@ -153,7 +153,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              # broker/scheduler: the lease bucket, admissions, settled notices, announcements
              *_api("STREAM.CREATE", kv[LEASE_BUCKET]), *_kv_read(kv[LEASE_BUCKET]),
              f"$KV.{s.bucket(LEASE_BUCKET)}.>", s.sched_admit, s.sched_settled_all, s.sched_leader,
-             s.fence_all],                                  # a lost worker's requests, taken back
+             s.fence_all,                                   # a lost worker's requests, taken back
+             s.worker_alive_all],                           # probes the workers running its dispatches
             [s.pull_all, s.cancel_all, s.worker_events, s.worker_ping, usage, inbox["broker"],
              f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{intakes}",
              s.broker_events, s.sched_admit, s.sched_settled_all, s.sched_leader],
@@ -167,7 +168,8 @@ def service_permissions(s: Subjects) -> dict[str, dict]:
              f"$KV.{s.bucket(CACHE_BUCKET)}.>",             # stores deterministic answers
              *_consume(kv["routing"])],                     # watches the price book
             [s.cancel_all, s.worker_ping, s.sched_leader, inbox["worker"],   # a new scheduler: pull afresh
-             s.fence_all]),                                 # judged lost: drop what went elsewhere
+             s.fence_all,                                   # judged lost: drop what went elsewhere
+             s.worker_alive_all]),                          # its liveness, as the scheduler probes it
         "bridge": _permissions(
             [s.req_all, s.cancel_all, s.worker_ping, *_kv_read(*live), *_consume(*live),
              f"$KV.{s.bucket('routing')}.>",                                    # the admin API's rules

@@ -173,6 +173,15 @@ class Subjects:
     def alive_all(self) -> str:
         return f"{self.prefix}.alive.*"
 
+    def worker_alive(self, worker_id: str) -> str:
+        """A worker holds this while connected and never answers: the scheduler's probe gets "no
+        responders" once its connection is gone (broker/worker_probes.py). Services only."""
+        return f"{self.prefix}.alive.w.{check_token('worker', worker_id)}"
+
+    @property
+    def worker_alive_all(self) -> str:
+        return f"{self.prefix}.alive.w.*"
+
     def fence(self, worker_id: str) -> str:
         """The requests the scheduler took back from a worker it judged lost (`schemas.work.Fence`).
         Services only."""

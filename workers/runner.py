@@ -111,6 +111,7 @@ class Worker:
         await self._heartbeat()
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.fence(self.id), cb=self._on_fence)
+        await self._nc.subscribe(self.s.worker_alive(self.id), cb=_never_answer)  # broker/worker_probes.py
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
         await self._nc.subscribe(self.s.sched_leader, cb=self._on_new_scheduler)
         self._puller = puller = Puller(
@@ -275,3 +276,7 @@ class Worker:
             loop_lag_s=self.loop_lag.current(),
         )
         await self._nc.publish(self.s.worker_event(self.id), codec.encode(beat))
+
+
+async def _never_answer(msg: Msg) -> None:
+    """The liveness subject's holder: its subscription is the answer, a reply would be noise."""

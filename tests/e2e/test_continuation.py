@@ -40,7 +40,8 @@ pytestmark = [
 ]
 
 KEY = "sk-continue"
-STREAMS = 24
+STREAMS = 100  # the issue's count, for the SIGKILL; the silent worker's fence needs fewer
+FENCED_STREAMS = 24
 HANG_S = 120  # a bound on a hang, not a window
 
 
@@ -88,11 +89,11 @@ async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Str
     return into
 
 
-def prompts() -> list[str]:
+def prompts(n: int = STREAMS) -> list[str]:
     """Distinct prompts whose SIMULATED answers run 60 tokens or more (the sim's natural length
     is a hash of the prompt): half end at their own stop, half are capped by max_tokens."""
     texts = (f"question number {i}: tell me about lanes" for i in itertools.count())
-    return list(itertools.islice((t for t in texts if natural_length(t, 0, True) >= 60), STREAMS))
+    return list(itertools.islice((t for t in texts if natural_length(t, 0, True) >= 60), n))
 
 
 def body(i: int, prompt: str) -> dict:
@@ -161,11 +162,13 @@ async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
     return found
 
 
-async def run(up: LanewayUp, http: aiohttp.ClientSession, kill: signal.Signals | None) -> tuple[list[Stream], int]:
-    streams = [Stream() for _ in range(STREAMS)]
+async def run(
+    up: LanewayUp, http: aiohttp.ClientSession, kill: signal.Signals | None, n: int = STREAMS
+) -> tuple[list[Stream], int]:
+    streams = [Stream() for _ in range(n)]
     tasks = [
         asyncio.create_task(read(http, up, body(i, p), s))
-        for i, (s, p) in enumerate(zip(streams, prompts(), strict=True))
+        for i, (s, p) in enumerate(zip(streams, prompts(n), strict=True))
     ]
     victim = 0
     if kill is not None:
@@ -291,10 +294,10 @@ async def test_a_worker_judged_lost_while_only_silent_is_fenced(up: LanewayUp) -
     records = await usage_records(nc)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            unbroken, _ = await run(up, http, kill=None)
+            unbroken, _ = await run(up, http, kill=None, n=FENCED_STREAMS)
             fenced_before = sum((await frames(http, up, "laneway_worker_fenced_total")).values())
-            broken, victim = await run(up, http, kill=signal.SIGSTOP)
-            assert [s.error for s in broken] == [None] * STREAMS, [s.error for s in broken if s.error]
+            broken, victim = await run(up, http, kill=signal.SIGSTOP, n=FENCED_STREAMS)
+            assert [s.error for s in broken] == [None] * FENCED_STREAMS, [s.error for s in broken if s.error]
             for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
                 assert b.text == a.text, (i, a.text, b.text)
                 assert b.finish_reason == a.finish_reason, i

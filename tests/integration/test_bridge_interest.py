@@ -6,9 +6,9 @@ from __future__ import annotations
 import nats
 import pytest
 
+from core.liveness import has_interest
 from schemas.subjects import Subjects
 from tests.wait import eventually
-from workers.orphans import has_interest
 
 pytestmark = pytest.mark.asyncio
 

@@ -16,6 +16,7 @@ from bridge.config import BridgeConfig
 from bridge.streams import losses
 from loadtest.http_client import Result, stream_chat
 from loadtest.stack import Stack, demo_settings
+from tests.deaths import LONG_STREAM, die_without_a_word
 from tests.wait import eventually
 from workers.config import WorkerConfig
 from workers.engines.sim.engine import SimEngine
@@ -32,12 +33,6 @@ class Unresumable(SimEngine):
 
 async def test_a_stream_on_an_engine_that_cannot_continue_ends_when_its_worker_is_lost(nats_server, monkeypatch):
     monkeypatch.setattr(losses, "CONTINUE_WITHIN_S", 3600.0)
-    body = {
-        "model": "laneway-sim",
-        "stream": True,
-        "max_tokens": 2000,
-        "messages": [{"role": "user", "content": "a long answer, please"}],
-    }
     engine = Unresumable(PROFILES["llama-8b-h100"], speed=0.05)
     async with Stack(
         nats_server.url,
@@ -52,11 +47,8 @@ async def test_a_stream_on_an_engine_that_cannot_continue_ends_when_its_worker_i
         async with aiohttp.ClientSession() as http:
             # Class `standard`: its redelivery, with no worker left, would wait 300 s in the lanes.
             headers = {"x-laneway-class": "standard"}
-            task = asyncio.create_task(stream_chat(http, stack.url, KEY, body, headers, result=result))
+            task = asyncio.create_task(stream_chat(http, stack.url, KEY, LONG_STREAM, headers, result=result))
             assert await eventually(lambda: result.tokens > 0 or task.done(), timeout=60) and not task.done()
-            # The worker dies without a word: its loops stop, its connection closes.
-            for t in [*worker._tasks, *(a.task for a in worker._active.values() if a.task)]:
-                t.cancel()
-            await worker._nc.close()
+            await die_without_a_word(worker)
             await asyncio.wait_for(task, timeout=120)
         assert result.error == "worker_lost", (result.error, result.finish_reason, result.tokens)

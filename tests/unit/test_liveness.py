@@ -1,8 +1,9 @@
-"""When a bridge counts as gone (workers/orphans.py): no interest for GONE_S without a break."""
+"""When the holder of a liveness subject counts as gone (core/liveness.py): no interest for the
+threshold without a break, and only once it was found alive."""
 
 from __future__ import annotations
 
-from workers.orphans import Silence
+from core.liveness import Silence
 
 
 def test_a_bridge_without_interest_is_gone_only_after_the_threshold():
