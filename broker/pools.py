@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.affinity import PrefixIndex
+from broker.balance import Loads
 from broker.lanes import Lanes
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
@@ -49,6 +50,7 @@ class ParkedPull:
     credit: Credit
     reply: str
     until: float
+    at: float = 0.0         # monotonic time it came (broker/balance.py: how fresh its credit is)
 
 
 @dataclass
@@ -56,3 +58,4 @@ class Pool:
     lanes: Lanes
     parked: list[ParkedPull] = field(default_factory=list)
     index: PrefixIndex = field(default_factory=PrefixIndex)    # which worker holds which prefix
+    loads: Loads = field(default_factory=Loads)                 # workers just sent a batch (the balance)

@@ -36,8 +36,8 @@ RANK = {
 TOPS = tuple(RANK)
 # Pure: a module named here, or inside a package named here.
 PURE = ("schemas", "core.policy", "core.routing.rules", "core.routing.health", "broker.lanes", "broker.room",
-        "broker.affinity", "broker.pools", "workers.engines.sim.scheduler", "workers.engines.sim.roofline",
-        "workers.engines.openai.circuit")
+        "broker.affinity", "broker.balance", "broker.pools", "workers.engines.sim.scheduler",
+        "workers.engines.sim.roofline", "workers.engines.openai.circuit")
 PURE_OUTSIDE = {"__future__", "abc", "bisect", "collections", "collections.abc", "copy", "dataclasses",
                 "datetime", "enum", "functools", "hashlib", "heapq", "hmac", "ipaddress", "itertools",
                 "math", "numbers", "operator", "re", "string", "time", "typing", "msgspec", "regex"}
