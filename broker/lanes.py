@@ -235,7 +235,7 @@ class Lanes:
         kv_tokens: int = 0,
         tenant_slots: dict[str, dict[str, int]] | None = None,
         tenant_tokens: dict[str, dict[str, int]] | None = None,
-        balanced: Callable[[Item, int], bool] | None = None,
+        balanced: Callable[[ClassPolicy, Item, int], bool] | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would

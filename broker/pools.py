@@ -50,7 +50,6 @@ class ParkedPull:
     credit: Credit
     reply: str
     until: float
-    at: float = 0.0         # monotonic time it came (broker/balance.py: how fresh its credit is)
 
 
 @dataclass

@@ -60,14 +60,14 @@ class Room:
     tenant_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → KV tokens
     empty: bool = False                 # it held nothing when the pull came: its first item always goes
     # The pool's balance (broker/balance.py): whether an item may join, the worker holding n with it.
-    balanced: Callable[[Wants, int], bool] | None = None
+    balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None
 
     @classmethod
     def of(cls, *, free_slots: int, token_budget: int, total_slots: int, running: dict[str, int],
            step_tokens: int = 0, prefill: dict[str, int] | None = None, kv_tokens: int = 0,
            tenant_slots: dict[str, dict[str, int]] | None = None,
            tenant_tokens: dict[str, dict[str, int]] | None = None,
-           balanced: Callable[[Wants, int], bool] | None = None) -> Room:
+           balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
         return cls(free_slots, token_budget, total_slots, dict(running), dict(prefill or {}), step_tokens,
                    kv_tokens, {k: dict(v) for k, v in (tenant_slots or {}).items()},
@@ -82,7 +82,7 @@ class Room:
         step = self.step_tokens
         return (item.cost <= self.token_budget and item.slots <= room and self._prefill_fits(policy, item)
                 and (step <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step)
-                and (self.balanced is None or self.balanced(item, sum(self.held.values()))))
+                and (self.balanced is None or self.balanced(policy, item, sum(self.held.values()))))
 
     def queued_ahead(self, policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:
         """Unstarted prompt tokens here that an item of `policy`'s class would queue behind in the

@@ -214,13 +214,13 @@ class Scheduler:
             await self.serve_parked(credit.pool, pool)
             return
         until = mono + max(0.0, min(credit.wait_s, MAX_PULL_HOLD_S))
-        pool.parked.append(ParkedPull(credit, msg.reply, until, mono))
+        pool.parked.append(ParkedPull(credit, msg.reply, until))
         self.metrics.parked_pulls.labels(credit.pool).set(len(pool.parked))
 
     async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
         """Reply to a pull if there is work for it; False leaves it for the caller to park."""
         now, mono = time.time(), time.monotonic()
-        balance = pool.loads.balance(credit, ((p.credit, p.at) for p in pool.parked), mono)
+        balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono)
         selection = pool.lanes.select(
             free_slots=credit.free_slots, token_budget=credit.token_budget,
             total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
