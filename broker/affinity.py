@@ -35,7 +35,8 @@ ADAPTER_TOKENS = 8192
 
 
 def balance_slack(least: int, slots: int) -> float:
-    """How many sequences above the least loaded worker (`least`) a worker of `slots` may hold."""
+    """How many sequences above the least loaded worker (`least`) a worker of `slots` may hold: in
+    `choose` and in a batch (broker/balance.py)."""
     return max(1, BALANCE * least, BALANCE_FLOOR * slots)
 
 
