@@ -34,6 +34,12 @@ FORGET_AFTER_S = 60.0  # a worker not heard from in this long holds nothing
 ADAPTER_TOKENS = 8192
 
 
+def balance_slack(least: int, slots: int) -> float:
+    """How many sequences above the least loaded worker (`least`) a worker of `slots` may hold: in
+    `choose` and in a batch (broker/balance.py)."""
+    return max(1, BALANCE * least, BALANCE_FLOOR * slots)
+
+
 def prefix_hashes(texts: Iterable[str], salt: str) -> tuple[int, ...]:
     """Chained hashes of the prompt's full chunks; the first chunk's hash includes the salt."""
     text = "".join(texts)
@@ -177,7 +183,7 @@ def choose(
     their history is, so the share is how a pool keeps a hot prefix from piling onto one worker;
     a worker no busier than the rest keeps its sessions, as moving them would gain nothing."""
     least = min(o.load for o in offers)
-    within = [o.load <= least + max(1, BALANCE * least, BALANCE_FLOOR * o.slots) for o in offers]
+    within = [o.load <= least + balance_slack(least, o.slots) for o in offers]
     balanced = [w and (o.load <= least or o.share <= 1 + BALANCE) for w, o in zip(within, offers, strict=True)]
     if not any(balanced):
         balanced = within

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from broker.room import Room
+from broker.room import Room, Wants
 from core.policy.classes import ClassPolicy
 
 AFFINITY_SLACK_S = 0.25         # how much later a deadline an affinity choice may serve first
@@ -235,6 +235,7 @@ class Lanes:
         kv_tokens: int = 0,
         tenant_slots: dict[str, dict[str, int]] | None = None,
         tenant_tokens: dict[str, dict[str, int]] | None = None,
+        balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would
@@ -243,12 +244,12 @@ class Lanes:
         unstarted prompt tokens per class) apply the classes' prefill caps; `kv_tokens` and
         `tenant_slots`/`tenant_tokens` (class → tenant → what it holds there) the tenant headroom.
         `prefer` scores an item for this worker (prefix affinity), within the slack the module's
-        top describes."""
+        top describes; `balanced` keeps the pool's balance (broker/balance.py)."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
         room = Room.of(free_slots=free_slots, token_budget=token_budget, total_slots=total_slots,
                        running=running, step_tokens=step_tokens, prefill=prefill, kv_tokens=kv_tokens,
-                       tenant_slots=tenant_slots, tenant_tokens=tenant_tokens)
+                       tenant_slots=tenant_slots, tenant_tokens=tenant_tokens, balanced=balanced)
         blocked: set[str] = set()
         capped: dict[str, set[str]] = {}        # class → tenants at their headroom cap here
         while room.free_slots > 0:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.affinity import PrefixIndex
+from broker.balance import Loads
 from broker.lanes import Lanes
 from broker.running import Running
 from schemas.requests import GenerateRequest
@@ -58,3 +59,4 @@ class Pool:
     parked: list[ParkedPull] = field(default_factory=list)
     index: PrefixIndex = field(default_factory=PrefixIndex)  # which worker holds which prefix
     running: Running = field(default_factory=Running)  # dispatched and not ended, by worker
+    loads: Loads = field(default_factory=Loads)  # workers just sent a batch (the balance)

@@ -60,6 +60,8 @@ class Room:
     tenant_slots: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → slots
     tenant_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → KV tokens
     empty: bool = False  # it held nothing when the pull came: its first item always goes
+    # The pool's balance (broker/balance.py): whether an item may join, the worker holding n with it.
+    balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None
 
     @classmethod
     def of(
@@ -74,6 +76,7 @@ class Room:
         kv_tokens: int = 0,
         tenant_slots: dict[str, dict[str, int]] | None = None,
         tenant_tokens: dict[str, dict[str, int]] | None = None,
+        balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
     ) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
         return cls(
@@ -87,11 +90,13 @@ class Room:
             {k: dict(v) for k, v in (tenant_slots or {}).items()},
             {k: dict(v) for k, v in (tenant_tokens or {}).items()},
             empty=sum(running.values()) == 0,
+            balanced=balanced,
         )
 
     def fits(self, policy: ClassPolicy, item: Wants, ahead: int) -> bool:
-        """The worker's room, the class's slot share and the prefill caps. `ahead`: the unstarted
-        prompt tokens of the item's class and higher ones that it would queue behind."""
+        """The worker's room, the class's slot share, the prefill caps and the pool's balance.
+        `ahead`: the unstarted prompt tokens of the item's class and higher ones that it would
+        queue behind."""
         room = min(self.free_slots, policy.slot_cap(self.total_slots) - self.held.get(policy.name, 0))
         step = self.step_tokens
         return (
@@ -99,6 +104,7 @@ class Room:
             and item.slots <= room
             and self._prefill_fits(policy, item)
             and (step <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step)
+            and (self.balanced is None or self.balanced(policy, item, sum(self.held.values())))
         )
 
     def queued_ahead(self, policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:

@@ -60,10 +60,12 @@ async def touch_waiting(pool: Pool, mono: float, every_s: float) -> None:
 
 
 async def answer_due_pulls(nc: Client, pool: Pool, mono: float) -> None:
-    """An empty batch for each pull whose hold time is up, before the worker's request times out."""
+    """An empty batch for each pull whose hold time is up, before the worker's request times out
+    (its load still counts in the balance while its fresh pull comes)."""
     due = [p for p in pool.parked if p.until <= mono]
     for parked in due:
         await nc.publish(parked.reply, codec.encode(Batch()))
+        pool.loads.sent(parked.credit, [], mono)
     if due:
         pool.parked = [p for p in pool.parked if p.until > mono]
 

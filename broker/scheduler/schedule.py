@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.affinity import ADAPTER_TOKENS, Offer, choose, prefix_hashes
+from broker.balance import could_take, load
 from broker.lanes import Admit, Item, Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
@@ -199,7 +200,8 @@ class Scheduler:
         if not msg.reply:
             return
         pool = self.pool(credit.pool)
-        pool.index.heard(credit.worker_id, credit.kv_tokens, time.monotonic(), credit.adapters)
+        pool.index.heard(credit.worker_id, credit.kv_tokens, mono := time.monotonic(), credit.adapters)
+        pool.loads.pulled(credit.worker_id)
         # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
         superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
         if superseded:
@@ -207,21 +209,24 @@ class Scheduler:
             for old in superseded:
                 await self._nc.publish(old.reply, codec.encode(Batch()))
         if await self._answer(pool, credit, msg.reply):
+            # What the balance left of it may go to a parked pull now (its worker less loaded).
+            await self.serve_parked(credit.pool, pool)
             return
-        until = time.monotonic() + max(0.0, min(credit.wait_s, MAX_PULL_HOLD_S))
+        until = mono + max(0.0, min(credit.wait_s, MAX_PULL_HOLD_S))
         pool.parked.append(ParkedPull(credit, msg.reply, until))
         self.metrics.parked_pulls.labels(credit.pool).set(len(pool.parked))
 
     async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
         """Reply to a pull if there is work for it; False leaves it for the caller to park."""
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
+        balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono)
         selection = pool.lanes.select(
             free_slots=credit.free_slots, token_budget=credit.token_budget,
             total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
             now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
             step_tokens=credit.step_tokens, prefill=credit.prefill, kv_tokens=credit.kv_tokens,
             tenant_slots=credit.tenant_slots, tenant_tokens=credit.tenant_tokens,
-            prefer=self._preference(pool, credit) if self.affinity else None,
+            prefer=self._preference(pool, credit) if self.affinity else None, balanced=balance.allows,
         )
         for item in selection.expired:
             await self.expire(item)
@@ -247,7 +252,8 @@ class Scheduler:
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
         await self._settle(selection.dispatch, release=False)     # before the Batch: see the top
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
-        self._placed(pool, credit, selection.dispatch)            # bookkeeping, after the work is out
+        pool.loads.sent(credit, selection.dispatch, mono)  # bookkeeping, after the work is out
+        self._placed(pool, credit, selection.dispatch)
         pool.running.placed(credit.worker_id, selection.dispatch)  # handed back if that worker is lost
         return True
 
@@ -262,11 +268,11 @@ class Scheduler:
 
     async def serve_parked(self, name: str, pool: Pool) -> None:
         while self.active and pool.parked and len(pool.lanes):
-            # The affinity choice, then the longest parked: the choice weighs where the head is
-            # cached, not whether it fits there (budget, slots, caps).
-            tries = [pool.parked[self._best_parked(pool)]]
-            if pool.parked[0] is not tries[0]:
-                tries.append(pool.parked[0])
+            # The affinity choice, the longest parked, the least loaded (the balance never holds it
+            # back): the choice weighs where the head is cached, not whether it fits (room, caps).
+            tries = [pool.parked[self._best_parked(pool)], pool.parked[0],
+                     min(pool.parked, key=lambda p: load(p.credit))]
+            tries = [p for i, p in enumerate(tries) if p not in tries[:i]]
             for parked in tries:
                 if parked not in pool.parked:       # superseded while we awaited
                     continue
@@ -296,7 +302,7 @@ class Scheduler:
         head = pool.lanes.peek(time.time())
         if head is None or not (head.prefix or head.adapter):
             return 0
-        able = [i for i, p in enumerate(pool.parked) if fits(head, p.credit)]
+        able = [i for i, p in enumerate(pool.parked) if could_take(p.credit, head)]
         if not able:
             return 0
         now = time.monotonic()
@@ -390,11 +396,5 @@ def same_message(ack_subject: str, other: str) -> bool:
 
 
 def offer(credit: Credit, share: float) -> Offer:
-    return Offer(credit.worker_id, sum(credit.running.values()), sum(credit.prefill.values()), share,
+    return Offer(credit.worker_id, load(credit), sum(credit.prefill.values()), share,
                  credit.total_slots, credit.step_tokens)
-
-
-def fits(item: Item, credit: Credit) -> bool:
-    """Whether a pull could take the item by its room alone (class caps are the lanes' to judge)."""
-    return ((not credit.classes or item.klass in credit.classes) and item.slots <= credit.free_slots
-            and (item.cost <= credit.token_budget or not any(credit.running.values())))

@@ -44,6 +44,7 @@ PURE = (
     "broker.lanes",
     "broker.room",
     "broker.affinity",
+    "broker.balance",
     "broker.pools",
     "broker.running",
     "workers.engines.sim.scheduler",

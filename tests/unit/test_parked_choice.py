@@ -1,6 +1,7 @@
 """The scheduler's choice among parked pulls (broker/scheduler/schedule.py), on a fake NATS: a
 request goes to the worker holding its prefix when that worker can take it, and to another
-parked pull when it cannot (never left waiting while a pull that fits is parked)."""
+parked pull when it cannot (never left waiting while a pull that fits is parked); a burst's
+batches keep the pool's balance."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import itertools
 import time
 from types import SimpleNamespace
 
+from broker.affinity import balance_slack
 from broker.metrics import BrokerMetrics
 from broker.pools import ParkedPull
 from broker.scheduler.schedule import Scheduler
@@ -114,3 +116,65 @@ async def test_the_worker_holding_the_prefix_takes_it_unless_it_cannot() -> None
     await s.enqueue(admitted("r3", "third"), Ack(3), 512)
     assert [d.request.request_id for b in nc.batches(w2) for d in b] == ["r3"]
     assert len(s.pool("sim").lanes) == 0
+
+
+async def pull(s: Scheduler, c: Credit) -> str:
+    """A worker's pull as it reaches the scheduler: answered, or parked."""
+    reply = f"reply.{c.worker_id}.{next(PULLS)}"
+    await s._on_pull(SimpleNamespace(subject="lw.pull.sim", data=codec.encode(c), reply=reply))
+    return reply
+
+
+async def test_a_burst_that_waits_for_the_workers_fresh_pulls_is_spread_within_the_balance() -> None:
+    """Two idle workers each take a first request, then the rest of a burst waits while their fresh
+    pulls are on the way: the first to come takes no more than the balance allows above the other,
+    which takes its part when it pulls (issue 36: 49 to 11)."""
+    s, nc = scheduler()
+    slots, burst = 64, 60
+    held = {"w1": 0, "w2": 0}
+    replies: dict[str, list[str]] = {"w1": [], "w2": []}
+
+    def room(worker: str) -> Credit:
+        n = held[worker]
+        return Credit(
+            worker_id=worker,
+            pool="sim",
+            free_slots=slots - n,
+            token_budget=1_000_000,
+            total_slots=slots,
+            running={"interactive": n} if n else {},
+            kv_tokens=500_000,
+            step_tokens=8192,
+        )
+
+    def count() -> None:
+        for worker, mine in replies.items():
+            held[worker] = sum(len(b) for reply in mine for b in nc.batches(reply))
+
+    for worker in held:
+        replies[worker].append(await pull(s, room(worker)))
+    for n in range(burst):
+        now = time.time()
+        request = GenerateRequest(
+            request_id=f"r{n}",
+            tenant="acme",
+            klass="interactive",
+            model="laneway-sim",
+            reply_to="_INBOX.x",
+            created_at=now,
+            deadline=now + 60,
+            chat=chat(f"question {n}", max_tokens=600),
+        )
+        await s.enqueue(Admitted(request, Ack(n).reply, 1, "sim", "b1"), Ack(n), 512)
+    count()
+    assert held == {"w1": 1, "w2": 1}  # one each while their pulls were parked; the rest wait
+    for _ in range(burst):
+        if not len(s.pool("sim").lanes):
+            break
+        for worker in held:  # each worker with an answered pull pulls again, with its new load
+            if not any(p.credit.worker_id == worker for p in s.pool("sim").parked):
+                replies[worker].append(await pull(s, room(worker)))
+            count()
+    assert sum(held.values()) == burst, held
+    least = min(held.values())
+    assert max(held.values()) - least <= balance_slack(least, slots), held

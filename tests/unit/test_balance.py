@@ -1,0 +1,87 @@
+"""The balance held while one pull's batch is made (broker/balance.py): what counts of the pool's
+other workers, how far a batch may fill its worker against them, and how long it holds work back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from broker.affinity import balance_slack
+from broker.balance import HOLD_S, RETURN_S, Balance, Loads, after, load
+from core.policy.classes import DEFAULT_CLASSES
+from schemas.work import Credit
+
+SLOTS = 64  # a floor of 4 sequences (BALANCE_FLOOR of 64)
+CLASS = next(c for c in DEFAULT_CLASSES if c.name == "interactive")
+
+
+@dataclass
+class Want:
+    klass: str = "interactive"
+    slots: int = 1
+    cost: int = 100
+    tenant: str = "acme"
+    prompt: int = 10
+
+
+def credit(worker: str, held: int = 0, classes: tuple[str, ...] = (), budget: int = 100_000) -> Credit:
+    return Credit(
+        worker_id=worker,
+        pool="sim",
+        free_slots=SLOTS - held,
+        token_budget=budget,
+        total_slots=SLOTS,
+        classes=list(classes),
+        running={"interactive": held} if held else {},
+    )
+
+
+def test_a_batch_fills_its_worker_up_to_the_balance_above_the_least_loaded():
+    balance = Balance([credit("w2", held=10), credit("w3", held=30)], SLOTS)
+    ceiling = int(10 + balance_slack(10, SLOTS))
+    assert balance.allows(CLASS, Want(), ceiling - 1)
+    assert not balance.allows(CLASS, Want(), ceiling)
+    assert not balance.allows(CLASS, Want(slots=2), ceiling - 1)
+    # The least loaded takes an item however many sequences it needs.
+    assert balance.allows(CLASS, Want(slots=SLOTS), 10)
+    assert Balance([], SLOTS).allows(CLASS, Want(), 1_000)  # alone in its pool
+
+
+def test_only_a_worker_with_room_for_the_item_holds_a_batch_back():
+    full = credit("w2", held=SLOTS)
+    other_class = credit("w3", held=0, classes=("batch",))
+    no_kv = credit("w4", held=1, budget=10)
+    balance = Balance([full, other_class, no_kv], SLOTS)
+    assert balance.allows(CLASS, Want(), 40)
+    assert not balance.allows(CLASS, Want(klass="batch"), 40)
+    assert not balance.allows(CLASS, Want(cost=5), 40)
+    # Nor one whose share of the item's class is full (the class's slots at that worker).
+    capped = msgspec.structs.replace(CLASS, max_slot_share=2 / SLOTS)
+    assert Balance([credit("w5", held=2)], SLOTS).allows(capped, Want(), 40)
+    assert not Balance([credit("w5", held=1)], SLOTS).allows(capped, Want(), 40)
+
+
+def test_a_worker_just_sent_a_batch_counts_with_it_until_its_fresh_pull_or_return_s():
+    loads = Loads()
+    mine, sent = credit("w1"), credit("w2")
+    loads.sent(sent, [Want()] * 3, now=100.0)
+    assert load(after(sent, [Want()] * 3)) == 3
+    assert not loads.balance(mine, [], now=100.1).allows(CLASS, Want(), 3 + int(balance_slack(3, SLOTS)))
+    assert loads.balance(mine, [], now=100.0 + RETURN_S).allows(CLASS, Want(), 40)  # full, or gone
+    loads.sent(sent, [Want()] * 3, now=200.0)
+    loads.pulled("w2")  # its fresh credit is parked now, or answered
+    assert loads.balance(mine, [], now=200.1).allows(CLASS, Want(), 40)
+    assert not loads.balance(mine, [credit("w2", held=3)], now=200.1).allows(CLASS, Want(), 40)
+    assert loads.balance(mine, [credit("w1", held=3)], now=200.1).allows(CLASS, Want(), 40)  # itself
+
+
+def test_work_is_held_back_at_most_hold_s_while_no_batch_goes_out():
+    loads = Loads()
+    mine, parked = credit("w1"), [credit("w2", held=0)]
+    assert not loads.balance(mine, parked, now=10.0).allows(CLASS, Want(), 40)
+    assert not loads.balance(mine, parked, now=10.0 + HOLD_S / 2).allows(CLASS, Want(), 40)
+    assert loads.balance(mine, parked, now=10.0 + HOLD_S).allows(CLASS, Want(), 40)
+    # A batch going out in the pool starts the count again.
+    loads.sent(credit("w3"), [Want()], now=20.0)
+    assert not loads.balance(mine, parked, now=20.0 + HOLD_S).allows(CLASS, Want(), 40)
