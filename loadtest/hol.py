@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import msgspec
@@ -35,6 +36,9 @@ from loadtest.stats import ms, summary
 from loadtest.traffic import HttpTarget, Recorder
 
 TENANT = "acme"
+# `laneway up`'s bridge without its load shedding: no measured stream limit, no refusal while
+# delivery runs late. Both follow how fast this machine delivers frames now, not the lanes.
+NO_SHEDDING = ["--initial-stream-limit", "0", "--max-delivery-lag", "0"]
 
 
 def batch_policy(slot_share: float | None, prefill_share: float | None) -> ClassPolicy:
@@ -105,7 +109,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     ]
     phases = {}
     with tempfile.TemporaryDirectory(prefix="laneway-hol-") as tmp:
-        async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=["--pii", args.pii]) as fleet:
+        up_flags = ["--pii", args.pii, *(NO_SHEDDING if args.no_shedding else [])]
+        async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=up_flags) as fleet:
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 for i, (label, chats, flood, lanes, policy) in enumerate(plan):
                     await fleet.set_class(policy)
@@ -161,6 +166,7 @@ def phase_figures(phase: Phase) -> dict:
         "chat_ttft_s": summary([r.ttft for r in chats if r.ttft is not None]),
         "chat_itl_p50_s": summary([g for r in chats for g in r.gaps])["p50"],  # the engine step
         "chat_errors": sum(1 for r in chats if r.error is not None),
+        "chat_error_codes": dict(Counter(r.error for r in chats if r.error is not None)),  # which, when any
         "flood_tokens_per_s": flood["tokens_per_s"] if flood else 0.0,
         "flood_errors": flood["failed"] if flood else 0,
     }
@@ -233,6 +239,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="the broker's PII stage, as `laneway up` runs it (auto: Presidio, NER if its "
         "model is installed): every prompt, the flood's too, is scanned before it queues",
+    )
+    parser.add_argument(
+        "--no-shedding",
+        action="store_true",
+        help="the bridge takes every stream however late it delivers (no measured stream limit, no "
+        "delivery-lag refusal): a loaded machine's late frames then refuse no chat. Off: as deployed",
     )
     parser.add_argument(
         "--fifo-class", default="interactive", help="the one class of the FIFO configuration (interactive: no slot cap)"

@@ -112,6 +112,9 @@ async def test_hol_short():
         "256",
         "--chat-rate",
         "3",
+        # Behaviour, not speed: on a loaded machine frames arrive late and the bridge's measured
+        # stream limit falls to its floor, refusing FIFO's chats beside the flood (issue 38).
+        "--no-shedding",
         "--quiet",
     )
     doc = await hol.run_benchmark(args)
@@ -119,7 +122,7 @@ async def test_hol_short():
     assert set(f["phases"]) == {"alone", "flood-alone", "lanes", "fifo"}
     for label in ("alone", "lanes", "fifo"):
         assert f["phases"][label]["chat_ttft_s"]["n"] > 0
-        assert f["phases"][label]["chat_errors"] == 0
+        assert f["phases"][label]["chat_errors"] == 0, (label, f["phases"][label])
     assert f["phases"]["flood-alone"]["flood_tokens_per_s"] > 0
     for key in ("lanes_ttft_p95_ratio", "fifo_ttft_p95_ratio", "lanes_batch_share_of_capacity"):
         assert math.isfinite(f[key]) and f[key] > 0
