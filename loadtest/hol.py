@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 
 from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
-from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
+from loadtest.benchcli import add_fleet_flags, add_output_flags, add_shedding_flag, main, run_and_report, shedding
 from loadtest.fleet import Fleet
 from loadtest.phases import Phase, run_phase
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
@@ -36,9 +36,6 @@ from loadtest.stats import ms, summary
 from loadtest.traffic import HttpTarget, Recorder
 
 TENANT = "acme"
-# `laneway up`'s bridge without its load shedding: no measured stream limit, no refusal while
-# delivery runs late. Both follow how fast this machine delivers frames now, not the lanes.
-NO_SHEDDING = ["--initial-stream-limit", "0", "--max-delivery-lag", "0"]
 
 
 def batch_policy(slot_share: float | None, prefill_share: float | None) -> ClassPolicy:
@@ -109,7 +106,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     ]
     phases = {}
     with tempfile.TemporaryDirectory(prefix="laneway-hol-") as tmp:
-        up_flags = ["--pii", args.pii, *(NO_SHEDDING if args.no_shedding else [])]
+        up_flags = ["--pii", args.pii, *shedding(args)]
         async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=up_flags) as fleet:
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 for i, (label, chats, flood, lanes, policy) in enumerate(plan):
@@ -240,12 +237,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the broker's PII stage, as `laneway up` runs it (auto: Presidio, NER if its "
         "model is installed): every prompt, the flood's too, is scanned before it queues",
     )
-    parser.add_argument(
-        "--no-shedding",
-        action="store_true",
-        help="the bridge takes every stream however late it delivers (no measured stream limit, no "
-        "delivery-lag refusal): a loaded machine's late frames then refuse no chat. Off: as deployed",
-    )
+    add_shedding_flag(parser)
     parser.add_argument(
         "--fifo-class", default="interactive", help="the one class of the FIFO configuration (interactive: no slot cap)"
     )
