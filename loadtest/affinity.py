@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 
 from core.usage_log import read_usage
-from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
+from loadtest.benchcli import add_fleet_flags, add_output_flags, add_shedding_flag, main, run_and_report, shedding
 from loadtest.fleet import Fleet
 from loadtest.phases import settle
 from loadtest.scenarios import PoolSpec, TenantSpec
@@ -58,7 +58,7 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
         max_loras=args.max_loras,
         lora_load_s=args.lora_load_s,
     )
-    flags = ["--pii", args.pii] + ([] if affinity else ["--no-prefix-affinity"])
+    flags = ["--pii", args.pii, *shedding(args)] + ([] if affinity else ["--no-prefix-affinity"])
     shape = SessionShape(args.system_tokens, args.turn_tokens, args.answer_tokens, args.turns, args.think)
     turns: list[Turn] = []
     async with Fleet(tmp / label, [TenantSpec(TENANT)], [pool], up_flags=flags) as fleet:
@@ -215,6 +215,7 @@ def render(doc: dict) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_fleet_flags(parser, duration=60.0, warmup=10.0, max_seqs=0)
+    add_shedding_flag(parser)
     parser.add_argument("--workers", type=int, default=4, help="workers of the scaled-out runs (N)")
     parser.add_argument("--sessions", type=int, default=20, help="concurrent sessions per worker (L)")
     parser.add_argument("--system-tokens", type=int, default=1500)

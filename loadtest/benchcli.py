@@ -48,6 +48,26 @@ def add_fleet_flags(parser: argparse.ArgumentParser, *, duration: float, warmup:
     parser.add_argument("--sim-speed", type=float, default=1.0)
 
 
+# `laneway up`'s bridge without its load shedding: no measured stream limit, no refusal while
+# delivery runs late. Both follow how fast this machine delivers frames now, not what a
+# benchmark compares (lanes, fair shares, brokers, affinity).
+NO_SHEDDING = ["--initial-stream-limit", "0", "--max-delivery-lag", "0"]
+
+
+def add_shedding_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-shedding",
+        action="store_true",
+        help="the bridge takes every stream however late it delivers (no measured stream limit, no "
+        "delivery-lag refusal): a loaded machine's late frames then refuse no request. Off: as deployed",
+    )
+
+
+def shedding(args: argparse.Namespace) -> list[str]:
+    """The `laneway up` flags `--no-shedding` asks for (none without it)."""
+    return NO_SHEDDING if args.no_shedding else []
+
+
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """--seed, --quiet (no progress bar) and --json (also write the figures there)."""
     parser.add_argument("--seed", type=int, default=1)

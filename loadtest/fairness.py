@@ -18,7 +18,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
+from loadtest.benchcli import add_fleet_flags, add_output_flags, add_shedding_flag, main, run_and_report, shedding
 from loadtest.fleet import Fleet
 from loadtest.phases import Phase, run_phase
 from loadtest.results import tokens_in
@@ -64,7 +64,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     figures: dict = {}
     runs = []
     with tempfile.TemporaryDirectory(prefix="laneway-fair-") as tmp:
-        async with Fleet(Path(tmp) / "lw", tenants, [pool], up_flags=["--brokers", str(args.brokers)]) as fleet:
+        async with Fleet(
+            Path(tmp) / "lw", tenants, [pool], up_flags=["--brokers", str(args.brokers), *shedding(args)]
+        ) as fleet:
             from loadtest.traffic import HttpTarget
 
             async with HttpTarget(fleet.url, fleet.keys) as target:
@@ -129,6 +131,7 @@ def render(doc: dict) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_fleet_flags(parser, duration=25.0, warmup=5.0, max_seqs=16)
+    add_shedding_flag(parser)
     parser.add_argument("--klass", default="interactive", help="the one class both tenants use")
     parser.add_argument(
         "--light-users",

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import msgspec
 
 from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
-from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
+from loadtest.benchcli import add_fleet_flags, add_output_flags, add_shedding_flag, main, run_and_report, shedding
 from loadtest.fleet import Fleet
 from loadtest.phases import Phase, run_phase
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
@@ -105,7 +106,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     ]
     phases = {}
     with tempfile.TemporaryDirectory(prefix="laneway-hol-") as tmp:
-        async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=["--pii", args.pii]) as fleet:
+        up_flags = ["--pii", args.pii, *shedding(args)]
+        async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=up_flags) as fleet:
             async with HttpTarget(fleet.url, fleet.keys) as target:
                 for i, (label, chats, flood, lanes, policy) in enumerate(plan):
                     await fleet.set_class(policy)
@@ -161,6 +163,7 @@ def phase_figures(phase: Phase) -> dict:
         "chat_ttft_s": summary([r.ttft for r in chats if r.ttft is not None]),
         "chat_itl_p50_s": summary([g for r in chats for g in r.gaps])["p50"],  # the engine step
         "chat_errors": sum(1 for r in chats if r.error is not None),
+        "chat_error_codes": dict(Counter(r.error for r in chats if r.error is not None)),  # which, when any
         "flood_tokens_per_s": flood["tokens_per_s"] if flood else 0.0,
         "flood_errors": flood["failed"] if flood else 0,
     }
@@ -234,6 +237,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the broker's PII stage, as `laneway up` runs it (auto: Presidio, NER if its "
         "model is installed): every prompt, the flood's too, is scanned before it queues",
     )
+    add_shedding_flag(parser)
     parser.add_argument(
         "--fifo-class", default="interactive", help="the one class of the FIFO configuration (interactive: no slot cap)"
     )

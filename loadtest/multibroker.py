@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from loadtest import hol
-from loadtest.benchcli import main, run_and_report
+from loadtest.benchcli import main, run_and_report, shedding
 from loadtest.fleet import Fleet
 from loadtest.phases import run_phase
 from loadtest.processes import parents, tree_cpu_seconds
@@ -53,7 +53,7 @@ async def _one_system(args: argparse.Namespace, brokers: int, seed: int) -> dict
             Path(tmp) / "lw",
             [TenantSpec(hol.TENANT)],
             [pool],
-            up_flags=["--brokers", str(brokers), "--pii", "off", "--metrics"],
+            up_flags=["--brokers", str(brokers), "--pii", "off", "--metrics", *shedding(args)],
         ) as fleet:
             if args.batch_slot_share is not None or args.batch_prefill_share is not None:
                 await fleet.set_class(hol.batch_policy(args.batch_slot_share, args.batch_prefill_share))

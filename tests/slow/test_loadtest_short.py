@@ -1,20 +1,20 @@
-"""Short runs of the load generator and the benchmarks: BEHAVIOUR only, never speed.
+"""Short runs of the load generator and the overhead benchmark: BEHAVIOUR only, never speed.
 
 Each test starts the real system (`laneway up` plus extra simulated workers, as processes) and
 checks that the tools run, produce JSON with the expected keys, count no errors where none are
-expected, compute shares, and that the report page embeds its images. The figures themselves
-are the benchmarks' job (`python -m loadtest.hol` etc.), not these tests'.
+expected, compute shares, and that the report page embeds its images. The figures themselves are the benchmarks' job
+(`python -m loadtest.hol` etc.), not these tests'. The short runs are split over three modules
+(test_loadtest_short, test_benchmarks_lanes_short, test_benchmarks_scale_short) so that the
+suite's workers share them: pytest-xdist hands out a module at a time (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 
 import pytest
 
-from loadtest import affinity, fairness, generator, hol, multibroker, overhead, report, scale, scenarios
+from loadtest import generator, overhead, report, scenarios
 from loadtest.results import to_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -32,12 +32,6 @@ GROUP_KEYS = {
     "requests_per_s",
     "slo",
 }
-
-
-def _args(module, *argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    module.configure(parser)
-    return parser.parse_args(list(argv))
 
 
 def _check_run(run: dict) -> None:
@@ -95,161 +89,3 @@ async def test_overhead_short():
         assert set(by_role) == {"nats-server", "broker", "worker", "bridge"}
         assert all(v >= 0 for v in by_role.values())
     assert "added p50" in overhead.render(report_)
-
-
-async def test_hol_short():
-    args = _args(
-        hol,
-        "--duration",
-        "4",
-        "--warmup",
-        "1",
-        "--max-seqs",
-        "16",
-        "--flood-users",
-        "20",
-        "--flood-tokens",
-        "256",
-        "--chat-rate",
-        "3",
-        "--quiet",
-    )
-    doc = await hol.run_benchmark(args)
-    f = doc["figures"]
-    assert set(f["phases"]) == {"alone", "flood-alone", "lanes", "fifo"}
-    for label in ("alone", "lanes", "fifo"):
-        assert f["phases"][label]["chat_ttft_s"]["n"] > 0
-        assert f["phases"][label]["chat_errors"] == 0
-    assert f["phases"]["flood-alone"]["flood_tokens_per_s"] > 0
-    for key in ("lanes_ttft_p95_ratio", "fifo_ttft_p95_ratio", "lanes_batch_share_of_capacity"):
-        assert math.isfinite(f[key]) and f[key] > 0
-    assert len(doc["runs"]) == 4
-    assert "Batch throughput with lanes" in hol.render(doc)
-
-
-async def test_fairness_short():
-    args = _args(fairness, "--duration", "5", "--warmup", "1", "--max-seqs", "8", "--quiet")
-    doc = await fairness.run_benchmark(args)
-    for label in ("equal", "weighted"):
-        f = doc["figures"][label]
-        assert f["errors"] == 0
-        assert f["tokens"]["heavy"] > 0 and f["tokens"]["light"] > 0
-        assert abs(sum(f["share"].values()) - 1.0) < 1e-9
-        assert 0 <= f["both_backlogged"] <= 1
-    assert doc["figures"]["weighted"]["weights"]["light"] == 3.0
-    assert "served share" in fairness.render(doc)
-
-
-async def test_affinity_short():
-    """Two workers, a few sessions: every turn metered with the worker that served it, and with
-    affinity on, a conversation's next turn is served where its history was."""
-    args = _args(
-        affinity,
-        "--workers",
-        "2",
-        "--sessions",
-        "3",
-        "--duration",
-        "12",
-        "--warmup",
-        "0",
-        "--turns",
-        "4",
-        "--think",
-        "0.3",
-        "--quiet",
-    )
-    doc = await affinity.run_benchmark(args)
-    runs = doc["runs"]
-    assert set(runs) == {"one", "on", "off"}
-    for r in runs.values():
-        assert r["turns"] > 0 and r["errors"] == 0
-        assert r["metered"] == r["turns"]  # every turn's usage record was read back
-        assert 0 < r["hit_rate"] < 1 and r["cached_tokens"] > 0
-        assert sum(r["per_worker"].values()) == r["metered"] and len(r["per_worker"]) <= r["workers"]
-    assert runs["one"]["stayed"] == 1.0
-    assert runs["on"]["stayed"] >= 0.75, runs["on"]
-    assert set(doc["figures"]) >= {"on_ttft_p95_ratio", "on_hit_points_below_one", "on_imbalance"}
-    assert "Affinity on, 2 workers vs 1" in affinity.render(doc)
-
-
-async def test_multibroker_short():
-    args = _args(
-        multibroker,
-        "--brokers",
-        "1",
-        "2",
-        "--duration",
-        "4",
-        "--warmup",
-        "1",
-        "--max-seqs",
-        "16",
-        "--flood-users",
-        "20",
-        "--flood-tokens",
-        "64",
-        "--chat-rate",
-        "3",
-        "--quiet",
-    )
-    doc = await multibroker.run_benchmark(args)
-    f = doc["figures"]
-    assert set(f) == {"1", "2"} and len(doc["runs"]) == 4
-    for n, row in f.items():
-        for label in ("alone", "flood"):
-            phase = row[label]
-            assert phase["errors"] == 0 and phase["chat_ttft_s"]["n"] > 0
-            assert math.isfinite(phase["ratio_to_first"]) and phase["ratio_to_first"] > 0
-            # One CPU figure per broker process; a short run's may read 0 where clocks tick coarsely.
-            assert len(phase["broker_cpu_ms_per_request"]) == len(phase["scheduler"]) == int(n)
-            assert all(c >= 0 for c in phase["broker_cpu_ms_per_request"])
-        assert row["flood"]["flood_tokens_per_s"] > 0
-    assert f["1"]["alone"]["ratio_to_first"] == 1.0
-    assert "2 brokers: TTFT p95 within" in multibroker.render(doc)
-
-
-async def test_scale_short():
-    args = _args(
-        scale, "--clients", "200", "--workers", "2", "--ramp", "2", "--hold", "3", "--stream-rate", "4", "--quiet"
-    )
-    doc = await scale.run_benchmark(args)
-    f = doc["figures"]
-    assert f["error_count"] == 0, f["errors"]
-    assert f["streams_with_tokens"] == 200
-    assert f["open_streams_bridge"] == 200
-    assert f["frame_lag_s"]["n"] > 0 and math.isfinite(f["frame_lag_s"]["p99"])
-    assert set(f["rss_per_stream_bytes"]) == {"nats-server", "bridge", "broker", "worker"}
-    assert f["rss_during"]["bridge"] > 0
-    assert f["client_procs"] == 2 and f["client_cpu_cores"] >= 0  # the generator's processes, apart
-    assert "memory per open stream" in scale.render(doc)
-
-
-async def test_scale_find_max_short():
-    """Steps up until one misses (a loaded CI machine may miss the lag target at any step): the
-    most held is the step before the first miss, and the miss says why."""
-    args = _args(
-        scale,
-        "--find-max",
-        "--steps",
-        "40,80",
-        "--workers",
-        "1",
-        "--ramp",
-        "1",
-        "--hold",
-        "2",
-        "--stream-rate",
-        "4",
-        "--client-procs",
-        "1",
-        "--quiet",
-    )
-    doc = await scale.run_benchmark(args)
-    steps = doc["figures"]["steps"]
-    ran = sorted(steps)
-    assert ran == [40, 80][: len(ran)] and len(doc["runs"]) == len(ran)
-    missed = [n for n in ran if steps[n]["missed"]]
-    assert missed in ([], [ran[-1]])  # it stops at the first miss
-    assert doc["figures"]["max_held"] == max((n for n in ran if n not in missed), default=0)
-    assert "Most streams held" in scale.render(doc)
