@@ -20,7 +20,6 @@ import uuid
 import nats.errors
 from aiohttp import web
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import openapi
@@ -53,6 +52,7 @@ from bridge.streams.demux import BufferLimits, Demux
 from bridge.streams.losses import Losses
 from core.catalogue import Catalogue
 from core.connect import connect
+from core.liveness import hold
 from core.looplag import LoopLag
 from core.provision import wait_provisioned
 from core.routing.rules import RuleSet
@@ -65,10 +65,6 @@ from schemas.openai_out import Model, ModelList
 from schemas.requests import Cancel
 
 log = logging.getLogger("laneway.bridge")
-
-
-async def _unanswered(msg: Msg) -> None:
-    """A worker's liveness probe: that it reached a subscriber is the whole answer."""
 
 
 class Bridge:
@@ -144,7 +140,7 @@ class Bridge:
         await self._nc.subscribe(self.s.worker_events, cb=self.readiness.on_heartbeat)
         # Held while this bridge is connected, never answered: the interest workers probe to
         # cancel the work of a bridge that is gone (workers/orphans.py).
-        await self._nc.subscribe(self.s.alive(self.edge_id), cb=_unanswered)
+        await hold(self._nc, self.s.alive(self.edge_id))  # workers/orphans.py probes it
         if self.resumes.enabled:  # other replicas ask for the streams this one holds
             self.relay = RelayServer(self._nc, self.s, self.resumes)
             await self._nc.subscribe(self.s.resume(self.edge_id), cb=self.relay.on_control)

@@ -59,6 +59,15 @@ class Silence:
             del self._since[holder]
 
 
+async def hold(nc: Client, subject: str) -> None:
+    """Hold `subject` for as long as this connection lives, never answering: the probes' proof."""
+
+    async def unanswered(msg: object) -> None:
+        """That a probe reached a subscriber is the whole answer; a reply would be noise."""
+
+    await nc.subscribe(subject, cb=unanswered)
+
+
 async def has_interest(nc: Client, subject: str) -> bool:
     try:
         await nc.request(subject, b"", timeout=PROBE_TIMEOUT_S)

@@ -31,6 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from core.connect import connect
+from core.liveness import hold
 from core.looplag import LoopLag
 from core.provision import wait_provisioned
 from core.tasks import beat_forever, cancel_and_wait
@@ -111,7 +112,7 @@ class Worker:
         await self._heartbeat()
         await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel)
         await self._nc.subscribe(self.s.fence(self.id), cb=self._on_fence)
-        await self._nc.subscribe(self.s.worker_alive(self.id), cb=_never_answer)  # broker/worker_probes.py
+        await hold(self._nc, self.s.worker_alive(self.id))  # broker/worker_probes.py probes it
         await self._nc.subscribe(self.s.worker_ping, cb=self._on_ping)
         await self._nc.subscribe(self.s.sched_leader, cb=self._on_new_scheduler)
         self._puller = puller = Puller(
@@ -276,7 +277,3 @@ class Worker:
             loop_lag_s=self.loop_lag.current(),
         )
         await self._nc.publish(self.s.worker_event(self.id), codec.encode(beat))
-
-
-async def _never_answer(msg: Msg) -> None:
-    """The liveness subject's holder: its subscription is the answer, a reply would be noise."""
