@@ -8,6 +8,7 @@ is a no-op (and the usual shutdown paths still stop children).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -39,3 +40,13 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
 def tied_to_this_process(sig: int = signal.SIGTERM):
     """A `preexec_fn` that ties the child to the process that starts it."""
     return functools.partial(die_with_parent, os.getpid(), sig)
+
+
+def end_group(leader: int) -> None:
+    """Ends what a child started in a session of its own (`start_new_session`) left behind once
+    it is gone: its process group, whose id is its pid. A process it started that does not ask
+    for PR_SET_PDEATHSIG (vLLM's engine core under a worker) lives on otherwise, holding its
+    memory (a GPU's, on a GPU host) from the worker started in its place."""
+    if hasattr(os, "killpg"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)

@@ -3,7 +3,8 @@
 One crash never takes the others down: each child has its own keeper task. Brokers rebuild
 their lanes from unacked messages, workers re-register by heartbeat, the bridge re-binds its
 port, and every process reconnects to a restarted nats-server by itself, so restarting the one
-that died is all that is needed. A child that keeps crashing is restarted ever more slowly
+that died is all that is needed, once what it left in its process group is ended (vLLM's engine
+core, which would hold the GPU from its successor: `core.lifetime.end_group`). A child that keeps crashing is restarted ever more slowly
 (backoff doubling to `max_s`); one that stayed up for `reset_after_s` starts the count afresh.
 A child that fails the same way twice in a row (the same exit code, each time within
 `crash_loop_s` of its start: a port taken, a bad flag, a model that does not load) is not
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from core.lifetime import end_group
 from core.tasks import cancel_and_wait, wait_event
 
 Start = Callable[[], Awaitable[asyncio.subprocess.Process]]
@@ -61,6 +63,7 @@ class Supervisor:
         started = loop.time()
         while True:
             code = await proc.wait()
+            end_group(proc.pid)
             if self._stopping.is_set():
                 return
             lived = loop.time() - started

@@ -25,7 +25,7 @@ from nats.errors import Error as NatsError
 
 from core import env
 from core.connect import NatsSettings
-from core.lifetime import tied_to_this_process
+from core.lifetime import end_group, tied_to_this_process
 from core.natsd import NatsServer, encryption_key
 from core.owner import DirInUse, Owner, OwnerLock
 from core.policy.tenants import Tenant, hash_key
@@ -78,15 +78,15 @@ async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        async with asyncio.timeout(STOP_GRACE_S):
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(STOP_GRACE_S):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
             await proc.wait()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+    end_group(proc.pid)  # killed past its grace, it could not stop its own children
 
 
 async def _wait_ready(url: str, procs: dict[str, asyncio.subprocess.Process], timeout: float,

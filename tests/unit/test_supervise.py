@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from core.lifetime import end_group
 from laneway.supervise import Backoff, Supervisor
 from tests.wait import eventually
 
@@ -90,3 +91,37 @@ async def test_quick_exits_that_differ_are_still_restarted() -> None:
     assert await eventually(lambda: sup.restarts["worker"] >= 3, timeout=30)
     assert not sup.gave_up.is_set()
     await sup.stop()
+
+
+async def test_what_a_killed_child_left_in_its_group_ends_with_it(tmp_path) -> None:
+    """A worker SIGKILLed leaves vLLM's engine core behind (it asks for no death signal): the
+    supervisor ends the dead child's process group before starting the next, as `up` starts
+    each child in a session of its own."""
+    pids = tmp_path / "grandchild"
+
+    async def parent() -> asyncio.subprocess.Process:
+        script = f"sleep 300 & echo $! > {pids}; wait"
+        return await asyncio.create_subprocess_exec("sh", "-c", script, start_new_session=True)
+
+    first = await parent()
+    assert await eventually(lambda: pids.exists() and pids.read_text().strip(), timeout=30)
+    grandchild = int(pids.read_text())
+    pids.unlink()
+    sup = Supervisor(backoff=Backoff(first_s=0.01, max_s=0.05), say=lambda line: None)
+    sup.keep("worker", first, parent)
+    first.kill()
+    assert await eventually(lambda: not alive(grandchild), timeout=30), "the dead child's child lives on"
+    assert await eventually(lambda: sup.restarts["worker"] == 1 and pids.exists(), timeout=30)
+    await sup.stop()
+    sup.procs["worker"].kill()
+    await sup.procs["worker"].wait()
+    end_group(sup.procs["worker"].pid)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
