@@ -158,6 +158,10 @@ class ChatBody(Sampling, kw_only=True):
         """The client's limit on generated tokens; None: up to the model's context."""
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
     def texts(self) -> list[str]:
         return [t for m in self.messages for t in m.texts()]
 
@@ -179,6 +183,10 @@ class CompletionBody(Sampling, kw_only=True):
     @property
     def output_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None  # 0: the sampled token's logprob only
 
     @property
     def text(self) -> str:

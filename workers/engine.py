@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from schemas.frames import TokenLogprob, ToolCallDelta
-from schemas.openai import Body, ChatBody, Message
+from schemas.openai import Body, ChatBody, EmbeddingBody, Message
 
 
 class EngineError(Exception):
@@ -141,6 +141,15 @@ class Engine(abc.ABC):
     # Can go on from an answer's start (`EngineRequest.continued`): a stream whose worker was
     # lost continues here. An engine without it ends such a stream with `worker_lost`.
     continues: bool = False
+
+    def why_not_continued(self, body: Body, extra: bytes) -> str | None:
+        """Why this request cannot go on from an answer's start here (None: it can). Asked before
+        a continuation is generated; a refused one ends with `worker_lost`, saying why."""
+        if not self.continues:
+            return f"the {self.name} engine cannot"
+        if isinstance(body, EmbeddingBody) or body.choices > 1:
+            return "only a single choice can be continued (the edge keeps choice 0's tokens)"
+        return None
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -183,9 +183,11 @@ class Serving:
             return False
         active.seq, active.streamed, active.parts = answer.next_seq, True, None
         d = active.dispatch
-        if not self.engine.continues or d.output_pii:
-            # The frames carried the answer as redacted, not as the engine made it.
-            why = "its output is redacted" if self.engine.continues else f"the {self.engine.name} engine cannot"
+        # Redacted frames carried the answer as the client saw it, not as the engine made it.
+        why = (
+            "its output is redacted" if d.output_pii else self.engine.why_not_continued(d.request.body, d.request.extra)
+        )
+        if why is not None:
             self._fail(
                 active,
                 ErrorCode.worker_lost,

@@ -73,7 +73,7 @@ class Losses:
                 if self.readiness.alive(source, now, heard_at=heard.get(source), slack_s=slack):
                     stream.lost_at = None  # back (it was only slow): a later silence counts afresh
                     continue
-                # An engine that cannot continue (vLLM today, a hosted API) will not: end it now.
+                # An engine that cannot continue (a hosted API) will not: end it now.
                 goes_on = stream.continuable and self.readiness.continues(source)
                 if goes_on and stream.lost_at is None:
                     stream.lost_at = now

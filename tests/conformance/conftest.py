@@ -41,6 +41,8 @@ def _declared(engine: Engine) -> dict[str, str]:
             "its prefix cache is shared by every tenant (shared_prefix_cache): "
             "no cache_salt keeps one tenant's hits from another's"
         )
+    if not engine.continues:
+        lacks["continuation"] = "it cannot go on from an answer's start (Engine.continues is false)"
     return lacks
 
 

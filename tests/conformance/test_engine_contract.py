@@ -18,6 +18,7 @@ from schemas.openai import ChatBody, CompletionBody, Message
 from tests.conformance.conftest import CONTEXT, MODEL, Subject
 from tests.wait import eventually
 from workers.engine import (
+    Continued,
     EngineError,
     EngineOutput,
     EngineRequest,
@@ -51,9 +52,9 @@ def chat(
     )
 
 
-def completion(rid: str, max_tokens: int = 8) -> EngineRequest:
-    body = CompletionBody(model=MODEL, prompt="Once upon a time", max_tokens=max_tokens, temperature=0.8)
-    return EngineRequest(rid, body, klass="interactive")
+def completion(rid: str, max_tokens: int = 8, temperature: float = 0.8, extra: dict | None = None) -> EngineRequest:
+    body = CompletionBody(model=MODEL, prompt="Once upon a time", max_tokens=max_tokens, temperature=temperature)
+    return EngineRequest(rid, body, extra=json.dumps(extra).encode() if extra else b"", klass="interactive")
 
 
 async def collect(subject: Subject, request: EngineRequest) -> list[EngineOutput]:
@@ -210,6 +211,64 @@ async def test_max_tokens_beyond_the_context_is_refused_by_name(subject: Subject
         await collect(subject, chat("too-long", max_tokens=2 * CONTEXT))
     assert (info.value.param, info.value.request_id) == ("max_tokens", "too-long")
     assert await freed(subject)
+
+
+# -- continuations: a lost worker's stream goes on here -----------------------------------------
+
+
+def cut(outs: list[EngineOutput], at: int) -> tuple[Continued, list[EngineOutput]]:
+    """The answer's start a lost worker streamed (its first outputs holding >= `at` tokens), and
+    the outputs it did not."""
+    ids: list[int] = []
+    k = 0
+    while len(ids) < at:
+        ids += outs[k].token_ids
+        k += 1
+    return Continued(ids, "".join(o.text for o in outs[:k])), outs[k:]
+
+
+@pytest.mark.parametrize("make", [chat, completion], ids=["chat", "completion"])
+async def test_a_continuation_goes_on_from_the_next_token(subject: Subject, make) -> None:
+    subject.needs("continuation")
+    request = make("unbroken", max_tokens=24, temperature=0.0, extra=RUN_ON)
+    unbroken = await collect(subject, request)
+    continued, rest = cut(unbroken, 10)
+    outs = await collect(subject, replace(request, request_id="continued", continued=continued))
+    ids = [t for o in outs for t in o.token_ids]
+    assert ids == [t for o in rest for t in o.token_ids], "the continuation is not the unbroken answer's rest"
+    assert continued.text + "".join(o.text for o in outs) == "".join(o.text for o in unbroken)
+    first, last = unbroken[-1], outs[-1]
+    assert last.finish_reason == first.finish_reason == "length"
+    # Usage: the answer's start was prefilled here, not generated.
+    assert last.prompt_tokens == first.prompt_tokens + len(continued.token_ids)
+    assert last.completion_tokens == first.completion_tokens - len(continued.token_ids)
+    assert await freed(subject)
+
+
+async def test_an_answer_its_lost_worker_completed_ends_without_generating(subject: Subject) -> None:
+    subject.needs("continuation")
+    request = chat("complete", max_tokens=8, temperature=0.0, extra=RUN_ON)
+    unbroken = await collect(subject, request)
+    continued, _ = cut(unbroken, 8)
+    outs = await collect(subject, replace(request, request_id="complete-again", continued=continued))
+    last = outs[-1]
+    assert not [t for o in outs for t in o.token_ids] and not "".join(o.text for o in outs)
+    assert (last.finish_reason, last.completion_tokens) == ("length", 0)
+    assert last.prompt_tokens == unbroken[-1].prompt_tokens + 8
+    assert await freed(subject)
+
+
+async def test_what_cannot_be_continued_is_said_before_generating(subject: Subject) -> None:
+    two = chat("two-choices").body
+    assert isinstance(two, ChatBody)
+    two.n = 2
+    why = subject.engine.why_not_continued(two, b"")
+    assert why, "a second choice's tokens are not kept by the edge: it cannot go on"
+    if subject.engine.continues:
+        assert subject.engine.why_not_continued(chat("one").body, b"") is None
+        with pytest.raises(EngineError, match="continued"):
+            await collect(subject, replace(chat("two"), body=two, continued=Continued([1, 2], "ab")))
+        assert await freed(subject)
 
 
 # -- LoRA adapters -------------------------------------------------------------------------------

@@ -17,18 +17,14 @@ import itertools
 import os
 import signal
 import sys
-import time
-from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
 import pytest
 import pytest_asyncio
 
-from core.promtext import parse
-from loadtest.processes import LanewayUp, metrics_port
-from schemas import codec
+from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
+from tests.kills import HANG_S, Stream, frames, read, run_streams, same_as_unbroken, streaming_worker, usage_records
 from tests.wait import eventually
 from workers.engines.sim.output import natural_length
 
@@ -42,51 +38,6 @@ pytestmark = [
 KEY = "sk-continue"
 STREAMS = 100  # the issue's count, for the SIGKILL; the silent worker's fence needs fewer
 FENCED_STREAMS = 24
-HANG_S = 120  # a bound on a hang, not a window
-
-
-@dataclass
-class Stream:
-    text: str = ""
-    chunks: int = 0
-    finish_reason: str | None = None
-    usage: dict | None = None
-    error: dict | None = None
-    request_id: str = ""
-    status: int = 0
-    done: bool = False
-    pieces: list[str] = field(default_factory=list)
-    arrived: list[float] = field(default_factory=list)  # monotonic time of each content chunk
-
-    def stall(self) -> float:
-        """The longest wait between two content chunks."""
-        return max((b - a for a, b in itertools.pairwise(self.arrived)), default=0.0)
-
-
-async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Stream) -> Stream:
-    headers = {"Authorization": f"Bearer {KEY}"}
-    try:
-        async with http.post(f"{up.url}/v1/chat/completions", json=body, headers=headers) as resp:
-            into.status, into.request_id = resp.status, resp.headers.get("x-request-id", "")
-            async for raw in resp.content:
-                if not raw.startswith(b"data: ") or raw.strip() == b"data: [DONE]":
-                    continue
-                chunk = orjson.loads(raw[6:])
-                if "error" in chunk:
-                    into.error = chunk["error"]
-                    continue
-                if chunk.get("usage"):
-                    into.usage = chunk["usage"]
-                for choice in chunk.get("choices") or ():
-                    if content := choice["delta"].get("content"):
-                        into.pieces.append(content)
-                        into.arrived.append(time.monotonic())
-                        into.text += content
-                        into.chunks += 1
-                    into.finish_reason = choice.get("finish_reason") or into.finish_reason
-    finally:
-        into.done = True
-    return into
 
 
 def prompts(n: int = STREAMS) -> list[str]:
@@ -131,79 +82,10 @@ async def up(tmp_path_factory):
         yield running
 
 
-async def frames(
-    http: aiohttp.ClientSession, up: LanewayUp, metric: str = "laneway_worker_frames_total"
-) -> dict[int, float]:
-    """A metric of each live worker (pid → value): by default the token frames it published."""
-    counts = {}
-    for pid in up.role_pids("worker"):
-        if (port := metrics_port(pid)) is not None:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    counts[pid] = parse(await resp.text()).total(metric)
-            except aiohttp.ClientError:
-                continue
-    return counts
-
-
-async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
-    """A worker publishing frames now (the one publishing most, over a moment); 0: none."""
-    before = await frames(http, up)
-    found = 0
-
-    async def moved() -> bool:
-        nonlocal found
-        now = await frames(http, up)
-        grew = {pid: n - before[pid] for pid, n in now.items() if pid in before and n > before[pid]}
-        found = max(grew, key=grew.__getitem__, default=0)
-        return found != 0
-
-    await eventually(moved, timeout=HANG_S)
-    return found
-
-
 async def run(
     up: LanewayUp, http: aiohttp.ClientSession, kill: signal.Signals | None, n: int = STREAMS
 ) -> tuple[list[Stream], int]:
-    streams = [Stream() for _ in range(n)]
-    tasks = [
-        asyncio.create_task(read(http, up, body(i, p), s))
-        for i, (s, p) in enumerate(zip(streams, prompts(n), strict=True))
-    ]
-    victim = 0
-    if kill is not None:
-        # Mid-stream: every stream has tokens on the wire.
-        assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
-        # The worker holding the most streams (as its last pull reported), else one streaming.
-        held = await frames(http, up, "laneway_worker_slots_in_use")
-        victim = max(held, key=held.__getitem__) if any(held.values()) else await streaming_worker(http, up)
-        assert victim, "no worker streams"
-        os.kill(victim, kill)
-        if kill is signal.SIGSTOP:
-            # Silent past the loss bound: its streams go on elsewhere while it sleeps; then it wakes.
-            seen = [s.chunks for s in streams]
-            try:
-                assert await eventually(
-                    lambda: all(s.done or s.chunks > n + 2 for s, n in zip(streams, seen, strict=True)),
-                    timeout=HANG_S,
-                ), "the stopped worker's streams did not go on elsewhere"
-            finally:
-                os.kill(victim, signal.SIGCONT)
-    _, hung = await asyncio.wait(tasks, timeout=HANG_S)
-    assert not hung, f"{len(hung)} streams hung"
-    return streams, victim
-
-
-async def usage_records(nc) -> dict[str, list]:
-    """Every usage record published from now on, by request id (filled as they come)."""
-    records: dict[str, list] = {}
-
-    async def on_usage(msg) -> None:
-        usage = codec.decode_usage(msg.data)
-        records.setdefault(usage.request_id, []).append(usage)
-
-    await nc.subscribe(Subjects().usage_all, cb=on_usage)
-    return records
+    return await run_streams(up, http, [body(i, p) for i, p in enumerate(prompts(n))], kill)
 
 
 async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None:
@@ -216,22 +98,8 @@ async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None
                 s.error for s in unbroken
             ]
             broken, victim = await run(up, http, kill=signal.SIGKILL)
-        assert [s.error for s in broken] == [None] * STREAMS, [s.error for s in broken if s.error]
-        for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
-            # Word by word: the sim's tokens are its words, so no token is missing or repeated.
-            assert b.text.split() == a.text.split(), (i, a.text, b.text)
-            assert b.text == a.text, i
-            assert b.finish_reason == a.finish_reason, i
-            assert b.usage == a.usage, i
         # One usage record per request, the same counts as unbroken; some went on elsewhere.
-        assert await eventually(lambda: all(s.request_id in records for s in broken)), "usage records missing"
-        await nc.flush()
-        for a, b in zip(unbroken, broken, strict=True):
-            assert len(records[b.request_id]) == 1, records[b.request_id]
-            mine, theirs = records[b.request_id][0], records[a.request_id][0]
-            assert (mine.prompt_tokens, mine.completion_tokens) == (theirs.prompt_tokens, theirs.completion_tokens)
-        continued = [records[s.request_id][0].continued_tokens for s in broken]
-        assert any(continued), "no stream was continued: the killed worker served none"
+        continued = await same_as_unbroken(unbroken, broken, records, nc)
         # The stall its clients saw (last token before the kill → next after), for the record.
         stalls = sorted(s.stall() for s, n in zip(broken, continued, strict=True) if n)
         print(

@@ -69,11 +69,7 @@ def path_of(body: Body) -> str:
 
 
 def client_wants_logprobs(body: Body) -> bool:
-    if isinstance(body, ChatBody):
-        return bool(body.logprobs)
-    if isinstance(body, EmbeddingBody):
-        return False
-    return body.logprobs is not None
+    return not isinstance(body, EmbeddingBody) and body.wants_logprobs
 
 
 def encode_embedding_body(body: EmbeddingBody, model: str, extra: bytes = b"") -> bytes:

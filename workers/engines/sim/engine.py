@@ -33,7 +33,7 @@ import msgspec
 
 from core.tasks import cancel_and_wait
 from schemas.frames import ToolCallDelta
-from schemas.openai import ChatBody, EmbeddingBody
+from schemas.openai import Body, ChatBody, EmbeddingBody
 from workers.engine import (
     Capacity,
     Continued,
@@ -115,6 +115,10 @@ class SimEngine(Engine):
     name = "sim"
     supports_logprobs = True
     continues = True
+
+    def why_not_continued(self, body: Body, extra: bytes) -> str | None:
+        logprobs = not isinstance(body, EmbeddingBody) and body.wants_logprobs  # drawn token by token
+        return "the sim cannot draw a continued answer's logprobs" if logprobs else super().why_not_continued(body, extra)
 
     def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
                  max_seqs: int | None = None, kv_tokens: int | None = None,
@@ -244,8 +248,7 @@ class SimEngine(Engine):
             self._continue(req, request.continued)
         return req
 
-    @staticmethod
-    def _continue(req: _Req, continued: Continued) -> None:
+    def _continue(self, req: _Req, continued: Continued) -> None:
         """A continuation: a lost worker streamed the answer's first tokens. They are prefilled
         with the prompt and generation goes on at the next planned token; the answer is a
         function of the request, so a deterministic one goes on exactly as if unbroken."""

@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from core import env
-from schemas.openai import ChatBody, EmbeddingBody
+from schemas.openai import Body, ChatBody, EmbeddingBody
 from workers.engine import (
     Capacity,
     Engine,
@@ -61,39 +62,8 @@ from workers.engine import (
 from workers.engines.vllm.config import VllmConfig
 from workers.engines.vllm.errors import refused, translate
 from workers.engines.vllm.lora import Adapters
+from workers.engines.vllm.scheduler_view import SchedulerView
 from workers.engines.vllm.serving import embedding_serving, generation_serving
-
-
-class _SchedulerView:
-    """The latest `SchedulerStats` the engine core sent (it sends them after every step,
-    including the step that retires aborted requests, so they are fresh when it goes idle)."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_usage = 0.0
-
-    def factory(self) -> Any:
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        view = self
-
-        class _Probe(StatLoggerBase):
-            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                pass
-
-            def record(
-                self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-            ) -> None:
-                if scheduler_stats is not None:
-                    view.running = scheduler_stats.num_running_reqs
-                    view.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
-                    view.kv_usage = scheduler_stats.kv_cache_usage
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return _Probe
 
 
 @dataclass(slots=True)
@@ -109,6 +79,7 @@ class _Live:
 class VllmEngine(Engine):
     name = "vllm"
     supports_logprobs = True
+    continues = True
 
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
@@ -117,9 +88,10 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._chat: Any = None  # vLLM's OpenAIServingChat
         self._completion: Any = None  # vLLM's OpenAIServingCompletion
+        self._renderer: Any = None  # their ContinuingRenderer
         self._embedding: Any = None  # vLLM's ServingEmbedding (an embedding worker)
         self._adapters: Adapters | None = None  # LoRA adapters (--enable-lora)
-        self._view = _SchedulerView()
+        self._view = SchedulerView()
         self._live: dict[RequestKey, _Live] = {}
         self._vllm_ids: dict[RequestKey, str | list[str]] = {}  # our request → the serving layer's ids
         self._max_num_seqs = 0
@@ -151,6 +123,7 @@ class VllmEngine(Engine):
             self._embedding = embedding_serving(self.config, self._llm)
         else:
             self._chat, self._completion, models = generation_serving(self.config, self._llm)
+            self._renderer = self._chat.online_renderer
             if vc.lora_config is not None:
                 self._adapters = Adapters(models, vc.lora_config.max_loras)
         await self.warmup()
@@ -236,6 +209,7 @@ class VllmEngine(Engine):
         return self._generate(request)
 
     async def _generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        from workers.engines.vllm.continuing import answer_end
         from workers.engines.vllm.wire import ChunkReader, StreamError, build_request
 
         rid, key, body = request.request_id, request.key, request.body
@@ -253,6 +227,12 @@ class VllmEngine(Engine):
             return
         if self.config.embedding:
             raise UnsupportedRequest(rid, "model", "this pool's model serves embeddings only")
+        tail = ""  # a continuation's text the client has not seen yet
+        if request.continued is not None:
+            tail = self._continuable(request)
+            if (reason := answer_end(self._engine().renderer.tokenizer, request)) is not None:
+                yield await self._already_ended(request, reason, tail)
+                return
         vreq = build_request(request, self.model, self._media)  # refuses before vLLM sees it
         llm = self._engine()
         chat = isinstance(body, ChatBody)
@@ -262,6 +242,8 @@ class VllmEngine(Engine):
         live = self._live[key] = _Live(request.klass, n, body.output_limit or 0)
         reader = ChunkReader(request)
         stream = None
+        if request.continued is not None:
+            self._renderer.continued[key.scoped()] = request.continued.token_ids
         try:
             if request.adapter:
                 assert self._adapters is not None
@@ -285,8 +267,11 @@ class VllmEngine(Engine):
                         # The last delta: hold it to carry the finish and the usage that follow.
                         *outs, held = outs
                     for out in outs:
+                        out.text, tail = tail + out.text, ""
                         yield out
-                yield reader.last(held, n)
+                last = reader.last(held, n)
+                last.text = tail + last.text
+                yield last
         except StreamError as e:
             raise refused(request, e.info, core_dead=self._engine_down()) from e
         except (EngineError, EngineDead, asyncio.CancelledError, GeneratorExit):
@@ -295,9 +280,38 @@ class VllmEngine(Engine):
             raise translate(request, e) from e
         finally:
             self._live.pop(key, None)
+            self._renderer.continued.pop(key.scoped(), None)
             vllm_id = self._vllm_ids.pop(key)
             if stream is not None and not reader.done and not llm.errored:
                 await llm.abort(vllm_id)  # closed or failed early: free the slot now
+
+    # -- continuations (workers.engines.vllm.continuing) -------------------------------------
+
+    def why_not_continued(self, body: Body, extra: bytes) -> str | None:
+        from workers.engines.vllm.continuing import refusal
+
+        return super().why_not_continued(body, extra) or refusal(body, extra, self.config.reasoning_parser)
+
+    def _continuable(self, request: EngineRequest) -> str:
+        """Checks a continuation can run here; the text of its start the client has not seen."""
+        from workers.engines.vllm.continuing import held_back
+
+        assert request.continued is not None
+        if (why := self.why_not_continued(request.body, request.extra)) is not None:
+            raise EngineError(request.request_id, f"cannot be continued: {why}")
+        if not request.continued.token_ids:
+            raise EngineError(request.request_id, "cannot be continued: the answer came without token ids")
+        return held_back(self._engine().renderer.tokenizer, request.continued)
+
+    async def _already_ended(self, request: EngineRequest, reason: str, tail: str) -> EngineOutput:
+        """The last output of an answer that lacks nothing: vLLM only counts its prompt."""
+        from workers.engines.vllm.continuing import prompt_length
+        from workers.engines.vllm.wire import build_request
+
+        assert request.continued is not None
+        vreq = build_request(dataclasses.replace(request, continued=None), self.model, self._media)
+        prompt = await prompt_length(self._renderer, vreq) + len(request.continued.token_ids)
+        return EngineOutput(tail, finish_reason=reason, finish_reasons=[reason], prompt_tokens=prompt)
 
     async def _embed(self, request: EngineRequest) -> EngineOutput:
         """One embedding request through vLLM's `ServingEmbedding`: every input's vector at once."""

@@ -32,12 +32,14 @@ def embedding_serving(config: VllmConfig, llm: Any) -> Any:
 
 def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any, Any]:
     """vLLM's `OpenAIServingChat` and `OpenAIServingCompletion`, sharing one renderer (chat
-    template, tool and reasoning parsers), and their `OpenAIServingModels` (the served names,
-    LoRA adapters among them: `workers.engines.vllm.lora`)."""
+    template, tool and reasoning parsers; it prefills continuations: `workers.engines.vllm.continuing`),
+    and their `OpenAIServingModels` (the served names, LoRA adapters among them:
+    `workers.engines.vllm.lora`)."""
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
     from vllm.renderers.chat_utils import load_chat_template
-    from vllm.renderers.online_renderer import OnlineRenderer
+
+    from workers.engines.vllm.continuing import ContinuingRenderer
 
     template = load_chat_template(config.chat_template)
     parsers = dict(
@@ -47,7 +49,7 @@ def generation_serving(config: VllmConfig, llm: Any) -> tuple[Any, Any, Any]:
         reasoning_parser=config.reasoning_parser or "",
     )
     models = _models(config, llm)
-    renderer = OnlineRenderer(
+    renderer = ContinuingRenderer(
         model_config=llm.model_config,
         renderer=llm.renderer,
         request_logger=None,

@@ -50,6 +50,8 @@ def build_request(request: EngineRequest, served_name: str, media: MediaFetchPol
         # vLLM 0.32's CompletionRequest has no best_of: it would be ignored.
         raise UnsupportedRequest(rid, "best_of", "best_of other than n is not supported by this engine")
     data = _merged(request, cls, _CHAT if chat else VLLM_COMPLETION)
+    if request.continued is not None:
+        _count_from_the_start(data, len(request.continued.token_ids))
     # Read in the very JSON vLLM validates next, before it can fetch anything.
     if chat and (url := first_refused_media_url(data["messages"], media)) is not None:
         raise UnsupportedRequest(rid, url.param, url.message)
@@ -70,6 +72,14 @@ def build_request(request: EngineRequest, served_name: str, media: MediaFetchPol
     if request.confidence:
         _ask_logprobs(data, chat)
     return validate(cls, data, rid)
+
+
+def _count_from_the_start(data: dict[str, Any], replayed: int) -> None:
+    """A continuation's limits on output count the answer's start, prefilled as prompt: it
+    generates only what the answer lacks (the engine ends one that lacks nothing before this)."""
+    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        if data.get(name) is not None:
+            data[name] = max(0, data[name] - replayed)
 
 
 def _request_class(chat: bool) -> type:

@@ -1,0 +1,181 @@
+"""A worker process killed under `laneway up`: the streams its clients read over HTTP, which
+worker to kill (one publishing frames now), and the usage records that say how each request was
+metered. Shared by the tests that kill workers mid-stream (sim and vLLM)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from core.promtext import parse
+from loadtest.processes import LanewayUp, metrics_port
+from schemas import codec
+from schemas.subjects import Subjects
+from tests.wait import eventually
+
+HANG_S = 120  # a bound on a hang, not a window
+
+
+@dataclass
+class Stream:
+    text: str = ""
+    chunks: int = 0
+    finish_reason: str | None = None
+    usage: dict | None = None
+    error: dict | None = None
+    request_id: str = ""
+    status: int = 0
+    done: bool = False
+    pieces: list[str] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # monotonic time of each content chunk
+
+    def stall(self) -> float:
+        """The longest wait between two content chunks."""
+        return max((b - a for a, b in itertools.pairwise(self.arrived)), default=0.0)
+
+
+async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Stream) -> Stream:
+    """One streamed chat completion, read into `into` as it arrives."""
+    headers = {"Authorization": f"Bearer {up.api_key}"}
+    try:
+        async with http.post(f"{up.url}/v1/chat/completions", json=body, headers=headers) as resp:
+            into.status, into.request_id = resp.status, resp.headers.get("x-request-id", "")
+            async for raw in resp.content:
+                if not raw.startswith(b"data: ") or raw.strip() == b"data: [DONE]":
+                    continue
+                chunk = orjson.loads(raw[6:])
+                if "error" in chunk:
+                    into.error = chunk["error"]
+                    continue
+                if chunk.get("usage"):
+                    into.usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    if content := choice["delta"].get("content"):
+                        into.pieces.append(content)
+                        into.arrived.append(time.monotonic())
+                        into.text += content
+                        into.chunks += 1
+                    into.finish_reason = choice.get("finish_reason") or into.finish_reason
+    finally:
+        into.done = True
+    return into
+
+
+async def frames(
+    http: aiohttp.ClientSession, up: LanewayUp, metric: str = "laneway_worker_frames_total"
+) -> dict[int, float]:
+    """A metric of each live worker (pid → value): by default the token frames it published."""
+    counts = {}
+    for pid in up.role_pids("worker"):
+        if (port := metrics_port(pid)) is not None:
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    counts[pid] = parse(await resp.text()).total(metric)
+            except aiohttp.ClientError:
+                continue
+    return counts
+
+
+async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
+    """A worker publishing frames now (the one publishing most, over a moment); 0: none."""
+    before = await frames(http, up)
+    found = 0
+
+    async def moved() -> bool:
+        nonlocal found
+        now = await frames(http, up)
+        grew = {pid: n - before[pid] for pid, n in now.items() if pid in before and n > before[pid]}
+        found = max(grew, key=grew.__getitem__, default=0)
+        return found != 0
+
+    await eventually(moved, timeout=HANG_S)
+    return found
+
+
+async def usage_records(nc) -> dict[str, list]:
+    """Every usage record published from now on, by request id (filled as they come)."""
+    records: dict[str, list] = {}
+
+    async def on_usage(msg) -> None:
+        usage = codec.decode_usage(msg.data)
+        records.setdefault(usage.request_id, []).append(usage)
+
+    await nc.subscribe(Subjects().usage_all, cb=on_usage)
+    return records
+
+
+async def run_streams(
+    up: LanewayUp, http: aiohttp.ClientSession, bodies: list[dict], kill: signal.Signals | None
+) -> tuple[list[Stream], int]:
+    """Streams `bodies` at once; with `kill`, signals the worker holding the most of them once
+    each has tokens on the wire (SIGSTOP: until they went on elsewhere, then SIGCONT). Returns the
+    streams, ended, and the pid signalled."""
+    streams = [Stream() for _ in bodies]
+    tasks = [asyncio.create_task(read(http, up, b, s)) for b, s in zip(bodies, streams, strict=True)]
+    victim = 0
+    if kill is not None:
+        # Mid-stream: every stream has tokens on the wire.
+        assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
+        # The worker holding the most streams (as its last pull reported), else one streaming.
+        held = await frames(http, up, "laneway_worker_slots_in_use")
+        victim = max(held, key=held.__getitem__) if any(held.values()) else await streaming_worker(http, up)
+        assert victim, "no worker streams"
+        os.kill(victim, kill)
+        if kill is signal.SIGSTOP:
+            # Silent past the loss bound: its streams go on elsewhere while it sleeps; then it wakes.
+            seen = [s.chunks for s in streams]
+            try:
+                assert await eventually(
+                    lambda: all(s.done or s.chunks > c + 2 for s, c in zip(streams, seen, strict=True)),
+                    timeout=HANG_S,
+                ), "the stopped worker's streams did not go on elsewhere"
+            finally:
+                os.kill(victim, signal.SIGCONT)
+    _, hung = await asyncio.wait(tasks, timeout=HANG_S)
+    assert not hung, f"{len(hung)} streams hung"
+    return streams, victim
+
+
+def left_in_group(leader: int) -> list[int]:
+    """Live processes in the process group `leader` led (`laneway up` starts each child in a
+    session of its own): what a killed worker left behind, such as vLLM's engine core."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, _ppid, pgid = stat.read().rsplit(")", 1)[1].split()[:3]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(pgid) == leader and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+async def same_as_unbroken(unbroken: list[Stream], broken: list[Stream], records: dict[str, list], nc) -> list[int]:
+    """Each broken stream is its unbroken run's (text, finish_reason, usage), with no error and
+    one usage record of the same counts; returns each record's `continued_tokens`."""
+    assert [s.error for s in broken] == [None] * len(broken), [s.error for s in broken if s.error]
+    for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
+        # Piece by piece: a token missing or repeated shows as a word off (the sim's are words).
+        assert b.text.split() == a.text.split(), (i, a.text, b.text)
+        assert b.text == a.text, i
+        assert b.finish_reason == a.finish_reason, i
+        assert b.usage == a.usage, i
+    assert await eventually(lambda: all(s.request_id in records for s in broken)), "usage records missing"
+    await nc.flush()
+    for a, b in zip(unbroken, broken, strict=True):
+        assert len(records[b.request_id]) == 1, records[b.request_id]
+        mine, theirs = records[b.request_id][0], records[a.request_id][0]
+        assert (mine.prompt_tokens, mine.completion_tokens) == (theirs.prompt_tokens, theirs.completion_tokens)
+    continued = [records[s.request_id][0].continued_tokens for s in broken]
+    assert any(continued), "no stream was continued: the killed worker served none"
+    return continued

@@ -1,0 +1,119 @@
+"""A continuation on vLLM (`EngineRequest.continued`): the answer a lost worker already streamed
+is prefilled as token ids after the prompt vLLM's own renderer made, so the engine computes what
+the unbroken run computed (the same ids in the same order) and generates only what follows. The
+rest is vLLM's serving layer as for any request: sampling, detokenizing (primed with the prompt's
+last tokens, so the first new token's spacing is right), usage (`prompt_tokens` counts the
+prefilled answer: `workers.serve` moves it back to the output for the client).
+
+What it cannot continue, and why (`refusal`): a stream vLLM parses while it generates (tool
+calls, a reasoning parser) or constrains from its first token (structured outputs), whose parser
+or grammar would start again at the continuation; and completions' echo and suffix, which the
+stream does not carry as a plain answer. A seeded sample goes on with fresh randomness: every
+token once, but after the break not the tokens the unbroken run would have drawn.
+
+Imports vllm: imported only by `workers.engines.vllm.serving`, which is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.renderers.online_renderer import OnlineRenderer
+
+from schemas.openai import Body, ChatBody, CompletionBody
+from schemas.openai_extra import VLLM_GUIDED
+from workers.engine import Continued, EngineError, EngineRequest
+
+# Extra fields that constrain an answer from its first token (vLLM's grammar-backed outputs).
+_CONSTRAINING = VLLM_GUIDED | {"structured_outputs"}
+
+
+def refusal(body: Body, extra: bytes, reasoning_parser: str | None) -> str | None:
+    """Why vLLM cannot continue this request (None: it can), beyond the contract's own checks."""
+    if isinstance(body, ChatBody):
+        if body.tools and body.tool_choice != "none":
+            return "its tool calls are parsed from the whole answer"
+        if body.response_format is not None and body.response_format.type != "text":
+            return "its response_format constrains the answer from its first token"
+        if reasoning_parser:
+            return "its reasoning is parsed from the whole answer"
+    if isinstance(body, CompletionBody) and (body.echo or body.suffix):
+        return "echo and suffix are not part of a continued answer"
+    if _CONSTRAINING & _fields(extra).keys():
+        return "its structured output constrains the answer from its first token"
+    return None
+
+
+def _fields(extra: bytes) -> dict[str, Any]:
+    try:
+        fields = json.loads(extra) if extra else {}
+    except ValueError:
+        return {}  # build_request refuses it, naming why
+    return fields if isinstance(fields, dict) else {}
+
+
+def held_back(tokenizer: Any, continued: Continued) -> str:
+    """Text of the answer's tokens the client has not seen: vLLM holds back the last characters
+    of a stream while they may begin a stop string, and a lost worker never sent them."""
+    whole = tokenizer.decode(continued.token_ids, skip_special_tokens=True)
+    if len(whole) > len(continued.text) and whole.startswith(continued.text):
+        return str(whole[len(continued.text) :])
+    return ""
+
+
+def answer_end(tokenizer: Any, request: EngineRequest) -> str | None:
+    """The finish reason of a continued answer its lost worker had completed (it died before
+    saying so), else None."""
+    assert request.continued is not None
+    ids, limit = request.continued.token_ids, request.body.output_limit
+    if limit is not None and len(ids) >= limit:
+        return "length"
+    if ids[-1] == tokenizer.eos_token_id and not _fields(request.extra).get("ignore_eos"):
+        return "stop"
+    return None
+
+
+async def prompt_length(renderer: OnlineRenderer, vreq: Any) -> int:
+    """The tokens vLLM's renderer makes of this request's prompt."""
+    if isinstance(vreq, ChatCompletionRequest):
+        rendered = await renderer.render_chat(vreq)
+        inputs = rendered if isinstance(rendered, ErrorResponse) else rendered[1]
+    else:
+        inputs = await renderer.render_completion(vreq)
+    if isinstance(inputs, ErrorResponse):
+        raise EngineError(vreq.request_id, inputs.error.message)
+    return len(inputs[0]["prompt_token_ids"])
+
+
+class ContinuingRenderer(OnlineRenderer):
+    """vLLM's renderer, appending a continuation's token ids to the one prompt it renders for
+    that request. Continuations are registered by vLLM request id while they run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.continued: dict[str, list[int]] = {}
+
+    async def render_chat(self, request: Any, **kwargs: Any) -> Any:
+        result = await super().render_chat(request, **kwargs)
+        if isinstance(result, ErrorResponse):
+            return result
+        conversation, inputs = result
+        return conversation, self._extended(request.request_id, inputs)
+
+    async def render_completion(self, request: Any, **kwargs: Any) -> Any:
+        result = await super().render_completion(request, **kwargs)
+        return result if isinstance(result, ErrorResponse) else self._extended(request.request_id, result)
+
+    def _extended(self, request_id: str, inputs: list[Any]) -> list[Any]:
+        ids = self.continued.get(request_id)
+        if ids is None:
+            return inputs
+        (prompt,) = inputs  # one prompt: Laneway's bodies have one (CompletionBody.prompt)
+        prompt["prompt_token_ids"] = [*prompt["prompt_token_ids"], *ids]
+        # The prompt's text and offsets no longer describe its ids.
+        prompt.pop("prompt", None)
+        prompt.pop("prompt_token_offsets", None)
+        return inputs
