@@ -78,14 +78,15 @@ async def _spawn(role: str, argv: list[str], log_dir: Path, auth: UpAuth | None,
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(STOP_GRACE_S):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
+    if proc.returncode is not None:
+        return  # reaped before (by the supervisor, which ended its group): its pid may be another's now
+    proc.send_signal(signal.SIGTERM)
+    try:
+        async with asyncio.timeout(STOP_GRACE_S):
             await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
     end_group(proc.pid)  # killed past its grace, it could not stop its own children
 
 

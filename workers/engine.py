@@ -48,6 +48,15 @@ class UnsupportedRequest(EngineError):
         self.param = param
 
 
+class CannotContinue(EngineError):
+    """This continuation cannot go on here for what its answer holds (`why_not_continued` judges
+    the request itself): its stream ends with `worker_lost`, saying why."""
+
+    def __init__(self, request_id: str, why: str) -> None:
+        super().__init__(request_id, why)
+        self.why = why
+
+
 class EngineDead(Exception):
     """The engine cannot serve any more requests. The worker stops pulling and exits non-zero
     without acking, so JetStream redelivers its requests to other workers."""

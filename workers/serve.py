@@ -34,6 +34,7 @@ from workers.active import Active, carries, is_plain, nak_with_delay
 from workers.cache import AnswerStore
 from workers.cascade import Escalator, stream_gate
 from workers.engine import (
+    CannotContinue,
     Continued,
     Engine,
     EngineDead,
@@ -151,6 +152,9 @@ class Serving:
         except UnsupportedRequest as exc:
             self._fail(active, ErrorCode.invalid_request, exc.message, exc.param)
             return
+        except CannotContinue as exc:
+            self._not_continued(active, exc.why)
+            return
         except EngineError as exc:
             self._engine_failed(active, exc)
             return
@@ -182,21 +186,19 @@ class Serving:
             self._dead_letter(active, "max_migrations", answer.reason)
             return False
         active.seq, active.streamed, active.parts = answer.next_seq, True, None
-        d = active.dispatch
+        d, r = active.dispatch, active.dispatch.request
         # Redacted frames carried the answer as the client saw it, not as the engine made it.
-        why = (
-            "its output is redacted" if d.output_pii else self.engine.why_not_continued(d.request.body, d.request.extra)
-        )
-        if why is not None:
-            self._fail(
-                active,
-                ErrorCode.worker_lost,
-                "the worker serving this request was lost after the "
-                f"stream started, and it could not be continued on another ({why})",
-            )
+        if (
+            why := "its output is redacted" if d.output_pii else self.engine.why_not_continued(r.body, r.extra)
+        ) is not None:
+            self._not_continued(active, why)
             return False
         active.continued = Continued(answer.token_ids, answer.text)
         return True
+
+    def _not_continued(self, active: Active, why: str) -> None:
+        lost = "the worker serving this request was lost after the stream started"
+        self._fail(active, ErrorCode.worker_lost, f"{lost}, and it could not be continued on another ({why})")
 
     async def _generate(self, active: Active, gate: StreamGate[EngineOutput] | None) -> Finished | None:
         """Run the engine until it finishes (the `Finished` to send) or the cascade escalates."""
@@ -228,7 +230,8 @@ class Serving:
                         for held in active.redaction.flush():
                             self._emit(active, held)
                     reason = "cancelled" if active.cancelled else out.finish_reason
-                    told = 0 if self.engine.shared_prefix_cache else out.cached_tokens
+                    prompt = max(0, out.prompt_tokens - replayed)
+                    told = 0 if self.engine.shared_prefix_cache else min(out.cached_tokens, prompt)
                     messages, fields = r.echoed()
                     # The client's usage is the unbroken answer's: the replayed tokens once, as output.
                     finished = Finished(
@@ -236,7 +239,7 @@ class Serving:
                         d.attempt,
                         active.next_seq(),
                         reason,
-                        TokenUsage(out.prompt_tokens - replayed, out.completion_tokens + replayed, told),
+                        TokenUsage(prompt, out.completion_tokens + replayed, told),
                         self.engine.model,
                         out.finish_reasons,
                         out.vectors,

@@ -15,6 +15,7 @@ import nats
 import pytest
 
 from bridge.client import LanewayClient
+from bridge.config import BridgeConfig
 from core.natsd import NatsServer
 from core.topology import StreamLimits
 from loadtest.http_client import stream_chat
@@ -86,8 +87,15 @@ async def test_worker_sigkill_with_200_accepted(nats_server):
     engine steps of unstarted prompts: broker/lanes.py): the first go on elsewhere from their
     next token (bridge/streams/continuation.py), the second, redelivered or still waiting, complete
     elsewhere."""
-    limits = StreamLimits(ack_wait_s=3.0)
-    async with Stack(nats_server.url, demo_settings(KEY), engines=[], limits=limits, prefix="wk") as s:
+    # The default ack_wait: the scheduler -NAKs a dead worker's requests once its connection is
+    # gone, so nothing here waits for ack_wait. A short one (this test had 3 s) only measured how
+    # late a starved machine's loops send in-progress acks: each late one is a redelivery, and the
+    # fifth (max_deliver) dead-letters the request with `engine_error`, as under `pytest -n 3`.
+    # Every request accepted: the bridge's measured limit and delivery-lag door would turn some of
+    # the 200 away with a 503 on a loaded machine (their own tests), and this test is about what
+    # was accepted when the worker died.
+    doors_open = BridgeConfig(initial_stream_limit=0, max_delivery_lag_s=0)
+    async with Stack(nats_server.url, demo_settings(KEY), engines=[], prefix="wk", bridge_config=doors_open) as s:
         # A slow modelled GPU (10× slower than an H100) keeps the client side of this test light.
         a = await spawn(
             "worker",

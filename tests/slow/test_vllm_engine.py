@@ -31,6 +31,8 @@ from schemas.openai import (
 from tests.slow.conftest import vllm_model_dir
 from tests.wait import eventually
 from workers.engine import (
+    CannotContinue,
+    Continued,
     EngineDead,
     EngineOutput,
     EngineRequest,
@@ -325,6 +327,34 @@ async def test_client_cache_salt_is_replaced_by_laneways(engine) -> None:
     )  # the id scoped by its tenant: see vllm_engine.py
     outs = await collect(engine, request)
     assert outs[-1].finish_reason in ("stop", "length")
+
+
+async def test_a_continuation_broken_inside_a_character_is_refused(engine) -> None:
+    # SmolLM2's byte-level tokenizer spends several tokens on a CJK character: an answer cut after
+    # the first would prime vLLM's detokenizer with half a character (it then streams the whole
+    # prompt back when the next token completes it).
+    tokenizer = engine._llm.renderer.tokenizer
+    ids = tokenizer.encode(" こんにちは", add_special_tokens=False)
+    cut = next(k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd"))
+    request = chat("half-character", "Say hello in Japanese.", max_tokens=8)
+    request.continued = Continued(ids[:cut], tokenizer.decode(ids[:cut]).rstrip("\ufffd"))
+    with pytest.raises(CannotContinue, match="inside a character"):
+        await collect(engine, request)
+    whole = chat("whole-character", "Say hello in Japanese.", max_tokens=len(ids) + 4, extra={"ignore_eos": True})
+    whole.continued = Continued(ids, tokenizer.decode(ids))
+    outs = await collect(engine, whole)
+    assert outs[-1].completion_tokens == 4 and outs[-1].finish_reason == "length"
+    assert await eventually(lambda: engine.num_unfinished() == 0, 2.0)
+
+
+def test_what_vllm_cannot_continue_is_named(engine) -> None:
+    stop = ChatBody(model="smollm2", messages=[Message(role="user", content="hi")], stop=["</answer>"])
+    assert "stop string" in engine.why_not_continued(stop, b"")
+    json_completion = CompletionBody(model="smollm2", prompt="{")
+    assert "first token" in engine.why_not_continued(json_completion, b'{"response_format": {"type": "json_object"}}')
+    tools = chat("tools", "hi", tools=[Tool(function=FunctionDef(name="f", parameters={"type": "object"}))]).body
+    assert "tool calls" in engine.why_not_continued(tools, b"")
+    assert engine.why_not_continued(chat("plain", "hi").body, b'{"ignore_eos": true}') is None
 
 
 async def test_engine_death_is_engine_dead(engine) -> None:

@@ -7,9 +7,11 @@ prefilled answer: `workers.serve` moves it back to the output for the client).
 
 What it cannot continue, and why (`refusal`): a stream vLLM parses while it generates (tool
 calls, a reasoning parser) or constrains from its first token (structured outputs), whose parser
-or grammar would start again at the continuation; and completions' echo and suffix, which the
-stream does not carry as a plain answer. A seeded sample goes on with fresh randomness: every
-token once, but after the break not the tokens the unbroken run would have drawn.
+or grammar would start again at the continuation; a stop string, which may span the break (and
+whose possible start vLLM held back unsent); completions' echo and suffix, which the stream does
+not carry as a plain answer; and (`broken_character`) an answer that broke inside a character.
+What goes on differently from the unbroken run: a seeded sample draws fresh randomness, and
+presence and frequency penalties count the new run's output only (every token once, still).
 
 Imports vllm: imported only by `workers.engines.vllm.serving`, which is imported lazily.
 """
@@ -27,8 +29,9 @@ from schemas.openai import Body, ChatBody, CompletionBody
 from schemas.openai_extra import VLLM_GUIDED
 from workers.engine import Continued, EngineError, EngineRequest
 
-# Extra fields that constrain an answer from its first token (vLLM's grammar-backed outputs).
-_CONSTRAINING = VLLM_GUIDED | {"structured_outputs"}
+# Extra fields that constrain an answer from its first token (vLLM's grammar-backed outputs;
+# completions' response_format is one of their extra fields).
+_CONSTRAINING = VLLM_GUIDED | {"structured_outputs", "response_format"}
 
 
 def refusal(body: Body, extra: bytes, reasoning_parser: str | None) -> str | None:
@@ -42,6 +45,8 @@ def refusal(body: Body, extra: bytes, reasoning_parser: str | None) -> str | Non
             return "its reasoning is parsed from the whole answer"
     if isinstance(body, CompletionBody) and (body.echo or body.suffix):
         return "echo and suffix are not part of a continued answer"
+    if body.stops:  # vLLM also holds back the text that may begin one: the lost worker never sent it
+        return "a stop string may span the break, and vLLM matches it in the new run's text only"
     if _CONSTRAINING & _fields(extra).keys():
         return "its structured output constrains the answer from its first token"
     return None
@@ -55,25 +60,32 @@ def _fields(extra: bytes) -> dict[str, Any]:
     return fields if isinstance(fields, dict) else {}
 
 
-def held_back(tokenizer: Any, continued: Continued) -> str:
-    """Text of the answer's tokens the client has not seen: vLLM holds back the last characters
-    of a stream while they may begin a stop string, and a lost worker never sent them."""
-    whole = tokenizer.decode(continued.token_ids, skip_special_tokens=True)
-    if len(whole) > len(continued.text) and whole.startswith(continued.text):
-        return str(whole[len(continued.text) :])
-    return ""
+def broken_character(tokenizer: Any, continued: Continued) -> bool:
+    """The answer broke inside a character (a byte-level tokenizer spends 2-3 tokens on a CJK
+    character or an emoji): vLLM's detokenizer, primed with a prompt that ends in half a
+    character, would stream the whole prompt back when the next token completes it."""
+    return bool(tokenizer.decode(continued.token_ids[-4:]).endswith("\ufffd"))
 
 
-def answer_end(tokenizer: Any, request: EngineRequest) -> str | None:
+def answer_end(stop_ids: set[int], request: EngineRequest) -> str | None:
     """The finish reason of a continued answer its lost worker had completed (it died before
-    saying so), else None."""
+    saying so), else None. `stop_ids`: the model's end-of-sequence ids."""
     assert request.continued is not None
-    ids, limit = request.continued.token_ids, request.body.output_limit
+    ids, limit, fields = request.continued.token_ids, request.body.output_limit, _fields(request.extra)
     if limit is not None and len(ids) >= limit:
         return "length"
-    if ids[-1] == tokenizer.eos_token_id and not _fields(request.extra).get("ignore_eos"):
+    # A request's own stop_token_ids end it even with ignore_eos, as in vLLM's SamplingParams.
+    asked = set(fields.get("stop_token_ids") or ())
+    if ids[-1] in asked or (ids[-1] in stop_ids and not fields.get("ignore_eos")):
         return "stop"
     return None
+
+
+def end_of_sequence_ids(tokenizer: Any, generation_config: dict[str, Any]) -> set[int]:
+    """Every id that ends an answer: the tokenizer's and the model's generation config's."""
+    listed = generation_config.get("eos_token_id")
+    ids = set(listed if isinstance(listed, list) else [listed] if listed is not None else [])
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
 async def prompt_length(renderer: OnlineRenderer, vreq: Any) -> int:

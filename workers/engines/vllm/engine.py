@@ -50,6 +50,7 @@ from typing import Any
 from core import env
 from schemas.openai import Body, ChatBody, EmbeddingBody
 from workers.engine import (
+    CannotContinue,
     Capacity,
     Engine,
     EngineDead,
@@ -89,6 +90,7 @@ class VllmEngine(Engine):
         self._chat: Any = None  # vLLM's OpenAIServingChat
         self._completion: Any = None  # vLLM's OpenAIServingCompletion
         self._renderer: Any = None  # their ContinuingRenderer
+        self._stop_ids: set[int] = set()  # the ids that end an answer (a continued one too)
         self._embedding: Any = None  # vLLM's ServingEmbedding (an embedding worker)
         self._adapters: Adapters | None = None  # LoRA adapters (--enable-lora)
         self._view = SchedulerView()
@@ -107,6 +109,8 @@ class VllmEngine(Engine):
         env.library_defaults({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"})
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from workers.engines.vllm.continuing import end_of_sequence_ids
+
         engine_args = self.config.engine_args()
         factory = self._view.factory()
         # Building spawns the engine-core process and loads the model (tens of seconds): keep the
@@ -124,6 +128,8 @@ class VllmEngine(Engine):
         else:
             self._chat, self._completion, models = generation_serving(self.config, self._llm)
             self._renderer = self._chat.online_renderer
+            generation_config = vc.model_config.try_get_generation_config()
+            self._stop_ids = end_of_sequence_ids(self._llm.renderer.tokenizer, generation_config)
             if vc.lora_config is not None:
                 self._adapters = Adapters(models, vc.lora_config.max_loras)
         await self.warmup()
@@ -227,11 +233,10 @@ class VllmEngine(Engine):
             return
         if self.config.embedding:
             raise UnsupportedRequest(rid, "model", "this pool's model serves embeddings only")
-        tail = ""  # a continuation's text the client has not seen yet
         if request.continued is not None:
-            tail = self._continuable(request)
-            if (reason := answer_end(self._engine().renderer.tokenizer, request)) is not None:
-                yield await self._already_ended(request, reason, tail)
+            self._continuable(request)
+            if (reason := answer_end(self._stop_ids, request)) is not None:
+                yield await self._already_ended(request, reason)
                 return
         vreq = build_request(request, self.model, self._media)  # refuses before vLLM sees it
         llm = self._engine()
@@ -267,11 +272,8 @@ class VllmEngine(Engine):
                         # The last delta: hold it to carry the finish and the usage that follow.
                         *outs, held = outs
                     for out in outs:
-                        out.text, tail = tail + out.text, ""
                         yield out
-                last = reader.last(held, n)
-                last.text = tail + last.text
-                yield last
+                yield reader.last(held, n)
         except StreamError as e:
             raise refused(request, e.info, core_dead=self._engine_down()) from e
         except (EngineError, EngineDead, asyncio.CancelledError, GeneratorExit):
@@ -292,18 +294,18 @@ class VllmEngine(Engine):
 
         return super().why_not_continued(body, extra) or refusal(body, extra, self.config.reasoning_parser)
 
-    def _continuable(self, request: EngineRequest) -> str:
-        """Checks a continuation can run here; the text of its start the client has not seen."""
-        from workers.engines.vllm.continuing import held_back
+    def _continuable(self, request: EngineRequest) -> None:
+        from workers.engines.vllm.continuing import broken_character
 
         assert request.continued is not None
         if (why := self.why_not_continued(request.body, request.extra)) is not None:
-            raise EngineError(request.request_id, f"cannot be continued: {why}")
+            raise CannotContinue(request.request_id, why)
         if not request.continued.token_ids:
-            raise EngineError(request.request_id, "cannot be continued: the answer came without token ids")
-        return held_back(self._engine().renderer.tokenizer, request.continued)
+            raise CannotContinue(request.request_id, "the answer came without token ids")
+        if broken_character(self._engine().renderer.tokenizer, request.continued):
+            raise CannotContinue(request.request_id, "the answer broke inside a character")
 
-    async def _already_ended(self, request: EngineRequest, reason: str, tail: str) -> EngineOutput:
+    async def _already_ended(self, request: EngineRequest, reason: str) -> EngineOutput:
         """The last output of an answer that lacks nothing: vLLM only counts its prompt."""
         from workers.engines.vllm.continuing import prompt_length
         from workers.engines.vllm.wire import build_request
@@ -311,7 +313,7 @@ class VllmEngine(Engine):
         assert request.continued is not None
         vreq = build_request(dataclasses.replace(request, continued=None), self.model, self._media)
         prompt = await prompt_length(self._renderer, vreq) + len(request.continued.token_ids)
-        return EngineOutput(tail, finish_reason=reason, finish_reasons=[reason], prompt_tokens=prompt)
+        return EngineOutput("", finish_reason=reason, finish_reasons=[reason], prompt_tokens=prompt)
 
     async def _embed(self, request: EngineRequest) -> EngineOutput:
         """One embedding request through vLLM's `ServingEmbedding`: every input's vector at once."""
