@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from core.routing.health import serving, stale_after
+from core.topology import StreamLimits
 from schemas import codec
 from schemas.work import Heartbeat
+
+DEFAULT_ACK_WAIT_S = StreamLimits().ack_wait_s
 
 
 @dataclass(slots=True)
@@ -24,6 +27,7 @@ class Readiness:
     def __init__(self, stale_after_s: float = 15.0) -> None:
         self._workers: dict[str, _Seen] = {}
         self._brokers: dict[str, tuple[float, str]] = {}  # id → (heard at, its PII stage)
+        self._ack_waits: dict[str, float] = {}  # id → the ack_wait it says requests are under
         self._stale_after_s = stale_after_s
 
     async def on_broker(self, msg: Msg) -> None:
@@ -31,8 +35,17 @@ class Readiness:
         beat = codec.broker_beat(msg.data)
         if beat.leaving:
             self._brokers.pop(broker, None)
+            self._ack_waits.pop(broker, None)
         else:
             self._brokers[broker] = (time.monotonic(), beat.pii)
+            if beat.ack_wait_s > 0:
+                self._ack_waits[broker] = beat.ack_wait_s
+
+    def redelivery_within(self) -> float:
+        """How long a request held by a worker that died may wait to be delivered again, when no
+        scheduler saw the death: the consumer's ack_wait, as the brokers say it (the default
+        until one has)."""
+        return max(self._ack_waits.values(), default=DEFAULT_ACK_WAIT_S)
 
     def _live_brokers(self) -> list[str]:
         """The PII stage of each broker heard from in the last few heartbeats (they beat every second)."""

@@ -274,7 +274,7 @@ class Broker:
     async def _announce(self, msg: Msg | None = None) -> None:
         """`lw.evt.broker.<id>`: edges count a broker as part of readiness; brokers count peers,
         and take the scheduler's queue depths for routing."""
-        beat = BrokerBeat(pii=self.gate.pii_stage)
+        beat = BrokerBeat(pii=self.gate.pii_stage, ack_wait_s=self.config.limits.ack_wait_s)
         if self.scheduler is not None and self.scheduler.active:
             beat.queue_depths = {name: len(pool.lanes) for name, pool in self.scheduler.pools.items()}
         await self._nc.publish(self.s.broker_event(self.id), codec.encode(beat))

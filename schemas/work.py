@@ -120,6 +120,7 @@ class BrokerBeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     queue_depths: dict[str, int] = {}
     leaving: bool = False  # its last beat: stopping, count it gone at once
     pii: str = ""  # its PII stage: off | regex | ner | missing (could not start)
+    ack_wait_s: float = 0.0  # the requests' ack_wait it acts on: a redelivery's latest (0: unsaid)
 
 
 class Settled(msgspec.Struct, array_like=True, gc=False):

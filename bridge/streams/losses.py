@@ -1,7 +1,7 @@
 """What the bridge does when something under an open stream goes away: NATS (every stream ends
 with `unavailable` at once; the routes' cancels wait in nats-py's reconnect buffer) or the
 stream's worker (once it falls silent: no heartbeat and no frame). A stream that can go on
-elsewhere waits `CONTINUE_WITHIN_S` for the worker its request is delivered to next
+elsewhere waits the consumer's ack_wait and `CONTINUE_MARGIN_S` for the worker its request is delivered to next
 (bridge/streams/continuation.py); one that cannot, or whose continuation does not come, ends with
 `worker_lost`.
 
@@ -27,8 +27,9 @@ log = logging.getLogger("laneway.bridge")
 WORKER_LOST_CHECK_S = 1.0
 HEARD_KEEP_S = 600.0  # a worker silent this long is forgotten by the frame record
 # How long a stream whose worker was lost waits for its continuation: the redelivery comes at once
-# when the scheduler saw the loss, else after the consumer's ack_wait (30 s by default).
-CONTINUE_WITHIN_S = 35.0
+# when the scheduler saw the loss, else after the consumer's ack_wait (`Readiness.redelivery_within`,
+# as the brokers say it), and then this margin for the new worker's start.
+CONTINUE_MARGIN_S = 5.0
 
 
 class Losses:
@@ -66,6 +67,7 @@ class Losses:
             now = time.monotonic()
             slack = max(self.loop_lag.current(now), self.demux.lag.current(now))
             lost: set[str] = set()
+            within = self.readiness.redelivery_within() + CONTINUE_MARGIN_S
             for stream in self.demux.streams():
                 source = stream.source
                 if not (stream.streamed and not stream.closed and source and self.readiness.known(source)):
@@ -78,7 +80,7 @@ class Losses:
                 if goes_on and stream.lost_at is None:
                     stream.lost_at = now
                     lost.add(source)
-                elif not goes_on or now - (stream.lost_at or now) > CONTINUE_WITHIN_S:
+                elif not goes_on or now - (stream.lost_at or now) > within:
                     stream.fail(
                         ErrorCode.worker_lost,
                         f"{LOST_MESSAGE} (no worker continued it)" if goes_on else LOST_MESSAGE,
