@@ -1,7 +1,8 @@
 """Benchmark: a worker SIGKILLed mid-stream, as its clients see it. ONE run on one `laneway up`
-with two simulated workers (the second started beside `up`, so nothing restarts it):
+with `--workers` simulated workers (2: the worst case, one survivor takes every moved stream; the
+killed one is started beside `up`, so nothing restarts it):
 
-    python -m loadtest.failover [--streams 100] [--stream-rate 30] [--kill-after 5] [--json out.json]
+    python -m loadtest.failover [--workers 2] [--streams 100] [--stream-rate 30] [--kill-after 5] [--json out.json]
 
 `--streams` clients each stream one chat (`--prompt-bytes` ~1.5K tokens in, `--max-tokens` out,
 the reference documents' shape) at `--stream-rate` tokens/s. Once every stream has tokens on the
@@ -82,7 +83,7 @@ def gaps_p50(streams: list[list[float]], lo: float, hi: float) -> float:
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict:
-    pool = PoolSpec(workers=2, max_seqs=args.max_seqs, min_step_s=round(1.0 / args.stream_rate, 6))
+    pool = PoolSpec(workers=args.workers, max_seqs=args.max_seqs, min_step_s=round(1.0 / args.stream_rate, 6))
     with tempfile.TemporaryDirectory(prefix="laneway-failover-") as tmp:
         async with Fleet(Path(tmp) / "lw", [TenantSpec(TENANT)], [pool], up_flags=["--pii", "off"]) as fleet:
             since = datetime.now(UTC)
@@ -129,7 +130,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "moved": len(moved),
         "stall_s": summary(stalls),
         "reprefill_tokens": again,
-        "reprefill_floor_s": again * PROFILES[pool.profile].prefill_s_per_token,
+        # Shared by the survivors when the continuations spread over them evenly.
+        "reprefill_floor_s": again * PROFILES[pool.profile].prefill_s_per_token / (args.workers - 1),
         "survivors_gap_p50_s": {
             "before": gaps_p50([times[i] for i in stayed], kill - w, kill),
             "after": gaps_p50([times[i] for i in stayed], resumed, resumed + w),
@@ -154,12 +156,12 @@ def render(doc: dict) -> str:
     met = s["n"] > 0 and s["p99"] <= TARGET_P99_S and not f["failed"]
     return "\n".join(
         [
-            f"Failover: 2 sim workers (SIMULATION), {f['streams']} streams × ~{c['prompt_bytes'] // 4} in / "
+            f"Failover: {c['workers']} sim workers (SIMULATION), {f['streams']} streams × ~{c['prompt_bytes'] // 4} in / "
             f"{c['max_tokens']} out at {c['stream_rate']:g} tok/s, one worker SIGKILLed {c['kill_after']:g} s in",
             f"  answers     {f['completed']}/{f['streams']} completed, failed {f['failed'] or 0}; "
-            f"{f['moved']} went on on the other worker",
+            f"{f['moved']} went on on the {'other worker' if c['workers'] == 2 else 'others'}",
             f"  stall       p50 {s['p50']:.2f} s, p99 {s['p99']:.2f} s over {s['n']} streams "
-            f"(target p99 ≤ {TARGET_P99_S:g} s: {'MET' if met else 'MISSED'}); of it, the survivor's prefill of "
+            f"(target p99 ≤ {TARGET_P99_S:g} s: {'MET' if met else 'MISSED'}); of it, the survivors' prefill of "
             f"{f['reprefill_tokens']:,} tokens again takes {f['reprefill_floor_s']:.2f} s at the roofline",
             f"  survivors   gap p50 {g['before'] * 1000:.1f} ms before → {g['after'] * 1000:.1f} ms after",
             f"  throughput  {t['before']:,.0f} → {t['after']:,.0f} chunks/s ({c['window']:g} s windows; "
@@ -170,6 +172,7 @@ def render(doc: dict) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=2, help="the pool's workers, the one killed among them")
     parser.add_argument("--stream-rate", type=float, default=30.0, help="tokens/s per stream (sets the step)")
     parser.add_argument("--prompt-bytes", type=int, default=6000, help="~1.5K tokens")
     parser.add_argument("--max-tokens", type=int, default=400)
@@ -180,6 +183,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workers < 2:
+        raise SystemExit("--workers: 2 at least (one is killed, the others go on)")
     return run_and_report(args, run_benchmark, render)
 
 
