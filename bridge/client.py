@@ -19,13 +19,14 @@ from collections.abc import AsyncIterator
 
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 from bridge import publish_errors
 from bridge.streams.demux import REPLY_GRACE_S, Demux
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Finished, StreamError, TokenUsage
-from schemas.openai import Body, ChatBody
+from schemas.openai import ChatBody, CompletionBody
 from schemas.requests import Cancel, GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, Subjects
 
@@ -47,7 +48,7 @@ class LanewayClient:
         self.s = Subjects(prefix)
         self.edge_id = uuid.uuid4().hex[:12]
         self._demux = Demux()
-        self._sub = None
+        self._sub: Subscription | None = None
         self.last_usage: TokenUsage | None = None
 
     async def __aenter__(self) -> LanewayClient:
@@ -60,7 +61,7 @@ class LanewayClient:
 
     async def generate(
         self,
-        body: Body,
+        body: ChatBody | CompletionBody,
         *,
         klass: str = "standard",
         timeout_s: float = 600.0,

@@ -196,6 +196,7 @@ class DeadLetters:
             stored = await js.get_msg(self.s.req_stream, seq)
         except nats.js.errors.NotFoundError:
             return  # already acked or removed
+        assert stored.subject is not None  # a stored message has its subject
         self._metrics.dead_lettered.labels("max_deliver").inc()
         klass, tenant = self._origin(stored.subject)
         headers = {

@@ -27,6 +27,7 @@ stored under it still reaches the gate, which answers it rather than leaving it 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -83,7 +84,7 @@ class Intakes:
                     self._s.req_stream,
                     self._s.intake_durable(klass, tenant),
                     self._on_message,
-                    room=lambda k=klass, t=tenant: self.room(k, t),
+                    room=functools.partial(self.room, klass, tenant),
                     batch=PULL_BATCH,
                 )
                 self._intakes[klass, tenant] = intake

@@ -116,5 +116,6 @@ class Received:
                 entry = await self._kv.get(key)
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                 continue
+            assert entry.value is not None  # a get's entry carries its message's data
             return verdict(_decode(entry.value), mine, escalated)
         return Verdict.FIRST  # it expired twice in a row: no copy holds it now

@@ -8,7 +8,7 @@ so the next choice of the same batch sees it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,7 +26,7 @@ TENANT_SPREAD = 10_000
 
 
 def engine_priorities(
-    items: list[Wants], tenant_slots: dict[str, dict[str, int]], rank: Callable[[str], int]
+    items: Sequence[Wants], tenant_slots: dict[str, dict[str, int]], rank: Callable[[str], int]
 ) -> list[int]:
     """Each item's engine priority, counting the items before it in the batch as held."""
     held = {klass: dict(tenants) for klass, tenants in tenant_slots.items()}

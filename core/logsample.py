@@ -34,7 +34,8 @@ class SampledLog:
             return False
         self._last[key] = now
         left_out = self._left_out.pop(key, 0)
-        if left_out:
+        if left_out:  # lines were left out only after one was written: `last` is set
+            assert last is not None
             message += " (and %d more like it in the last %.0f s, not logged)"
             args = (*args, left_out, now - last)
         self._log.warning(message, *args)

@@ -72,6 +72,7 @@ async def read_records(
         return
     if last.time is not None and last.time < since - SKEW:
         return
+    assert last.seq is not None  # a stored message has its sequence number
     sub = await js.subscribe(
         subject,
         stream=s.usage_stream,

@@ -69,7 +69,7 @@ def line(status: str, counts: Counts, rate: float | None, bar_width: int, cells:
 
 
 def bar(frac: float, width: int, cells: str = UNICODE_BAR) -> str:
-    done, half, todo = cells
+    done, half, todo = tuple(cells)  # three one-character strings
     filled = int(frac * width)
     head = half if filled < width and frac * width - filled >= 0.5 else ""
     return done * filled + head + todo * (width - filled - len(head))

@@ -280,7 +280,7 @@ def accounts(s: Subjects, tenants: Iterable[str | Tenant], passwords: dict[str, 
                 "users": [_user(user_name(role), passwords, perms)
                           for role, perms in service_permissions(s).items()],
                 "exports": [export for t, c in classes.items() for export in tenant_exports(s, t, c)]}
-    result = {SERVICE_ACCOUNT: services}
+    result: dict[str, dict] = {SERVICE_ACCOUNT: services}
     for t, c in classes.items():
         result[tenant_account(t)] = {"users": [_user(tenant_user(t), passwords, tenant_permissions(s, t, c))],
                                      "imports": tenant_imports(s, t, c), "limits": limits.block()}

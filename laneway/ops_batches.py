@@ -48,7 +48,7 @@ def counts_of(batch: Batch) -> Counts:
 
 
 def list_batches(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for b in client(args).batches.list(limit=min(max(args.limit, 1), 100)):
         if len(rows) == args.limit:
             break

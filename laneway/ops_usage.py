@@ -199,6 +199,7 @@ async def read_storage(js: JetStreamContext, s: Subjects, tenant: str) -> Stored
         pass
     try:
         entry = await (await js.key_value(s.bucket("tenants"))).get(tenant)
+        assert entry.value is not None  # a get's entry carries its message's data
         quota = tenants.decode(tenant, entry.value).storage
     except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
         pass

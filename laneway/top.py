@@ -77,16 +77,21 @@ def _screen(quit: asyncio.Event) -> Iterator[None]:
     fd = sys.stdin.fileno() if sys.stdin.isatty() else None
     saved = termios.tcgetattr(fd) if fd is not None else None
     loop = asyncio.get_running_loop()
+
+    def on_key() -> None:
+        if sys.stdin.read(1) in ("q", "Q"):
+            quit.set()
+
     if fd is not None:
         tty.setcbreak(fd)
-        loop.add_reader(fd, lambda: sys.stdin.read(1) in ("q", "Q") and quit.set())
+        loop.add_reader(fd, on_key)
     sys.stdout.write(ENTER)
     try:
         yield
     finally:
         sys.stdout.write(LEAVE)
         sys.stdout.flush()
-        if fd is not None:
+        if fd is not None and saved is not None:  # both or neither
             loop.remove_reader(fd)
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 

@@ -78,6 +78,7 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
                 turns,
             )
         await settle(fleet)
+        assert fleet.up is not None
         nc = await fleet.up.connect_nats("ops")
         try:
             usage = {u.request_id: u async for u in read_usage(nc.jetstream(), Subjects(), TENANT, since)}

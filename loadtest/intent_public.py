@@ -99,9 +99,9 @@ def load(view: str = "prompt", limit: int | None = None) -> PublicSet:
 
 def _licence(dist: metadata.Distribution) -> str:
     """The licence as the wheel states it: its metadata field, else its LICENSE file's first line."""
-    declared = dist.metadata.get("License-Expression") or dist.metadata.get("License")
-    if declared:
-        return declared
+    for field in ("License-Expression", "License"):
+        if declared := dist.metadata.get_all(field, [""])[0]:  # the first value of the field
+            return declared
     text = dist.read_text("LICENSE") or ""
     return next((line.strip() for line in text.splitlines() if line.strip()), "not stated in the wheel")
 

@@ -87,6 +87,7 @@ async def direct(concurrency: int, total: int, max_tokens: int, shape: str) -> t
         async for out in engine.generate(request):
             if ttft is None and (out.text or out.tool_calls):
                 ttft = time.perf_counter() - start
+        assert ttft is not None, f"d{i}: the engine answered with no text"
         return ttft
 
     cpu0 = time.process_time()

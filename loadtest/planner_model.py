@@ -215,7 +215,7 @@ class Replica(Struct, kw_only=True):
     latency_ok: bool
 
 
-def _step_s(m: Model, gpu: Gpu, inp: PlanInput, gpus: int, batch: int) -> tuple[float, str]:
+def _step_s(m: Model, gpu: Gpu, inp: PlanInput, gpus: int, batch: int) -> tuple[float, Literal["bandwidth", "compute"]]:
     ld, eff = inp.load, inp.efficiency
     ctx_avg = ld.tokens_in + ld.tokens_out / 2  # a sequence is halfway through its reply on average
     # An MoE batch touches at most batch × active weights, never more than all of them.

@@ -7,14 +7,14 @@ import sys
 import time
 from typing import TextIO
 
-from loadtest.traffic import Recorder, Sample
+from loadtest.traffic import Sample, Sampled
 
 WIDTH = 24
 
 
 class Progress:
     def __init__(
-        self, rec: Recorder, total_s: float, label: str = "", stream: TextIO | None = None, every_s: float = 5.0
+        self, rec: Sampled, total_s: float, label: str = "", stream: TextIO | None = None, every_s: float = 5.0
     ) -> None:
         self.rec = rec
         self.total_s = max(total_s, 1e-9)

@@ -102,6 +102,7 @@ async def accuracy(url: str, prefix: str) -> None:
         if policy.tokens_per_min:
             used, limit, unit = sum(results), policy.tokens_per_min, "tokens"
         else:
+            assert policy.requests_per_min is not None  # each case sets one of the two
             used, limit, unit = admitted, policy.requests_per_min, "requests"
         print(
             f"  {name:<30} offered {offered} requests to 2 replicas: {used} {unit} admitted of "

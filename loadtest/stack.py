@@ -95,6 +95,7 @@ class Stack:
 
     @property
     def url(self) -> str:
+        assert self.bridge is not None  # a started stack
         return self.bridge.url
 
     def finished(self, pool: str | None = None) -> float:

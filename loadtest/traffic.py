@@ -164,6 +164,17 @@ class Sample:
     open_streams: float | None = None  # the bridge's laneway_open_streams
 
 
+class Sampled(Protocol):
+    """What `sampler` and `Progress` read: a `Recorder`, or a swarm's `Tally` of its children's."""
+
+    @property
+    def sent(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    def tokens(self) -> int: ...
+    def sample(self, open_streams: float | None = None) -> Sample: ...
+
+
 class Recorder:
     def __init__(self) -> None:
         self.results: list[Result] = []
@@ -312,7 +323,7 @@ async def run_flows(
 
 
 async def sampler(
-    rec: Recorder,
+    rec: Sampled,
     interval_s: float,
     open_streams: Callable[[], Awaitable[float]] | None = None,
     on_sample: Callable[[Sample], None] | None = None,

@@ -114,6 +114,7 @@ async def _apply_rules(fleet: Fleet, rules: dict, key: str) -> None:
     from core.routing.store import RuleStore
     from schemas.subjects import Subjects
 
+    assert fleet.up is not None
     nc = await fleet.up.connect_nats("ops")
     try:
         store = await RuleStore.open(nc.jetstream(), Subjects())
@@ -238,6 +239,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
 async def _routed(fleet: Fleet) -> dict[str, int]:
     """Requests the broker(s) routed to each pool, with why (`weight`, `fallback`...)."""
     routed: dict[str, int] = {}
+    assert fleet.up is not None
     async with aiohttp.ClientSession() as http:
         for pid in fleet.up.role_pids("broker"):
             if (port := metrics_port(pid)) is None:

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Meta
 
 FilePurpose = Literal["batch", "batch_output", "user_data"]
-UPLOAD_PURPOSES = ("batch", "user_data")  # what a client may upload; batch_output is Laneway's
+UPLOAD_PURPOSES: tuple[FilePurpose, ...] = ("batch", "user_data")  # what a client may upload; batch_output is Laneway's
 
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"

@@ -195,7 +195,7 @@ class Outbox:
             else:
                 await self._publish(nc, "control", subject, payload)
         for subject, key, build in metered:
-            await self._publish(nc, "usage", subject, build(self._sent.pop(key, None) or Delivery()))
+            await self._publish(nc, "usage", subject, build(self._sent.pop(key, Delivery())))
         self._failures.settle()
 
     async def _confirmed(self, nc: Client, subject: str, payload: bytes) -> None:

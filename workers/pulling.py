@@ -22,7 +22,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from schemas import codec
 from schemas.work import Credit, Dispatch
 from workers.config import WorkerConfig
-from workers.engine import Engine
+from workers.engine import Engine, RequestKey
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger("laneway.worker")
@@ -48,7 +48,7 @@ class Puller:
         config: WorkerConfig,
         engine: Engine,
         metrics: WorkerMetrics,
-        accepted: Mapping[object, Accepted],
+        accepted: Mapping[RequestKey, Accepted],
         on_batch: Callable[[list[Dispatch]], None],
         room: asyncio.Event,
         stopping: asyncio.Event,

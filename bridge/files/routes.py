@@ -144,6 +144,7 @@ class FilesApi:
         for want in dict.fromkeys((min(max(size, 2 * held), self.max_file_bytes), size)):
             if (refused := await self._hold(tenant, file_id, want)) is None:
                 return want
+        assert refused is not None  # the last try's refusal
         raise refused
 
     async def _hold(self, tenant: Tenant, file_id: str, nbytes: int) -> EdgeError | None:

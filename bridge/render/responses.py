@@ -10,6 +10,7 @@ builds the items and writes no events. Only choice 0 exists here (Responses has 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -167,7 +168,7 @@ class ResponsesRenderer:
             self._close_part(item)
         self._event("response.output_item.done", output_index=item.index, item=item.json(status))
 
-    def _text(self, kind: str, text: str, logprobs: list[TokenLogprob] = ()) -> None:
+    def _text(self, kind: str, text: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
         item_kind = "reasoning" if kind == "reasoning_text" else "message"
         item = self._open if self._open is not None and self._open.kind == item_kind else self._open_item(item_kind)
         part, index = self._part(item, kind)

@@ -191,7 +191,7 @@ class Replay:
         # A piece is one event, or several for n > 1 choices: each gets its own id, so that a cut
         # between two of them resumes at the right one. orjson's JSON holds no raw newline.
         if piece.find(b"\n\n") == len(piece) - 2:  # one event: a delta, the hot path
-            events = (piece,)
+            events: tuple[bytes, ...] = (piece,)
         else:
             events = tuple(event + b"\n\n" for event in piece.split(b"\n\n") if event)
         for event in events:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from bridge.metrics import BridgeMetrics
 from bridge.render.respond import Render
@@ -61,7 +62,7 @@ class Resumes:
         limits: BufferLimits,
         demux: Demux,
         metrics: BridgeMetrics,
-        cancel: Callable[[str, str], Awaitable[None]],
+        cancel: Callable[[str, str], Coroutine[Any, Any, None]],  # run as a task
     ) -> None:
         self.edge_id = edge_id
         self.window_s = window_s

@@ -265,6 +265,7 @@ class Gate:
         default policy. None when PII is on but analysis is unavailable (even for a policy that
         fails open: a record is a later copy, nobody waits on it), or the request's text is over
         the stage's limit: keep none of it then. Only called with PII on."""
+        assert self.pii is not None  # only called with PII on
         policy = tenant_doc.pii if tenant_doc is not None else DEFAULT_POLICY
         try:
             decision, redacted = await self.pii.inspect_request(tenant, policy, request)

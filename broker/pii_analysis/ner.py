@@ -13,12 +13,14 @@ slightly higher (fewer spurious long-range entities).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 
 import regex
 import spacy
 from presidio_analyzer import RecognizerResult
 from presidio_analyzer.nlp_engine.ner_model_configuration import MODEL_TO_PRESIDIO_ENTITY_MAPPING
 from spacy.lang.en.stop_words import STOP_WORDS
+from spacy.pipeline import Lemmatizer
 
 from broker.pii_analysis.spacy_model import DEFAULT_MODEL, model_installed
 
@@ -46,11 +48,11 @@ class Ner:
             raise RuntimeError(f"spaCy model {model!r} is not installed")
         self.nlp = spacy.load(model)
         self.nlp.select_pipes(enable="ner")
-        lemmas = (
-            self.nlp.get_pipe("lemmatizer").lookups.get_table("lemma_index")
-            if "lemmatizer" in self.nlp.component_names
-            else {}
-        )
+        lemmas: Mapping[str, list[str]] = {}
+        if "lemmatizer" in self.nlp.component_names:
+            lemmatizer = self.nlp.get_pipe("lemmatizer")
+            assert isinstance(lemmatizer, Lemmatizer)  # the en_core_web models' rule-based one
+            lemmas = lemmatizer.lookups.get_table("lemma_index")
         # Sentence-initial words in these sets are ordinary English, not names (nouns are not
         # used: WordNet's noun list holds "boston" and "james").
         self.common = set(STOP_WORDS)

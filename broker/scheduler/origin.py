@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from broker.metrics import BrokerMetrics
 from broker.scheduler.answers import AckHandle
@@ -59,7 +60,7 @@ class Origin:
         self._scheduler = scheduler
         self._release = release
         self.forwarded: dict[tuple[str, str], Forwarded] = {}
-        self._sub = None
+        self._sub: Subscription | None = None
 
     def __len__(self) -> int:
         return len(self.forwarded)

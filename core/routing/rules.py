@@ -304,7 +304,7 @@ def unit_hash(*parts: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def pick_weighted(weights: Mapping[str, float], draw: float) -> str:
+def pick_weighted(weights: dict[str, float], draw: float) -> str:  # a dict: ordered, reversible
     total = sum(weights.values())
     acc = 0.0
     for pool, weight in weights.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -30,6 +30,7 @@ log = logging.getLogger("laneway.bridge")
 
 PURGE_MARKER_TTL_S = 1  # JetStream's shortest TTL
 STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
+_R = TypeVar("_R", StoredResponse, StoredConversation)  # the kind of record a read decodes
 
 
 class Conflict(Exception):
@@ -89,7 +90,7 @@ class ResponseStore:
     async def get_conversation(self, tenant: str, conversation_id: str) -> tuple[StoredConversation, int] | None:
         return await self._get(tenant, conversation_id, StoredConversation, CONVERSATION_PREFIX)
 
-    async def _get(self, tenant: str, record_id: str, kind: type[Record], prefix: str) -> tuple[Record, int] | None:
+    async def _get(self, tenant: str, record_id: str, kind: type[_R], prefix: str) -> tuple[_R, int] | None:
         if not record_id.startswith(prefix):  # the other kind's id, or none of ours
             return None
         try:
@@ -100,7 +101,9 @@ class ResponseStore:
             return None
         if not entry.value:
             return None
-        return stored.decode(entry.value, kind), entry.revision or 0
+        record = stored.decode(entry.value, kind)
+        assert isinstance(record, kind)  # the decoder of `kind`
+        return record, entry.revision or 0
 
     async def delete(self, tenant: str, response_id: str) -> None:
         await self.kv.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)

@@ -72,6 +72,7 @@ def accept(request: EngineRequest, max_model_len: int) -> SimRequest:
         _check_chat(rid, body)
         echo = ""
     else:
+        assert isinstance(body, CompletionBody)  # the engine plans an embedding with accept_embedding
         echo = _check_completion(rid, body)
     prompt = max(1, math.ceil(sum(len(t) for t in body.texts()) / 4))  # ~4 characters a token
     if (truncate := extra.get("truncate_prompt_tokens")) is not None:
