@@ -54,6 +54,7 @@ class _Protocol(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._count.open >= self._count.limit:
             self._metrics.rejected.labels("too_many_connections").inc()
+            assert isinstance(transport, asyncio.WriteTransport)  # a TCP connection's
             transport.write(self._refusal)
             transport.close()
             return
@@ -79,7 +80,7 @@ class _Protocol(web.RequestHandler):
         if status >= 500:
             self.log_exception("error handling a request", exc_info=exc)
         error = protocol_error(status, exc)
-        self._metrics.rejected.labels(error.code.value).inc()
+        self._metrics.rejected.labels(error.code.value if error.code else str(error.status)).inc()
         response = error.response()
         response.force_close()
         return response
@@ -101,6 +102,7 @@ class HttpServer:
         """Listen; the port bound (the real one when asked for 0)."""
         await self._runner.setup()
         manager = self._runner.server
+        assert manager is not None  # set up
         refusal = EdgeError(
             ErrorCode.overloaded, f"this bridge holds {self._count.limit} connections, its limit; retry shortly"
         ).http()

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from core.tasks import cancel_and_wait, wait_event
 
@@ -53,10 +54,10 @@ class PullIntake:
         self._expires_s = expires_s
         self._heartbeat_s = heartbeat_s
         self._inbox = nc.new_inbox()
-        self._sub = None
+        self._sub: Subscription | None = None
         self._remaining = 0  # messages the open pull may still deliver
         self._last_seen = 0.0
-        self._junk_tokens = JUNK_BURST  # junk this pull may still read, as of `_junk_at`
+        self._junk_tokens: float = JUNK_BURST  # junk this pull may still read, as of `_junk_at`
         self._junk_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -127,7 +128,9 @@ class PullIntake:
             # consumer deleted. Either way this pull is over. 503: no such consumer (yet: a class
             # set live before ops made its consumer); the next try waits a heartbeat, not at once.
             if status in ("409", "503"):
-                log.info("pull on %s ended: %s %s", self._next_subject, status, msg.headers.get("Description", ""))
+                log.info(
+                    "pull on %s ended: %s %s", self._next_subject, status, (msg.headers or {}).get("Description", "")
+                )
             self._remaining = 0
             if status != "503":
                 self._wake.set()

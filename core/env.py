@@ -12,15 +12,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+_D = TypeVar("_D", str, str | None, covariant=True)  # the default: a variable with one reads as a str
 
 
 @dataclass(frozen=True, slots=True)
-class Var:
+class Var(Generic[_D]):
     name: str
-    default: str | None
+    default: _D
     meaning: str
 
-    def get(self) -> str | None:
+    def get(self) -> str | _D:
         """The value as set (an empty string included), else the default."""
         return os.environ.get(self.name, self.default)
 
@@ -76,7 +79,7 @@ BASE_URL = Var(
 )
 ADMIN_NAME = Var("LANEWAY_ADMIN_NAME", None, "who `laneway routing set|rollback` records as the author")
 
-REGISTRY: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))
+REGISTRY: tuple[Var[str | None], ...] = tuple(v for v in globals().values() if isinstance(v, Var))
 
 
 def named(name: str) -> str | None:

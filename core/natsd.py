@@ -213,9 +213,7 @@ class NatsServer:
 
 
 def default_data_dir() -> Path:
-    fallback = env.DATA_DIR.default
-    assert fallback is not None  # DATA_DIR has a default
-    return Path(env.DATA_DIR.get() or fallback)
+    return Path(env.DATA_DIR.get() or env.DATA_DIR.default)
 
 
 # A storage limit for many servers or many prefixes on one shared disk (tests, local trials).

@@ -11,6 +11,7 @@ before the document exists.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import nats.js.errors
@@ -150,7 +151,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     except nats.js.errors.ServerError as exc:
         if exc.err_code != NO_STORAGE:
             raise
-        raise StorageRefused(config.name, config.max_bytes) from None
+        raise StorageRefused(config.name or "", config.max_bytes) from None
 
 
 async def ensure_topology(js: JetStreamContext, s: Subjects, limits: StreamLimits) -> None:
@@ -182,8 +183,8 @@ async def ensure_intake(
     s: Subjects,
     limits: StreamLimits | None = None,
     *,
-    classes: list[str] = (),
-    tenants: list[str] = (),
+    classes: Iterable[str] = (),
+    tenants: Iterable[str] = (),
 ) -> None:
     """The request stream takes every tenant's requests (those in KV and `tenants`), and each
     (class, tenant) pair has its consumer (classes in KV and `classes`). Without `limits`, what is

@@ -12,7 +12,8 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from nats.errors import NoServersError
 
@@ -293,11 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     args, forwarded = parser.parse_known_args(argv)
     if forwarded and args.command != "up":
         parser.error(f"unrecognized arguments: {' '.join(forwarded)}")
+    routed: dict[str, list[str]] = {}  # `up`'s flags for each of its children
     if args.command == "up":
         from laneway.up import ROLES, FlagError, route_flags
 
         try:
-            forwarded = route_flags(forwarded, {role: args.subcommands[role] for role in ROLES})
+            routed = route_flags(forwarded, {role: args.subcommands[role] for role in ROLES})
         except FlagError as exc:
             parser.error(f"up: {exc}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -306,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "run_sync"):
         return args.run_sync(args)
     _install_uvloop()
-    run: Callable[..., Awaitable[int]] = args.run
+    run: Callable[..., Coroutine[Any, Any, int]] = args.run
     # The standard OpenTelemetry variable; unset, tracing stays off and costs nothing.
     tracing = configure_tracing(f"laneway-{args.command}", env.OTEL_ENDPOINT.get() if args.command in TRACED else None)
     try:
         if args.command == "up":
-            return asyncio.run(run(args, forwarded))
+            return asyncio.run(run(args, routed))
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return 130

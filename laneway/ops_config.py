@@ -18,6 +18,7 @@ import sys
 import msgspec
 import nats
 import nats.js.errors
+from nats.js.kv import KeyValue
 
 from core.connect import connect_once
 from core.kvwatch import current_keys
@@ -105,6 +106,13 @@ def _validate(bucket: str, name: str, raw: bytes) -> bytes:
     return encode(decode(name, raw))  # raises BadClassPolicy / BadTenant (ValueError), naming the field
 
 
+async def _read(kv: KeyValue, key: str) -> dict:
+    """The document under `key`, decoded from its JSON."""
+    entry = await kv.get(key)
+    assert entry.value is not None  # a get's entry carries its message's data
+    return json.loads(entry.value)
+
+
 async def _run(args: argparse.Namespace) -> int:
     n = nats_from_args(args)
     nc = await connect_once(n, "laneway-config")
@@ -112,19 +120,23 @@ async def _run(args: argparse.Namespace) -> int:
         kv = await nc.jetstream().key_value(n.subjects.bucket(args.bucket))
         if args.action == "list":
             for key in await current_keys(kv):
-                print(json.dumps(json.loads((await kv.get(key)).value)))
+                print(json.dumps(await _read(kv, key)))
             return 0
         current = None
         if args.name and not args.file:
             try:
-                current = json.loads((await kv.get(args.name)).value)
+                current = await _read(kv, args.name)
             except nats.js.errors.KeyNotFoundError:
                 current = None
         name, raw = _document(args, current)
         value = _validate(args.bucket, name, raw)
         # Its intake first (consumers; a tenant's subjects on the request stream): the brokers pull
         # it once they see the document, and a tenant's first request finds a stream.
-        await ensure_intake(nc.jetstream(), n.subjects, **{args.bucket: [name]})
+        mine = [name]
+        if args.bucket == "classes":
+            await ensure_intake(nc.jetstream(), n.subjects, classes=mine)
+        else:
+            await ensure_intake(nc.jetstream(), n.subjects, tenants=mine)
         revision = await kv.put(name, value)
         print(f"{args.bucket[:-1]} {name} set (revision {revision}); applied live by every process")
         return 0

@@ -335,6 +335,7 @@ async def _up(args: argparse.Namespace, forwarded: dict[str, list[str]], data_di
             return 130
         state = ready.result()  # raises if start-up failed: a child that dies before it is ready
         # is a configuration error, which restarting would only repeat
+        assert nats.process is not None  # started before the children
         supervisor.keep("nats-server", nats.process, _restart_nats(nats))
         for role, proc in procs.items():
             supervisor.keep(role, proc, starts[role])
@@ -382,5 +383,6 @@ def _restart_nats(nats: NatsServer):
     """nats-server again on the same port and store: clients reconnect to the URL they know."""
     async def start() -> asyncio.subprocess.Process:
         await nats.start()
+        assert nats.process is not None  # started
         return nats.process
     return start

@@ -116,16 +116,20 @@ async def run_scenario(
 ) -> dict:
     raise_fd_limit(2 * _max_concurrency(s) + 1024)
     if url or nats_url:  # an existing deployment
-        t = NatsTarget(nats_url) if target == "nats" else HttpTarget(url, keys or {})
-        if target == "nats" and not nats_url:
-            raise ValueError("--target nats needs --nats-url")
-        if target == "http" and not url:
+        if target == "nats":
+            if not nats_url:
+                raise ValueError("--target nats needs --nats-url")
+            t: NatsTarget | HttpTarget = NatsTarget(nats_url)
+        elif url:
+            t = HttpTarget(url, keys or {})
+        else:
             raise ValueError("--target http needs --url")
         async with t:
             run = await drive(s, t, label=s.name, drain_s=drain_s, seed=seed, show_progress=show_progress)
         return {**_header(s, target, "external deployment"), "runs": [run]}
     with tempfile.TemporaryDirectory(prefix="laneway-loadtest-") as tmp:
         async with Fleet(data_dir or Path(tmp) / "lw", s.tenants, s.pools) as fleet:
+            assert fleet.up is not None
             t = (
                 NatsTarget(fleet.nats_url, credentials=fleet.up.credentials("svc-bridge"))
                 if target == "nats"

@@ -55,6 +55,7 @@ async def _one_system(args: argparse.Namespace, brokers: int, seed: int) -> dict
             [pool],
             up_flags=["--brokers", str(brokers), "--pii", "off", "--metrics", *shedding(args)],
         ) as fleet:
+            assert fleet.up is not None
             if args.batch_slot_share is not None or args.batch_prefill_share is not None:
                 await fleet.set_class(hol.batch_policy(args.batch_slot_share, args.batch_prefill_share))
             async with HttpTarget(fleet.url, fleet.keys) as target:

@@ -113,7 +113,7 @@ async def _bench(mode: str, convs: list[Conversation], args: argparse.Namespace)
     )
 
 
-def stock_engine(mode: str):  # type: ignore[no-untyped-def]
+def stock_engine(mode: str):
     from presidio_analyzer import AnalyzerEngine
     from presidio_analyzer.nlp_engine import NlpEngineProvider, NoOpNlpEngine
 

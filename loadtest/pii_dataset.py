@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 ENTITY_TYPES = (
     "PERSON", "EMAIL_ADDRESS", "PHONE_NUMBER", "US_SSN", "CREDIT_CARD", "IP_ADDRESS", "LOCATION",
@@ -182,7 +183,7 @@ class Span:
 
 @dataclass(frozen=True)
 class LabelledMessage:
-    role: str
+    role: Literal["system", "user", "assistant"]
     content: str
     spans: tuple[Span, ...]
 

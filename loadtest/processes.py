@@ -132,9 +132,11 @@ class LanewayUp:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
+        stdout = self.proc.stdout
+        assert stdout is not None  # a PIPE
         text = b""
         while b"Ctrl-C stops everything" not in text:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), 600)
+            line = await asyncio.wait_for(stdout.readline(), 600)
             if not line:
                 raise RuntimeError(f"laneway up failed:\n{text.decode()}")
             text += line
@@ -142,11 +144,11 @@ class LanewayUp:
                 self.nats_url = line.decode().split()[-1]
         self.banner = text.decode(errors="replace")
         # Keep reading: a full pipe would block `up` the next time it says something.
-        self._drain = asyncio.create_task(self._read_output())
+        self._drain = asyncio.create_task(self._read_output(stdout))
         return self
 
-    async def _read_output(self) -> None:
-        while line := await self.proc.stdout.readline():
+    async def _read_output(self, stdout: asyncio.StreamReader) -> None:
+        while line := await stdout.readline():
             self.output.append(line.decode(errors="replace").rstrip())
 
     def credentials(self, user: str) -> tuple[str, str] | None:

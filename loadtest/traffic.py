@@ -14,12 +14,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
 from loadtest.http_client import RETRIED, Result, sdk_backoff, stream_chat
 from loadtest.scenarios import Flow, RequestShape
+
+if TYPE_CHECKING:  # imported where used: `--help` needs neither
+    from nats.aio.client import Client
+
+    from bridge.client import LanewayClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +105,8 @@ class NatsTarget:
         # As one trusted upstream service publishing for every tenant (the bridge's NATS user
         # on a `laneway up`); a tenant's own user could publish only as that tenant.
         self.credentials = credentials
-        self._nc = None
-        self._clients: dict[str, object] = {}
+        self._nc: Client | None = None
+        self._clients: dict[str, LanewayClient] = {}
         self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> NatsTarget:
@@ -125,9 +130,10 @@ class NatsTarget:
         if self._nc is not None:
             await self._nc.close()
 
-    async def _client(self, tenant: str):
+    async def _client(self, tenant: str) -> LanewayClient:
         from bridge.client import LanewayClient
 
+        assert self._nc is not None  # entered
         client = self._clients.get(tenant)
         if client is None:
             async with self._lock:

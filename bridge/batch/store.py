@@ -81,6 +81,7 @@ class BatchStore:
             entry = await self.kv.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
+        assert entry.value is not None and entry.revision is not None  # a get's entry is a stored message
         return decode_state(entry.value), entry.revision
 
     async def update(
@@ -106,12 +107,12 @@ class BatchStore:
             except nats.js.errors.KeyWrongLastSequenceError:
                 await asyncio.sleep(0)  # another writer went first: read theirs, change again
 
+    async def _watch(self, keys: str) -> list[BatchState]:  # above `list`, which hides the builtin below it
+        return [decode_state(value) for value in await current_values(self.kv, keys)]
+
     async def list(self, tenant: str) -> list[BatchState]:
         """The tenant's batches, oldest first."""
         return sorted(await self._watch(f"{tenant}.*"), key=lambda b: (b.batch.created_at, b.batch.id))
-
-    async def _watch(self, keys: str) -> list[BatchState]:
-        return [decode_state(value) for value in await current_values(self.kv, keys)]
 
     # -- finished lines ---------------------------------------------------------------------
     async def record_line(self, tenant: str, batch_id: str, result: LineResult) -> None:

@@ -120,7 +120,7 @@ class Generations:
             outcome = str(response.status)
             return response
         except EdgeError as exc:
-            outcome = exc.code.value
+            outcome = exc.code.value if exc.code else str(exc.status)
             raise
         finally:
             span.end(outcome=outcome)

@@ -24,21 +24,21 @@ def edited(node: Any, edits: list[Edit], clashes: list[Slot]) -> Any:
         if not rest:
             return value  # this node is the slot's text
         if slot.key and len(rest) == 1:
-            renames[rest[0]] = (slot, value)  # type: ignore[index]
+            assert isinstance(rest[0], str)  # a key's own slot: it is an object's member
+            renames[rest[0]] = (slot, value)
         else:
             below.setdefault(rest[0], []).append((rest[1:], slot, value))
     if isinstance(node, msgspec.Struct):
-        return msgspec.structs.replace(
-            node,
-            **{
-                f: edited(getattr(node, f), e, clashes)  # type: ignore[misc]
-                for f, e in below.items()
-            },
-        )
+        members: dict[str, Any] = {}
+        for f, e in below.items():
+            assert isinstance(f, str)  # a struct's members are named
+            members[f] = edited(getattr(node, f), e, clashes)
+        return msgspec.structs.replace(node, **members)
     if isinstance(node, list):
         out = list(node)
         for i, e in below.items():
-            out[i] = edited(node[i], e, clashes)  # type: ignore[index]
+            assert isinstance(i, int)  # a list's members are numbered
+            out[i] = edited(node[i], e, clashes)
         return out
     result: dict[str, Any] = {}
     for k, v in node.items():

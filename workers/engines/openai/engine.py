@@ -159,7 +159,7 @@ class OpenAIUpstreamEngine(Engine):
             choices=request.body.choices,
             logprobs=wire.client_wants_logprobs(request.body),
             confidence=request.confidence and not embedding,
-            embedding=len(request.body.inputs) if embedding else 0,
+            embedding=len(request.body.inputs) if isinstance(request.body, EmbeddingBody) else 0,
         )
         attempt_fn = http.attempt_embedding if embedding else http.attempt
         self._running[request.klass] += 1

@@ -13,7 +13,7 @@ leaves retrying, the breaker and the final output to the engine (`openai_engine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -88,7 +88,9 @@ class UpstreamHTTP:
         self.session = session
         self.headers = headers
 
-    async def attempt(self, call: Call, url: str, body: bytes, deadline: float) -> AsyncIterator[list[EngineOutput]]:
+    async def attempt(
+        self, call: Call, url: str, body: bytes, deadline: float
+    ) -> AsyncGenerator[list[EngineOutput], None]:
         """One HTTP request: yields the deltas of each read (the consumer counts `call.streamed`
         as it releases them), records finish reasons and usage on `call`."""
         loop = asyncio.get_running_loop()
@@ -131,7 +133,7 @@ class UpstreamHTTP:
 
     async def attempt_embedding(
         self, call: Call, url: str, body: bytes, deadline: float
-    ) -> AsyncIterator[list[EngineOutput]]:
+    ) -> AsyncGenerator[list[EngineOutput], None]:
         """One `/embeddings` request: reads the whole answer into `call` and yields nothing (the
         engine's final output carries the vectors), so every failure happens before a yield."""
         loop = asyncio.get_running_loop()
