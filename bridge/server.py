@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from typing import Protocol, runtime_checkable
 
 from aiohttp import web
 
@@ -43,6 +44,13 @@ class _Count:
         self.open = 0
 
 
+@runtime_checkable
+class _Writes(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class _Protocol(web.RequestHandler):
     def __init__(self, manager: web.Server, count: _Count, metrics: BridgeMetrics, refusal: bytes, **kwargs) -> None:
         super().__init__(manager, **kwargs)
@@ -54,7 +62,7 @@ class _Protocol(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._count.open >= self._count.limit:
             self._metrics.rejected.labels("too_many_connections").inc()
-            assert isinstance(transport, asyncio.WriteTransport)  # a TCP connection's
+            assert isinstance(transport, _Writes)  # a TCP connection's (uvloop's is no asyncio.WriteTransport)
             transport.write(self._refusal)
             transport.close()
             return
