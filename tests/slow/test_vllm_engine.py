@@ -347,6 +347,26 @@ async def test_a_continuation_broken_inside_a_character_is_refused(engine) -> No
     assert await eventually(lambda: engine.num_unfinished() == 0, 2.0)
 
 
+def test_a_continuation_may_have_what_the_unbroken_answer_had_left() -> None:
+    from types import SimpleNamespace
+
+    from workers.engines.vllm.continuing import output_left
+
+    def left(max_tokens, default=None, override=None, prompt=100) -> int:
+        serving = SimpleNamespace(
+            default_sampling_params={"max_tokens": default} if default else {}, override_max_tokens=override
+        )
+        request = chat("left", "hi", max_tokens=max_tokens)
+        request.continued = Continued(list(range(30)), "")
+        return output_left(serving, 2048, request, prompt)
+
+    assert left(50) == 20  # the client's limit, less the 30 generated
+    assert left(None) == 2048 - 100 - 30  # the context's room after the prompt
+    assert left(None, default=64) == 34  # the model's default limit counts from the answer's start too
+    assert left(500, override=40) == 10  # and the server's override, whatever the client asked
+    assert left(None, prompt=2030) == -12  # no room: the engine ends it with `length`
+
+
 def test_what_vllm_cannot_continue_is_named(engine) -> None:
     stop = ChatBody(model="smollm2", messages=[Message(role="user", content="hi")], stop=["</answer>"])
     assert "stop string" in engine.why_not_continued(stop, b"")

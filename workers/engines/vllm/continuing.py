@@ -67,18 +67,33 @@ def broken_character(tokenizer: Any, continued: Continued) -> bool:
     return bool(tokenizer.decode(continued.token_ids[-4:]).endswith("\ufffd"))
 
 
-def answer_end(stop_ids: set[int], request: EngineRequest) -> str | None:
+def answer_end(stop_ids: set[int], request: EngineRequest, left: int) -> str | None:
     """The finish reason of a continued answer its lost worker had completed (it died before
-    saying so), else None. `stop_ids`: the model's end-of-sequence ids."""
+    saying so), else None. `stop_ids`: the model's end-of-sequence ids; `left`: the tokens the
+    answer may still have (`output_left`)."""
     assert request.continued is not None
-    ids, limit, fields = request.continued.token_ids, request.body.output_limit, _fields(request.extra)
-    if limit is not None and len(ids) >= limit:
+    ids, fields = request.continued.token_ids, _fields(request.extra)
+    if left <= 0:
         return "length"
     # A request's own stop_token_ids end it even with ignore_eos, as in vLLM's SamplingParams.
     asked = set(fields.get("stop_token_ids") or ())
     if ids[-1] in asked or (ids[-1] in stop_ids and not fields.get("ignore_eos")):
         return "stop"
     return None
+
+
+def output_left(serving: Any, max_model_len: int, request: EngineRequest, prompt: int) -> int:
+    """The tokens a continued answer may still have: what vLLM would allow the unbroken request
+    (`get_max_tokens`: the client's limit or the model's default, the server's override, the
+    context's room after the prompt), less what the lost worker generated."""
+    assert request.continued is not None
+    limit = request.body.output_limit
+    caps = (
+        limit if limit is not None else serving.default_sampling_params.get("max_tokens"),
+        serving.override_max_tokens,
+        max_model_len - prompt,
+    )
+    return min(cap for cap in caps if cap is not None) - len(request.continued.token_ids)
 
 
 def end_of_sequence_ids(tokenizer: Any, generation_config: dict[str, Any]) -> set[int]:

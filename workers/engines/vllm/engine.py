@@ -233,12 +233,15 @@ class VllmEngine(Engine):
             return
         if self.config.embedding:
             raise UnsupportedRequest(rid, "model", "this pool's model serves embeddings only")
+        left = None
         if request.continued is not None:
-            self._continuable(request)
-            if (reason := answer_end(self._stop_ids, request)) is not None:
-                yield await self._already_ended(request, reason)
+            prompt, left = await self._continuable(request)
+            if (reason := answer_end(self._stop_ids, request, left)) is not None:
+                # It lacks nothing: vLLM only counted its prompt.
+                counted = prompt + len(request.continued.token_ids)
+                yield EngineOutput("", finish_reason=reason, finish_reasons=[reason], prompt_tokens=counted)
                 return
-        vreq = build_request(request, self.model, self._media)  # refuses before vLLM sees it
+        vreq = build_request(request, self.model, self._media, left)  # refuses before vLLM sees it
         llm = self._engine()
         chat = isinstance(body, ChatBody)
         n = body.choices
@@ -294,8 +297,10 @@ class VllmEngine(Engine):
 
         return super().why_not_continued(body, extra) or refusal(body, extra, self.config.reasoning_parser)
 
-    def _continuable(self, request: EngineRequest) -> None:
-        from workers.engines.vllm.continuing import broken_character
+    async def _continuable(self, request: EngineRequest) -> tuple[int, int]:
+        """Checks a continuation can run here; its prompt's tokens, and the output it may still have."""
+        from workers.engines.vllm.continuing import broken_character, output_left, prompt_length
+        from workers.engines.vllm.wire import build_request
 
         assert request.continued is not None
         if (why := self.why_not_continued(request.body, request.extra)) is not None:
@@ -304,16 +309,10 @@ class VllmEngine(Engine):
             raise CannotContinue(request.request_id, "the answer came without token ids")
         if broken_character(self._engine().renderer.tokenizer, request.continued):
             raise CannotContinue(request.request_id, "the answer broke inside a character")
-
-    async def _already_ended(self, request: EngineRequest, reason: str) -> EngineOutput:
-        """The last output of an answer that lacks nothing: vLLM only counts its prompt."""
-        from workers.engines.vllm.continuing import prompt_length
-        from workers.engines.vllm.wire import build_request
-
-        assert request.continued is not None
         vreq = build_request(dataclasses.replace(request, continued=None), self.model, self._media)
-        prompt = await prompt_length(self._renderer, vreq) + len(request.continued.token_ids)
-        return EngineOutput("", finish_reason=reason, finish_reasons=[reason], prompt_tokens=prompt)
+        prompt = await prompt_length(self._renderer, vreq)
+        serving = self._chat if isinstance(request.body, ChatBody) else self._completion
+        return prompt, output_left(serving, self._max_model_len, request, prompt)
 
     async def _embed(self, request: EngineRequest) -> EngineOutput:
         """One embedding request through vLLM's `ServingEmbedding`: every input's vector at once."""

@@ -38,10 +38,13 @@ _OWNED = LANEWAY_OWNED | {"stream", "stream_options", "model"}
 _CHAT = VLLM_SAMPLING | VLLM_TEMPLATE
 
 
-def build_request(request: EngineRequest, served_name: str, media: MediaFetchPolicy = MediaFetchPolicy()) -> Any:
+def build_request(
+    request: EngineRequest, served_name: str, media: MediaFetchPolicy = MediaFetchPolicy(), left: int | None = None
+) -> Any:
     """vLLM's pydantic request for this body and its extra fields, streaming with usage, carrying
     Laneway's request id, priority and cache salt. Raises `UnsupportedRequest` naming the field,
-    and for a media URL `media` does not let vLLM fetch (the default: any but a data: URL)."""
+    and for a media URL `media` does not let vLLM fetch (the default: any but a data: URL).
+    A continuation's `left`: the output tokens its answer may still have."""
     chat = isinstance(request.body, ChatBody)
     cls = _request_class(chat)
     rid = request.request_id
@@ -50,8 +53,8 @@ def build_request(request: EngineRequest, served_name: str, media: MediaFetchPol
         # vLLM 0.32's CompletionRequest has no best_of: it would be ignored.
         raise UnsupportedRequest(rid, "best_of", "best_of other than n is not supported by this engine")
     data = _merged(request, cls, _CHAT if chat else VLLM_COMPLETION)
-    if request.continued is not None:
-        _count_from_the_start(data, len(request.continued.token_ids))
+    if request.continued is not None and left is not None:
+        _count_from_the_start(data, chat, left, len(request.continued.token_ids))
     # Read in the very JSON vLLM validates next, before it can fetch anything.
     if chat and (url := first_refused_media_url(data["messages"], media)) is not None:
         raise UnsupportedRequest(rid, url.param, url.message)
@@ -74,12 +77,14 @@ def build_request(request: EngineRequest, served_name: str, media: MediaFetchPol
     return validate(cls, data, rid)
 
 
-def _count_from_the_start(data: dict[str, Any], replayed: int) -> None:
-    """A continuation's limits on output count the answer's start, prefilled as prompt: it
-    generates only what the answer lacks (the engine ends one that lacks nothing before this)."""
-    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
-        if data.get(name) is not None:
-            data[name] = max(0, data[name] - replayed)
+def _count_from_the_start(data: dict[str, Any], chat: bool, left: int, replayed: int) -> None:
+    """A continuation's limits on output count the answer's start, prefilled as prompt: it may
+    generate `left` tokens more (vLLM's limit for the whole answer, less `replayed`)."""
+    data.pop("max_tokens", None)
+    data.pop("max_completion_tokens", None)
+    data["max_completion_tokens" if chat else "max_tokens"] = left
+    if data.get("min_tokens") is not None:
+        data["min_tokens"] = max(0, data["min_tokens"] - replayed)
 
 
 def _request_class(chat: bool) -> type:
