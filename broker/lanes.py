@@ -40,57 +40,18 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
 
 from broker.room import Room, Wants
+from broker.waiting import Admit, Item, Selection, State
 from core.policy.classes import ClassPolicy
 
-AFFINITY_SLACK_S = 0.25         # how much later a deadline an affinity choice may serve first
-AFFINITY_SLACK_COST = 4096.0    # fair-share virtual time (tokens / weight) it may skip across tenants
-HEAD_CANDIDATES = 3             # a tenant's heap entries looked at: its root and the root's children
+AFFINITY_SLACK_S = 0.25  # how much later a deadline an affinity choice may serve first
+AFFINITY_SLACK_COST = 4096.0  # fair-share virtual time (tokens / weight) it may skip across tenants
+HEAD_CANDIDATES = 3  # a tenant's heap entries looked at: its root and the root's children
 # A tenant with nothing waiting in a class is still active in it this long after its last
 # admission: the gaps of one sending every few seconds (at 0.5/s, Poisson, one gap in ~150 is
 # longer), at a cost to a lone flood of its headroom share for 10 s after the other's last request.
 ACTIVE_WINDOW_S = 10.0
-
-
-class State(Enum):
-    WAITING = "waiting"
-    DISPATCHED = "dispatched"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-    FORGOTTEN = "forgotten"
-
-
-class Admit(Enum):
-    OK = "ok"
-    UNKNOWN_CLASS = "unknown_class"
-    QUEUE_FULL = "queue_full"
-    EXPIRED = "expired"
-    DUPLICATE = "duplicate"
-
-
-@dataclass(slots=True, eq=False)
-class Item:
-    request_id: str
-    tenant: str
-    klass: str
-    cost: int                   # tokens: the unit of fair share and KV budget
-    deadline: float
-    enqueued_at: float
-    payload: Any = None         # the dispatcher's handle (JetStream message, request)
-    size: int = 0               # bytes it adds to a dispatch message
-    state: State = State.WAITING
-    order: int = 0              # admission order; ties in EDF
-    slots: int = 1              # sequence slots it takes in an engine (OpenAI's n)
-    prompt: int = 0             # prompt tokens: what the engine must prefill
-    prefix: tuple[int, ...] = ()    # the prompt's chained chunk hashes (broker/affinity.py)
-    adapter: str = ""           # the LoRA adapter it needs loaded: its logical model's name
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.tenant, self.request_id)
 
 
 @dataclass(slots=True)
@@ -105,7 +66,7 @@ class _TenantQueue:
 class _ClassLane:
     policy: ClassPolicy
     tenants: dict[str, _TenantQueue] = field(default_factory=dict)
-    arrivals: deque[Item] = field(default_factory=deque)   # for the age of the oldest waiting
+    arrivals: deque[Item] = field(default_factory=deque)  # for the age of the oldest waiting
     waiting: int = 0
     vclock: float = 0.0
 
@@ -113,12 +74,6 @@ class _ClassLane:
         while self.arrivals and self.arrivals[0].state is not State.WAITING:
             self.arrivals.popleft()
         return self.arrivals[0] if self.arrivals else None
-
-
-@dataclass(slots=True)
-class Selection:
-    dispatch: list[Item] = field(default_factory=list)
-    expired: list[Item] = field(default_factory=list)
 
 
 class Lanes:
@@ -168,7 +123,9 @@ class Lanes:
 
     def depths(self) -> dict[str, dict[str, int]]:
         """Waiting per class, then per tenant (one with none waiting left out): the gauges."""
-        return {name: {t: q.waiting for t, q in lane.tenants.items() if q.waiting} for name, lane in self._lanes.items()}
+        return {
+            name: {t: q.waiting for t, q in lane.tenants.items() if q.waiting} for name, lane in self._lanes.items()
+        }
 
     def get(self, tenant: str, request_id: str) -> Item | None:
         return self._items.get((tenant, request_id))
@@ -211,10 +168,7 @@ class Lanes:
         return self._remove(tenant, request_id, State.FORGOTTEN)
 
     def expire(self, now: float) -> list[Item]:
-        expired = [
-            item for item in self._items.values()
-            if self._expired(item, self._lanes[item.klass].policy, now)
-        ]
+        expired = [item for item in self._items.values() if self._expired(item, self._lanes[item.klass].policy, now)]
         for item in expired:
             self._remove(item.tenant, item.request_id, State.EXPIRED)
         return expired
@@ -247,11 +201,20 @@ class Lanes:
         top describes; `balanced` keeps the pool's balance (broker/balance.py)."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
-        room = Room.of(free_slots=free_slots, token_budget=token_budget, total_slots=total_slots,
-                       running=running, step_tokens=step_tokens, prefill=prefill, kv_tokens=kv_tokens,
-                       tenant_slots=tenant_slots, tenant_tokens=tenant_tokens, balanced=balanced)
+        room = Room.of(
+            free_slots=free_slots,
+            token_budget=token_budget,
+            total_slots=total_slots,
+            running=running,
+            step_tokens=step_tokens,
+            prefill=prefill,
+            kv_tokens=kv_tokens,
+            tenant_slots=tenant_slots,
+            tenant_tokens=tenant_tokens,
+            balanced=balanced,
+        )
         blocked: set[str] = set()
-        capped: dict[str, set[str]] = {}        # class → tenants at their headroom cap here
+        capped: dict[str, set[str]] = {}  # class → tenants at their headroom cap here
         while room.free_slots > 0:
             lane = self._pick_lane(now, room.held, room.total_slots, allowed - blocked)
             if lane is None:
@@ -261,7 +224,7 @@ class Lanes:
             head = self._head(lane, now, out.expired, skip)
             if head is None:
                 if lane.waiting:
-                    blocked.add(policy.name)    # every tenant waiting there is at its cap
+                    blocked.add(policy.name)  # every tenant waiting there is at its cap
                 continue
             queue, item = head
             first = room.empty and not out.dispatch
@@ -273,18 +236,17 @@ class Lanes:
             ahead = room.queued_ahead(policy, self._rank)
             if prefer is not None:
                 chosen = self._preferred(lane, queue, item, now, prefer, skip)
-                if first or (room.fits(policy, chosen[1], ahead)
-                             and self._within_share(lane, room, chosen[1], now)):
+                if first or (room.fits(policy, chosen[1], ahead) and self._within_share(lane, room, chosen[1], now)):
                     queue, item = chosen
             if not (first or room.fits(policy, item, ahead)):
                 blocked.add(policy.name)
                 continue
             if max_bytes is not None and out.dispatch and item.size > max_bytes:
-                break   # the message is full; the rest go in the next pull's batch
+                break  # the message is full; the rest go in the next pull's batch
             if max_bytes is not None:
                 max_bytes -= item.size
             if queue.heap[0][2] is item:
-                heapq.heappop(queue.heap)       # else an affinity pick: dropped lazily by _head
+                heapq.heappop(queue.heap)  # else an affinity pick: dropped lazily by _head
             self._settle(lane, queue, item, State.DISPATCHED)
             lane.vclock = fair_vtime
             queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
@@ -302,16 +264,16 @@ class Lanes:
         """The tenant headroom: only while another tenant is active in the class."""
         if room.within_tenant_share(lane.policy, item):
             return True
-        return not any(name != item.tenant and (q.waiting or now - q.admitted_at < ACTIVE_WINDOW_S)
-                       for name, q in lane.tenants.items())
+        return not any(
+            name != item.tenant and (q.waiting or now - q.admitted_at < ACTIVE_WINDOW_S)
+            for name, q in lane.tenants.items()
+        )
 
     @staticmethod
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:
         return now >= item.deadline or now - item.enqueued_at > policy.max_queue_wait_s
 
-    def _pick_lane(
-        self, now: float, held: dict[str, int], total_slots: int, allowed: set[str]
-    ) -> _ClassLane | None:
+    def _pick_lane(self, now: float, held: dict[str, int], total_slots: int, allowed: set[str]) -> _ClassLane | None:
         best: _ClassLane | None = None
         best_key: tuple[int, float] | None = None
         for name in allowed:
@@ -335,8 +297,11 @@ class Lanes:
         """The next item of the lane by fair queuing, of a tenant not in `skip`, dropping expired
         and stale entries; None when no such tenant has one waiting."""
         while lane.waiting:
-            tenant = min((q for name, q in lane.tenants.items() if q.waiting and name not in skip),
-                         key=lambda q: q.vtime, default=None)
+            tenant = min(
+                (q for name, q in lane.tenants.items() if q.waiting and name not in skip),
+                key=lambda q: q.vtime,
+                default=None,
+            )
             if tenant is None:
                 return None
             while tenant.heap:
@@ -351,8 +316,15 @@ class Lanes:
                     return tenant, item
         return None
 
-    def _preferred(self, lane: _ClassLane, queue: _TenantQueue, head: Item, now: float,
-                   prefer: Callable[[Item], float], skip: set[str]) -> tuple[_TenantQueue, Item]:
+    def _preferred(
+        self,
+        lane: _ClassLane,
+        queue: _TenantQueue,
+        head: Item,
+        now: float,
+        prefer: Callable[[Item], float],
+        skip: set[str],
+    ) -> tuple[_TenantQueue, Item]:
         """The best-scored item within the affinity slack of `head` (which wins ties), of a
         tenant not in `skip`."""
         best, best_score = (queue, head), prefer(head)
@@ -360,9 +332,12 @@ class Lanes:
             if not q.waiting or name in skip or q.vtime > queue.vtime + AFFINITY_SLACK_COST:
                 continue
             for _, _, item in q.heap[:HEAD_CANDIDATES]:
-                if (item is head or item.state is not State.WAITING
-                        or item.deadline - head.deadline > AFFINITY_SLACK_S
-                        or self._expired(item, lane.policy, now)):
+                if (
+                    item is head
+                    or item.state is not State.WAITING
+                    or item.deadline - head.deadline > AFFINITY_SLACK_S
+                    or self._expired(item, lane.policy, now)
+                ):
                     continue
                 score = prefer(item)
                 if score > best_score:

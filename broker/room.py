@@ -39,7 +39,7 @@ def engine_priorities(
 
 
 class Wants(Protocol):
-    """What a `Room` reads of an item (`broker.lanes.Item`)."""
+    """What a `Room` reads of an item (`broker.waiting.Item`)."""
 
     tenant: str
     klass: str

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.lanes import Item
+from broker.waiting import Item
 
 KEEP_PAST_DEADLINE_S = 60.0  # an entry whose usage never came is dropped this long after its deadline
 

@@ -21,11 +21,11 @@ import nats.errors
 from nats.aio.client import Client
 
 from broker.gate.pipeline import Gate
-from broker.lanes import Item
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Held, Pool
 from broker.scheduler.answers import AckHandle
+from broker.waiting import Item
 from broker.worker_probes import GONE_S as WORKER_GONE_S
 from broker.worker_probes import probe_workers
 from core.liveness import Silence

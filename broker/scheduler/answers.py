@@ -3,15 +3,23 @@ ack subject (another broker consumed it)."""
 
 from __future__ import annotations
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.metrics import BrokerMetrics
 from broker.pools import Acks
+from broker.waiting import Admit
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import StreamError, TokenFrame
 from schemas.requests import GenerateRequest
+
+ADMIT_ERRORS = {
+    Admit.QUEUE_FULL: (ErrorCode.queue_full, "this tenant's queue for the class is full"),
+    Admit.UNKNOWN_CLASS: (ErrorCode.unknown_class, "unknown priority class"),
+    Admit.EXPIRED: (ErrorCode.deadline_exceeded, "the request's deadline passed before it could start"),
+}
 
 
 class AckHandle:
@@ -49,3 +57,11 @@ async def refuse(
     await ack.term()
     error = StreamError(request.request_id, attempt, 0, code.value, message, param, headers or {})
     await nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
+
+
+def same_message(ack_subject: str, other: str) -> bool:
+    """Whether two ack subjects are deliveries of one stored message (its stream sequence)."""
+    try:
+        return Msg.Metadata._from_reply(ack_subject).sequence.stream == Msg.Metadata._from_reply(other).sequence.stream
+    except (nats.errors.Error, ValueError, IndexError):
+        return ack_subject == other

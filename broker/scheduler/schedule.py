@@ -19,14 +19,15 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.affinity import ADAPTER_TOKENS, Offer, choose, prefix_hashes
-from broker.balance import could_take, load
-from broker.lanes import Admit, Item, Lanes
+from broker.balance import load
+from broker.lanes import Lanes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Acks, Held, ParkedPull, Pool
 from broker.room import engine_priorities
-from broker.scheduler.answers import AckHandle, refuse
+from broker.scheduler.answers import ADMIT_ERRORS, AckHandle, refuse, same_message
+from broker.scheduler.preference import best_parked, placed, preference, request_prefix
+from broker.waiting import Admit, Item
 from core.cache import CacheScope, prefix_salt
 from core.tracing import tracer
 from schemas import codec
@@ -39,22 +40,25 @@ log = logging.getLogger("laneway.scheduler")
 # A Dispatch's fields around its request, and the Batch around them, stay well under this.
 DISPATCH_OVERHEAD_BYTES = 256
 MAX_PULL_HOLD_S = 30.0
-REMEMBER_SETTLED = 100_000      # requests that left the lanes, remembered against late copies
+REMEMBER_SETTLED = 100_000  # requests that left the lanes, remembered against late copies
 
-_ADMIT_ERRORS = {
-    Admit.QUEUE_FULL: (ErrorCode.queue_full, "this tenant's queue for the class is full"),
-    Admit.UNKNOWN_CLASS: (ErrorCode.unknown_class, "unknown priority class"),
-    Admit.EXPIRED: (ErrorCode.deadline_exceeded, "the request's deadline passed before it could start"),
-}
 _TAKEN, _REFUSED = codec.encode(AdmitAnswer(True)), codec.encode(AdmitAnswer(False))
 
 
 class Scheduler:
-    def __init__(self, nc: Client, s: Subjects, broker_id: str, max_deliver: int, live: LiveConfig,
-                 metrics: BrokerMetrics, scopes: Callable[[], CacheScope],
-                 release: Callable[[str, str], Awaitable[None]],
-                 cancelled: Callable[[str, str], bool] = lambda tenant, request_id: False,
-                 affinity: bool = True) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        s: Subjects,
+        broker_id: str,
+        max_deliver: int,
+        live: LiveConfig,
+        metrics: BrokerMetrics,
+        scopes: Callable[[], CacheScope],
+        release: Callable[[str, str], Awaitable[None]],
+        cancelled: Callable[[str, str], bool] = lambda tenant, request_id: False,
+        affinity: bool = True,
+    ) -> None:
         self._nc = nc
         self.s = s
         self.id = broker_id
@@ -62,10 +66,10 @@ class Scheduler:
         self.live = live
         self.metrics = metrics
         self._scopes = scopes
-        self._release = release                 # this broker's own quota grants
-        self._cancelled = cancelled             # a cancel that came before its request (consumed)
-        self.affinity = affinity                # prefer the worker that holds a prompt's prefix
-        self.pools: dict[str, Pool] = {}        # the sweep holds this very dict: cleared, never replaced
+        self._release = release  # this broker's own quota grants
+        self._cancelled = cancelled  # a cancel that came before its request (consumed)
+        self.affinity = affinity  # prefer the worker that holds a prompt's prefix
+        self.pools: dict[str, Pool] = {}  # the sweep holds this very dict: cleared, never replaced
         self.active = False
         self._subs: list = []
         # (tenant, request id) → (ack subject, release) of requests that left the lanes: a copy
@@ -82,8 +86,10 @@ class Scheduler:
         self.metrics.scheduler.set(1)
         self.metrics.takeovers.inc()
         # A queue group: a scheduler that has not yet noticed its lapse shares rather than doubles.
-        self._subs = [await self._nc.subscribe(self.s.pull_all, queue="laneway-scheduler", cb=self._on_pull),
-                      await self._nc.subscribe(self.s.sched_admit, queue="laneway-scheduler", cb=self._on_admitted)]
+        self._subs = [
+            await self._nc.subscribe(self.s.pull_all, queue="laneway-scheduler", cb=self._on_pull),
+            await self._nc.subscribe(self.s.sched_admit, queue="laneway-scheduler", cb=self._on_admitted),
+        ]
         await self._nc.publish(self.s.sched_leader, self.id.encode())
         log.info("scheduler %s took over", self.id)
 
@@ -111,7 +117,7 @@ class Scheduler:
                     if held.origin == self.id:
                         await held.ack.nak()
                         await self._release(item.tenant, item.request_id)
-        except nats.errors.Error as exc:     # disconnected: what was not naked returns after ack_wait
+        except nats.errors.Error as exc:  # disconnected: what was not naked returns after ack_wait
             log.warning("stepping down: could not hand every request back: %r", exc)
         for name in self.pools:
             self.metrics.parked_pulls.labels(name).set(0)
@@ -135,8 +141,9 @@ class Scheduler:
             return
         # Touched at 0: its last in-progress ack may be a dead scheduler's, so the next sweep
         # sends one rather than a full interval from now.
-        taken = await self.enqueue(admitted, AckHandle(self._nc, admitted.ack_subject),
-                                   len(msg.data) + DISPATCH_OVERHEAD_BYTES, touched=0.0)
+        taken = await self.enqueue(
+            admitted, AckHandle(self._nc, admitted.ack_subject), len(msg.data) + DISPATCH_OVERHEAD_BYTES, touched=0.0
+        )
         if msg.reply:
             await self._nc.publish(msg.reply, _TAKEN if taken else _REFUSED)
 
@@ -162,25 +169,55 @@ class Scheduler:
             if not (request.escalated or same_message(held.ack.reply, admitted.ack_subject)):
                 # Another message under an id that waits here: merged, it would skip its charge
                 # and orphan the original. Refused, the original waits on untouched.
-                await refuse(self._nc, self.metrics, ack, request, admitted.attempt, ErrorCode.duplicate_request,
-                             f"request_id {request.request_id!r} is already queued", "request_id")
+                await refuse(
+                    self._nc,
+                    self.metrics,
+                    ack,
+                    request,
+                    admitted.attempt,
+                    ErrorCode.duplicate_request,
+                    f"request_id {request.request_id!r} is already queued",
+                    "request_id",
+                )
                 return False
             # Redelivered while still waiting here, or sent again by its origin: keep one entry,
             # with the newest ack subject.
             held.ack, held.attempt, held.origin = ack, admitted.attempt, admitted.origin
             return True
         now = time.time()
-        held = Held(ack, request, admitted.attempt, admitted.pool,
-                    time.monotonic() if touched is None else touched, admitted.cache_key,
-                    admitted.cache_model, admitted.escalate_to, admitted.headers, admitted.origin,
-                    admitted.output_pii, admitted.adapter)
-        item = Item(request.request_id, tenant, klass, request.estimated_cost(), request.deadline, now,
-                    payload=held, size=size, slots=request.choices, prompt=request.estimated_prompt_tokens(),
-                    prefix=self._prefix(request, admitted.adapter),
-                    adapter=request.model if admitted.adapter else "")
+        held = Held(
+            ack,
+            request,
+            admitted.attempt,
+            admitted.pool,
+            time.monotonic() if touched is None else touched,
+            admitted.cache_key,
+            admitted.cache_model,
+            admitted.escalate_to,
+            admitted.headers,
+            admitted.origin,
+            admitted.output_pii,
+            admitted.adapter,
+        )
+        item = Item(
+            request.request_id,
+            tenant,
+            klass,
+            request.estimated_cost(),
+            request.deadline,
+            now,
+            payload=held,
+            size=size,
+            slots=request.choices,
+            prompt=request.estimated_prompt_tokens(),
+            prefix=request_prefix(request, prefix_salt(self._scopes().scope(tenant)), admitted.adapter)
+            if self.affinity
+            else (),
+            adapter=request.model if admitted.adapter else "",
+        )
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:
-            code, text = _ADMIT_ERRORS[verdict]
+            code, text = ADMIT_ERRORS[verdict]
             if verdict is Admit.EXPIRED:
                 self.metrics.expired.labels(klass).inc()
             await refuse(self._nc, self.metrics, ack, request, admitted.attempt, code, text)
@@ -221,12 +258,20 @@ class Scheduler:
         now, mono = time.time(), time.monotonic()
         balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono)
         selection = pool.lanes.select(
-            free_slots=credit.free_slots, token_budget=credit.token_budget,
-            total_slots=credit.total_slots, running=credit.running, classes=credit.classes,
-            now=now, max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
-            step_tokens=credit.step_tokens, prefill=credit.prefill, kv_tokens=credit.kv_tokens,
-            tenant_slots=credit.tenant_slots, tenant_tokens=credit.tenant_tokens,
-            prefer=self._preference(pool, credit) if self.affinity else None, balanced=balance.allows,
+            free_slots=credit.free_slots,
+            token_budget=credit.token_budget,
+            total_slots=credit.total_slots,
+            running=credit.running,
+            classes=credit.classes,
+            now=now,
+            max_bytes=self._nc.max_payload - DISPATCH_OVERHEAD_BYTES,
+            step_tokens=credit.step_tokens,
+            prefill=credit.prefill,
+            kv_tokens=credit.kv_tokens,
+            tenant_slots=credit.tenant_slots,
+            tenant_tokens=credit.tenant_tokens,
+            prefer=preference(pool, credit) if self.affinity else None,
+            balanced=balance.allows,
         )
         for item in selection.expired:
             await self.expire(item)
@@ -237,23 +282,41 @@ class Scheduler:
         for item, priority in zip(selection.dispatch, priorities, strict=True):
             held: Held = item.payload
             queued = now - item.enqueued_at
-            dispatches.append(Dispatch(held.request, held.ack.reply, held.attempt,
-                                       priority=priority, queued_s=queued,
-                                       max_deliver=self._max_deliver,
-                                       cache_key=held.cache_key, cache_model=held.cache_model,
-                                       cache_salt=prefix_salt(self._scopes().scope(item.tenant)),
-                                       headers=held.headers, output_pii=held.output_pii,
-                                       adapter=held.adapter, **self._cascade(held)))
+            dispatches.append(
+                Dispatch(
+                    held.request,
+                    held.ack.reply,
+                    held.attempt,
+                    priority=priority,
+                    queued_s=queued,
+                    max_deliver=self._max_deliver,
+                    cache_key=held.cache_key,
+                    cache_model=held.cache_model,
+                    cache_salt=prefix_salt(self._scopes().scope(item.tenant)),
+                    headers=held.headers,
+                    output_pii=held.output_pii,
+                    adapter=held.adapter,
+                    **self._cascade(held),
+                )
+            )
             self.metrics.queue_wait.labels(item.klass).observe(queued)
-            self._tracing.record("laneway.broker.queue", held.request.traceparent, item.enqueued_at, now,
-                                 request_id=item.request_id, tenant=item.tenant, pool=credit.pool,
-                                 worker=credit.worker_id, queued_s=queued)
+            self._tracing.record(
+                "laneway.broker.queue",
+                held.request.traceparent,
+                item.enqueued_at,
+                now,
+                request_id=item.request_id,
+                tenant=item.tenant,
+                pool=credit.pool,
+                worker=credit.worker_id,
+                queued_s=queued,
+            )
             self.metrics.dispatched.labels(credit.pool, item.klass).inc()
         self.metrics.batch_size.labels(credit.pool).observe(len(dispatches))
-        await self._settle(selection.dispatch, release=False)     # before the Batch: see the top
+        await self._settle(selection.dispatch, release=False)  # before the Batch: see the top
         await self._nc.publish(reply, codec.encode(Batch(dispatches)))
         pool.loads.sent(credit, selection.dispatch, mono)  # bookkeeping, after the work is out
-        self._placed(pool, credit, selection.dispatch)
+        placed(pool, credit, selection.dispatch, self.metrics)
         pool.running.placed(credit.worker_id, selection.dispatch)  # handed back if that worker is lost
         return True
 
@@ -263,18 +326,20 @@ class Scheduler:
         if not held.escalate_to or rules is None:
             return {}
         c = rules.cascade
-        return {"escalate_to": held.escalate_to, "cascade_window": c.window,
-                "cascade_min_logprob": c.min_mean_logprob}
+        return {"escalate_to": held.escalate_to, "cascade_window": c.window, "cascade_min_logprob": c.min_mean_logprob}
 
     async def serve_parked(self, name: str, pool: Pool) -> None:
         while self.active and pool.parked and len(pool.lanes):
             # The affinity choice, the longest parked, the least loaded (the balance never holds it
             # back): the choice weighs where the head is cached, not whether it fits (room, caps).
-            tries = [pool.parked[self._best_parked(pool)], pool.parked[0],
-                     min(pool.parked, key=lambda p: load(p.credit))]
+            tries = [
+                pool.parked[best_parked(pool) if self.affinity else 0],
+                pool.parked[0],
+                min(pool.parked, key=lambda p: load(p.credit)),
+            ]
             tries = [p for i, p in enumerate(tries) if p not in tries[:i]]
             for parked in tries:
-                if parked not in pool.parked:       # superseded while we awaited
+                if parked not in pool.parked:  # superseded while we awaited
                     continue
                 at = pool.parked.index(parked)
                 del pool.parked[at]
@@ -284,65 +349,6 @@ class Scheduler:
             else:
                 break
         self.metrics.parked_pulls.labels(name).set(len(pool.parked))
-
-    # -- prefix affinity (broker/affinity.py) -------------------------------------------------
-    def _prefix(self, request, adapter: str) -> tuple[int, ...]:
-        """The prompt's chunk hashes from the tenant scope's salt (and the adapter: an adapter's
-        KV is its own, as in vLLM's block hashes)."""
-        if not self.affinity or request.embedding is not None:
-            return ()
-        salt = prefix_salt(self._scopes().scope(request.tenant))
-        return prefix_hashes(request.body.texts(), f"{salt}\0{adapter}" if adapter else salt)
-
-    def _best_parked(self, pool: Pool) -> int:
-        """Which parked pull takes the next request: the one whose worker reaches its first token
-        soonest (its cached prefix, its queued prefill), within the load balance; else the oldest."""
-        if not self.affinity or len(pool.parked) < 2:
-            return 0
-        head = pool.lanes.peek(time.time())
-        if head is None or not (head.prefix or head.adapter):
-            return 0
-        able = [i for i, p in enumerate(pool.parked) if could_take(p.credit, head)]
-        if not able:
-            return 0
-        now = time.monotonic()
-        offers = [offer(pool.parked[i].credit, pool.index.share(pool.parked[i].credit.worker_id, now))
-                  for i in able]
-        overlaps = [pool.index.overlap(o.worker, head.prefix) for o in offers]
-        unloaded = [bool(head.adapter) and head.adapter not in pool.parked[i].credit.adapters for i in able]
-        return able[choose(offers, head.prompt, overlaps, unloaded)]
-
-    @staticmethod
-    def _preference(pool: Pool, credit: Credit) -> Callable[[Item], float]:
-        """An item's score for this worker: the prefix it holds, less the most another holds (a
-        request cached elsewhere is left for that worker's pull, one cached nowhere taken first),
-        and likewise its LoRA adapter, loaded here or elsewhere."""
-        now, worker, loaded = time.monotonic(), credit.worker_id, credit.adapters
-
-        def score(item: Item) -> float:
-            value = 0.0
-            if item.prefix:
-                value = pool.index.overlap(worker, item.prefix) - pool.index.best_elsewhere(worker, item.prefix, now)
-            if item.adapter:
-                if item.adapter in loaded:
-                    value += ADAPTER_TOKENS
-                elif pool.index.adapter_elsewhere(worker, item.adapter, now):
-                    value -= ADAPTER_TOKENS
-            return value
-        return score
-
-    def _placed(self, pool: Pool, credit: Credit, items: list[Item]) -> None:
-        now = time.monotonic()
-        for item in items:
-            if item.prefix:
-                here = pool.index.overlap(credit.worker_id, item.prefix)
-                elsewhere = pool.index.best_elsewhere(credit.worker_id, item.prefix, now)
-                outcome = "cold" if not (here or elsewhere) else ("hit" if here >= elsewhere else "miss")
-                self.metrics.affinity.labels(credit.pool, outcome).inc()
-                self.metrics.affinity_tokens.labels(credit.pool).inc(here)
-            pool.index.record(credit.worker_id, item.prefix, now)
-        if items:
-            pool.index.forget_silent(now)
 
     # -- leaving the lanes otherwise ----------------------------------------------------------
     async def cancel(self, tenant: str, request_id: str) -> bool:
@@ -358,8 +364,15 @@ class Scheduler:
     async def expire(self, item: Item) -> None:
         held: Held = item.payload
         self.metrics.expired.labels(item.klass).inc()
-        await refuse(self._nc, self.metrics, held.ack, held.request, held.attempt,
-                     ErrorCode.deadline_exceeded, "the request's deadline passed before it could start")
+        await refuse(
+            self._nc,
+            self.metrics,
+            held.ack,
+            held.request,
+            held.attempt,
+            ErrorCode.deadline_exceeded,
+            "the request's deadline passed before it could start",
+        )
         await self._settle([item], release=True)
 
     async def _settle(self, items: Iterable[Item], release: bool) -> None:
@@ -384,17 +397,3 @@ class Scheduler:
     async def _tell(self, origin: str, settled: list[Settlement]) -> None:
         if origin != self.id:
             await self._nc.publish(self.s.sched_settled(origin), codec.encode(Settled(settled)))
-
-
-def same_message(ack_subject: str, other: str) -> bool:
-    """Whether two ack subjects are deliveries of one stored message (its stream sequence)."""
-    try:
-        return (Msg.Metadata._from_reply(ack_subject).sequence.stream
-                == Msg.Metadata._from_reply(other).sequence.stream)
-    except (nats.errors.Error, ValueError, IndexError):
-        return ack_subject == other
-
-
-def offer(credit: Credit, share: float) -> Offer:
-    return Offer(credit.worker_id, load(credit), sum(credit.prefill.values()), share,
-                 credit.total_slots, credit.step_tokens)

@@ -15,7 +15,8 @@ from broker.affinity import (
     choose,
     prefix_hashes,
 )
-from broker.lanes import AFFINITY_SLACK_COST, AFFINITY_SLACK_S, Item, Lanes
+from broker.lanes import AFFINITY_SLACK_COST, AFFINITY_SLACK_S, Lanes
+from broker.waiting import Item
 from core.policy.classes import DEFAULT_CLASSES
 
 SYSTEM = "s" * (CHUNK_CHARS * 4)

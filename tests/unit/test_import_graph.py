@@ -42,6 +42,7 @@ PURE = (
     "core.routing.rules",
     "core.routing.health",
     "broker.lanes",
+    "broker.waiting",
     "broker.room",
     "broker.affinity",
     "broker.balance",

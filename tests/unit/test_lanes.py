@@ -8,7 +8,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.lanes import ACTIVE_WINDOW_S, Admit, Item, Lanes, State
+from broker.lanes import ACTIVE_WINDOW_S, Lanes
+from broker.waiting import Admit, Item, State
 from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
 
 _ids = itertools.count()
