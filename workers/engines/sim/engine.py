@@ -25,9 +25,7 @@ import asyncio
 import itertools
 import random
 import zlib
-from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -49,66 +47,8 @@ from workers.engines.sim.embed import accept_embedding
 from workers.engines.sim.output import Answer, Piece, Unfit, choice_rng, logprob_of, natural_length, plan
 from workers.engines.sim.request import SimRequest, accept
 from workers.engines.sim.roofline import SimProfile, step_seconds
+from workers.engines.sim.running import Req, Seq
 from workers.engines.sim.scheduler import BLOCK, Scheduler, SchedulerConfig, Sequence, Step, block_hashes
-
-
-@dataclass(eq=False)
-class _Req:
-    """One request: its choices' outputs go through one buffer to its `generate()` stream."""
-
-    request: EngineRequest
-    sim: SimRequest
-    order: int
-    mean: float                       # the SIMULATED mean logprob of this prompt
-    top: int | None                   # top logprobs asked for per token; None: no logprobs
-    choices: list[_Seq] = field(default_factory=list)
-    open: int = 0                     # choices not finished
-    reserve: int = 0                  # KV tokens held: the prompt, once (choices share its prefix)
-    done: bool = False
-    buffer: deque[EngineOutput] = field(default_factory=deque)
-    waiter: asyncio.Future[None] | None = None
-    vectors: list[bytes] | None = None   # an embedding request's SIMULATED answer
-    stops: list[str] = field(default_factory=list)   # the body's, read once (not per token)
-    replayed: int = 0                 # a continuation's: answer tokens prefilled after the prompt
-
-    def push(self, out: EngineOutput) -> None:
-        if not (out.finish_reason is None and self._merged(out)):
-            self.buffer.append(out)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def _merged(self, out: EngineOutput) -> bool:
-        """The consumer lags: fold the delta into its choice's pending one, as vLLM DELTA does."""
-        last = next((o for o in reversed(self.buffer) if o.index == out.index), None)
-        if last is None or last.finish_reason is not None or bool(last.tool_calls) != bool(out.tool_calls):
-            return False
-        if out.tool_calls:
-            call, more = last.tool_calls[-1], out.tool_calls[0]
-            if more.index == call.index and not more.id:
-                call.arguments += more.arguments
-            else:
-                last.tool_calls.append(more)
-        last.text += out.text
-        last.token_ids.extend(out.token_ids)
-        last.logprobs.extend(out.logprobs)
-        last.confidence.extend(out.confidence)
-        return True
-
-
-@dataclass(eq=False)
-class _Seq:
-    """One choice: a sequence that holds an engine slot and KV tokens while it runs."""
-
-    req: _Req
-    index: int
-    answer: Answer
-    reserve: int                      # KV tokens for its output: the limit (worst case) or its length
-    rng: random.Random                # the logprobs' randomness
-    sched: Sequence | None = None     # the scheduler's view: tokens computed, KV blocks
-    produced: int = 0
-    text: str = ""                    # content generated so far
-    sent: int = 0                     # characters of `text` already streamed
-    finish: str | None = None
 
 
 class SimEngine(Engine):
@@ -118,16 +58,28 @@ class SimEngine(Engine):
 
     def why_not_continued(self, body: Body, extra: bytes) -> str | None:
         logprobs = not isinstance(body, EmbeddingBody) and body.wants_logprobs  # drawn token by token
-        return "the sim cannot draw a continued answer's logprobs" if logprobs else super().why_not_continued(body, extra)
+        return (
+            "the sim cannot draw a continued answer's logprobs" if logprobs else super().why_not_continued(body, extra)
+        )
 
-    def __init__(self, profile: SimProfile, *, model: str = "", speed: float = 1.0,
-                 max_seqs: int | None = None, kv_tokens: int | None = None,
-                 max_model_len: int = 8192, max_num_batched_tokens: int | None = None,
-                 long_prefill_token_threshold: int | None = None, min_step_s: float = 0.0,
-                 max_loras: int = 4, lora_load_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        profile: SimProfile,
+        *,
+        model: str = "",
+        speed: float = 1.0,
+        max_seqs: int | None = None,
+        kv_tokens: int | None = None,
+        max_model_len: int = 8192,
+        max_num_batched_tokens: int | None = None,
+        long_prefill_token_threshold: int | None = None,
+        min_step_s: float = 0.0,
+        max_loras: int = 4,
+        lora_load_s: float = 0.2,
+    ) -> None:
         self.profile = profile
         self.model = model or f"sim/{profile.name}"
-        self.speed = speed                  # >1 runs the same model faster (tests)
+        self.speed = speed  # >1 runs the same model faster (tests)
         # No step shorter than this: streams at most 1 / min_step_s tokens a second however few
         # run (benchmarks that model streams at a fixed rate, e.g. 30 tok/s, at any occupancy).
         self.min_step_s = min_step_s
@@ -135,15 +87,20 @@ class SimEngine(Engine):
         self.kv_tokens = kv_tokens or profile.kv_tokens
         self.max_model_len = max_model_len  # prompt + output, per sequence
         threshold = profile.long_prefill_token_threshold
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=self.max_seqs,
-            max_num_batched_tokens=max_num_batched_tokens or profile.max_num_batched_tokens,
-            num_blocks=max(1, self.kv_tokens // BLOCK),
-            long_prefill_token_threshold=threshold if long_prefill_token_threshold is None
-            else long_prefill_token_threshold, max_loras=max_loras))
-        self.adapters = Adapters(max_loras, lora_load_s)     # LoRA adapters: held, and their load time
-        self._reqs: dict[RequestKey, _Req] = {}
-        self._held = 0                      # sequences (choices) admitted and not finished
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=self.max_seqs,
+                max_num_batched_tokens=max_num_batched_tokens or profile.max_num_batched_tokens,
+                num_blocks=max(1, self.kv_tokens // BLOCK),
+                long_prefill_token_threshold=threshold
+                if long_prefill_token_threshold is None
+                else long_prefill_token_threshold,
+                max_loras=max_loras,
+            )
+        )
+        self.adapters = Adapters(max_loras, lora_load_s)  # LoRA adapters: held, and their load time
+        self._reqs: dict[RequestKey, Req] = {}
+        self._held = 0  # sequences (choices) admitted and not finished
         self._reserved = 0
         self._order = itertools.count()
         self._wake = asyncio.Event()
@@ -164,11 +121,15 @@ class SimEngine(Engine):
         running: dict[str, int] = {}
         for req in self._reqs.values():
             running[req.request.klass] = running.get(req.request.klass, 0) + req.open
-        return Capacity(total_slots=self.max_seqs,
-                        free_slots=max(0, self.max_seqs - self._held),
-                        token_budget=max(0, self.kv_tokens - self._reserved),
-                        running=running, step_tokens=self.scheduler.config.max_num_batched_tokens,
-                        kv_tokens=self.scheduler.config.num_blocks * BLOCK, adapters=self.adapters.held())
+        return Capacity(
+            total_slots=self.max_seqs,
+            free_slots=max(0, self.max_seqs - self._held),
+            token_budget=max(0, self.kv_tokens - self._reserved),
+            running=running,
+            step_tokens=self.scheduler.config.max_num_batched_tokens,
+            kv_tokens=self.scheduler.config.num_blocks * BLOCK,
+            adapters=self.adapters.held(),
+        )
 
     def num_running(self) -> int:
         """Sequences held: every unfinished choice of every request, waiting or decoding."""
@@ -185,8 +146,11 @@ class SimEngine(Engine):
         req = self._plan(request)
         need = req.reserve + max((seq.reserve for seq in req.choices), default=0)
         if need > self.scheduler.config.num_blocks * BLOCK:
-            raise EngineError(request.request_id, f"{need} tokens (prompt and output) exceed the "
-                              f"simulated KV cache of {self.scheduler.config.num_blocks * BLOCK} tokens")
+            raise EngineError(
+                request.request_id,
+                f"{need} tokens (prompt and output) exceed the "
+                f"simulated KV cache of {self.scheduler.config.num_blocks * BLOCK} tokens",
+            )
         self._reqs[request.key] = req
         self._held += req.open
         self._reserved += req.reserve + sum(seq.reserve for seq in req.choices)
@@ -195,8 +159,9 @@ class SimEngine(Engine):
         prompt = req.sim.prompt_tokens + req.replayed
         hashes = block_hashes("".join(request.body.texts()) + req.choices[0].text, prompt, salt)
         for seq in req.choices:
-            seq.sched = Sequence(seq, request.priority, req.order, prompt, hashes,
-                                 adapter=request.body.model if request.adapter else "")
+            seq.sched = Sequence(
+                seq, request.priority, req.order, prompt, hashes, adapter=request.body.model if request.adapter else ""
+            )
             self.scheduler.add(seq.sched)
         self._wake.set()
         try:
@@ -209,10 +174,10 @@ class SimEngine(Engine):
                 if out.finish_reason is not None:
                     return
         finally:
-            if not req.done:                # the consumer went away: free the slots
+            if not req.done:  # the consumer went away: free the slots
                 self._end(req, "abort")
 
-    def _plan(self, request: EngineRequest) -> _Req:
+    def _plan(self, request: EngineRequest) -> Req:
         """Check the request and plan every choice's answer, before any of it is generated."""
         body, rid = request.body, request.request_id
         if isinstance(body, EmbeddingBody):
@@ -224,13 +189,28 @@ class SimEngine(Engine):
             top = body.logprobs
         # The simulated mean logprob feeds the cascade and logprobs only: not worth a hash otherwise.
         mean = self.confidence(request) if request.confidence or top is not None else 0.0
-        req = _Req(request, sim, next(self._order), mean, top,
-                   open=body.choices, reserve=sim.prompt_tokens, stops=[s for s in body.stops if s])
+        req = Req(
+            request,
+            sim,
+            next(self._order),
+            mean,
+            top,
+            open=body.choices,
+            reserve=sim.prompt_tokens,
+            stops=[s for s in body.stops if s],
+        )
         # What a real model's sampling depends on: not stops, limits or logprobs, so a shorter
         # max_tokens or a stop string gives a prefix of the same answer.
-        key = msgspec.json.encode([body.texts(), body.seed, getattr(body, "tools", None),
-                                   getattr(body, "tool_choice", None), getattr(body, "parallel_tool_calls", None),
-                                   getattr(body, "response_format", None)])
+        key = msgspec.json.encode(
+            [
+                body.texts(),
+                body.seed,
+                getattr(body, "tools", None),
+                getattr(body, "tool_choice", None),
+                getattr(body, "parallel_tool_calls", None),
+                getattr(body, "response_format", None),
+            ]
+        )
         greedy = body.temperature == 0.0
         prompt = "".join(body.texts())
         for i in range(body.choices):
@@ -240,15 +220,15 @@ class SimEngine(Engine):
             except Unfit as e:
                 raise UnsupportedRequest(rid, e.param, str(e)) from None
             if sim.ignore_eos or len(answer.pieces) > sim.cap:
-                del answer.pieces[sim.cap:]
+                del answer.pieces[sim.cap :]
                 answer.finish = "length"
             reserve = sim.cap if sim.limited else len(answer.pieces)
-            req.choices.append(_Seq(req, i, answer, reserve, random.Random(rng.getrandbits(64))))
+            req.choices.append(Seq(req, i, answer, reserve, random.Random(rng.getrandbits(64))))
         if request.continued is not None:
             self._continue(req, request.continued)
         return req
 
-    def _continue(self, req: _Req, continued: Continued) -> None:
+    def _continue(self, req: Req, continued: Continued) -> None:
         """A continuation: a lost worker streamed the answer's first tokens. They are prefilled
         with the prompt and generation goes on at the next planned token; the answer is a
         function of the request, so a deterministic one goes on exactly as if unbroken."""
@@ -258,7 +238,7 @@ class SimEngine(Engine):
         pieces, echo = seq.answer.pieces, req.sim.echo
         if continued.token_ids:
             k = len(continued.token_ids)
-        else:       # text only: the planned tokens it spans
+        else:  # text only: the planned tokens it spans
             k, spans = 0, len(echo)
             while k < len(pieces) and spans + len(pieces[k].text) <= len(continued.text):
                 spans += len(pieces[k].text)
@@ -270,13 +250,14 @@ class SimEngine(Engine):
         seq.sent = max(0, min(len(seq.text), len(continued.text) - (len(echo) if k else 0)))
         req.reserve += k
 
-    def _plan_embedding(self, request: EngineRequest) -> _Req:
+    def _plan_embedding(self, request: EngineRequest) -> Req:
         """An embedding: one sequence whose whole cost is its prefill (no output tokens)."""
         embedding = accept_embedding(request, self.max_model_len)
         sim = SimRequest(embedding.prompt_tokens, cap=0, limited=True)
-        req = _Req(request, sim, next(self._order), 0.0, None, open=1, reserve=sim.prompt_tokens,
-                   vectors=embedding.vectors)
-        req.choices.append(_Seq(req, 0, Answer([], "stop"), 0, random.Random(0)))
+        req = Req(
+            request, sim, next(self._order), 0.0, None, open=1, reserve=sim.prompt_tokens, vectors=embedding.vectors
+        )
+        req.choices.append(Seq(req, 0, Answer([], "stop"), 0, random.Random(0)))
         return req
 
     # -- the step loop --------------------------------------------------------------------
@@ -284,8 +265,8 @@ class SimEngine(Engine):
         while True:
             step = self.scheduler.schedule() if self.scheduler.has_work() else Step()
             if step.preempted and not step.scheduled:
-                continue                    # blocks were freed: the next plan can start others
-            if not step.scheduled:          # idle, or nothing fits until a sequence ends
+                continue  # blocks were freed: the next plan can start others
+            if not step.scheduled:  # idle, or nothing fits until a sequence ends
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -294,9 +275,9 @@ class SimEngine(Engine):
             self.steps += 1
             for sched in self.scheduler.finish_step(step):
                 seq = sched.owner
-                assert isinstance(seq, _Seq)
+                assert isinstance(seq, Seq)
                 if seq.req.vectors is not None:
-                    self._finish_choice(seq, "stop")    # an embedding: done with its prefill
+                    self._finish_choice(seq, "stop")  # an embedding: done with its prefill
                 else:
                     self._decode_one(seq)
 
@@ -308,17 +289,18 @@ class SimEngine(Engine):
         [-2, 0] (a hash, not a model), so the cascade has a signal to act on."""
         return -(zlib.crc32("".join(request.body.texts()).encode()) % 2000) / 1000
 
-    def _decode_one(self, seq: _Seq) -> None:
+    def _decode_one(self, seq: Seq) -> None:
         req = seq.req
-        if seq.produced == len(seq.answer.pieces):     # continued after its last token: only the end
-            req.push(EngineOutput(seq.text[seq.sent:], [], index=seq.index))
+        if seq.produced == len(seq.answer.pieces):  # continued after its last token: only the end
+            req.push(EngineOutput(seq.text[seq.sent :], [], index=seq.index))
             seq.sent = len(seq.text)
             self._finish_choice(seq, seq.answer.finish)
             return
         piece = seq.answer.pieces[seq.produced]
         seq.produced += 1
-        out = EngineOutput("", [piece.token_id], index=seq.index,
-                           confidence=[req.mean] if req.request.confidence else [])
+        out = EngineOutput(
+            "", [piece.token_id], index=seq.index, confidence=[req.mean] if req.request.confidence else []
+        )
         if seq.produced == 1 and req.sim.echo:
             out.text = req.sim.echo
         finish = seq.answer.finish if seq.produced == len(seq.answer.pieces) else None
@@ -331,23 +313,23 @@ class SimEngine(Engine):
             out.text += text
             finish = "stop" if stopped else finish
         if finish is not None:
-            out.text += seq.text[seq.sent:]         # nothing is held back at the end
+            out.text += seq.text[seq.sent :]  # nothing is held back at the end
             seq.sent = len(seq.text)
         req.push(out)
         if finish is not None:
             self._finish_choice(seq, finish)
 
-    def _detokenize(self, seq: _Seq, piece: Piece) -> tuple[str, bool]:
+    def _detokenize(self, seq: Seq, piece: Piece) -> tuple[str, bool]:
         """The text this token releases, and whether a stop ended the choice. Exact, as vLLM's
         detokenizer: text that could begin a stop string is held back; a stop cuts the text at
         its first position and none of it is ever streamed."""
         sim, stops = seq.req.sim, seq.req.stops
         before = len(seq.text)
         seq.text += piece.text
-        if not stops and not sim.stop_token_ids:        # nothing to hold back: every token's text
+        if not stops and not sim.stop_token_ids:  # nothing to hold back: every token's text
             seq.sent = len(seq.text)
             return piece.text, False
-        checking = seq.produced >= sim.min_tokens       # min_tokens: no stop before it
+        checking = seq.produced >= sim.min_tokens  # min_tokens: no stop before it
         if checking and piece.token_id in sim.stop_token_ids:
             seq.text = seq.text[:before]
             return "", True
@@ -356,20 +338,19 @@ class SimEngine(Engine):
             if hits:
                 at, stop = min(hits)
                 end = max(seq.sent, at + len(stop) if sim.include_stop else at)
-                text, seq.text, seq.sent = seq.text[seq.sent:end], seq.text[:end], end
+                text, seq.text, seq.sent = seq.text[seq.sent : end], seq.text[:end], end
                 return text, True
-        hold = max((n for s in stops for n in range(len(s) - 1, 0, -1)
-                    if seq.text.endswith(s[:n])), default=0)
+        hold = max((n for s in stops for n in range(len(s) - 1, 0, -1) if seq.text.endswith(s[:n])), default=0)
         end = max(seq.sent, len(seq.text) - hold)
-        text, seq.sent = seq.text[seq.sent:end], end
+        text, seq.sent = seq.text[seq.sent : end], end
         return text, False
 
-    def _finish_choice(self, seq: _Seq, reason: str) -> None:
+    def _finish_choice(self, seq: Seq, reason: str) -> None:
         self._release(seq, reason)
         if seq.req.open == 0:
             self._end(seq.req, reason)
 
-    def _release(self, seq: _Seq, reason: str) -> None:
+    def _release(self, seq: Seq, reason: str) -> None:
         """The choice's slot and KV tokens go back."""
         if seq.finish is not None:
             return
@@ -380,7 +361,7 @@ class SimEngine(Engine):
         self._reserved -= seq.reserve
         seq.req.open -= 1
 
-    def _end(self, req: _Req, reason: str) -> None:
+    def _end(self, req: Req, reason: str) -> None:
         """The request is over (all its choices finished, or aborted): one last output."""
         if req.done:
             return
@@ -392,9 +373,15 @@ class SimEngine(Engine):
         reasons = [seq.finish or reason for seq in req.choices]
         # The prompt is counted once, so are its cache hits: choice 0's (choices queue in order: it starts first).
         hits = [seq.sched.first_hit for seq in req.choices if seq.sched and seq.sched.first_hit is not None]
-        req.push(EngineOutput("", [], finish_reason="abort" if reason == "abort" else reasons[0],
-                              prompt_tokens=req.sim.prompt_tokens + req.replayed,
-                              cached_tokens=hits[0] if hits else 0,
-                              completion_tokens=sum(seq.produced for seq in req.choices) - req.replayed,
-                              finish_reasons=reasons if len(reasons) > 1 else [],
-                              vectors=(req.vectors or []) if reason != "abort" else []))
+        req.push(
+            EngineOutput(
+                "",
+                [],
+                finish_reason="abort" if reason == "abort" else reasons[0],
+                prompt_tokens=req.sim.prompt_tokens + req.replayed,
+                cached_tokens=hits[0] if hits else 0,
+                completion_tokens=sum(seq.produced for seq in req.choices) - req.replayed,
+                finish_reasons=reasons if len(reasons) > 1 else [],
+                vectors=(req.vectors or []) if reason != "abort" else [],
+            )
+        )
