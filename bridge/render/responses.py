@@ -18,6 +18,7 @@ import orjson
 
 from bridge.errors import EdgeError
 from bridge.render.chat import finish_reason
+from bridge.render.output_items import OutputItem, Part, logprob_json
 from bridge.render.stored import stored_view
 from schemas.frames import Delta, Finished, TokenLogprob
 from schemas.requests import GenerateRequest
@@ -27,66 +28,16 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 _ERROR_CODES = {"rate_limited": "rate_limit_exceeded", "queue_full": "rate_limit_exceeded"}
 
 
-def _logprob(lp: TokenLogprob) -> dict[str, Any]:
-    return {"token": lp.token, "logprob": lp.logprob,
-            "bytes": lp.bytes if lp.bytes is not None else list(lp.token.encode()),
-            "top_logprobs": [{"token": t.token, "logprob": t.logprob,
-                              "bytes": t.bytes if t.bytes is not None else list(t.token.encode())}
-                             for t in lp.top]}
-
-
-class _Part:
-    """One content part of a message (output_text, refusal) or of a reasoning item."""
-
-    __slots__ = ("kind", "pieces", "logprobs")
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.pieces: list[str] = []
-        self.logprobs: list[dict[str, Any]] = []
-
-    def json(self) -> dict[str, Any]:
-        text = "".join(self.pieces)
-        if self.kind == "output_text":
-            return {"type": "output_text", "text": text, "annotations": [], "logprobs": self.logprobs}
-        if self.kind == "refusal":
-            return {"type": "refusal", "refusal": text}
-        return {"type": "reasoning_text", "text": text}
-
-
-class _Item:
-    __slots__ = ("kind", "id", "index", "parts", "call_id", "name", "arguments", "done")
-
-    def __init__(self, kind: str, item_id: str, index: int) -> None:
-        self.kind = kind            # "message" | "function_call" | "reasoning"
-        self.id = item_id
-        self.index = index
-        self.parts: list[_Part] = []
-        self.call_id = self.name = ""
-        self.arguments: list[str] = []
-        self.done = False
-
-    def json(self, status: str) -> dict[str, Any]:
-        if self.kind == "function_call":
-            return {"id": self.id, "type": "function_call", "status": status, "call_id": self.call_id,
-                    "name": self.name, "arguments": "".join(self.arguments)}
-        if self.kind == "reasoning":
-            return {"id": self.id, "type": "reasoning", "status": status, "summary": [],
-                    "content": [p.json() for p in self.parts]}
-        return {"id": self.id, "type": "message", "role": "assistant", "status": status,
-                "content": [p.json() for p in self.parts]}
-
-
 class ResponsesRenderer:
     """Streams: `start()` → `delta()`s → `finish()` or `failed()`; otherwise `add()`s → `body()`."""
 
     def __init__(self, generate: GenerateRequest, body: ResponsesBody, *, store: bool = False) -> None:
         self.generate = generate
         self.request = body
-        self.store = store              # what the tenant's policy made of the client's `store`
-        self.final: dict[str, Any] | None = None    # the last Response object: what is stored
-        self.input_messages = b""       # the input as the engine got it (Finished.messages) ...
-        self.input_fields = b""         # ... and its other texts (Finished.fields)
+        self.store = store  # what the tenant's policy made of the client's `store`
+        self.final: dict[str, Any] | None = None  # the last Response object: what is stored
+        self.input_messages = b""  # the input as the engine got it (Finished.messages) ...
+        self.input_fields = b""  # ... and its other texts (Finished.fields)
         self.id = f"resp_{generate.request_id}"
         self.created = int(generate.created_at)
         self.model = generate.model
@@ -94,19 +45,24 @@ class ResponsesRenderer:
         self.logprobs = body.logprobs
         self._seq = 0
         self._out: list[bytes] = []
-        self._items: list[_Item] = []
-        self._open: _Item | None = None
-        self._calls: dict[int, _Item] = {}      # tool-call index → its item
+        self._items: list[OutputItem] = []
+        self._open: OutputItem | None = None
+        self._calls: dict[int, OutputItem] = {}  # tool-call index → its item
         self._reasoning_tokens = 0
-        self._text_head = b""                   # the plain text delta's event, up to its text
+        self._text_head = b""  # the plain text delta's event, up to its text
 
     # -- events ---------------------------------------------------------------------------------
     def _event(self, kind: str, **fields: Any) -> None:
         if not self.streaming:
             return
         name = kind.encode()
-        self._out.append(b"event: " + name + b"\ndata: " + orjson.dumps(
-            {"type": kind, "sequence_number": self._seq, **fields}) + b"\n\n")
+        self._out.append(
+            b"event: "
+            + name
+            + b"\ndata: "
+            + orjson.dumps({"type": kind, "sequence_number": self._seq, **fields})
+            + b"\n\n"
+        )
         self._seq += 1
 
     def _flush(self) -> bytes:
@@ -115,33 +71,44 @@ class ResponsesRenderer:
         return out
 
     # -- items ----------------------------------------------------------------------------------
-    def _open_item(self, kind: str) -> _Item:
+    def _open_item(self, kind: str) -> OutputItem:
         self._close_item()
         prefix = {"message": "msg", "function_call": "fc", "reasoning": "rs"}[kind]
-        item = _Item(kind, f"{prefix}_{self.generate.request_id}_{len(self._items)}", len(self._items))
+        item = OutputItem(kind, f"{prefix}_{self.generate.request_id}_{len(self._items)}", len(self._items))
         self._items.append(item)
         self._open = item
         self._event("response.output_item.added", output_index=item.index, item=item.json("in_progress"))
         return item
 
-    def _part(self, item: _Item, kind: str) -> tuple[_Part, int]:
+    def _part(self, item: OutputItem, kind: str) -> tuple[Part, int]:
         """The item's open part of this kind (a new one when the last part is another kind)."""
         if item.parts and item.parts[-1].kind == kind:
             return item.parts[-1], len(item.parts) - 1
         self._close_part(item)
-        part = _Part(kind)
+        part = Part(kind)
         item.parts.append(part)
         index = len(item.parts) - 1
-        self._event("response.content_part.added", item_id=item.id, output_index=item.index,
-                    content_index=index, part=part.json())
+        self._event(
+            "response.content_part.added",
+            item_id=item.id,
+            output_index=item.index,
+            content_index=index,
+            part=part.json(),
+        )
         if kind == "output_text" and self.streaming:
-            self._text_head = (b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
-                               b"\"item_id\":" + orjson.dumps(item.id) + b",\"output_index\":"
-                               + str(item.index).encode() + b",\"content_index\":" + str(index).encode()
-                               + b",\"logprobs\":[],\"delta\":")
+            self._text_head = (
+                b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+                b'"item_id":'
+                + orjson.dumps(item.id)
+                + b',"output_index":'
+                + str(item.index).encode()
+                + b',"content_index":'
+                + str(index).encode()
+                + b',"logprobs":[],"delta":'
+            )
         return part, index
 
-    def _close_part(self, item: _Item) -> None:
+    def _close_part(self, item: OutputItem) -> None:
         if not item.parts:
             return
         part, index = item.parts[-1], len(item.parts) - 1
@@ -162,8 +129,13 @@ class ResponsesRenderer:
             return
         item.done = True
         if item.kind == "function_call":
-            self._event("response.function_call_arguments.done", item_id=item.id, output_index=item.index,
-                        name=item.name, arguments="".join(item.arguments))
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=item.id,
+                output_index=item.index,
+                name=item.name,
+                arguments="".join(item.arguments),
+            )
         else:
             self._close_part(item)
         self._event("response.output_item.done", output_index=item.index, item=item.json(status))
@@ -175,13 +147,14 @@ class ResponsesRenderer:
         part.pieces.append(text)
         where = {"item_id": item.id, "output_index": item.index, "content_index": index}
         if kind == "output_text":
-            lps = [_logprob(lp) for lp in logprobs] if self.logprobs else []
+            lps = [logprob_json(lp) for lp in logprobs] if self.logprobs else []
             part.logprobs.extend(lps)
             if lps or not self.streaming:
                 self._event("response.output_text.delta", **where, delta=text, logprobs=lps)
             else:
-                self._out.append(self._text_head + orjson.dumps(text) + b',"sequence_number":'
-                                 + str(self._seq).encode() + b"}\n\n")
+                self._out.append(
+                    self._text_head + orjson.dumps(text) + b',"sequence_number":' + str(self._seq).encode() + b"}\n\n"
+                )
                 self._seq += 1
         elif kind == "refusal":
             self._event("response.refusal.delta", **where, delta=text)
@@ -205,12 +178,16 @@ class ResponsesRenderer:
             if piece.arguments:
                 item.arguments.append(piece.arguments)
                 if not item.done:
-                    self._event("response.function_call_arguments.delta", item_id=item.id,
-                                output_index=item.index, delta=piece.arguments)
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=item.id,
+                        output_index=item.index,
+                        delta=piece.arguments,
+                    )
 
-    def _open_item_for_call(self, index: int, call_id: str, name: str) -> _Item:
+    def _open_item_for_call(self, index: int, call_id: str, name: str) -> OutputItem:
         self._close_item()
-        item = _Item("function_call", f"fc_{self.generate.request_id}_{len(self._items)}", len(self._items))
+        item = OutputItem("function_call", f"fc_{self.generate.request_id}_{len(self._items)}", len(self._items))
         item.call_id = call_id or f"call_{self.generate.request_id}_{index}"
         item.name = name
         self._items.append(item)
@@ -219,8 +196,9 @@ class ResponsesRenderer:
         return item
 
     # -- the response object ----------------------------------------------------------------------
-    def _response(self, status: str, finished: Finished | None = None,
-                  error: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _response(
+        self, status: str, finished: Finished | None = None, error: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         body = self.request
         incomplete = None
         if finished is not None and status == "incomplete":
@@ -231,29 +209,43 @@ class ResponsesRenderer:
         if body.text is not None and body.text.verbosity is not None:
             text["verbosity"] = body.text.verbosity
         response = {
-            "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "background": bool(body.background), "error": error, "incomplete_details": incomplete,
-            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "max_tool_calls": None, "model": self.model,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "background": bool(body.background),
+            "error": error,
+            "incomplete_details": incomplete,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "max_tool_calls": None,
+            "model": self.model,
             "output": [i.json(item_status) for i in self._items] if status not in ("in_progress", "queued") else [],
             "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
             "previous_response_id": body.previous_response_id,
-            "reasoning": msgspec.to_builtins(body.reasoning) if body.reasoning is not None
+            "reasoning": msgspec.to_builtins(body.reasoning)
+            if body.reasoning is not None
             else {"effort": None, "summary": None},
-            "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
-            "service_tier": body.service_tier or "default", "store": self.store,
-            "temperature": body.temperature, "text": text,
+            "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key,
+            "service_tier": body.service_tier or "default",
+            "store": self.store,
+            "temperature": body.temperature,
+            "text": text,
             "tool_choice": msgspec.to_builtins(body.tool_choice) if body.tool_choice is not None else "auto",
             "tools": [msgspec.to_builtins(t) for t in body.tools or ()],
-            "top_logprobs": body.top_logprobs, "top_p": body.top_p, "truncation": body.truncation or "disabled",
+            "top_logprobs": body.top_logprobs,
+            "top_p": body.top_p,
+            "truncation": body.truncation or "disabled",
             "usage": self._usage(finished) if finished is not None else None,
-            "user": body.user, "metadata": body.metadata or {},
+            "user": body.user,
+            "metadata": body.metadata or {},
             "completed_at": int(time.time()) if status == "completed" else None,
         }
         if body.user is None:
-            del response["user"]        # a string when present (OpenAI's schema), never null
+            del response["user"]  # a string when present (OpenAI's schema), never null
         if finished is None:
-            del response["usage"]       # an object when there is one (queued, in progress, failed): never null
+            del response["usage"]  # an object when there is one (queued, in progress, failed): never null
         if body.conversation is not None:
             conversation = body.conversation
             response["conversation"] = {"id": conversation if isinstance(conversation, str) else conversation["id"]}
@@ -279,11 +271,13 @@ class ResponsesRenderer:
 
     def _usage(self, finished: Finished) -> dict[str, Any]:
         u = finished.usage
-        return {"input_tokens": u.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
-                "output_tokens": u.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": min(self._reasoning_tokens, u.completion_tokens)},
-                "total_tokens": u.prompt_tokens + u.completion_tokens}
+        return {
+            "input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": min(self._reasoning_tokens, u.completion_tokens)},
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+        }
 
     def _final_status(self, finished: Finished) -> str:
         return "incomplete" if finish_reason(finished.finish_reason) in _INCOMPLETE else "completed"
@@ -296,11 +290,17 @@ class ResponsesRenderer:
         return self._flush()
 
     def delta(self, delta: Delta) -> bytes:
-        if delta.plain and self._open is not None and self._open.kind == "message" \
-                and self._open.parts and self._open.parts[-1].kind == "output_text":
-            self._open.parts[-1].pieces.append(delta.text)        # the hot path: one template
-            out = self._text_head + orjson.dumps(delta.text) + b',"sequence_number":' + str(self._seq).encode() \
-                + b"}\n\n"
+        if (
+            delta.plain
+            and self._open is not None
+            and self._open.kind == "message"
+            and self._open.parts
+            and self._open.parts[-1].kind == "output_text"
+        ):
+            self._open.parts[-1].pieces.append(delta.text)  # the hot path: one template
+            out = (
+                self._text_head + orjson.dumps(delta.text) + b',"sequence_number":' + str(self._seq).encode() + b"}\n\n"
+            )
             self._seq += 1
             return out
         self.add(delta)
@@ -314,12 +314,11 @@ class ResponsesRenderer:
         return self._flush()
 
     def usage_chunk(self, finished: Finished) -> bytes:
-        return b""          # usage rides on response.completed
+        return b""  # usage rides on response.completed
 
     def failed(self, err: EdgeError) -> bytes:
         """An error after the stream started: `response.failed`, carrying what was generated."""
-        error = {"code": _ERROR_CODES.get(err.code.value if err.code else "", "server_error"),
-                 "message": err.message}
+        error = {"code": _ERROR_CODES.get(err.code.value if err.code else "", "server_error"), "message": err.message}
         self._event("response.failed", response=self._ended(self._response("failed", error=error)))
         return self._flush()
 
