@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from broker.room import Room, Wants
-from broker.waiting import Admit, Item, Selection, State
+from broker.waiting import Admit, ClassLane, Item, Selection, State, TenantQueue
 from core.policy.classes import ClassPolicy
 
 AFFINITY_SLACK_S = 0.25  # how much later a deadline an affinity choice may serve first
@@ -54,35 +52,13 @@ HEAD_CANDIDATES = 3  # a tenant's heap entries looked at: its root and the root'
 ACTIVE_WINDOW_S = 10.0
 
 
-@dataclass(slots=True)
-class _TenantQueue:
-    heap: list[tuple[float, int, Item]] = field(default_factory=list)
-    waiting: int = 0
-    vtime: float = 0.0
-    admitted_at: float = float("-inf")  # its last admission: activity for the tenant headroom
-
-
-@dataclass(slots=True)
-class _ClassLane:
-    policy: ClassPolicy
-    tenants: dict[str, _TenantQueue] = field(default_factory=dict)
-    arrivals: deque[Item] = field(default_factory=deque)  # for the age of the oldest waiting
-    waiting: int = 0
-    vclock: float = 0.0
-
-    def oldest(self) -> Item | None:
-        while self.arrivals and self.arrivals[0].state is not State.WAITING:
-            self.arrivals.popleft()
-        return self.arrivals[0] if self.arrivals else None
-
-
 class Lanes:
     def __init__(
         self,
         classes: Iterable[ClassPolicy],
         tenant_weight: Callable[[str], float] = lambda tenant: 1.0,
     ) -> None:
-        self._lanes: dict[str, _ClassLane] = {}
+        self._lanes: dict[str, ClassLane] = {}
         self._items: dict[tuple[str, str], Item] = {}
         self._order = itertools.count()
         self._tenant_weight = tenant_weight
@@ -99,7 +75,7 @@ class Lanes:
             elif lane.waiting == 0:
                 del self._lanes[name]
         for name, policy in new.items():
-            self._lanes.setdefault(name, _ClassLane(policy))
+            self._lanes.setdefault(name, ClassLane(policy))
         self._known = new
 
     def set_tenant_weight(self, tenant_weight: Callable[[str], float]) -> None:
@@ -145,7 +121,7 @@ class Lanes:
         lane = self._lanes[item.klass]
         queue = lane.tenants.get(item.tenant)
         if queue is None:
-            queue = lane.tenants[item.tenant] = _TenantQueue(vtime=lane.vclock)
+            queue = lane.tenants[item.tenant] = TenantQueue(vtime=lane.vclock)
         if queue.waiting >= policy.max_tenant_depth:
             return Admit.QUEUE_FULL
         if queue.waiting == 0:
@@ -260,7 +236,7 @@ class Lanes:
         return None if lane is None else lane.policy.rank
 
     @staticmethod
-    def _within_share(lane: _ClassLane, room: Room, item: Item, now: float) -> bool:
+    def _within_share(lane: ClassLane, room: Room, item: Item, now: float) -> bool:
         """The tenant headroom: only while another tenant is active in the class."""
         if room.within_tenant_share(lane.policy, item):
             return True
@@ -273,8 +249,8 @@ class Lanes:
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:
         return now >= item.deadline or now - item.enqueued_at > policy.max_queue_wait_s
 
-    def _pick_lane(self, now: float, held: dict[str, int], total_slots: int, allowed: set[str]) -> _ClassLane | None:
-        best: _ClassLane | None = None
+    def _pick_lane(self, now: float, held: dict[str, int], total_slots: int, allowed: set[str]) -> ClassLane | None:
+        best: ClassLane | None = None
         best_key: tuple[int, float] | None = None
         for name in allowed:
             lane = self._lanes.get(name)
@@ -292,8 +268,8 @@ class Lanes:
         return best
 
     def _head(
-        self, lane: _ClassLane, now: float, expired: list[Item], skip: set[str]
-    ) -> tuple[_TenantQueue, Item] | None:
+        self, lane: ClassLane, now: float, expired: list[Item], skip: set[str]
+    ) -> tuple[TenantQueue, Item] | None:
         """The next item of the lane by fair queuing, of a tenant not in `skip`, dropping expired
         and stale entries; None when no such tenant has one waiting."""
         while lane.waiting:
@@ -318,13 +294,13 @@ class Lanes:
 
     def _preferred(
         self,
-        lane: _ClassLane,
-        queue: _TenantQueue,
+        lane: ClassLane,
+        queue: TenantQueue,
         head: Item,
         now: float,
         prefer: Callable[[Item], float],
         skip: set[str],
-    ) -> tuple[_TenantQueue, Item]:
+    ) -> tuple[TenantQueue, Item]:
         """The best-scored item within the affinity slack of `head` (which wins ties), of a
         tenant not in `skip`."""
         best, best_score = (queue, head), prefer(head)
@@ -365,7 +341,7 @@ class Lanes:
         self._settle(lane, lane.tenants[item.tenant], item, state)
         return item  # its heap entry is dropped lazily by _head
 
-    def _settle(self, lane: _ClassLane, queue: _TenantQueue, item: Item, state: State) -> None:
+    def _settle(self, lane: ClassLane, queue: TenantQueue, item: Item, state: State) -> None:
         item.state = state
         queue.waiting -= 1
         lane.waiting -= 1

@@ -1,14 +1,18 @@
 """What waits in the lanes: an admitted request (`Item`), the one terminal state it ends in
-(`State`), admission's answers (`Admit`) and what a selection hands the dispatcher. No I/O.
+(`State`), admission's answers (`Admit`), what a selection hands the dispatcher, and how the
+lanes hold them (a `ClassLane` of `TenantQueue`s per class). No I/O.
 
 broker/lanes.py decides the order; the dispatcher, the running table and the sweep hold these.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from core.policy.classes import ClassPolicy
 
 
 class State(Enum):
@@ -53,3 +57,25 @@ class Item:
 class Selection:
     dispatch: list[Item] = field(default_factory=list)
     expired: list[Item] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TenantQueue:
+    heap: list[tuple[float, int, Item]] = field(default_factory=list)
+    waiting: int = 0
+    vtime: float = 0.0
+    admitted_at: float = float("-inf")  # its last admission: activity for the tenant headroom
+
+
+@dataclass(slots=True)
+class ClassLane:
+    policy: ClassPolicy
+    tenants: dict[str, TenantQueue] = field(default_factory=dict)
+    arrivals: deque[Item] = field(default_factory=deque)  # for the age of the oldest waiting
+    waiting: int = 0
+    vclock: float = 0.0
+
+    def oldest(self) -> Item | None:
+        while self.arrivals and self.arrivals[0].state is not State.WAITING:
+            self.arrivals.popleft()
+        return self.arrivals[0] if self.arrivals else None
