@@ -22,6 +22,8 @@
   tenant, so a neighbour's next request finds a slot and KV room at once instead of waiting for
   one of the flood's to end. A lone tenant keeps everything.
 - Within a tenant: earliest deadline first.
+- Redelivered first: a request JetStream delivers again (a lost worker's, its stream stalled) was
+  accepted and charged before: it goes ahead of its class's new work, every tenant's, uncharged.
 - Prefix affinity (`select(prefer=...)`): among the items the rules above would serve next, within
   AFFINITY_SLACK_S of the head's deadline and AFFINITY_SLACK_COST of the fair tenant's virtual
   time (never an expired one, never another class), the one the worker scores highest goes first.
@@ -134,6 +136,8 @@ class Lanes:
         queue.waiting += 1
         lane.waiting += 1
         lane.arrivals.append(item)
+        if item.redelivered:
+            lane.redelivered.append(item)
         self._items[item.key] = item
         return Admit.OK
 
@@ -208,9 +212,10 @@ class Lanes:
                 skip.add(item.tenant)
                 continue
             # The lane's clock: the fair tenant's, whatever is picked (a capped one's too).
-            fair_vtime = min(q.vtime for q in lane.tenants.values() if q.waiting) if skip else queue.vtime
+            fair = skip or item.redelivered
+            fair_vtime = min(q.vtime for q in lane.tenants.values() if q.waiting) if fair else queue.vtime
             ahead = room.queued_ahead(policy, self._rank)
-            if prefer is not None:
+            if prefer is not None and not item.redelivered:
                 chosen = self._preferred(lane, queue, item, now, prefer, skip)
                 if first or (room.fits(policy, chosen[1], ahead) and self._within_share(lane, room, chosen[1], now)):
                     queue, item = chosen
@@ -225,7 +230,8 @@ class Lanes:
                 heapq.heappop(queue.heap)  # else an affinity pick: dropped lazily by _head
             self._settle(lane, queue, item, State.DISPATCHED)
             lane.vclock = fair_vtime
-            queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
+            if not item.redelivered:
+                queue.vtime += item.cost / max(self._tenant_weight(item.tenant), 1e-6)
             out.dispatch.append(item)
             room.take(item)
         return out
@@ -271,7 +277,9 @@ class Lanes:
         self, lane: ClassLane, now: float, expired: list[Item], skip: set[str]
     ) -> tuple[TenantQueue, Item] | None:
         """The next item of the lane by fair queuing, of a tenant not in `skip`, dropping expired
-        and stale entries; None when no such tenant has one waiting."""
+        and stale entries; None when no such tenant has one waiting. Redelivered items first."""
+        if found := self._redelivered(lane, now, expired, skip):
+            return found
         while lane.waiting:
             tenant = min(
                 (q for name, q in lane.tenants.items() if q.waiting and name not in skip),
@@ -290,6 +298,22 @@ class Lanes:
                     expired.append(item)
                 else:
                     return tenant, item
+        return None
+
+    def _redelivered(
+        self, lane: ClassLane, now: float, expired: list[Item], skip: set[str]
+    ) -> tuple[TenantQueue, Item] | None:
+        """The first redelivered item waiting in the lane, of a tenant not in `skip`."""
+        while lane.redelivered and lane.redelivered[0].state is not State.WAITING:
+            lane.redelivered.popleft()
+        for item in lane.redelivered:  # settling changes an item's state, never the deque
+            if item.state is not State.WAITING:
+                continue
+            if self._expired(item, lane.policy, now):
+                self._settle(lane, lane.tenants[item.tenant], item, State.EXPIRED)
+                expired.append(item)
+            elif item.tenant not in skip:
+                return lane.tenants[item.tenant], item
         return None
 
     def _preferred(
@@ -326,6 +350,8 @@ class Lanes:
         lane = self._pick_lane(now, {}, 1 << 30, set(classes) or set(self._lanes))
         if lane is None:
             return None
+        if first := next((i for i in lane.redelivered if i.state is State.WAITING), None):
+            return None if self._expired(first, lane.policy, now) else first
         queue = min((t for t in lane.tenants.values() if t.waiting), key=lambda t: t.vtime, default=None)
         if queue is None:
             return None

@@ -47,6 +47,9 @@ class Item:
     prompt: int = 0  # prompt tokens: what the engine must prefill
     prefix: tuple[int, ...] = ()  # the prompt's chained chunk hashes (broker/affinity.py)
     adapter: str = ""  # the LoRA adapter it needs loaded: its logical model's name
+    # JetStream delivered it before (a lost worker's stream, a scheduler's hand-back): accepted
+    # earlier and already charged, it goes first in its class (broker/lanes.py)
+    redelivered: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -72,6 +75,7 @@ class ClassLane:
     policy: ClassPolicy
     tenants: dict[str, TenantQueue] = field(default_factory=dict)
     arrivals: deque[Item] = field(default_factory=deque)  # for the age of the oldest waiting
+    redelivered: deque[Item] = field(default_factory=deque)  # served ahead of fair queuing
     waiting: int = 0
     vclock: float = 0.0
 

@@ -214,6 +214,7 @@ class Scheduler:
             if self.affinity
             else (),
             adapter=request.model if admitted.adapter else "",
+            redelivered=admitted.attempt > 1,
         )
         verdict = pool.lanes.admit(item, now)
         if verdict is not Admit.OK:

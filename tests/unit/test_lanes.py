@@ -15,8 +15,8 @@ from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
 _ids = itertools.count()
 
 
-def item(tenant="t1", klass="interactive", cost=100, deadline=1e9, at=0.0) -> Item:
-    return Item(f"r{next(_ids)}", tenant, klass, cost, deadline, at)
+def item(tenant="t1", klass="interactive", cost=100, deadline=1e9, at=0.0, redelivered=False) -> Item:
+    return Item(f"r{next(_ids)}", tenant, klass, cost, deadline, at, redelivered=redelivered)
 
 
 def take(
@@ -151,6 +151,40 @@ def test_idle_tenant_cannot_bank_credit():
     assert got.count("b") <= 6
 
 
+def test_a_redelivered_request_goes_ahead_of_its_class_new_work_every_tenants():
+    """A lost worker's request, delivered again, is its client's stalled stream: it goes before
+    the new work of its class, whoever's, in the order it came back (issue 36)."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    for _ in range(100):
+        lanes.admit(item(tenant="a", deadline=10.0), 0.0)
+    take(lanes, slots=5)  # a has been served: its virtual time is ahead of b's
+    back = [item(tenant="a", deadline=20.0, at=1.0, redelivered=True) for _ in range(2)]
+    for it in back:
+        lanes.admit(it, 1.0)
+    lanes.admit(fresh_b := item(tenant="b", deadline=5.0, at=1.0), 1.0)
+    assert lanes.peek(1.0) is back[0]
+    assert take(lanes, now=1.0, slots=3).dispatch == [*back, fresh_b]
+    # A higher class still goes first: a lower class's redelivery does not jump it.
+    lanes = Lanes(DEFAULT_CLASSES)
+    lanes.admit(old_batch := item(tenant="b", klass="batch", redelivered=True), 2.0)
+    lanes.admit(chat := item(tenant="a", at=2.0), 2.0)
+    assert take(lanes, now=2.0).dispatch == [chat]
+    assert take(lanes, now=2.0).dispatch == [old_batch]
+
+
+def test_a_redelivered_request_is_not_charged_twice_and_expires_like_any_other():
+    lanes = Lanes(DEFAULT_CLASSES)
+    lanes.admit(late := item(tenant="a", deadline=1.0, redelivered=True), 0.0)
+    lanes.admit(again := item(tenant="a", cost=10**6, redelivered=True), 0.0)
+    got = take(lanes, now=2.0)
+    assert got.expired == [late] and got.dispatch == [again]
+    # Uncharged: a's 10**6-token redelivery leaves it level with b for the next new work.
+    for _ in range(4):
+        lanes.admit(item(tenant="a"), 2.0)
+        lanes.admit(item(tenant="b"), 2.0)
+    assert sorted(i.tenant for i in take(lanes, now=2.0, slots=4).dispatch) == ["a", "a", "b", "b"]
+
+
 # -- properties -----------------------------------------------------------------------------
 ops = st.lists(
     st.one_of(
@@ -160,6 +194,7 @@ ops = st.lists(
             st.sampled_from(["interactive", "standard", "batch"]),
             st.integers(1, 4000),
             st.floats(0, 200),
+            st.booleans(),
         ),
         st.tuples(st.just("select"), st.integers(0, 8), st.integers(0, 20000)),
         st.tuples(st.just("cancel"), st.integers(0, 200)),
@@ -182,8 +217,8 @@ def test_every_admitted_request_reaches_exactly_one_terminal_state(script):
     running: dict[str, int] = {}
     for op in script:
         if op[0] == "admit":
-            _, tenant, klass, cost, ttl = op
-            it = item(tenant, klass, cost, deadline=now + ttl, at=now)
+            _, tenant, klass, cost, ttl, redelivered = op
+            it = item(tenant, klass, cost, deadline=now + ttl, at=now, redelivered=redelivered)
             if lanes.admit(it, now) is Admit.OK:
                 admitted.append(it)
         elif op[0] == "select":

@@ -77,11 +77,11 @@ def credit(worker: str, budget: int = 100_000, running: int = 0) -> Credit:
     )
 
 
-def admitted(rid: str, question: str) -> Admitted:
+def admitted(rid: str, question: str, tenant: str = "acme", attempt: int = 1) -> Admitted:
     now = time.time()
     request = GenerateRequest(
         request_id=rid,
-        tenant="acme",
+        tenant=tenant,
         klass="interactive",
         model="laneway-sim",
         reply_to="_INBOX.x",
@@ -89,7 +89,7 @@ def admitted(rid: str, question: str) -> Admitted:
         deadline=now + 60,
         chat=chat(SYSTEM + question, max_tokens=64),
     )
-    return Admitted(request, Ack(int(rid[1:])).reply, 1, "sim", "b1")
+    return Admitted(request, Ack(int(rid[1:])).reply, attempt, "sim", "b1")
 
 
 async def park(s: Scheduler, c: Credit) -> str:
@@ -178,3 +178,15 @@ async def test_a_burst_that_waits_for_the_workers_fresh_pulls_is_spread_within_t
     assert sum(held.values()) == burst, held
     least = min(held.values())
     assert max(held.values()) - least <= balance_slack(least, slots), held
+
+
+async def test_a_request_delivered_again_goes_out_before_the_new_work_of_its_class() -> None:
+    """JetStream's second delivery (a lost worker's request, its client's stream stalled) goes in
+    the next batch, ahead of another tenant's backlog of new requests (issue 36)."""
+    s, nc = scheduler()
+    for n in range(20):
+        await s.enqueue(admitted(f"r{n}", f"question {n}"), Ack(n), 512)
+    await s.enqueue(admitted("r99", "lost", tenant="globex", attempt=2), Ack(99), 512)
+    reply = await pull(s, credit("w1", running=6))  # room for two
+    first, *_ = [d.request.request_id for b in nc.batches(reply) for d in b]
+    assert first == "r99"
