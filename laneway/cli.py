@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(forwarded)}")
     routed: dict[str, list[str]] = {}  # `up`'s flags for each of its children
     if args.command == "up":
-        from laneway.up import ROLES, FlagError, route_flags
+        from laneway.up_flags import ROLES, FlagError, route_flags
 
         try:
             routed = route_flags(forwarded, {role: args.subcommands[role] for role in ROLES})

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from core.owner import DirInUse, Owner, OwnerLock, held_by
 from core.ports import free_port, port_taken
-from laneway.nats_config import user_name, write_private
+from laneway.nats_config import write_private
+from laneway.nats_permissions import user_name
 
 LOCK_FILE = "owner.lock"
 NATS_PORT_FILE = "nats-port"

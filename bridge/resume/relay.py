@@ -4,7 +4,7 @@ asking bridge (`RelayClient`) asks it on `lw.resume.<edge_id>` and the holder (`
 relays the events to the asker's `lw.resume.<asker>.<nonce>`, in order, each chunk saying which
 position it continues from: a lost chunk ends the relayed response without `[DONE]`, and the
 client resumes again. The holder checks the tenant as a local resume does. Bridges only: these
-subjects are the bridge role's (laneway/nats_config.py), no tenant account reaches them.
+subjects are the bridge role's (laneway/nats_permissions.py), no tenant account reaches them.
 """
 
 from __future__ import annotations

@@ -41,15 +41,14 @@ def generate() -> str:
     sys.path.insert(0, str(ROOT))
     from core.policy.tenants import Tenant
     from laneway.nats_config import (
-        ROLES,
         SERVICE_ACCOUNT,
         accounts,
         tenant_account,
         tenant_classes,
         tenant_exports,
-        user_name,
         user_names,
     )
+    from laneway.nats_permissions import ROLES, user_name
     from schemas.subjects import Subjects
 
     s = Subjects(PREFIX)

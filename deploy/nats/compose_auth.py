@@ -35,7 +35,8 @@ import certs  # deploy/nats/certs.py, beside this script (mounted beside it in c
 from core import env
 from core.natsd import encryption_key
 from core.settings import load_settings
-from laneway.nats_config import ROLES, up_auth, user_name, write_private
+from laneway.nats_config import up_auth, write_private
+from laneway.nats_permissions import ROLES, user_name
 from schemas.subjects import Subjects
 
 ROUTE_USER = "route"

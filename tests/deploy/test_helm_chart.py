@@ -704,7 +704,7 @@ def test_nats_accounts_file_matches_the_code() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (CHART / "files" / "nats-accounts.json").read_text() == module.generate(), (
-        "laneway/nats_config.py changed: run .venv/bin/python deploy/helm/generate_nats_permissions.py"
+        "laneway/nats_config.py or nats_permissions.py changed: run .venv/bin/python deploy/helm/generate_nats_permissions.py"
     )
 
 
@@ -739,7 +739,8 @@ def canonical(accounts: dict) -> dict:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_accounts_are_the_codes_for_the_settings_tenants(variant: str) -> None:
-    from laneway.nats_config import ROLES, accounts, tenant_user, user_name
+    from laneway.nats_config import accounts
+    from laneway.nats_permissions import ROLES, tenant_user, user_name
     from schemas.subjects import Subjects
 
     tenants = rendered_tenants(variant)

@@ -14,7 +14,8 @@ import pytest
 from core.natsd import NatsServer
 from core.policy.tenants import Tenant, hash_key
 from core.settings import LogicalModel, Settings
-from laneway.nats_config import SERVICE_ACCOUNT, up_auth, user_name
+from laneway.nats_config import SERVICE_ACCOUNT, up_auth
+from laneway.nats_permissions import user_name
 from loadtest.stack import Stack
 from schemas.subjects import Subjects
 from tests.integration.test_nats_isolation import ViolationLog

@@ -7,7 +7,7 @@ background ones and a streamed background one's events; conversations and batche
 metadata raw. Here every kind of stored object is made with an email, a phone number, a card
 number and a name in every field the API takes, through the official client; then every stream
 and bucket is read back, message by message, as each generated NATS user that may read it (the
-rights `laneway/nats_config.py` grants: a message get or a direct get on the stream), and no
+rights `laneway/nats_permissions.py` grants: a message get or a direct get on the stream), and no
 seeded value may be in any of them. Metadata no generation carries past the PII stage (a
 conversation's, a batch's) is refused for this tenant, whose policy redacts.
 
@@ -24,7 +24,7 @@ import nats.js.errors
 import openai
 import pytest
 
-from laneway.nats_config import service_permissions
+from laneway.nats_permissions import service_permissions
 from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
 from tests.wait import eventually

@@ -16,7 +16,6 @@ import pytest
 from core.natsd import server_binary
 from core.policy.tenants import Tenant
 from laneway.nats_config import (
-    ROLES,
     SERVICE_ACCOUNT,
     TenantLimits,
     accounts,
@@ -24,11 +23,9 @@ from laneway.nats_config import (
     generate_passwords,
     render,
     run,
-    service_permissions,
-    tenant_permissions,
     up_auth,
-    user_name,
 )
+from laneway.nats_permissions import ROLES, service_permissions, tenant_permissions, user_name
 from schemas.subjects import BadToken, Subjects, service_inbox
 
 S = Subjects("lw")

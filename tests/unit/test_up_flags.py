@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from laneway.cli import build_parser
-from laneway.up import ROLES, FlagError, instances, route_flags, worker_argvs
+from laneway.up_flags import ROLES, FlagError, instances, route_flags, worker_argvs
 
 
 def routed(*argv: str) -> dict[str, list[str]]:
