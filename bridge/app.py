@@ -209,6 +209,8 @@ class Bridge:
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every configured pool has a ready worker (start-up ordering in tests and `up`)."""
+        if (nc := self._nc) is None:
+            raise RuntimeError("Bridge.start() first")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -218,14 +220,13 @@ class Bridge:
                 return
             if loop.time() > deadline:
                 raise TimeoutError(f"no ready worker for some pool after {timeout}s: {pools}")
-            await self._nc.publish(self.s.worker_ping, b"")
+            await nc.publish(self.s.worker_ping, b"")
             await asyncio.sleep(0.1)
 
     def _rules_changed(self, rules: RuleSet | None) -> None:
         self.metrics.eval_quality.clear()
-        quality = rules.gate.candidate_quality if rules is not None and rules.gate else None
-        if quality is not None:
-            self.metrics.eval_quality.labels(str(rules.version)).set(quality)
+        if rules is not None and rules.gate and rules.gate.candidate_quality is not None:
+            self.metrics.eval_quality.labels(str(rules.version)).set(rules.gate.candidate_quality)
 
     def model_names(self, tenant: str = "") -> list[str]:
         """The models a tenant may call; "" (anyone: the unauthenticated OpenAPI document) names
@@ -246,10 +247,13 @@ class Bridge:
 
     # -- the app --------------------------------------------------------------------------
     def build_app(self) -> web.Application:
-        relay = RelayClient(self._nc, self.s, self.edge_id, self.metrics, self.config.write_timeout_s)
+        nc, files, batches, rule_store = self._nc, self.files, self.batches, self.rule_store
+        if nc is None or files is None or batches is None or rule_store is None:
+            raise RuntimeError("Bridge.build_app() needs what Bridge.start() opens")
+        relay = RelayClient(nc, self.s, self.edge_id, self.metrics, self.config.write_timeout_s)
         resumable = ResumableStreams(self.resumes, relay, self.metrics, self.config.write_timeout_s)
         shared = (
-            self._nc,
+            nc,
             self.edge_id,
             self.config,
             self.settings,
@@ -303,9 +307,9 @@ class Bridge:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi_spec)
-        FilesApi(self.files, self.catalogue, self.config.max_file_bytes, self.config.body_timeout_s).routes(app)
-        BatchesApi(self.batches, self.files, self.catalogue).routes(app)
-        app.add_subapp("/v1/admin", admin_app(self.rule_store, self.evaluator, self.admin))
+        FilesApi(files, self.catalogue, self.config.max_file_bytes, self.config.body_timeout_s).routes(app)
+        BatchesApi(batches, files, self.catalogue).routes(app)
+        app.add_subapp("/v1/admin", admin_app(rule_store, self.evaluator, self.admin))
         return app
 
     @web.middleware

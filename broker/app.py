@@ -22,6 +22,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from typing import TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -38,20 +39,19 @@ from broker.intakes import Intakes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics, UsageMetrics
 from broker.received import Copy, Received
-from broker.scheduler.answers import refuse
+from broker.scheduler.answers import refuse, replay
 from broker.scheduler.lease import Lease, open_lease_bucket
 from broker.scheduler.origin import Origin
 from broker.scheduler.peers import Peers
 from broker.scheduler.schedule import Scheduler
 from broker.sweep import Sweep, running_ended
-from core.cache import CacheScope, ResponseCache, replay_entries, replay_usage
+from core.cache import CacheScope, ResponseCache
 from core.connect import connect
 from core.policy.refusal import Refusal
 from core.provision import wait_provisioned
 from core.tasks import beat_forever, cancel_and_wait
 from core.tracing import tracer
 from schemas import codec
-from schemas.frames import TokenFrame
 from schemas.requests import GenerateRequest
 from schemas.subjects import MSG_ID_HEADER, BadToken
 from schemas.work import Admitted, BrokerBeat
@@ -62,6 +62,13 @@ BROKER_HEARTBEAT_S = 1.0
 # A broker silent this long is gone. With two brokers, the scheduler consumes again only then
 # after its peer was SIGKILLed: short, but past a missed beat or two on a busy machine.
 PEER_STALE_S = 3.5 * BROKER_HEARTBEAT_S
+T = TypeVar("T")
+
+
+def _started(part: T | None) -> T:
+    if part is None:    # a part start() makes, asked for before it (by a callback that came first)
+        raise RuntimeError("Broker.start() first")
+    return part
 
 
 class Broker:
@@ -152,7 +159,7 @@ class Broker:
             self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
                                                       replicas=cfg.limits.replicas)
         stage = await start_pii(cfg.pii, cfg.pii_workers, cfg.pii_max_chars)
-        audit = lambda tenant, found: self._nc.publish(self.s.audit(tenant), encode_audit(found))  # noqa: E731
+        audit = lambda tenant, found: _started(self._nc).publish(self.s.audit(tenant), encode_audit(found))  # noqa: E731
         self.gate.use_pii(stage.gate, audit, stage.missing)
 
     async def stop(self) -> None:
@@ -174,7 +181,7 @@ class Broker:
             await self._nc.publish(self.s.broker_event(self.id), codec.encode(BrokerBeat(leaving=True)))
         if self._nc is not None and self._nc.is_connected and self.scheduler is not None:
             await self.scheduler.step_down()
-            if await self._lease.give_up():
+            if self._lease is not None and await self._lease.give_up():     # None: start() failed first
                 await self._nc.publish(self.s.sched_leader, b"")
         await self.live.stop()
         if self.gate.quota is not None:
@@ -197,23 +204,24 @@ class Broker:
         # (counted alive, it would stop this broker consuming with nobody else to).
         if self._leader and self._leader != self.id:
             self.peers.forget(self._leader)
-        await self.scheduler.take_over()
-        await self._origin.hand_to_self()
+        await _started(self.scheduler).take_over()
+        await _started(self._origin).hand_to_self()
         await self._set_roles()
 
     async def _lost_lease(self, why: str) -> None:
-        await self.scheduler.step_down()
+        await _started(self.scheduler).step_down()
         await self._set_roles()
 
     async def _set_roles(self) -> None:
         """Consume requests unless this broker is the scheduler and another broker is alive."""
         async with self._roles:
-            gating = not (self.scheduler.active and self.peers.alive(time.monotonic()) > 0)
+            gating = not (_started(self.scheduler).active and self.peers.alive(time.monotonic()) > 0)
             if gating == self.gating or self._stopping:
                 return
             self.gating = gating
             if gating:
-                self._intake = Intakes(self._nc, self.s, self._on_request, self._held, self.config.max_held, self.live)
+                self._intake = Intakes(_started(self._nc), self.s, self._on_request, _started(self._held),
+                                       self.config.max_held, self.live)
                 self._intake.follow()
             elif self._intake is not None:
                 # Off this task (the lease's, a heartbeat's, a peer's callback): the intake's drain
@@ -240,18 +248,19 @@ class Broker:
             self.peers.forget(peer)
         else:
             self.peers.saw(peer, time.monotonic())
-        if not self.scheduler.active:
+        scheduler = _started(self.scheduler)
+        if not scheduler.active:
             for pool, depth in beat.queue_depths.items():
                 self.live.health.set_queue_depth(pool, depth)
-        if self.scheduler.active and (self.gating or beat.leaving):
+        if scheduler.active and (self.gating or beat.leaving):
             await self._set_roles()
 
     async def _on_leader(self, msg: Msg) -> None:
-        if not msg.data and not self._lease.held:
-            self._lease.poke()      # given up: try to take it now
+        if not msg.data and not (lease := _started(self._lease)).held:
+            lease.poke()      # given up: try to take it now
         if msg.data:
             self._leader = msg.data.decode(errors="replace")
-        await self._origin.on_leader(msg)
+        await _started(self._origin).on_leader(msg)
 
     # -- what live config changes ----------------------------------------------------------
     def _apply_classes(self) -> None:
@@ -277,7 +286,7 @@ class Broker:
         beat = BrokerBeat(pii=self.gate.pii_stage, ack_wait_s=self.config.limits.ack_wait_s)
         if self.scheduler is not None and self.scheduler.active:
             beat.queue_depths = {name: len(pool.lanes) for name, pool in self.scheduler.pools.items()}
-        await self._nc.publish(self.s.broker_event(self.id), codec.encode(beat))
+        await _started(self._nc).publish(self.s.broker_event(self.id), codec.encode(beat))
 
     # -- intake ---------------------------------------------------------------------------
     def _poke_intake(self) -> None:
@@ -291,7 +300,7 @@ class Broker:
             klass, tenant, escalated = self.s.parse_req(msg.subject)
             request = codec.decode_request(msg.data)
         except (BadToken, codec.DecodeError) as exc:
-            await self._dead.unreadable(msg, "malformed", str(exc))
+            await _started(self._dead).unreadable(msg, "malformed", str(exc))
             return False
         if self._take_cancel(tenant, request.request_id):
             self.metrics.cancelled.labels(klass).inc()      # the cancel came first: it never runs
@@ -316,10 +325,10 @@ class Broker:
                                  tenant=tenant, attempt=attempt, refused=refusal.code.value)
             if refusal.param in ("tenant", "reply_to"):
                 # Never answer on a reply subject the request was not entitled to.
-                await self._dead.unreadable(msg, "invalid", refusal.message)
+                await _started(self._dead).unreadable(msg, "invalid", refusal.message)
             else:
                 # The gate gave back what it charged: nothing is released by id here.
-                await refuse(self._nc, self.metrics, msg, request, attempt, refusal.code, refusal.message,
+                await refuse(_started(self._nc), self.metrics, msg, request, attempt, refusal.code, refusal.message,
                              refusal.param, refusal.headers)
             return
         decision = admission.decision
@@ -336,25 +345,16 @@ class Broker:
             await msg.term()
             return
         if admission.hit is not None:
-            await self._replay(msg, admission, attempt)
+            await replay(_started(self._nc), self.s, msg, admission.request, admission.hit, attempt, admission.headers,
+                         admission.decision.pool)
             return
-        await self._origin.admit(self._admitted(msg, admission, attempt), msg)
+        await _started(self._origin).admit(self._admitted(msg, admission, attempt), msg)
 
     def _admitted(self, msg: Msg, admission: Admission, attempt: int) -> Admitted:
         return Admitted(admission.request, msg.reply, attempt, admission.decision.pool, self.id,
                         admission.cache_key or "", admission.served_model,
                         admission.decision.escalate_to or "", admission.headers, admission.output_pii,
                         admission.adapter)
-
-    async def _replay(self, msg: Msg, admission: Admission, attempt: int) -> None:
-        """A cache hit streams back as a normal stream, and is metered as cached."""
-        request, hit = admission.request, admission.hit
-        entries = replay_entries(hit, request.request_id, attempt, admission.headers)
-        entries[-1].messages, entries[-1].fields = request.echoed()     # the Finished: the input as redacted
-        await self._nc.publish(request.reply_to, codec.encode(TokenFrame("cache", entries, time.time())))
-        usage = replay_usage(hit, request, admission.decision.pool)
-        await self._nc.publish(self.s.usage(request.tenant), codec.encode(usage))
-        await msg.ack()
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:
         await self.gate.release(tenant, request_id, tokens)
@@ -368,7 +368,7 @@ class Broker:
             # Routing's TTFT: waiting in the lanes plus the engine's first token, as every
             # broker sees every usage record (the gate's own time before it is left out).
             self.live.health.observe_ttft(usage.pool, usage.queued_s + usage.ttft_s)
-        running_ended(self.scheduler.pools, usage.tenant, usage.request_id)
+        running_ended(_started(self.scheduler).pools, usage.tenant, usage.request_id)
         await self._release(usage.tenant, usage.request_id, usage.prompt_tokens + usage.completion_tokens)
 
     async def _count_usage(self, msg: Msg) -> None:
@@ -389,9 +389,9 @@ class Broker:
             return
         # The subject says whose request it is (its publisher may use only its own); the payload
         # is not read: a tenant could name another tenant there.
-        if await self.scheduler.cancel(tenant, request_id):
+        if await _started(self.scheduler).cancel(tenant, request_id):
             return
-        if await self._origin.cancel(tenant, request_id):
+        if await _started(self._origin).cancel(tenant, request_id):
             return
         # Not here (yet): remember it briefly in case its message is still on the way.
         self._recent_cancels[(tenant, request_id)] = time.monotonic()

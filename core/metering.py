@@ -69,7 +69,8 @@ class Rates(NamedTuple):
 def rates(pool: str, price: PoolPrice) -> Rates:
     """Per-token rates; exactly one way of pricing must be complete, else `BadPrice` names it."""
     per_token = price.usd_per_1m_prompt is not None or price.usd_per_1m_completion is not None
-    per_gpu = price.gpu_usd_per_hour is not None
+    gpu_usd_per_hour = price.gpu_usd_per_hour
+    per_gpu = gpu_usd_per_hour is not None
     where = f"pools.{pool}"
     if price.usd_per_1m_cached_prompt is not None and not per_token:
         raise BadPrice(
@@ -80,25 +81,26 @@ def rates(pool: str, price: PoolPrice) -> Rates:
     if per_token and per_gpu:
         raise BadPrice(f"{where}.gpu_usd_per_hour", f"pool {pool!r}: price per token or per GPU hour, not both")
     if per_token:
-        for name in ("usd_per_1m_prompt", "usd_per_1m_completion"):
-            if getattr(price, name) is None:
-                raise BadPrice(f"{where}.{name}", f"pool {pool!r}: {name} is missing")
+        prompt_usd, completion_usd = price.usd_per_1m_prompt, price.usd_per_1m_completion
+        if prompt_usd is None or completion_usd is None:
+            name = "usd_per_1m_prompt" if prompt_usd is None else "usd_per_1m_completion"
+            raise BadPrice(f"{where}.{name}", f"pool {pool!r}: {name} is missing")
         cached = price.usd_per_1m_cached_prompt
-        if cached is not None and cached > price.usd_per_1m_prompt:
+        if cached is not None and cached > prompt_usd:
             raise BadPrice(
                 f"{where}.usd_per_1m_cached_prompt",
                 f"pool {pool!r}: usd_per_1m_cached_prompt exceeds usd_per_1m_prompt",
             )
-        prompt = price.usd_per_1m_prompt / 1e6
-        return Rates(prompt, price.usd_per_1m_completion / 1e6, prompt if cached is None else cached / 1e6)
-    if not per_gpu:
+        prompt = prompt_usd / 1e6
+        return Rates(prompt, completion_usd / 1e6, prompt if cached is None else cached / 1e6)
+    if gpu_usd_per_hour is None:
         raise BadPrice(where, f"pool {pool!r}: set usd_per_1m_prompt/_completion or gpu_usd_per_hour")
     prompt_tps = price.prompt_tokens_per_s or price.tokens_per_s
     completion_tps = price.completion_tokens_per_s or price.tokens_per_s
     if prompt_tps is None or completion_tps is None:
         missing = "prompt_tokens_per_s" if prompt_tps is None else "completion_tokens_per_s"
         raise BadPrice(f"{where}.{missing}", f"pool {pool!r}: GPU pricing needs tokens_per_s or {missing}")
-    usd_per_s = price.gpu_usd_per_hour / 3600 / price.utilization
+    usd_per_s = gpu_usd_per_hour / 3600 / price.utilization
     return Rates(usd_per_s / prompt_tps, usd_per_s / completion_tps, 0.0)
 
 

@@ -53,7 +53,7 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     return True
 
 
-async def beat_forever(send: Callable[[], Awaitable[None]], interval_s: float) -> None:
+async def beat_forever(send: Callable[[], Awaitable[object]], interval_s: float) -> None:
     """Send a beat (or do any periodic NATS work) every `interval_s`; a failed one
     (disconnected) is retried by the next."""
     while True:

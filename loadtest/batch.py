@@ -72,7 +72,7 @@ async def follow(
     kills: asyncio.Event | None,
     events: list[str],
     quiet: bool,
-) -> object:
+) -> openai.types.Batch:
     """Until the batch ends. Once `kills` is set (the chats are measured by then: a kill must not
     be what their figures show), a worker is killed, and the broker when 10% more lines are done."""
     plan = ["worker", "broker"] if kills is not None else []
@@ -85,7 +85,7 @@ async def follow(
             continue
         counts = batch.request_counts
         done = (counts.completed + counts.failed) if counts else 0
-        if plan and kills.is_set() and done >= next_at and batch.status == "in_progress":
+        if plan and kills is not None and kills.is_set() and done >= next_at and batch.status == "in_progress":
             role = plan.pop(0)
             await kill(fleet, role)
             events.append(f"{role} SIGKILLed at {done}/{total} lines")

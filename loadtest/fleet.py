@@ -118,9 +118,14 @@ class Fleet:
         self._http: aiohttp.ClientSession | None = None
 
     @property
+    def _started(self) -> LanewayUp:
+        if self.up is None:
+            raise RuntimeError("enter the Fleet first (async with)")
+        return self.up
+
+    @property
     def url(self) -> str:
-        assert self.up is not None
-        return self.up.url
+        return self._started.url
 
     def describe(self) -> dict:
         return {
@@ -166,9 +171,9 @@ class Fleet:
         try:
             waiting = asyncio.create_task(_port_open(self.nats_port, 60))
             await asyncio.wait([starting, waiting], return_when=asyncio.FIRST_COMPLETED)
-            if starting.done() and starting.exception():
+            if starting.done() and (failed := starting.exception()) is not None:
                 waiting.cancel()
-                raise starting.exception()
+                raise failed
             await waiting
             for pool in self.pools:
                 for _i in range(pool.workers - (1 if pool is first else 0)):
@@ -210,7 +215,7 @@ class Fleet:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                env=self.up.nats_env("svc-worker"),
+                env=self._started.nats_env("svc-worker"),
             )  # `up` wrote it before NATS started
         finally:
             log.close()
@@ -248,12 +253,10 @@ class Fleet:
         return float("nan")
 
     def pids(self) -> list[int]:
-        assert self.up is not None
-        return self.up.pids()
+        return self._started.pids()
 
     def cpu(self) -> float:
-        assert self.up is not None
-        return self.up.cpu()
+        return self._started.cpu()
 
     def rss_by_role(self) -> dict[str, int]:
         out = dict.fromkeys(ROLES, 0)
@@ -268,7 +271,7 @@ class Fleet:
         from core.policy import classes
         from schemas.subjects import Subjects
 
-        nc = await self.up.connect_nats("ops")
+        nc = await self._started.connect_nats("ops")
         try:
             kv = await nc.jetstream().key_value(Subjects().bucket("classes"))
             await kv.put(policy.name, classes.encode(policy))
@@ -296,7 +299,7 @@ class Fleet:
                         pii=TenantPiiPolicy(enabled=t.pii),
                     )
                 )
-        nc = await self.up.connect_nats("ops")
+        nc = await self._started.connect_nats("ops")
         try:
             await put_tenants(nc.jetstream(), Subjects(), docs)
         finally:

@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -116,7 +117,7 @@ class Swarm:
         interval_s: float = 0.5,
     ) -> None:
         self.tally = Tally(procs)
-        self._jobs = [
+        self._jobs: list[dict[str, Any]] = [  # JSON, one per child
             {
                 "url": url,
                 "keys": keys,
@@ -128,6 +129,7 @@ class Swarm:
             for i, share in enumerate(split(flows, procs))
         ]
         self._procs: list[asyncio.subprocess.Process] = []
+        self._stdins: list[asyncio.StreamWriter] = []  # one per child: its stdin pipe
         self._readers: list[asyncio.Task[None]] = []
         self._done: list[asyncio.Event] = []  # set when a child said `done`, or exited
         self._finished: set[int] = set()  # the children that said `done`
@@ -142,10 +144,13 @@ class Swarm:
                 stdout=asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
+            if proc.stdin is None or proc.stdout is None:  # asked for both pipes: never
+                raise RuntimeError("the load generator process has no pipes")
             proc.stdin.write(json.dumps(job).encode() + b"\n")
             self._procs.append(proc)
+            self._stdins.append(proc.stdin)
             self._done.append(asyncio.Event())
-            self._readers.append(asyncio.create_task(self._read(i, proc)))
+            self._readers.append(asyncio.create_task(self._read(i, proc.stdout)))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -157,8 +162,8 @@ class Swarm:
             task.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
 
-    async def _read(self, child: int, proc: asyncio.subprocess.Process) -> None:
-        while line := await proc.stdout.readline():
+    async def _read(self, child: int, stdout: asyncio.StreamReader) -> None:
+        while line := await stdout.readline():
             msg = json.loads(line)
             if msg.get("done"):
                 self._finished.add(child)
@@ -175,10 +180,10 @@ class Swarm:
 
     async def stop(self, timeout_s: float = 120.0) -> list[Result]:
         """Cut every request and gather every child's results."""
-        for proc in self._procs:
+        for proc, stdin in zip(self._procs, self._stdins, strict=True):
             if proc.returncode is None:
-                proc.stdin.write(b"stop\n")
-                await proc.stdin.drain()
+                stdin.write(b"stop\n")
+                await stdin.drain()
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._done)), timeout_s)
         if lost := [i for i in range(len(self._procs)) if i not in self._finished]:
             raise RuntimeError(

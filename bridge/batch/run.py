@@ -7,6 +7,7 @@ completion window ends (the same, and the rest expire)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -73,13 +74,14 @@ class BatchRun:
         self.ending: str | None = None  # "cancelled" | "expired": stop submitting
         self._lines: dict[int, asyncio.Task[None]] = {}
         self._lost = False
-        self._found: list[jsonl.InputLine] | list[BatchError] | None = None
+        self._found: tuple[list[jsonl.InputLine], list[BatchError]] | None = None  # see _input
 
     async def go(self) -> None:
         main = asyncio.current_task()
+        assert main is not None  # a coroutine runs in a task
         keeper = asyncio.create_task(self._keep_lease(main), name=f"lease-{self.id}")
         try:
-            status = self.state.batch.status
+            status: str = self.state.batch.status
             if status == "validating":
                 status = await self._validate()
             if status == "in_progress":
@@ -140,58 +142,58 @@ class BatchRun:
         return self.state
 
     # -- validating ---------------------------------------------------------------------------
-    async def _input(self) -> list[jsonl.InputLine] | list[BatchError]:
-        """The input file's lines (or its problems), read once per run: validating, running and
-        finalizing all need them."""
+    async def _input(self) -> tuple[list[jsonl.InputLine], list[BatchError]]:
+        """The input file's lines, or (no lines) its problems, read once per run: validating,
+        running and finalizing all need them."""
         if self._found is None:
             self._found = await self._read_input()
         return self._found
 
-    async def _read_input(self) -> list[jsonl.InputLine] | list[BatchError]:
+    async def _read_input(self) -> tuple[list[jsonl.InputLine], list[BatchError]]:
         b = self.state.batch
         content = await self.runner.files.content(self.tenant, b.input_file_id)
         if content is None:
-            return [
+            return [], [
                 BatchError("file_not_found", f"the input file {b.input_file_id!r} no longer exists", "input_file_id")
             ]
         # In a thread: a large file's lines take the parser long enough to stall every stream here.
         lines, errors = await asyncio.to_thread(jsonl.parse, content, b.endpoint)
-        return errors or lines
+        return ([], errors) if errors else (lines, [])
 
     async def _validate(self) -> str:
-        found = await self._input()
+        lines, errors = await self._input()
         now = int(time.time())
-        if found and isinstance(found[0], BatchError):
-            await self._set(status="failed", failed_at=now, errors=BatchErrors(list(found)))
+        if errors:
+            await self._set(status="failed", failed_at=now, errors=BatchErrors(list(errors)))
             await self._finish_record()
             return "failed"
-        model = msgspec.json.decode(bytes(found[0].body)).get("model") if found else None
-        self.state = await self.runner.lease.take(self.tenant, self.id, lines=len(found))
+        model = msgspec.json.decode(bytes(lines[0].body)).get("model") if lines else None
+        self.state = await self.runner.lease.take(self.tenant, self.id, lines=len(lines))
         await self._set(
             status="in_progress",
             in_progress_at=now,
-            request_counts=RequestCounts(total=len(found)),
+            request_counts=RequestCounts(total=len(lines)),
             model=model if isinstance(model, str) else None,
         )
         return "in_progress"
 
     # -- in progress ----------------------------------------------------------------------------
     async def _execute(self) -> None:
-        found = await self._input()
-        if found and isinstance(found[0], BatchError):  # the input file was deleted mid-batch
-            await self._set(errors=BatchErrors(list(found)))
+        lines, errors = await self._input()
+        if errors:  # the input file was deleted mid-batch
+            await self._set(errors=BatchErrors(list(errors)))
             self.ending = "expired" if time.time() >= self.state.batch.expires_at else "cancelled"
             return
         self.done = await self.runner.store.done_lines(self.tenant, self.id)
         if self.before is not None:
-            for line in range(self.before.submitted):
-                if line not in self.done:
-                    await self.runner.cancel(self.tenant, line_request_id(self.id, line, self.before.owner, 0))
-                    self.rerun.add(line)
+            for earlier in range(self.before.submitted):
+                if earlier not in self.done:
+                    await self.runner.cancel(self.tenant, line_request_id(self.id, earlier, self.before.owner, 0))
+                    self.rerun.add(earlier)
         if time.time() >= self.state.batch.expires_at:
             self.ending = "expired"
         slots = self.runner.slots
-        for index, line in enumerate(found):
+        for index, line in enumerate(lines):
             if time.time() >= self.state.batch.expires_at:
                 self._end("expired")
             if self.ending is not None:
@@ -204,9 +206,13 @@ class BatchRun:
                 break
             task = asyncio.create_task(self._line(index, line))
             self._lines[index] = task
-            task.add_done_callback(lambda _t, i=index: (self._lines.pop(i, None), slots.release()))
+            task.add_done_callback(functools.partial(self._line_done, index))
             self.submitted = max(self.submitted, index + 1)
         await asyncio.gather(*self._lines.values(), return_exceptions=True)
+
+    def _line_done(self, index: int, _task: asyncio.Task[None]) -> None:
+        self._lines.pop(index, None)
+        self.runner.slots.release()
 
     async def _line(self, index: int, line: jsonl.InputLine) -> None:
         generations = self.runner.endpoints[self.state.batch.endpoint]
@@ -242,11 +248,12 @@ class BatchRun:
         now = int(time.time())
         if outcome == "completed":
             await self._set(status="finalizing", finalizing_at=now)
-        found = await self._input()
-        lines = [] if found and isinstance(found[0], BatchError) else found
+        lines, _ = await self._input()  # no lines when the input file has problems
         done = await self.runner.store.done_lines(self.tenant, self.id)
         code, message = jsonl.EXPIRED if outcome == "expired" else jsonl.CANCELLED
-        out, errors, usage = [], [], BatchUsage()
+        out: list[bytes] = []
+        errors: list[bytes] = []
+        usage = BatchUsage()
         for index, line in enumerate(lines):
             result = done.get(index)
             if result is None:

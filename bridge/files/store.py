@@ -24,6 +24,7 @@ services reads a file, and over HTTP every lookup is keyed by the caller's tenan
 
 from __future__ import annotations
 
+import builtins
 import io
 import logging
 import time
@@ -153,6 +154,7 @@ class FileStore:
                 continue
             tokens = entry.key.split(".")
             if len(tokens) == 3 and tokens[2] == HOLD:
+                assert entry.revision is not None  # a watched entry is a stored message
                 if holds_before is None or entry.revision < holds_before:
                     total, count = total + _decode_hold(entry.value).bytes, count + 1
             elif len(tokens) == 2:
@@ -240,6 +242,7 @@ class FileStore:
             entry = await self.meta.get(_key(tenant, file_id))
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, BadToken):
             return None
+        assert entry.value is not None  # a get's entry is a stored message (a file object's JSON)
         file = _decode(entry.value)
         if file.expires_at is not None and file.expires_at <= time.time():
             await self.delete(tenant, file_id)
@@ -282,5 +285,5 @@ class FileStore:
         live = [f for f in files if f.expires_at is None or f.expires_at > now]
         return sorted(live, key=lambda f: (f.created_at, f.id))
 
-    async def _all(self, tenant: str) -> list[FileObject]:
+    async def _all(self, tenant: str) -> builtins.list[FileObject]:  # `list` here is the method above
         return [_decode(value) for value in await current_values(self.meta, f"{tenant}.*")]

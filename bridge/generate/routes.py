@@ -28,7 +28,8 @@ from bridge.generate.translate import check_context, param_of, to_generate
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
 from bridge.render.chat import renderer_for
-from bridge.render.respond import Render, collect_body, collect_json, stream_sse
+from bridge.render.embeddings import EmbeddingRenderer
+from bridge.render.respond import Render, Whole, collect_body, collect_json, stream_sse
 from bridge.resume.routes import ResumableStreams
 from bridge.streams.demux import REPLY_GRACE_S, Demux, ResponseStream
 from core.catalogue import Catalogue
@@ -135,16 +136,16 @@ class Generations:
                        "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
             if isinstance(entries[0], (Delta, Finished)):
                 headers.update(entries[0].headers)
-            if body.stream and self.resumable.covers(request):
+            if not body.stream or isinstance(render, EmbeddingRenderer):  # an embedding never streams
+                response: web.StreamResponse = await collect_json(stream, generate, render, entries, started,
+                                                                  self.metrics, headers)
+            elif self.resumable.covers(request):
                 run.held = True         # from here `Resumes` ends the stream, and cancels it if need be
                 response = await self.resumable.stream(request, stream, generate, render, entries, started,
                                                        headers)
-            elif body.stream:
+            else:
                 response = await stream_sse(request, stream, generate, render, entries, started,
                                             self.metrics, headers, self.config.write_timeout_s)
-            else:
-                response = await collect_json(stream, generate, render, entries, started, self.metrics,
-                                              headers)
             self.metrics.requests.labels(klass, str(response.status)).inc()
             return response
 
@@ -166,7 +167,7 @@ class Generations:
                            reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=time.time(),
                            deadline=deadline)
 
-    async def _collect(self, generate: GenerateRequest, render: Render) -> bytes:
+    async def _collect(self, generate: GenerateRequest, render: Whole) -> bytes:
         """Publish a batch line's request and collect its answer whole."""
         started = time.monotonic()
         async with self._generation(generate, self._payload(generate)) as run:
@@ -232,7 +233,7 @@ class Generations:
         except codec.TooDeep as exc:
             raise EdgeError(ErrorCode.invalid_request, str(exc)) from None
 
-    def _renderer(self, request: web.Request, generate: GenerateRequest) -> Render:
+    def _renderer(self, request: web.Request, generate: GenerateRequest) -> Render | EmbeddingRenderer:
         """How entries become bytes: chat or text completions here; `/v1/responses` overrides it."""
         return renderer_for(generate)
 

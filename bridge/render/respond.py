@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -21,7 +22,15 @@ from schemas.requests import GenerateRequest
 
 log = logging.getLogger("laneway.bridge")
 
-Render = ChatRenderer | TextRenderer | ResponsesRenderer
+Render = ChatRenderer | TextRenderer | ResponsesRenderer  # what streams
+
+
+class Whole(Protocol):
+    """What answering whole needs of a renderer: an embedding's (never streamed) has no more."""
+
+    def add(self, delta: Delta) -> None: ...
+
+    def body(self, finished: Finished) -> bytes: ...
 
 
 class EventStream(web.StreamResponse):
@@ -189,7 +198,7 @@ async def _write_stream(
 async def collect_json(
     stream: ResponseStream,
     generate: GenerateRequest,
-    render: Render,
+    render: Whole,
     entries: list[Entry],
     started: float,
     metrics: BridgeMetrics,
@@ -203,7 +212,7 @@ async def collect_json(
 async def collect_body(
     stream: ResponseStream,
     generate: GenerateRequest,
-    render: Render,
+    render: Whole,
     entries: list[Entry],
     started: float,
     metrics: BridgeMetrics,

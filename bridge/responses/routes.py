@@ -21,7 +21,7 @@ import nats.errors
 import orjson
 from aiohttp import web
 
-from bridge.auth import ANSWER_ID, REQUEST_ID_HEADER, tenant_of
+from bridge.auth import ANSWER_ID, REQUEST_ID_HEADER, authenticate, tenant_of
 from bridge.errors import EdgeError, not_found, storage_refused
 from bridge.generate.routes import Generations
 from bridge.render.responses import ResponsesRenderer
@@ -32,14 +32,14 @@ from bridge.responses.stored.items import decode_messages, to_items
 from bridge.responses.stored.lifecycle import ended, status_of
 from bridge.responses.stored.routes import StoredRoutes
 from bridge.responses.stored.store import Conflict, ResponseStore
-from bridge.responses.translate import item_messages, to_chat
+from bridge.responses.translate import conversation_id, item_messages, to_chat
 from bridge.streams.demux import REPLY_GRACE_S, ResponseStream
 from core.policy.storage_quota import StorageExceeded
 from core.policy.stored import StoragePolicy
 from core.policy.tenants import Tenant
 from schemas import codec
 from schemas.errors import PASSING, ErrorCode
-from schemas.openai import ChatBody, Message
+from schemas.openai import Body, ChatBody, Message
 from schemas.requests import GenerateRequest
 from schemas.responses import ResponsesBody
 from schemas.stored import Rerun, StoredResponse, decode_rerun, encode_rerun
@@ -56,13 +56,14 @@ class _Asked:
 
     def __init__(
         self,
-        body: ResponsesBody,
+        body: Body | ResponsesBody,  # Generations.parse's type; this endpoint's decode_responses reads the latter
         store: bool,
         policy: StoragePolicy,
         history_len: int,
         conversation: str | None,
         tenant: Tenant | None,
     ) -> None:
+        assert isinstance(body, ResponsesBody)
         self.body = body
         self.store = store
         self.policy = policy
@@ -117,17 +118,6 @@ def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Aske
     )
 
 
-def _conversation_id(body: ResponsesBody) -> str | None:
-    conversation = body.conversation
-    if isinstance(conversation, dict):
-        conversation = conversation.get("id")
-        if not isinstance(conversation, str):
-            raise EdgeError(
-                ErrorCode.invalid_request, "conversation is an id, or an object with its id", "conversation"
-            )
-    return conversation
-
-
 class Responses(Generations):
     def __init__(
         self,
@@ -150,11 +140,11 @@ class Responses(Generations):
         return chat
 
     async def _ask(
-        self, body: ResponsesBody, extra: bytes, tenant: Tenant | None
+        self, body: Body | ResponsesBody, extra: bytes, tenant: Tenant | None
     ) -> tuple[_Asked, tuple[ChatBody, bytes]]:
         """What the request asks of the store (under `tenant`: every look-up is its own), and the
         chat body the engine gets: the stored history, then the input."""
-        assert isinstance(body, ResponsesBody)
+        assert isinstance(body, ResponsesBody)  # this endpoint decodes with decode_responses
         policy = tenant.responses if tenant is not None else StoragePolicy()
         store = body.store is not False and policy.store and self.store is not None
         if body.background and not store:
@@ -162,10 +152,10 @@ class Responses(Generations):
             raise EdgeError(
                 ErrorCode.invalid_request, f"a background response is a stored one, and {why}", "background"
             )
-        if store and tenant is not None:
+        if store and tenant is not None and self.store is not None:  # (`store` says it is not None)
             await _admit(self.store, tenant)
         history: list[Message] = []
-        conversation = _conversation_id(body)
+        conversation = conversation_id(body)
         if conversation is not None:
             if body.previous_response_id is not None:
                 raise EdgeError(
@@ -213,7 +203,7 @@ class Responses(Generations):
         if render is not None and render.final is not None:
             record = record_of(render, generate, asked)
             self._append_turn(render, asked)
-            if asked.store:
+            if asked.store and self.store is not None:  # (`asked.store` says it is not None)
                 self.store.keep(generate.tenant, render.id, record, asked.policy.retention_s)
 
     async def complete(self, tenant: Tenant, raw: bytes, request_id: str, klass: str, deadline: float) -> bytes:
@@ -236,6 +226,7 @@ class Responses(Generations):
 
     def _append_turn(self, render: ResponsesRenderer, asked: _Asked) -> None:
         """An ended response's turn added to its conversation, if it has one (later)."""
+        assert render.final is not None  # called once the response has ended
         if asked.conversation is not None and self.conversations is not None and asked.tenant is not None:
             self.conversations.append_later(
                 asked.tenant, asked.conversation, _echoed(render, asked)[asked.history_len :], render.final["output"]
@@ -252,6 +243,7 @@ class Responses(Generations):
         rerunnable: bool,
     ) -> Job:
         render = asked.render
+        assert render is not None  # made by _renderer or _rebuilt
         return Job(
             tenant,
             stream,
@@ -303,7 +295,9 @@ class Responses(Generations):
         self.background.run(self._job(tenant, stream, asked, generate, ttl_s, revision, rerunnable))
         headers = {REQUEST_ID_HEADER: request[ANSWER_ID]}
         if asked.body.stream:
-            return await self.routes.follow(request, tenant_of(request, self.catalogue.tenants), render.id, -1, headers)
+            return await self.routes.follow(
+                request, authenticate(request, self.catalogue.tenants), render.id, -1, headers
+            )
         return web.Response(
             body=orjson.dumps(render.snapshot("queued")), content_type="application/json", headers=headers
         )
@@ -365,6 +359,7 @@ class Responses(Generations):
         opening events; None when no request is listed (none was kept, or the listing expired),
         when it no longer reads (another version of Laneway wrote it), or when a streamed one's
         readers have seen output another run would not repeat token for token."""
+        assert self.store is not None  # take_over, the caller, runs with a store
         listed = await self.store.listed(tenant.name, response_id) if record.rerunnable else None
         if listed is None:
             return None

@@ -9,7 +9,8 @@ What Laneway does not keep (item references, file ids) and non-function tools ar
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import msgspec
 
@@ -106,12 +107,13 @@ def _user_part(part: ContentPart, where: str) -> dict[str, Any]:
 
 
 def _user_message(item: InputItem, where: str) -> Message:
-    content = item.content
+    content, role = item.content, item.role
     if content is None:
         raise _invalid("a message needs content", f"{where}.content")
+    assert role is not None  # _messages refused a message without one
     if isinstance(content, list):
-        content = [_user_part(p, f"{where}.content[{j}]") for j, p in enumerate(content)]
-    return Message(role=item.role, content=content)
+        return Message(role=role, content=[_user_part(p, f"{where}.content[{j}]") for j, p in enumerate(content)])
+    return Message(role=role, content=content)
 
 
 def _assistant_message(item: InputItem, where: str) -> Message:
@@ -135,8 +137,18 @@ def _tool_output(item: InputItem, where: str) -> Message:
     if output is None:
         raise _invalid("a function_call_output needs its output", f"{where}.output")
     if isinstance(output, list):
-        output = [_user_part(p, f"{where}.output[{j}]") for j, p in enumerate(output)]
+        parts = [_user_part(p, f"{where}.output[{j}]") for j, p in enumerate(output)]
+        return Message(role="tool", tool_call_id=item.call_id, content=parts)
     return Message(role="tool", tool_call_id=item.call_id, content=output)
+
+
+def conversation_id(body: ResponsesBody) -> str | None:
+    conversation = body.conversation
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+        if not isinstance(conversation, str):
+            raise _invalid("conversation is an id, or an object with its id", "conversation")
+    return conversation
 
 
 def item_messages(items: list[dict[str, Any]], field: str = "input") -> list[Message]:
@@ -165,9 +177,9 @@ def _messages(items: str | list[InputItem] | None, field: str = "input") -> list
             else:
                 out.append(_user_message(item, where))
         elif item.type == "function_call":
-            for field in ("call_id", "name"):
-                if not getattr(item, field):
-                    raise _invalid(f"a function_call needs its {field}", f"{where}.{field}")
+            if not item.call_id or not item.name:
+                missing = "name" if item.call_id else "call_id"
+                raise _invalid(f"a function_call needs its {missing}", f"{where}.{missing}")
             call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments or ""))
             last = out[-1] if out else None
             # Calls the model made in one turn (after its text, if any) are one assistant message.
@@ -209,7 +221,9 @@ def _tools(tools: list[ResponsesTool] | None) -> list[Tool]:
     return out
 
 
-def _tool_choice(choice: str | ToolChoiceObject | None, tools: list[Tool]) -> tuple[ToolChoice | None, list[Tool]]:
+def _tool_choice(
+    choice: Literal["none", "auto", "required"] | ToolChoiceObject | None, tools: list[Tool]
+) -> tuple[ToolChoice | None, list[Tool]]:
     if choice is None or isinstance(choice, str):
         return choice, tools
     if choice.type == "function":
@@ -255,7 +269,7 @@ def _with(extra: bytes, more: dict[str, Any]) -> bytes:
     return codec.encode_json(members)
 
 
-def to_chat(body: ResponsesBody, extra: bytes, history: list[Message] = ()) -> tuple[ChatBody, bytes]:
+def to_chat(body: ResponsesBody, extra: bytes, history: Sequence[Message] = ()) -> tuple[ChatBody, bytes]:
     """The chat body that asks the same of the model, and the extra members the engine gets.
     `history`: the stored conversation `previous_response_id` continues (its instructions are
     not carried over, as OpenAI's are not)."""

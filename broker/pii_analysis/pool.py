@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
@@ -88,7 +89,7 @@ class PiiEngine:
         if self._warming is not None:
             self._warming.cancel()
         if pool is not None:
-            procs = list((pool._processes or {}).values())  # type: ignore[attr-defined]
+            procs = list((pool._processes or {}).values())
             pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(_reap, procs, grace_s)
 
@@ -115,7 +116,7 @@ class PiiEngine:
     def worker_pids(self) -> list[int]:
         # ProcessPoolExecutor exposes no public handle on its processes (3.14 adds kill_workers).
         pool = self._pool
-        return list(pool._processes) if pool is not None and pool._processes else []  # type: ignore[attr-defined]
+        return list(pool._processes) if pool is not None and pool._processes else []
 
     async def analyze(
         self, tenant: str, plan: Plan, texts: list[str], timeout_s: float, *, rank: int = 0
@@ -132,9 +133,9 @@ class PiiEngine:
         try:
             async with asyncio.timeout(timeout_s):
                 units = await self.share.take(tenant, self._jobs_for(texts), rank)
-                pool = self._pool  # replaced (or closed) while this waited
-                if pool is None:
+                if (current := self._pool) is None:  # replaced (or closed) while this waited
                     raise PiiUnavailable("the analyzer pool is not running")
+                pool = current  # never None in the handlers below
                 jobs = split(texts, units, self.split_chars)
                 futures: list[Future[Job]] = []
                 for job in jobs:
@@ -196,7 +197,7 @@ class PiiEngine:
         if pool is not self._pool:
             return  # another caller already replaced it
         self.restarts += 1
-        for proc in list((pool._processes or {}).values()):  # type: ignore[attr-defined]
+        for proc in list((pool._processes or {}).values()):
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
         with self._inflight_lock:
@@ -207,7 +208,7 @@ class PiiEngine:
         self._warming = asyncio.get_running_loop().create_task(self._warm(self._pool))
 
 
-def _reap(procs: list[multiprocessing.process.BaseProcess], grace_s: float) -> None:
+def _reap(procs: Sequence[multiprocessing.process.BaseProcess], grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))

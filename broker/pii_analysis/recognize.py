@@ -22,6 +22,7 @@ import phonenumbers
 import regex
 from phonenumbers import PhoneMetadata, re_util
 from presidio_analyzer import EntityRecognizer, RecognizerResult
+from presidio_analyzer.nlp_engine import NlpArtifacts
 from presidio_analyzer.predefined_recognizers import PhoneRecognizer
 from presidio_analyzer.recognizer_registry import RecognizerRegistryProvider
 from spacy.lang.en.stop_words import STOP_WORDS
@@ -130,11 +131,11 @@ class _PhoneMatcher(phonenumbers.PhoneNumberMatcher):
         end = offset + len(candidate)
         return any(a <= offset and end <= b for a, b in self._matched)
 
-    def _extract_match(self, candidate, offset):  # type: ignore[no-untyped-def]
+    def _extract_match(self, candidate: str, offset: int) -> phonenumbers.PhoneNumberMatch | None:
         # Inner matches are sub-strings: if the whole candidate is skipped, so are they.
         return None if self._skip(candidate, offset) else super()._extract_match(candidate, offset)
 
-    def _parse_and_verify(self, candidate, offset):  # type: ignore[no-untyped-def]
+    def _parse_and_verify(self, candidate: str, offset: int) -> phonenumbers.PhoneNumberMatch | None:
         return None if self._skip(candidate, offset) else super()._parse_and_verify(candidate, offset)
 
 
@@ -146,7 +147,8 @@ if hasattr(re_util, "enable_pattern_cache"):  # its metadata regexes overflow `r
 def _min_digits(region: str) -> int:
     if region not in _MIN_DIGITS:
         md = PhoneMetadata.metadata_for_region(region)
-        lengths = md.general_desc.possible_length if md is not None else ()
+        desc = md.general_desc if md is not None else None
+        lengths = desc.possible_length if desc is not None else ()
         _MIN_DIGITS[region] = min(min(lengths, default=1), 7)
     return _MIN_DIGITS[region]
 
@@ -154,11 +156,15 @@ def _min_digits(region: str) -> int:
 class FastPhoneRecognizer(PhoneRecognizer):
     """Presidio's PhoneRecognizer.analyze with the matcher above."""
 
-    def analyze(self, text, entities, nlp_artifacts=None):  # type: ignore[no-untyped-def]
+    def analyze(
+        self, text: str, entities: list[str], nlp_artifacts: NlpArtifacts | None = None
+    ) -> list[RecognizerResult]:
         results = []
         matched: list[tuple[int, int]] = []
+        leniency = self.leniency
+        assert leniency is not None, "Recognizers copies stock PhoneRecognizer's leniency (1)"
         for region in self.supported_regions:
-            for match in _PhoneMatcher(text, region, self.leniency, matched):
+            for match in _PhoneMatcher(text, region, leniency, matched):
                 matched.append((match.start, match.end))
                 try:
                     found = phonenumbers.region_code_for_number(phonenumbers.parse(match.raw_string))
@@ -219,14 +225,15 @@ class Recognizers:
             scope = SCOPES.get(entity)
             for rec in self.by_entity.get(entity, ()):
                 if scope is None:
-                    found = rec.analyze(text, [entity], None)
+                    # Pattern recognizers take no NLP artifacts; the base class's annotation wants them.
+                    found = rec.analyze(text, [entity], None)  # type: ignore[arg-type]
                 else:
                     proj = projections.get(id(scope))
                     if proj is None:
                         proj = projections[id(scope)] = Projection(text, scope)
                     if not proj.text:
                         continue
-                    found = rec.analyze(proj.text, [entity], None)
+                    found = rec.analyze(proj.text, [entity], None)  # type: ignore[arg-type]
                     for r in found:
                         r.start, r.end = proj.to_text(r.start, r.end)
                 results += found

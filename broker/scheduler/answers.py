@@ -1,7 +1,9 @@
-"""Answers for a request that will not run, and acks for a message the scheduler holds only by its
-ack subject (another broker consumed it)."""
+"""Answers for a request that will not run on a worker (refused, or a cache hit), and acks for a
+message the scheduler holds only by its ack subject (another broker consumed it)."""
 
 from __future__ import annotations
+
+import time
 
 import nats.errors
 from nats.aio.client import Client
@@ -10,10 +12,12 @@ from nats.aio.msg import Msg
 from broker.metrics import BrokerMetrics
 from broker.pools import Acks
 from broker.waiting import Admit
+from core.cache import CachedResponse, replay_entries, replay_usage
 from schemas import codec
 from schemas.errors import ErrorCode
-from schemas.frames import StreamError, TokenFrame
+from schemas.frames import Finished, StreamError, TokenFrame
 from schemas.requests import GenerateRequest
+from schemas.subjects import Subjects
 
 ADMIT_ERRORS = {
     Admit.QUEUE_FULL: (ErrorCode.queue_full, "this tenant's queue for the class is full"),
@@ -65,3 +69,23 @@ def same_message(ack_subject: str, other: str) -> bool:
         return Msg.Metadata._from_reply(ack_subject).sequence.stream == Msg.Metadata._from_reply(other).sequence.stream
     except (nats.errors.Error, ValueError, IndexError):
         return ack_subject == other
+
+
+async def replay(
+    nc: Client,
+    s: Subjects,
+    msg: Msg,
+    request: GenerateRequest,
+    hit: CachedResponse,
+    attempt: int,
+    headers: dict[str, str],
+    pool: str,
+) -> None:
+    """A cache hit streams back as a normal stream, and is metered as cached."""
+    entries = replay_entries(hit, request.request_id, attempt, headers)
+    finished = entries[-1]
+    assert isinstance(finished, Finished)  # replay_entries ends with it
+    finished.messages, finished.fields = request.echoed()  # the input as redacted
+    await nc.publish(request.reply_to, codec.encode(TokenFrame("cache", entries, time.time())))
+    await nc.publish(s.usage(request.tenant), codec.encode(replay_usage(hit, request, pool)))
+    await msg.ack()

@@ -150,9 +150,10 @@ class Quota:
                 jobs = []
                 if need_r > 0 or need_t > 0:
                     jobs.append(self._refill_rate(tenant, lease, policy, lease.window, need_r, need_t))
-                if need_b > 0:
+                # _needs asks only for what the policy limits: the `is not None`s are always true
+                if need_b > 0 and policy.monthly_tokens is not None:
                     jobs.append(self._refill_budget(tenant, lease, policy.monthly_tokens, lease.month, need_b))
-                if need_s:
+                if need_s and policy.max_concurrent is not None:
                     jobs.append(self._grow_slots(tenant, lease, policy.max_concurrent, now))
                 await self._await_refills(tenant, lease, jobs, now, force)
                 # The refills ran as tasks, which finish a loop turn before this resumes: an
@@ -261,8 +262,10 @@ class Quota:
         now = self._clock()
         reset = (take.period + 1) * 60 - now
         if take.denied is LimitName.requests:
+            assert rpm is not None, "take_rate refuses only a limit the policy sets"
             raise self._refusal(tenant, lease, LimitName.requests, rpm, take.left_requests + lease.requests,
                                 reset, f"rate limit reached: {rpm} requests per minute", now)
+        assert tpm is not None, "take_rate refuses only a limit the policy sets"
         remaining = take.left_tokens + lease.tokens
         message = (f"this request needs ~{need_t + lease.tokens} tokens, more than the limit of {tpm} "
                    "tokens per minute; lower max_tokens" if need_t + lease.tokens > tpm else

@@ -65,7 +65,7 @@ class CounterStore:
         known = self._known.get(key)
         for attempt in range(MAX_ATTEMPTS):
             fresh = known is None
-            if fresh:
+            if known is None:
                 known = await self._read(key, decode)
             revision, doc = known
             take = step(doc)
@@ -93,8 +93,10 @@ class CounterStore:
             entry = await self.kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             return 0, None
+        revision = entry.revision
+        assert revision is not None, "a stored KV entry has its stream sequence"
         try:
-            return entry.revision, decode(entry.value)
+            return revision, decode(entry.value or b"")  # nats-py reads an empty value as None
         except msgspec.DecodeError:
             log.error("quota counter %s is unreadable; starting it afresh", key)
-            return entry.revision, None
+            return revision, None

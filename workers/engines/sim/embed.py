@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.openai import EmbeddingBody
@@ -46,6 +47,7 @@ def accept_embedding(request: EngineRequest, max_model_len: int) -> SimEmbedding
     body, rid = request.body, request.request_id
     assert isinstance(body, EmbeddingBody)
     truncate = _extras(request).get("truncate_prompt_tokens")
+    assert truncate is None or isinstance(truncate, int)  # _extras checked its kind (_HONOURED)
     if problem := body.check():
         raise UnsupportedRequest(rid, "input", problem)
     dims = body.dimensions or NATIVE_DIMENSIONS
@@ -56,7 +58,8 @@ def accept_embedding(request: EngineRequest, max_model_len: int) -> SimEmbedding
     if truncate is not None and truncate < 1:
         raise UnsupportedRequest(rid, "truncate_prompt_tokens", "truncate_prompt_tokens must be at least 1")
     total, vectors = 0, []
-    for i, item in enumerate(body.inputs):
+    inputs: Sequence[str | list[int]] = body.inputs  # enumerate() joins a union of lists to Sequence[object]
+    for i, item in enumerate(inputs):
         tokens = len(item) if isinstance(item, list) else max(1, math.ceil(len(item) / 4))
         if truncate is not None and tokens > truncate:
             tokens = truncate
