@@ -51,7 +51,7 @@ from bridge.streams.continuation import Continuations
 from bridge.streams.demux import BufferLimits, Demux
 from bridge.streams.losses import Losses
 from core.catalogue import Catalogue
-from core.connect import connect
+from core.connect import connect, disconnect
 from core.liveness import hold
 from core.looplag import LoopLag
 from core.provision import wait_provisioned
@@ -197,7 +197,7 @@ class Bridge:
         self._loop_lag_task = self._sweep_task = None
         await self.catalogue.stop()
         if self._nc is not None:
-            await self._nc.close()
+            await disconnect(self._nc, drain=False)
             self._nc = None
 
     async def __aenter__(self) -> Bridge:

@@ -46,7 +46,7 @@ from broker.scheduler.peers import Peers
 from broker.scheduler.schedule import Scheduler
 from broker.sweep import Sweep, running_ended
 from core.cache import CacheScope, ResponseCache
-from core.connect import connect
+from core.connect import connect, disconnect
 from core.policy.refusal import Refusal
 from core.provision import wait_provisioned
 from core.tasks import beat_forever, cancel_and_wait
@@ -188,7 +188,7 @@ class Broker:
             await self.gate.quota.close()     # unused leases go back to the other replicas
         if self.gate.pii is not None:
             await self.gate.pii.close()
-        await (self._nc.drain() if self._nc.is_connected else self._nc.close())
+        await disconnect(self._nc)
         self._nc = None
 
     async def __aenter__(self) -> Broker:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 
 from schemas.subjects import Subjects, service_inbox
@@ -93,3 +94,13 @@ async def connect_once(
         max_reconnect_attempts=1,
         error_cb=error_cb or error,
     )
+
+
+async def disconnect(nc: Client, *, drain: bool = True) -> None:
+    """A service's last step: drain (what it published reaches the server; its subscriptions
+    finish their messages), or close where the connection is already down or `drain` is off.
+    Never raises: the server may have gone first (a reset socket), and stopping goes on."""
+    try:
+        await (nc.drain() if drain and nc.is_connected else nc.close())
+    except (nats.errors.Error, OSError) as exc:
+        log.debug("disconnect: %s", exc)

@@ -30,7 +30,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from core.connect import connect
+from core.connect import connect, disconnect
 from core.liveness import hold
 from core.looplag import LoopLag
 from core.provision import wait_provisioned
@@ -187,14 +187,12 @@ class Worker:
             await self._serving.answers.wait(timeout_s=5)
         await self.usage.stop()
         if self._nc is not None:
-            try:
-                if self._nc.is_connected:
-                    await self._heartbeat()
-                    await self._nc.drain()
-                else:
-                    await self._nc.close()
-            except (nats.errors.Error, OSError) as exc:  # closing anyway
-                log.debug("close: %s", exc)
+            if self._nc.is_connected:
+                try:
+                    await self._heartbeat()  # the last, saying it stops
+                except (nats.errors.Error, OSError) as exc:  # closing anyway
+                    log.debug("last heartbeat: %s", exc)
+            await disconnect(self._nc)
             self._nc = None
 
     async def __aenter__(self) -> Worker:
