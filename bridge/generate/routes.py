@@ -14,16 +14,14 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-import nats.errors
-import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client
 
-from bridge import publish_errors
 from bridge.auth import ANSWER_ID, MAX_IDEMPOTENCY_KEY, REQUEST_ID_HEADER, answer_id, authenticate, idempotent_id
 from bridge.config import BridgeConfig
 from bridge.errors import EdgeError, from_code
 from bridge.generate.admission import EdgeAdmission
+from bridge.generate.publish import publish_request
 from bridge.generate.translate import check_context, param_of, to_generate
 from bridge.metrics import BridgeMetrics
 from bridge.readiness import Readiness
@@ -42,7 +40,6 @@ from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, Finished, StreamError
 from schemas.openai import Body
 from schemas.requests import GenerateRequest
-from schemas.subjects import MSG_ID_HEADER
 
 log = logging.getLogger("laneway.bridge")
 
@@ -65,10 +62,21 @@ class _Run:
 class Generations:
     """One OpenAI generation endpoint; `decode` reads its body kind (chat or completion)."""
 
-    def __init__(self, decode: Decode, nc: Client, edge_id: str, config: BridgeConfig, settings: Settings,
-                 catalogue: Catalogue, readiness: Readiness, demux: Demux, metrics: BridgeMetrics,
-                 cancel: Callable[[str, str], Awaitable[None]], admission: EdgeAdmission,
-                 resumable: ResumableStreams) -> None:
+    def __init__(
+        self,
+        decode: Decode,
+        nc: Client,
+        edge_id: str,
+        config: BridgeConfig,
+        settings: Settings,
+        catalogue: Catalogue,
+        readiness: Readiness,
+        demux: Demux,
+        metrics: BridgeMetrics,
+        cancel: Callable[[str, str], Awaitable[None]],
+        admission: EdgeAdmission,
+        resumable: ResumableStreams,
+    ) -> None:
         self._decode = decode
         self._nc = nc
         self.edge_id = edge_id
@@ -88,9 +96,10 @@ class Generations:
         # An error answer gets its x-request-id from the app's middleware (the same answer_id).
         started = time.monotonic()
         tenant = authenticate(request, self.catalogue.tenants)
-        if self.resumable.asked(request):      # a stream cut off comes back: its body is not read
-            return await self.resumable.resume(request, tenant.name,
-                                               lambda request_id: {REQUEST_ID_HEADER: answer_id(request, request_id)})
+        if self.resumable.asked(request):  # a stream cut off comes back: its body is not read
+            return await self.resumable.resume(
+                request, tenant.name, lambda request_id: {REQUEST_ID_HEADER: answer_id(request, request_id)}
+            )
         request_id = self._request_id(request, tenant)
         # Before the body is parsed: under overload, a refusal must cost the bridge next to nothing.
         # The class is in the headers: each is admitted by its own share (bridge/generate/admission.py).
@@ -101,19 +110,34 @@ class Generations:
             self.metrics.refused.labels(klass, tenant.name, exc.code.value if exc.code else str(exc.status)).inc()
             raise
 
-    async def _admitted(self, request: web.Request, tenant: Tenant, klass: str, request_id: str,
-                        started: float) -> web.StreamResponse:
+    async def _admitted(
+        self, request: web.Request, tenant: Tenant, klass: str, request_id: str, started: float
+    ) -> web.StreamResponse:
         self._admit(tenant.name, self.catalogue.classes[klass])
         body, extra = await self._parse(request)
         self._check_model(body.model, tenant.name)
         now = time.time()
-        generate = to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                               reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=now,
-                               deadline=self._deadline(request, now))
+        generate = to_generate(
+            body,
+            extra,
+            request_id=request_id,
+            tenant=tenant.name,
+            klass=klass,
+            reply_to=self.s.tok(tenant.name, self.edge_id),
+            edge=self.edge_id,
+            now=now,
+            deadline=self._deadline(request, now),
+        )
         # The request's trace: the client's when it sent a traceparent; its id rides the request.
-        span = self._tracing.start("laneway.bridge.request", request.headers.get("traceparent", ""),
-                                   request_id=request_id, tenant=tenant.name, klass=klass, model=body.model,
-                                   stream=body.stream)
+        span = self._tracing.start(
+            "laneway.bridge.request",
+            request.headers.get("traceparent", ""),
+            request_id=request_id,
+            tenant=tenant.name,
+            klass=klass,
+            model=body.model,
+            stream=body.stream,
+        )
         generate.traceparent = span.traceparent
         outcome = "error"
         try:
@@ -132,20 +156,31 @@ class Generations:
         async with self._generation(generate, self._payload(generate)) as run:
             stream, entries = run.stream, run.entries
             render = self._renderer(request, generate)
-            headers = {REQUEST_ID_HEADER: request[ANSWER_ID],
-                       "openai-processing-ms": str(int((time.monotonic() - started) * 1000))}
+            headers = {
+                REQUEST_ID_HEADER: request[ANSWER_ID],
+                "openai-processing-ms": str(int((time.monotonic() - started) * 1000)),
+            }
             if isinstance(entries[0], (Delta, Finished)):
                 headers.update(entries[0].headers)
             if not body.stream or isinstance(render, EmbeddingRenderer):  # an embedding never streams
-                response: web.StreamResponse = await collect_json(stream, generate, render, entries, started,
-                                                                  self.metrics, headers)
+                response: web.StreamResponse = await collect_json(
+                    stream, generate, render, entries, started, self.metrics, headers
+                )
             elif self.resumable.covers(request):
-                run.held = True         # from here `Resumes` ends the stream, and cancels it if need be
-                response = await self.resumable.stream(request, stream, generate, render, entries, started,
-                                                       headers)
+                run.held = True  # from here `Resumes` ends the stream, and cancels it if need be
+                response = await self.resumable.stream(request, stream, generate, render, entries, started, headers)
             else:
-                response = await stream_sse(request, stream, generate, render, entries, started,
-                                            self.metrics, headers, self.config.write_timeout_s)
+                response = await stream_sse(
+                    request,
+                    stream,
+                    generate,
+                    render,
+                    entries,
+                    started,
+                    self.metrics,
+                    headers,
+                    self.config.write_timeout_s,
+                )
             self.metrics.requests.labels(klass, str(response.status)).inc()
             return response
 
@@ -156,16 +191,28 @@ class Generations:
         generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
         return await self._collect(generate, renderer_for(generate))
 
-    def _line_request(self, tenant: Tenant, body: Body, extra: bytes, request_id: str, klass: str,
-                      deadline: float) -> GenerateRequest:
+    def _line_request(
+        self, tenant: Tenant, body: Body, extra: bytes, request_id: str, klass: str, deadline: float
+    ) -> GenerateRequest:
         """A batch line's request, once its body passed the HTTP path's checks."""
         if body.stream:
-            raise EdgeError(ErrorCode.invalid_request, "a batch's requests are answered whole: stream must be "
-                            "false or left out", "stream")
+            raise EdgeError(
+                ErrorCode.invalid_request,
+                "a batch's requests are answered whole: stream must be false or left out",
+                "stream",
+            )
         self._check_model(body.model, tenant.name)
-        return to_generate(body, extra, request_id=request_id, tenant=tenant.name, klass=klass,
-                           reply_to=self.s.tok(tenant.name, self.edge_id), edge=self.edge_id, now=time.time(),
-                           deadline=deadline)
+        return to_generate(
+            body,
+            extra,
+            request_id=request_id,
+            tenant=tenant.name,
+            klass=klass,
+            reply_to=self.s.tok(tenant.name, self.edge_id),
+            edge=self.edge_id,
+            now=time.time(),
+            deadline=deadline,
+        )
 
     async def _collect(self, generate: GenerateRequest, render: Whole) -> bytes:
         """Publish a batch line's request and collect its answer whole."""
@@ -178,8 +225,9 @@ class Generations:
         """The request stored and its first entries arrived (an error before any token raises);
         on the way out its stream is ended and, unless it finished, its work cancelled (unless
         the run was handed on: `held`)."""
-        stream = self.demux.open(generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S,
-                                 generate.klass)
+        stream = self.demux.open(
+            generate.request_id, generate.tenant, generate.deadline + REPLY_GRACE_S, generate.klass
+        )
         run = _Run(stream)
         published = False
         try:
@@ -190,8 +238,11 @@ class Generations:
             if isinstance(first, StreamError):
                 if first.code == ErrorCode.duplicate_request.value:
                     # Over HTTP only a reused Idempotency-Key names a request id twice.
-                    raise EdgeError(ErrorCode.duplicate_request, "a request with this Idempotency-Key was "
-                                    "already accepted", "Idempotency-Key")
+                    raise EdgeError(
+                        ErrorCode.duplicate_request,
+                        "a request with this Idempotency-Key was already accepted",
+                        "Idempotency-Key",
+                    )
                 raise from_code(first.code, first.message, first.param, first.headers)
             yield run
         finally:
@@ -214,10 +265,12 @@ class Generations:
             # and are refused by name already: this is a free-form value (a content part's, say).
             raise EdgeError(ErrorCode.invalid_request, "an integer in the request does not fit in 64 bits") from None
         if len(payload) > self._nc.max_payload:
-            raise EdgeError(ErrorCode.payload_too_large,
-                            f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}")
-        check_context(generate, context_limit(self.catalogue.models, generate.body.model,
-                                              self.config.max_context_tokens))
+            raise EdgeError(
+                ErrorCode.payload_too_large, f"the request is {len(payload)} bytes; the limit is {self._nc.max_payload}"
+            )
+        check_context(
+            generate, context_limit(self.catalogue.models, generate.body.model, self.config.max_context_tokens)
+        )
         return payload
 
     async def _parse(self, request: web.Request) -> tuple[Body, bytes]:
@@ -242,8 +295,7 @@ class Generations:
         if klass not in self.catalogue.classes:
             raise EdgeError(ErrorCode.unknown_class, f"unknown priority class {klass!r}", CLASS_HEADER)
         if not tenant.may_use(klass):
-            raise EdgeError(ErrorCode.class_not_allowed, f"this API key may not use class {klass!r}",
-                            CLASS_HEADER)
+            raise EdgeError(ErrorCode.class_not_allowed, f"this API key may not use class {klass!r}", CLASS_HEADER)
         return klass
 
     def _deadline(self, request: web.Request, now: float) -> float:
@@ -255,8 +307,11 @@ class Generations:
             except ValueError:
                 asked = -1.0
             if not 0 < asked <= MAX_TIMEOUT_S:
-                raise EdgeError(ErrorCode.invalid_request, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]",
-                                TIMEOUT_HEADER)
+                raise EdgeError(
+                    ErrorCode.invalid_request,
+                    f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]",
+                    TIMEOUT_HEADER,
+                )
             timeout = min(timeout, asked)
         return now + timeout
 
@@ -264,8 +319,11 @@ class Generations:
         """Laneway's id for this request (frames, usage, audit, logs)."""
         key = request.headers.get("Idempotency-Key")
         if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-            raise EdgeError(ErrorCode.invalid_request,
-                            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters", "Idempotency-Key")
+            raise EdgeError(
+                ErrorCode.invalid_request,
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                "Idempotency-Key",
+            )
         request_id = idempotent_id(self.config.idempotency_secret, tenant.name, key) if key else uuid.uuid4().hex
         answer_id(request, request_id)
         return request_id
@@ -284,57 +342,7 @@ class Generations:
             raise EdgeError(ErrorCode.no_worker, f"no worker is ready to serve {name!r}; retry shortly")
 
     async def _publish(self, generate: GenerateRequest, payload: bytes) -> None:
-        if not self._nc.is_connected:    # nats-py would buffer it and leave the client waiting
-            raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
-        subject = self.s.req(generate.klass, generate.tenant)
-        headers = {MSG_ID_HEADER: uuid.uuid4().hex}    # its retries keep it: stored once
-        js = self._nc.jetstream()
-        last_error = self._nc.last_error
-        timed_out = False               # a try timed out: it may have been stored all the same
-        try:
-            for tries in range(1, self.config.publish_tries + 1):
-                if tries > 1 and not self._nc.is_connected:
-                    raise EdgeError(ErrorCode.unavailable, "Laneway lost its connection to NATS; retry shortly")
-                left_s = generate.deadline - time.time()
-                if left_s <= 0:
-                    raise EdgeError(ErrorCode.deadline_exceeded, "the deadline passed before the request "
-                                    "log confirmed the request")
-                try:
-                    await js.publish(subject, payload, headers=headers,
-                                     timeout=min(self.config.publish_timeout_s, left_s))
-                    break
-                except nats.errors.TimeoutError:
-                    # The PubAck did not come back. Sending it again under the same Nats-Msg-Id
-                    # stores it once (and a copy stored past the stream's window is dropped at
-                    # the broker's intake: broker/received.py).
-                    timed_out = True
-                    if tries < self.config.publish_tries:
-                        self.metrics.publish_retries.inc()
-                except nats.js.errors.APIError as exc:
-                    code = publish_errors.refusal(exc)
-                    if code is ErrorCode.queue_full:
-                        raise EdgeError(ErrorCode.queue_full,
-                                        f"too many queued requests for class {generate.klass!r}; retry later",
-                                        headers={"x-ratelimit-limit-requests": "backlog",
-                                                 "x-ratelimit-remaining-requests": "0"}) from None
-                    if code is ErrorCode.overloaded:
-                        raise EdgeError(ErrorCode.overloaded, "Laneway is at capacity; retry later") from None
-                    raise
-                except (*publish_errors.NOT_STORED, nats.errors.ConnectionClosedError):
-                    raise EdgeError(ErrorCode.overloaded, "the request log is unavailable; retry later") from None
-            else:
-                if why := publish_errors.denied(self._nc, subject, last_error):     # the operator's to fix, not the client's
-                    log.error("the bridge's NATS user may not publish requests (its permissions, or the "
-                              "subject prefix): %s", why)
-                raise EdgeError(ErrorCode.overloaded, "the request log did not confirm the request in time; "
-                                "retry later")
-        except BaseException as exc:
-            # Never confirmed, and maybe stored all the same (a try timed out, or a publish was
-            # cut short: the client left, a bug): cancel it, so that work the client was told
-            # failed, or left, does not run. Only a refusal says it was not stored.
-            if timed_out or not isinstance(exc, (EdgeError, nats.js.errors.APIError)):
-                await self._cancel(generate.tenant, generate.request_id)
-            raise
+        await publish_request(self._nc, self.s, self.config, self.metrics, self._cancel, generate, payload)
 
     async def _first_entries(self, stream: ResponseStream) -> list[Entry]:
         try:
