@@ -115,19 +115,8 @@ class Generations:
     ) -> web.StreamResponse:
         self._admit(tenant.name, self.catalogue.classes[klass])
         body, extra = await self._parse(request)
-        self._check_model(body.model, tenant.name)
         now = time.time()
-        generate = to_generate(
-            body,
-            extra,
-            request_id=request_id,
-            tenant=tenant.name,
-            klass=klass,
-            reply_to=self.s.tok(tenant.name, self.edge_id),
-            edge=self.edge_id,
-            now=now,
-            deadline=self._deadline(request, now),
-        )
+        generate = self._request(tenant, body, extra, request_id, klass, now, self._deadline(request, now))
         # The request's trace: the client's when it sent a traceparent; its id rides the request.
         span = self._tracing.start(
             "laneway.bridge.request",
@@ -201,6 +190,12 @@ class Generations:
                 "a batch's requests are answered whole: stream must be false or left out",
                 "stream",
             )
+        return self._request(tenant, body, extra, request_id, klass, time.time(), deadline)
+
+    def _request(
+        self, tenant: Tenant, body: Body, extra: bytes, request_id: str, klass: str, now: float, deadline: float
+    ) -> GenerateRequest:
+        """The request for the broker, once the model is known to be served."""
         self._check_model(body.model, tenant.name)
         return to_generate(
             body,
@@ -210,7 +205,7 @@ class Generations:
             klass=klass,
             reply_to=self.s.tok(tenant.name, self.edge_id),
             edge=self.edge_id,
-            now=time.time(),
+            now=now,
             deadline=deadline,
         )
 
