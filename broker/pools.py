@@ -4,12 +4,13 @@ parked until work comes. `broker/scheduler/schedule.py` moves them; `sweep.py` k
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker.affinity import PrefixIndex
 from broker.balance import Loads
 from broker.lanes import Lanes
 from broker.running import Running
+from core.routing.rules import RuleSet
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
 
@@ -44,6 +45,13 @@ class Held:
     origin: str = ""  # the broker whose gate admitted it: told when it settles
     output_pii: str = ""  # the tenant's PII policy (JSON), for the worker to redact the answer
     adapter: str = ""  # its model's LoRA adapter (path)
+
+    def cascade(self, rules: RuleSet | None) -> dict[str, Any]:
+        """Dispatch fields for a request its rule may escalate: the verdict settings."""
+        if not self.escalate_to or rules is None:
+            return {}
+        c = rules.cascade
+        return {"escalate_to": self.escalate_to, "cascade_window": c.window, "cascade_min_logprob": c.min_mean_logprob}
 
 
 @dataclass(slots=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -61,14 +60,6 @@ async def refuse(
     await ack.term()
     error = StreamError(request.request_id, attempt, 0, code.value, message, param, headers or {})
     await nc.publish(request.reply_to, codec.encode(TokenFrame("broker", [error])))
-
-
-def same_message(ack_subject: str, other: str) -> bool:
-    """Whether two ack subjects are deliveries of one stored message (its stream sequence)."""
-    try:
-        return Msg.Metadata._from_reply(ack_subject).sequence.stream == Msg.Metadata._from_reply(other).sequence.stream
-    except (nats.errors.Error, ValueError, IndexError):
-        return ack_subject == other
 
 
 async def replay(

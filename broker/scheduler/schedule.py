@@ -25,9 +25,10 @@ from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Acks, Held, ParkedPull, Pool
 from broker.room import engine_priorities
-from broker.scheduler.answers import ADMIT_ERRORS, AckHandle, refuse, same_message
+from broker.scheduler.answers import ADMIT_ERRORS, AckHandle, refuse
 from broker.scheduler.preference import best_parked, placed, preference, request_prefix
 from broker.waiting import Admit, Item
+from core.acks import same_message
 from core.cache import CacheScope, prefix_salt
 from core.tracing import tracer
 from schemas import codec
@@ -297,7 +298,7 @@ class Scheduler:
                     headers=held.headers,
                     output_pii=held.output_pii,
                     adapter=held.adapter,
-                    **self._cascade(held),
+                    **held.cascade(self.live.rules),
                 )
             )
             self.metrics.queue_wait.labels(item.klass).observe(queued)
@@ -320,14 +321,6 @@ class Scheduler:
         placed(pool, credit, selection.dispatch, self.metrics)
         pool.running.placed(credit.worker_id, selection.dispatch)  # handed back if that worker is lost
         return True
-
-    def _cascade(self, held: Held) -> dict:
-        """Dispatch fields for a request its rule may escalate: the verdict settings."""
-        rules = self.live.rules
-        if not held.escalate_to or rules is None:
-            return {}
-        c = rules.cascade
-        return {"escalate_to": held.escalate_to, "cascade_window": c.window, "cascade_min_logprob": c.min_mean_logprob}
 
     async def serve_parked(self, name: str, pool: Pool) -> None:
         while self.active and pool.parked and len(pool.lanes):
