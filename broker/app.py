@@ -12,7 +12,8 @@ acks when it finishes. If a worker dies, JetStream redelivers after `ack_wait` a
 comes back through a gate with a higher attempt number. If the scheduler dies, a standby takes
 the lease and every gate sends it the requests it admitted that have not settled.
 
-The periodic upkeep (expiry, in-progress acks, pulls whose hold is up, gauges) is `sweep.py`.
+The periodic upkeep (expiry, in-progress acks, pulls whose hold is up, gauges) is `sweep.py`;
+each consumed request's way through the gate to the scheduler, `consumed.py`.
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ from nats.aio.msg import Msg
 
 from broker.admitting import Admitting
 from broker.config import BrokerConfig
+from broker.consumed import Consumed
 from broker.deadletter import DeadLetters
 from broker.gate.pii import encode_audit
 from broker.gate.pii.service import start_pii
-from broker.gate.pipeline import Admission, Delivery, Gate
+from broker.gate.pipeline import Gate
 from broker.gate.quota import Quota
 from broker.holdings import Holdings
 from broker.intakes import Intakes
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics, UsageMetrics
-from broker.received import Copy, Received
-from broker.scheduler.answers import refuse, replay
+from broker.received import Received
 from broker.scheduler.lease import Lease, open_lease_bucket
 from broker.scheduler.origin import Origin
 from broker.scheduler.peers import Peers
@@ -47,14 +48,11 @@ from broker.scheduler.schedule import Scheduler
 from broker.sweep import Sweep, running_ended
 from core.cache import CacheScope, ResponseCache
 from core.connect import connect, disconnect
-from core.policy.refusal import Refusal
 from core.provision import wait_provisioned
 from core.tasks import beat_forever, cancel_and_wait
-from core.tracing import tracer
 from schemas import codec
-from schemas.requests import GenerateRequest
-from schemas.subjects import MSG_ID_HEADER, BadToken
-from schemas.work import Admitted, BrokerBeat
+from schemas.subjects import BadToken
+from schemas.work import BrokerBeat
 
 log = logging.getLogger("laneway.broker")
 
@@ -66,7 +64,7 @@ T = TypeVar("T")
 
 
 def _started(part: T | None) -> T:
-    if part is None:    # a part start() makes, asked for before it (by a callback that came first)
+    if part is None:  # a part start() makes, asked for before it (by a callback that came first)
         raise RuntimeError("Broker.start() first")
     return part
 
@@ -81,9 +79,9 @@ class Broker:
         self.id = uuid.uuid4().hex[:12]
         self.usage_metrics = UsageMetrics(self.metrics.registry)
         self.peers = Peers(self.id, PEER_STALE_S)
-        self._leader = ""                       # the scheduler last announced
-        self.gating = False                         # consuming requests now
-        self._scopes = CacheScope()                 # tenant → cache scope, also the prefix salt's
+        self._leader = ""  # the scheduler last announced
+        self.gating = False  # consuming requests now
+        self._scopes = CacheScope()  # tenant → cache scope, also the prefix salt's
         self._dead: DeadLetters | None = None
         self._recent_cancels: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._nc: Client | None = None
@@ -92,13 +90,13 @@ class Broker:
         self._lease: Lease | None = None
         self._intake: Intakes | None = None
         self._held: Holdings | None = None
-        self._retiring: set[asyncio.Task[None]] = set()     # intakes stopping (draining) in the background
-        self._admitting = Admitting(on_ended=self._poke_intake)   # what the intake handed over, in the gate
+        self._consumed: Consumed | None = None  # each request the intake consumes, through the gate
+        self._retiring: set[asyncio.Task[None]] = set()  # intakes stopping (draining) in the background
+        self._admitting = Admitting(on_ended=self._poke_intake)  # what the intake handed over, in the gate
         self._stopping = False
         self._roles = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list = []
-        self._tracing = tracer()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,27 +104,50 @@ class Broker:
         self._stopping = False
         self._nc = await connect(n, "laneway-broker")
         js = self._nc.jetstream()
-        await wait_provisioned(js, self.s, "broker", requests=True)   # `laneway up` / `ops provision`
+        await wait_provisioned(js, self.s, "broker", requests=True)  # `laneway up` / `ops provision`
         await self._start_gate(js)
-        self._dead = DeadLetters(self._nc, self.s, self.metrics, self.config.limits.max_deliver,
-                                 self._release, self.gate, self.live.tenants)
+        self._dead = DeadLetters(
+            self._nc, self.s, self.metrics, self.config.limits.max_deliver, self._release, self.gate, self.live.tenants
+        )
         await self.live.start(js, self.s)
-        self.scheduler = Scheduler(self._nc, self.s, self.id, cfg.limits.max_deliver, self.live, self.metrics,
-                                   lambda: self._scopes, self._release, self._take_cancel,
-                                   affinity=cfg.prefix_affinity)
+        self.scheduler = Scheduler(
+            self._nc,
+            self.s,
+            self.id,
+            cfg.limits.max_deliver,
+            self.live,
+            self.metrics,
+            lambda: self._scopes,
+            self._release,
+            self._take_cancel,
+            affinity=cfg.prefix_affinity,
+        )
         self._origin = Origin(self._nc, self.s, self.id, self.metrics, self.scheduler, self._release)
         self._held = Holdings(self.scheduler, self._origin, self._admitting)
+        self._consumed = Consumed(
+            self._nc,
+            self.s,
+            self.id,
+            self.metrics,
+            self.gate,
+            self.live,
+            self._dead,
+            self._origin,
+            self._admitting,
+            self._take_cancel,
+            self._release,
+        )
         await self._origin.start()
         self._subs = [
             await self._nc.subscribe(self.s.worker_events, cb=self.live.on_heartbeat),
             await self._nc.subscribe(self.s.cancel_all, cb=self._on_cancel),
             # One replica handles each: a request that hit max_deliver goes to the DLQ once.
-            await self._nc.subscribe(self._dead.advisory_subject, queue="laneway-brokers",
-                                     cb=self._dead.on_max_deliveries),
+            await self._nc.subscribe(
+                self._dead.advisory_subject, queue="laneway-brokers", cb=self._dead.on_max_deliveries
+            ),
             # Every replica releases the quota grants it holds; metrics count each record once.
             await self._nc.subscribe(self.s.usage_all, cb=self._on_usage),
-            await self._nc.subscribe(self.s.usage_all, queue="laneway-usage-metrics",
-                                     cb=self._count_usage),
+            await self._nc.subscribe(self.s.usage_all, queue="laneway-usage-metrics", cb=self._count_usage),
             await self._nc.subscribe(self.s.broker_events, cb=self._on_peer),
             await self._nc.subscribe(self.s.sched_leader, cb=self._on_leader),
         ]
@@ -135,19 +156,37 @@ class Broker:
         await self._announce()
         kv, ttl_s = await open_lease_bucket(js, self.s, cfg.lease_ttl_s, cfg.limits.replicas)
         self._lease = Lease(kv, self.id, ttl_s, self._took_lease, self._lost_lease)
-        await self._lease.step()        # free: a lone broker schedules from its first request
+        await self._lease.step()  # free: a lone broker schedules from its first request
         await self._set_roles()
-        sweep = Sweep(self._nc, self.scheduler.pools, self.live, self.metrics, self.gate, self._recent_cancels,
-                      self.scheduler.expire, self.scheduler.serve_parked, self._poke_intake,
-                      cfg.sweep_interval_s, cfg.limits.ack_wait_s / 3, self.s)
-        self._tasks = [asyncio.create_task(sweep.run(), name="laneway-sweep"),
-                       asyncio.create_task(sweep.probe_workers(), name="worker-probes"),
-                       asyncio.create_task(beat_forever(self._beat, BROKER_HEARTBEAT_S), name="broker-heartbeats"),
-                       asyncio.create_task(self._lease.run(), name="scheduler-lease"),
-                       asyncio.create_task(self._origin.resend_forever(), name="scheduler-resend"),
-                       asyncio.create_task(self._dead.run(), name="laneway-dead-letters")]
-        log.info("broker %s ready: scheduler=%s classes=%s pools=%s", self.id, self.scheduler.active,
-                 sorted(self.live.classes), sorted(self.live.pool_names()))
+        sweep = Sweep(
+            self._nc,
+            self.scheduler.pools,
+            self.live,
+            self.metrics,
+            self.gate,
+            self._recent_cancels,
+            self.scheduler.expire,
+            self.scheduler.serve_parked,
+            self._poke_intake,
+            cfg.sweep_interval_s,
+            cfg.limits.ack_wait_s / 3,
+            self.s,
+        )
+        self._tasks = [
+            asyncio.create_task(sweep.run(), name="laneway-sweep"),
+            asyncio.create_task(sweep.probe_workers(), name="worker-probes"),
+            asyncio.create_task(beat_forever(self._beat, BROKER_HEARTBEAT_S), name="broker-heartbeats"),
+            asyncio.create_task(self._lease.run(), name="scheduler-lease"),
+            asyncio.create_task(self._origin.resend_forever(), name="scheduler-resend"),
+            asyncio.create_task(self._dead.run(), name="laneway-dead-letters"),
+        ]
+        log.info(
+            "broker %s ready: scheduler=%s classes=%s pools=%s",
+            self.id,
+            self.scheduler.active,
+            sorted(self.live.classes),
+            sorted(self.live.pool_names()),
+        )
 
     async def _start_gate(self, js) -> None:
         cfg = self.config
@@ -156,8 +195,7 @@ class Broker:
             self.gate.quota = await Quota.open(js, self.s, cfg.limits.replicas)
             await self.gate.quota.start()
         if cfg.cache_ttl_s > 0:
-            self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s,
-                                                      replicas=cfg.limits.replicas)
+            self.gate.cache = await ResponseCache.open(js, self.s, cfg.cache_ttl_s, replicas=cfg.limits.replicas)
         stage = await start_pii(cfg.pii, cfg.pii_workers, cfg.pii_max_chars)
         audit = lambda tenant, found: _started(self._nc).publish(self.s.audit(tenant), encode_audit(found))  # noqa: E731
         self.gate.use_pii(stage.gate, audit, stage.missing)
@@ -167,25 +205,25 @@ class Broker:
         requests back to JetStream (nak) and give up the lease, so a standby takes over at once.
         What other brokers admitted stays with them (they send it to the next scheduler)."""
         if self._nc is None:
-            return      # never started, or stopped already
-        async with self._roles:             # no role switch starts an intake from here on
+            return  # never started, or stopped already
+        async with self._roles:  # no role switch starts an intake from here on
             self._stopping = True
             intake, self._intake = self._intake, None
         if intake is not None:
             await intake.stop()
-        if self._retiring:                  # their drains run the gate: with the sweep still up
+        if self._retiring:  # their drains run the gate: with the sweep still up
             await asyncio.wait(set(self._retiring))
-        await self._admitting.wait_idle()   # what the intakes handed on goes through the gate
+        await self._admitting.wait_idle()  # what the intakes handed on goes through the gate
         await cancel_and_wait(*self._tasks)
-        if self._nc.is_connected:    # peers stop counting on this broker to consume
+        if self._nc.is_connected:  # peers stop counting on this broker to consume
             await self._nc.publish(self.s.broker_event(self.id), codec.encode(BrokerBeat(leaving=True)))
         if self._nc is not None and self._nc.is_connected and self.scheduler is not None:
             await self.scheduler.step_down()
-            if self._lease is not None and await self._lease.give_up():     # None: start() failed first
+            if self._lease is not None and await self._lease.give_up():  # None: start() failed first
                 await self._nc.publish(self.s.sched_leader, b"")
         await self.live.stop()
         if self.gate.quota is not None:
-            await self.gate.quota.close()     # unused leases go back to the other replicas
+            await self.gate.quota.close()  # unused leases go back to the other replicas
         if self.gate.pii is not None:
             await self.gate.pii.close()
         await disconnect(self._nc)
@@ -220,8 +258,14 @@ class Broker:
                 return
             self.gating = gating
             if gating:
-                self._intake = Intakes(_started(self._nc), self.s, self._on_request, _started(self._held),
-                                       self.config.max_held, self.live)
+                self._intake = Intakes(
+                    _started(self._nc),
+                    self.s,
+                    _started(self._consumed).on_request,
+                    _started(self._held),
+                    self.config.max_held,
+                    self.live,
+                )
                 self._intake.follow()
             elif self._intake is not None:
                 # Off this task (the lease's, a heartbeat's, a peer's callback): the intake's drain
@@ -257,7 +301,7 @@ class Broker:
 
     async def _on_leader(self, msg: Msg) -> None:
         if not msg.data and not (lease := _started(self._lease)).held:
-            lease.poke()      # given up: try to take it now
+            lease.poke()  # given up: try to take it now
         if msg.data:
             self._leader = msg.data.decode(errors="replace")
         await _started(self._origin).on_leader(msg)
@@ -292,69 +336,6 @@ class Broker:
     def _poke_intake(self) -> None:
         if self._intake is not None:
             self._intake.poke()
-
-    async def _on_request(self, msg: Msg) -> bool:     # False: junk, its sender's pull waits
-        metadata = msg.metadata
-        attempt = metadata.num_delivered
-        try:
-            klass, tenant, escalated = self.s.parse_req(msg.subject)
-            request = codec.decode_request(msg.data)
-        except (BadToken, codec.DecodeError) as exc:
-            await _started(self._dead).unreadable(msg, "malformed", str(exc))
-            return False
-        if self._take_cancel(tenant, request.request_id):
-            self.metrics.cancelled.labels(klass).inc()      # the cancel came first: it never runs
-            await msg.term()
-            return True
-        delivery = Delivery(attempt, metadata.sequence.stream, (msg.headers or {}).get(MSG_ID_HEADER), escalated)
-        # Off the subscription's one task: another tenant's next message need not wait for this one.
-        self._admitting.submit(tenant, request.request_id, self.live.rank(klass),
-                               lambda: self._admit(msg, request, klass, tenant, delivery))
-        return True
-
-    async def _admit(self, msg: Msg, request: GenerateRequest, klass: str, tenant: str,
-                     delivery: Delivery) -> None:
-        attempt, began = delivery.attempt, time.time()
-        try:
-            admission = await self.gate.admit(request, klass, tenant, delivery,
-                                              self.live.tenants.get(tenant), self.live.routing())
-        except Copy:            # of a message received: that one answers on the same reply subject
-            return await msg.term()
-        except Refusal as refusal:
-            self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
-                                 tenant=tenant, attempt=attempt, refused=refusal.code.value)
-            if refusal.param in ("tenant", "reply_to"):
-                # Never answer on a reply subject the request was not entitled to.
-                await _started(self._dead).unreadable(msg, "invalid", refusal.message)
-            else:
-                # The gate gave back what it charged: nothing is released by id here.
-                await refuse(_started(self._nc), self.metrics, msg, request, attempt, refusal.code, refusal.message,
-                             refusal.param, refusal.headers)
-            return
-        decision = admission.decision
-        self._tracing.record("laneway.broker.admit", request.traceparent, began, request_id=request.request_id,
-                             tenant=tenant, attempt=attempt, pool=decision.pool, route=decision.reason.value,
-                             cached=admission.hit is not None)
-        self.metrics.routing_decisions.labels(decision.pool, decision.reason.value).inc()
-        if decision.spilled:
-            self.metrics.routing_fallback.labels(decision.pool, decision.reason.value).inc()
-        if self._take_cancel(tenant, request.request_id):
-            # Cancelled while the gate had it (a PII analysis, a quota round trip): it never runs.
-            await self._release(tenant, request.request_id)
-            self.metrics.cancelled.labels(klass).inc()
-            await msg.term()
-            return
-        if admission.hit is not None:
-            await replay(_started(self._nc), self.s, msg, admission.request, admission.hit, attempt, admission.headers,
-                         admission.decision.pool)
-            return
-        await _started(self._origin).admit(self._admitted(msg, admission, attempt), msg)
-
-    def _admitted(self, msg: Msg, admission: Admission, attempt: int) -> Admitted:
-        return Admitted(admission.request, msg.reply, attempt, admission.decision.pool, self.id,
-                        admission.cache_key or "", admission.served_model,
-                        admission.decision.escalate_to or "", admission.headers, admission.output_pii,
-                        admission.adapter)
 
     async def _release(self, tenant: str, request_id: str, tokens: int = 0) -> None:
         await self.gate.release(tenant, request_id, tokens)
