@@ -42,9 +42,23 @@ async def read_usage(
 
 
 def billed(records: list[Usage | Superseded]) -> list[Usage]:
-    """The usage to bill: each batch line once, as its output line names it (`Superseded`)."""
+    """The usage to bill: each batch line once, as its output line names it (`Superseded`), and
+    each request message once: a record that `takes_over` (a continuation, or an end that counted
+    what lost workers streamed) voids the records of the message's earlier deliveries, written by
+    a worker judged lost that had not read its fence yet (broker/running.py)."""
     superseded = {(r.batch_id, r.line): r for r in records if isinstance(r, Superseded)}
-    return [u for u in records if isinstance(u, Usage) and not _voided(u, superseded)]
+    taken: dict[tuple[str, str, int], int] = {}
+    for u in records:
+        if isinstance(u, Usage) and u.takes_over and u.message:
+            key = (u.tenant, u.request_id, u.message)
+            taken[key] = max(taken.get(key, 0), u.attempt)
+    return [
+        u
+        for u in records
+        if isinstance(u, Usage)
+        and not _voided(u, superseded)
+        and u.attempt >= taken.get((u.tenant, u.request_id, u.message), 0)
+    ]
 
 
 def _voided(u: Usage, superseded: dict[tuple[str, int], Superseded]) -> bool:

@@ -36,6 +36,13 @@ class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     # one prefilled after the prompt to go on. Counted once, in `completion_tokens` (the client
     # got them, the lost worker recorded nothing) and billed so; this extra prefill is Laneway's.
     continued_tokens: int = 0
+    # Which delivery of which stored request message this is (JetStream's count; the message's
+    # sequence in its request stream). A record that `takes_over` counted what the message's
+    # earlier deliveries streamed to the client: a record of an earlier delivery (a worker judged
+    # lost that finished before it read its fence) is void for billing (core/usage_log.billed).
+    attempt: int = 0
+    message: int = 0
+    takes_over: bool = False
 
 
 class StorageUsage(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -176,6 +176,9 @@ async def same_as_unbroken(unbroken: list[Stream], broken: list[Stream], records
         assert len(records[b.request_id]) == 1, records[b.request_id]
         mine, theirs = records[b.request_id][0], records[a.request_id][0]
         assert (mine.prompt_tokens, mine.completion_tokens) == (theirs.prompt_tokens, theirs.completion_tokens)
+        # Which delivery of which message each is: a continuation's voids a fenced worker's late record.
+        assert (theirs.attempt, theirs.takes_over) == (1, False) and theirs.message > 0, theirs
+        assert mine.takes_over == (mine.attempt > 1) == bool(mine.continued_tokens) and mine.message > 0, mine
     continued = [records[s.request_id][0].continued_tokens for s in broken]
     assert any(continued), "no stream was continued: the killed worker served none"
     return continued

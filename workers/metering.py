@@ -15,6 +15,7 @@ import time
 
 from nats.js import JetStreamContext
 
+from core.acks import stream_sequence
 from core.kvwatch import BucketWatch
 from core.metering import PRICES_KEY, Meter, parse_price_book
 from schemas import codec
@@ -56,6 +57,7 @@ class UsageRecorder:
         served_model: str,
         cached_tokens: int = 0,
         continued_tokens: int = 0,
+        takes_over: bool = False,
     ) -> None:
         """Call after the stream's last entry: the record goes out with the flush that carries it."""
         r = dispatch.request
@@ -88,6 +90,9 @@ class UsageRecorder:
                     cached_tokens=cached_tokens,
                     prefix_saved_usd=self.meter.prefix_saved(self._pool, cached_tokens, r.klass),
                     continued_tokens=continued_tokens,
+                    attempt=dispatch.attempt,
+                    message=stream_sequence(dispatch.ack_subject),
+                    takes_over=takes_over,
                 )
             )
 

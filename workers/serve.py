@@ -10,8 +10,8 @@ handed back (`-NAK`) or escalated, with its ack, its metrics and its usage recor
 - A redelivered request first asks the edge holding its stream how it goes on
   (workers/continuing.py): from its start, after the tokens the client already has (the engine
   prefills them: `EngineRequest.continued`), not at all (the stream is over), or dead-lettered
-  (it lost too many workers). The client's usage counts the answer once, as if unbroken; the
-  usage record adds `continued_tokens`, the extra prefill.
+  (it lost too many workers). Its usage record counts the answer once, as if unbroken, plus
+  `continued_tokens` (the extra prefill); `takes_over` voids a fenced worker's late record.
 """
 
 from __future__ import annotations
@@ -165,8 +165,7 @@ class Serving:
         except asyncio.CancelledError:
             raise  # worker shutdown: left unacked on purpose, JetStream redelivers it
         except Exception:
-            # The top of the request's task. A bug, not a request problem: log it with its
-            # traceback and end the stream clearly rather than leave it hanging.
+            # The request task's top: a bug, not a request problem. Logged, the stream ended clearly.
             log.exception("serving %s failed", r.request_id)
             self._fail(active, ErrorCode.internal_error, "internal error in the worker")
             return
@@ -375,6 +374,7 @@ class Serving:
             served_model,
             cached_tokens,
             len(active.continued.token_ids) if active.continued else 0,
+            takes_over=active.delivered_before > 0,  # it counts what the lost workers streamed
         )
         klass = active.dispatch.request.klass
         self.metrics.prompt_tokens.labels(self.pool, klass).inc(prompt_tokens)

@@ -40,10 +40,22 @@ class Outbox:
 
 class Usage:
     def __init__(self) -> None:
-        self.records: list[tuple[str, int, int]] = []
+        self.records: list[tuple[str, int, int, bool]] = []
 
-    def record(self, dispatch, started, first_token_at, reason, prompt, completion, model, cached=0, continued=0):
-        self.records.append((reason, prompt, completion))
+    def record(
+        self,
+        dispatch,
+        started,
+        first_token_at,
+        reason,
+        prompt,
+        completion,
+        model,
+        cached=0,
+        continued=0,
+        takes_over=False,
+    ):
+        self.records.append((reason, prompt, completion, takes_over))
 
 
 class Answers:
@@ -94,7 +106,9 @@ def test_a_cancel_while_the_worker_asks_the_edge_is_not_lost() -> None:
         outbox, usage = await redelivered(SimEngine(PROFILES["zero"]), ask, active)
         assert not active
         assert not [e for e in outbox.entries if isinstance(e, Delta)], "it generated for a cancelled client"
-        assert outbox.acks == [ACK] and usage.records == [("cancelled", 0, 2)]
+        assert outbox.acks == [ACK] and usage.records == [
+            ("cancelled", 0, 2, True)
+        ]  # it counts what the lost worker streamed
 
     asyncio.run(main())
 
