@@ -24,6 +24,7 @@ from broker.gate.pipeline import Gate
 from broker.live import LiveConfig
 from broker.metrics import BrokerMetrics
 from broker.pools import Held, Pool
+from broker.running import fence
 from broker.scheduler.answers import AckHandle
 from broker.waiting import Item
 from broker.worker_probes import GONE_S as WORKER_GONE_S
@@ -31,7 +32,7 @@ from broker.worker_probes import probe_workers
 from core.liveness import Silence
 from schemas import codec
 from schemas.subjects import Subjects
-from schemas.work import Batch, Fence, Fenced
+from schemas.work import Batch
 
 log = logging.getLogger("laneway.sweep")
 
@@ -95,8 +96,7 @@ async def hand_back_lost(
             )
             metrics.workers_lost.labels(signal).inc()
             # The fence first: a worker that was only silent drops them before another takes them.
-            fence = Fence([Fenced(g.key[0], g.key[1], g.attempt) for g in gone])
-            await nc.publish(s.fence(worker), codec.encode(fence))
+            await nc.publish(s.fence(worker), codec.encode(fence(gone)))
             for g in gone:
                 await AckHandle(nc, g.ack_subject).nak()
             metrics.lost_handed_back.inc(len(gone))

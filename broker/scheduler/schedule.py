@@ -241,6 +241,8 @@ class Scheduler:
         pool = self.pool(credit.pool)
         pool.index.heard(credit.worker_id, credit.kv_tokens, mono := time.monotonic(), credit.adapters)
         pool.loads.pulled(credit.worker_id)
+        if (fence := pool.running.fence_again(credit.worker_id, time.time())) is not None:
+            await self._nc.publish(self.s.fence(credit.worker_id), codec.encode(fence))  # it is back
         # A worker's fresh credit supersedes its parked one (its room changed meanwhile).
         superseded = [p for p in pool.parked if p.credit.worker_id == credit.worker_id]
         if superseded:

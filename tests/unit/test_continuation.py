@@ -74,3 +74,22 @@ def test_running_hands_back_a_lost_worker_s_requests_once() -> None:
     assert running.lost("w1") == [] and running.workers() == ["w2"]
     running.expire(now=100.0 + 61)
     assert len(running) == 0 and running.workers() == []
+
+
+def test_a_lost_worker_that_pulls_again_gets_its_fence_again_once() -> None:
+    """A fence published while the worker's connection was down never reached it: its next pull
+    (it is back) brings the fence again, once, while the fenced requests' deadlines last."""
+    running = Running()
+    running.add("w1", ("acme", "a"), "ack.a", deadline=100.0, attempt=2)
+    running.add("w1", ("acme", "b"), "ack.b", deadline=50.0)
+    running.add("w2", ("acme", "c"), "ack.c", deadline=100.0)
+    running.lost("w1")
+    assert running.fence_again("w2", now=10.0) is None  # never judged lost
+    fence = running.fence_again("w1", now=10.0)
+    assert fence is not None
+    assert sorted((f.request_id, f.attempt) for f in fence.requests) == [("a", 2), ("b", 1)]
+    assert running.fence_again("w1", now=11.0) is None  # once
+    running.add("w1", ("acme", "d"), "ack.d", deadline=30.0)
+    running.lost("w1")
+    running.expire(now=30.0)  # every request it was fenced from is past its deadline: nothing kept
+    assert running.fence_again("w1", now=30.0) is None

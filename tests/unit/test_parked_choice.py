@@ -190,3 +190,16 @@ async def test_a_request_delivered_again_goes_out_before_the_new_work_of_its_cla
     reply = await pull(s, credit("w1", running=6))  # room for two
     first, *_ = [d.request.request_id for b in nc.batches(reply) for d in b]
     assert first == "r99"
+
+
+async def test_a_worker_judged_lost_that_pulls_again_is_fenced_again() -> None:
+    """Its fence may have gone out while its connection was down: the pull that says it is back
+    brings it again (once), before any new work."""
+    s, nc = scheduler()
+    running = s.pool("sim").running
+    running.add("w1", ("acme", "r1"), Ack(1).reply, deadline=time.time() + 60)
+    assert running.lost("w1")
+    fences = lambda: [codec.decode_fence(d) for subject, d in nc.sent if subject == Subjects().fence("w1")]  # noqa: E731
+    await pull(s, credit("w1"))
+    await pull(s, credit("w1"))
+    assert [[f.request_id for f in fence.requests] for fence in fences()] == [["r1"]]
