@@ -29,6 +29,8 @@ async def test_hol_short():
         "256",
         "--chat-rate",
         "3",
+        "--pii",
+        "off",
         SHED_NOTHING,
         "--quiet",
     )
