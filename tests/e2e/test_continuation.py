@@ -77,6 +77,13 @@ async def up(tmp_path_factory):
         "0.1",
         "--heartbeat-interval",
         "0.5",
+        # Every stream accepted: on a loaded machine (pytest -n 3) the bridge's measured stream
+        # limit and delivery-lag door turned some away with a 503 (their own tests); this module
+        # is about what was accepted when a worker died.
+        "--initial-stream-limit",
+        "0",
+        "--max-delivery-lag",
+        "0",
     ]
     async with LanewayUp(tmp_path_factory.mktemp("continue") / "lw", KEY, extra) as running:
         yield running
