@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -72,15 +73,7 @@ class Consumed:
         except Copy:  # of a message received: that one answers on the same reply subject
             return await msg.term()
         except Refusal as refusal:
-            self.tracing.record(
-                "laneway.broker.admit",
-                request.traceparent,
-                began,
-                request_id=request.request_id,
-                tenant=tenant,
-                attempt=attempt,
-                refused=refusal.code.value,
-            )
+            self._trace(request, tenant, attempt, began, refused=refusal.code.value)
             if refusal.param in ("tenant", "reply_to"):
                 # Never answer on a reply subject the request was not entitled to.
                 await self.dead.unreadable(msg, "invalid", refusal.message)
@@ -99,13 +92,11 @@ class Consumed:
                 )
             return
         decision = admission.decision
-        self.tracing.record(
-            "laneway.broker.admit",
-            request.traceparent,
+        self._trace(
+            request,
+            tenant,
+            attempt,
             began,
-            request_id=request.request_id,
-            tenant=tenant,
-            attempt=attempt,
             pool=decision.pool,
             route=decision.reason.value,
             cached=admission.hit is not None,
@@ -132,6 +123,18 @@ class Consumed:
             )
             return
         await self.origin.admit(self.admitted(msg, admission, attempt), msg)
+
+    def _trace(self, request: GenerateRequest, tenant: str, attempt: int, began: float, **outcome: Any) -> None:
+        """The gate's span: admitted (where to, cached) or refused (why)."""
+        self.tracing.record(
+            "laneway.broker.admit",
+            request.traceparent,
+            began,
+            request_id=request.request_id,
+            tenant=tenant,
+            attempt=attempt,
+            **outcome,
+        )
 
     def admitted(self, msg: Msg, admission: Admission, attempt: int) -> Admitted:
         return Admitted(
