@@ -83,19 +83,23 @@ async def frames(
     return counts
 
 
-async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
-    """A worker publishing frames now (the one publishing most, over a moment); 0: none."""
-    before = await frames(http, up)
+async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp, since: dict[int, float] | None = None) -> int:
+    """A worker publishing frames now; of several, the one that published the most since `since`
+    (a frames() reading; by default, over the moment watched). Counted, not read off the slots
+    gauge: that is as old as a worker's last pull."""
+    last = await frames(http, up)
+    base = last if since is None else since
     found = 0
 
     async def moved() -> bool:
-        nonlocal found
+        nonlocal last, found
         now = await frames(http, up)
-        grew = {pid: n - before[pid] for pid, n in now.items() if pid in before and n > before[pid]}
-        found = max(grew, key=grew.__getitem__, default=0)
+        moving = [pid for pid, n in now.items() if n > last.get(pid, n)]
+        found = max(moving, key=lambda pid: now[pid] - base.get(pid, 0.0), default=0)
+        last = now
         return found != 0
 
-    await eventually(moved, timeout=HANG_S)
+    assert await eventually(moved, timeout=HANG_S), f"no worker publishes frames: {base} then {last}"
     return found
 
 
@@ -114,19 +118,17 @@ async def usage_records(nc) -> dict[str, list]:
 async def run_streams(
     up: LanewayUp, http: aiohttp.ClientSession, bodies: list[dict], kill: signal.Signals | None
 ) -> tuple[list[Stream], int]:
-    """Streams `bodies` at once; with `kill`, signals the worker holding the most of them once
-    each has tokens on the wire (SIGSTOP: until they went on elsewhere, then SIGCONT). Returns the
-    streams, ended, and the pid signalled."""
+    """Streams `bodies` at once; with `kill`, once each has tokens on the wire, signals the worker
+    streaming now that sent the most of them (SIGSTOP: until they went on elsewhere, then
+    SIGCONT). Returns the streams, ended, and the pid signalled."""
     streams = [Stream() for _ in bodies]
+    before = await frames(http, up) if kill is not None else {}
     tasks = [asyncio.create_task(read(http, up, b, s)) for b, s in zip(bodies, streams, strict=True)]
     victim = 0
     if kill is not None:
         # Mid-stream: every stream has tokens on the wire.
         assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
-        # The worker holding the most streams (as its last pull reported), else one streaming.
-        held = await frames(http, up, "laneway_worker_slots_in_use")
-        victim = max(held, key=held.__getitem__) if any(held.values()) else await streaming_worker(http, up)
-        assert victim, "no worker streams"
+        victim = await streaming_worker(http, up, since=before)
         os.kill(victim, kill)
         if kill is signal.SIGSTOP:
             # Silent past the loss bound: its streams go on elsewhere while it sleeps; then it wakes.
