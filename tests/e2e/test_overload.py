@@ -17,7 +17,7 @@ from bridge.config import BridgeConfig
 from core.connect import NatsSettings
 from loadtest.stack import Stack, demo_settings
 from tests.wait import eventually
-from workers.engine import EngineOutput, EngineRequest
+from workers.engine import EngineOutput, EngineRequest, RequestKey
 from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.roofline import PROFILES
 
@@ -30,19 +30,38 @@ CAP = 2
 
 class HeldEngine(SimEngine):
     """The zero-delay sim, except that a stream whose prompt says HOLD pauses after its first
-    output until `release` is set."""
+    output until `release` is set, or the request is aborted (a cancel ends it as on any engine,
+    not at the worker's drain timeout)."""
 
     def __init__(self) -> None:
         super().__init__(PROFILES["zero"])
         self.release = asyncio.Event()
+        self._aborted: dict[RequestKey, asyncio.Event] = {}
+
+    async def abort(self, key: RequestKey) -> None:
+        if (held := self._aborted.get(key)) is not None:
+            held.set()
+        await super().abort(key)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         first = any("HOLD" in t for t in request.body.texts())
-        async for out in super().generate(request):
-            yield out
-            if first:
-                first = False
-                await self.release.wait()
+        aborted = self._aborted[request.key] = asyncio.Event()
+        try:
+            async for out in super().generate(request):
+                yield out
+                if first:
+                    first = False
+                    await self._wait_released(aborted)
+        finally:
+            self._aborted.pop(request.key, None)
+
+    async def _wait_released(self, aborted: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(self.release.wait()), asyncio.ensure_future(aborted.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
 
 @pytest.fixture(scope="module")
