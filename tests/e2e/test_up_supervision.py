@@ -31,6 +31,7 @@ pytestmark = [
 KEY = "sk-supervise"
 ROLES = ("nats-server", "broker", "worker", "bridge")
 STREAMS = 16
+ANSWER_TOKENS = 160  # ~25 s at the slowed sim's pace: mid-generation for the whole kill and restart
 HANG_S = 120  # a bound on a hang, not a window: each case ends in seconds
 # How a stream cut by each role's death may end, besides completing: the bridge's death cuts
 # the connection; a worker's ends streams it served with worker_lost; a nats-server's makes
@@ -78,7 +79,7 @@ async def test_a_child_killed_under_load_is_restarted(up: LanewayUp, role: str) 
 
     results = [Result() for _ in range(STREAMS)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        load = [asyncio.create_task(stream_chat(http, up.url, KEY, body(400), result=r)) for r in results]
+        load = [asyncio.create_task(stream_chat(http, up.url, KEY, body(ANSWER_TOKENS), result=r)) for r in results]
         # Under load: every stream has tokens on the wire.
         assert await eventually(lambda: all(r.tokens for r in results), timeout=HANG_S), [
             r.error for r in results if r.error
