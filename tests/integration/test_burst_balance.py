@@ -13,6 +13,8 @@ sequences each one holds once all 60 run.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
 
 import aiohttp
 import msgspec
@@ -60,12 +62,20 @@ async def set_class(url: str, policy) -> None:
         await nc.close()
 
 
+def state(stack: Stack, streams: list[asyncio.Task]) -> tuple:
+    """What a failed wait prints: the engines' sequences, the lanes, whether this broker still
+    schedules, and how the streams that ended ended."""
+    ended = Counter(str(t.result().error) for t in streams if t.done() and not t.cancelled())
+    return running(stack), len(stack.broker.scheduler), stack.broker.scheduler.active, dict(ended)
+
+
 def running(stack: Stack) -> list[int]:
     """The sequences each worker's engine holds."""
     return [cap.total_slots - cap.free_slots for cap in (w.engine.capacity() for w in stack.workers)]
 
 
-async def test_a_burst_let_go_on_two_parked_pulls_lands_within_the_balance(nats_server) -> None:
+async def test_a_burst_let_go_on_two_parked_pulls_lands_within_the_balance(nats_server, caplog) -> None:
+    caplog.set_level(logging.INFO, "laneway.lease")  # a failure says whether the lease came back
     settings = demo_settings(KEY)
     await provision_at(NatsSettings(url=nats_server.url, prefix=PREFIX), StreamLimits(), settings)
     await set_class(nats_server.url, ONE_SLOT)  # kept: provisioning creates only what is absent
@@ -86,9 +96,9 @@ async def test_a_burst_let_go_on_two_parked_pulls_lands_within_the_balance(nats_
                 scheduler = stack.broker.scheduler
                 assert await eventually(
                     lambda: running(stack) == [1, 1] and len(scheduler) == STREAMS - 2, timeout=60
-                ), (running(stack), len(scheduler))
+                ), state(stack, streams)
                 await set_class(nats_server.url, INTERACTIVE)
-                assert await eventually(lambda: sum(running(stack)) == STREAMS, timeout=60), running(stack)
+                assert await eventually(lambda: sum(running(stack)) == STREAMS, timeout=60), state(stack, streams)
                 least, most = sorted(running(stack))
                 assert most - least <= balance_slack(least, SLOTS), running(stack)
             finally:
