@@ -110,11 +110,31 @@ class Lease:
         self._wake.set()
 
     async def run(self) -> None:
-        """Renew or try to take every ttl/3 (the owner steps once itself before starting this)."""
+        """Renew or try to take every ttl/3 (the owner steps once itself before starting this).
+        A step whose take-over or step-down failed (a publish while NATS reconnects) does not end
+        this task: a broker whose lease task died would never schedule again."""
         while True:
             await wait_event(self._wake, self.clock.every_s)
             self._wake.clear()
-            await self.step()
+            try:
+                await self.step()
+            except Exception:
+                log.exception("a step of the scheduler lease failed; the lease is given back and taken again")
+                await self._recover()
+
+    async def _recover(self) -> None:
+        """After a failed step: a half-done take-over is stepped down, then the key given back so
+        that this broker or a standby takes it afresh. If stepping down fails too, the key is
+        left to lapse (a standby must not schedule beside what is left of this one)."""
+        if not self.clock.held:
+            return
+        revision = self._revision
+        try:
+            await self._lose("taking over or renewing the lease failed")
+        except Exception:
+            log.exception("stepping down failed too: the lease lapses after %.1f s", self.clock.ttl_s)
+            return
+        await self._delete(revision)
 
     async def step(self) -> None:
         sent_at = self._now()
@@ -178,8 +198,11 @@ class Lease:
         if not self.clock.held:
             return False
         self.clock.lost()
+        await self._delete(self._revision)
+        return True
+
+    async def _delete(self, revision: int) -> None:
         try:
-            await self._kv.delete(LEASE_KEY, last=self._revision)
+            await self._kv.delete(LEASE_KEY, last=revision)
         except (TimeoutError, nats.errors.Error) as exc:  # it lapses after ttl anyway
             log.warning("could not give up the scheduler lease: %r", exc)
-        return True
