@@ -44,7 +44,13 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
-    """True once `event` is set, False after `timeout_s`; a cancellation always propagates."""
+    """True once `event` is set, False after `timeout_s`; a cancellation always propagates, even
+    one a library swallowed before this call: Python 3.11's `asyncio.wait_for` (under nats-py's
+    requests) returns a result that raced a cancel and drops the cancel. A loop that waits here
+    between its steps would otherwise run on after `cancel_and_wait`, and its stopper hang."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
     try:
         async with asyncio.timeout(timeout_s):
             await event.wait()

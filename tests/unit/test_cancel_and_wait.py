@@ -87,6 +87,28 @@ async def test_a_loop_waiting_on_an_event_is_stopped_by_a_cancel_that_comes_with
     assert await _stops_when_woken_and_cancelled_in_one_step(lambda wake: wait_event(wake, 1.0))
 
 
+async def test_a_cancel_a_library_swallowed_still_ends_a_loop_at_its_next_wait():
+    """nats-py's requests run on Python 3.11's `asyncio.wait_for`, which drops a cancel that races
+    their reply: the scheduler lease's loop then ran on, and a stop waiting on it hung (seen in
+    the parallel suite). The next wait_event raises the cancel the task still carries."""
+    swallowed = asyncio.Event()
+
+    async def a_loop() -> None:
+        while True:
+            try:
+                await asyncio.sleep(30)  # a request whose reply raced the cancel
+            except asyncio.CancelledError:
+                swallowed.set()  # ...and the library returned its result instead
+            await wait_event(asyncio.Event(), 30.0)
+
+    task = asyncio.create_task(a_loop())
+    await asyncio.sleep(0)  # scenario, kept: one loop turn so the task is inside its request
+    task.cancel()
+    await swallowed.wait()
+    done, _ = await asyncio.wait([task], timeout=10.0)  # a bound on a hang: it ends at once
+    assert done and task.cancelled()
+
+
 async def test_wait_event_says_whether_the_event_was_set():
     event = asyncio.Event()
     assert not await wait_event(event, 0.01)
