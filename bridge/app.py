@@ -58,7 +58,7 @@ from core.provision import wait_provisioned
 from core.routing.rules import RuleSet
 from core.routing.store import RuleStore
 from core.settings import Settings
-from core.tasks import beat_forever, cancel_and_wait
+from core.tasks import beat_forever, cancel_and_wait, pause
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.openai_out import Model, ModelList
@@ -221,7 +221,7 @@ class Bridge:
             if loop.time() > deadline:
                 raise TimeoutError(f"no ready worker for some pool after {timeout}s: {pools}")
             await nc.publish(self.s.worker_ping, b"")
-            await asyncio.sleep(0.1)
+            await pause(0.1)
 
     def _rules_changed(self, rules: RuleSet | None) -> None:
         self.metrics.eval_quality.clear()

@@ -10,7 +10,6 @@ other pools or the loop. The next tick retries.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from broker.waiting import Item
 from broker.worker_probes import GONE_S as WORKER_GONE_S
 from broker.worker_probes import probe_workers
 from core.liveness import Silence
+from core.tasks import pause
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.work import Batch
@@ -159,7 +159,7 @@ class Sweep:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await pause(self.interval_s)
             try:
                 await self.once(time.time(), time.monotonic())
             except Exception:

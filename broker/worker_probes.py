@@ -19,6 +19,7 @@ from nats.aio.client import Client
 
 from broker.metrics import BrokerMetrics
 from core.liveness import Silence, has_interest
+from core.tasks import pause
 from schemas.subjects import Subjects
 
 PROBE_S = 0.25
@@ -31,7 +32,7 @@ async def probe_workers(
     """Forever: probe the workers `workers()` names."""
     loop = asyncio.get_running_loop()
     while True:
-        await asyncio.sleep(PROBE_S)
+        await pause(PROBE_S)
         ids = sorted(set(workers()))
         silence.keep(set(ids))
         if not ids:

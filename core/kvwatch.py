@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from core.tasks import cancel_and_wait
+from core.tasks import cancel_and_wait, pause
 
 log = logging.getLogger("laneway.config")
 
@@ -49,7 +49,7 @@ class BucketWatch:
             except BucketNotFoundError:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
-                await asyncio.sleep(0.25)
+                await pause(0.25)
         watcher = await kv.watchall(meta_only=self._meta_only)
         self._task = asyncio.create_task(self._run(kv, watcher), name=f"watch-{self._bucket}")
         async with asyncio.timeout(10):

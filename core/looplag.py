@@ -5,9 +5,10 @@ its heartbeat, so that a busy process is told apart from a dead one."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
+
+from core.tasks import pause
 
 
 class LoopLag:
@@ -21,7 +22,7 @@ class LoopLag:
         """Tick until cancelled."""
         while True:
             asked = time.monotonic() + self.interval_s
-            await asyncio.sleep(self.interval_s)
+            await pause(self.interval_s)
             now = time.monotonic()
             self.observe(now, max(0.0, now - asked))
 

@@ -39,6 +39,7 @@ from core import env
 from core.lifetime import tied_to_this_process
 from core.owner import Owner, OwnerLock
 from core.ports import free_port
+from core.tasks import pause
 
 
 class NatsServerError(RuntimeError):
@@ -158,7 +159,7 @@ class NatsServer:
                     self.port = int(self.url.rsplit(":", 1)[1])
                     self._owned.update(Owner(pid=os.getpid(), nats_url=self.url))
                     return self.url
-            await asyncio.sleep(0.05)
+            await pause(0.05)
         await self.stop()
         raise NatsServerError("nats-server did not report its port in time", self._tail())
 

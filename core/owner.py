@@ -19,6 +19,8 @@ from pathlib import Path
 
 import msgspec
 
+from core.tasks import pause
+
 log = logging.getLogger("laneway.owner")
 
 
@@ -139,7 +141,7 @@ class OwnerLock:
                         exc.owner.describe(),
                     )
                     said = True
-            await asyncio.sleep(0.1)
+            await pause(0.1)
 
     def update(self, owner: Owner) -> None:
         """Say who owns it now. Written over in place (the lock is on this file, so it is never

@@ -30,6 +30,7 @@ from core.metering import PRICES_KEY
 from core.models import MODELS_KEY, encode_models
 from core.policy import tenants as tenant_docs
 from core.settings import Settings
+from core.tasks import pause
 from core.topology import BUCKETS, StreamLimits, ensure_intake, ensure_topology
 from schemas.subjects import Subjects
 
@@ -169,4 +170,4 @@ async def wait_provisioned(
                 "%s: waiting for provisioning (missing %s): run `laneway ops provision`", who, ", ".join(missing)
             )
             next_log = loop.time() + WAIT_LOG_EVERY_S
-        await asyncio.sleep(interval_s)
+        await pause(interval_s)

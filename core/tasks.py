@@ -10,7 +10,8 @@ that reaches the caller is always the caller's own.
 `asyncio.wait_for` has the same flaw the other way round on Python 3.11: when what it waits
 on finishes in the same step as the waiter is cancelled, it returns the result and drops the
 cancellation, so a loop around it runs on and `cancel_and_wait` on that loop never returns.
-`asyncio.timeout` does not; `wait_event` is the one loop-safe wait with a timeout.
+`asyncio.timeout` does not; `wait_event` is the one loop-safe wait with a timeout, and `pause`
+the one loop-safe sleep.
 
 Also the one heartbeat loop the broker and the workers run.
 
@@ -48,15 +49,26 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     one a library swallowed before this call: Python 3.11's `asyncio.wait_for` (under nats-py's
     requests) returns a result that raced a cancel and drops the cancel. A loop that waits here
     between its steps would otherwise run on after `cancel_and_wait`, and its stopper hang."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    _raise_a_swallowed_cancel()
     try:
         async with asyncio.timeout(timeout_s):
             await event.wait()
     except TimeoutError:
         return False
     return True
+
+
+async def pause(seconds: float) -> None:
+    """`asyncio.sleep` for a loop's step: a cancel a library swallowed earlier in the step (see
+    `wait_event`) ends the loop here instead of letting it run on for ever."""
+    _raise_a_swallowed_cancel()
+    await asyncio.sleep(seconds)
+
+
+def _raise_a_swallowed_cancel() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def beat_forever(send: Callable[[], Awaitable[object]], interval_s: float) -> None:
@@ -67,4 +79,4 @@ async def beat_forever(send: Callable[[], Awaitable[object]], interval_s: float)
             await send()
         except (nats.errors.Error, OSError) as exc:
             log.debug("%s failed: %s", getattr(send, "__name__", "beat"), exc)
-        await asyncio.sleep(interval_s)
+        await pause(interval_s)

@@ -22,6 +22,7 @@ import nats.errors
 from core import env
 from core.provision import not_ready_yet, provision_at
 from core.settings import BadSettings, Settings, load_settings
+from core.tasks import pause
 from core.topology import StorageRefused, StreamLimits
 from laneway.flags import nats_from_args
 
@@ -55,7 +56,7 @@ async def _provision(args: argparse.Namespace, limits: StreamLimits, settings: S
             if not not_ready_yet(exc) or loop.time() >= deadline:
                 raise
             print(f"laneway ops provision: NATS not ready ({type(exc).__name__}: {exc}); retrying", file=sys.stderr)
-            await asyncio.sleep(1.0)
+            await pause(1.0)
 
 
 def run(args: argparse.Namespace, limits: StreamLimits) -> int:

@@ -31,6 +31,7 @@ from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port, port_taken
 from core.provision import provision_at
 from core.settings import BadSettings, LogicalModel, Settings, load_serving_settings
+from core.tasks import pause
 from laneway import scrape_config, stack_dir
 from laneway.banner import banner
 from laneway.flags import stream_limits
@@ -123,7 +124,7 @@ async def _wait_ready(
                         return state
             except aiohttp.ClientError:
                 pass
-            await asyncio.sleep(0.25)
+            await pause(0.25)
     raise RuntimeError(f"not ready after {timeout:.0f}s")
 
 

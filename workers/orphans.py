@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from nats.aio.client import Client
 
 from core.liveness import Silence, has_interest
+from core.tasks import pause
 from schemas.subjects import Subjects
 from workers.active import Active
 from workers.engine import RequestKey
@@ -59,7 +60,7 @@ async def cancel_orphans(
     warned: set[str] = set()  # bound: one per bridge that ever ran work here
     loop = asyncio.get_running_loop()
     while True:
-        await asyncio.sleep(PROBE_S)
+        await pause(PROBE_S)
         edges = {a.dispatch.request.edge for a in active.values() if a.dispatch.request.edge and not a.cancelled}
         silence.keep(edges)
         if not edges:

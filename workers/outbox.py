@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import nats.errors
 from nats.aio.client import Client
 
+from core.tasks import pause
 from schemas import codec
 from schemas.frames import Delta, Entry, TokenFrame
 from workers.metrics import WorkerMetrics
@@ -157,7 +158,7 @@ class Outbox:
             await self._dirty.wait()
             wait = last + self._interval_s - loop.time()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await pause(wait)
             self._dirty.clear()
             last = loop.time()
             await self.flush(nc)
@@ -206,7 +207,7 @@ class Outbox:
                 return
             except (TimeoutError, nats.errors.Error) as exc:  # no answer yet: again
                 error = repr(exc)
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            await pause(min(2.0, 0.1 * 2**attempt))
         self._failures.record("control", subject, f"no confirmation after {CONFIRM_TRIES} tries: {error}")
 
     async def confirmed(self, timeout_s: float) -> None:

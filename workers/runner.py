@@ -34,7 +34,7 @@ from core.connect import connect, disconnect
 from core.liveness import hold
 from core.looplag import LoopLag
 from core.provision import wait_provisioned
-from core.tasks import beat_forever, cancel_and_wait
+from core.tasks import beat_forever, cancel_and_wait, pause
 from schemas import codec
 from schemas.subjects import BadToken
 from schemas.work import Dispatch
@@ -259,7 +259,7 @@ class Worker:
 
     async def _in_progress(self) -> None:
         while True:
-            await asyncio.sleep(self.config.in_progress_s)
+            await pause(self.config.in_progress_s)
             for active in list(self._active.values()):
                 self._outbox.after(active.dispatch.ack_subject, WPI)
 

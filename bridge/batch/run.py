@@ -17,6 +17,7 @@ import msgspec
 from bridge.batch import lines as jsonl
 from bridge.batch.lease import Lease, LeaseLost
 from bridge.errors import EdgeError
+from core.tasks import pause
 from schemas.batches import BatchError, BatchErrors, BatchState, BatchUsage, LineResult, RequestCounts
 from schemas.errors import PASSING, ErrorCode
 from schemas.usage import Superseded
@@ -104,7 +105,7 @@ class BatchRun:
     # -- the lease, and what the record says meanwhile ---------------------------------------
     async def _keep_lease(self, main: asyncio.Task) -> None:
         while True:
-            await asyncio.sleep(self.runner.lease.seconds / 3)
+            await pause(self.runner.lease.seconds / 3)
             try:
                 self.state = await self.runner.lease.take(self.tenant, self.id, submitted=self.submitted)
             except LeaseLost:
@@ -233,7 +234,7 @@ class BatchRun:
                 if time.time() >= deadline:
                     return  # the window ended under it: the line expires, it did not fail
                 if err.code in PASSING and time.time() + backoff < deadline:
-                    await asyncio.sleep(backoff)
+                    await pause(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
                     continue
                 result = LineResult(index, jsonl.answered(line.custom_id, err.status, request_id, err.body()), True)

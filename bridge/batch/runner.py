@@ -27,7 +27,7 @@ from bridge.files.store import FileStore
 from bridge.generate.routes import Generations
 from core.catalogue import Catalogue
 from core.kvwatch import BucketWatch
-from core.tasks import cancel_and_wait
+from core.tasks import cancel_and_wait, pause
 from schemas.batches import ACTIVE, BatchState
 
 log = logging.getLogger("laneway.batch")
@@ -95,7 +95,7 @@ class BatchRunner:
         while True:
             for state in list(self._active.values()):
                 self._maybe_take(state)
-            await asyncio.sleep(TICK_S)
+            await pause(TICK_S)
 
     def _maybe_take(self, state: BatchState) -> None:
         key = f"{state.tenant}.{state.batch.id}"

@@ -20,6 +20,7 @@ from bridge.readiness import Readiness
 from bridge.streams.continuation import LOST_MESSAGE
 from bridge.streams.demux import Demux
 from core.looplag import LoopLag
+from core.tasks import pause
 from schemas.errors import ErrorCode
 
 log = logging.getLogger("laneway.bridge")
@@ -63,7 +64,7 @@ class Losses:
         while; one that cannot continue ends with `worker_lost` at once instead of hanging."""
         heard = self.demux.heard
         while True:
-            await asyncio.sleep(WORKER_LOST_CHECK_S)
+            await pause(WORKER_LOST_CHECK_S)
             now = time.monotonic()
             slack = max(self.loop_lag.current(now), self.demux.lag.current(now))
             lost: set[str] = set()

@@ -24,6 +24,7 @@ from nats.aio.subscription import Subscription
 from broker.metrics import BrokerMetrics
 from broker.scheduler.answers import AckHandle
 from broker.scheduler.schedule import DISPATCH_OVERHEAD_BYTES, Scheduler
+from core.tasks import pause
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.work import Admitted
@@ -171,7 +172,7 @@ class Origin:
         """Copies no scheduler took yet (none was there, or no answer came) go again; copies past
         their deadline are forgotten (a lost `Settled` must not keep one, nor its room, forever)."""
         while True:
-            await asyncio.sleep(RESEND_S)
+            await pause(RESEND_S)
             await self._forget_expired(time.time())
             if self._scheduler.active:
                 await self.hand_to_self()

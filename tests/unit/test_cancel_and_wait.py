@@ -4,13 +4,14 @@ engine). Only asyncio runs here: no server is needed to cancel a task."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 from pathlib import Path
 
 import pytest
 
-from core.tasks import cancel_and_wait, wait_event
+from core.tasks import cancel_and_wait, pause, wait_event
 from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.roofline import PROFILES
 
@@ -87,10 +88,13 @@ async def test_a_loop_waiting_on_an_event_is_stopped_by_a_cancel_that_comes_with
     assert await _stops_when_woken_and_cancelled_in_one_step(lambda wake: wait_event(wake, 1.0))
 
 
-async def test_a_cancel_a_library_swallowed_still_ends_a_loop_at_its_next_wait():
+@pytest.mark.parametrize(
+    "next_wait", [lambda: wait_event(asyncio.Event(), 30.0), lambda: pause(30.0)], ids=["wait_event", "pause"]
+)
+async def test_a_cancel_a_library_swallowed_still_ends_a_loop_at_its_next_wait(next_wait):
     """nats-py's requests run on Python 3.11's `asyncio.wait_for`, which drops a cancel that races
     their reply: the scheduler lease's loop then ran on, and a stop waiting on it hung (seen in
-    the parallel suite). The next wait_event raises the cancel the task still carries."""
+    the parallel suite). The next wait_event or pause raises the cancel the task still carries."""
     swallowed = asyncio.Event()
 
     async def a_loop() -> None:
@@ -99,7 +103,7 @@ async def test_a_cancel_a_library_swallowed_still_ends_a_loop_at_its_next_wait()
                 await asyncio.sleep(30)  # a request whose reply raced the cancel
             except asyncio.CancelledError:
                 swallowed.set()  # ...and the library returned its result instead
-            await wait_event(asyncio.Event(), 30.0)
+            await next_wait()
 
     task = asyncio.create_task(a_loop())
     await asyncio.sleep(0)  # scenario, kept: one loop turn so the task is inside its request
@@ -124,5 +128,43 @@ def test_no_process_waits_with_asyncio_wait_for():
         for package in ("schemas", "core", "bridge", "broker", "workers", "laneway")
         for path in (root / package).rglob("*.py")
         if "wait_for(" in path.read_text()
+    ]
+    assert users == []
+
+
+def _sleeps_in_loops(source: str) -> list[int]:
+    """Lines where a loop's body awaits `asyncio.sleep` with a non-zero delay (nested functions
+    are their own scope and are not counted)."""
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_loop: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+                visit(child, False)
+                continue
+            if (
+                in_loop
+                and isinstance(child, ast.Await)
+                and isinstance(call := child.value, ast.Call)
+                and ast.unparse(call.func) == "asyncio.sleep"
+                and not (call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == 0)
+            ):
+                found.append(child.lineno)
+            visit(child, in_loop or isinstance(child, ast.While | ast.For | ast.AsyncFor))
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_no_loop_of_a_process_pauses_with_asyncio_sleep():
+    """A loop that makes NATS requests between its sleeps may have had its cancel swallowed by
+    one (see wait_event); `pause` ends it at its next step, `asyncio.sleep` would not: the loop
+    ran on, and the stop that waited on it hung (seen in the parallel suite)."""
+    root = Path(__file__).resolve().parents[2]
+    users = [
+        f"{path.relative_to(root)}:{line}"
+        for package in ("schemas", "core", "bridge", "broker", "workers", "laneway")
+        for path in sorted((root / package).rglob("*.py"))
+        for line in _sleeps_in_loops(path.read_text())
     ]
     assert users == []

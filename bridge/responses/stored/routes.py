@@ -5,7 +5,6 @@ the caller's tenant: another tenant's id is not found, as an unknown one is."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -21,6 +20,7 @@ from bridge.responses.stored.lifecycle import ended, running, stale
 from bridge.responses.stored.store import Conflict, ResponseStore
 from core.catalogue import Catalogue
 from core.policy.tenants import Tenant
+from core.tasks import pause
 from schemas.errors import ErrorCode
 from schemas.stored import StoredResponse
 
@@ -107,7 +107,7 @@ class StoredRoutes:
                     next_seq = record.first_event + len(record.events)
                 if not running(record):
                     break
-                await asyncio.sleep(FLUSH_S)  # the runner writes at most this often
+                await pause(FLUSH_S)  # the runner writes at most this often
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client left; the response runs on (it is a background one)

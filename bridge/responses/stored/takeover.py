@@ -23,7 +23,7 @@ import nats.errors
 from bridge.responses.stored.background import Background, Job
 from bridge.responses.stored.lifecycle import running, stale
 from core.kvwatch import BucketWatch
-from core.tasks import cancel_and_wait
+from core.tasks import cancel_and_wait, pause
 from schemas.stored import StoredResponse
 
 log = logging.getLogger("laneway.bridge")
@@ -59,7 +59,7 @@ class Takeover:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.background.lease_s)
+            await pause(self.background.lease_s)
             for key in list(self._listed):
                 if self.background.runs(key):
                     continue

@@ -34,7 +34,7 @@ from core.policy.quota import (
     minute_of,
     month_of,
 )
-from core.tasks import cancel_and_wait
+from core.tasks import cancel_and_wait, pause
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.quota")
@@ -309,7 +309,7 @@ class Quota:
     # -- background: renew slots, give back idle leases -----------------------------------
     async def _maintain(self) -> None:
         while True:
-            await asyncio.sleep(self._tick)
+            await pause(self._tick)
             now, mono = self._clock(), time.monotonic()
             for tenant, lease in list(self._leases.items()):
                 if lease.lock.locked():

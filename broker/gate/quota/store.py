@@ -3,7 +3,6 @@ only by compare-and-set. The only module of the quota stage that talks to NATS."
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from core.policy.quota import BudgetDoc, RateDoc, SlotsDoc, Take
+from core.tasks import pause
 from schemas.subjects import Subjects
 
 log = logging.getLogger("laneway.quota")
@@ -81,7 +81,7 @@ class CounterStore:
                 self.conflicts += 1
                 self._known.pop(key, None)
                 known = None
-                await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)))
+                await pause(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)))
                 continue
             self._known[key] = (new_revision, take.doc)
             return take

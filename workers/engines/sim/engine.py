@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from core.tasks import cancel_and_wait
+from core.tasks import cancel_and_wait, pause
 from schemas.frames import ToolCallDelta
 from schemas.openai import Body, ChatBody, EmbeddingBody
 from workers.engine import (
@@ -271,7 +271,7 @@ class SimEngine(Engine):
                 await self._wake.wait()
                 continue
             loading = self.adapters.activate({s.adapter for s in step.scheduled if s.adapter})
-            await asyncio.sleep(self.step_time(step) + loading / self.speed)
+            await pause(self.step_time(step) + loading / self.speed)
             self.steps += 1
             for sched in self.scheduler.finish_step(step):
                 seq = sched.owner
