@@ -17,8 +17,9 @@
   credit: on becoming backlogged again its virtual time is lifted to the class clock.
 - Tenant headroom: while another tenant is active in the class (it has requests waiting there,
   or had one admitted within `ACTIVE_WINDOW_S`), a tenant holds at most `max_tenant_share` of
-  the class's slots at a worker and of its KV cache, as the worker's credit reports them (a
-  tenant holding none there may take one). A tenant at its cap is passed over for the next fair
+  the class's slots at a worker, of its KV cache and of the prompts a worker may hold unstarted,
+  as the worker's credit reports them (a tenant holding none there may take one); a tenant whose
+  weight is a larger part of the active tenants' weights, that part. A tenant at its cap is passed over for the next fair
   tenant, so a neighbour's next request finds a slot and KV room at once instead of waiting for
   one of the flood's to end. A lone tenant keeps everything.
 - Within a tenant: earliest deadline first.
@@ -169,6 +170,7 @@ class Lanes:
         kv_tokens: int = 0,
         tenant_slots: dict[str, dict[str, int]] | None = None,
         tenant_tokens: dict[str, dict[str, int]] | None = None,
+        tenant_prefill: dict[str, dict[str, int]] | None = None,
         balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
@@ -191,6 +193,7 @@ class Lanes:
             kv_tokens=kv_tokens,
             tenant_slots=tenant_slots,
             tenant_tokens=tenant_tokens,
+            tenant_prefill=tenant_prefill,
             balanced=balanced,
         )
         blocked: set[str] = set()
@@ -241,15 +244,19 @@ class Lanes:
         lane = self._lanes.get(klass)
         return None if lane is None else lane.policy.rank
 
-    @staticmethod
-    def _within_share(lane: ClassLane, room: Room, item: Item, now: float) -> bool:
-        """The tenant headroom: only while another tenant is active in the class."""
-        if room.within_tenant_share(lane.policy, item):
-            return True
-        return not any(
-            name != item.tenant and (q.waiting or now - q.admitted_at < ACTIVE_WINDOW_S)
+    def _within_share(self, lane: ClassLane, room: Room, item: Item, now: float) -> bool:
+        """The tenant headroom: only while another tenant is active in the class. A tenant whose
+        weight is more than `max_tenant_share` of the active tenants' may hold its weight's part."""
+        others = [
+            self._tenant_weight(name)
             for name, q in lane.tenants.items()
-        )
+            if name != item.tenant and (q.waiting or now - q.admitted_at < ACTIVE_WINDOW_S)
+        ]
+        if not others:
+            return True
+        weight = self._tenant_weight(item.tenant)
+        share = max(lane.policy.max_tenant_share, weight / max(weight + sum(others), 1e-9))
+        return room.within_tenant_share(lane.policy, item, share)
 
     @staticmethod
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:

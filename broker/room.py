@@ -59,6 +59,7 @@ class Room:
     kv_tokens: int = 0  # the whole KV cache; 0: unknown, no KV share for tenants
     tenant_slots: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → slots
     tenant_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → KV tokens
+    tenant_prefill: dict[str, dict[str, int]] = field(default_factory=dict)  # class → tenant → prompts unstarted
     empty: bool = False  # it held nothing when the pull came: its first item always goes
     # The pool's balance (broker/balance.py): whether an item may join, the worker holding n with it.
     balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None
@@ -76,6 +77,7 @@ class Room:
         kv_tokens: int = 0,
         tenant_slots: dict[str, dict[str, int]] | None = None,
         tenant_tokens: dict[str, dict[str, int]] | None = None,
+        tenant_prefill: dict[str, dict[str, int]] | None = None,
         balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
     ) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
@@ -89,6 +91,7 @@ class Room:
             kv_tokens,
             {k: dict(v) for k, v in (tenant_slots or {}).items()},
             {k: dict(v) for k, v in (tenant_tokens or {}).items()},
+            {k: dict(v) for k, v in (tenant_prefill or {}).items()},
             empty=sum(running.values()) == 0,
             balanced=balanced,
         )
@@ -117,15 +120,25 @@ class Room:
                 total += tokens
         return total
 
-    def within_tenant_share(self, policy: ClassPolicy, item: Wants) -> bool:
-        """Whether the item's tenant, with it, stays within its share of the class's slots and of
-        the KV cache here. A tenant holding nothing of the class here may always take one."""
+    def within_tenant_share(self, policy: ClassPolicy, item: Wants, share: float) -> bool:
+        """Whether the item's tenant, with it, stays within `share` of the class's slots here, of
+        the KV cache, and of the prompts a worker may hold unstarted (`QUEUED_PREFILL_STEPS`):
+        a neighbour's burst of long prompts then fills no more of the steps another tenant's
+        first token waits on than its share. A tenant holding nothing of the class here may
+        always take one."""
         slots = self.tenant_slots.get(policy.name, {}).get(item.tenant, 0)
         if slots == 0:
             return True
-        if slots + item.slots > policy.tenant_slot_cap(self.total_slots):
+        if slots + item.slots > policy.tenant_slot_cap(self.total_slots, share):
             return False
-        kv_cap = policy.tenant_kv_cap(self.kv_tokens)
+        pending = self.tenant_prefill.get(policy.name, {}).get(item.tenant, 0)
+        if (
+            self.step_tokens > 0
+            and pending > 0
+            and pending + item.prompt > share * QUEUED_PREFILL_STEPS * self.step_tokens
+        ):
+            return False
+        kv_cap = policy.tenant_kv_cap(self.kv_tokens, share)
         tokens = self.tenant_tokens.get(policy.name, {}).get(item.tenant, 0)
         return kv_cap is None or tokens + item.cost <= kv_cap
 
@@ -138,6 +151,8 @@ class Room:
         slots[item.tenant] = slots.get(item.tenant, 0) + item.slots
         tokens = self.tenant_tokens.setdefault(item.klass, {})
         tokens[item.tenant] = tokens.get(item.tenant, 0) + item.cost
+        prefill = self.tenant_prefill.setdefault(item.klass, {})
+        prefill[item.tenant] = prefill.get(item.tenant, 0) + item.prompt
 
     def _prefill_fits(self, policy: ClassPolicy, item: Wants) -> bool:
         cap = policy.prefill_cap(self.step_tokens)

@@ -25,6 +25,7 @@ class Credit(msgspec.Struct, omit_defaults=True, gc=False):
     # What each tenant holds here, per class (class → tenant → n): for the tenants' headroom.
     tenant_slots: dict[str, dict[str, int]] = {}  # sequence slots
     tenant_tokens: dict[str, dict[str, int]] = {}  # KV tokens (prompt estimate + max_tokens)
+    tenant_prefill: dict[str, dict[str, int]] = {}  # prompt tokens not yet started (as `prefill`)
 
 
 class Dispatch(msgspec.Struct, omit_defaults=True, gc=False):

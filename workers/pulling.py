@@ -82,6 +82,7 @@ class Puller:
         prefill: dict[str, int] = {}  # prompts not yet through the engine's prefill
         tenant_slots: dict[str, dict[str, int]] = {}
         tenant_tokens: dict[str, dict[str, int]] = {}
+        tenant_prefill: dict[str, dict[str, int]] = {}
         unstarted_cost = 0
         taken = 0  # each of a request's n choices is a sequence slot
         for active in self._accepted.values():
@@ -94,7 +95,10 @@ class Puller:
             taken += request.choices
             if active.first_token_at is None:
                 unstarted_cost += cost
-                prefill[klass] = prefill.get(klass, 0) + request.estimated_prompt_tokens()
+                prompt = request.estimated_prompt_tokens()
+                prefill[klass] = prefill.get(klass, 0) + prompt
+                pending = tenant_prefill.setdefault(klass, {})
+                pending[tenant] = pending.get(tenant, 0) + prompt
         free = min(cap.free_slots, cap.total_slots - taken)
         self.metrics.slots_total.labels(self.config.pool).set(cap.total_slots)
         self.metrics.slots_in_use.labels(self.config.pool).set(taken)
@@ -121,6 +125,7 @@ class Puller:
             adapters=list(cap.adapters),
             tenant_slots=tenant_slots,
             tenant_tokens=tenant_tokens,
+            tenant_prefill=tenant_prefill,
         )
 
     async def run(self) -> None:

@@ -274,6 +274,7 @@ class Scheduler:
             kv_tokens=credit.kv_tokens,
             tenant_slots=credit.tenant_slots,
             tenant_tokens=credit.tenant_tokens,
+            tenant_prefill=credit.tenant_prefill,
             prefer=preference(pool, credit) if self.affinity else None,
             balanced=balance.allows,
         )

@@ -24,26 +24,30 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Of an engine step's token budget: the class's prompts not yet prefilled at a worker stay
     # under it, so its prefill cannot fill the steps that higher ranks' first tokens wait on.
     max_prefill_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    # Of the class's slots at a worker and of its KV cache: what one tenant may hold there while
-    # another is active in the class, so the other's next request starts at once, not when one
-    # of the first's ends. 0.9 costs a lone flood nothing (no cap while it is alone), a flood
-    # beside others at most 10 %, and leaves 26 of 256 slots (4 of 32) and 43k of an 8B model's
-    # 427k KV tokens on an H100 (~80 chats of 512 tokens). 1.0: no headroom.
+    # Of the class's slots at a worker, of its KV cache and of the prompts it holds unstarted: what
+    # one tenant may hold there while another is active in the class, so the other's next request
+    # starts at once, not when one of the first's ends, and its steps are not the first's to fill.
+    # 0.9 costs a lone flood nothing (no cap while it is alone), a flood beside others at most
+    # 10 %, and leaves 26 of 256 slots (4 of 32) and 43k of an 8B model's 427k KV tokens on an
+    # H100 (~80 chats of 512 tokens). 1.0: no headroom. A tenant whose weight is a larger part of
+    # the active tenants' weights holds that part instead (broker/lanes.py).
     max_tenant_share: Annotated[float, Meta(gt=0, le=1)] = 0.9
 
     def slot_cap(self, total_slots: int) -> int:
         return max(1, int(self.max_slot_share * total_slots))
 
-    def tenant_slot_cap(self, total_slots: int) -> int:
-        """Slots one tenant may hold at a worker while another is active in the class."""
-        return max(1, int(self.max_tenant_share * self.slot_cap(total_slots)))
+    def tenant_slot_cap(self, total_slots: int, share: float | None = None) -> int:
+        """Slots one tenant may hold at a worker while another is active in the class: `share`
+        of the class's (its `max_tenant_share` unless the lanes give a tenant a larger one)."""
+        return max(1, int((self.max_tenant_share if share is None else share) * self.slot_cap(total_slots)))
 
-    def tenant_kv_cap(self, kv_tokens: int) -> int | None:
+    def tenant_kv_cap(self, kv_tokens: int, share: float | None = None) -> int | None:
         """KV tokens one tenant's requests of the class may hold at a worker while another is
         active in it; None: no cap (the share is 1.0, or the worker reports no cache size)."""
-        if self.max_tenant_share >= 1.0 or kv_tokens <= 0:
+        share = self.max_tenant_share if share is None else share
+        if share >= 1.0 or kv_tokens <= 0:
             return None
-        return max(1, int(self.max_tenant_share * kv_tokens))
+        return max(1, int(share * kv_tokens))
 
     def prefill_cap(self, step_tokens: int) -> int | None:
         """Prompt tokens the class may have waiting for prefill at one worker; None: no cap."""
@@ -53,8 +57,18 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 DEFAULT_CLASSES: tuple[ClassPolicy, ...] = (
+    # Half a worker's interactive room per tenant while another is active (weighted tenants take
+    # their weight's part): past about half of 256 slots a flood's steps turn compute-bound, so
+    # more of them bought it no tokens (4,657 tok/s at 0.5 against 4,571 at 0.9, `loadtest.noisy
+    # --cases other-flood`) and cost the neighbour's chats each step: TTFT p95 3.4x alone, not 5.5x.
     ClassPolicy(
-        "interactive", rank=0, max_queue_wait_s=30, max_tenant_depth=512, max_slot_share=1.0, starve_after_s=60
+        "interactive",
+        rank=0,
+        max_queue_wait_s=30,
+        max_tenant_depth=512,
+        max_slot_share=1.0,
+        starve_after_s=60,
+        max_tenant_share=0.5,
     ),
     ClassPolicy(
         "standard", rank=1, max_queue_wait_s=300, max_tenant_depth=2048, max_slot_share=0.95, starve_after_s=10

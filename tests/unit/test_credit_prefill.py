@@ -76,3 +76,5 @@ def test_the_credit_counts_what_each_tenant_holds_per_class():
         "interactive": {"globex": cost["g1"] + cost["g2"], "acme": cost["c1"]},
         "batch": {"acme": cost["b1"]},
     }
+    # Prompts not yet through prefill, per tenant (g1 and c1 have their first token).
+    assert credit.tenant_prefill == {"interactive": {"globex": 6144 // 4}, "batch": {"acme": 400 // 4}}
