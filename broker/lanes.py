@@ -17,9 +17,10 @@
   credit: on becoming backlogged again its virtual time is lifted to the class clock.
 - Tenant headroom: while another tenant is active in the class (it has requests waiting there,
   or had one admitted within `ACTIVE_WINDOW_S`), a tenant holds at most `max_tenant_share` of
-  the class's slots at a worker, of its KV cache and of the prompts a worker may hold unstarted,
-  as the worker's credit reports them (a tenant holding none there may take one); a tenant whose
-  weight is a larger part of the active tenants' weights, that part. A tenant at its cap is passed over for the next fair
+  the class's slots at a worker, and its step share (`max_tenant_step_share`) of the worker's KV
+  cache and of the prompts a worker may hold unstarted, as the worker's credit reports them (a
+  tenant holding none there may take one); a tenant whose weight is a larger part of the active
+  tenants' weights, that part. A tenant at its cap is passed over for the next fair
   tenant, so a neighbour's next request finds a slot and KV room at once instead of waiting for
   one of the flood's to end. A lone tenant keeps everything.
 - Within a tenant: earliest deadline first.
@@ -246,7 +247,7 @@ class Lanes:
 
     def _within_share(self, lane: ClassLane, room: Room, item: Item, now: float) -> bool:
         """The tenant headroom: only while another tenant is active in the class. A tenant whose
-        weight is more than `max_tenant_share` of the active tenants' may hold its weight's part."""
+        weight is a larger part of the active tenants' than a share may hold that part."""
         others = [
             self._tenant_weight(name)
             for name, q in lane.tenants.items()
@@ -255,8 +256,11 @@ class Lanes:
         if not others:
             return True
         weight = self._tenant_weight(item.tenant)
-        share = max(lane.policy.max_tenant_share, weight / max(weight + sum(others), 1e-9))
-        return room.within_tenant_share(lane.policy, item, share)
+        part = weight / max(weight + sum(others), 1e-9)
+        policy = lane.policy
+        return room.within_tenant_share(
+            policy, item, max(policy.max_tenant_share, part), max(policy.tenant_step_share, part)
+        )
 
     @staticmethod
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:

@@ -120,25 +120,25 @@ class Room:
                 total += tokens
         return total
 
-    def within_tenant_share(self, policy: ClassPolicy, item: Wants, share: float) -> bool:
-        """Whether the item's tenant, with it, stays within `share` of the class's slots here, of
-        the KV cache, and of the prompts a worker may hold unstarted (`QUEUED_PREFILL_STEPS`):
-        a neighbour's burst of long prompts then fills no more of the steps another tenant's
-        first token waits on than its share. A tenant holding nothing of the class here may
-        always take one."""
+    def within_tenant_share(self, policy: ClassPolicy, item: Wants, slot_share: float, step_share: float) -> bool:
+        """Whether the item's tenant, with it, stays within `slot_share` of the class's slots here,
+        and within `step_share` of the KV cache and of the prompts a worker may hold unstarted
+        (`QUEUED_PREFILL_STEPS`): a neighbour's burst of long prompts then fills no more of the
+        steps another tenant's first token waits on than its share. A tenant holding nothing of
+        the class here may always take one."""
         slots = self.tenant_slots.get(policy.name, {}).get(item.tenant, 0)
         if slots == 0:
             return True
-        if slots + item.slots > policy.tenant_slot_cap(self.total_slots, share):
+        if slots + item.slots > policy.tenant_slot_cap(self.total_slots, slot_share):
             return False
         pending = self.tenant_prefill.get(policy.name, {}).get(item.tenant, 0)
         if (
             self.step_tokens > 0
             and pending > 0
-            and pending + item.prompt > share * QUEUED_PREFILL_STEPS * self.step_tokens
+            and pending + item.prompt > step_share * QUEUED_PREFILL_STEPS * self.step_tokens
         ):
             return False
-        kv_cap = policy.tenant_kv_cap(self.kv_tokens, share)
+        kv_cap = policy.tenant_kv_cap(self.kv_tokens, step_share)
         tokens = self.tenant_tokens.get(policy.name, {}).get(item.tenant, 0)
         return kv_cap is None or tokens + item.cost <= kv_cap
 

@@ -33,6 +33,9 @@ _CLASS_FLAGS = {
     "max_tenant_depth": int,
     "max_slot_share": float,
     "starve_after_s": float,
+    "max_prefill_share": float,
+    "max_tenant_share": float,
+    "max_tenant_step_share": float,
 }
 _FLAG_NAMES = {
     "rank": "--rank",
@@ -40,6 +43,9 @@ _FLAG_NAMES = {
     "max_tenant_depth": "--max-tenant-depth",
     "max_slot_share": "--max-slot-share",
     "starve_after_s": "--starve-after",
+    "max_prefill_share": "--max-prefill-share",
+    "max_tenant_share": "--max-tenant-share",
+    "max_tenant_step_share": "--max-tenant-step-share",
 }
 _TENANT_FLAGS = {"weight": float, "default_class": str}
 

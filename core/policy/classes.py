@@ -24,17 +24,25 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Of an engine step's token budget: the class's prompts not yet prefilled at a worker stay
     # under it, so its prefill cannot fill the steps that higher ranks' first tokens wait on.
     max_prefill_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    # Of the class's slots at a worker, of its KV cache and of the prompts it holds unstarted: what
-    # one tenant may hold there while another is active in the class, so the other's next request
-    # starts at once, not when one of the first's ends, and its steps are not the first's to fill.
+    # Of the class's slots at a worker: what one tenant may hold there while another is active in
+    # the class, so the other's next request starts at once, not when one of the first's ends.
     # 0.9 costs a lone flood nothing (no cap while it is alone), a flood beside others at most
-    # 10 %, and leaves 26 of 256 slots (4 of 32) and 43k of an 8B model's 427k KV tokens on an
-    # H100 (~80 chats of 512 tokens). 1.0: no headroom. A tenant whose weight is a larger part of
-    # the active tenants' weights holds that part instead (broker/lanes.py).
+    # 10 %, and leaves 26 of 256 slots (4 of 32). 1.0: no headroom. A tenant whose weight is a
+    # larger part of the active tenants' weights holds that part instead (broker/lanes.py).
     max_tenant_share: Annotated[float, Meta(gt=0, le=1)] = 0.9
+    # Of the worker's KV cache and of the prompts it may hold unstarted: what one tenant's
+    # requests may add to each engine step (the KV it reads, the prefill chunks it computes) while
+    # another is active in the class, so the other's first token does not wait on steps the first
+    # one made long. None: `max_tenant_share` (0.9 leaves 43k of an 8B model's 427k KV tokens on
+    # an H100, ~80 chats of 512 tokens).
+    max_tenant_step_share: Annotated[float, Meta(gt=0, le=1)] | None = None
 
     def slot_cap(self, total_slots: int) -> int:
         return max(1, int(self.max_slot_share * total_slots))
+
+    @property
+    def tenant_step_share(self) -> float:
+        return self.max_tenant_share if self.max_tenant_step_share is None else self.max_tenant_step_share
 
     def tenant_slot_cap(self, total_slots: int, share: float | None = None) -> int:
         """Slots one tenant may hold at a worker while another is active in the class: `share`
@@ -43,8 +51,9 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def tenant_kv_cap(self, kv_tokens: int, share: float | None = None) -> int | None:
         """KV tokens one tenant's requests of the class may hold at a worker while another is
-        active in it; None: no cap (the share is 1.0, or the worker reports no cache size)."""
-        share = self.max_tenant_share if share is None else share
+        active in it (`share`: its step share unless the lanes give a tenant a larger one);
+        None: no cap (the share is 1.0, or the worker reports no cache size)."""
+        share = self.tenant_step_share if share is None else share
         if share >= 1.0 or kv_tokens <= 0:
             return None
         return max(1, int(share * kv_tokens))
@@ -57,10 +66,11 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 DEFAULT_CLASSES: tuple[ClassPolicy, ...] = (
-    # Half a worker's interactive room per tenant while another is active (weighted tenants take
-    # their weight's part): past about half of 256 slots a flood's steps turn compute-bound, so
-    # more of them bought it no tokens (4,657 tok/s at 0.5 against 4,571 at 0.9, `loadtest.noisy
-    # --cases other-flood`) and cost the neighbour's chats each step: TTFT p95 3.4x alone, not 5.5x.
+    # Half of each engine step per tenant while another is active (weighted tenants take their
+    # weight's part): at 256 slots a flood past half the KV cache made every step longer for the
+    # neighbour's chat and bought itself no tokens, its steps being compute-bound by then
+    # (`loadtest.noisy --cases other-flood`). Its slots stay at 0.9: at 32 slots the steps are
+    # short and the flood's sequences are its throughput (half of them cost it a third).
     ClassPolicy(
         "interactive",
         rank=0,
@@ -68,7 +78,7 @@ DEFAULT_CLASSES: tuple[ClassPolicy, ...] = (
         max_tenant_depth=512,
         max_slot_share=1.0,
         starve_after_s=60,
-        max_tenant_share=0.5,
+        max_tenant_step_share=0.5,
     ),
     ClassPolicy(
         "standard", rank=1, max_queue_wait_s=300, max_tenant_depth=2048, max_slot_share=0.95, starve_after_s=10

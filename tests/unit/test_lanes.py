@@ -404,20 +404,19 @@ def _held(
 
 
 def test_a_flood_leaves_another_active_tenant_its_share_of_the_class_at_a_worker():
-    """acme chats now and then; globex floods the same class. globex takes half of the 100 slots
-    (the interactive class's share), not all 99 free: acme's next chat starts at once instead of
-    waiting for a flood request to end."""
+    """acme chats now and then; globex floods the same class. globex takes 90 of the 100 slots,
+    not all 99 free: acme's next chat starts at once instead of waiting for a flood request to end."""
     lanes = Lanes(DEFAULT_CLASSES)
     lanes.admit(item("acme"), 0.0)
     assert _held(lanes, 0.0, 100, {}) != []
     for _ in range(200):
         lanes.admit(item("globex"), 1.0)
     flood = _held(lanes, 1.0, 99, {"acme": 1})
-    assert len(flood) == 50 and {it.tenant for it in flood} == {"globex"}
+    assert len(flood) == 90 and {it.tenant for it in flood} == {"globex"}
     chat = item("acme", at=2.0)
     lanes.admit(chat, 2.0)
-    assert _held(lanes, 2.0, 49, {"acme": 1, "globex": 50}) == [chat]
-    assert _held(lanes, 2.0, 48, {"acme": 2, "globex": 50}) == []  # globex stays at its cap
+    assert _held(lanes, 2.0, 9, {"acme": 1, "globex": 90}) == [chat]
+    assert _held(lanes, 2.0, 8, {"acme": 2, "globex": 90}) == []  # globex stays at its cap
 
 
 def test_a_tenant_at_its_cap_is_passed_over_for_the_next_fair_tenant_not_the_whole_lane():
@@ -428,10 +427,10 @@ def test_a_tenant_at_its_cap_is_passed_over_for_the_next_fair_tenant_not_the_who
     chats = [item("acme") for _ in range(3)]
     for it in floods + chats:
         lanes.admit(it, 0.0)
-    # globex is the fair tenant (the lower virtual time) but holds its 50 of 100 slots here.
-    assert _held(lanes, 0.0, 10, {"acme": 0, "globex": 50}) == chats
+    # globex is the fair tenant (the lower virtual time) but holds its 90 of 100 slots here.
+    assert _held(lanes, 0.0, 10, {"acme": 0, "globex": 90}) == chats
     # Under its cap again, it is served first as before.
-    assert _held(lanes, 0.0, 1, {"globex": 40}) == floods[:1]
+    assert _held(lanes, 0.0, 1, {"globex": 80}) == floods[:1]
 
 
 def test_a_tenants_kv_tokens_stay_within_its_share_of_the_cache_while_another_is_active():
@@ -440,24 +439,29 @@ def test_a_tenants_kv_tokens_stay_within_its_share_of_the_cache_while_another_is
     chat = item("acme", cost=500)
     for it in [*floods, chat]:
         lanes.admit(it, 0.0)
-    # 10,000 KV tokens, globex holds 4,600 of them in 4 of 100 slots: one more (500) passes 5,000.
+    # 10,000 KV tokens, globex holds 4,600 of them in 4 of 100 slots: one more (500) passes its
+    # step share (interactive: half), 5,000.
     got = _held(lanes, 0.0, 10, {"globex": 4}, {"globex": 4600}, kv=10_000)
     assert got == [chat]
     assert _held(lanes, 0.0, 10, {"globex": 4}, {"globex": 4000}, kv=10_000) == floods[:2]
 
 
-def test_a_tenant_whose_weight_is_the_larger_part_holds_that_part_of_the_class_at_a_worker():
-    """Weights 3:1 while both are active: globex may hold 75 of 100 interactive slots, more than
-    the class's half, so the lanes' weighted fair queuing is not undone at the worker."""
+def test_a_tenant_whose_weight_is_the_larger_part_holds_that_part_of_a_workers_steps():
+    """Weights 3:1 while both are active: globex may hold 75% of a worker's KV cache, more than
+    the interactive class's step share (half), so the lanes' weighted fair queuing is not undone
+    at the worker; at equal weights it is held to half."""
     weights = {"globex": 3.0}
     lanes = Lanes(DEFAULT_CLASSES, lambda tenant: weights.get(tenant, 1.0))
     for _ in range(100):
-        lanes.admit(item("globex"), 0.0)
-    lanes.admit(item("acme"), 0.0)
-    assert Counter(it.tenant for it in _held(lanes, 0.0, 99, {"acme": 1})) == {"globex": 75, "acme": 1}
-    weights.clear()  # equal again: globex is held to the class's half
-    assert _held(lanes, 0.0, 24, {"acme": 1, "globex": 75}) == []
-    assert [it.tenant for it in _held(lanes, 0.0, 51, {"acme": 1, "globex": 49})] == ["globex"]
+        lanes.admit(item("globex", cost=100), 0.0)
+    lanes.admit(item("acme", cost=100), 0.0)
+    got = _held(lanes, 0.0, 99, {"acme": 1}, {"acme": 100}, kv=10_000)
+    assert Counter(it.tenant for it in got) == {"globex": 75, "acme": 1}
+    weights.clear()
+    assert _held(lanes, 0.0, 24, {"acme": 1, "globex": 75}, {"globex": 7_500}, kv=10_000) == []
+    assert [it.tenant for it in _held(lanes, 0.0, 51, {"acme": 1, "globex": 49}, {"globex": 4_900}, kv=10_000)] == [
+        "globex"
+    ]
 
 
 def test_a_neighbours_burst_of_long_prompts_fills_at_most_its_share_of_a_workers_next_steps():
@@ -495,7 +499,7 @@ def test_a_lone_tenant_keeps_every_slot_and_the_whole_cache():
     assert _held(lanes, 0.0, 10, {"globex": 90}, {"globex": 9000}, kv=10_000) == floods[:10]
     # Another tenant's request, served, keeps it active for the window; then globex is alone again.
     lanes.admit(item("acme"), 1.0)
-    assert [it.tenant for it in _held(lanes, 1.0, 10, {"globex": 45})] == ["acme", *["globex"] * 5]
+    assert [it.tenant for it in _held(lanes, 1.0, 10, {"globex": 85})] == ["acme", *["globex"] * 5]
     assert _held(lanes, 1.0 + ACTIVE_WINDOW_S - 0.1, 9, {"acme": 1, "globex": 90}) == []
     assert len(_held(lanes, 1.0 + ACTIVE_WINDOW_S, 9, {"acme": 1, "globex": 90})) == 9
 
