@@ -247,7 +247,11 @@ class Lanes:
 
     def _within_share(self, lane: ClassLane, room: Room, item: Item, now: float) -> bool:
         """The tenant headroom: only while another tenant is active in the class. A tenant whose
-        weight is a larger part of the active tenants' than a share may hold that part."""
+        weight is a larger part of the active tenants' than a share may hold that part. The
+        class's own shares first: within them, the tenants need not be counted."""
+        policy = lane.policy
+        if room.within_tenant_share(policy, item, policy.max_tenant_share, policy.tenant_step_share):
+            return True
         others = [
             self._tenant_weight(name)
             for name, q in lane.tenants.items()
@@ -257,7 +261,6 @@ class Lanes:
             return True
         weight = self._tenant_weight(item.tenant)
         part = weight / max(weight + sum(others), 1e-9)
-        policy = lane.policy
         return room.within_tenant_share(
             policy, item, max(policy.max_tenant_share, part), max(policy.tenant_step_share, part)
         )
