@@ -4,16 +4,15 @@ metrics port, each worker with its own id; a streamed chat is served, and Ctrl-C
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 
 import aiohttp
 import openai
 import pytest
 
-from core.ports import free_port
 from loadtest.processes import LanewayUp, metrics_port
 from schemas.subjects import Subjects
+from tests.replicas import another_bridge
 from tests.wait import eventually
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the children")
@@ -64,33 +63,8 @@ async def test_a_second_bridge_on_the_same_nats_serves_the_same_tenants(tmp_path
     """Bridges are stateless: a `laneway bridge` joining `up`'s NATS as the generated bridge user
     knows the same tenants (from KV), and both bridges serve at once."""
     async with LanewayUp(tmp_path / "lw", KEY, ["--pii", "off"]) as up:
-        port = free_port()
-        secret = (up.data_dir / "idempotency.key").read_text().strip()  # every replica's
-        second = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "laneway.cli",
-            "bridge",
-            "--nats-url",
-            up.nats_url,
-            "--port",
-            str(port),
-            env=up.nats_env("svc-bridge") | {"LANEWAY_IDEMPOTENCY_SECRET": secret},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        drain = None
-        try:
-            said = b""
-            while b"laneway bridge on" not in said:
-                line = await asyncio.wait_for(second.stdout.readline(), 60)
-                assert line, f"the second bridge exited: {said.decode()}"
-                said += line
-            drain = asyncio.create_task(second.stdout.read())  # keep its pipe from filling
-            clients = [
-                openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-                for url in (up.url, f"http://127.0.0.1:{port}")
-            ]
+        async with another_bridge(up) as second:
+            clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0) for url in (up.url, second)]
 
             async def chat(client: openai.AsyncOpenAI) -> tuple[str, int]:
                 stream = await client.chat.completions.create(
@@ -110,8 +84,3 @@ async def test_a_second_bridge_on_the_same_nats_serves_the_same_tenants(tmp_path
             assert answers == [("length", 8)] * 10
             for client in clients:
                 await client.close()
-        finally:
-            second.send_signal(signal.SIGINT)
-            assert await asyncio.wait_for(second.wait(), 30) == 0
-            if drain is not None:
-                drain.cancel()
