@@ -1,5 +1,5 @@
 """A worker process killed under `laneway up`: the streams its clients read over HTTP, which
-worker to kill (one publishing frames now), and the usage records that say how each request was
+worker to kill (the one streaming the most now), and the usage records that say how each request was
 metered. Shared by the tests that kill workers mid-stream (sim and vLLM)."""
 
 from __future__ import annotations
@@ -19,8 +19,58 @@ from loadtest.processes import LanewayUp, metrics_port
 from schemas import codec
 from schemas.subjects import Subjects
 from tests.wait import eventually
+from workers.engines.sim.output import natural_length
 
 HANG_S = 120  # a bound on a hang, not a window
+
+
+def up_flags(sim_speed: float = 0.1) -> list[str]:
+    """`laneway up --workers 2` for killing workers under: the sim deterministic at temperature 0
+    and slowed (`sim_speed`) so a stream outlives the kill, no response cache (a second run would
+    be replayed from it), NATS without auth (a test reads usage records and dead letters as they
+    are published), beats every 0.5 s. Every stream accepted: on a loaded machine the bridge's
+    measured stream limit and delivery-lag door turned some away with a 503 (their own tests);
+    these are about what was accepted when a worker died."""
+    return [
+        "--workers",
+        "2",
+        "--pii",
+        "off",
+        "--metrics",
+        "--no-nats-auth",
+        "--cache-ttl",
+        "0",
+        "--sim-profile",
+        "llama-8b-h100",
+        "--sim-speed",
+        str(sim_speed),
+        "--heartbeat-interval",
+        "0.5",
+        "--initial-stream-limit",
+        "0",
+        "--max-delivery-lag",
+        "0",
+    ]
+
+
+def sim_chats(n: int) -> list[dict]:
+    """`n` streamed chats of distinct prompts whose SIMULATED answers run 60 tokens or more (the
+    sim's natural length is a hash of the prompt): half end at their own stop, half are capped
+    by max_tokens."""
+    texts = (f"question number {i}: tell me about lanes" for i in itertools.count())
+    chats = []
+    for i, prompt in enumerate(itertools.islice((t for t in texts if natural_length(t, 0, True) >= 60), n)):
+        chat = {
+            "model": "laneway-sim",
+            "stream": True,
+            "temperature": 0.0,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": prompt}],
+        }
+        if i % 2:
+            chat["max_tokens"] = 50 + 2 * i
+        chats.append(chat)
+    return chats
 
 
 @dataclass
@@ -33,6 +83,7 @@ class Stream:
     request_id: str = ""
     status: int = 0
     done: bool = False
+    last_id: str = ""  # the last SSE event id (resumable streams)
     pieces: list[str] = field(default_factory=list)
     arrived: list[float] = field(default_factory=list)  # monotonic time of each content chunk
 
@@ -41,13 +92,29 @@ class Stream:
         return max((b - a for a, b in itertools.pairwise(self.arrived)), default=0.0)
 
 
-async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Stream) -> Stream:
-    """One streamed chat completion, read into `into` as it arrives."""
-    headers = {"Authorization": f"Bearer {up.api_key}"}
+async def read(
+    http: aiohttp.ClientSession,
+    up: LanewayUp,
+    body: dict,
+    into: Stream,
+    *,
+    url: str | None = None,
+    headers: dict[str, str] | None = None,
+    cut_after: int | None = None,
+) -> Stream:
+    """One streamed chat completion, read into `into` as it arrives (at `url`, a bridge of `up`'s
+    by default, with `headers` added). With `cut_after`, the client drops the connection once
+    `into` holds that many content chunks, and the stream is not done: it may be resumed from
+    `into.last_id` (a resumable stream's events carry ids) into the same `into`."""
+    headers = {"Authorization": f"Bearer {up.api_key}", **(headers or {})}
+    cut = False
     try:
-        async with http.post(f"{up.url}/v1/chat/completions", json=body, headers=headers) as resp:
-            into.status, into.request_id = resp.status, resp.headers.get("x-request-id", "")
+        async with http.post(f"{url or up.url}/v1/chat/completions", json=body, headers=headers) as resp:
+            into.status = resp.status
+            into.request_id = into.request_id or resp.headers.get("x-request-id", "")
             async for raw in resp.content:
+                if raw.startswith(b"id: "):
+                    into.last_id = raw[4:].strip().decode()
                 if not raw.startswith(b"data: ") or raw.strip() == b"data: [DONE]":
                     continue
                 chunk = orjson.loads(raw[6:])
@@ -63,15 +130,23 @@ async def read(http: aiohttp.ClientSession, up: LanewayUp, body: dict, into: Str
                         into.text += content
                         into.chunks += 1
                     into.finish_reason = choice.get("finish_reason") or into.finish_reason
+                if cut_after is not None and into.chunks >= cut_after:
+                    cut = True
+                    resp.close()  # the connection, mid-stream
+                    break
     finally:
-        into.done = True
+        into.done = not cut
     return into
 
 
-async def frames(
-    http: aiohttp.ClientSession, up: LanewayUp, metric: str = "laneway_worker_frames_total"
-) -> dict[int, float]:
-    """A metric of each live worker (pid → value): by default the token frames it published."""
+# Stream entries (tokens, ends) a worker published. Not its frames: a frame carries all the
+# entries for one bridge's streams in one flush, so a worker streaming 1 stream and one streaming
+# 15 to the same bridge publish about as many frames.
+ENTRIES = "laneway_worker_entries_per_frame_sum"
+
+
+async def worker_metric(http: aiohttp.ClientSession, up: LanewayUp, metric: str = ENTRIES) -> dict[int, float]:
+    """A metric of each live worker (pid → value): by default the stream entries it published."""
     counts = {}
     for pid in up.role_pids("worker"):
         if (port := metrics_port(pid)) is not None:
@@ -84,22 +159,22 @@ async def frames(
 
 
 async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp, since: dict[int, float] | None = None) -> int:
-    """A worker publishing frames now; of several, the one that published the most since `since`
-    (a frames() reading; by default, over the moment watched). Counted, not read off the slots
-    gauge: that is as old as a worker's last pull."""
-    last = await frames(http, up)
+    """A worker publishing stream entries now; of several, the one that published the most since
+    `since` (a worker_metric() reading; by default, over the moment watched): the one carrying
+    the most streams. Counted, not read off the slots gauge: that is as old as a worker's last pull."""
+    last = await worker_metric(http, up)
     base = last if since is None else since
     found = 0
 
     async def moved() -> bool:
         nonlocal last, found
-        now = await frames(http, up)
+        now = await worker_metric(http, up)
         moving = [pid for pid, n in now.items() if n > last.get(pid, n)]
         found = max(moving, key=lambda pid: now[pid] - base.get(pid, 0.0), default=0)
         last = now
         return found != 0
 
-    assert await eventually(moved, timeout=HANG_S), f"no worker publishes frames: {base} then {last}"
+    assert await eventually(moved, timeout=HANG_S), f"no worker publishes stream entries: {base} then {last}"
     return found
 
 
@@ -116,20 +191,26 @@ async def usage_records(nc) -> dict[str, list]:
 
 
 async def run_streams(
-    up: LanewayUp, http: aiohttp.ClientSession, bodies: list[dict], kill: signal.Signals | None
+    up: LanewayUp,
+    http: aiohttp.ClientSession,
+    bodies: list[dict],
+    kill: signal.Signals | None,
+    along: tuple[int, ...] = (),
 ) -> tuple[list[Stream], int]:
     """Streams `bodies` at once; with `kill`, once each has tokens on the wire, signals the worker
     streaming now that sent the most of them (SIGSTOP: until they went on elsewhere, then
-    SIGCONT). Returns the streams, ended, and the pid signalled."""
+    SIGCONT), and the processes `along` just before it, in the same moment. Returns the
+    streams, ended, and the worker's pid."""
     streams = [Stream() for _ in bodies]
-    before = await frames(http, up) if kill is not None else {}
+    before = await worker_metric(http, up) if kill is not None else {}
     tasks = [asyncio.create_task(read(http, up, b, s)) for b, s in zip(bodies, streams, strict=True)]
     victim = 0
     if kill is not None:
         # Mid-stream: every stream has tokens on the wire.
         assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
         victim = await streaming_worker(http, up, since=before)
-        os.kill(victim, kill)
+        for pid in (*along, victim):
+            os.kill(pid, kill)
         if kill is signal.SIGSTOP:
             # Silent past the loss bound: its streams go on elsewhere while it sleeps; then it wakes.
             seen = [s.chunks for s in streams]

@@ -13,7 +13,6 @@ waited for: tokens on the wire, a worker publishing frames, the stream ending.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import signal
 import sys
@@ -24,9 +23,19 @@ import pytest_asyncio
 
 from loadtest.processes import LanewayUp
 from schemas.subjects import Subjects
-from tests.kills import HANG_S, Stream, frames, read, run_streams, same_as_unbroken, streaming_worker, usage_records
+from tests.kills import (
+    HANG_S,
+    Stream,
+    read,
+    run_streams,
+    same_as_unbroken,
+    sim_chats,
+    streaming_worker,
+    up_flags,
+    usage_records,
+    worker_metric,
+)
 from tests.wait import eventually
-from workers.engines.sim.output import natural_length
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,51 +49,9 @@ STREAMS = 100  # the issue's count, for the SIGKILL; the silent worker's fence n
 FENCED_STREAMS = 24
 
 
-def prompts(n: int = STREAMS) -> list[str]:
-    """Distinct prompts whose SIMULATED answers run 60 tokens or more (the sim's natural length
-    is a hash of the prompt): half end at their own stop, half are capped by max_tokens."""
-    texts = (f"question number {i}: tell me about lanes" for i in itertools.count())
-    return list(itertools.islice((t for t in texts if natural_length(t, 0, True) >= 60), n))
-
-
-def body(i: int, prompt: str) -> dict:
-    b = {
-        "model": "laneway-sim",
-        "stream": True,
-        "temperature": 0.0,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": prompt}],
-    }
-    if i % 2:
-        b["max_tokens"] = 50 + 2 * i
-    return b
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory):
-    extra = [
-        "--pii",
-        "off",
-        "--workers",
-        "2",
-        "--metrics",
-        "--no-nats-auth",
-        "--cache-ttl",
-        "0",
-        "--sim-profile",
-        "llama-8b-h100",
-        "--sim-speed",
-        "0.1",
-        "--heartbeat-interval",
-        "0.5",
-        # Every stream accepted: on a loaded machine (pytest -n 3) the bridge's measured stream
-        # limit and delivery-lag door turned some away with a 503 (their own tests); this module
-        # is about what was accepted when a worker died.
-        "--initial-stream-limit",
-        "0",
-        "--max-delivery-lag",
-        "0",
-    ]
+    extra = up_flags()
     async with LanewayUp(tmp_path_factory.mktemp("continue") / "lw", KEY, extra) as running:
         yield running
 
@@ -92,7 +59,7 @@ async def up(tmp_path_factory):
 async def run(
     up: LanewayUp, http: aiohttp.ClientSession, kill: signal.Signals | None, n: int = STREAMS
 ) -> tuple[list[Stream], int]:
-    return await run_streams(up, http, [body(i, p) for i, p in enumerate(prompts(n))], kill)
+    return await run_streams(up, http, sim_chats(n), kill)
 
 
 async def test_a_worker_killed_mid_stream_costs_no_answer(up: LanewayUp) -> None:
@@ -169,7 +136,7 @@ async def test_a_worker_judged_lost_while_only_silent_is_fenced(up: LanewayUp) -
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             unbroken, _ = await run(up, http, kill=None, n=FENCED_STREAMS)
-            fenced_before = sum((await frames(http, up, "laneway_worker_fenced_total")).values())
+            fenced_before = sum((await worker_metric(http, up, "laneway_worker_fenced_total")).values())
             broken, victim = await run(up, http, kill=signal.SIGSTOP, n=FENCED_STREAMS)
             assert [s.error for s in broken] == [None] * FENCED_STREAMS, [s.error for s in broken if s.error]
             for i, (a, b) in enumerate(zip(unbroken, broken, strict=True)):
@@ -179,10 +146,10 @@ async def test_a_worker_judged_lost_while_only_silent_is_fenced(up: LanewayUp) -
             # The woken worker holds nothing: it dropped what it was fenced from (without the fence it
             # generates each to its end, nobody reading, and meters it a second time).
             async def idle() -> bool:
-                return (await frames(http, up, "laneway_worker_slots_in_use")).get(victim) == 0
+                return (await worker_metric(http, up, "laneway_worker_slots_in_use")).get(victim) == 0
 
             assert await eventually(idle, timeout=HANG_S), "the woken worker never let go"
-            fenced = await frames(http, up, "laneway_worker_fenced_total")
+            fenced = await worker_metric(http, up, "laneway_worker_fenced_total")
             assert await eventually(lambda: all(s.request_id in records for s in broken)), "usage records missing"
             await nc.flush()
         for s in broken:
