@@ -92,6 +92,11 @@ class Loads:
     def pulled(self, worker: str) -> None:
         self._out.pop(worker, None)
 
+    def drop_lost(self, lost: Callable[[str], object]) -> None:
+        """Workers found `lost` take nothing more, so none holds a batch back: a dead worker's
+        credit would keep its sequences' worth of work from the survivor that must take it."""
+        self._out = {w: out for w, out in self._out.items() if not lost(w)}
+
     def sent(self, credit: Credit, items: Sequence[Wants], now: float) -> None:
         """A batch (or an empty answer) went to the credit's worker."""
         self._out[credit.worker_id] = (after(credit, items), now)

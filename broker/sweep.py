@@ -85,6 +85,7 @@ async def hand_back_lost(
         pool.parked = [p for p in pool.parked if p not in dead_pulls]
         for parked in dead_pulls:
             await nc.publish(parked.reply, codec.encode(Batch()))
+    pool.loads.drop_lost(lost)  # before the handed-back requests come to the lanes again
     for worker in pool.running.workers():
         if signal := lost(worker):
             gone = pool.running.lost(worker)
