@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import os
 import signal
 import tempfile
@@ -129,6 +130,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "failed": {r.error: sum(1 for x in results if x.error == r.error) for r in results if r.error},
         "moved": len(moved),
         "stall_s": summary(stalls),
+        # The first moved stream's: finding the loss, handing its requests back, one prefill step.
+        "first_stall_s": min(stalls, default=math.nan),
         "reprefill_tokens": again,
         # Shared by the survivors when the continuations spread over them evenly.
         "reprefill_floor_s": again * PROFILES[pool.profile].prefill_s_per_token / (args.workers - 1),
@@ -160,7 +163,8 @@ def render(doc: dict) -> str:
             f"{c['max_tokens']} out at {c['stream_rate']:g} tok/s, one worker SIGKILLed {c['kill_after']:g} s in",
             f"  answers     {f['completed']}/{f['streams']} completed, failed {f['failed'] or 0}; "
             f"{f['moved']} went on on the {'other worker' if c['workers'] == 2 else 'others'}",
-            f"  stall       p50 {s['p50']:.2f} s, p99 {s['p99']:.2f} s over {s['n']} streams "
+            f"  stall       p50 {s['p50']:.2f} s, p99 {s['p99']:.2f} s over {s['n']} streams, the first "
+            f"{f['first_stall_s']:.2f} s "
             f"(target p99 ≤ {TARGET_P99_S:g} s: {'MET' if met else 'MISSED'}); of it, the survivors' prefill of "
             f"{f['reprefill_tokens']:,} tokens again takes {f['reprefill_floor_s']:.2f} s at the roofline",
             f"  survivors   gap p50 {g['before'] * 1000:.1f} ms before → {g['after'] * 1000:.1f} ms after",
