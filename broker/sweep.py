@@ -10,6 +10,7 @@ other pools or the loop. The next tick retries.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from broker.waiting import Item
 from broker.worker_probes import GONE_S as WORKER_GONE_S
 from broker.worker_probes import probe_workers
 from core.liveness import Silence
-from core.tasks import pause
+from core.tasks import wait_event
 from schemas import codec
 from schemas.subjects import Subjects
 from schemas.work import Batch
@@ -157,10 +158,12 @@ class Sweep:
     # The workers' interest, as broker/worker_probes.py hears it.
     probes: Silence = field(default_factory=lambda: Silence(WORKER_GONE_S))
     last_tick: float | None = field(default=None, init=False)
+    wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)  # a worker found gone
 
     async def run(self) -> None:
         while True:
-            await pause(self.interval_s)
+            await wait_event(self.wake, self.interval_s)
+            self.wake.clear()
             try:
                 await self.once(time.time(), time.monotonic())
             except Exception:
@@ -177,7 +180,7 @@ class Sweep:
             running = {w for pool in self.pools.values() for w in pool.running.workers()}
             return running | {p.credit.worker_id for pool in self.pools.values() for p in pool.parked}
 
-        await probe_workers(self.nc, self.s, workers, self.probes, self.metrics)
+        await probe_workers(self.nc, self.s, workers, self.probes, self.metrics, self.wake.set)
 
     async def once(self, now: float, mono: float) -> None:
         # This loop's own lateness is slack: a beat it has not read yet is not a missing one.

@@ -68,9 +68,11 @@ async def hold(nc: Client, subject: str) -> None:
     await nc.subscribe(subject, cb=unanswered)
 
 
-async def has_interest(nc: Client, subject: str) -> bool:
+async def has_interest(nc: Client, subject: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """No responders is the server's answer at once; `timeout` only bounds how long a holder
+    (which never answers) keeps the caller waiting, so a shorter one costs nothing."""
     try:
-        await nc.request(subject, b"", timeout=PROBE_TIMEOUT_S)
+        await nc.request(subject, b"", timeout=timeout)
     except nats.errors.NoRespondersError:
         return False
     except (nats.errors.Error, OSError):

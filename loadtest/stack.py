@@ -56,6 +56,7 @@ class Stack:
     pii: str = "off"  # the broker's PII stage: off | auto | regex | ner
     cache_ttl_s: float = 3600.0
     max_held: int = BrokerConfig.max_held  # requests the broker takes from JetStream at most
+    sweep_interval_s: float = BrokerConfig.sweep_interval_s
     broker: Broker | None = None
     bridge: Bridge | None = None
     workers: list[Worker] = field(default_factory=list)
@@ -71,6 +72,7 @@ class Stack:
                     pii=self.pii,
                     cache_ttl_s=self.cache_ttl_s,
                     max_held=self.max_held,
+                    sweep_interval_s=self.sweep_interval_s,
                 )
             )
         )

@@ -1,6 +1,7 @@
 """The scheduler finds a dead worker by its NATS connection (broker/worker_probes.py), not only
 by heartbeat silence: here the worker beats every 30 s, so silence would take 90 s, and the
-request it ran is handed back (to go on elsewhere) once its connection is gone."""
+request it ran is handed back (to go on elsewhere) once its connection is gone: at once, not at
+the sweep's next tick (an hour away here), for that wait is part of every moved stream's stall."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ KEY = "sk-probes"
 async def test_a_worker_whose_connection_is_gone_is_found_by_the_scheduler(nats_server):
     engine = SimEngine(PROFILES["llama-8b-h100"], speed=0.05)
     async with Stack(
-        nats_server.url, demo_settings(KEY), engines=[engine], worker_config=WorkerConfig(heartbeat_s=30)
+        nats_server.url,
+        demo_settings(KEY),
+        engines=[engine],
+        worker_config=WorkerConfig(heartbeat_s=30),
+        sweep_interval_s=3600,
     ) as stack:
         [worker] = stack.workers
         metrics = stack.broker.metrics
