@@ -169,8 +169,9 @@ async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp, since: di
     async def moved() -> bool:
         nonlocal last, found
         now = await worker_metric(http, up)
-        moving = [pid for pid, n in now.items() if n > last.get(pid, n)]
-        found = max(moving, key=lambda pid: now[pid] - base.get(pid, 0.0), default=0)
+        # The one with the most, once it publishes: the first to publish may carry one stream.
+        most = max(now, key=lambda pid: now[pid] - base.get(pid, 0.0), default=0)
+        found = most if most and now[most] > last.get(most, now[most]) else 0
         last = now
         return found != 0
 
