@@ -68,11 +68,10 @@ def arrivals(r: Result, start: float) -> list[float]:
 
 
 def stall(times: list[float], kill: float) -> float | None:
-    """The wait that spans the kill: last chunk before it → first after; None if none spans it."""
-    for a, b in itertools.pairwise(times):
-        if a < kill <= b:
-            return b - a
-    return None
+    """The wait that spans the kill: last chunk before it → first after; None if none spans it.
+    The longest gap ending after the kill: on a busy client the chunks already on their way when
+    the worker died are read (and timed) after the kill, and the stall is the gap after them."""
+    return max((b - a for a, b in itertools.pairwise(times) if b >= kill), default=None)
 
 
 def rate(streams: list[list[float]], lo: float, hi: float) -> float:
