@@ -29,8 +29,7 @@ def predicted(profile_name: str, batches: list[int], context: int, chunks: list[
     """The sim profile's figures for the same shapes (KV reads scale with the context)."""
     from dataclasses import replace
 
-    from workers.engines.sim.engine import _CTX
-    from workers.engines.sim.roofline import PROFILES, step_seconds
+    from workers.engines.sim.roofline import _CTX, PROFILES, step_seconds
 
     p = PROFILES[profile_name]
     at_context = replace(p, decode_s_per_seq=p.decode_s_per_seq * context / _CTX)
