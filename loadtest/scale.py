@@ -58,9 +58,7 @@ def sizing(args: argparse.Namespace, clients: int) -> tuple[PoolSpec, int, float
     """(pool, max_tokens, modelled step seconds)."""
     per_worker = math.ceil(clients / args.workers)
     p = PROFILES[args.profile]
-    step_at_speed_1 = step_seconds(p, per_worker, per_worker)  # every stream decoding
     step = 1.0 / args.stream_rate
-    speed = step_at_speed_1 / step
     # Streams must outlive the run: while the ramp fills the workers a step is shorter than at
     # full occupancy, so allow 4× the tokens a full-occupancy step would produce, up to what the
     # sim takes (prompt + max_tokens ≤ its max_model_len: minutes at 30 tok/s, longer than a run).
@@ -68,6 +66,9 @@ def sizing(args: argparse.Namespace, clients: int) -> tuple[PoolSpec, int, float
         math.ceil(4 * args.stream_rate * (args.ramp + args.settle_timeout + args.hold + 15)),
         SIM_MODEL_LEN - args.prompt - 1,
     )
+    # Every stream decoding at its longest context: no step outlasts `step`, and the floor holds it there.
+    step_at_speed_1 = step_seconds(p, per_worker * (args.prompt + max_tokens), per_worker)
+    speed = step_at_speed_1 / step
     slots = per_worker + 8
     # The step never shorter than at full occupancy: streams the bridge admits run at the rate
     # modelled (not faster for being fewer), so the offered load is N × rate however many run.

@@ -8,7 +8,7 @@ vLLM's paged kernels are faster, so these are an upper bound on a step's time.
     python tests/gpu/calibrate_sim.py [--json out.json] [--tiny]   (--tiny: a CPU smoke run)
 
 Beside each measurement it prints what the profile predicts with the sim's step-time model
-(`workers.engines.sim.roofline.step_seconds`, a roofline): `max(decode_base_s + sequences × decode_s_per_seq,
+(`workers.engines.sim.roofline.step_seconds`, a roofline): `max(decode_base_s + KV tokens read × kv_s_per_token,
 tokens × prefill_s_per_token)`, plus the step a full `max_num_batched_tokens` prefill chunk would
 take. The chunk sweep (one forward of M new tokens) shows where the roofline's knee is: flat while
 the weight reads dominate, then linear in M.
@@ -27,22 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script 
 
 def predicted(profile_name: str, batches: list[int], context: int, chunks: list[int]) -> dict:
     """The sim profile's figures for the same shapes (KV reads scale with the context)."""
-    from dataclasses import replace
-
-    from workers.engines.sim.roofline import _CTX, PROFILES, step_seconds
+    from workers.engines.sim.roofline import PROFILES, step_seconds
 
     p = PROFILES[profile_name]
-    at_context = replace(p, decode_s_per_seq=p.decode_s_per_seq * context / _CTX)
     return {
         "profile": p.name,
         "source": p.source,
         "prefill_s_per_token": p.prefill_s_per_token,
         "max_num_batched_tokens": p.max_num_batched_tokens,
-        "full_prefill_step_s": step_seconds(p, 1, p.max_num_batched_tokens),
-        "decode": [{"batch": b, "step_s": step_seconds(at_context, b, b)} for b in batches],
+        "full_prefill_step_s": step_seconds(p, p.max_num_batched_tokens, p.max_num_batched_tokens),
+        "decode": [{"batch": b, "step_s": step_seconds(p, b * context, b)} for b in batches],
         # As the engine charges a lone prompt's chunk: one sequence (the sim counts a
         # reference context's KV read for it, which a fresh prompt does not have).
-        "chunk": [{"tokens": m, "step_s": step_seconds(p, 1, m)} for m in chunks],
+        "chunk": [{"tokens": m, "step_s": step_seconds(p, m, m)} for m in chunks],
     }
 
 

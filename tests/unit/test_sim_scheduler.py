@@ -209,16 +209,37 @@ def test_a_step_lasts_its_roofline_the_longer_of_memory_and_compute():
     engine = SimEngine(PROFILES["llama-8b-h100"])
     p = PROFILES["llama-8b-h100"]
     a, b = seq(100), seq(100)
+    a.computed = b.computed = 100  # both decoding, 100 tokens of context each
     decode, chunk, two = Step({a: 1}, decodes=1), Step({a: 2048}), Step({a: 1, b: 1}, decodes=2)
     assert engine.step_time(decode) < engine.step_time(two) < engine.step_time(chunk)
-    # Memory-bound: the weights once plus each sequence's KV cache.
-    assert engine.step_time(two) == pytest.approx(p.decode_base_s + 2 * p.decode_s_per_seq)
+    # Memory-bound: the weights once plus each sequence's KV cache, as long as its context.
+    assert engine.step_time(two) == pytest.approx(p.decode_base_s + 2 * 101 * p.kv_s_per_token)
     # Compute-bound: a 2,048-token chunk's FLOPs outlast the reads.
     assert engine.step_time(chunk) == pytest.approx(2048 * p.prefill_s_per_token)
     # A small chunk packed into a decode step rides under its memory time, as in vLLM.
-    knee = int((p.decode_base_s + 2 * p.decode_s_per_seq) / p.prefill_s_per_token) - 1
-    mixed = Step({a: 1, b: knee}, decodes=1)
-    assert engine.step_time(mixed) == pytest.approx(engine.step_time(two))
-    assert engine.step_time(Step({a: 1, b: 2 * knee}, decodes=1)) > engine.step_time(two)
+    knee = int(engine.step_time(two) / p.prefill_s_per_token) - 1
+    fresh = seq(knee)
+    mixed = Step({a: 1, fresh: knee}, decodes=1)
+    assert engine.step_time(mixed) == pytest.approx(p.decode_base_s + (101 + knee) * p.kv_s_per_token)
+    assert engine.step_time(Step({a: 1, fresh: 2 * knee}, decodes=1)) == pytest.approx(
+        (1 + 2 * knee) * p.prefill_s_per_token
+    )
     # Every token the step processes costs FLOPs, the decodes' too.
     assert engine.step_time(Step({a: 1, b: 1000}, decodes=1)) == pytest.approx(1001 * p.prefill_s_per_token)
+
+
+def test_a_long_conversation_makes_a_longer_decode_step_than_a_short_one():
+    """Each sequence's KV read is its context (PagedAttention reads every block of it): 200
+    decodes of short chats make a shorter step than 200 of the reference documents' 1.9K."""
+    engine = SimEngine(PROFILES["llama-8b-h100"])
+    p = PROFILES["llama-8b-h100"]
+    short, long = [seq(64) for _ in range(200)], [seq(1900) for _ in range(200)]
+    for s in short:
+        s.computed = 64
+    for s in long:
+        s.computed = 1899
+    short_step = engine.step_time(Step(dict.fromkeys(short, 1), decodes=200))
+    long_step = engine.step_time(Step(dict.fromkeys(long, 1), decodes=200))
+    assert long_step == pytest.approx(p.decode_base_s + 200 * p.decode_s_per_seq)
+    assert short_step == pytest.approx(p.decode_base_s + 200 * 65 * p.kv_s_per_token)
+    assert short_step < long_step

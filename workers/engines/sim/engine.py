@@ -282,7 +282,7 @@ class SimEngine(Engine):
                     self._decode_one(seq)
 
     def step_time(self, step: Step) -> float:
-        return max(self.min_step_s, step_seconds(self.profile, len(step.scheduled), step.tokens) / self.speed)
+        return max(self.min_step_s, step_seconds(self.profile, step.kv_read, step.tokens) / self.speed)
 
     def confidence(self, request: EngineRequest) -> float:
         """The SIMULATED model's mean token logprob for a request: a stable number per prompt in

@@ -1,8 +1,9 @@
 """The simulated GPU's step time: a roofline per hardware profile.
 
-A step that runs `sequences` sequences and processes `tokens` tokens lasts
+A step that reads `kv_tokens` tokens of KV cache (each scheduled sequence's context: what it has
+computed plus what the step adds) and processes `tokens` tokens lasts
 
-    max(decode_base_s + sequences × decode_s_per_seq,  tokens × prefill_s_per_token)
+    max(decode_base_s + kv_tokens × kv_s_per_token,  tokens × prefill_s_per_token)
 
 the longer of reading the weights once plus each scheduled sequence's KV cache (memory) and
 computing 2 × params FLOPs for each token the step processes (compute; cached prefix blocks
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 # NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 989 TFLOPS dense BF16, 1,979 TFLOPS dense FP8, 80 GB.
 _H100_BW, _H100_BF16, _H100_FP8, _H100_MEM = 3.35e12, 989e12, 1979e12, 80e9
 _BW_EFF, _MFU = 0.7, 0.5  # achieved fractions typical of vLLM decode / prefill
-_CTX = 1900  # reference context for per-sequence KV reads: 1.5K in + 400 out
+_CTX = 1900  # the reference documents' context (1.5K in + 400 out): `decode_s_per_seq`'s
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,17 @@ class SimProfile:
     name: str
     prefill_s_per_token: float
     decode_base_s: float
-    decode_s_per_seq: float
+    kv_s_per_token: float  # reading one token's KV cache (K and V, every layer)
     max_seqs: int
     kv_tokens: int
     source: str
     max_num_batched_tokens: int = 8192  # vLLM's default on ≥ 70 GiB GPUs but A100 (OpenAI server)
     long_prefill_token_threshold: int = 0  # vLLM's default: a prompt may take the whole budget
+
+    @property
+    def decode_s_per_seq(self) -> float:
+        """A sequence's KV read at the reference context: sizing at the reference shape."""
+        return _CTX * self.kv_s_per_token
 
 
 def _roofline(
@@ -40,7 +46,7 @@ def _roofline(
         name=name,
         prefill_s_per_token=2 * params / (peak_flops * gpus * _MFU),
         decode_base_s=weight_bytes / bw,
-        decode_s_per_seq=_CTX * kv_bytes_per_token / bw,
+        kv_s_per_token=kv_bytes_per_token / bw,
         # vLLM 0.32 defaults max_num_seqs to 1024 on H100 (engine/arg_utils.py:get_batch_defaults);
         # 256 is its older default. Either way KV binds first: ~225 (8B) / ~118 (70B) sequences
         # at the reference context fit, so the slot count only matters for short contexts.
@@ -50,14 +56,16 @@ def _roofline(
     )
 
 
-def step_seconds(p: SimProfile, sequences: int, tokens: int) -> float:
+def step_seconds(p: SimProfile, kv_tokens: int, tokens: int) -> float:
     """One step on the profile's GPU: the GPU overlaps the memory reads and the arithmetic, so
-    the step lasts the longer of the two, not their sum. A decode step is memory-bound, and the
-    prefill tokens packed into it cost nothing until their FLOPs outlast the reads; that is what
-    vLLM's chunked prefill relies on ("locating compute-bound (prefill) and memory-bound
-    (decode) requests to the same batch", its docs). A large chunk makes the step compute-bound.
-    `tests/gpu/calibrate_sim.py` measures the knee on a GPU."""
-    return max(p.decode_base_s + sequences * p.decode_s_per_seq, tokens * p.prefill_s_per_token)
+    the step lasts the longer of the two, not their sum. A decode step is memory-bound: the
+    weights once, and each sequence's KV cache as long as its context (PagedAttention reads every
+    block of it), so short conversations make short steps. The prefill tokens packed into it cost
+    nothing until their FLOPs outlast the reads; that is what vLLM's chunked prefill relies on
+    ("locating compute-bound (prefill) and memory-bound (decode) requests to the same batch",
+    its docs). A large chunk makes the step compute-bound. `tests/gpu/calibrate_sim.py` measures
+    the knee on a GPU."""
+    return max(p.decode_base_s + kv_tokens * p.kv_s_per_token, tokens * p.prefill_s_per_token)
 
 
 PROFILES: dict[str, SimProfile] = {

@@ -102,6 +102,11 @@ class Step:
     def tokens(self) -> int:
         return sum(self.scheduled.values())
 
+    @property
+    def kv_read(self) -> int:
+        """KV-cache tokens the step's attention reads: each sequence's context through its new tokens."""
+        return sum(seq.computed + n for seq, n in self.scheduled.items())
+
 
 class BlockPool:
     """KV blocks: never-used ones first (counted, not listed), then freed ones in LRU order.
