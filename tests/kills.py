@@ -143,6 +143,7 @@ async def read(
 # entries for one bridge's streams in one flush, so a worker streaming 1 stream and one streaming
 # 15 to the same bridge publish about as many frames.
 ENTRIES = "laneway_worker_entries_per_frame_sum"
+WATCH_ENTRIES = 12  # published while `streaming_worker` watches: enough to tell the carriers apart
 
 
 async def worker_metric(http: aiohttp.ClientSession, up: LanewayUp, metric: str = ENTRIES) -> dict[int, float]:
@@ -158,24 +159,24 @@ async def worker_metric(http: aiohttp.ClientSession, up: LanewayUp, metric: str 
     return counts
 
 
-async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp, since: dict[int, float] | None = None) -> int:
-    """A worker publishing stream entries now; of several, the one that published the most since
-    `since` (a worker_metric() reading; by default, over the moment watched): the one carrying
-    the most streams. Counted, not read off the slots gauge: that is as old as a worker's last pull."""
-    last = await worker_metric(http, up)
-    base = last if since is None else since
+async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
+    """The worker carrying the most streams now: the one that publishes the most stream entries
+    while WATCH_ENTRIES are published. Not the most since an earlier reading (it may have
+    finished its streams since), nor the first seen publishing (it may carry one), nor read off
+    the slots gauge (that is as old as a worker's last pull)."""
+    start = await worker_metric(http, up)
     found = 0
 
-    async def moved() -> bool:
-        nonlocal last, found
+    async def watched() -> bool:
+        nonlocal found
         now = await worker_metric(http, up)
-        # The one with the most, once it publishes: the first to publish may carry one stream.
-        most = max(now, key=lambda pid: now[pid] - base.get(pid, 0.0), default=0)
-        found = most if most and now[most] > last.get(most, now[most]) else 0
-        last = now
-        return found != 0
+        moved = {pid: n - start.get(pid, n) for pid, n in now.items()}
+        if sum(moved.values()) < WATCH_ENTRIES:
+            return False
+        found = max(moved, key=lambda pid: moved[pid])
+        return True
 
-    assert await eventually(moved, timeout=HANG_S), f"no worker publishes stream entries: {base} then {last}"
+    assert await eventually(watched, timeout=HANG_S), f"no worker publishes stream entries: {start}"
     return found
 
 
@@ -203,13 +204,12 @@ async def run_streams(
     SIGCONT), and the processes `along` just before it, in the same moment. Returns the
     streams, ended, and the worker's pid."""
     streams = [Stream() for _ in bodies]
-    before = await worker_metric(http, up) if kill is not None else {}
     tasks = [asyncio.create_task(read(http, up, b, s)) for b, s in zip(bodies, streams, strict=True)]
     victim = 0
     if kill is not None:
         # Mid-stream: every stream has tokens on the wire.
         assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
-        victim = await streaming_worker(http, up, since=before)
+        victim = await streaming_worker(http, up)
         for pid in (*along, victim):
             os.kill(pid, kill)
         if kill is signal.SIGSTOP:

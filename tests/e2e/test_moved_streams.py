@@ -84,7 +84,6 @@ async def test_a_resumed_stream_outlives_its_worker(up: LanewayUp, second: str) 
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             unbroken, _ = await run_streams(up, http, chats, kill=None)
             streams = [Stream() for _ in chats]
-            before = await worker_metric(http, up)
             await asyncio.gather(
                 *(read(http, up, c, s, headers=RESUMABLE, cut_after=3) for c, s in zip(chats, streams, strict=True))
             )
@@ -107,7 +106,7 @@ async def test_a_resumed_stream_outlives_its_worker(up: LanewayUp, second: str) 
             assert await eventually(
                 lambda: all(s.chunks >= c + 2 for s, c in zip(streams, cut, strict=True)), timeout=HANG_S
             ), [(s.chunks, s.error) for s in streams]
-            victim = await streaming_worker(http, up, since=before)
+            victim = await streaming_worker(http, up)
             os.kill(victim, signal.SIGKILL)
             _, hung = await asyncio.wait(resumed, timeout=HANG_S)
         assert not hung, f"{len(hung)} resumed streams hung"
