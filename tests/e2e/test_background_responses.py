@@ -109,8 +109,18 @@ async def test_cancel_stops_the_generation_and_marks_it_cancelled(stack, client)
     assert (await client.responses.retrieve(created.id)).status == "cancelled"
     assert (await client.responses.cancel(created.id)).status == "cancelled"  # again: as it is
     plain = await client.responses.create(model="laneway-sim", input="hi")
+    # Kept by a task of its own once answered (bridge/responses/routes.py): found, then refused.
+    assert await eventually(lambda: _stored(client, plain.id))
     with pytest.raises(openai.BadRequestError):
         await client.responses.cancel(plain.id)  # only a background response can be
+
+
+async def _stored(client: openai.AsyncOpenAI, response_id: str) -> bool:
+    try:
+        await client.responses.retrieve(response_id)
+    except openai.NotFoundError:
+        return False
+    return True
 
 
 async def test_a_streamed_background_response_resumes_from_the_store(stack, client):
