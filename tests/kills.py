@@ -180,6 +180,24 @@ async def streaming_worker(http: aiohttp.ClientSession, up: LanewayUp) -> int:
     return found
 
 
+async def first_streaming(http: aiohttp.ClientSession, up: LanewayUp, since: dict[int, float]) -> int:
+    """Of the workers publishing stream entries at the first look, the one that published the
+    most since `since`: a kill at once, before a few fast streams (vLLM's) end."""
+    last = await worker_metric(http, up)
+    found = 0
+
+    async def moved() -> bool:
+        nonlocal last, found
+        now = await worker_metric(http, up)
+        moving = [pid for pid, n in now.items() if n > last.get(pid, n)]
+        found = max(moving, key=lambda pid: now[pid] - since.get(pid, 0.0), default=0)
+        last = now
+        return found != 0
+
+    assert await eventually(moved, timeout=HANG_S), f"no worker publishes stream entries: {since} then {last}"
+    return found
+
+
 async def usage_records(nc) -> dict[str, list]:
     """Every usage record published from now on, by request id (filled as they come)."""
     records: dict[str, list] = {}
@@ -204,12 +222,13 @@ async def run_streams(
     SIGCONT), and the processes `along` just before it, in the same moment. Returns the
     streams, ended, and the worker's pid."""
     streams = [Stream() for _ in bodies]
+    before = await worker_metric(http, up) if kill is not None else {}
     tasks = [asyncio.create_task(read(http, up, b, s)) for b, s in zip(bodies, streams, strict=True)]
     victim = 0
     if kill is not None:
         # Mid-stream: every stream has tokens on the wire.
         assert await eventually(lambda: all(s.chunks >= 3 for s in streams), timeout=HANG_S)
-        victim = await streaming_worker(http, up)
+        victim = await first_streaming(http, up, since=before)
         for pid in (*along, victim):
             os.kill(pid, kill)
         if kill is signal.SIGSTOP:
