@@ -6,7 +6,9 @@ multi-tenant Laneway meets, in ONE run on one `laneway up` (two tenants, one API
 
 Chats: tenant `acme`, class `interactive`, Poisson 2/s, ~2 KB prompts (512 tokens), 32 tokens out,
 retrying a 429/503 as the OpenAI SDK does (twice, honouring Retry-After): TTFT counts from the
-first attempt, so a refusal costs the chat what it costs its user. Each case, after the last drained:
+first attempt, so a refusal costs the chat what it costs its user. The noise is sent by processes
+of its own (`loadtest.swarm`, `loadtest.junk`), as other programs send it: in the chats' event loop
+thousands of clients would delay the chats' own reads. Each case, after the last drained:
 
   alone        the chats alone: the baseline
   same-flood   acme's own batch flood over HTTP: `--flood-users` clients, class `batch`, 6 KB prompts,
@@ -47,6 +49,7 @@ from core.natsd import NatsServer
 from core.policy.classes import DEFAULT_CLASSES, ClassPolicy
 from loadtest.benchcli import add_fleet_flags, add_output_flags, main, run_and_report
 from loadtest.fleet import Fleet
+from loadtest.junk import run_apart
 from loadtest.phases import Phase, run_phase
 from loadtest.scenarios import Flow, PoolSpec, TenantSpec
 from loadtest.stats import ms, summary
@@ -114,36 +117,9 @@ def chats_started(rec) -> bool:
     )
 
 
-async def junk(nats_url: str, user: str | None, password: str | None, until: float, counts: dict) -> None:
-    """Undecodable messages on every class token of the neighbour's subjects, as fast as its
-    connection takes them (flushed every 1,000 so the server, not the client's buffer, paces it)."""
-    import nats
-    import nats.errors
-
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(type(exc).__name__)
-
-    nc = await nats.connect(nats_url, user=user, password=password, error_cb=on_error, allow_reconnect=False)
-    classes = ("interactive", "standard", "batch", "j0", "j1", "j2")
-    try:
-        loop = asyncio.get_running_loop()
-        while loop.time() < until:
-            for i in range(1_000):
-                await nc.publish(f"lw.req.{classes[i % len(classes)]}.{NEIGHBOUR}", b"\xffjunk")
-            counts["sent"] = counts.get("sent", 0) + 1_000
-            try:
-                await nc.flush(timeout=5)
-            except nats.errors.Error:
-                pass
-    finally:
-        counts["permission_errors"] = len(errors)
-        await nc.close()
-
-
-async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float, counts: dict) -> None:
-    """A Batch API job of `--batch-lines` lines, submitted and left running until `until`."""
+async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float) -> dict:
+    """A Batch API job of `--batch-lines` lines, submitted and left running until `until`; its id
+    and the lines done by then."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{fleet.url}/v1", api_key=fleet.keys[CHATS], max_retries=5)
@@ -170,47 +146,46 @@ async def batch_job(fleet: Fleet, args: argparse.Namespace, until: float, counts
         completion_window="24h",
         extra_headers={"x-laneway-class": "batch"},
     )
-    counts["batch_id"] = batch.id
     await asyncio.sleep(max(0.0, until - asyncio.get_running_loop().time()))
     current = await client.batches.retrieve(batch.id)
-    counts["lines_done"] = current.request_counts.completed if current.request_counts else 0
     await client.batches.cancel(batch.id)
     await client.close()
+    return {"batch_id": batch.id, "lines_done": current.request_counts.completed if current.request_counts else 0}
 
 
 async def run_case(
     fleet: Fleet, target: HttpTarget, args: argparse.Namespace, case: str, seed: int
 ) -> tuple[Phase, dict]:
     counts: dict = {}
-    side = None
+    side: asyncio.Task[dict] | None = None  # noise beside the flows: its counts
     until = asyncio.get_running_loop().time() + args.duration
     elsewhere = None
     if case == "junk":
         creds = json.loads((fleet.data_dir / "nats-credentials.json").read_text())
-        side = asyncio.create_task(
-            junk(fleet.nats_url, f"tenant-{NEIGHBOUR}", creds[f"tenant-{NEIGHBOUR}"], until, counts)
-        )
+        user = f"tenant-{NEIGHBOUR}"
+        side = asyncio.create_task(run_apart(fleet.nats_url, user, creds[user], NEIGHBOUR, args.duration))
     elif case == "junk-elsewhere":
         elsewhere = NatsServer(fleet.data_dir.parent / "junk-nats")
-        side = asyncio.create_task(junk(await elsewhere.start(), None, None, until, counts))
+        side = asyncio.create_task(run_apart(await elsewhere.start(), None, None, NEIGHBOUR, args.duration))
     elif case == "batch-job":
-        side = asyncio.create_task(batch_job(fleet, args, until, counts))
+        side = asyncio.create_task(batch_job(fleet, args, until))
     try:
         phase = await run_phase(
             fleet,
             target,
             case,
-            [chat_flow(args), *noise_flows(args, case)],
+            [chat_flow(args)],
             args.duration,
             args.warmup,
             drain_s=120.0,
             drained=chats_started,
             seed=seed,
             show_progress=not args.quiet,
+            apart=noise_flows(args, case),
         )
     finally:
         if side is not None:
-            await asyncio.gather(side, return_exceptions=False)
+            counts.update(await side)
         if elsewhere is not None:
             await elsewhere.stop()
     return phase, counts

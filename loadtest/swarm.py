@@ -59,6 +59,14 @@ def _unpack(data: bytes) -> list[Result]:
     return out
 
 
+_KINDS = ("inflight", "waiting")  # a Sample's per-flow counts
+
+
+def _add(into: dict[str, int], counts: dict[str, int]) -> None:
+    for flow, n in counts.items():
+        into[flow] = into.get(flow, 0) + n
+
+
 class Tally:
     """The children's progress summed: what `Progress` reads from a `Recorder`."""
 
@@ -94,10 +102,36 @@ class Tally:
         """As `Recorder.sample`, so that `traffic.sampler` samples a swarm too."""
         s = Sample(time.time(), open_streams=open_streams)
         for line in self._latest:
-            for kind in ("inflight", "waiting"):
-                into = getattr(s, kind)
-                for flow, n in line.get(kind, {}).items():
-                    into[flow] = into.get(flow, 0) + n
+            for kind in _KINDS:
+                _add(getattr(s, kind), line.get(kind, {}))
+        self.samples.append(s)
+        return s
+
+
+class Joined:
+    """A `Recorder` and a swarm's `Tally` read as one by `sampler` and `Progress`: a phase whose
+    flows run partly in this process and partly in children."""
+
+    def __init__(self, rec: Recorder, tally: Tally) -> None:
+        self.rec, self.tally = rec, tally
+        self.samples: list[Sample] = []
+
+    @property
+    def sent(self) -> int:
+        return self.rec.sent + self.tally.sent
+
+    @property
+    def errors(self) -> int:
+        return self.rec.errors + self.tally.errors
+
+    def tokens(self) -> int:
+        return self.rec.tokens() + self.tally.tokens()
+
+    def sample(self, open_streams: float | None = None) -> Sample:
+        s = Sample(time.time(), open_streams=open_streams)
+        for part in (self.rec.sample(open_streams), self.tally.sample(open_streams)):
+            for kind in _KINDS:
+                _add(getattr(s, kind), getattr(part, kind))
         self.samples.append(s)
         return s
 
@@ -132,6 +166,7 @@ class Swarm:
         self._stdins: list[asyncio.StreamWriter] = []  # one per child: its stdin pipe
         self._readers: list[asyncio.Task[None]] = []
         self._done: list[asyncio.Event] = []  # set when a child said `done`, or exited
+        self._heard: list[asyncio.Event] = []  # set at a child's first line: its load has begun
         self._finished: set[int] = set()  # the children that said `done`
 
     async def __aenter__(self) -> Swarm:
@@ -150,6 +185,7 @@ class Swarm:
             self._procs.append(proc)
             self._stdins.append(proc.stdin)
             self._done.append(asyncio.Event())
+            self._heard.append(asyncio.Event())
             self._readers.append(asyncio.create_task(self._read(i, proc.stdout)))
         return self
 
@@ -165,11 +201,17 @@ class Swarm:
     async def _read(self, child: int, stdout: asyncio.StreamReader) -> None:
         while line := await stdout.readline():
             msg = json.loads(line)
+            self._heard[child].set()
             if msg.get("done"):
                 self._finished.add(child)
             else:
                 self.tally.update(child, msg)
+        self._heard[child].set()
         self._done[child].set()
+
+    async def started(self, timeout_s: float = 60.0) -> None:
+        """Until every child has begun its load (its first progress line), or exited."""
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._heard)), timeout_s)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from loadtest import fairness, hol, multibroker
+from loadtest import fairness, hol, multibroker, noisy
 from tests.slow.bench_args import SHED_NOTHING, bench_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -95,3 +95,36 @@ async def test_multibroker_short():
         assert row["flood"]["flood_tokens_per_s"] > 0
     assert f["1"]["alone"]["ratio_to_first"] == 1.0
     assert "2 brokers: TTFT p95 within" in multibroker.render(doc)
+
+
+async def test_noisy_short():
+    """The noise comes from processes of its own (a swarm child's flood, a junk publisher): its
+    results and counts come back beside the chats'."""
+    args = bench_args(
+        noisy,
+        "--cases",
+        "same-flood,junk",
+        "--duration",
+        "4",
+        "--warmup",
+        "1",
+        "--max-seqs",
+        "16",
+        "--flood-users",
+        "20",
+        "--flood-tokens",
+        "64",
+        "--chat-rate",
+        "3",
+        "--quiet",
+    )
+    doc = await noisy.run_benchmark(args)
+    f = doc["figures"]["cases"]
+    assert set(f) == {"alone", "same-flood", "junk"}
+    for case, p in f.items():
+        assert p["chat_ttft_s"]["n"] > 0 and p["chat_errors"] == 0, (case, p)
+    assert f["same-flood"]["noise_tokens_per_s"] > 0  # the child's results came back
+    assert f["junk"]["sent"] > 0 and f["junk"]["permission_errors"] > 0  # the server refused its classes
+    for case in ("same-flood", "junk"):
+        assert math.isfinite(f[case]["ttft_p95_ratio"]) and isinstance(f[case]["met"], bool)
+    assert "junk messages sent" in noisy.render(doc)

@@ -55,3 +55,20 @@ def test_the_tally_sums_the_latest_line_of_each_child():
     assert (tally.sent, tally.errors, tally.tokens(), tally.streaming, tally.in_flight()) == (9, 1, 25, 7, 7)
     sample = tally.sample(12.0)
     assert sample.inflight == {"s": 7} and sample.waiting == {} and sample.open_streams == 12.0
+
+
+def test_a_phase_split_between_this_process_and_children_is_read_as_one():
+    from loadtest.swarm import Joined
+    from loadtest.traffic import Call, Recorder
+
+    rec = Recorder()
+    rec.begin(Call("chat", "acme", "interactive", "m", "hi", 8))
+    tally = Tally(1)
+    tally.update(
+        0, {"sent": 40, "errors": 2, "tokens": 100, "inflight": {"noise": 30, "chat": 1}, "waiting": {"noise": 5}}
+    )
+    joined = Joined(rec, tally)
+    assert (joined.sent, joined.errors, joined.tokens()) == (41, 2, 100)
+    sample = joined.sample(3.0)
+    assert sample.inflight == {"chat": 2, "noise": 30} and sample.waiting == {"chat": 1, "noise": 5}
+    assert joined.samples == [sample] and sample.open_streams == 3.0
