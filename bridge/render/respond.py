@@ -187,6 +187,8 @@ async def _write_stream(
     while True:
         events, done = render_entries(render, generate, entries, metrics, progress)
         out += events
+        if done and isinstance(render, ResponsesRenderer) and render.before_end is not None:
+            await render.before_end()
         # The last chunk and the terminator: one write.
         await response.write(b"".join(out), eof=done)
         if done:

@@ -10,7 +10,7 @@ builds the items and writes no events. Only choice 0 exists here (Responses has 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -36,6 +36,9 @@ class ResponsesRenderer:
         self.request = body
         self.store = store  # what the tenant's policy made of the client's `store`
         self.final: dict[str, Any] | None = None  # the last Response object: what is stored
+        # Awaited once the response has ended, before its last event is written (the store's
+        # write: a client that reads the end and then asks for the response finds it).
+        self.before_end: Callable[[], Awaitable[None]] | None = None
         self.input_messages = b""  # the input as the engine got it (Finished.messages) ...
         self.input_fields = b""  # ... and its other texts (Finished.fields)
         self.id = f"resp_{generate.request_id}"

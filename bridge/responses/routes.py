@@ -1,9 +1,9 @@
 """`POST /v1/responses`: the generation path (`generate.routes.Generations`), with a Responses body in and Responses
 events out, and the store (`stored/`): a response with `store` (OpenAI's default: true; a
-tenant's `responses.store = false` forces it off) is kept once it has ended, by a task of its
-own, so the answer's bytes never wait on the write; `previous_response_id` continues a stored
-one; `background` runs detached (`stored/background.py`); `conversation` continues and extends a
-stored conversation (`stored/conversations.py`).
+tenant's `responses.store = false` forces it off) is kept once it has ended, before the answer's
+end is sent, so a client that read the end finds it on any bridge (`_keep`); `previous_response_id`
+continues a stored one; `background` runs detached (`stored/background.py`); `conversation`
+continues and extends a stored conversation (`stored/conversations.py`).
 
 What is stored of the input is what the engine got: the worker sends the request's messages
 back on `Finished.messages` (`GenerateRequest.echo_input`), as the broker's PII stage left them.
@@ -11,6 +11,7 @@ back on `Finished.messages` (`GenerateRequest.echo_input`), as the broker's PII 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -25,14 +26,14 @@ from bridge.auth import ANSWER_ID, REQUEST_ID_HEADER, authenticate, tenant_of
 from bridge.errors import EdgeError, not_found, storage_refused
 from bridge.generate.routes import Generations
 from bridge.render.responses import ResponsesRenderer
-from bridge.render.stored import kept_of
+from bridge.responses.asked import ASKED, Asked, record_of, turn_of
 from bridge.responses.stored.background import Background, Job, mark_lost, queued
 from bridge.responses.stored.conversations import Conversations
-from bridge.responses.stored.items import decode_messages, to_items
+from bridge.responses.stored.items import decode_messages
 from bridge.responses.stored.lifecycle import ended, status_of
 from bridge.responses.stored.routes import StoredRoutes
 from bridge.responses.stored.store import Conflict, ResponseStore
-from bridge.responses.translate import conversation_id, item_messages, to_chat
+from bridge.responses.translate import conversation_id, to_chat
 from bridge.streams.demux import REPLY_GRACE_S, ResponseStream
 from core.policy.storage_quota import StorageExceeded
 from core.policy.stored import StoragePolicy
@@ -49,73 +50,12 @@ PUT_HEADROOM = 4096  # a KV put's subject and headers, beside its value
 LISTED_PAST_DEADLINE_S = 60  # a listing outlives its response's deadline by this much
 
 
-class _Asked:
-    """What one request asked of the store, decided while parsing."""
-
-    __slots__ = ("body", "store", "policy", "history_len", "conversation", "tenant", "render")
-
-    def __init__(
-        self,
-        body: Body | ResponsesBody,  # Generations.parse's type; this endpoint's decode_responses reads the latter
-        store: bool,
-        policy: StoragePolicy,
-        history_len: int,
-        conversation: str | None,
-        tenant: Tenant | None,
-    ) -> None:
-        assert isinstance(body, ResponsesBody)
-        self.body = body
-        self.store = store
-        self.policy = policy
-        self.history_len = history_len  # the messages previous_response_id or the conversation gave
-        self.conversation = conversation
-        self.tenant = tenant
-        self.render: ResponsesRenderer | None = None
-
-    def renderer(self, generate: GenerateRequest) -> ResponsesRenderer:
-        self.render = ResponsesRenderer(generate, self.body, store=self.store)
-        return self.render
-
-    def ask_echo(self, generate: GenerateRequest) -> None:
-        """Ask for the input back as the engine gets it (redacted): to store it, or add it to the
-        conversation; and, to store them, the fields no engine reads, analysed by the gate."""
-        generate.echo_input = self.store or self.conversation is not None
-        generate.kept = kept_of(self.body) if self.store else b""
-
-
-ASKED = web.RequestKey("responses_asked", _Asked)
-
-
 async def _admit(store: ResponseStore, tenant: Tenant) -> None:
     """One more stored response, if the tenant's budget of stored records has room."""
     try:
         await store.budget.admit(tenant.name, tenant.storage)
     except StorageExceeded as exc:
         raise storage_refused(exc, "store", "send store: false, or delete stored responses or conversations") from None
-
-
-def _echoed(render: ResponsesRenderer, asked: _Asked) -> list[Message]:
-    """The messages the engine got (redacted), without the instructions (never carried over)."""
-    echoed = decode_messages(render.input_messages) if render.input_messages else []
-    if echoed and asked.body.instructions and echoed[0].role == "system":
-        echoed = echoed[1:]
-    return echoed
-
-
-def record_of(render: ResponsesRenderer, generate: GenerateRequest, asked: _Asked) -> StoredResponse:
-    """What is kept of an ended response: the Response object, this request's input items and the
-    conversation through its output, all from the input as the engine got it (redacted)."""
-    final = render.final
-    assert final is not None
-    echoed = _echoed(render, asked)
-    new_input = echoed[asked.history_len :]
-    history = [*echoed, *item_messages(final["output"])] if echoed else []
-    return StoredResponse(
-        response=orjson.dumps(render.stored(final)),
-        request_id=generate.request_id,
-        input_items=orjson.dumps(to_items(new_input, generate.request_id)),
-        history=codec.encode_json(history),
-    )
 
 
 class Responses(Generations):
@@ -141,7 +81,7 @@ class Responses(Generations):
 
     async def _ask(
         self, body: Body | ResponsesBody, extra: bytes, tenant: Tenant | None
-    ) -> tuple[_Asked, tuple[ChatBody, bytes]]:
+    ) -> tuple[Asked, tuple[ChatBody, bytes]]:
         """What the request asks of the store (under `tenant`: every look-up is its own), and the
         chat body the engine gets: the stored history, then the input."""
         assert isinstance(body, ResponsesBody)  # this endpoint decodes with decode_responses
@@ -183,7 +123,7 @@ class Responses(Generations):
                     "previous_response_id",
                 )
             history = decode_messages(record.history)
-        return _Asked(body, store, policy, len(history), conversation, tenant), to_chat(body, extra, history)
+        return Asked(body, store, policy, len(history), conversation, tenant), to_chat(body, extra, history)
 
     def _renderer(self, request: web.Request, generate: GenerateRequest) -> ResponsesRenderer:
         return request[ASKED].renderer(generate)
@@ -193,18 +133,28 @@ class Responses(Generations):
         asked.ask_echo(generate)
         if asked.body.background:
             return await self._background(request, generate, asked)
+        asked.before_end = lambda: self._keep(generate, asked)  # a stream's: before its last event
         response = await super()._answer(request, generate, started)
-        self._keep(generate, asked)
+        await self._keep(generate, asked)  # a whole answer's: before its body leaves
         return response
 
-    def _keep(self, generate: GenerateRequest, asked: _Asked) -> None:
-        """An ended response kept, if it is stored, and its turn added to its conversation (both later)."""
+    async def _keep(self, generate: GenerateRequest, asked: Asked) -> None:
+        """An ended response kept, if it is stored, and its turn added to its conversation, before
+        the answer's end is sent: a client that read the answer and then asks for the response or
+        the conversation's items finds them, on any bridge (OpenAI's API reads its own writes).
+        The writes run in tasks of their own: a client gone meanwhile does not stop them. Once."""
         render = asked.render
-        if render is not None and render.final is not None:
+        if asked.kept or render is None or render.final is None:
+            return
+        asked.kept = True
+        writes = []
+        if (turn := turn_of(render, asked)) is not None and self.conversations is not None:
+            writes.append(self.conversations.append_later(*turn))
+        if asked.store and self.store is not None:  # (`asked.store` says it is not None)
             record = record_of(render, generate, asked)
-            self._append_turn(render, asked)
-            if asked.store and self.store is not None:  # (`asked.store` says it is not None)
-                self.store.keep(generate.tenant, render.id, record, asked.policy.retention_s)
+            writes.append(self.store.keep(generate.tenant, render.id, record, asked.policy.retention_s))
+        if writes:
+            await asyncio.shield(asyncio.gather(*writes))
 
     async def complete(self, tenant: Tenant, raw: bytes, request_id: str, klass: str, deadline: float) -> bytes:
         """A batch's line: the Response object `POST /v1/responses` answers with `stream` false, by
@@ -221,22 +171,19 @@ class Responses(Generations):
         generate = self._line_request(tenant, body, extra, request_id, klass, deadline)
         asked.ask_echo(generate)
         answer = await self._collect(generate, asked.renderer(generate))
-        self._keep(generate, asked)
+        await self._keep(generate, asked)
         return answer
 
-    def _append_turn(self, render: ResponsesRenderer, asked: _Asked) -> None:
+    def _append_turn(self, render: ResponsesRenderer, asked: Asked) -> None:
         """An ended response's turn added to its conversation, if it has one (later)."""
-        assert render.final is not None  # called once the response has ended
-        if asked.conversation is not None and self.conversations is not None and asked.tenant is not None:
-            self.conversations.append_later(
-                asked.tenant, asked.conversation, _echoed(render, asked)[asked.history_len :], render.final["output"]
-            )
+        if (turn := turn_of(render, asked)) is not None and self.conversations is not None:
+            self.conversations.append_later(*turn)
 
     def _job(
         self,
         tenant: str,
         stream: ResponseStream,
-        asked: _Asked,
+        asked: Asked,
         generate: GenerateRequest,
         ttl_s: int,
         revision: int,
@@ -255,7 +202,7 @@ class Responses(Generations):
             rerunnable,
         )
 
-    async def _background(self, request: web.Request, generate: GenerateRequest, asked: _Asked) -> web.StreamResponse:
+    async def _background(self, request: web.Request, generate: GenerateRequest, asked: Asked) -> web.StreamResponse:
         """Stored `queued` first (an Idempotency-Key's second try stops here), then listed with
         its request for another bridge, then accepted (the PubAck), then answered at once: the
         Response object, or (stream) its events as the runner stores them."""
@@ -354,7 +301,7 @@ class Responses(Generations):
 
     async def _rebuilt(
         self, tenant: Tenant, response_id: str, record: StoredResponse
-    ) -> tuple[_Asked, GenerateRequest, bytes] | None:
+    ) -> tuple[Asked, GenerateRequest, bytes] | None:
         """The response as its first bridge began it, from the request listed with it, and its
         opening events; None when no request is listed (none was kept, or the listing expired),
         when it no longer reads (another version of Laneway wrote it), or when a streamed one's
@@ -366,7 +313,7 @@ class Responses(Generations):
         try:
             rerun = decode_rerun(listed)
             original = codec.decode_request(rerun.request)
-            asked = _Asked(
+            asked = Asked(
                 self.parse(rerun.body)[0], True, tenant.responses, rerun.history_len, rerun.conversation or None, tenant
             )
             render = asked.renderer(original)

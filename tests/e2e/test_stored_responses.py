@@ -5,6 +5,8 @@ keys and what the engine was given, never words."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import nats
 import nats.js.errors
@@ -83,18 +85,8 @@ async def _stored_bytes(js, tenant: str, response_id: str) -> bytes | None:
 
 
 async def _retrieved(client, response_id: str):
-    """The stored response, once its write (after the answer) landed."""
-    found = []
-
-    async def got() -> bool:
-        try:
-            found.append(await client.responses.retrieve(response_id))
-        except openai.NotFoundError:
-            return False
-        return True
-
-    assert await eventually(got)
-    return found[0]
+    """The stored response: written before the answer's end, so there at once."""
+    return await client.responses.retrieve(response_id)
 
 
 # -- store, retrieve, list, delete --------------------------------------------------------------
@@ -119,6 +111,38 @@ async def test_a_streamed_response_is_stored_too(stack):
     final = events[-1].response
     got = await _retrieved(client, final.id)
     assert got.status == "completed" and got.output_text == final.output_text
+
+
+@pytest.fixture
+def slow_writes(stack, monkeypatch):
+    """Every write of the bridge's response store (records and conversations) takes 0.5 s more:
+    an answer that did not wait for its write would be read before the write lands."""
+    store = stack.bridge.responses
+    put = store.put
+
+    async def slow_put(*args, **kwargs):
+        await asyncio.sleep(0.5)
+        return await put(*args, **kwargs)
+
+    monkeypatch.setattr(store, "put", slow_put)
+
+
+async def test_a_client_that_read_the_answer_finds_the_response_and_its_turn_at_once(stack, slow_writes):
+    """Read-your-writes, as OpenAI's API: the record (and the conversation's new items) are
+    written before the answer's end is sent, whole or streamed."""
+    client = _client(stack)
+    whole = await client.responses.create(model=MODEL, input="Say hello", max_output_tokens=5)
+    got = await client.responses.retrieve(whole.id)
+    assert got.status == whole.status and got.output_text == whole.output_text
+    stream = await client.responses.create(model=MODEL, input="Say hello", max_output_tokens=5, stream=True)
+    final = [e async for e in stream][-1].response
+    assert (await client.responses.retrieve(final.id)).output_text == final.output_text
+    conversation = await client.conversations.create()
+    turn = await client.responses.create(
+        model=MODEL, input="Remember this.", max_output_tokens=5, conversation=conversation.id
+    )
+    items = (await client.conversations.items.list(conversation.id, order="asc")).data
+    assert [i.type for i in items] == ["message", "message"] and items[-1].id == turn.output[0].id
 
 
 async def test_input_items_list_the_input_in_order_with_paging(stack):

@@ -11,6 +11,7 @@ responses). Every lookup is under the caller's tenant (404 otherwise).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -112,8 +113,11 @@ class Conversations:
 
     def append_later(
         self, tenant: Tenant, conversation_id: str, messages: list[Message], output: list[dict[str, Any]]
-    ) -> None:
-        self.store.detach(self._append_logged(tenant, conversation_id, messages, output), f"append-{conversation_id}")
+    ) -> asyncio.Task[None]:
+        """`append` in a task of its own (`ResponseStore.detach`), failures logged: its task."""
+        return self.store.detach(
+            self._append_logged(tenant, conversation_id, messages, output), f"append-{conversation_id}"
+        )
 
     async def _append_logged(self, *args: Any) -> None:
         try:

@@ -127,16 +127,18 @@ class ResponseStore:
         """Purged, as a delete is: its raw request gone, and no marker left behind for long."""
         await self.running.purge(stored_response_key(tenant, response_id), msg_ttl=PURGE_MARKER_TTL_S)
 
-    def keep(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int) -> None:
-        """Store an ended response in a task of its own: the answer never waits on the write. A
-        failed write is logged (the client already has its answer; a later GET says 404)."""
-        self.detach(self._keep(tenant, response_id, record, ttl_s), f"keep-{response_id}")
+    def keep(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int) -> asyncio.Task[None]:
+        """Store an ended response in a task of its own (`detach`): the answer awaits it before its
+        last bytes, and a client gone meanwhile does not stop it. A failed write is logged (the
+        answer still goes out; a later GET says 404)."""
+        return self.detach(self._keep(tenant, response_id, record, ttl_s), f"keep-{response_id}")
 
-    def detach(self, write: Coroutine[Any, Any, None], name: str) -> None:
+    def detach(self, write: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run a write in a task of its own, held until done and awaited when the bridge stops."""
         task = asyncio.create_task(write, name=name)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+        return task
 
     async def _keep(self, tenant: str, response_id: str, record: StoredResponse, ttl_s: int) -> None:
         try:
