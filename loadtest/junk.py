@@ -2,7 +2,7 @@
 process of its own: the attacker is another program, and in the benchmark's own event loop it
 would delay the very chats it is measured against (`loadtest.noisy --cases junk`).
 
-    python -m loadtest.junk --nats-url URL --tenant globex --seconds 20 [--user U]   (password: $LANEWAY_JUNK_PASSWORD)
+    python -m loadtest.junk --nats-url URL --tenant globex --seconds 20 [--user U]   (password: a line on stdin)
 
 Prints one JSON line when done: `sent`, and `permission_errors` (publishes the server refused).
 """
@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 
-PASSWORD_ENV = "LANEWAY_JUNK_PASSWORD"
 # Every class token the tenant might name, allowed or not: the server refuses the rest.
 CLASSES = ("interactive", "standard", "batch", "j0", "j1", "j2")
 BURST = 1_000  # publishes between flushes: the server, not the client's buffer, paces it
@@ -52,15 +50,12 @@ async def publish(nats_url: str, user: str | None, password: str | None, tenant:
 async def run_apart(nats_url: str, user: str | None, password: str | None, tenant: str, seconds: float) -> dict:
     """`publish` in a child process; its counts."""
     args = ["--nats-url", nats_url, "--tenant", tenant, "--seconds", str(seconds)]
-    env = dict(os.environ)
     if user is not None:
         args += ["--user", user]
-    if password is not None:
-        env[PASSWORD_ENV] = password
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.junk", *args, stdout=asyncio.subprocess.PIPE, env=env
+        sys.executable, "-m", "loadtest.junk", *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
-    out, _ = await proc.communicate()
+    out, _ = await proc.communicate((password or "").encode() + b"\n")  # never on the command line
     if proc.returncode != 0:
         raise RuntimeError(f"the junk publisher exited with {proc.returncode}")
     return json.loads(out.decode().strip().splitlines()[-1])
@@ -73,7 +68,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--user", default=None)
     args = parser.parse_args()
-    counts = asyncio.run(publish(args.nats_url, args.user, os.environ.get(PASSWORD_ENV), args.tenant, args.seconds))
+    password = sys.stdin.readline().strip() or None
+    counts = asyncio.run(publish(args.nats_url, args.user, password, args.tenant, args.seconds))
     print(json.dumps(counts), flush=True)
 
 
