@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("laneway.batch")
 
 MAX_BACKOFF_S = 10.0  # a line refused for a passing reason (PASSING) is tried again, with backoff
+# A line's deadline is its batch's window: "deadline exceeded" before this bridge's clock reads the
+# window's end came from a class's queue-wait bound or another process's timer, not from the window.
+NOT_YET = PASSING | {ErrorCode.deadline_exceeded}
 
 
 def line_request_id(batch_id: str, line: int, owner: str, attempt: int) -> str:
@@ -210,6 +213,8 @@ class BatchRun:
             task.add_done_callback(functools.partial(self._line_done, index))
             self.submitted = max(self.submitted, index + 1)
         await asyncio.gather(*self._lines.values(), return_exceptions=True)
+        if self.ending is None and time.time() >= self.state.batch.expires_at:
+            self.ending = "expired"  # its last lines ran out of window: they expired, none was cancelled
 
     def _line_done(self, index: int, _task: asyncio.Task[None]) -> None:
         self._lines.pop(index, None)
@@ -231,10 +236,13 @@ class BatchRun:
                 )
                 break
             except EdgeError as err:
-                if time.time() >= deadline:
+                left_s = deadline - time.time()
+                if left_s <= 0:
                     return  # the window ended under it: the line expires, it did not fail
-                if err.code in PASSING and time.time() + backoff < deadline:
-                    await pause(backoff)
+                if err.code in NOT_YET:
+                    # Tried again until the window ends, then it expires: a refusal that says
+                    # "not now" (or a timer that ran out a moment before this clock) is no answer.
+                    await pause(min(backoff, left_s))
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
                     continue
                 result = LineResult(index, jsonl.answered(line.custom_id, err.status, request_id, err.body()), True)
