@@ -28,6 +28,9 @@ class BridgeConfig:
     # Where the measured stream limit starts (bridge/generate/admission.py StreamLimit; 0: not measured).
     initial_stream_limit: int = 256
     max_delivery_lag_s: float = 0.5  # frames this late (smoothed): no new stream until caught up (0: off)
+    # While a higher class streams, the classes under it are admitted as far as frames arrive this
+    # much later than the least lag lately (smoothed): a measured limit of their own (admission.py; 0: off).
+    lower_class_lag_s: float = 0.0025
     # One tenant's share of this bridge (0: no cap): open streams, then bytes its slow readers may
     # hold (bridge/streams/demux.py), and how long one SSE write may wait on a client that does not read.
     tenant_max_streams: int = 5_000  # the reference's whole concurrency; past it, 429 before storing

@@ -41,6 +41,11 @@ class BridgeMetrics:
         self.stream_limit = Gauge(
             "laneway_stream_limit", "Open streams this edge takes now, as measured from its delivery lag", registry=r
         )
+        self.lower_stream_limit = Gauge(
+            "laneway_lower_class_stream_limit",
+            "Open streams of the classes under a streaming higher class this edge takes now (--lower-class-lag)",
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "laneway_event_loop_lag_seconds", "How late this edge's event loop runs (mean over 2 s)", registry=r
         )

@@ -199,6 +199,13 @@ def edge_flags(parser: argparse.ArgumentParser) -> None:
         "new stream (503) until it catches up; 0: off",
     )
     g.add_argument(
+        "--lower-class-lag",
+        type=float,
+        default=d.lower_class_lag_s,
+        help="seconds late (smoothed) the bridge's frames may run while a higher class streams "
+        "before it takes fewer streams of the classes under it; 0: off (one measured limit for all)",
+    )
+    g.add_argument(
         "--tenant-max-streams",
         type=int,
         default=d.tenant_max_streams,

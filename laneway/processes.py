@@ -115,6 +115,7 @@ async def run_bridge(args: argparse.Namespace) -> int:
             max_streams=args.max_streams,
             initial_stream_limit=args.initial_stream_limit,
             max_delivery_lag_s=args.max_delivery_lag,
+            lower_class_lag_s=args.lower_class_lag,
             tenant_max_streams=args.tenant_max_streams,
             tenant_stream_share=args.tenant_stream_share,
             stream_buffer_bytes=args.stream_buffer_bytes,

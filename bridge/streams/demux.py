@@ -29,40 +29,18 @@ from typing import TypeVar
 from nats.aio.msg import Msg
 
 from bridge.metrics import BridgeMetrics
+from bridge.streams.lag import DeliveryLag
 from schemas import codec
 from schemas.errors import ErrorCode
 from schemas.frames import Delta, Entry, StreamError, Terminal
 
 # Past its deadline a worker aborts the request; this grace covers its error frame's way back.
 REPLY_GRACE_S = 5.0
-LAG_WEIGHT = 0.1  # each frame's share of the smoothed lag: one late frame is not a trend
-LAG_FRESH_S = 1.0  # a smoothed lag older than this (no frames since) says nothing about now
 STREAM_BUFFER_BYTES = 1024 * 1024  # ~250k tokens of text waiting: only a reader that stopped
 TENANT_BUFFER_BYTES = 32 * 1024 * 1024
 RESUME_TENANT_BYTES = 256 * 1024 * 1024  # ~4,000 answers of 400 tokens kept for resuming
 
 K = TypeVar("K")
-
-
-class DeliveryLag:
-    """Frame lag, smoothed over frames (an exponentially weighted mean); times are monotonic."""
-
-    __slots__ = ("smoothed_s", "_at")
-
-    def __init__(self) -> None:
-        self.smoothed_s = 0.0
-        self._at = float("-inf")
-
-    def observe(self, lag_s: float, now: float) -> None:
-        if now - self._at > LAG_FRESH_S:
-            self.smoothed_s = lag_s
-        else:
-            self.smoothed_s += LAG_WEIGHT * (lag_s - self.smoothed_s)
-        self._at = now
-
-    def current(self, now: float) -> float:
-        """The smoothed lag; 0 when no frame arrived lately (nothing is waiting on delivery)."""
-        return self.smoothed_s if now - self._at <= LAG_FRESH_S else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import pytest
 
 from bridge.errors import EdgeError
 from bridge.generate.admission import Held, admit
-from bridge.streams.demux import LAG_FRESH_S, DeliveryLag
+from bridge.streams.lag import FLOOR_WINDOW_S, LAG_FRESH_S, DeliveryLag
 from core.policy.classes import DEFAULT_CLASSES
 from schemas.errors import ErrorCode
 
@@ -68,3 +68,16 @@ def test_without_frames_lately_nothing_is_late():
     assert lag.current(LAG_FRESH_S + 0.01) == 0.0
     lag.observe(0.05, now=LAG_FRESH_S + 0.02)  # a stale estimate starts over
     assert lag.current(LAG_FRESH_S + 0.02) == 0.05
+
+
+def test_the_floor_is_the_least_lag_lately_and_moves_with_the_clocks():
+    lag = DeliveryLag()
+    assert lag.floor() == 0.0 and lag.queued(0.0) == 0.0
+    for i, seen in enumerate((0.030, 0.012, 0.050, 0.020)):  # the worker's clock 12 ms behind, then queues
+        lag.observe(seen, now=i * 0.1)
+    assert lag.floor() == 0.012
+    assert 0.0 < lag.queued(0.3) == lag.current(0.3) - 0.012
+    # The clocks drift 10 ms apart: a window later the floor is the new offset, not the old one.
+    for i in range(int(2 * FLOOR_WINDOW_S / 0.5) + 2):
+        lag.observe(0.022, now=1.0 + i * 0.5)
+    assert lag.floor() == 0.022 and lag.queued(1.0 + i * 0.5) < 1e-6

@@ -119,6 +119,35 @@ async def test_a_limit_cut_below_what_a_flood_holds_still_admits_a_chat_to_its_h
     edge.close_all()
 
 
+async def test_while_a_chat_streams_the_classes_under_it_are_held_to_a_tighter_lag():
+    """Frames 20 ms late: on time for the bridge's measured limit (late past 40 ms), late for the
+    lower classes' while a higher class streams (past 7.5 ms over the floor, 3 x
+    `lower_class_lag_s`). At that lag a chat waits its 20 ms behind each frame of a flood the
+    bridge took on; the flood gets less. An offset between the hosts' clocks is not lateness."""
+    cases = (  # the least lag lately, the lag now (smoothed), a chat streaming, batch's streams
+        (0.001, 0.02, False, 230),
+        (0.001, 0.02, True, 28),
+        (0.001, 0.003, True, 230),
+        (0.019, 0.02, True, 230),  # the worker's clock is 19 ms behind the bridge's: not late
+    )
+    for floor_s, lag_s, chat_streams, batch_gets in cases:
+        edge = Edge(tenant_stream_share=1.0)  # the limits start at 256: batch's room is 230
+        now = time.monotonic()
+        edge.demux.lag.observe(floor_s, now - 1.5)
+        edge.demux.lag.observe(lag_s, now)  # the first was over a second ago: the smoothed lag starts over
+        if chat_streams:
+            assert edge.ask("chat", "interactive") is None
+        admitted, refusal = edge.flood("flood", "batch")
+        assert admitted == batch_gets and overloaded(refusal, MEASURED), (floor_s, lag_s, chat_streams)
+        assert edge.ask("chat", "interactive") is None, "the chats' own limit is the bridge's"
+        edge.close_all()
+
+    edge = Edge(tenant_stream_share=1.0, lower_class_lag_s=0.0)  # off: one limit for every class
+    edge.demux.lag.observe(0.02, time.monotonic())
+    assert edge.ask("chat", "interactive") is None and edge.flood("flood", "batch")[0] == 230
+    edge.close_all()
+
+
 async def test_a_tenant_holding_its_share_is_refused_while_another_is_admitted():
     edge = Edge(max_streams=100, initial_stream_limit=0)  # batch's room: 90; one tenant's: 81
     admitted, refusal = edge.flood("flood", "batch")
