@@ -85,8 +85,11 @@ class Puller:
         tenant_prefill: dict[str, dict[str, int]] = {}
         unstarted_cost = 0
         taken = 0  # each of a request's n choices is a sequence slot
+        adapters: dict[str, None] = {}  # those of accepted requests first: the engine loads them next
         for active in self._accepted.values():
             request = active.dispatch.request
+            if active.dispatch.adapter:
+                adapters[request.model] = None
             klass, tenant, cost = request.klass, request.tenant, request.estimated_cost()
             running[klass] = running.get(klass, 0) + request.choices
             slots, tokens = tenant_slots.setdefault(klass, {}), tenant_tokens.setdefault(klass, {})
@@ -122,7 +125,9 @@ class Puller:
             step_tokens=cap.step_tokens,
             prefill=prefill,
             kv_tokens=cap.kv_tokens,
-            adapters=list(cap.adapters),
+            # Held, or about to be: the pull that follows a batch goes out before the engine's
+            # step loads its adapters, and the broker must not read this worker as without them.
+            adapters=list(adapters | dict.fromkeys(cap.adapters)),
             tenant_slots=tenant_slots,
             tenant_tokens=tenant_tokens,
             tenant_prefill=tenant_prefill,

@@ -23,18 +23,20 @@ class Active:
     first_token_at: float | None
 
 
-def accepted(rid: str, klass: str, chars: int, started: bool, tenant: str = "acme") -> Active:
+def accepted(
+    rid: str, klass: str, chars: int, started: bool, tenant: str = "acme", model: str = "m", adapter: str = ""
+) -> Active:
     request = GenerateRequest(
         request_id=rid,
         tenant=tenant,
         klass=klass,
-        model="m",
+        model=model,
         reply_to="lw.tok.acme.e",
         created_at=0.0,
         deadline=1.0,
-        chat=chat("x" * chars, model="m"),
+        chat=chat("x" * chars, model=model),
     )
-    return Active(Dispatch(request, "ack", 1), 1.0 if started else None)
+    return Active(Dispatch(request, "ack", 1, adapter=adapter), 1.0 if started else None)
 
 
 def credit_of(engine: SimEngine, *active: Active) -> Credit:
@@ -78,3 +80,15 @@ def test_the_credit_counts_what_each_tenant_holds_per_class():
     }
     # Prompts not yet through prefill, per tenant (g1 and c1 have their first token).
     assert credit.tenant_prefill == {"interactive": {"globex": 6144 // 4}, "batch": {"acme": 400 // 4}}
+
+
+def test_the_credit_names_the_adapters_of_accepted_requests_before_the_engine_loads_them():
+    # The pull that follows a batch is sent before the engine's next step loads the batch's
+    # adapter: read without it, the broker sent that adapter's next request to another worker,
+    # which loaded it too (tests/e2e/test_adapters.py, one run in a clean clone's).
+    engine = SimEngine(PROFILES["llama-8b-h100"], max_loras=1)
+    engine.adapters.activate(["support-billing"])  # held from an earlier step
+    parcels = accepted("p1", "interactive", 40, started=False, model="support-parcels", adapter="/adapters/parcels")
+    credit = credit_of(engine, parcels, accepted("c1", "interactive", 40, started=False))
+    assert credit.adapters == ["support-parcels", "support-billing"]
+    assert credit_of(engine).adapters == ["support-billing"]
