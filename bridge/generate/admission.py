@@ -122,7 +122,11 @@ class RetryAfter:
 STREAMS = "streams"  # x-laneway-overload: refused by --max-streams (or a share of it)
 MEASURED = "measured_streams"  # … by the measured limit (or a share of it)
 OVERLOAD_HEADER = "x-laneway-overload"
-STREAMING_S = 2.0  # a class with a stream open, or asking for one, this recently is streaming
+# A class with a stream open, or asking for one, this recently is streaming. As long as a lower
+# class's stream lives (seconds to minutes), not as a gap between two chats: a stream admitted in
+# a gap is still open when the next chat comes. At 2 s, a Poisson 2/s chat's gaps let a retry
+# storm take the first limit's room (99 -> 176 streams in a second) and the chats after met it.
+STREAMING_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,15 @@ import asyncio
 import itertools
 import time
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.config import BridgeConfig
 from bridge.errors import EdgeError
-from bridge.generate.admission import MEASURED, OVERLOAD_HEADER, STREAMS, EdgeAdmission
+from bridge.generate import admission
+from bridge.generate.admission import MEASURED, OVERLOAD_HEADER, STREAMING_S, STREAMS, EdgeAdmission
 from bridge.metrics import BridgeMetrics
 from bridge.streams.demux import Demux
 from core.catalogue import Catalogue
@@ -146,6 +148,30 @@ async def test_while_a_chat_streams_the_classes_under_it_are_held_to_a_tighter_l
     edge.demux.lag.observe(0.02, time.monotonic())
     assert edge.ask("chat", "interactive") is None and edge.flood("flood", "batch")[0] == 230
     edge.close_all()
+
+
+async def test_a_lower_class_is_held_in_the_gaps_between_chats_as_long_as_its_streams_live(monkeypatch):
+    """A stream admitted in a gap between two chats is still open when the next chat comes: the
+    lower classes stay held for `STREAMING_S` after a higher class last streamed, not for the
+    gap. Held two seconds, a Poisson 2/s chat's gaps let a retry storm take the first limit's
+    room (99 -> 176 streams in a second), and the next chats waited on every frame of it."""
+    clock = [time.monotonic()]
+    monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    edge = Edge(tenant_stream_share=1.0)  # the limits start at 256: batch's room is 230
+
+    def late_frames() -> None:  # 20 ms late over a 1 ms floor: late for the lower classes only
+        edge.demux.lag.observe(0.001, clock[0] - 1.5)
+        edge.demux.lag.observe(0.02, clock[0])
+
+    late_frames()
+    assert edge.ask("chat", "interactive") is None
+    edge.end("chat")
+    for gap_s, batch_gets in ((10.0, 28), (STREAMING_S + 1.0, 230)):
+        clock[0] += gap_s  # no chat since
+        late_frames()
+        admitted, refusal = edge.flood("flood", "batch")
+        assert admitted == batch_gets and overloaded(refusal, MEASURED), gap_s
+        edge.close_all()
 
 
 async def test_a_tenant_holding_its_share_is_refused_while_another_is_admitted():
