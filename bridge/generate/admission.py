@@ -21,7 +21,8 @@ The limits:
 - a lower class yields delivery: while a higher class streams, the classes under it count
   against a measured limit of their own, found as the first but on time at `lower_class_lag_s`
   (2.5 ms) rather than 10 ms over the least lag of the last half minute (the hosts' clock
-  offset and the path's own time, `DeliveryLag.floor`). A chat's frames share this bridge's one
+  offset and the path's own time, `DeliveryLag.floor`), and easing off while late at all, so
+  that it settles where the lag is on time rather than anywhere short of congested. A chat's frames share this bridge's one
   event loop with every other stream's: at the lag the first limit settles at, a chat beside a
   flood of 250 standard streams met its first token 40-60 ms late, its engine time unchanged.
   See `EdgeAdmission`.
@@ -68,6 +69,10 @@ class StreamLimit:
     congested_s: float = 0.04
     growth: float = 0.025  # per `tick_s` while healthy and binding: ~5 %/s
     cut: float = 0.8
+    # Per `tick_s` while late but not congested (0: hold there). Holding, the limit settles
+    # anywhere between the two lags, as it stood when the lag crossed `healthy_s`; easing off,
+    # it settles where the lag is `healthy_s`, wherever it started.
+    ease: float = 0.0
     tick_s: float = 0.5
     cooldown_s: float = 2.0
     _ticked: float = float("-inf")
@@ -88,10 +93,13 @@ class StreamLimit:
                 if now - self._cut_at >= self.cooldown_s:
                     self._cut_at = now
                     self.limit = max(float(self.floor), min(self.limit, open_streams) * self.cut)
-            elif worst < self.healthy_s and binding:
-                self.limit *= 1 + self.growth
-                if self.ceiling:
-                    self.limit = min(self.limit, float(self.ceiling))
+            elif worst < self.healthy_s:
+                if binding:
+                    self.limit *= 1 + self.growth
+                    if self.ceiling:
+                        self.limit = min(self.limit, float(self.ceiling))
+            elif self.ease:
+                self.limit = max(float(self.floor), min(self.limit, open_streams) * (1 - self.ease))
         return int(self.limit)
 
 
@@ -281,6 +289,7 @@ class EdgeAdmission:
                 ceiling=config.max_streams,
                 healthy_s=config.lower_class_lag_s,
                 congested_s=3 * config.lower_class_lag_s,
+                ease=0.025,
             )
             if config.initial_stream_limit and config.lower_class_lag_s
             else None

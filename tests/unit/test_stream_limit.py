@@ -70,6 +70,27 @@ def test_late_delivery_cuts_below_the_open_streams_once_per_cooldown() -> None:
     assert limit.limit == pytest.approx(384)
 
 
+def test_late_but_not_congested_the_limit_eases_off_to_where_delivery_is_on_time() -> None:
+    """Between `healthy_s` and `congested_s` a limit with no `ease` holds wherever it stood when
+    the lag crossed `healthy_s`; the lower classes' limit eases off toward the streams open, so it
+    settles where the lag is on time, whatever it started from (a retry storm that found it at
+    361 after a batch flood held 200 streams at 5 ms of lag, its chats 2.5x alone)."""
+    settled = []
+    for ease in (0.0, 0.025):
+        limit = StreamLimit(limit=361, healthy_s=0.0025, congested_s=0.0075, ease=ease)
+        lag = lambda n: 0.001 + 0.004 * n / 200  # noqa: E731 - 5 ms at 200 streams, 2.5 ms at 75
+        t = 0.0
+        for _ in range(600):  # a minute of ticks, the storm as many streams as the limit lets in
+            n = min(200, int(limit.limit))
+            limit.observe(t, open_streams=n, lag_s=lag(n), loop_lag_s=0.0)
+            limit.refused()
+            t += 0.1
+        settled.append(limit.limit)
+    held, eased = settled
+    assert held == 361, "no ease: held in the band, 200 streams at 5 ms"
+    assert 60 < eased < 85, "eased: around the 75 streams at which the lag is on time"
+
+
 def test_the_limit_stays_between_its_floor_and_ceiling() -> None:
     limit = StreamLimit(limit=100, floor=32, ceiling=120)
     t = run(limit, 60, open_streams=lambda lim: int(lim.limit))
