@@ -22,9 +22,10 @@ The limits:
   against a measured limit of their own, found as the first but on time at `lower_class_lag_s`
   (2.5 ms) rather than 10 ms over the least lag of the last half minute (the hosts' clock
   offset and the path's own time, `DeliveryLag.floor`), and easing off while late at all, so
-  that it settles where the lag is on time rather than anywhere short of congested. A chat's frames share this bridge's one
-  event loop with every other stream's: at the lag the first limit settles at, a chat beside a
-  flood of 250 standard streams met its first token 40-60 ms late, its engine time unchanged.
+  that it settles where the lag is on time rather than anywhere short of congested. A chat's
+  frames share this bridge's one event loop with every other stream's: at the lag the first
+  limit settles at, a chat beside a flood of 250 standard streams met its first token 40-60 ms
+  late, its engine time unchanged.
   See `EdgeAdmission`.
 """
 
