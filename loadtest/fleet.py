@@ -4,7 +4,8 @@ simulated workers, as separate processes; metrics scraping and memory per proces
 The first worker of the first pool is `laneway up`'s own; every other worker is started here
 with `laneway worker --nats-url ...` against the same nats-server, exactly as a second machine
 would join. `laneway up` waits until every configured pool has a ready worker, so the extra
-workers start as soon as nats-server listens (its port is chosen here and passed to `up`).
+workers start as soon as nats-server listens (its port is chosen here and passed to `up`), and
+the fleet is entered once every worker has said it is ready.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from core.ports import free_port
 from core.promtext import Scrape, parse
 from loadtest.processes import LanewayUp
 from loadtest.scenarios import PoolSpec, TenantSpec
+from schemas import codec
+from schemas.subjects import Subjects
 
 ROLES = ("nats-server", "bridge", "broker", "worker")
 
@@ -179,6 +182,8 @@ class Fleet:
                 for _i in range(pool.workers - (1 if pool is first else 0)):
                     self.extra.append(await self._spawn_worker(pool, len(self.extra)))
             await starting
+            if self.extra:
+                await self._workers_ready(sum(pool.workers for pool in self.pools))
         except BaseException:
             starting.cancel()
             await self._stop_extra()
@@ -193,6 +198,30 @@ class Fleet:
         await self._stop_extra()
         if self.up is not None:
             await self.up.__aexit__(*exc)
+
+    async def _workers_ready(self, n: int, timeout_s: float = 60.0) -> None:
+        """Until `n` workers have said they are ready. `up` waits for its own worker only, and a
+        run that starts while another is loading meets one worker where it asked for several:
+        its first requests all land there (adapters, prefixes placed as on one worker)."""
+        ready: set[str] = set()
+        nc = await self._started.connect_nats("svc-bridge")
+
+        async def heard(msg) -> None:
+            beat = codec.decode_heartbeat(msg.data)
+            if beat.ready and not beat.stopping:
+                ready.add(beat.worker_id)
+
+        try:
+            await nc.subscribe(Subjects().worker_events, cb=heard)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while len(ready) < n:
+                if loop.time() > deadline:
+                    raise RuntimeError(f"{len(ready)} of {n} workers ready after {timeout_s:.0f}s: {sorted(ready)}")
+                await nc.publish(Subjects().worker_ping, b"")  # each answers with a heartbeat at once
+                await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
 
     async def _spawn_worker(self, pool: PoolSpec, n: int) -> asyncio.subprocess.Process:
         log = open(self.data_dir / "logs" / f"extra-worker-{n}.log", "ab")
