@@ -19,13 +19,13 @@ from pathlib import Path
 
 import aiohttp
 
+from bridge.readiness import Readiness
 from core.policy.pii import TenantPiiPolicy
 from core.policy.tenants import Tenant, hash_key
 from core.ports import free_port
 from core.promtext import Scrape, parse
 from loadtest.processes import LanewayUp
 from loadtest.scenarios import PoolSpec, TenantSpec
-from schemas import codec
 from schemas.subjects import Subjects
 
 ROLES = ("nats-server", "bridge", "broker", "worker")
@@ -183,7 +183,7 @@ class Fleet:
                     self.extra.append(await self._spawn_worker(pool, len(self.extra)))
             await starting
             if self.extra:
-                await self._workers_ready(sum(pool.workers for pool in self.pools))
+                await self._workers_ready()
         except BaseException:
             starting.cancel()
             await self._stop_extra()
@@ -199,25 +199,22 @@ class Fleet:
         if self.up is not None:
             await self.up.__aexit__(*exc)
 
-    async def _workers_ready(self, n: int, timeout_s: float = 60.0) -> None:
-        """Until `n` workers have said they are ready. `up` waits for its own worker only, and a
-        run that starts while another is loading meets one worker where it asked for several:
-        its first requests all land there (adapters, prefixes placed as on one worker)."""
-        ready: set[str] = set()
+    async def _workers_ready(self, timeout_s: float = 60.0) -> None:
+        """Until every pool has all its workers ready, as the bridge counts them (`Readiness`).
+        `up` waits for its own worker only, and a run that starts while another is loading meets
+        one worker where it asked for several: its first requests all land there."""
+        want: dict[str, int] = {}
+        for pool in self.pools:
+            want[pool.pool] = want.get(pool.pool, 0) + pool.workers
+        readiness = Readiness()
         nc = await self._started.connect_nats("svc-bridge")
-
-        async def heard(msg) -> None:
-            beat = codec.decode_heartbeat(msg.data)
-            if beat.ready and not beat.stopping:
-                ready.add(beat.worker_id)
-
         try:
-            await nc.subscribe(Subjects().worker_events, cb=heard)
+            await nc.subscribe(Subjects().worker_events, cb=readiness.on_heartbeat)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
-            while len(ready) < n:
+            while any(readiness.ready_pools().get(pool, 0) < n for pool, n in want.items()):
                 if loop.time() > deadline:
-                    raise RuntimeError(f"{len(ready)} of {n} workers ready after {timeout_s:.0f}s: {sorted(ready)}")
+                    raise RuntimeError(f"workers ready after {timeout_s:.0f}s: {readiness.ready_pools()}, want {want}")
                 await nc.publish(Subjects().worker_ping, b"")  # each answers with a heartbeat at once
                 await asyncio.sleep(0.2)
         finally:
