@@ -15,6 +15,7 @@ import pytest
 
 from core.natsd import server_binary
 from core.policy.tenants import Tenant
+from laneway.cli import build_parser
 from laneway.nats_config import (
     SERVICE_ACCOUNT,
     TenantLimits,
@@ -61,6 +62,18 @@ def test_a_restart_keeps_the_passwords_and_follows_the_tenant_list(tmp_path):
     text = changed.authorization_file.read_text()
     assert "globex" not in changed.tenants and "tenant-globex" not in text and text.count('"tenant-acme"') == 1
     assert changed.tenants["initech"][1] not in [p for _, p in [*first.services.values(), *first.tenants.values()]]
+
+
+def test_every_generated_password_passes_as_the_argument_after_its_flag():
+    """`--nats-password <it>` from an operator's shell: argparse reads a value that starts with `-`
+    as a flag ("expected one argument"). A URL-safe token did so one time in 64."""
+    parser = build_parser()
+    for _ in range(200):
+        for user, password in generate_passwords(["acme"]).items():
+            args = parser.parse_args(
+                ["usage", "--tenant", "acme", "--since", "2026-01-01", "--nats-user", user, "--nats-password", password]
+            )
+            assert args.nats_password == password and len(password) >= 32
 
 
 def test_files_left_readable_by_others_are_made_private(tmp_path):
