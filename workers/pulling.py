@@ -1,8 +1,10 @@
 """Pulling work: a `Credit` goes to `lw.pull.<pool>` only while the engine has a free slot.
 
 The scheduler (the broker holding the lease, `broker/scheduler/`) holds a pull open until there
-is work (a long poll), so an idle worker costs one message per `pull_wait_s`; when a new
-scheduler announces itself the runner sets `room`, and a fresh credit replaces the pull. Its answer is a `Batch` of dispatches. A reply that cannot be decoded
+is work (a long poll). A fresh credit replaces the parked pull whenever the worker's room changes,
+when a new scheduler announces itself (the runner sets `room`), and before the broker's hold
+ends (`RENEW_PART`), so an idle worker is never unparked: it costs a pull and an empty answer
+per `pull_wait_s`. A pull's answer is a `Batch` of dispatches. A reply that cannot be decoded
 is logged, counted and skipped: no ack subject in it can be read, so its requests stay unacked
 and JetStream redelivers them to the broker after ack_wait; the loop goes on pulling.
 """
@@ -31,6 +33,10 @@ log = logging.getLogger("laneway.worker")
 # A parked credit's pending prefill, once done, is stale by this part of an engine step or more:
 # worth a fresh pull (one more per request with long prompts, none with short ones).
 PREFILL_STALE_PART = 8
+# An idle worker renews its pull this far into the broker's hold, before the hold ends: a pull that
+# expired first leaves the worker unparked for a round trip, and a request arriving then goes to
+# another worker (one that must load its LoRA adapter, say, evicting the one it holds).
+RENEW_PART = 0.8
 
 
 class Accepted(Protocol):
@@ -144,11 +150,11 @@ class Puller:
             self.metrics.pulls.labels(self.config.pool).inc()
             pull = asyncio.create_task(self._pull(credit))
             room = asyncio.create_task(self._room.wait())
-            await asyncio.wait({pull, room}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({pull, room}, timeout=credit.wait_s * RENEW_PART, return_when=asyncio.FIRST_COMPLETED)
             room.cancel()
             if not pull.done():
-                # Room grew while the broker holds our pull open: a fresh credit replaces it
-                # (the broker answers the old one at once); the old one's reply is still served.
+                # Room grew, or the broker's hold is near its end: a fresh credit replaces the
+                # pull (the broker answers the old one at once); the old one's reply is still served.
                 self._late.add(pull)
                 pull.add_done_callback(self._late.discard)
                 continue
