@@ -127,4 +127,7 @@ async def test_noisy_short():
     assert f["junk"]["sent"] > 0 and f["junk"]["permission_errors"] > 0  # the server refused its classes
     for case in ("same-flood", "junk"):
         assert math.isfinite(f[case]["ttft_p95_ratio"]) and isinstance(f[case]["met"], bool)
+    for case, p in f.items():  # the chats' usage records came back: their first tokens split
+        path = p["ttft_path"]
+        assert path["engine"]["n"] > 0 and path["queue"]["p50"] >= 0 and path["engine"]["p50"] > 0, (case, path)
     assert "junk messages sent" in noisy.render(doc)
