@@ -28,6 +28,7 @@ PARTS = ("queue", "engine", "hops")
 async def usage_of(fleet: Fleet, tenant: str, since: datetime, ids: set[str], timeout_s: float = 15.0) -> dict:
     """`tenant`'s usage records since `since`, by request id, once each of `ids` has one (a
     request ends before its record is written) or after `timeout_s`."""
+    assert fleet.up is not None  # inside `async with fleet`
     nc = await fleet.up.connect_nats("ops")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

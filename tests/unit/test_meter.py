@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 from broker.metrics import UsageMetrics
 from core.metering import BadPrice, Meter, PoolPrice, PriceBook, parse_price_book, rates
 from schemas.usage import Usage
+from tests.records import usage_record
 
 
 def test_per_token_prices() -> None:
@@ -94,18 +95,12 @@ def test_unknown_price_field_is_refused() -> None:
 
 
 def _usage(tenant: str, model: str, cached: bool = False) -> Usage:
-    return Usage(
-        request_id="r",
+    return usage_record(
         tenant=tenant,
-        klass="interactive",
         model=model,
         served_model="m@1",
-        pool="sim",
-        worker_id="w",
         prompt_tokens=100,
         completion_tokens=20,
-        finish_reason="stop",
-        queued_s=0.0,
         ttft_s=0.01,
         total_s=0.1,
         finished_at=0.0,

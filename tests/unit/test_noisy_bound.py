@@ -7,6 +7,7 @@ from loadtest.http_client import Result
 from loadtest.noisy import chunks, physics_ratio
 from loadtest.ttft_path import ttft_path
 from schemas.usage import Usage
+from tests.records import usage_record
 
 
 def test_a_prompt_takes_threshold_sized_steps_beside_others():
@@ -27,22 +28,7 @@ def test_bound_is_never_below_alone():
 
 
 def usage(request_id: str, queued_s: float, ttft_s: float | None) -> Usage:
-    return Usage(
-        request_id=request_id,
-        tenant="acme",
-        klass="interactive",
-        model="m",
-        served_model="m",
-        pool="sim",
-        worker_id="w1",
-        prompt_tokens=512,
-        completion_tokens=32,
-        finish_reason="length",
-        queued_s=queued_s,
-        ttft_s=ttft_s,
-        total_s=1.0,
-        finished_at=0.0,
-    )
+    return usage_record(request_id, queued_s=queued_s, ttft_s=ttft_s)
 
 
 def test_a_first_token_splits_into_the_lanes_the_engine_and_the_hops():

@@ -13,7 +13,7 @@ from core.metering import BadPrice, Meter, PoolPrice, PriceBook, parse_price_boo
 from schemas import codec
 from schemas.frames import Finished, TokenFrame, TokenUsage
 from schemas.openai import ChatBody
-from schemas.usage import Usage
+from tests.records import usage_record
 from workers.engine import EngineRequest
 from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.roofline import PROFILES
@@ -50,22 +50,7 @@ def test_a_frame_from_an_older_worker_decodes_with_no_hits() -> None:
 
 
 def test_an_older_usage_record_decodes_with_no_hits() -> None:
-    record = Usage(
-        request_id="r1",
-        tenant="acme",
-        klass="chat",
-        model="m",
-        served_model="m",
-        pool="p",
-        worker_id="w",
-        prompt_tokens=1500,
-        completion_tokens=40,
-        finish_reason="stop",
-        queued_s=0.0,
-        ttft_s=0.1,
-        total_s=1.0,
-        finished_at=1.0,
-    )
+    record = usage_record("r1", klass="chat", pool="p", prompt_tokens=1500, completion_tokens=40, total_s=1.0)
     old = msgspec.msgpack.decode(codec.encode(record))
     assert "cached_tokens" not in old and "prefix_saved_usd" not in old  # omitted at their defaults
     decoded = codec.decode_usage(msgspec.msgpack.encode(old))
@@ -155,22 +140,7 @@ def test_chat_usage_carries_prompt_tokens_details() -> None:
 def test_usage_metrics_count_hits_and_savings_apart_from_tokens() -> None:
     registry = CollectorRegistry()
     metrics = UsageMetrics(registry, tenants=["acme"], models=["chat"])
-    base = Usage(
-        request_id="r",
-        tenant="acme",
-        klass="chat",
-        model="chat",
-        served_model="m",
-        pool="p",
-        worker_id="w",
-        prompt_tokens=1000,
-        completion_tokens=10,
-        finish_reason="stop",
-        queued_s=0.0,
-        ttft_s=0.1,
-        total_s=1.0,
-        finished_at=1.0,
-    )
+    base = usage_record(klass="chat", model="chat", pool="p", prompt_tokens=1000, completion_tokens=10, total_s=1.0)
     metrics.observe(msgspec.structs.replace(base, cached_tokens=768, prefix_saved_usd=0.25))
     metrics.observe(base)
     get, labels = registry.get_sample_value, {"tenant": "acme", "model": "chat"}

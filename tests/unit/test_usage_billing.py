@@ -7,26 +7,11 @@ from __future__ import annotations
 from core.usage_log import billed
 from schemas import codec
 from schemas.usage import Superseded, Usage
+from tests.records import usage_record
 
 
 def usage(request_id: str, **fields) -> Usage:
-    record = dict(
-        request_id=request_id,
-        tenant="acme",
-        klass="batch",
-        model="m",
-        served_model="m",
-        pool="p",
-        worker_id="w",
-        prompt_tokens=3,
-        completion_tokens=5,
-        finish_reason="stop",
-        queued_s=0.0,
-        ttft_s=0.1,
-        total_s=0.2,
-        finished_at=1.0,
-    )
-    return Usage(**(record | fields))
+    return usage_record(request_id, **({"klass": "batch", "pool": "p"} | fields))
 
 
 def test_a_line_run_again_is_billed_as_its_output_names_it() -> None:
