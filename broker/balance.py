@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from broker.affinity import balance_slack
-from broker.room import Wants
+from broker.room import Wants, held_from
 from core.policy.classes import ClassPolicy
 from schemas.work import Credit
 
@@ -57,12 +57,19 @@ def after(credit: Credit, items: Iterable[Wants]) -> Credit:
 class Balance:
     """One batch's limit: the loads of the pool's other workers that could take work now."""
 
-    __slots__ = ("_others", "_slots", "_holds")
+    __slots__ = ("_others", "_slots", "_holds", "_rank")
 
-    def __init__(self, others: Sequence[Credit], slots: int, holds: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        others: Sequence[Credit],
+        slots: int,
+        holds: Callable[[], None] = lambda: None,
+        rank: Callable[[str], int | None] = lambda klass: None,
+    ) -> None:
         self._others = others
         self._slots = slots  # the batch's worker's: the floor is a part of them
         self._holds = holds  # told when it leaves an item for another worker
+        self._rank = rank  # the classes' ranks: a class's share counts those after it (broker/room.py)
 
     def allows(self, policy: ClassPolicy, item: Wants, held: int) -> bool:
         """Whether the item may join a batch whose worker holds `held` sequences with it so far.
@@ -71,7 +78,8 @@ class Balance:
             (
                 load(c)
                 for c in self._others
-                if could_take(c, item) and c.running.get(item.klass, 0) + item.slots <= policy.slot_cap(c.total_slots)
+                if could_take(c, item)
+                and held_from(c.running, policy, self._rank) + item.slots <= policy.slot_cap(c.total_slots)
             ),
             default=None,
         )
@@ -103,13 +111,15 @@ class Loads:
         if items:
             self._holding = None
 
-    def balance(self, credit: Credit, parked: Iterable[Credit], now: float) -> Balance:
+    def balance(
+        self, credit: Credit, parked: Iterable[Credit], now: float, rank: Callable[[str], int | None]
+    ) -> Balance:
         """The balance for a batch answering `credit`, the pool's parked pulls' credits given."""
         self._out = {w: out for w, out in self._out.items() if now - out[1] < RETURN_S}
         if self._holding is not None and now - self._holding >= HOLD_S:
             return Balance((), credit.total_slots)
         others = [c for c in (*parked, *(c for c, _ in self._out.values())) if c.worker_id != credit.worker_id]
-        return Balance(others, credit.total_slots, lambda: self._hold(now))
+        return Balance(others, credit.total_slots, lambda: self._hold(now), rank)
 
     def _hold(self, now: float) -> None:
         if self._holding is None:

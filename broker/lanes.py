@@ -43,7 +43,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable
 
-from broker.room import Room, Wants
+from broker.room import Room, Wants, held_from
 from broker.waiting import Admit, ClassLane, Item, Selection, State, TenantQueue
 from core.policy.classes import ClassPolicy
 
@@ -196,11 +196,12 @@ class Lanes:
             tenant_tokens=tenant_tokens,
             tenant_prefill=tenant_prefill,
             balanced=balanced,
+            rank=self._rank,
         )
         blocked: set[str] = set()
         capped: dict[str, set[str]] = {}  # class → tenants at their headroom cap here
         while room.free_slots > 0:
-            lane = self._pick_lane(now, room.held, room.total_slots, allowed - blocked)
+            lane = self._pick_lane(now, room, allowed - blocked)
             if lane is None:
                 break
             policy = lane.policy
@@ -269,14 +270,18 @@ class Lanes:
     def _expired(item: Item, policy: ClassPolicy, now: float) -> bool:
         return now >= item.deadline or now - item.enqueued_at > policy.max_queue_wait_s
 
-    def _pick_lane(self, now: float, held: dict[str, int], total_slots: int, allowed: set[str]) -> ClassLane | None:
+    def _pick_lane(self, now: float, room: Room | None, allowed: set[str]) -> ClassLane | None:
+        """The lane the next item comes from: one whose class (with those after it) is under its
+        slot share at `room`'s worker (None: any)."""
         best: ClassLane | None = None
         best_key: tuple[int, float] | None = None
         for name in allowed:
             lane = self._lanes.get(name)
             if lane is None or lane.waiting == 0:
                 continue
-            if held.get(name, 0) >= lane.policy.slot_cap(total_slots):
+            if room is not None and held_from(room.held, lane.policy, self._rank) >= lane.policy.slot_cap(
+                room.total_slots
+            ):
                 continue
             oldest = lane.oldest()
             age = now - oldest.enqueued_at if oldest else 0.0
@@ -361,7 +366,7 @@ class Lanes:
     def peek(self, now: float, classes: Iterable[str] = ()) -> Item | None:
         """The item a pull would most likely take first (the lane by rank or age, the fair tenant,
         its earliest deadline), or None; never changes a thing (an expired head: None)."""
-        lane = self._pick_lane(now, {}, 1 << 30, set(classes) or set(self._lanes))
+        lane = self._pick_lane(now, None, set(classes) or set(self._lanes))
         if lane is None:
             return None
         if first := next((i for i in lane.redelivered if i.state is State.WAITING), None):

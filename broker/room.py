@@ -8,7 +8,7 @@ so the next choice of the same batch sees it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +48,18 @@ class Wants(Protocol):
     prompt: int
 
 
+def held_from(running: Mapping[str, int], policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:
+    """Slots held by `policy`'s class and the classes ranked after it (one `rank` does not know,
+    too): what the class's slot share bounds. Each lower class under a share of its own would
+    leave the classes above them nothing together: batch at 0.9 and standard at 0.95 of 32 slots
+    held 28 + 30."""
+    return sum(n for name, n in running.items() if (r := rank(name)) is None or r >= policy.rank)
+
+
+def _unranked(klass: str) -> int | None:
+    return None
+
+
 @dataclass(slots=True)
 class Room:
     free_slots: int
@@ -63,6 +75,7 @@ class Room:
     empty: bool = False  # it held nothing when the pull came: its first item always goes
     # The pool's balance (broker/balance.py): whether an item may join, the worker holding n with it.
     balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None
+    rank: Callable[[str], int | None] = _unranked  # a class's rank (None: unknown, served last)
 
     @classmethod
     def of(
@@ -79,6 +92,7 @@ class Room:
         tenant_tokens: dict[str, dict[str, int]] | None = None,
         tenant_prefill: dict[str, dict[str, int]] | None = None,
         balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
+        rank: Callable[[str], int | None] = _unranked,
     ) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
         return cls(
@@ -94,13 +108,14 @@ class Room:
             {k: dict(v) for k, v in (tenant_prefill or {}).items()},
             empty=sum(running.values()) == 0,
             balanced=balanced,
+            rank=rank,
         )
 
     def fits(self, policy: ClassPolicy, item: Wants, ahead: int) -> bool:
-        """The worker's room, the class's slot share, the prefill caps and the pool's balance.
-        `ahead`: the unstarted prompt tokens of the item's class and higher ones that it would
-        queue behind."""
-        room = min(self.free_slots, policy.slot_cap(self.total_slots) - self.held.get(policy.name, 0))
+        """The worker's room, the class's slot share (with the classes after it), the prefill caps
+        and the pool's balance. `ahead`: the unstarted prompt tokens of the item's class and
+        higher ones that it would queue behind."""
+        room = min(self.free_slots, policy.slot_cap(self.total_slots) - held_from(self.held, policy, self.rank))
         step = self.step_tokens
         return (
             item.cost <= self.token_budget

@@ -260,7 +260,7 @@ class Scheduler:
     async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
         """Reply to a pull if there is work for it; False leaves it for the caller to park."""
         now, mono = time.time(), time.monotonic()
-        balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono)
+        balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono, self.live.rank)
         selection = pool.lanes.select(
             free_slots=credit.free_slots,
             token_budget=credit.token_budget,

@@ -19,7 +19,9 @@ class ClassPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rank: Annotated[int, Meta(ge=0, le=100)]  # 0 is served first
     max_queue_wait_s: Annotated[float, Meta(gt=0)]  # waited longer → expired, never started
     max_tenant_depth: Annotated[int, Meta(ge=1)]  # waiting + running per tenant (JetStream subject cap)
-    max_slot_share: Annotated[float, Meta(gt=0, le=1)]  # of a worker's slots; keeps headroom for higher ranks
+    # Of a worker's slots, with the classes ranked after it (broker/room.py `held_from`): keeps
+    # headroom for the classes above it.
+    max_slot_share: Annotated[float, Meta(gt=0, le=1)]
     starve_after_s: Annotated[float, Meta(gt=0)]  # a head waiting this long is served ahead of rank
     # Of an engine step's token budget: the class's prompts not yet prefilled at a worker stay
     # under it, so its prefill cannot fill the steps that higher ranks' first tokens wait on.

@@ -20,6 +20,7 @@ from schemas.work import Credit
 
 SLOTS = 64  # a floor of 4 sequences (BALANCE_FLOOR of 64)
 CLASS = next(c for c in DEFAULT_CLASSES if c.name == "interactive")
+RANK = {c.name: c.rank for c in DEFAULT_CLASSES}.get
 
 
 @dataclass
@@ -66,6 +67,13 @@ def test_only_a_worker_with_room_for_the_item_holds_a_batch_back():
     capped = msgspec.structs.replace(CLASS, max_slot_share=2 / SLOTS)
     assert Balance([credit("w5", held=2)], SLOTS).allows(capped, Want(), 40)
     assert not Balance([credit("w5", held=1)], SLOTS).allows(capped, Want(), 40)
+    # Nor one where the item's class and those after it fill the class's share (here half of 64):
+    # the lanes would not give it the item there, so it holds nothing back.
+    standard = msgspec.structs.replace(next(c for c in DEFAULT_CLASSES if c.name == "standard"), max_slot_share=0.5)
+    floods = msgspec.structs.replace(credit("w6"), free_slots=32, running={"batch": 29, "standard": 3})
+    assert Balance([floods], SLOTS, rank=RANK).allows(standard, Want(klass="standard"), 40)
+    below = msgspec.structs.replace(floods, running={"batch": 28, "standard": 3})
+    assert not Balance([below], SLOTS, rank=RANK).allows(standard, Want(klass="standard"), 40)
 
 
 def test_a_worker_just_sent_a_batch_counts_with_it_until_its_fresh_pull_or_return_s():
@@ -73,24 +81,24 @@ def test_a_worker_just_sent_a_batch_counts_with_it_until_its_fresh_pull_or_retur
     mine, sent = credit("w1"), credit("w2")
     loads.sent(sent, [Want()] * 3, now=100.0)
     assert load(after(sent, [Want()] * 3)) == 3
-    assert not loads.balance(mine, [], now=100.1).allows(CLASS, Want(), 3 + int(balance_slack(3, SLOTS)))
-    assert loads.balance(mine, [], now=100.0 + RETURN_S).allows(CLASS, Want(), 40)  # full, or gone
+    assert not loads.balance(mine, [], now=100.1, rank=RANK).allows(CLASS, Want(), 3 + int(balance_slack(3, SLOTS)))
+    assert loads.balance(mine, [], now=100.0 + RETURN_S, rank=RANK).allows(CLASS, Want(), 40)  # full, or gone
     loads.sent(sent, [Want()] * 3, now=200.0)
     loads.pulled("w2")  # its fresh credit is parked now, or answered
-    assert loads.balance(mine, [], now=200.1).allows(CLASS, Want(), 40)
-    assert not loads.balance(mine, [credit("w2", held=3)], now=200.1).allows(CLASS, Want(), 40)
-    assert loads.balance(mine, [credit("w1", held=3)], now=200.1).allows(CLASS, Want(), 40)  # itself
+    assert loads.balance(mine, [], now=200.1, rank=RANK).allows(CLASS, Want(), 40)
+    assert not loads.balance(mine, [credit("w2", held=3)], now=200.1, rank=RANK).allows(CLASS, Want(), 40)
+    assert loads.balance(mine, [credit("w1", held=3)], now=200.1, rank=RANK).allows(CLASS, Want(), 40)  # itself
 
 
 def test_work_is_held_back_at_most_hold_s_while_no_batch_goes_out():
     loads = Loads()
     mine, parked = credit("w1"), [credit("w2", held=0)]
-    assert not loads.balance(mine, parked, now=10.0).allows(CLASS, Want(), 40)
-    assert not loads.balance(mine, parked, now=10.0 + HOLD_S / 2).allows(CLASS, Want(), 40)
-    assert loads.balance(mine, parked, now=10.0 + HOLD_S).allows(CLASS, Want(), 40)
+    assert not loads.balance(mine, parked, now=10.0, rank=RANK).allows(CLASS, Want(), 40)
+    assert not loads.balance(mine, parked, now=10.0 + HOLD_S / 2, rank=RANK).allows(CLASS, Want(), 40)
+    assert loads.balance(mine, parked, now=10.0 + HOLD_S, rank=RANK).allows(CLASS, Want(), 40)
     # A batch going out in the pool starts the count again.
     loads.sent(credit("w3"), [Want()], now=20.0)
-    assert not loads.balance(mine, parked, now=20.0 + HOLD_S).allows(CLASS, Want(), 40)
+    assert not loads.balance(mine, parked, now=20.0 + HOLD_S, rank=RANK).allows(CLASS, Want(), 40)
 
 
 def test_a_worker_found_lost_holds_no_batch_back_from_the_survivor():
@@ -100,7 +108,7 @@ def test_a_worker_found_lost_holds_no_batch_back_from_the_survivor():
     pool = Pool(lanes=Lanes(DEFAULT_CLASSES))
     mine, mono = credit("w1", held=50), time.monotonic()
     pool.loads.sent(credit("w2", held=50), [], mono)
-    assert not pool.loads.balance(mine, [], mono).allows(CLASS, Want(), 80)
+    assert not pool.loads.balance(mine, [], mono, RANK).allows(CLASS, Want(), 80)
 
     asyncio.run(hand_back_lost(None, Subjects(), pool, lambda w: "interest" if w == "w2" else None, None))  # type: ignore[arg-type]
-    assert pool.loads.balance(mine, [], mono).allows(CLASS, Want(), 80)
+    assert pool.loads.balance(mine, [], mono, RANK).allows(CLASS, Want(), 80)

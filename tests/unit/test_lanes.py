@@ -61,6 +61,23 @@ def test_slot_share_cap_keeps_headroom_for_higher_classes():
     assert take(lanes, slots=1, total=10, running={"batch": 9}).dispatch == []
 
 
+def test_the_classes_under_a_chat_leave_it_its_headroom_together_not_each_on_its_own():
+    """32 slots: batch may hold 28 (0.9), standard with batch 30 (0.95). Each under a share of
+    its own, the two floods held 28 + 4 and a chat found no slot."""
+    lanes = Lanes(DEFAULT_CLASSES)
+    for _ in range(10):
+        lanes.admit(item(klass="standard"), 0.0)
+        lanes.admit(item(klass="batch"), 0.0)
+    running = {"batch": 28}
+    got = take(lanes, slots=4, total=32, running=running)
+    assert Counter(i.klass for i in got.dispatch) == {"standard": 2}  # 28 + 2 = standard's 30
+    running["standard"] = 2
+    assert take(lanes, slots=2, total=32, running=running).dispatch == []
+    chat = item(klass="interactive")
+    lanes.admit(chat, 0.0)
+    assert take(lanes, slots=2, total=32, running=running).dispatch == [chat]
+
+
 def test_edf_within_a_tenant():
     lanes = Lanes(DEFAULT_CLASSES)
     late, soon = item(deadline=100.0), item(deadline=50.0)
