@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from broker.affinity import balance_slack
-from broker.room import Wants, held_from
+from broker.room import Wants, held_from, unranked
 from core.policy.classes import ClassPolicy
 from schemas.work import Credit
 
@@ -64,7 +64,7 @@ class Balance:
         others: Sequence[Credit],
         slots: int,
         holds: Callable[[], None] = lambda: None,
-        rank: Callable[[str], int | None] = lambda klass: None,
+        rank: Callable[[str], int | None] = unranked,
     ) -> None:
         self._others = others
         self._slots = slots  # the batch's worker's: the floor is a part of them

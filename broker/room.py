@@ -50,13 +50,13 @@ class Wants(Protocol):
 
 def held_from(running: Mapping[str, int], policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:
     """Slots held by `policy`'s class and the classes ranked after it (one `rank` does not know,
-    too): what the class's slot share bounds. Each lower class under a share of its own would
-    leave the classes above them nothing together: batch at 0.9 and standard at 0.95 of 32 slots
-    held 28 + 30."""
+    too): what the class's slot share bounds. Each lower class under a share of its own left the
+    classes above them nothing together: batch at 0.9 and standard at 0.95 of 32 slots held 28 + 4."""
     return sum(n for name, n in running.items() if (r := rank(name)) is None or r >= policy.rank)
 
 
-def _unranked(klass: str) -> int | None:
+def unranked(klass: str) -> int | None:
+    """No class known: each counts as ranked after any other."""
     return None
 
 
@@ -75,7 +75,7 @@ class Room:
     empty: bool = False  # it held nothing when the pull came: its first item always goes
     # The pool's balance (broker/balance.py): whether an item may join, the worker holding n with it.
     balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None
-    rank: Callable[[str], int | None] = _unranked  # a class's rank (None: unknown, served last)
+    rank: Callable[[str], int | None] = unranked  # a class's rank (None: unknown, served last)
 
     @classmethod
     def of(
@@ -92,7 +92,7 @@ class Room:
         tenant_tokens: dict[str, dict[str, int]] | None = None,
         tenant_prefill: dict[str, dict[str, int]] | None = None,
         balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
-        rank: Callable[[str], int | None] = _unranked,
+        rank: Callable[[str], int | None] = unranked,
     ) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
         return cls(
