@@ -32,14 +32,13 @@ from pathlib import Path
 
 import aiohttp
 
-from core.usage_log import read_usage
 from loadtest.benchcli import add_fleet_flags, add_output_flags, add_shedding_flag, main, run_and_report, shedding
 from loadtest.fleet import Fleet
 from loadtest.phases import settle
 from loadtest.scenarios import PoolSpec, TenantSpec
 from loadtest.sessions import SessionShape, Turn, run_sessions
 from loadtest.stats import ms, summary
-from schemas.subjects import Subjects
+from loadtest.ttft_path import usage_of
 
 TENANT = "acme"
 MODEL = "laneway-sim"
@@ -78,12 +77,7 @@ async def run_one(args: argparse.Namespace, label: str, workers: int, affinity: 
                 turns,
             )
         await settle(fleet)
-        assert fleet.up is not None
-        nc = await fleet.up.connect_nats("ops")
-        try:
-            usage = {u.request_id: u async for u in read_usage(nc.jetstream(), Subjects(), TENANT, since)}
-        finally:
-            await nc.close()
+        usage = await usage_of(fleet, TENANT, since, set())  # one read, after the streams ended
     window = [t for t in turns if t0 + args.warmup <= t.result.started_at < t0 + args.duration]
     return figures(label, workers, affinity, turns, window, usage)
 
