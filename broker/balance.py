@@ -22,12 +22,17 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from broker.affinity import balance_slack
-from broker.room import Wants, held_from, unranked
+from broker.room import Wants, class_cap, held_from, unranked
 from core.policy.classes import ClassPolicy
 from schemas.work import Credit
 
 RETURN_S = 5.0  # a worker sent a batch pulls again at once: not by then, it is full or gone
 HOLD_S = 1.0  # the longest the balance holds work back while no batch goes out in the pool
+
+
+def share_cap(policy: ClassPolicy, credit: Credit) -> int:
+    """A class's slots at the credit's worker by its share alone: no bursts known."""
+    return class_cap(policy, credit.total_slots)
 
 
 def load(credit: Credit) -> int:
@@ -57,7 +62,7 @@ def after(credit: Credit, items: Iterable[Wants]) -> Credit:
 class Balance:
     """One batch's limit: the loads of the pool's other workers that could take work now."""
 
-    __slots__ = ("_others", "_slots", "_holds", "_rank")
+    __slots__ = ("_others", "_slots", "_holds", "_rank", "_cap")
 
     def __init__(
         self,
@@ -65,11 +70,13 @@ class Balance:
         slots: int,
         holds: Callable[[], None] = lambda: None,
         rank: Callable[[str], int | None] = unranked,
+        cap: Callable[[ClassPolicy, Credit], int] = share_cap,
     ) -> None:
         self._others = others
         self._slots = slots  # the batch's worker's: the floor is a part of them
         self._holds = holds  # told when it leaves an item for another worker
         self._rank = rank  # the classes' ranks: a class's share counts those after it (broker/room.py)
+        self._cap = cap  # a class's slots at a worker (its share, its top class's bursts)
 
     def allows(self, policy: ClassPolicy, item: Wants, held: int) -> bool:
         """Whether the item may join a batch whose worker holds `held` sequences with it so far.
@@ -78,8 +85,7 @@ class Balance:
             (
                 load(c)
                 for c in self._others
-                if could_take(c, item)
-                and held_from(c.running, policy, self._rank) + item.slots <= policy.slot_cap(c.total_slots)
+                if could_take(c, item) and held_from(c.running, policy, self._rank) + item.slots <= self._cap(policy, c)
             ),
             default=None,
         )
@@ -112,14 +118,19 @@ class Loads:
             self._holding = None
 
     def balance(
-        self, credit: Credit, parked: Iterable[Credit], now: float, rank: Callable[[str], int | None]
+        self,
+        credit: Credit,
+        parked: Iterable[Credit],
+        now: float,
+        rank: Callable[[str], int | None],
+        cap: Callable[[ClassPolicy, Credit], int] = share_cap,
     ) -> Balance:
         """The balance for a batch answering `credit`, the pool's parked pulls' credits given."""
         self._out = {w: out for w, out in self._out.items() if now - out[1] < RETURN_S}
         if self._holding is not None and now - self._holding >= HOLD_S:
             return Balance((), credit.total_slots)
         others = [c for c in (*parked, *(c for c, _ in self._out.values())) if c.worker_id != credit.worker_id]
-        return Balance(others, credit.total_slots, lambda: self._hold(now), rank)
+        return Balance(others, credit.total_slots, lambda: self._hold(now), rank, cap)
 
     def _hold(self, now: float) -> None:
         if self._holding is None:

@@ -2,7 +2,8 @@
 
 - Across classes: strict priority by `rank`, with aging: a class whose oldest waiting request
   has waited `starve_after_s` is served ahead of rank, so no class starves. A class never holds
-  more than `max_slot_share` of a worker's slots, so higher classes always find headroom.
+  more than `max_slot_share` of a worker's slots, so higher classes always find headroom; one
+  below the top class leaves free what the top class's recent bursts there took (headroom.py).
 - Prefill: a worker reports its engine's tokens per step and, per class, the prompt tokens it
   holds that have not started; a class's (with what this batch adds) stay under
   `max_prefill_share` of the step, so a flood of long prompts cannot fill the steps a chat's
@@ -88,16 +89,18 @@ class Lanes:
     def policy(self, klass: str) -> ClassPolicy | None:
         return self._known.get(klass)
 
+    @property
+    def top(self) -> ClassPolicy | None:  # served first: the others leave room for its bursts
+        return min(self._known.values(), key=lambda p: p.rank, default=None)
+
     # -- introspection --------------------------------------------------------------------
     def __len__(self) -> int:
         return sum(lane.waiting for lane in self._lanes.values())
 
     def depth(self, klass: str, tenant: str | None = None) -> int:
         lane = self._lanes.get(klass)
-        if lane is None:
-            return 0
-        if tenant is None:
-            return lane.waiting
+        if lane is None or tenant is None:
+            return lane.waiting if lane else 0
         queue = lane.tenants.get(tenant)
         return queue.waiting if queue else 0
 
@@ -173,6 +176,7 @@ class Lanes:
         tenant_tokens: dict[str, dict[str, int]] | None = None,
         tenant_prefill: dict[str, dict[str, int]] | None = None,
         balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
+        reserve: int = 0,
     ) -> Selection:
         """Choose work for one worker's credit. An item whose cost exceeds the remaining token
         budget is left for a worker with more room, unless this worker is empty (it would
@@ -181,7 +185,8 @@ class Lanes:
         unstarted prompt tokens per class) apply the classes' prefill caps; `kv_tokens` and
         `tenant_slots`/`tenant_tokens` (class → tenant → what it holds there) the tenant headroom.
         `prefer` scores an item for this worker (prefix affinity), within the slack the module's
-        top describes; `balanced` keeps the pool's balance (broker/balance.py)."""
+        top describes; `balanced` keeps the pool's balance (broker/balance.py); `reserve` is what the
+        classes below the top one leave free here (broker/headroom.py)."""
         out = Selection()
         allowed = set(classes) or set(self._lanes)
         room = Room.of(
@@ -197,6 +202,8 @@ class Lanes:
             tenant_prefill=tenant_prefill,
             balanced=balanced,
             rank=self._rank,
+            reserve=reserve,
+            top_rank=self.top.rank if self.top else None,
         )
         blocked: set[str] = set()
         capped: dict[str, set[str]] = {}  # class → tenants at their headroom cap here
@@ -279,9 +286,7 @@ class Lanes:
             lane = self._lanes.get(name)
             if lane is None or lane.waiting == 0:
                 continue
-            if room is not None and held_from(room.held, lane.policy, self._rank) >= lane.policy.slot_cap(
-                room.total_slots
-            ):
+            if room is not None and held_from(room.held, lane.policy, self._rank) >= room.cap(lane.policy):
                 continue
             oldest = lane.oldest()
             age = now - oldest.enqueued_at if oldest else 0.0

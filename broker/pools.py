@@ -3,13 +3,17 @@ parked until work comes. `broker/scheduler/schedule.py` moves them; `sweep.py` k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.affinity import PrefixIndex
 from broker.balance import Loads
+from broker.headroom import Bursts
 from broker.lanes import Lanes
+from broker.room import class_cap
 from broker.running import Running
+from core.policy.classes import ClassPolicy
 from core.routing.rules import RuleSet
 from schemas.requests import GenerateRequest
 from schemas.work import Credit
@@ -68,3 +72,16 @@ class Pool:
     index: PrefixIndex = field(default_factory=PrefixIndex)  # which worker holds which prefix
     running: Running = field(default_factory=Running)  # dispatched and not ended, by worker
     loads: Loads = field(default_factory=Loads)  # workers just sent a batch (the balance)
+    bursts: Bursts = field(default_factory=Bursts)  # the top class's recent most, by worker
+
+    def heard(self, credit: Credit, now: float) -> None:
+        """A worker's pull: what it holds (its prefixes, its adapters, its top-class slots)."""
+        self.index.heard(credit.worker_id, credit.kv_tokens, now, credit.adapters)
+        if (top := self.lanes.top) is not None:
+            self.bursts.heard(credit.worker_id, credit.running.get(top.name, 0), now)
+
+    def cap(self, now: float) -> Callable[[ClassPolicy, Credit], int]:
+        """A class's slots at a credit's worker: its share, less its top class's bursts there."""
+        top = self.lanes.top
+        rank = top.rank if top else None
+        return lambda policy, c: class_cap(policy, c.total_slots, self.bursts.reserve(c.worker_id, now), rank)

@@ -55,6 +55,16 @@ def held_from(running: Mapping[str, int], policy: ClassPolicy, rank: Callable[[s
     return sum(n for name, n in running.items() if (r := rank(name)) is None or r >= policy.rank)
 
 
+def class_cap(policy: ClassPolicy, total_slots: int, reserve: int = 0, top_rank: int | None = None) -> int:
+    """The most slots `policy`'s class, with those after it, may hold at a worker: its share, and
+    for a class below the top one (`top_rank`), the slots less `reserve`, what the top class's
+    recent bursts there ask to keep free (broker/headroom.py)."""
+    cap = policy.slot_cap(total_slots)
+    if reserve and top_rank is not None and policy.rank > top_rank:
+        return max(1, min(cap, total_slots - reserve))
+    return cap
+
+
 def unranked(klass: str) -> int | None:
     """No class known: each counts as ranked after any other."""
     return None
@@ -76,6 +86,8 @@ class Room:
     # The pool's balance (broker/balance.py): whether an item may join, the worker holding n with it.
     balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None
     rank: Callable[[str], int | None] = unranked  # a class's rank (None: unknown, served last)
+    reserve: int = 0  # slots the classes below the top one leave free here (broker/headroom.py)
+    top_rank: int | None = None
 
     @classmethod
     def of(
@@ -93,6 +105,8 @@ class Room:
         tenant_prefill: dict[str, dict[str, int]] | None = None,
         balanced: Callable[[ClassPolicy, Wants, int], bool] | None = None,
         rank: Callable[[str], int | None] = unranked,
+        reserve: int = 0,
+        top_rank: int | None = None,
     ) -> Room:
         """From a credit's fields, copied: `take` changes the room, never the credit."""
         return cls(
@@ -109,13 +123,15 @@ class Room:
             empty=sum(running.values()) == 0,
             balanced=balanced,
             rank=rank,
+            reserve=reserve,
+            top_rank=top_rank,
         )
 
     def fits(self, policy: ClassPolicy, item: Wants, ahead: int) -> bool:
         """The worker's room, the class's slot share (with the classes after it), the prefill caps
         and the pool's balance. `ahead`: the unstarted prompt tokens of the item's class and
         higher ones that it would queue behind."""
-        room = min(self.free_slots, policy.slot_cap(self.total_slots) - held_from(self.held, policy, self.rank))
+        room = min(self.free_slots, self.cap(policy) - held_from(self.held, policy, self.rank))
         step = self.step_tokens
         return (
             item.cost <= self.token_budget
@@ -124,6 +140,10 @@ class Room:
             and (step <= 0 or ahead == 0 or ahead + item.prompt <= QUEUED_PREFILL_STEPS * step)
             and (self.balanced is None or self.balanced(policy, item, sum(self.held.values())))
         )
+
+    def cap(self, policy: ClassPolicy) -> int:
+        """`class_cap` at this worker."""
+        return class_cap(policy, self.total_slots, self.reserve, self.top_rank)
 
     def queued_ahead(self, policy: ClassPolicy, rank: Callable[[str], int | None]) -> int:
         """Unstarted prompt tokens here that an item of `policy`'s class would queue behind in the

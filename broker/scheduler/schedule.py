@@ -239,7 +239,7 @@ class Scheduler:
         if not msg.reply:
             return
         pool = self.pool(credit.pool)
-        pool.index.heard(credit.worker_id, credit.kv_tokens, mono := time.monotonic(), credit.adapters)
+        pool.heard(credit, mono := time.monotonic())
         pool.loads.pulled(credit.worker_id)
         if (fence := pool.running.fence_again(credit.worker_id, time.time())) is not None:
             await self._nc.publish(self.s.fence(credit.worker_id), codec.encode(fence))  # it is back
@@ -260,7 +260,7 @@ class Scheduler:
     async def _answer(self, pool: Pool, credit: Credit, reply: str) -> bool:
         """Reply to a pull if there is work for it; False leaves it for the caller to park."""
         now, mono = time.time(), time.monotonic()
-        balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono, self.live.rank)
+        balance = pool.loads.balance(credit, (p.credit for p in pool.parked), mono, self.live.rank, pool.cap(mono))
         selection = pool.lanes.select(
             free_slots=credit.free_slots,
             token_budget=credit.token_budget,
@@ -277,6 +277,7 @@ class Scheduler:
             tenant_prefill=credit.tenant_prefill,
             prefer=preference(pool, credit) if self.affinity else None,
             balanced=balance.allows,
+            reserve=pool.bursts.reserve(credit.worker_id, mono),
         )
         for item in selection.expired:
             await self.expire(item)

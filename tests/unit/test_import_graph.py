@@ -46,6 +46,7 @@ PURE = (
     "broker.room",
     "broker.affinity",
     "broker.balance",
+    "broker.headroom",
     "broker.pools",
     "broker.running",
     "workers.engines.sim.scheduler",
