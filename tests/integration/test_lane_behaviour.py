@@ -46,19 +46,23 @@ async def stored_none(stack) -> bool:
     return await stored(stack) == 0
 
 
-@pytest.fixture(scope="module")
-async def slow_stack(nats_server):
+def four_slots(nats_server, prefix: str) -> Stack:
     """One worker with a modelled 8B GPU (~7 ms per decode step) and only 4 slots."""
     engine = SimEngine(PROFILES["llama-8b-h100"], max_seqs=4)
     # A client that leaves may resume for --resume-window-s; a short one, so its cancel lands soon.
-    async with Stack(
+    return Stack(
         nats_server.url,
         demo_settings(KEY),
         engines=[engine],
-        prefix="slow",
+        prefix=prefix,
         limits=StreamLimits(max_msgs_per_subject=6),
         bridge_config=BridgeConfig(resume_window_s=0.5),
-    ) as s:
+    )
+
+
+@pytest.fixture(scope="module")
+async def slow_stack(nats_server):
+    async with four_slots(nats_server, "slow") as s:
         yield s
 
 
@@ -102,10 +106,12 @@ async def test_backlog_cap_gives_429_with_retry_after(slow_stack):
             assert payload["error"]["type"] == "rate_limit_error"
 
 
-async def test_interactive_is_served_ahead_of_a_batch_flood(slow_stack):
+async def test_interactive_is_served_ahead_of_a_batch_flood(nats_server):
     """4 slots, batch may hold 90% of them (3): a chat arriving behind 6 long batch jobs starts
-    at once on the headroom slot instead of waiting for a batch job to finish."""
-    async with aiohttp.ClientSession(base_url=slow_stack.url) as http:
+    at once on the headroom slot instead of waiting for a batch job to finish. A stack of its
+    own: where chats filled the worker lately (the module's other tests), batch leaves their
+    burst free too and holds 1 (broker/headroom.py)."""
+    async with four_slots(nats_server, "flooded") as stack, aiohttp.ClientSession(base_url=stack.url) as http:
 
         async def batch_job():
             async with http.post(
@@ -114,7 +120,7 @@ async def test_interactive_is_served_ahead_of_a_batch_flood(slow_stack):
                 return resp.status
 
         flood = [asyncio.create_task(batch_job()) for _ in range(6)]
-        engine: SimEngine = slow_stack.workers[0].engine
+        engine: SimEngine = stack.workers[0].engine
         ok = await eventually(lambda: engine.num_running() == 3, 5.0)
         assert ok, (engine.num_running(), engine.capacity(), [t.done() and t.result() for t in flood])
         started = time.monotonic()
