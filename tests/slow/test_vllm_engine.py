@@ -347,7 +347,7 @@ async def test_a_continuation_broken_inside_a_character_is_refused(engine) -> No
     assert await eventually(lambda: engine.num_unfinished() == 0, 2.0)
 
 
-def test_a_continuation_may_have_what_the_unbroken_answer_had_left() -> None:
+async def test_a_continuation_may_have_what_the_unbroken_answer_had_left() -> None:
     from types import SimpleNamespace
 
     from workers.engines.vllm.continuing import output_left
@@ -367,7 +367,7 @@ def test_a_continuation_may_have_what_the_unbroken_answer_had_left() -> None:
     assert left(None, prompt=2030) == -12  # no room: the engine ends it with `length`
 
 
-def test_what_vllm_cannot_continue_is_named(engine) -> None:
+async def test_what_vllm_cannot_continue_is_named(engine) -> None:
     stop = ChatBody(model="smollm2", messages=[Message(role="user", content="hi")], stop=["</answer>"])
     assert "stop string" in engine.why_not_continued(stop, b"")
     json_completion = CompletionBody(model="smollm2", prompt="{")
